@@ -1,0 +1,329 @@
+//! The event catalogue: every fact provledger records, for the four aggregate kinds.
+//!
+//! This enum is a wire contract. The bincode encoding uses the variant's index, so variants
+//! are only ever appended at the end, and a changed field layout needs a new codec format
+//! version. The golden tests in `codec` fail on any accidental change. The JSON form is
+//! serde's external tagging with snake_case names: `{"cluster_create_requested": {...}}`.
+//! Every event is documented in `docs/events.md`.
+
+pub mod cluster;
+pub mod instance;
+pub mod operation;
+pub mod provider;
+#[doc(hidden)]
+pub mod samples;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+pub use cluster::{ClusterStatus, NodeGroupSpec, NodeGroupTarget};
+pub use instance::{PowerState, TaskOutcome, TaskState, VmState};
+pub use operation::{
+    BundlePolicy, Compensation, CompensationAction, Effect, EffectKind, Executor, OperationKind,
+    OperationOutcome, Origin, PlannedCompensation, RetainedResource, RollbackOutcome, RollbackPlan,
+    StagePolicy, StageSpec, TargetOutcome,
+};
+pub use provider::{AllocationHold, BlockingAllocation, ConsumerKind, Inventory, Ratio};
+
+use crate::ids::{AggregateId, AggregateKind, Timestamp};
+
+/// One fact. Each variant belongs to exactly one aggregate kind (see [`Event::kind`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Event {
+    // ---- cluster ----
+    ClusterCreateRequested {
+        name: String,
+        plugin: String,
+        node_groups: Vec<NodeGroupSpec>,
+    },
+    ClusterStatusChanged {
+        status: ClusterStatus,
+        description: String,
+    },
+    ClusterScaleRequested {
+        targets: Vec<NodeGroupTarget>,
+    },
+    NodeGroupAdded {
+        spec: NodeGroupSpec,
+    },
+    InstanceJoined {
+        node_group: String,
+        instance_id: Uuid,
+    },
+    InstanceLeft {
+        node_group: String,
+        instance_id: Uuid,
+        reason: String,
+    },
+    ClusterDeleteRequested {
+        reason: String,
+    },
+    ClusterDeleted {},
+
+    // ---- instance ----
+    InstanceCreateRequested {
+        name: String,
+        cluster_id: Option<Uuid>,
+        node_group: Option<String>,
+        flavor: String,
+        resources: BTreeMap<String, u64>,
+        image: String,
+    },
+    InstanceDiscovered {
+        name: String,
+        host: String,
+        resources: BTreeMap<String, u64>,
+    },
+    VmStateChanged {
+        vm_state: VmState,
+        reason: String,
+    },
+    PowerStateChanged {
+        power_state: PowerState,
+    },
+    HostAssigned {
+        host: String,
+        provider_id: Uuid,
+    },
+    TaskQueued {
+        task_state: TaskState,
+    },
+    TaskStarted {
+        task_state: TaskState,
+        worker_id: String,
+        lease_until: Timestamp,
+    },
+    TaskLeaseRenewed {
+        worker_id: String,
+        lease_until: Timestamp,
+    },
+    TaskFinished {
+        task_state: TaskState,
+        outcome: TaskOutcome,
+        reason: String,
+    },
+    InstanceDeleteRequested {
+        reason: String,
+    },
+    InstanceDeleted {},
+
+    // ---- provider ----
+    ProviderRegistered {
+        name: String,
+        host: String,
+    },
+    InventorySet {
+        resource_class: String,
+        inventory: Inventory,
+    },
+    InventoryRemoved {
+        resource_class: String,
+    },
+    AllocationClaimed {
+        consumer: Uuid,
+        consumer_kind: ConsumerKind,
+        resources: BTreeMap<String, u64>,
+    },
+    AllocationReleased {
+        consumer: Uuid,
+        reason: String,
+    },
+    ProviderDeleteRequested {
+        cascade: bool,
+        reason: String,
+    },
+    ProviderDeleteRefused {
+        blocking: Vec<BlockingAllocation>,
+    },
+    ProviderDeleted {},
+
+    // ---- operation ----
+    OperationStarted {
+        kind: OperationKind,
+        target: AggregateId,
+        parent_id: Option<Uuid>,
+        stages: Vec<StageSpec>,
+        bundle_policy: Option<BundlePolicy>,
+    },
+    ChildOperationAdded {
+        child_id: Uuid,
+    },
+    StageStarted {
+        stage: String,
+    },
+    StepDone {
+        stage: String,
+        step: String,
+        effect: Effect,
+        compensation: Option<Compensation>,
+    },
+    StageCompleted {
+        stage: String,
+    },
+    OperationSucceeded {},
+    OperationFailed {
+        stage: String,
+        step: Option<String>,
+        error: String,
+    },
+    CancellationRequested {
+        reason: String,
+    },
+    OperationCancelled {
+        reason: String,
+    },
+    RollbackPlanned {
+        plan: RollbackPlan,
+    },
+    CompensationRequested {
+        compensation_id: Uuid,
+        attempt: u32,
+    },
+    CompensationDone {
+        compensation_id: Uuid,
+    },
+    CompensationFailed {
+        compensation_id: Uuid,
+        attempt: u32,
+        error: String,
+    },
+    RollbackFinished {
+        outcome: RollbackOutcome,
+        remaining: Vec<Uuid>,
+    },
+
+    // ---- target side of an operation (cluster or instance) ----
+    // Appended at the end of the enum because the encoding uses the variant index.
+    InFlightOperationSet {
+        operation_id: Uuid,
+        operation_kind: OperationKind,
+    },
+    InFlightOperationCleared {
+        operation_id: Uuid,
+        outcome: OperationOutcome,
+    },
+}
+
+impl Event {
+    /// The kinds of aggregate this event may be recorded on.
+    pub fn belongs_to(&self, kind: AggregateKind) -> bool {
+        match self {
+            Event::InFlightOperationSet { .. } | Event::InFlightOperationCleared { .. } => {
+                matches!(kind, AggregateKind::Cluster | AggregateKind::Instance)
+            }
+            other => other.home_kind() == Some(kind),
+        }
+    }
+
+    /// The single aggregate kind an event belongs to, or `None` for events shared by
+    /// several kinds.
+    pub fn home_kind(&self) -> Option<AggregateKind> {
+        use AggregateKind::*;
+        Some(match self {
+            Event::ClusterCreateRequested { .. }
+            | Event::ClusterStatusChanged { .. }
+            | Event::ClusterScaleRequested { .. }
+            | Event::NodeGroupAdded { .. }
+            | Event::InstanceJoined { .. }
+            | Event::InstanceLeft { .. }
+            | Event::ClusterDeleteRequested { .. }
+            | Event::ClusterDeleted {} => Cluster,
+            Event::InstanceCreateRequested { .. }
+            | Event::InstanceDiscovered { .. }
+            | Event::VmStateChanged { .. }
+            | Event::PowerStateChanged { .. }
+            | Event::HostAssigned { .. }
+            | Event::TaskQueued { .. }
+            | Event::TaskStarted { .. }
+            | Event::TaskLeaseRenewed { .. }
+            | Event::TaskFinished { .. }
+            | Event::InstanceDeleteRequested { .. }
+            | Event::InstanceDeleted {} => Instance,
+            Event::ProviderRegistered { .. }
+            | Event::InventorySet { .. }
+            | Event::InventoryRemoved { .. }
+            | Event::AllocationClaimed { .. }
+            | Event::AllocationReleased { .. }
+            | Event::ProviderDeleteRequested { .. }
+            | Event::ProviderDeleteRefused { .. }
+            | Event::ProviderDeleted {} => Provider,
+            Event::OperationStarted { .. }
+            | Event::ChildOperationAdded { .. }
+            | Event::StageStarted { .. }
+            | Event::StepDone { .. }
+            | Event::StageCompleted { .. }
+            | Event::OperationSucceeded {}
+            | Event::OperationFailed { .. }
+            | Event::CancellationRequested { .. }
+            | Event::OperationCancelled { .. }
+            | Event::RollbackPlanned { .. }
+            | Event::CompensationRequested { .. }
+            | Event::CompensationDone { .. }
+            | Event::CompensationFailed { .. }
+            | Event::RollbackFinished { .. } => Operation,
+            Event::InFlightOperationSet { .. } | Event::InFlightOperationCleared { .. } => {
+                return None
+            }
+        })
+    }
+
+    /// The event's name in the JSON form (snake_case), for timelines and errors.
+    pub fn name(&self) -> String {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::Object(map)) => map
+                .keys()
+                .next()
+                .cloned()
+                .unwrap_or_else(|| "unknown".to_string()),
+            Ok(serde_json::Value::String(s)) => s,
+            _ => "unknown".to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_form_is_externally_tagged_snake_case() {
+        let e = Event::ClusterStatusChanged {
+            status: ClusterStatus::Active,
+            description: "ready".into(),
+        };
+        let j = serde_json::to_value(&e).unwrap();
+        assert_eq!(
+            j,
+            serde_json::json!({"cluster_status_changed": {"status": "active", "description": "ready"}})
+        );
+        assert_eq!(e.name(), "cluster_status_changed");
+        assert!(e.belongs_to(AggregateKind::Cluster));
+        assert!(!e.belongs_to(AggregateKind::Instance));
+    }
+
+    #[test]
+    fn shared_target_events_belong_to_clusters_and_instances_only() {
+        let e = Event::InFlightOperationSet {
+            operation_id: Uuid::nil(),
+            operation_kind: OperationKind::CreateCluster,
+        };
+        assert!(e.belongs_to(AggregateKind::Cluster));
+        assert!(e.belongs_to(AggregateKind::Instance));
+        assert!(!e.belongs_to(AggregateKind::Provider));
+        assert!(!e.belongs_to(AggregateKind::Operation));
+    }
+
+    #[test]
+    fn ratio_json_is_a_number_and_capacity_is_exact() {
+        let inv: Inventory = serde_json::from_value(serde_json::json!({
+            "total": 16, "reserved": 2, "allocation_ratio": 1.5,
+            "min_unit": 1, "max_unit": 16, "step_size": 1
+        }))
+        .unwrap();
+        assert_eq!(inv.allocation_ratio, Ratio(1500));
+        assert_eq!(inv.capacity(), 21);
+    }
+}

@@ -1,0 +1,127 @@
+//! The one place that turns commits into bytes and back.
+//!
+//! Layout: one format-version byte, then the bincode 2 (serde, standard config) encoding of
+//! the commit without its position. Decoding never panics and never allocates beyond
+//! [`ENCODED_COMMIT_BYTES_MAX`]: any bad input gives a [`DecodeError`].
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::catalogue::Event;
+use crate::commit::Commit;
+use crate::ids::{AggregateId, Hash, Timestamp};
+
+/// The current encoding. Bump it (and keep a decoder for the old one) on any layout change.
+pub const FORMAT_VERSION: u8 = 1;
+/// Upper bound on one encoded commit; NATS' default max payload is 1 MiB.
+pub const ENCODED_COMMIT_BYTES_MAX: usize = 1 << 20;
+
+const DECODE_LIMIT_BYTES: usize = 4 << 20;
+
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<DECODE_LIMIT_BYTES>()
+}
+
+#[derive(Serialize)]
+struct WireCommitRef<'a> {
+    commit_id: &'a Uuid,
+    aggregate: &'a AggregateId,
+    version: u64,
+    operation_id: &'a Option<Uuid>,
+    causation_id: &'a Option<Uuid>,
+    actor: &'a str,
+    recorded_at: Timestamp,
+    events: &'a [Event],
+    prev_hash: &'a Hash,
+    hash: &'a Hash,
+}
+
+#[derive(Deserialize)]
+struct WireCommit {
+    commit_id: Uuid,
+    aggregate: AggregateId,
+    version: u64,
+    operation_id: Option<Uuid>,
+    causation_id: Option<Uuid>,
+    actor: String,
+    recorded_at: Timestamp,
+    events: Vec<Event>,
+    prev_hash: Hash,
+    hash: Hash,
+}
+
+/// Why bytes could not be turned into a commit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("empty payload: expected a format-version byte then a bincode commit")]
+    Empty,
+    #[error("unknown format version {found} (this build reads version {FORMAT_VERSION})")]
+    UnknownFormat { found: u8 },
+    #[error("malformed commit: {0}")]
+    Malformed(String),
+    #[error("{count} trailing bytes after the commit")]
+    TrailingBytes { count: usize },
+    #[error("payload of {size} bytes exceeds the {max}-byte limit")]
+    TooLarge { size: usize, max: usize },
+}
+
+/// Why a commit could not be encoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EncodeError {
+    #[error("cannot encode commit: {0}")]
+    Bincode(String),
+}
+
+pub fn encode(commit: &Commit) -> Result<Vec<u8>, EncodeError> {
+    let wire = WireCommitRef {
+        commit_id: &commit.commit_id,
+        aggregate: &commit.aggregate,
+        version: commit.version,
+        operation_id: &commit.operation_id,
+        causation_id: &commit.causation_id,
+        actor: &commit.actor,
+        recorded_at: commit.recorded_at,
+        events: &commit.events,
+        prev_hash: &commit.prev_hash,
+        hash: &commit.hash,
+    };
+    let mut out = vec![FORMAT_VERSION];
+    let body = bincode::serde::encode_to_vec(&wire, config())
+        .map_err(|e| EncodeError::Bincode(e.to_string()))?;
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// Decodes a commit stored at `position`.
+pub fn decode(bytes: &[u8], position: u64) -> Result<Commit, DecodeError> {
+    let (&format, body) = bytes.split_first().ok_or(DecodeError::Empty)?;
+    if format != FORMAT_VERSION {
+        return Err(DecodeError::UnknownFormat { found: format });
+    }
+    if bytes.len() > DECODE_LIMIT_BYTES {
+        return Err(DecodeError::TooLarge {
+            size: bytes.len(),
+            max: DECODE_LIMIT_BYTES,
+        });
+    }
+    let (wire, read): (WireCommit, usize) = bincode::serde::decode_from_slice(body, config())
+        .map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    if read != body.len() {
+        return Err(DecodeError::TrailingBytes {
+            count: body.len() - read,
+        });
+    }
+    Ok(Commit {
+        commit_id: wire.commit_id,
+        aggregate: wire.aggregate,
+        version: wire.version,
+        position,
+        operation_id: wire.operation_id,
+        causation_id: wire.causation_id,
+        actor: wire.actor,
+        recorded_at: wire.recorded_at,
+        events: wire.events,
+        prev_hash: wire.prev_hash,
+        hash: wire.hash,
+    })
+}

@@ -1,0 +1,343 @@
+//! The commit envelope: the unit written to the log, and its per-aggregate hash chain.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::catalogue::Event;
+use crate::ids::{AggregateId, Hash, Timestamp};
+
+/// Upper bound on events in one commit; keeps a commit well below NATS' max payload.
+pub const COMMIT_EVENTS_MAX: usize = 1024;
+/// Upper bound on the actor string.
+pub const ACTOR_BYTES_MAX: usize = 256;
+
+/// What a writer hands to `EventLog::append`: everything but the fields the log assigns
+/// (version, position, prev_hash, hash).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitDraft {
+    /// UUID v7; the idempotency key. A retry must reuse it.
+    pub commit_id: Uuid,
+    pub operation_id: Option<Uuid>,
+    pub causation_id: Option<Uuid>,
+    pub actor: String,
+    /// Injected by the writer's clock, never read from inside the log's pure code.
+    pub recorded_at: Timestamp,
+    pub events: Vec<Event>,
+}
+
+impl CommitDraft {
+    /// A draft with a fresh UUID v7 and the wall clock: for shells only.
+    pub fn now(actor: impl Into<String>, events: Vec<Event>) -> Self {
+        CommitDraft {
+            commit_id: Uuid::now_v7(),
+            operation_id: None,
+            causation_id: None,
+            actor: actor.into(),
+            recorded_at: Timestamp::now(),
+            events,
+        }
+    }
+
+    pub fn with_operation(mut self, operation_id: Uuid) -> Self {
+        self.operation_id = Some(operation_id);
+        self
+    }
+
+    pub fn with_causation(mut self, causation_id: Uuid) -> Self {
+        self.causation_id = Some(causation_id);
+        self
+    }
+
+    /// Checks the draft against the catalogue for that aggregate.
+    pub fn validate(&self, aggregate: &AggregateId) -> Result<(), InvalidCommit> {
+        if self.events.is_empty() {
+            return Err(InvalidCommit::NoEvents);
+        }
+        if self.events.len() > COMMIT_EVENTS_MAX {
+            return Err(InvalidCommit::TooManyEvents {
+                count: self.events.len(),
+                max: COMMIT_EVENTS_MAX,
+            });
+        }
+        if self.actor.len() > ACTOR_BYTES_MAX {
+            return Err(InvalidCommit::ActorTooLong {
+                max: ACTOR_BYTES_MAX,
+            });
+        }
+        for (index, event) in self.events.iter().enumerate() {
+            if !event.belongs_to(aggregate.kind) {
+                return Err(InvalidCommit::WrongAggregateKind {
+                    index,
+                    event: event.name(),
+                    kind: aggregate.kind.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why a draft was refused before anything was written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidCommit {
+    #[error("a commit needs at least one event")]
+    NoEvents,
+    #[error("a commit holds at most {max} events, this one has {count}")]
+    TooManyEvents { count: usize, max: usize },
+    #[error("actor is longer than {max} bytes")]
+    ActorTooLong { max: usize },
+    #[error("event #{index} ({event}) does not belong to a {kind} aggregate")]
+    WrongAggregateKind {
+        index: usize,
+        event: String,
+        kind: String,
+    },
+    #[error("the encoded commit is {size} bytes, above the limit of {max}")]
+    TooLarge { size: usize, max: usize },
+}
+
+/// One commit as stored: one or more events for one aggregate, appended atomically.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Commit {
+    pub commit_id: Uuid,
+    pub aggregate: AggregateId,
+    /// The aggregate's version after this commit: 1 for its first commit.
+    pub version: u64,
+    /// The global log position (the JetStream stream sequence). Not part of the encoded
+    /// payload or the hash, because the log assigns it after the bytes are written.
+    pub position: u64,
+    pub operation_id: Option<Uuid>,
+    pub causation_id: Option<Uuid>,
+    pub actor: String,
+    pub recorded_at: Timestamp,
+    pub events: Vec<Event>,
+    pub prev_hash: Hash,
+    pub hash: Hash,
+}
+
+/// The fields the hash covers, in a fixed order.
+#[derive(Serialize)]
+struct HashedFields<'a> {
+    domain: &'static str,
+    commit_id: &'a Uuid,
+    aggregate: &'a AggregateId,
+    version: u64,
+    operation_id: &'a Option<Uuid>,
+    causation_id: &'a Option<Uuid>,
+    actor: &'a str,
+    recorded_at: Timestamp,
+    events: &'a [Event],
+    prev_hash: &'a Hash,
+}
+
+impl Commit {
+    /// Builds a commit from a draft at the given version, linked to the previous commit's
+    /// hash. Position stays 0 until the log assigns it.
+    pub fn seal(aggregate: AggregateId, version: u64, prev_hash: Hash, draft: CommitDraft) -> Self {
+        let mut commit = Commit {
+            commit_id: draft.commit_id,
+            aggregate,
+            version,
+            position: 0,
+            operation_id: draft.operation_id,
+            causation_id: draft.causation_id,
+            actor: draft.actor,
+            recorded_at: draft.recorded_at,
+            events: draft.events,
+            prev_hash,
+            hash: Hash::ZERO,
+        };
+        commit.hash = commit.compute_hash();
+        commit
+    }
+
+    /// BLAKE3 over the canonical bincode encoding of every field but `position` and `hash`.
+    pub fn compute_hash(&self) -> Hash {
+        let fields = HashedFields {
+            domain: "provledger.commit.v1",
+            commit_id: &self.commit_id,
+            aggregate: &self.aggregate,
+            version: self.version,
+            operation_id: &self.operation_id,
+            causation_id: &self.causation_id,
+            actor: &self.actor,
+            recorded_at: self.recorded_at,
+            events: &self.events,
+            prev_hash: &self.prev_hash,
+        };
+        let mut hasher = blake3::Hasher::new();
+        // Encoding into a hasher cannot fail for these types: every field is a plain
+        // serde value with no custom error path; if it ever did, the empty input would
+        // give a hash that fails verification loudly rather than silently.
+        let bytes =
+            bincode::serde::encode_to_vec(&fields, bincode::config::standard()).unwrap_or_default();
+        hasher.update(&bytes);
+        Hash(*hasher.finalize().as_bytes())
+    }
+
+    pub fn hash_is_valid(&self) -> bool {
+        self.compute_hash() == self.hash
+    }
+
+    /// True when a retry carries the same payload as this stored commit. `recorded_at` is
+    /// left out because a retry may be stamped again by the writer's clock.
+    pub fn same_payload_as(&self, draft: &CommitDraft) -> bool {
+        self.commit_id == draft.commit_id
+            && self.operation_id == draft.operation_id
+            && self.causation_id == draft.causation_id
+            && self.actor == draft.actor
+            && self.events == draft.events
+    }
+}
+
+/// A break in an aggregate's hash chain or version sequence.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChainViolation {
+    #[error("{aggregate} v{version} at position {position}: stored hash does not match its content (modified)")]
+    HashMismatch {
+        aggregate: AggregateId,
+        version: u64,
+        position: u64,
+    },
+    #[error("{aggregate} v{version} at position {position}: prev_hash does not link to v{}", version - 1)]
+    BrokenLink {
+        aggregate: AggregateId,
+        version: u64,
+        position: u64,
+    },
+    #[error("{aggregate}: expected version {expected}, found {found} at position {position} (lost or reordered commit)")]
+    VersionGap {
+        aggregate: AggregateId,
+        expected: u64,
+        found: u64,
+        position: u64,
+    },
+    #[error("{aggregate}: commit at position {position} belongs to {found}")]
+    ForeignCommit {
+        aggregate: AggregateId,
+        found: AggregateId,
+        position: u64,
+    },
+}
+
+/// Checks one aggregate's commits, oldest first: versions 1..n without gaps, each hash
+/// valid and each `prev_hash` equal to the previous commit's hash. Returns every violation.
+pub fn verify_chain(aggregate: &AggregateId, commits: &[Commit]) -> Vec<ChainViolation> {
+    let mut violations = Vec::new();
+    let mut prev = Hash::ZERO;
+    for (i, commit) in commits.iter().enumerate() {
+        let expected = i as u64 + 1;
+        if commit.aggregate != *aggregate {
+            violations.push(ChainViolation::ForeignCommit {
+                aggregate: *aggregate,
+                found: commit.aggregate,
+                position: commit.position,
+            });
+        }
+        if commit.version != expected {
+            violations.push(ChainViolation::VersionGap {
+                aggregate: *aggregate,
+                expected,
+                found: commit.version,
+                position: commit.position,
+            });
+        }
+        if !commit.hash_is_valid() {
+            violations.push(ChainViolation::HashMismatch {
+                aggregate: *aggregate,
+                version: commit.version,
+                position: commit.position,
+            });
+        }
+        if commit.prev_hash != prev {
+            violations.push(ChainViolation::BrokenLink {
+                aggregate: *aggregate,
+                version: commit.version,
+                position: commit.position,
+            });
+        }
+        prev = commit.hash;
+    }
+    violations
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalogue::ClusterStatus;
+
+    fn draft(n: u8) -> CommitDraft {
+        CommitDraft {
+            commit_id: Uuid::from_bytes([n; 16]),
+            operation_id: None,
+            causation_id: None,
+            actor: "test".into(),
+            recorded_at: Timestamp(1_700_000_000_000 + i64::from(n)),
+            events: vec![Event::ClusterStatusChanged {
+                status: ClusterStatus::Active,
+                description: format!("step {n}"),
+            }],
+        }
+    }
+
+    fn chain(agg: AggregateId, n: u8) -> Vec<Commit> {
+        let mut out: Vec<Commit> = Vec::new();
+        for i in 1..=n {
+            let prev = out.last().map(|c| c.hash).unwrap_or(Hash::ZERO);
+            out.push(Commit::seal(agg, u64::from(i), prev, draft(i)));
+        }
+        out
+    }
+
+    #[test]
+    fn given_an_intact_chain_when_verified_then_no_violation() {
+        let agg = AggregateId::cluster(Uuid::from_bytes([9; 16]));
+        assert!(verify_chain(&agg, &chain(agg, 5)).is_empty());
+    }
+
+    #[test]
+    fn given_a_modified_event_when_verified_then_hash_mismatch_is_reported() {
+        let agg = AggregateId::cluster(Uuid::from_bytes([9; 16]));
+        let mut commits = chain(agg, 4);
+        commits[2].actor = "mallory".into();
+        let v = verify_chain(&agg, &commits);
+        assert_eq!(
+            v,
+            vec![ChainViolation::HashMismatch {
+                aggregate: agg,
+                version: 3,
+                position: 0
+            }]
+        );
+    }
+
+    #[test]
+    fn given_a_lost_commit_when_verified_then_gap_and_broken_link_are_reported() {
+        let agg = AggregateId::cluster(Uuid::from_bytes([9; 16]));
+        let mut commits = chain(agg, 4);
+        commits.remove(1);
+        let v = verify_chain(&agg, &commits);
+        assert!(v.iter().any(|x| matches!(
+            x,
+            ChainViolation::VersionGap {
+                expected: 2,
+                found: 3,
+                ..
+            }
+        )));
+        assert!(v
+            .iter()
+            .any(|x| matches!(x, ChainViolation::BrokenLink { version: 3, .. })));
+    }
+
+    #[test]
+    fn validate_refuses_events_of_another_kind() {
+        let agg = AggregateId::instance(Uuid::nil());
+        let err = draft(1).validate(&agg).unwrap_err();
+        assert!(matches!(
+            err,
+            InvalidCommit::WrongAggregateKind { index: 0, .. }
+        ));
+        assert!(err.to_string().contains("cluster_status_changed"));
+    }
+}

@@ -1,0 +1,343 @@
+//! Identifiers, timestamps and hashes shared by every event and commit.
+//!
+//! These types are part of the wire contract: they serialise compactly under bincode
+//! (`is_human_readable() == false`) and as readable strings in JSON.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+use uuid::Uuid;
+
+/// The four kinds of aggregate, each a consistency boundary with its own version sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AggregateKind {
+    Cluster,
+    Instance,
+    Provider,
+    Operation,
+}
+
+impl AggregateKind {
+    pub const ALL: [AggregateKind; 4] = [
+        AggregateKind::Cluster,
+        AggregateKind::Instance,
+        AggregateKind::Provider,
+        AggregateKind::Operation,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AggregateKind::Cluster => "cluster",
+            AggregateKind::Instance => "instance",
+            AggregateKind::Provider => "provider",
+            AggregateKind::Operation => "operation",
+        }
+    }
+
+    /// A one-byte tag used in sled keys; stable forever.
+    pub fn tag(self) -> u8 {
+        match self {
+            AggregateKind::Cluster => 1,
+            AggregateKind::Instance => 2,
+            AggregateKind::Provider => 3,
+            AggregateKind::Operation => 4,
+        }
+    }
+
+    pub fn from_tag(tag: u8) -> Option<Self> {
+        AggregateKind::ALL.into_iter().find(|k| k.tag() == tag)
+    }
+}
+
+impl fmt::Display for AggregateKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a `KIND` or `KIND/ID` string could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseAggregateError {
+    #[error(
+        "unknown aggregate kind {0:?}: expected one of cluster, instance, provider, operation"
+    )]
+    UnknownKind(String),
+    #[error("aggregate {0:?} is not of the form KIND/ID (for example cluster/0190c0de-...)")]
+    MissingSlash(String),
+    #[error("aggregate id {id:?} is not a UUID: {reason}")]
+    BadId { id: String, reason: String },
+}
+
+impl FromStr for AggregateKind {
+    type Err = ParseAggregateError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        AggregateKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| ParseAggregateError::UnknownKind(s.to_string()))
+    }
+}
+
+/// One aggregate: its kind and UUID. Displayed and parsed as `kind/uuid`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AggregateId {
+    pub kind: AggregateKind,
+    pub id: Uuid,
+}
+
+impl AggregateId {
+    pub fn new(kind: AggregateKind, id: Uuid) -> Self {
+        Self { kind, id }
+    }
+    pub fn cluster(id: Uuid) -> Self {
+        Self::new(AggregateKind::Cluster, id)
+    }
+    pub fn instance(id: Uuid) -> Self {
+        Self::new(AggregateKind::Instance, id)
+    }
+    pub fn provider(id: Uuid) -> Self {
+        Self::new(AggregateKind::Provider, id)
+    }
+    pub fn operation(id: Uuid) -> Self {
+        Self::new(AggregateKind::Operation, id)
+    }
+
+    /// 17 bytes: the kind tag then the UUID. Used as a sled key prefix.
+    pub fn key_bytes(&self) -> [u8; 17] {
+        let mut key = [0u8; 17];
+        key[0] = self.kind.tag();
+        key[1..].copy_from_slice(self.id.as_bytes());
+        key
+    }
+}
+
+impl fmt::Display for AggregateId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.kind, self.id)
+    }
+}
+
+impl FromStr for AggregateId {
+    type Err = ParseAggregateError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (kind, id) = s
+            .split_once('/')
+            .ok_or_else(|| ParseAggregateError::MissingSlash(s.to_string()))?;
+        let kind = kind.parse()?;
+        let id = Uuid::parse_str(id).map_err(|e| ParseAggregateError::BadId {
+            id: id.to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok(AggregateId { kind, id })
+    }
+}
+
+// On the wire (bincode) an aggregate is a (kind, uuid) pair; in JSON it is "kind/uuid".
+impl Serialize for AggregateId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            s.collect_str(self)
+        } else {
+            (self.kind, self.id).serialize(s)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for AggregateId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        if d.is_human_readable() {
+            let s = String::deserialize(d)?;
+            s.parse().map_err(de::Error::custom)
+        } else {
+            let (kind, id) = <(AggregateKind, Uuid)>::deserialize(d)?;
+            Ok(AggregateId { kind, id })
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch, UTC. RFC 3339 in JSON.
+///
+/// Time is always injected (by the writer's clock), never read inside pure code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Timestamp(pub i64);
+
+impl Timestamp {
+    pub fn from_unix_ms(ms: i64) -> Self {
+        Timestamp(ms)
+    }
+    pub fn unix_ms(self) -> i64 {
+        self.0
+    }
+    /// The wall clock. Only shells (CLI, services, logs) call this.
+    pub fn now() -> Self {
+        let now = time::OffsetDateTime::now_utc();
+        Timestamp((now.unix_timestamp_nanos() / 1_000_000) as i64)
+    }
+    pub fn to_rfc3339(self) -> String {
+        let nanos = i128::from(self.0) * 1_000_000;
+        match time::OffsetDateTime::from_unix_timestamp_nanos(nanos) {
+            Ok(t) => t
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_else(|_| format!("@{}ms", self.0)),
+            Err(_) => format!("@{}ms", self.0),
+        }
+    }
+    pub fn parse_rfc3339(s: &str) -> Result<Self, String> {
+        let t = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+            .map_err(|e| format!("{s:?} is not an RFC 3339 timestamp: {e}"))?;
+        Ok(Timestamp((t.unix_timestamp_nanos() / 1_000_000) as i64))
+    }
+    pub fn plus_ms(self, ms: i64) -> Self {
+        Timestamp(self.0.saturating_add(ms))
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_rfc3339())
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            s.collect_str(self)
+        } else {
+            s.serialize_i64(self.0)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Timestamp {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        if d.is_human_readable() {
+            let s = String::deserialize(d)?;
+            Timestamp::parse_rfc3339(&s).map_err(de::Error::custom)
+        } else {
+            Ok(Timestamp(i64::deserialize(d)?))
+        }
+    }
+}
+
+/// A BLAKE3 digest: the per-aggregate hash chain link. Hex in JSON.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Hash(pub [u8; 32]);
+
+impl Hash {
+    /// The `prev_hash` of an aggregate's first commit.
+    pub const ZERO: Hash = Hash([0u8; 32]);
+
+    pub fn to_hex(&self) -> String {
+        let mut s = String::with_capacity(64);
+        for b in self.0 {
+            s.push_str(&format!("{b:02x}"));
+        }
+        s
+    }
+
+    pub fn from_hex(s: &str) -> Result<Self, String> {
+        if s.len() != 64 || !s.is_ascii() {
+            return Err(format!("hash {s:?} is not 64 hex digits"));
+        }
+        let mut out = [0u8; 32];
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
+                .map_err(|e| format!("hash {s:?} is not hex: {e}"))?;
+        }
+        Ok(Hash(out))
+    }
+}
+
+impl fmt::Debug for Hash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Hash({})", &self.to_hex()[..12])
+    }
+}
+
+impl fmt::Display for Hash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl Serialize for Hash {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            s.serialize_str(&self.to_hex())
+        } else {
+            self.0.serialize(s)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Hash {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        if d.is_human_readable() {
+            let s = String::deserialize(d)?;
+            Hash::from_hex(&s).map_err(de::Error::custom)
+        } else {
+            Ok(Hash(<[u8; 32]>::deserialize(d)?))
+        }
+    }
+}
+
+/// The millisecond timestamp embedded in a UUID v7, if it is one.
+pub fn uuid_v7_unix_ms(id: &Uuid) -> Option<i64> {
+    if id.get_version_num() != 7 {
+        return None;
+    }
+    let b = id.as_bytes();
+    let ms = (u64::from(b[0]) << 40)
+        | (u64::from(b[1]) << 32)
+        | (u64::from(b[2]) << 24)
+        | (u64::from(b[3]) << 16)
+        | (u64::from(b[4]) << 8)
+        | u64::from(b[5]);
+    i64::try_from(ms).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aggregate_id_round_trips_through_its_display_form() {
+        let a = AggregateId::cluster(Uuid::now_v7());
+        let parsed: AggregateId = a.to_string().parse().unwrap();
+        assert_eq!(parsed, a);
+    }
+
+    #[test]
+    fn aggregate_id_parse_errors_say_what_was_expected() {
+        assert!(matches!(
+            "vm/x".parse::<AggregateId>(),
+            Err(ParseAggregateError::UnknownKind(_))
+        ));
+        assert!(matches!(
+            "cluster".parse::<AggregateId>(),
+            Err(ParseAggregateError::MissingSlash(_))
+        ));
+        assert!(matches!(
+            "cluster/zz".parse::<AggregateId>(),
+            Err(ParseAggregateError::BadId { .. })
+        ));
+    }
+
+    #[test]
+    fn timestamp_json_is_rfc3339_and_round_trips() {
+        let t = Timestamp(1_700_000_000_123);
+        let j = serde_json::to_string(&t).unwrap();
+        assert_eq!(j, "\"2023-11-14T22:13:20.123Z\"");
+        assert_eq!(serde_json::from_str::<Timestamp>(&j).unwrap(), t);
+    }
+
+    #[test]
+    fn uuid_v7_timestamp_is_recovered() {
+        let id = Uuid::now_v7();
+        let ms = uuid_v7_unix_ms(&id).unwrap();
+        assert!((ms - Timestamp::now().0).abs() < 5_000);
+        assert_eq!(uuid_v7_unix_ms(&Uuid::new_v4()), None);
+    }
+}

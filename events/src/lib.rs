@@ -1,0 +1,21 @@
+//! provledger-events owns the wire contract and the log: the event catalogue, the commit
+//! envelope and its per-aggregate hash chain, the one codec, and the `EventLog` API with
+//! its two backends (`SledLog`, `JetStreamLog`).
+//!
+//! It never interprets events (that is `provledger-projections`), never decides whether a
+//! command is allowed (deciders live above it), and never reads the clock inside pure code:
+//! time and ids come in with the `CommitDraft`.
+
+pub mod catalogue;
+pub mod codec;
+pub mod commit;
+pub mod ids;
+pub mod log;
+
+pub use catalogue::Event;
+pub use commit::{verify_chain, ChainViolation, Commit, CommitDraft, InvalidCommit};
+pub use ids::{AggregateId, AggregateKind, Hash, Timestamp};
+pub use log::{
+    AppendError, AppendOutcome, AppendStatus, CommitStream, EventLog, Expectation, JetStreamConfig,
+    JetStreamLog, ReadError, SledLog,
+};

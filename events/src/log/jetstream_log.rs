@@ -1,0 +1,676 @@
+//! The distributed backend: one JetStream stream, one subject per aggregate.
+//!
+//! - Subjects are `<prefix>.ev.<kind>.<uuid>`, one message per commit, `Nats-Msg-Id` =
+//!   commit_id, and the payload is the codec's bytes.
+//! - An aggregate's version counts its commits. An expected version is mapped onto the
+//!   stream sequence of the aggregate's last message and sent as
+//!   `Nats-Expected-Last-Subject-Sequence`, so a writer that raced in between fails.
+//! - Heads (version, sequence, hash) are cached per aggregate; a stale cache entry is
+//!   caught by the server's sequence check and refreshed, never trusted for a conflict.
+//! - Publishes are bounded by a window of in-flight acks below async-nats'
+//!   `max_ack_inflight`, because reaching that limit makes publishing fail or block.
+//! - Idempotency: inside the duplicate window JetStream drops a retried `Nats-Msg-Id`.
+//!   After it, a retry would conflict (its expectation is stale) or, with `Any`, be written
+//!   twice; so a conflicting append, and an `Any` append whose UUID v7 commit_id is older
+//!   than the window, first scan the aggregate's commits for that commit_id.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, context::PublishErrorKind, stream};
+use futures::StreamExt;
+use tokio::sync::Semaphore;
+
+use super::{
+    AppendError, AppendOutcome, AppendStatus, CommitStream, EventLog, Expectation, ReadError,
+};
+use crate::codec::{self, ENCODED_COMMIT_BYTES_MAX};
+use crate::commit::{Commit, CommitDraft, InvalidCommit};
+use crate::ids::{uuid_v7_unix_ms, AggregateId, Hash, Timestamp};
+
+/// async-nats' limit of unacknowledged publishes per context.
+pub const MAX_ACK_INFLIGHT: usize = 5000;
+/// Our window of in-flight publishes; must stay below [`MAX_ACK_INFLIGHT`].
+pub const ACK_WINDOW_DEFAULT: usize = 1024;
+const _: () = assert!(ACK_WINDOW_DEFAULT < MAX_ACK_INFLIGHT);
+/// The oldest server that honours every stream setting we verify.
+pub const SERVER_VERSION_MIN: (u64, u64, u64) = (2, 10, 0);
+/// How often an `Any` append retries after losing a race.
+const ANY_APPEND_ATTEMPTS_MAX: usize = 16;
+/// How many heads the cache keeps before it is cleared.
+const HEAD_CACHE_ENTRIES_MAX: usize = 200_000;
+/// Clock skew tolerated between writers when scanning for a late retry.
+const RETRY_SCAN_SKEW_MS: i64 = 60_000;
+
+/// Where and how the stream lives.
+#[derive(Debug, Clone)]
+pub struct JetStreamConfig {
+    pub stream: String,
+    pub subject_prefix: String,
+    pub replicas: usize,
+    pub duplicate_window: Duration,
+    /// In-flight publishes; clamped below [`MAX_ACK_INFLIGHT`].
+    pub ack_window: usize,
+}
+
+impl Default for JetStreamConfig {
+    fn default() -> Self {
+        JetStreamConfig {
+            stream: "PROVLEDGER".into(),
+            subject_prefix: "provledger".into(),
+            replicas: 1,
+            duplicate_window: Duration::from_secs(120),
+            ack_window: ACK_WINDOW_DEFAULT,
+        }
+    }
+}
+
+impl JetStreamConfig {
+    pub fn subject_for(&self, aggregate: &AggregateId) -> String {
+        format!(
+            "{}.ev.{}.{}",
+            self.subject_prefix, aggregate.kind, aggregate.id
+        )
+    }
+
+    pub fn all_subjects(&self) -> String {
+        format!("{}.ev.>", self.subject_prefix)
+    }
+
+    fn stream_config(&self) -> stream::Config {
+        stream::Config {
+            name: self.stream.clone(),
+            subjects: vec![self.all_subjects()],
+            storage: stream::StorageType::File,
+            retention: stream::RetentionPolicy::Limits,
+            num_replicas: self.replicas,
+            duplicate_window: self.duplicate_window,
+            deny_delete: true,
+            deny_purge: true,
+            allow_direct: true,
+            allow_rollup: false,
+            max_messages: -1,
+            max_bytes: -1,
+            max_age: Duration::ZERO,
+            ..Default::default()
+        }
+    }
+}
+
+/// Why the JetStream log could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenJetStreamError {
+    #[error("nats-server {found} is too old: provledger needs {}.{}.{} or later (older servers silently ignore stream settings it relies on)", SERVER_VERSION_MIN.0, SERVER_VERSION_MIN.1, SERVER_VERSION_MIN.2)]
+    ServerTooOld { found: String },
+    #[error("stream {stream} has {setting} = {found}, provledger needs {expected}; fix the stream or use another --stream")]
+    StreamConfigMismatch {
+        stream: String,
+        setting: &'static str,
+        expected: String,
+        found: String,
+    },
+    #[error("JetStream unavailable: {0}")]
+    Unavailable(String),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Head {
+    version: u64,
+    sequence: u64,
+    hash: Hash,
+}
+
+const EMPTY_HEAD: Head = Head {
+    version: 0,
+    sequence: 0,
+    hash: Hash::ZERO,
+};
+
+struct Inner {
+    context: jetstream::Context,
+    stream: stream::Stream,
+    config: JetStreamConfig,
+    heads: Mutex<HashMap<AggregateId, Head>>,
+    window: Semaphore,
+    server_version: String,
+}
+
+/// The JetStream event log. Cheap to clone.
+#[derive(Clone)]
+pub struct JetStreamLog {
+    inner: Arc<Inner>,
+}
+
+fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
+    let core = v.trim_start_matches('v').split(['-', '+']).next()?;
+    let mut parts = core.split('.').map(|p| p.parse::<u64>().ok());
+    Some((
+        parts.next()??,
+        parts.next()??,
+        parts.next().flatten().unwrap_or(0),
+    ))
+}
+
+fn unavailable(e: impl std::fmt::Display) -> AppendError {
+    AppendError::Unavailable {
+        reason: e.to_string(),
+    }
+}
+
+fn read_unavailable(e: impl std::fmt::Display) -> ReadError {
+    ReadError::Unavailable {
+        reason: e.to_string(),
+    }
+}
+
+/// Compares what the server echoed back with what we need; names the first difference.
+fn verify_stream_config(
+    want: &stream::Config,
+    got: &stream::Config,
+) -> Result<(), OpenJetStreamError> {
+    let mismatch = |setting: &'static str, expected: String, found: String| {
+        Err(OpenJetStreamError::StreamConfigMismatch {
+            stream: want.name.clone(),
+            setting,
+            expected,
+            found,
+        })
+    };
+    if got.storage != want.storage {
+        return mismatch("storage", "file".into(), format!("{:?}", got.storage));
+    }
+    if !got.subjects.contains(&want.subjects[0]) {
+        return mismatch(
+            "subjects",
+            format!("{:?}", want.subjects),
+            format!("{:?}", got.subjects),
+        );
+    }
+    let flags = [
+        ("deny_delete", want.deny_delete, got.deny_delete),
+        ("deny_purge", want.deny_purge, got.deny_purge),
+        ("allow_direct", want.allow_direct, got.allow_direct),
+        ("allow_rollup", want.allow_rollup, got.allow_rollup),
+    ];
+    for (setting, expected, found) in flags {
+        if expected != found {
+            return mismatch(setting, expected.to_string(), found.to_string());
+        }
+    }
+    if got.num_replicas.max(1) != want.num_replicas.max(1) {
+        return mismatch(
+            "num_replicas",
+            want.num_replicas.to_string(),
+            got.num_replicas.to_string(),
+        );
+    }
+    if got.duplicate_window != want.duplicate_window {
+        return mismatch(
+            "duplicate_window",
+            format!("{:?}", want.duplicate_window),
+            format!("{:?}", got.duplicate_window),
+        );
+    }
+    if got.retention != want.retention {
+        return mismatch("retention", "limits".into(), format!("{:?}", got.retention));
+    }
+    if got.max_age != Duration::ZERO || got.max_messages > 0 || got.max_bytes > 0 {
+        return mismatch(
+            "limits (max_age/max_msgs/max_bytes)",
+            "unlimited: a ledger never expires commits".into(),
+            format!("{:?}/{}/{}", got.max_age, got.max_messages, got.max_bytes),
+        );
+    }
+    Ok(())
+}
+
+fn is_stream_not_found(e: &jetstream::context::GetStreamError) -> bool {
+    matches!(
+        e.kind(),
+        jetstream::context::GetStreamErrorKind::JetStream(inner)
+            if inner.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
+    )
+}
+
+impl JetStreamLog {
+    /// Checks the server version, then creates the stream or verifies the existing one.
+    pub async fn open(
+        client: async_nats::Client,
+        mut config: JetStreamConfig,
+    ) -> Result<Self, OpenJetStreamError> {
+        let server_version = client.server_info().version;
+        match parse_version(&server_version) {
+            Some(v) if v >= SERVER_VERSION_MIN => {}
+            _ => {
+                return Err(OpenJetStreamError::ServerTooOld {
+                    found: server_version,
+                })
+            }
+        }
+        config.ack_window = config.ack_window.clamp(1, MAX_ACK_INFLIGHT - 1);
+        let context = jetstream::ContextBuilder::new()
+            .max_ack_inflight(MAX_ACK_INFLIGHT)
+            .timeout(Duration::from_secs(10))
+            .build(client);
+        let want = config.stream_config();
+        let stream = match context.get_stream(&config.stream).await {
+            Ok(s) => s,
+            Err(e) if is_stream_not_found(&e) => context
+                .create_stream(want.clone())
+                .await
+                .map_err(|e| OpenJetStreamError::Unavailable(format!("create stream: {e}")))?,
+            Err(e) => return Err(OpenJetStreamError::Unavailable(format!("get stream: {e}"))),
+        };
+        verify_stream_config(&want, &stream.cached_info().config)?;
+        tracing::info!(stream = %config.stream, server = %server_version, "jetstream log ready");
+        Ok(JetStreamLog {
+            inner: Arc::new(Inner {
+                context,
+                stream,
+                window: Semaphore::new(config.ack_window),
+                config,
+                heads: Mutex::new(HashMap::new()),
+                server_version,
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &JetStreamConfig {
+        &self.inner.config
+    }
+
+    pub fn server_version(&self) -> &str {
+        &self.inner.server_version
+    }
+
+    pub fn context(&self) -> &jetstream::Context {
+        &self.inner.context
+    }
+
+    fn cached_head(&self, aggregate: &AggregateId) -> Option<Head> {
+        self.inner
+            .heads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(aggregate)
+            .copied()
+    }
+
+    fn remember_head(&self, aggregate: AggregateId, head: Option<Head>) {
+        let mut heads = self.inner.heads.lock().unwrap_or_else(|p| p.into_inner());
+        match head {
+            Some(h) => {
+                if heads.len() >= HEAD_CACHE_ENTRIES_MAX {
+                    heads.clear();
+                }
+                heads.insert(aggregate, h);
+            }
+            None => {
+                heads.remove(&aggregate);
+            }
+        }
+    }
+
+    async fn fetch_head(&self, aggregate: &AggregateId) -> Result<Head, AppendError> {
+        let subject = self.inner.config.subject_for(aggregate);
+        match self.inner.stream.direct_get_last_for_subject(subject).await {
+            Ok(msg) => {
+                let commit = codec::decode(&msg.payload, msg.sequence).map_err(|error| {
+                    AppendError::Corrupt {
+                        position: msg.sequence,
+                        error,
+                    }
+                })?;
+                let head = Head {
+                    version: commit.version,
+                    sequence: msg.sequence,
+                    hash: commit.hash,
+                };
+                self.remember_head(*aggregate, Some(head));
+                Ok(head)
+            }
+            Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => Ok(EMPTY_HEAD),
+            Err(e) => Err(unavailable(format!("reading head of {aggregate}: {e}"))),
+        }
+    }
+
+    async fn commit_at(&self, sequence: u64) -> Result<Commit, AppendError> {
+        let msg = self
+            .inner
+            .stream
+            .direct_get(sequence)
+            .await
+            .map_err(|e| unavailable(format!("reading position {sequence}: {e}")))?;
+        codec::decode(&msg.payload, sequence).map_err(|error| AppendError::Corrupt {
+            position: sequence,
+            error,
+        })
+    }
+
+    /// Looks for `draft.commit_id` among the aggregate's commits recorded since the
+    /// commit_id was minted (UUID v7), or among all of them otherwise.
+    async fn find_retry(
+        &self,
+        aggregate: &AggregateId,
+        draft: &CommitDraft,
+    ) -> Result<Option<AppendOutcome>, AppendError> {
+        let deliver_policy = match uuid_v7_unix_ms(&draft.commit_id) {
+            Some(ms) => {
+                let nanos = i128::from(ms - RETRY_SCAN_SKEW_MS) * 1_000_000;
+                match time::OffsetDateTime::from_unix_timestamp_nanos(nanos) {
+                    Ok(start_time) => consumer::DeliverPolicy::ByStartTime { start_time },
+                    Err(_) => consumer::DeliverPolicy::All,
+                }
+            }
+            None => consumer::DeliverPolicy::All,
+        };
+        let head = self.fetch_head(aggregate).await?;
+        if head.version == 0 {
+            return Ok(None);
+        }
+        let mut messages = self
+            .ordered(self.inner.config.subject_for(aggregate), deliver_policy)
+            .await
+            .map_err(|e| unavailable(format!("{e}")))?;
+        while let Some(msg) = messages.next().await {
+            let msg = msg.map_err(|e| unavailable(format!("scanning {aggregate}: {e}")))?;
+            let sequence = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
+            if let Ok(commit) = codec::decode(&msg.payload, sequence) {
+                if commit.commit_id == draft.commit_id {
+                    if commit.same_payload_as(draft) {
+                        return Ok(Some(AppendOutcome {
+                            position: sequence,
+                            version: commit.version,
+                            status: AppendStatus::AlreadyAppended,
+                        }));
+                    }
+                    return Err(AppendError::CommitIdReused {
+                        commit_id: draft.commit_id,
+                        position: sequence,
+                    });
+                }
+            }
+            if sequence >= head.sequence {
+                break;
+            }
+        }
+        Ok(None)
+    }
+
+    async fn ordered(
+        &self,
+        filter_subject: String,
+        deliver_policy: consumer::DeliverPolicy,
+    ) -> Result<consumer::pull::Ordered, String> {
+        self.inner
+            .stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                filter_subject,
+                deliver_policy,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| format!("creating ordered consumer: {e}"))?
+            .messages()
+            .await
+            .map_err(|e| format!("starting ordered consumer: {e}"))
+    }
+
+    async fn conflict_or_retry(
+        &self,
+        aggregate: AggregateId,
+        expect: Expectation,
+        draft: &CommitDraft,
+        actual: u64,
+    ) -> Result<AppendOutcome, AppendError> {
+        match self.find_retry(&aggregate, draft).await? {
+            Some(outcome) => Ok(outcome),
+            None => Err(AppendError::Conflict {
+                aggregate,
+                expected: expect,
+                actual,
+            }),
+        }
+    }
+
+    /// Decodes consumer messages into commits. With `end`, the stream stops right after the
+    /// message at that position, without polling the consumer again (it would wait forever).
+    fn commit_stream(&self, messages: consumer::pull::Ordered, end: Option<u64>) -> CommitStream {
+        futures::stream::unfold((messages, false), move |(mut messages, done)| async move {
+            if done {
+                return None;
+            }
+            let item = match messages.next().await? {
+                Ok(msg) => {
+                    let position = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
+                    codec::decode(&msg.payload, position).map_err(|error| ReadError::Undecodable {
+                        position,
+                        subject: msg.subject.to_string(),
+                        error,
+                        payload: msg.payload.clone(),
+                    })
+                }
+                Err(e) => Err(read_unavailable(e)),
+            };
+            let position = match &item {
+                Ok(c) => Some(c.position),
+                Err(ReadError::Undecodable { position, .. }) => Some(*position),
+                Err(ReadError::Unavailable { .. }) => None,
+            };
+            let done = match (position, end) {
+                (Some(p), Some(e)) => p >= e,
+                (None, _) => true,
+                _ => false,
+            };
+            Some((item, (messages, done)))
+        })
+        .boxed()
+    }
+
+    async fn stream_last_sequence(&self) -> Result<u64, ReadError> {
+        let info = self
+            .inner
+            .stream
+            .get_info()
+            .await
+            .map_err(read_unavailable)?;
+        Ok(info.state.last_sequence)
+    }
+}
+
+impl EventLog for JetStreamLog {
+    async fn append(
+        &self,
+        aggregate: AggregateId,
+        expect: Expectation,
+        draft: CommitDraft,
+    ) -> Result<AppendOutcome, AppendError> {
+        draft.validate(&aggregate)?;
+        let subject = self.inner.config.subject_for(&aggregate);
+        let window_ms =
+            i64::try_from(self.inner.config.duplicate_window.as_millis()).unwrap_or(i64::MAX);
+        let minted_ms = uuid_v7_unix_ms(&draft.commit_id);
+        // A commit_id minted longer ago than (most of) the window may be a late retry that
+        // JetStream's dedupe no longer recognises.
+        let maybe_late_retry =
+            minted_ms.is_none_or(|ms| Timestamp::now().unix_ms() - ms > window_ms / 2);
+        if maybe_late_retry && expect == Expectation::Any {
+            if let Some(outcome) = self.find_retry(&aggregate, &draft).await? {
+                return Ok(outcome);
+            }
+        }
+
+        for _ in 0..ANY_APPEND_ATTEMPTS_MAX {
+            let mut head = match self.cached_head(&aggregate) {
+                Some(h) => h,
+                None => self.fetch_head(&aggregate).await?,
+            };
+            if !expect.admits(head.version) {
+                // The cache may be stale: only the server's view decides a conflict.
+                head = self.fetch_head(&aggregate).await?;
+                if !expect.admits(head.version) {
+                    return self
+                        .conflict_or_retry(aggregate, expect, &draft, head.version)
+                        .await;
+                }
+            }
+            let version = head.version + 1;
+            let commit = Commit::seal(aggregate, version, head.hash, draft.clone());
+            let bytes = codec::encode(&commit)?;
+            if bytes.len() > ENCODED_COMMIT_BYTES_MAX {
+                return Err(InvalidCommit::TooLarge {
+                    size: bytes.len(),
+                    max: ENCODED_COMMIT_BYTES_MAX,
+                }
+                .into());
+            }
+            let publish = jetstream::message::PublishMessage::build()
+                .payload(bytes.into())
+                .message_id(draft.commit_id.to_string())
+                .expected_last_subject_sequence(head.sequence);
+            let ack = {
+                // The permit bounds sends plus outstanding acks (see MAX_ACK_INFLIGHT).
+                let _permit = self.inner.window.acquire().await.map_err(unavailable)?;
+                let ack_future = self
+                    .inner
+                    .context
+                    .send_publish(subject.clone(), publish)
+                    .await
+                    .map_err(|e| unavailable(format!("publish to {subject}: {e}")))?;
+                ack_future.await
+            };
+            match ack {
+                Ok(ack) if ack.duplicate => {
+                    let stored = self.commit_at(ack.sequence).await?;
+                    if stored.aggregate == aggregate && stored.same_payload_as(&draft) {
+                        return Ok(AppendOutcome {
+                            position: ack.sequence,
+                            version: stored.version,
+                            status: AppendStatus::AlreadyAppended,
+                        });
+                    }
+                    return Err(AppendError::CommitIdReused {
+                        commit_id: draft.commit_id,
+                        position: ack.sequence,
+                    });
+                }
+                Ok(ack) => {
+                    self.remember_head(
+                        aggregate,
+                        Some(Head {
+                            version,
+                            sequence: ack.sequence,
+                            hash: commit.hash,
+                        }),
+                    );
+                    return Ok(AppendOutcome {
+                        position: ack.sequence,
+                        version,
+                        status: AppendStatus::Appended,
+                    });
+                }
+                Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
+                    self.remember_head(aggregate, None);
+                    if expect != Expectation::Any {
+                        let actual = self.fetch_head(&aggregate).await?.version;
+                        return self
+                            .conflict_or_retry(aggregate, expect, &draft, actual)
+                            .await;
+                    }
+                }
+                Err(e) => return Err(unavailable(format!("ack from {subject}: {e}"))),
+            }
+        }
+        Err(unavailable(format!(
+            "{aggregate}: lost the race {ANY_APPEND_ATTEMPTS_MAX} times in a row; retry later"
+        )))
+    }
+
+    async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {
+        let head = self.fetch_head(&aggregate).await.map_err(|e| match e {
+            AppendError::Corrupt { position, error } => ReadError::Undecodable {
+                position,
+                subject: self.inner.config.subject_for(&aggregate),
+                error,
+                payload: bytes::Bytes::new(),
+            },
+            other => read_unavailable(other),
+        })?;
+        if head.sequence == 0 {
+            return Ok(Vec::new());
+        }
+        let messages = self
+            .ordered(
+                self.inner.config.subject_for(&aggregate),
+                consumer::DeliverPolicy::All,
+            )
+            .await
+            .map_err(read_unavailable)?;
+        let mut out = Vec::new();
+        let mut stream = self.commit_stream(messages, Some(head.sequence));
+        while let Some(item) = stream.next().await {
+            out.push(item?);
+        }
+        Ok(out)
+    }
+
+    async fn read_all(&self, from: u64) -> Result<CommitStream, ReadError> {
+        let last = self.stream_last_sequence().await?;
+        let from = from.max(1);
+        if from > last {
+            return Ok(futures::stream::empty().boxed());
+        }
+        let messages = self
+            .ordered(
+                self.inner.config.all_subjects(),
+                consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: from,
+                },
+            )
+            .await
+            .map_err(read_unavailable)?;
+        Ok(self.commit_stream(messages, Some(last)))
+    }
+
+    async fn subscribe(&self, from: u64) -> Result<CommitStream, ReadError> {
+        let messages = self
+            .ordered(
+                self.inner.config.all_subjects(),
+                consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: from.max(1),
+                },
+            )
+            .await
+            .map_err(read_unavailable)?;
+        Ok(self.commit_stream(messages, None))
+    }
+
+    async fn last_position(&self) -> Result<u64, ReadError> {
+        self.stream_last_sequence().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_versions_are_compared_numerically() {
+        assert!(parse_version("2.9.10").unwrap() < SERVER_VERSION_MIN);
+        assert!(parse_version("2.10.0").unwrap() >= SERVER_VERSION_MIN);
+        assert!(parse_version("v2.14.6").unwrap() >= SERVER_VERSION_MIN);
+        assert!(parse_version("2.11.0-beta.1").unwrap() >= SERVER_VERSION_MIN);
+        assert_eq!(parse_version("garbage"), None);
+    }
+
+    #[test]
+    fn a_stream_without_deny_purge_is_refused_by_name() {
+        let cfg = JetStreamConfig::default();
+        let want = cfg.stream_config();
+        let mut got = want.clone();
+        got.deny_purge = false;
+        let err = verify_stream_config(&want, &got).unwrap_err();
+        assert!(err.to_string().contains("deny_purge = false"), "{err}");
+    }
+}

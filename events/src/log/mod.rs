@@ -1,0 +1,150 @@
+//! The `EventLog` API and its two backends: embedded [`SledLog`] and distributed
+//! [`JetStreamLog`]. Both pass the same conformance suite (`tests/tests/conformance.rs`).
+//!
+//! Only this module writes to the log. Everything above it sees commits, never bytes.
+
+pub mod jetstream_log;
+pub mod sled_log;
+
+use std::fmt;
+use std::future::Future;
+use std::str::FromStr;
+
+use futures::stream::BoxStream;
+use uuid::Uuid;
+
+use crate::codec::{DecodeError, EncodeError};
+use crate::commit::{Commit, CommitDraft, InvalidCommit};
+use crate::ids::AggregateId;
+
+pub use jetstream_log::{JetStreamConfig, JetStreamLog, OpenJetStreamError};
+pub use sled_log::{OpenSledError, SledLog};
+
+/// What the writer believes the aggregate's version to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expectation {
+    /// No check: append after whatever is there.
+    Any,
+    /// The aggregate must have no commit yet.
+    NoStream,
+    /// The aggregate's current version must be exactly this (its number of commits).
+    Exactly(u64),
+}
+
+impl Expectation {
+    pub fn admits(self, current_version: u64) -> bool {
+        match self {
+            Expectation::Any => true,
+            Expectation::NoStream => current_version == 0,
+            Expectation::Exactly(v) => current_version == v,
+        }
+    }
+}
+
+impl fmt::Display for Expectation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Expectation::Any => f.write_str("any"),
+            Expectation::NoStream => f.write_str("none"),
+            Expectation::Exactly(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+impl FromStr for Expectation {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "any" => Ok(Expectation::Any),
+            "none" => Ok(Expectation::NoStream),
+            n => n.parse::<u64>().map(Expectation::Exactly).map_err(|_| {
+                format!("expectation {s:?} must be \"any\", \"none\" or a version number")
+            }),
+        }
+    }
+}
+
+/// Whether an append wrote a new commit or recognised a retry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendStatus {
+    Appended,
+    /// The same commit_id with the same payload was already in the log; nothing was written.
+    AlreadyAppended,
+}
+
+/// The durable result of an append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendOutcome {
+    pub position: u64,
+    pub version: u64,
+    pub status: AppendStatus,
+}
+
+/// Why an append did not happen. Nothing was written in any of these cases.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    #[error("conflict on {aggregate}: expected version {expected}, actual version is {actual}")]
+    Conflict {
+        aggregate: AggregateId,
+        expected: Expectation,
+        actual: u64,
+    },
+    #[error("commit_id {commit_id} is already used at position {position} by a commit with a different payload")]
+    CommitIdReused { commit_id: Uuid, position: u64 },
+    #[error("invalid commit: {0}")]
+    Invalid(#[from] InvalidCommit),
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
+    #[error(
+        "stored commit at position {position} cannot be decoded: {error}; run `provledger audit`"
+    )]
+    Corrupt { position: u64, error: DecodeError },
+    #[error("event log unavailable: {reason}")]
+    Unavailable { reason: String },
+}
+
+/// Why reading the log failed, or one entry that could not be decoded.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReadError {
+    /// Garbage at a position: the reader decides whether to skip (quarantine) or stop.
+    #[error("position {position} on {subject} cannot be decoded: {error}")]
+    Undecodable {
+        position: u64,
+        subject: String,
+        error: DecodeError,
+        payload: bytes::Bytes,
+    },
+    #[error("event log unavailable: {reason}")]
+    Unavailable { reason: String },
+}
+
+/// A stream of commits in position order. `read_all` ends at the log's end as of the call;
+/// `subscribe` never ends. Neither skips nor reorders.
+pub type CommitStream = BoxStream<'static, Result<Commit, ReadError>>;
+
+/// An append-only, per-aggregate versioned, globally ordered log of commits.
+pub trait EventLog: Send + Sync {
+    /// Appends one commit if `expect` admits the aggregate's current version. Returns only
+    /// once the commit is durable (JetStream ack, or sled flushed).
+    fn append(
+        &self,
+        aggregate: AggregateId,
+        expect: Expectation,
+        draft: CommitDraft,
+    ) -> impl Future<Output = Result<AppendOutcome, AppendError>> + Send;
+
+    /// Every commit of one aggregate, oldest first.
+    fn read_aggregate(
+        &self,
+        aggregate: AggregateId,
+    ) -> impl Future<Output = Result<Vec<Commit>, ReadError>> + Send;
+
+    /// Every commit from `from` (inclusive, 1-based) to the current end.
+    fn read_all(&self, from: u64) -> impl Future<Output = Result<CommitStream, ReadError>> + Send;
+
+    /// Every commit from `from` on, then a live tail.
+    fn subscribe(&self, from: u64) -> impl Future<Output = Result<CommitStream, ReadError>> + Send;
+
+    /// The position of the last durable commit, 0 for an empty log.
+    fn last_position(&self) -> impl Future<Output = Result<u64, ReadError>> + Send;
+}

@@ -1,0 +1,584 @@
+//! The embedded backend: sled is the source of truth.
+//!
+//! Key layout in the `log` tree (all integers big-endian so that keys sort by number):
+//! - `c` + position(8)                 -> encoded commit
+//! - `h` + aggregate(17)               -> head: version(8) position(8) hash(32)
+//! - `v` + aggregate(17) + version(8)  -> position(8)
+//! - `i` + commit_id(16)               -> position(8)
+//!
+//! Appends are serialised by one in-process mutex (positions are assigned under it and
+//! applied with one atomic `apply_batch`), and the data dir is locked against other
+//! processes. Durability uses group commit: a flusher thread calls `Db::flush` for every
+//! batch of appends that arrived while the previous flush ran, and an append is
+//! acknowledged only once a flush that started after its batch was applied has returned.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use fs2::FileExt;
+use futures::StreamExt;
+use tokio::sync::watch;
+
+use super::{
+    AppendError, AppendOutcome, AppendStatus, CommitStream, EventLog, Expectation, ReadError,
+};
+use crate::codec::{self, ENCODED_COMMIT_BYTES_MAX};
+use crate::commit::{Commit, CommitDraft, InvalidCommit};
+use crate::ids::{AggregateId, Hash};
+
+const LOCK_FILE: &str = "LOCK";
+const SLED_DIR: &str = "sled";
+/// How many commits a reader takes from sled per step of a stream.
+const READ_CHUNK_COMMITS_MAX: usize = 512;
+
+/// Why the data dir could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenSledError {
+    #[error("data dir {dir} is locked by another provledger process ({holder}); stop it or use another --data-dir")]
+    Locked { dir: PathBuf, holder: String },
+    #[error("cannot open data dir {dir}: {source}")]
+    Io {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot open sled database in {dir}: {source}")]
+    Sled { dir: PathBuf, source: sled::Error },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Head {
+    version: u64,
+    position: u64,
+    hash: Hash,
+}
+
+impl Head {
+    const EMPTY: Head = Head {
+        version: 0,
+        position: 0,
+        hash: Hash::ZERO,
+    };
+
+    fn to_bytes(self) -> [u8; 48] {
+        let mut b = [0u8; 48];
+        b[..8].copy_from_slice(&self.version.to_be_bytes());
+        b[8..16].copy_from_slice(&self.position.to_be_bytes());
+        b[16..].copy_from_slice(&self.hash.0);
+        b
+    }
+
+    fn from_bytes(b: &[u8]) -> Option<Head> {
+        if b.len() != 48 {
+            return None;
+        }
+        let mut hash = [0u8; 32];
+        hash.copy_from_slice(&b[16..]);
+        Some(Head {
+            version: u64::from_be_bytes(b[..8].try_into().ok()?),
+            position: u64::from_be_bytes(b[8..16].try_into().ok()?),
+            hash: Hash(hash),
+        })
+    }
+}
+
+fn commit_key(position: u64) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[0] = b'c';
+    k[1..].copy_from_slice(&position.to_be_bytes());
+    k
+}
+
+fn head_key(aggregate: &AggregateId) -> [u8; 18] {
+    let mut k = [0u8; 18];
+    k[0] = b'h';
+    k[1..].copy_from_slice(&aggregate.key_bytes());
+    k
+}
+
+fn version_key(aggregate: &AggregateId, version: u64) -> [u8; 26] {
+    let mut k = [0u8; 26];
+    k[0] = b'v';
+    k[1..18].copy_from_slice(&aggregate.key_bytes());
+    k[18..].copy_from_slice(&version.to_be_bytes());
+    k
+}
+
+fn commit_id_key(commit_id: &uuid::Uuid) -> [u8; 17] {
+    let mut k = [0u8; 17];
+    k[0] = b'i';
+    k[1..].copy_from_slice(commit_id.as_bytes());
+    k
+}
+
+fn be_u64(bytes: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(bytes.try_into().ok()?))
+}
+
+fn unavailable(e: sled::Error) -> AppendError {
+    AppendError::Unavailable {
+        reason: format!("sled: {e}"),
+    }
+}
+
+fn read_unavailable(e: sled::Error) -> ReadError {
+    ReadError::Unavailable {
+        reason: format!("sled: {e}"),
+    }
+}
+
+struct Flusher {
+    /// Set by appenders after their batch is applied; cleared by the flusher.
+    requested: Mutex<bool>,
+    wake: Condvar,
+    stop: AtomicBool,
+}
+
+struct Shared {
+    db: sled::Db,
+    tree: sled::Tree,
+    dir: PathBuf,
+    append_lock: Mutex<()>,
+    last_assigned: AtomicU64,
+    durable: watch::Sender<u64>,
+    flusher: Flusher,
+    flushes: AtomicU64,
+}
+
+/// The embedded event log. Cheap to clone; the flusher thread and the data-dir lock live
+/// until the last clone is dropped or [`SledLog::close`] is called.
+#[derive(Clone)]
+pub struct SledLog {
+    shared: Arc<Shared>,
+    guard: Arc<CloseGuard>,
+}
+
+struct CloseGuard {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    _lock: File,
+}
+
+impl Drop for CloseGuard {
+    fn drop(&mut self) {
+        self.shared.flusher.stop.store(true, Ordering::SeqCst);
+        self.shared.flusher.wake.notify_all();
+        if let Ok(mut t) = self.thread.lock() {
+            if let Some(handle) = t.take() {
+                let _ = handle.join();
+            }
+        }
+        // A final flush so that nothing applied is left only in memory.
+        let _ = self.shared.db.flush();
+    }
+}
+
+impl SledLog {
+    /// Opens (or creates) the log in `dir`, taking an exclusive lock on it.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self, OpenSledError> {
+        let dir = dir.as_ref().to_path_buf();
+        let io = |source| OpenSledError::Io {
+            dir: dir.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        let lock_path = dir.join(LOCK_FILE);
+        let mut lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io)?;
+        if lock.try_lock_exclusive().is_err() {
+            let holder = std::fs::read_to_string(&lock_path)
+                .map(|s| format!("pid {}", s.trim()))
+                .unwrap_or_else(|_| "unknown pid".to_string());
+            return Err(OpenSledError::Locked { dir, holder });
+        }
+        lock.set_len(0).map_err(io)?;
+        write!(lock, "{}", std::process::id()).map_err(io)?;
+
+        let db = sled::Config::new()
+            .path(dir.join(SLED_DIR))
+            // Durability comes from our explicit flushes, not from a timer.
+            .flush_every_ms(None)
+            .open()
+            .map_err(|source| OpenSledError::Sled {
+                dir: dir.clone(),
+                source,
+            })?;
+        let tree = db.open_tree("log").map_err(|source| OpenSledError::Sled {
+            dir: dir.clone(),
+            source,
+        })?;
+        let last = match tree.scan_prefix(b"c").next_back() {
+            Some(Ok((k, _))) => be_u64(&k[1..]).unwrap_or(0),
+            Some(Err(source)) => {
+                return Err(OpenSledError::Sled {
+                    dir: dir.clone(),
+                    source,
+                })
+            }
+            None => 0,
+        };
+        let (durable, _) = watch::channel(last);
+        let shared = Arc::new(Shared {
+            db,
+            tree,
+            dir: dir.clone(),
+            append_lock: Mutex::new(()),
+            last_assigned: AtomicU64::new(last),
+            durable,
+            flusher: Flusher {
+                requested: Mutex::new(false),
+                wake: Condvar::new(),
+                stop: AtomicBool::new(false),
+            },
+            flushes: AtomicU64::new(0),
+        });
+        let thread_shared = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("provledger-sled-flush".into())
+            .spawn(move || flush_loop(&thread_shared))
+            .map_err(|source| OpenSledError::Io {
+                dir: dir.clone(),
+                source,
+            })?;
+        let guard = Arc::new(CloseGuard {
+            shared: Arc::clone(&shared),
+            thread: Mutex::new(Some(thread)),
+            _lock: lock,
+        });
+        tracing::debug!(dir = %shared.dir.display(), last_position = last, "sled log opened");
+        Ok(SledLog { shared, guard })
+    }
+
+    /// The underlying database, for other trees that must live beside the log (the
+    /// projection state). Never write to the `log` tree through it.
+    pub fn db(&self) -> &sled::Db {
+        &self.shared.db
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// How many `Db::flush` calls ran: the group-commit benchmark reports appends per flush.
+    pub fn flush_count(&self) -> u64 {
+        self.shared.flushes.load(Ordering::Relaxed)
+    }
+
+    /// Flushes and releases the data dir. Other clones become unusable for appends.
+    pub fn close(self) {
+        drop(self.guard);
+    }
+
+    /// Synchronous part of an append: decide, assign the position and apply one batch.
+    fn apply(
+        &self,
+        aggregate: AggregateId,
+        expect: Expectation,
+        draft: CommitDraft,
+    ) -> Result<AppendOutcome, AppendError> {
+        draft.validate(&aggregate)?;
+        let tree = &self.shared.tree;
+        // Poisoning only happens if a holder panicked; the guarded data is `()`, so the
+        // lock is still a valid serialisation point.
+        let _serial = self
+            .shared
+            .append_lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+
+        if let Some(pos) = tree
+            .get(commit_id_key(&draft.commit_id))
+            .map_err(unavailable)?
+        {
+            let position = be_u64(&pos).unwrap_or(0);
+            let stored = self.commit_at(position)?;
+            if stored.aggregate == aggregate && stored.same_payload_as(&draft) {
+                return Ok(AppendOutcome {
+                    position,
+                    version: stored.version,
+                    status: AppendStatus::AlreadyAppended,
+                });
+            }
+            return Err(AppendError::CommitIdReused {
+                commit_id: draft.commit_id,
+                position,
+            });
+        }
+
+        let head = match tree.get(head_key(&aggregate)).map_err(unavailable)? {
+            Some(b) => Head::from_bytes(&b).ok_or(AppendError::Unavailable {
+                reason: format!("head record of {aggregate} is corrupt; run `provledger audit`"),
+            })?,
+            None => Head::EMPTY,
+        };
+        if !expect.admits(head.version) {
+            return Err(AppendError::Conflict {
+                aggregate,
+                expected: expect,
+                actual: head.version,
+            });
+        }
+
+        let version = head.version + 1;
+        let commit_id = draft.commit_id;
+        let commit = Commit::seal(aggregate, version, head.hash, draft);
+        let bytes = codec::encode(&commit)?;
+        if bytes.len() > ENCODED_COMMIT_BYTES_MAX {
+            return Err(InvalidCommit::TooLarge {
+                size: bytes.len(),
+                max: ENCODED_COMMIT_BYTES_MAX,
+            }
+            .into());
+        }
+        let position = self.shared.last_assigned.load(Ordering::SeqCst) + 1;
+        let new_head = Head {
+            version,
+            position,
+            hash: commit.hash,
+        };
+
+        let mut batch = sled::Batch::default();
+        batch.insert(&commit_key(position), bytes);
+        batch.insert(&head_key(&aggregate), &new_head.to_bytes()[..]);
+        batch.insert(
+            &version_key(&aggregate, version),
+            &position.to_be_bytes()[..],
+        );
+        batch.insert(&commit_id_key(&commit_id), &position.to_be_bytes()[..]);
+        tree.apply_batch(batch).map_err(unavailable)?;
+        self.shared.last_assigned.store(position, Ordering::SeqCst);
+        Ok(AppendOutcome {
+            position,
+            version,
+            status: AppendStatus::Appended,
+        })
+    }
+
+    fn commit_at(&self, position: u64) -> Result<Commit, AppendError> {
+        let bytes = self
+            .shared
+            .tree
+            .get(commit_key(position))
+            .map_err(unavailable)?
+            .ok_or(AppendError::Unavailable {
+                reason: format!(
+                    "index points at missing position {position}; run `provledger audit`"
+                ),
+            })?;
+        codec::decode(&bytes, position).map_err(|error| AppendError::Corrupt { position, error })
+    }
+
+    async fn wait_durable(&self, position: u64) -> Result<(), AppendError> {
+        {
+            let mut requested = self
+                .shared
+                .flusher
+                .requested
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            *requested = true;
+        }
+        self.shared.flusher.wake.notify_one();
+        let mut rx = self.shared.durable.subscribe();
+        rx.wait_for(|d| *d >= position)
+            .await
+            .map_err(|_| AppendError::Unavailable {
+                reason: "sled log closed before the append was flushed".into(),
+            })?;
+        Ok(())
+    }
+
+    fn read_range(&self, from: u64, to: u64) -> Vec<Result<Commit, ReadError>> {
+        let mut out = Vec::new();
+        if from > to {
+            return out;
+        }
+        for item in self
+            .shared
+            .tree
+            .range(commit_key(from)..=commit_key(to))
+            .take(READ_CHUNK_COMMITS_MAX)
+        {
+            match item {
+                Ok((k, v)) => {
+                    let position = be_u64(&k[1..]).unwrap_or(0);
+                    out.push(
+                        codec::decode(&v, position).map_err(|error| ReadError::Undecodable {
+                            position,
+                            subject: "sled".into(),
+                            error,
+                            payload: bytes::Bytes::copy_from_slice(&v),
+                        }),
+                    );
+                }
+                Err(e) => {
+                    out.push(Err(read_unavailable(e)));
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// A stream over `[from, end]`, where `end` is fixed (`Some`) or follows the durable
+    /// position forever (`None`).
+    fn stream(&self, from: u64, end: Option<u64>) -> CommitStream {
+        struct State {
+            log: SledLog,
+            next: u64,
+            end: Option<u64>,
+            rx: watch::Receiver<u64>,
+            buffer: std::collections::VecDeque<Result<Commit, ReadError>>,
+        }
+        let state = State {
+            log: self.clone(),
+            next: from.max(1),
+            end,
+            rx: self.shared.durable.subscribe(),
+            buffer: Default::default(),
+        };
+        futures::stream::unfold(state, |mut st| async move {
+            loop {
+                if let Some(item) = st.buffer.pop_front() {
+                    return Some((item, st));
+                }
+                let durable = *st.rx.borrow_and_update();
+                let limit = st.end.map_or(durable, |e| e.min(durable));
+                if st.next <= limit {
+                    let chunk = st.log.read_range(st.next, limit);
+                    if let Some(last) = chunk.iter().rev().find_map(|r| match r {
+                        Ok(c) => Some(c.position),
+                        Err(ReadError::Undecodable { position, .. }) => Some(*position),
+                        Err(_) => None,
+                    }) {
+                        st.next = last + 1;
+                    }
+                    st.buffer.extend(chunk);
+                    continue;
+                }
+                if st.end.is_some_and(|e| st.next > e) {
+                    return None;
+                }
+                if st.rx.changed().await.is_err() {
+                    return None;
+                }
+            }
+        })
+        .boxed()
+    }
+}
+
+fn flush_loop(shared: &Shared) {
+    loop {
+        {
+            let mut requested = shared
+                .flusher
+                .requested
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            while !*requested && !shared.flusher.stop.load(Ordering::SeqCst) {
+                requested = shared
+                    .flusher
+                    .wake
+                    .wait(requested)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+            if !*requested && shared.flusher.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            *requested = false;
+        }
+        // Every append whose batch was applied before this load is covered by this flush.
+        let target = shared.last_assigned.load(Ordering::SeqCst);
+        match shared.db.flush() {
+            Ok(_) => {
+                shared.flushes.fetch_add(1, Ordering::Relaxed);
+                shared.durable.send_if_modified(|d| {
+                    if target > *d {
+                        *d = target;
+                        true
+                    } else {
+                        false
+                    }
+                });
+            }
+            Err(e) => {
+                // Appenders keep waiting; the next request retries the flush.
+                tracing::error!(error = %e, "sled flush failed; appends are not acknowledged");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                let mut requested = shared
+                    .flusher
+                    .requested
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                *requested = true;
+            }
+        }
+    }
+}
+
+impl EventLog for SledLog {
+    async fn append(
+        &self,
+        aggregate: AggregateId,
+        expect: Expectation,
+        draft: CommitDraft,
+    ) -> Result<AppendOutcome, AppendError> {
+        let outcome = self.apply(aggregate, expect, draft)?;
+        // A retry of a commit still waiting for its flush must not be acknowledged early.
+        self.wait_durable(outcome.position).await?;
+        Ok(outcome)
+    }
+
+    async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {
+        let mut prefix = vec![b'v'];
+        prefix.extend_from_slice(&aggregate.key_bytes());
+        let durable = *self.shared.durable.borrow();
+        let mut out = Vec::new();
+        for item in self.shared.tree.scan_prefix(prefix) {
+            let (_, pos) = item.map_err(read_unavailable)?;
+            let position = be_u64(&pos).unwrap_or(0);
+            if position > durable {
+                break;
+            }
+            let bytes = self
+                .shared
+                .tree
+                .get(commit_key(position))
+                .map_err(read_unavailable)?;
+            let bytes = bytes.ok_or(ReadError::Unavailable {
+                reason: format!("index of {aggregate} points at missing position {position}"),
+            })?;
+            out.push(
+                codec::decode(&bytes, position).map_err(|error| ReadError::Undecodable {
+                    position,
+                    subject: aggregate.to_string(),
+                    error,
+                    payload: bytes::Bytes::copy_from_slice(&bytes),
+                })?,
+            );
+        }
+        Ok(out)
+    }
+
+    async fn read_all(&self, from: u64) -> Result<CommitStream, ReadError> {
+        let end = *self.shared.durable.borrow();
+        Ok(self.stream(from, Some(end)))
+    }
+
+    async fn subscribe(&self, from: u64) -> Result<CommitStream, ReadError> {
+        Ok(self.stream(from, None))
+    }
+
+    async fn last_position(&self) -> Result<u64, ReadError> {
+        Ok(*self.shared.durable.borrow())
+    }
+}

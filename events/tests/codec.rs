@@ -1,0 +1,153 @@
+//! Codec contract tests: golden encodings of one commit per event, and decoding of
+//! arbitrary or mutated bytes never panics.
+
+use std::path::PathBuf;
+
+use proptest::prelude::*;
+use provledger_events::catalogue::samples;
+use provledger_events::codec::{self, DecodeError, FORMAT_VERSION};
+use provledger_events::{Commit, CommitDraft, Event, Hash, Timestamp};
+use uuid::Uuid;
+
+fn sample_commit(index: usize, event: Event) -> Commit {
+    let aggregate = samples::aggregate_for(&event);
+    let draft = CommitDraft {
+        commit_id: Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0000 + index as u128),
+        operation_id: Some(Uuid::from_u128(0xAA)),
+        causation_id: None,
+        actor: "golden".into(),
+        recorded_at: Timestamp(1_700_000_000_000),
+        events: vec![event],
+    };
+    let mut c = Commit::seal(aggregate, 1, Hash::ZERO, draft);
+    c.position = 1;
+    c
+}
+
+fn golden_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Given one commit per event kind, when encoded, then the bytes equal the pinned golden
+/// files. Set PROVLEDGER_BLESS=1 to rewrite them after an intended format change (and bump
+/// FORMAT_VERSION).
+#[test]
+fn golden_encoding_of_one_commit_per_event_kind() {
+    let bless = std::env::var("PROVLEDGER_BLESS").is_ok();
+    let mut failures = Vec::new();
+    for (i, event) in samples::all().into_iter().enumerate() {
+        let name = event.name();
+        let commit = sample_commit(i, event);
+        let bytes = codec::encode(&commit).unwrap();
+        assert_eq!(bytes[0], FORMAT_VERSION);
+        let path = golden_dir().join(format!("{i:02}_{name}.hex"));
+        if bless {
+            std::fs::write(&path, hex(&bytes) + "\n").unwrap();
+            continue;
+        }
+        let pinned = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+            panic!(
+                "missing golden file {}; run with PROVLEDGER_BLESS=1",
+                path.display()
+            )
+        });
+        if pinned.trim() != hex(&bytes) {
+            failures.push(name.clone());
+        }
+        let decoded = codec::decode(&bytes, 1).unwrap();
+        assert_eq!(decoded, commit, "{name} does not round-trip");
+        assert!(decoded.hash_is_valid());
+    }
+    assert!(failures.is_empty(), "encoding changed for: {failures:?}");
+}
+
+/// The sample list covers every variant: bincode writes the variant index first, so the
+/// samples' indices must be exactly 0..n and index n must not decode.
+#[test]
+fn samples_cover_every_event_variant() {
+    let cfg = bincode::config::standard();
+    let all = samples::all();
+    for (i, event) in all.iter().enumerate() {
+        let bytes = bincode::serde::encode_to_vec(event, cfg).unwrap();
+        assert_eq!(
+            bytes[0] as usize,
+            i,
+            "sample {i} ({}) is out of catalogue order",
+            event.name()
+        );
+    }
+    let beyond = [all.len() as u8, 0, 0, 0, 0, 0, 0, 0];
+    let r: Result<(Event, usize), _> = bincode::serde::decode_from_slice(&beyond, cfg);
+    assert!(r.is_err(), "variant {} exists but has no sample", all.len());
+}
+
+#[test]
+fn every_event_round_trips_through_json() {
+    for event in samples::all() {
+        let json = serde_json::to_string(&event).unwrap();
+        let back: Event = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, event, "{json}");
+    }
+}
+
+#[test]
+fn decode_refuses_empty_unknown_format_and_trailing_bytes() {
+    assert_eq!(codec::decode(&[], 1), Err(DecodeError::Empty));
+    assert_eq!(
+        codec::decode(&[9, 1, 2], 1),
+        Err(DecodeError::UnknownFormat { found: 9 })
+    );
+    let mut bytes = codec::encode(&sample_commit(0, samples::all().remove(0))).unwrap();
+    bytes.push(0);
+    assert_eq!(
+        codec::decode(&bytes, 1),
+        Err(DecodeError::TrailingBytes { count: 1 })
+    );
+}
+
+fn valid_encodings() -> Vec<Vec<u8>> {
+    samples::all()
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| codec::encode(&sample_commit(i, e)).unwrap())
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn decoding_random_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+        let _ = codec::decode(&bytes, 7);
+        let mut with_version = vec![FORMAT_VERSION];
+        with_version.extend_from_slice(&bytes);
+        let _ = codec::decode(&with_version, 7);
+    }
+
+    #[test]
+    fn decoding_mutated_commits_never_panics(
+        which in 0usize..44,
+        flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        cut in any::<prop::sample::Index>(),
+        truncate in any::<bool>(),
+    ) {
+        let all = valid_encodings();
+        let mut bytes = all[which % all.len()].clone();
+        for (at, value) in flips {
+            let i = at.index(bytes.len());
+            bytes[i] = value;
+        }
+        if truncate {
+            bytes.truncate(cut.index(bytes.len() + 1));
+        }
+        match codec::decode(&bytes, 3) {
+            // A mutation that still decodes must be caught by the hash chain instead.
+            Ok(commit) => prop_assert!(commit.hash_is_valid() || commit.compute_hash() != commit.hash),
+            Err(e) => prop_assert!(!e.to_string().is_empty()),
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! provledger-tests owns the test harness: a private `nats-server -js` per test, on a free
+//! port with a temporary store, rendered from the `deploy/` configuration and killed on
+//! drop. Tests that use it are hermetic and can run in parallel.
+//!
+//! The binary is found through `NATS_SERVER_BIN`, then `.tools/nats-server` at the
+//! workspace root, then `PATH`; candidates older than 2.10 are skipped. This crate never
+//! installs anything itself: when nothing fits it fails with the command that does.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use provledger_deploy::{single_node_config, ServerSpec};
+
+/// The exact command that installs the pinned nats-server into `.tools/`.
+pub const INSTALL_COMMAND: &str = "bash scripts/install-nats-server.sh";
+const SERVER_VERSION_MIN: (u64, u64, u64) = (2, 10, 0);
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn version_of(binary: &Path) -> Option<(u64, u64, u64)> {
+    let out = Command::new(binary).arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = text.trim().rsplit(" v").next()?.trim();
+    let mut parts = v.split(['.', '-']).map(|p| p.parse::<u64>().ok());
+    Some((parts.next()??, parts.next()??, parts.next()??))
+}
+
+/// Finds a nats-server of version 2.10 or later, or explains how to install one.
+pub fn nats_server_binary() -> Result<PathBuf, String> {
+    let mut candidates = Vec::new();
+    if let Ok(p) = std::env::var("NATS_SERVER_BIN") {
+        candidates.push(PathBuf::from(p));
+    }
+    candidates.push(workspace_root().join(".tools/nats-server"));
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            candidates.push(dir.join("nats-server"));
+        }
+    }
+    let mut tried = Vec::new();
+    for c in candidates {
+        if !c.is_file() {
+            continue;
+        }
+        match version_of(&c) {
+            Some(v) if v >= SERVER_VERSION_MIN => return Ok(c),
+            Some(v) => tried.push(format!(
+                "{} (v{}.{}.{}, too old)",
+                c.display(),
+                v.0,
+                v.1,
+                v.2
+            )),
+            None => tried.push(format!("{} (no version)", c.display())),
+        }
+    }
+    Err(format!(
+        "no nats-server >= 2.10 found (NATS_SERVER_BIN, .tools/nats-server, PATH; tried: {}). \
+         Install the pinned one with: {INSTALL_COMMAND}",
+        if tried.is_empty() {
+            "nothing".to_string()
+        } else {
+            tried.join(", ")
+        }
+    ))
+}
+
+/// A free TCP port on loopback (the listener is dropped before the server binds it).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("binding 127.0.0.1:0 for a free port")
+}
+
+/// A private JetStream server; killed when dropped.
+pub struct NatsServer {
+    child: Option<Child>,
+    spec: ServerSpec,
+    dir: tempfile::TempDir,
+    binary: PathBuf,
+}
+
+impl NatsServer {
+    /// Starts a server on a free port with a temporary store and waits until JetStream answers.
+    pub async fn start() -> NatsServer {
+        let binary = nats_server_binary().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().expect("temporary store dir");
+        let spec = ServerSpec {
+            name: format!("test-{}", std::process::id()),
+            host: "127.0.0.1".into(),
+            port: free_port(),
+            monitor_port: free_port(),
+            cluster_port: 0,
+        };
+        let mut server = NatsServer {
+            child: None,
+            spec,
+            dir,
+            binary,
+        };
+        server.spawn_and_wait().await;
+        server
+    }
+
+    async fn spawn_and_wait(&mut self) {
+        let store = self.dir.path().join("store");
+        let conf = self.dir.path().join("nats.conf");
+        std::fs::write(&conf, single_node_config(&self.spec, &store)).expect("writing nats.conf");
+        let log = std::fs::File::create(self.dir.path().join("server.log")).expect("server log");
+        let child = Command::new(&self.binary)
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", self.binary.display()));
+        self.child = Some(child);
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Ok(client) = async_nats::connect(self.url()).await {
+                let js = async_nats::jetstream::new(client);
+                if js.query_account().await.is_ok() {
+                    return;
+                }
+            }
+            if Instant::now() > deadline {
+                let log =
+                    std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default();
+                panic!("nats-server did not become ready on {}:\n{log}", self.url());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.spec.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.spec.port
+    }
+
+    pub async fn client(&self) -> async_nats::Client {
+        async_nats::connect(self.url())
+            .await
+            .expect("connecting to the test nats-server")
+    }
+
+    /// Stops the process (SIGKILL) and starts it again on the same port and store.
+    pub async fn restart(&mut self) {
+        self.stop();
+        self.spawn_and_wait().await;
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,579 @@
+//! The EventLog conformance suite: every test runs against both backends, `SledLog` on real
+//! sled files in a temporary dir and `JetStreamLog` on a private nats-server.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use futures::StreamExt;
+use provledger_events::catalogue::ClusterStatus;
+use provledger_events::{
+    verify_chain, AggregateId, AppendError, AppendStatus, ChainViolation, Commit, CommitDraft,
+    Event, EventLog, Expectation, JetStreamConfig, JetStreamLog, SledLog,
+};
+use provledger_tests::NatsServer;
+use uuid::Uuid;
+
+trait Backend: Sized + Send {
+    type Log: EventLog + Clone + Send + Sync + 'static;
+    async fn create() -> Self;
+    async fn open(&mut self) -> Self::Log;
+    /// Closes the log and, for JetStream, restarts the server process on the same store.
+    async fn close(&mut self, log: Self::Log);
+}
+
+struct SledBackend {
+    dir: tempfile::TempDir,
+}
+
+impl Backend for SledBackend {
+    type Log = SledLog;
+    async fn create() -> Self {
+        SledBackend {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+    async fn open(&mut self) -> SledLog {
+        SledLog::open(self.dir.path()).unwrap()
+    }
+    async fn close(&mut self, log: SledLog) {
+        log.close();
+    }
+}
+
+struct JetStreamBackend {
+    server: NatsServer,
+}
+
+impl Backend for JetStreamBackend {
+    type Log = JetStreamLog;
+    async fn create() -> Self {
+        JetStreamBackend {
+            server: NatsServer::start().await,
+        }
+    }
+    async fn open(&mut self) -> JetStreamLog {
+        JetStreamLog::open(self.server.client().await, JetStreamConfig::default())
+            .await
+            .unwrap()
+    }
+    async fn close(&mut self, log: JetStreamLog) {
+        drop(log);
+        self.server.restart().await;
+    }
+}
+
+fn status(n: usize) -> CommitDraft {
+    CommitDraft::now(
+        "conformance",
+        vec![Event::ClusterStatusChanged {
+            status: ClusterStatus::Active,
+            description: format!("#{n}"),
+        }],
+    )
+}
+
+fn cluster() -> AggregateId {
+    AggregateId::cluster(Uuid::now_v7())
+}
+
+async fn read_all<L: EventLog>(log: &L, from: u64) -> Vec<Commit> {
+    let mut s = log.read_all(from).await.unwrap();
+    let mut out = Vec::new();
+    while let Some(c) = s.next().await {
+        out.push(c.unwrap());
+    }
+    out
+}
+
+// ---- the suite ----
+
+async fn appends_then_reads<B: Backend>(mut b: B) {
+    let log = b.open().await;
+    let (a, c) = (cluster(), cluster());
+    let mut positions = Vec::new();
+    for (agg, n) in [(a, 0), (c, 1), (a, 2), (a, 3), (c, 4)] {
+        let out = log.append(agg, Expectation::Any, status(n)).await.unwrap();
+        assert_eq!(out.status, AppendStatus::Appended);
+        positions.push(out.position);
+    }
+    assert!(
+        positions.windows(2).all(|w| w[0] < w[1]),
+        "positions grow: {positions:?}"
+    );
+
+    let history = log.read_aggregate(a).await.unwrap();
+    assert_eq!(
+        history.iter().map(|c| c.version).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    assert_eq!(
+        history.iter().map(|c| c.position).collect::<Vec<_>>(),
+        vec![positions[0], positions[2], positions[3]]
+    );
+    assert!(verify_chain(&a, &history).is_empty());
+    assert_eq!(log.read_aggregate(cluster()).await.unwrap(), vec![]);
+
+    let all = read_all(&log, positions[0]).await;
+    assert_eq!(
+        all.iter().map(|c| c.position).collect::<Vec<_>>(),
+        positions
+    );
+    let tail = read_all(&log, positions[3]).await;
+    assert_eq!(tail.len(), 2);
+    assert_eq!(log.last_position().await.unwrap(), positions[4]);
+}
+
+async fn expectations_and_conflicts<B: Backend>(mut b: B) {
+    let log = b.open().await;
+    let a = cluster();
+    let first = log
+        .append(a, Expectation::NoStream, status(0))
+        .await
+        .unwrap();
+    assert_eq!(first.version, 1);
+    match log.append(a, Expectation::NoStream, status(1)).await {
+        Err(AppendError::Conflict {
+            actual: 1,
+            expected: Expectation::NoStream,
+            ..
+        }) => {}
+        other => panic!("NoStream on an existing aggregate must conflict, got {other:?}"),
+    }
+    assert_eq!(
+        log.append(a, Expectation::Exactly(1), status(2))
+            .await
+            .unwrap()
+            .version,
+        2
+    );
+    match log.append(a, Expectation::Exactly(1), status(3)).await {
+        Err(AppendError::Conflict {
+            actual: 2,
+            expected: Expectation::Exactly(1),
+            ..
+        }) => {}
+        other => panic!("stale Exactly must conflict with the actual version, got {other:?}"),
+    }
+    match log.append(a, Expectation::Exactly(7), status(4)).await {
+        Err(AppendError::Conflict { actual: 2, .. }) => {}
+        other => panic!("future Exactly must conflict, got {other:?}"),
+    }
+    match log
+        .append(cluster(), Expectation::Exactly(1), status(5))
+        .await
+    {
+        Err(AppendError::Conflict { actual: 0, .. }) => {}
+        other => panic!("Exactly on a missing aggregate must conflict with 0, got {other:?}"),
+    }
+    assert_eq!(
+        log.append(a, Expectation::Any, status(6))
+            .await
+            .unwrap()
+            .version,
+        3
+    );
+    // Nothing the conflicts refused was written.
+    assert_eq!(log.read_aggregate(a).await.unwrap().len(), 3);
+    // An event of another aggregate kind is refused before anything is written.
+    let bad = CommitDraft::now("t", vec![Event::InstanceDeleted {}]);
+    assert!(matches!(
+        log.append(a, Expectation::Any, bad).await,
+        Err(AppendError::Invalid(_))
+    ));
+}
+
+async fn concurrent_writers_one_winner_per_version<B: Backend>(mut b: B) {
+    let log = b.open().await;
+    let a = cluster();
+    const WRITERS: usize = 6;
+    const COMMITS_PER_WRITER: usize = 12;
+    let mut tasks = Vec::new();
+    for w in 0..WRITERS {
+        let log = log.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            let mut conflicts = 0u32;
+            while mine.len() < COMMITS_PER_WRITER {
+                let version = log
+                    .read_aggregate(a)
+                    .await
+                    .unwrap()
+                    .last()
+                    .map_or(0, |c| c.version);
+                let draft = status(w * 1000 + mine.len());
+                let id = draft.commit_id;
+                match log.append(a, Expectation::Exactly(version), draft).await {
+                    Ok(out) => {
+                        assert_eq!(out.version, version + 1);
+                        mine.push((id, out.version));
+                    }
+                    Err(AppendError::Conflict { actual, .. }) => {
+                        assert!(actual > version, "a conflict reports a newer version");
+                        conflicts += 1;
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            (mine, conflicts)
+        }));
+    }
+    let mut won = Vec::new();
+    for t in tasks {
+        won.extend(t.await.unwrap().0);
+    }
+    let history = log.read_aggregate(a).await.unwrap();
+    let total = WRITERS * COMMITS_PER_WRITER;
+    assert_eq!(history.len(), total, "nothing lost, nothing doubled");
+    assert!(verify_chain(&a, &history).is_empty());
+    // Each version has exactly one winner, and it is the commit that writer was told won.
+    let versions: BTreeSet<u64> = won.iter().map(|(_, v)| *v).collect();
+    assert_eq!(versions.len(), total);
+    for (id, v) in &won {
+        assert_eq!(history[(*v - 1) as usize].commit_id, *id);
+    }
+}
+
+async fn idempotent_retry<B: Backend>(mut b: B) {
+    let log = b.open().await;
+    let a = cluster();
+    let draft = status(0);
+    let first = log
+        .append(a, Expectation::NoStream, draft.clone())
+        .await
+        .unwrap();
+    let other = log
+        .append(cluster(), Expectation::Any, status(1))
+        .await
+        .unwrap();
+    // The retry carries the same (now stale) expectation, as a client that lost the ack would.
+    let retry = log
+        .append(a, Expectation::NoStream, draft.clone())
+        .await
+        .unwrap();
+    assert_eq!(retry.status, AppendStatus::AlreadyAppended);
+    assert_eq!(
+        (retry.position, retry.version),
+        (first.position, first.version)
+    );
+    let again = log
+        .append(a, Expectation::Any, draft.clone())
+        .await
+        .unwrap();
+    assert_eq!(again.position, first.position);
+    assert_eq!(log.read_aggregate(a).await.unwrap().len(), 1);
+    assert_eq!(log.last_position().await.unwrap(), other.position);
+
+    let mut reused = draft.clone();
+    reused.actor = "someone else".into();
+    match log.append(a, Expectation::Any, reused).await {
+        Err(AppendError::CommitIdReused { position, .. }) => assert_eq!(position, first.position),
+        other => panic!("a reused commit_id with another payload must be refused, got {other:?}"),
+    }
+}
+
+async fn subscribe_from_the_middle_while_appending<B: Backend>(mut b: B) {
+    let log = b.open().await;
+    let a = cluster();
+    let mut positions = Vec::new();
+    for n in 0..10 {
+        positions.push(
+            log.append(a, Expectation::Any, status(n))
+                .await
+                .unwrap()
+                .position,
+        );
+    }
+    let from = positions[5];
+    let mut sub = log.subscribe(from).await.unwrap();
+    let writer = {
+        let log = log.clone();
+        tokio::spawn(async move {
+            let mut ps = Vec::new();
+            for n in 10..40 {
+                let agg = if n % 3 == 0 { cluster() } else { a };
+                ps.push(
+                    log.append(agg, Expectation::Any, status(n))
+                        .await
+                        .unwrap()
+                        .position,
+                );
+            }
+            ps
+        })
+    };
+    let mut seen = Vec::new();
+    while seen.len() < 35 {
+        let item = tokio::time::timeout(Duration::from_secs(20), sub.next())
+            .await
+            .expect("live tail stalled")
+            .expect("live tail ended")
+            .unwrap();
+        seen.push(item.position);
+    }
+    positions.extend(writer.await.unwrap());
+    assert_eq!(seen, positions[5..].to_vec(), "no skip, no reorder");
+}
+
+async fn reopen_loses_nothing_acknowledged<B: Backend>(mut b: B) {
+    let log = b.open().await;
+    let aggs: Vec<AggregateId> = (0..5).map(|_| cluster()).collect();
+    let mut acked = Vec::new();
+    for n in 0..50 {
+        let agg = aggs[n % aggs.len()];
+        let out = log.append(agg, Expectation::Any, status(n)).await.unwrap();
+        acked.push((agg, out.position, out.version));
+    }
+    b.close(log).await;
+    let log = b.open().await;
+    let all = read_all(&log, 1).await;
+    let got: Vec<(AggregateId, u64, u64)> = all
+        .iter()
+        .map(|c| (c.aggregate, c.position, c.version))
+        .collect();
+    assert_eq!(got, acked);
+    for agg in &aggs {
+        let history = log.read_aggregate(*agg).await.unwrap();
+        assert!(verify_chain(agg, &history).is_empty());
+    }
+    let next = log
+        .append(aggs[0], Expectation::Exactly(10), status(99))
+        .await
+        .unwrap();
+    assert_eq!(next.version, 11);
+}
+
+/// Same scenario on both backends; the tampering itself differs (see the backend modules).
+fn assert_tampering_detected(agg: &AggregateId, history: &[Commit]) {
+    let violations = verify_chain(agg, history);
+    assert!(
+        violations
+            .iter()
+            .any(|v| matches!(v, ChainViolation::HashMismatch { version: 2, .. })),
+        "modified commit must be detected: {violations:?}"
+    );
+}
+
+macro_rules! conformance {
+    ($backend:ident, $module:ident) => {
+        mod $module {
+            use super::*;
+            conformance!(@tests $backend,
+                appends_then_reads,
+                expectations_and_conflicts,
+                concurrent_writers_one_winner_per_version,
+                idempotent_retry,
+                subscribe_from_the_middle_while_appending,
+                reopen_loses_nothing_acknowledged);
+        }
+    };
+    (@tests $backend:ident, $($name:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                super::$name($backend::create().await).await
+            }
+        )*
+    };
+}
+
+conformance!(SledBackend, sled_backend);
+conformance!(JetStreamBackend, jetstream_backend);
+
+// ---- backend-specific proofs ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sled_hash_chain_detects_a_modified_commit_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = cluster();
+    {
+        let log = SledLog::open(dir.path()).unwrap();
+        for n in 0..3 {
+            log.append(a, Expectation::Any, status(n)).await.unwrap();
+        }
+        let history = log.read_aggregate(a).await.unwrap();
+        // Given version 2 rewritten in place with different content but its old hash ...
+        let mut forged = history[1].clone();
+        forged.actor = "mallory".into();
+        let bytes = provledger_events::codec::encode(&forged).unwrap();
+        let mut key = vec![b'c'];
+        key.extend_from_slice(&forged.position.to_be_bytes());
+        log.db()
+            .open_tree("log")
+            .unwrap()
+            .insert(key, bytes)
+            .unwrap();
+        log.close();
+    }
+    // ... when the aggregate is read back after reopening, then the chain check flags it.
+    let log = SledLog::open(dir.path()).unwrap();
+    assert_tampering_detected(&a, &log.read_aggregate(a).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_hash_chain_detects_a_forged_commit_on_the_subject() {
+    let server = NatsServer::start().await;
+    let client = server.client().await;
+    let log = JetStreamLog::open(client.clone(), JetStreamConfig::default())
+        .await
+        .unwrap();
+    let a = cluster();
+    log.append(a, Expectation::Any, status(0)).await.unwrap();
+    // Given a commit published around the log with a body that does not match its hash ...
+    let mut forged = Commit::seal(
+        a,
+        2,
+        log.read_aggregate(a).await.unwrap()[0].hash,
+        status(1),
+    );
+    forged.actor = "mallory".into();
+    let js = async_nats::jetstream::new(client);
+    let subject = log.config().subject_for(&a);
+    js.publish(
+        subject,
+        provledger_events::codec::encode(&forged).unwrap().into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    // ... when read back, then the chain check flags version 2.
+    assert_tampering_detected(&a, &log.read_aggregate(a).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sled_data_dir_is_locked_against_a_second_opener() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = SledLog::open(dir.path()).unwrap();
+    match SledLog::open(dir.path()) {
+        Err(e @ provledger_events::log::OpenSledError::Locked { .. }) => {
+            assert!(e.to_string().contains("locked"), "{e}");
+            assert!(
+                e.to_string().contains(&std::process::id().to_string()),
+                "names the holder: {e}"
+            );
+        }
+        Err(other) => panic!("expected Locked, got {other}"),
+        Ok(_) => panic!("expected Locked, got a second handle"),
+    }
+    log.close();
+    SledLog::open(dir.path()).expect("lock released on close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sled_group_commit_shares_flushes_between_concurrent_appends() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = SledLog::open(dir.path()).unwrap();
+    let before = log.flush_count();
+    let mut tasks = Vec::new();
+    for w in 0..32 {
+        let log = log.clone();
+        tasks.push(tokio::spawn(async move {
+            for n in 0..20 {
+                log.append(cluster(), Expectation::NoStream, status(w * 100 + n))
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let flushes = log.flush_count() - before;
+    assert!(flushes > 0);
+    assert!(
+        flushes < 640,
+        "640 appends must not cost 640 flushes, took {flushes}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_retry_after_the_duplicate_window_is_still_idempotent() {
+    let server = NatsServer::start().await;
+    let config = JetStreamConfig {
+        duplicate_window: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let log = JetStreamLog::open(server.client().await, config)
+        .await
+        .unwrap();
+    let a = cluster();
+    let draft = status(0);
+    let first = log
+        .append(a, Expectation::NoStream, draft.clone())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    for expect in [
+        Expectation::NoStream,
+        Expectation::Any,
+        Expectation::Exactly(0),
+    ] {
+        let retry = log.append(a, expect, draft.clone()).await.unwrap();
+        assert_eq!(retry.status, AppendStatus::AlreadyAppended, "{expect}");
+        assert_eq!(retry.position, first.position);
+    }
+    assert_eq!(
+        log.read_aggregate(a).await.unwrap().len(),
+        1,
+        "no second copy written"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_refuses_a_stream_with_the_wrong_settings() {
+    let server = NatsServer::start().await;
+    let js = async_nats::jetstream::new(server.client().await);
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "PROVLEDGER".into(),
+        subjects: vec!["provledger.ev.>".into()],
+        deny_delete: true,
+        storage: async_nats::jetstream::stream::StorageType::File,
+        deny_purge: false,
+        allow_direct: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let err = match JetStreamLog::open(server.client().await, JetStreamConfig::default()).await {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a purgeable stream must be refused"),
+    };
+    assert!(
+        err.contains("deny_purge = false"),
+        "names the wrong setting: {err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_garbage_on_an_event_subject_is_a_typed_error_and_the_read_goes_on() {
+    let server = NatsServer::start().await;
+    let client = server.client().await;
+    let log = JetStreamLog::open(client.clone(), JetStreamConfig::default())
+        .await
+        .unwrap();
+    let a = cluster();
+    log.append(a, Expectation::Any, status(0)).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let garbage_subject = log.config().subject_for(&cluster());
+    js.publish(
+        garbage_subject,
+        bytes::Bytes::from_static(b"\x01\xff\xff garbage"),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    log.append(a, Expectation::Any, status(1)).await.unwrap();
+    let mut s = log.read_all(1).await.unwrap();
+    let mut kinds = Vec::new();
+    while let Some(item) = s.next().await {
+        kinds.push(match item {
+            Ok(c) => format!("ok@{}", c.position),
+            Err(provledger_events::ReadError::Undecodable { position, .. }) => {
+                format!("bad@{position}")
+            }
+            Err(e) => panic!("{e}"),
+        });
+    }
+    assert_eq!(kinds, vec!["ok@1", "bad@2", "ok@3"]);
+}
