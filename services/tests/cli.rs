@@ -1,0 +1,276 @@
+//! The `provledger` binary as a user runs it: exit codes, messages, and append/history
+//! round trips embedded (real sled files) and against a private nats-server.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use provledger_tests::NatsServer;
+
+const CLUSTER: &str = "cluster/0190c0de-0000-7000-8000-000000000001";
+
+fn provledger(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_provledger"))
+        .args(args)
+        .env_remove("PROVLEDGER_NATS_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn demo_runs_embedded_and_ends_with_a_clean_audit() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = provledger(&["--data-dir", dir.path().to_str().unwrap(), "demo"], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let s = text(&out);
+    assert!(s.contains("hash chains ok"), "{s}");
+    assert!(s.contains("stale claim"), "{s}");
+    assert!(s.contains("already appended"), "{s}");
+    assert!(s.contains("in_flight_operation_cleared"), "{s}");
+}
+
+#[test]
+fn bad_usage_exits_2_and_says_what_was_expected() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let out = provledger(&["frobnicate"], "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("unrecognized subcommand"));
+
+    let out = provledger(&["--data-dir", d, "history", "vm/1"], "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("expected one of cluster, instance, provider, operation"));
+
+    let out = provledger(
+        &[
+            "--data-dir",
+            d,
+            "append",
+            CLUSTER,
+            "--expect",
+            "none",
+            "--events",
+            "-",
+        ],
+        "{not json",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("not valid JSON"), "{}", text(&out));
+
+    let out = provledger(
+        &[
+            "--data-dir",
+            d,
+            "append",
+            CLUSTER,
+            "--expect",
+            "none",
+            "--events",
+            "-",
+        ],
+        r#"[{"boot": {}}]"#,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out).contains("not in the catalogue"),
+        "{}",
+        text(&out)
+    );
+
+    let out = provledger(
+        &[
+            "--data-dir",
+            d,
+            "append",
+            CLUSTER,
+            "--expect",
+            "maybe",
+            "--events",
+            "-",
+        ],
+        "[]",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out).contains("\"any\", \"none\" or a version number"),
+        "{}",
+        text(&out)
+    );
+
+    let out = provledger(
+        &[
+            "--data-dir",
+            d,
+            "append",
+            CLUSTER,
+            "--expect",
+            "none",
+            "--events",
+            "-",
+        ],
+        r#"[{"instance_deleted": {}}]"#,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an instance event on a cluster is bad input"
+    );
+    assert!(
+        text(&out).contains("does not belong to a cluster aggregate"),
+        "{}",
+        text(&out)
+    );
+}
+
+fn append_history_round_trip(global: &[&str]) {
+    let with = |args: &[&str]| -> Vec<String> {
+        global
+            .iter()
+            .chain(args.iter())
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let run = |args: Vec<String>, stdin: &str| {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        provledger(&refs, stdin)
+    };
+    let events =
+        r#"[{"cluster_create_requested": {"name": "c1", "plugin": "vanilla", "node_groups": []}}]"#;
+    let commit_id = "0190c0de-0000-7000-8000-0000000000aa";
+    let out = run(
+        with(&[
+            "--json",
+            "append",
+            CLUSTER,
+            "--expect",
+            "none",
+            "--commit-id",
+            commit_id,
+            "--events",
+            "-",
+        ]),
+        events,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reply["version"], 1);
+    assert_eq!(reply["status"], "appended");
+    let position = reply["position"].clone();
+
+    // The same commit id again is an idempotent retry, not a conflict.
+    let out = run(
+        with(&[
+            "--json",
+            "append",
+            CLUSTER,
+            "--expect",
+            "none",
+            "--commit-id",
+            commit_id,
+            "--events",
+            "-",
+        ]),
+        events,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reply["status"], "already_appended");
+    assert_eq!(reply["position"], position);
+
+    // A stale expectation is a conflict: exit 1, naming the actual version.
+    let out = run(
+        with(&["append", CLUSTER, "--expect", "none", "--events", "-"]),
+        events,
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("actual version is 1"), "{}", text(&out));
+
+    let out = run(
+        with(&["append", CLUSTER, "--expect", "1", "--events", "-"]),
+        r#"[{"cluster_status_changed": {"status": "active", "description": "up"}}]"#,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+
+    let out = run(with(&["--json", "history", CLUSTER]), "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let history: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let commits = history["commits"].as_array().unwrap();
+    assert_eq!(commits.len(), 2);
+    assert_eq!(commits[0]["commit_id"], commit_id);
+    assert_eq!(
+        commits[1]["events"][0]["cluster_status_changed"]["status"],
+        "active"
+    );
+    assert_eq!(commits[1]["prev_hash"], commits[0]["hash"]);
+    assert_eq!(history["chain_violations"].as_array().unwrap().len(), 0);
+
+    let out = run(
+        with(&["history", "instance/0190c0de-0000-7000-8000-000000000009"]),
+        "",
+    );
+    assert_eq!(out.status.code(), Some(1), "not found is exit 1");
+    assert!(text(&out).contains("not found"));
+}
+
+#[test]
+fn append_and_history_embedded() {
+    let dir = tempfile::tempdir().unwrap();
+    append_history_round_trip(&["--data-dir", dir.path().to_str().unwrap()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_and_history_against_nats() {
+    let server = NatsServer::start().await;
+    let url = server.url();
+    tokio::task::spawn_blocking(move || append_history_round_trip(&["--nats", &url]))
+        .await
+        .unwrap();
+}
+
+#[test]
+fn a_locked_data_dir_exits_3_naming_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let holder = provledger_events::SledLog::open(dir.path()).unwrap();
+    let out = provledger(
+        &[
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+            "history",
+            CLUSTER,
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(
+        text(&out).contains("is locked by another provledger process"),
+        "{}",
+        text(&out)
+    );
+    holder.close();
+}
+
+#[test]
+fn unreachable_nats_exits_3() {
+    let port = provledger_tests::free_port().to_string();
+    let url = format!("nats://127.0.0.1:{port}");
+    let out = provledger(&["--nats", &url, "history", CLUSTER], "");
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(text(&out).contains("NATS unreachable"));
+}
