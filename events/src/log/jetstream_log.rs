@@ -504,6 +504,9 @@ impl EventLog for JetStreamLog {
         for _ in 0..ANY_APPEND_ATTEMPTS_MAX {
             let mut head = match self.cached_head(&aggregate) {
                 Some(h) => h,
+                // A new aggregate needs no lookup: expected subject sequence 0 makes the
+                // server refuse the publish if the aggregate exists after all.
+                None if expect == Expectation::NoStream => EMPTY_HEAD,
                 None => self.fetch_head(&aggregate).await?,
             };
             if !expect.admits(head.version) {

@@ -34,6 +34,8 @@ const LOCK_FILE: &str = "LOCK";
 const SLED_DIR: &str = "sled";
 /// How many commits a reader takes from sled per step of a stream.
 const READ_CHUNK_COMMITS_MAX: usize = 512;
+/// How long the flusher waits for more appends before it flushes (group commit).
+const FLUSH_GATHER: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Why the data dir could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -496,6 +498,9 @@ fn flush_loop(shared: &Shared) {
             }
             *requested = false;
         }
+        // Gather: appenders woken by the previous flush are still applying their batches;
+        // a short pause lets one flush cover them instead of one flush per few appends.
+        std::thread::sleep(FLUSH_GATHER);
         // Every append whose batch was applied before this load is covered by this flush.
         let target = shared.last_assigned.load(Ordering::SeqCst);
         match shared.db.flush() {
