@@ -111,7 +111,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
         } => {
             let events = commands::append::read_events_source(&events)?;
             // Parse before opening the ledger so bad input never waits on infrastructure.
-            commands::append::parse_events(&events)?;
+            let events = commands::append::parse_events(&events)?;
             let ledger = Ledger::open(&options).await?;
             let args = AppendArgs {
                 aggregate,

@@ -154,41 +154,26 @@ fn append_history_round_trip(global: &[&str]) {
     let events =
         r#"[{"cluster_create_requested": {"name": "c1", "plugin": "vanilla", "node_groups": []}}]"#;
     let commit_id = "0190c0de-0000-7000-8000-0000000000aa";
-    let out = run(
-        with(&[
-            "--json",
-            "append",
-            CLUSTER,
-            "--expect",
-            "none",
-            "--commit-id",
-            commit_id,
-            "--events",
-            "-",
-        ]),
-        events,
-    );
+    let append_with_id = with(&[
+        "--json",
+        "append",
+        CLUSTER,
+        "--expect",
+        "none",
+        "--commit-id",
+        commit_id,
+        "--events",
+        "-",
+    ]);
+    let out = run(append_with_id.clone(), events);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(reply["version"], 1);
     assert_eq!(reply["status"], "appended");
     let position = reply["position"].clone();
 
-    // The same commit id again is an idempotent retry, not a conflict.
-    let out = run(
-        with(&[
-            "--json",
-            "append",
-            CLUSTER,
-            "--expect",
-            "none",
-            "--commit-id",
-            commit_id,
-            "--events",
-            "-",
-        ]),
-        events,
-    );
+    // The very same command again is an idempotent retry, not a conflict.
+    let out = run(append_with_id, events);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(reply["status"], "already_appended");

@@ -13,7 +13,7 @@ use crate::Ledger;
 pub struct AppendArgs {
     pub aggregate: AggregateId,
     pub expect: Expectation,
-    pub events: String,
+    pub events: Vec<Event>,
     pub commit_id: Option<Uuid>,
     pub operation_id: Option<Uuid>,
     pub causation_id: Option<Uuid>,
@@ -59,14 +59,13 @@ pub fn read_events_source(source: &str) -> Result<String, CommandError> {
 }
 
 pub async fn run(ledger: &Ledger, args: AppendArgs, json: bool) -> Result<(), CommandError> {
-    let events = parse_events(&args.events)?;
     let draft = CommitDraft {
         commit_id: args.commit_id.unwrap_or_else(Uuid::now_v7),
         operation_id: args.operation_id,
         causation_id: args.causation_id,
         actor: args.actor,
         recorded_at: Timestamp::now(),
-        events,
+        events: args.events,
     };
     let commit_id = draft.commit_id;
     let outcome = ledger.append(args.aggregate, args.expect, draft).await?;
