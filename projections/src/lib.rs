@@ -1,8 +1,18 @@
 //! provledger-projections owns the pure folds from commits to current state: clusters,
-//! instances, providers with allocations, and operations (issue 3 grows them), and later
-//! the rollback planner.
+//! instances, providers with their allocations, and operations (`Entity`, `Projection`),
+//! their JSON views (the contract's entity forms), and the timeline rendering.
 //!
 //! Projections never perform IO, never read the clock and never panic on an event that
-//! makes no sense: such an event is kept as an anomaly on the entity.
+//! makes no sense: such an event is kept as an anomaly on the entity. Storing entities,
+//! checkpoints and the sled copy of the log is the runner's job (`provledger::runner`).
 
+pub mod cluster;
+pub mod entity;
+pub mod instance;
+pub mod operation;
+pub mod projection;
+pub mod provider;
 pub mod timeline;
+
+pub use entity::{Anomaly, Header};
+pub use projection::{Entity, Projection, Summary};

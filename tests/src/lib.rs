@@ -6,6 +6,8 @@
 //! workspace root, then `PATH`; candidates older than 2.10 are skipped. This crate never
 //! installs anything itself: when nothing fits it fails with the command that does.
 
+pub mod script;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,0 +1,92 @@
+//! What every projected entity has in common: its identity, how far it has been folded,
+//! and the anomalies met on the way.
+
+use provledger_events::{AggregateId, Timestamp};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// How many anomalies an entity keeps in full. Older ones are still counted in
+/// `anomaly_count`, so an operator sees that more happened than is listed; the events
+/// themselves are never lost, they stay in the log.
+pub const ANOMALIES_KEPT_MAX: usize = 64;
+
+/// An event that made no sense for the entity's state when it was folded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Anomaly {
+    pub position: u64,
+    pub version: u64,
+    pub event: String,
+    pub problem: String,
+}
+
+/// Where an event sits in the log, for the fold's bookkeeping and anomaly reports.
+#[derive(Debug, Clone, Copy)]
+pub struct EventContext {
+    pub position: u64,
+    pub version: u64,
+    pub recorded_at: Timestamp,
+    pub operation_id: Option<Uuid>,
+}
+
+/// Identity and fold progress of one entity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Header {
+    pub id: AggregateId,
+    /// The number of commits folded into this state (the aggregate's version).
+    pub version: u64,
+    /// The log position of the last commit folded.
+    pub last_position: u64,
+    pub created_at: Option<Timestamp>,
+    pub updated_at: Option<Timestamp>,
+    pub anomalies: Vec<Anomaly>,
+    pub anomaly_count: u64,
+}
+
+impl Header {
+    pub fn new(id: AggregateId) -> Self {
+        Header {
+            id,
+            version: 0,
+            last_position: 0,
+            created_at: None,
+            updated_at: None,
+            anomalies: Vec::new(),
+            anomaly_count: 0,
+        }
+    }
+
+    pub fn record_anomaly(&mut self, ctx: &EventContext, event: String, problem: String) {
+        self.anomaly_count += 1;
+        if self.anomalies.len() == ANOMALIES_KEPT_MAX {
+            self.anomalies.remove(0);
+        }
+        self.anomalies.push(Anomaly {
+            position: ctx.position,
+            version: ctx.version,
+            event,
+            problem,
+        });
+    }
+
+    /// The JSON fields every entity view carries besides its own.
+    pub(crate) fn view_fields(&self, map: &mut serde_json::Map<String, serde_json::Value>) {
+        map.insert("version".into(), self.version.into());
+        map.insert("last_position".into(), self.last_position.into());
+        map.insert(
+            "anomalies".into(),
+            serde_json::to_value(&self.anomalies).unwrap_or_default(),
+        );
+        map.insert("anomaly_count".into(), self.anomaly_count.into());
+    }
+}
+
+/// The result of folding one event: applied cleanly, or kept as an anomaly. The fold
+/// decides per event whether an anomalous event still changes state: a fact about the
+/// outside world (an effect that happened, hardware that changed) is applied anyway so
+/// nothing real is forgotten; an impossible transition is not applied.
+pub type FoldResult = Result<(), String>;
+
+/// A fold's helper: the anomaly text for an event on an entity that was never created.
+pub(crate) fn not_created(kind: &str) -> String {
+    format!("the {kind} was never created; event not applied")
+}

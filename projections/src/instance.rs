@@ -1,0 +1,254 @@
+//! The instance projection (Nova): vm_state, task_state, power_state, host, and the
+//! worker and lease of the task in progress.
+
+use std::collections::BTreeMap;
+
+use provledger_events::catalogue::{Origin, PowerState, TaskOutcome, TaskState, VmState};
+use provledger_events::{AggregateId, Event, Timestamp};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::cluster::{json_or_null, InFlight};
+use crate::entity::{not_created, EventContext, FoldResult, Header};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceState {
+    pub header: Header,
+    pub name: String,
+    pub origin: Option<Origin>,
+    pub cluster_id: Option<Uuid>,
+    pub node_group: Option<String>,
+    pub flavor: String,
+    pub image: String,
+    pub resources: BTreeMap<String, u64>,
+    /// `None` until the instance is created or discovered.
+    pub vm_state: Option<VmState>,
+    pub task_state: Option<TaskState>,
+    pub power_state: PowerState,
+    pub host: Option<String>,
+    pub provider_id: Option<Uuid>,
+    /// Set by `TaskStarted`: tells "started and interrupted" apart from "still queued".
+    pub task_worker: Option<String>,
+    pub task_lease_until: Option<Timestamp>,
+    pub last_task_outcome: Option<TaskOutcome>,
+    pub delete_requested: bool,
+    pub in_flight: Option<InFlight>,
+}
+
+impl InstanceState {
+    pub fn new(id: AggregateId) -> Self {
+        InstanceState {
+            header: Header::new(id),
+            name: String::new(),
+            origin: None,
+            cluster_id: None,
+            node_group: None,
+            flavor: String::new(),
+            image: String::new(),
+            resources: BTreeMap::new(),
+            vm_state: None,
+            task_state: None,
+            power_state: PowerState::NoState,
+            host: None,
+            provider_id: None,
+            task_worker: None,
+            task_lease_until: None,
+            last_task_outcome: None,
+            delete_requested: false,
+            in_flight: None,
+        }
+    }
+
+    fn clear_task(&mut self) {
+        self.task_state = None;
+        self.task_worker = None;
+        self.task_lease_until = None;
+    }
+
+    pub(crate) fn apply_event(&mut self, event: &Event, ctx: &EventContext) -> FoldResult {
+        match event {
+            Event::InstanceCreateRequested {
+                name,
+                cluster_id,
+                node_group,
+                flavor,
+                resources,
+                image,
+            } => {
+                if self.vm_state.is_some() {
+                    return Err("the instance already exists; event not applied".into());
+                }
+                self.name = name.clone();
+                self.origin = Some(Origin::Created);
+                self.cluster_id = *cluster_id;
+                self.node_group = node_group.clone();
+                self.flavor = flavor.clone();
+                self.image = image.clone();
+                self.resources = resources.clone();
+                self.vm_state = Some(VmState::Building);
+                self.task_state = Some(TaskState::Scheduling);
+                self.header.created_at = Some(ctx.recorded_at);
+                return Ok(());
+            }
+            Event::InstanceDiscovered {
+                name,
+                host,
+                resources,
+            } => {
+                if self.vm_state.is_some() {
+                    return Err("the instance already exists; event not applied".into());
+                }
+                self.name = name.clone();
+                self.origin = Some(Origin::Discovered);
+                self.host = Some(host.clone());
+                self.resources = resources.clone();
+                self.vm_state = Some(VmState::Active);
+                self.power_state = PowerState::Running;
+                self.header.created_at = Some(ctx.recorded_at);
+                return Ok(());
+            }
+            _ => {}
+        }
+        let Some(vm_state) = self.vm_state else {
+            return Err(not_created("instance"));
+        };
+        if vm_state == VmState::Deleted {
+            return Err("the instance is deleted; event not applied".into());
+        }
+        match event {
+            Event::VmStateChanged { vm_state: next, .. } => {
+                if self.delete_requested && !matches!(next, VmState::Deleted | VmState::Error) {
+                    return Err(format!(
+                        "vm_state change to {next:?} after a delete request rejected: deleting is terminal"
+                    ));
+                }
+                self.vm_state = Some(*next);
+            }
+            Event::PowerStateChanged { power_state } => self.power_state = *power_state,
+            Event::HostAssigned { host, provider_id } => {
+                self.host = Some(host.clone());
+                self.provider_id = Some(*provider_id);
+            }
+            Event::TaskQueued { task_state } => {
+                if self.delete_requested && *task_state != TaskState::Deleting {
+                    return Err(format!(
+                        "task {task_state:?} queued after a delete request; not applied"
+                    ));
+                }
+                self.task_state = Some(*task_state);
+                self.task_worker = None;
+                self.task_lease_until = None;
+            }
+            Event::TaskStarted {
+                task_state,
+                worker_id,
+                lease_until,
+            } => {
+                if self.delete_requested && *task_state != TaskState::Deleting {
+                    return Err(format!(
+                        "task {task_state:?} started after a delete request; not applied"
+                    ));
+                }
+                self.task_state = Some(*task_state);
+                self.task_worker = Some(worker_id.clone());
+                self.task_lease_until = Some(*lease_until);
+            }
+            Event::TaskLeaseRenewed {
+                worker_id,
+                lease_until,
+            } => match &self.task_worker {
+                Some(current) if current == worker_id => self.task_lease_until = Some(*lease_until),
+                Some(current) => return Err(format!(
+                    "lease renewed by {worker_id} but the task belongs to {current}; not applied"
+                )),
+                None => return Err("lease renewed but no task is started; not applied".into()),
+            },
+            Event::TaskFinished {
+                task_state,
+                outcome,
+                ..
+            } => {
+                if self.task_state != Some(*task_state) {
+                    return Err(format!(
+                        "task {task_state:?} finished but the task in progress is {:?}; not applied",
+                        self.task_state
+                    ));
+                }
+                self.clear_task();
+                self.last_task_outcome = Some(*outcome);
+            }
+            Event::InstanceDeleteRequested { .. } => {
+                // Idempotent: a repeated request changes nothing.
+                if !self.delete_requested {
+                    self.delete_requested = true;
+                    self.task_state = Some(TaskState::Deleting);
+                    self.task_worker = None;
+                    self.task_lease_until = None;
+                }
+            }
+            Event::InstanceDeleted {} => {
+                if !self.delete_requested {
+                    return Err("deleted without a delete request; not applied".into());
+                }
+                self.vm_state = Some(VmState::Deleted);
+                self.power_state = PowerState::NoState;
+                self.clear_task();
+                self.in_flight = None;
+            }
+            Event::InFlightOperationSet {
+                operation_id,
+                operation_kind,
+            } => {
+                let previous = self.in_flight.replace(InFlight {
+                    operation_id: *operation_id,
+                    kind: *operation_kind,
+                });
+                if let Some(prev) = previous.filter(|p| p.operation_id != *operation_id) {
+                    return Err(format!(
+                        "operation {operation_id} replaced operation {} still in flight",
+                        prev.operation_id
+                    ));
+                }
+            }
+            Event::InFlightOperationCleared { operation_id, .. } => match &self.in_flight {
+                Some(current) if current.operation_id == *operation_id => self.in_flight = None,
+                _ => {
+                    return Err(format!(
+                        "operation {operation_id} is not the one in flight; not applied"
+                    ))
+                }
+            },
+            other => return Err(format!("{} is not an instance event", other.name())),
+        }
+        Ok(())
+    }
+
+    /// The contract's JSON form of an instance.
+    pub fn view(&self) -> serde_json::Value {
+        let mut map = serde_json::Map::new();
+        map.insert("id".into(), self.header.id.id.to_string().into());
+        map.insert("name".into(), self.name.clone().into());
+        map.insert("origin".into(), json_or_null(&self.origin));
+        map.insert("cluster_id".into(), json_or_null(&self.cluster_id));
+        map.insert("node_group".into(), json_or_null(&self.node_group));
+        map.insert("flavor".into(), self.flavor.clone().into());
+        map.insert("resources".into(), json_or_null(&self.resources));
+        map.insert("vm_state".into(), json_or_null(&self.vm_state));
+        map.insert("task_state".into(), json_or_null(&self.task_state));
+        map.insert("power_state".into(), json_or_null(&self.power_state));
+        map.insert("host".into(), json_or_null(&self.host));
+        map.insert("provider_id".into(), json_or_null(&self.provider_id));
+        map.insert("task_worker".into(), json_or_null(&self.task_worker));
+        map.insert(
+            "task_lease_until".into(),
+            json_or_null(&self.task_lease_until),
+        );
+        map.insert("delete_requested".into(), self.delete_requested.into());
+        map.insert(
+            "operation_id".into(),
+            json_or_null(&self.in_flight.as_ref().map(|f| f.operation_id)),
+        );
+        self.header.view_fields(&mut map);
+        serde_json::Value::Object(map)
+    }
+}

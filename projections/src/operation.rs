@@ -1,0 +1,342 @@
+//! The operation projection: stages, steps with their effects and declared
+//! compensations, status, error, and the progress of a recorded rollback plan.
+
+use std::collections::BTreeMap;
+
+use provledger_events::catalogue::{
+    BundlePolicy, Compensation, Effect, OperationKind, RollbackOutcome, RollbackPlan, StageSpec,
+};
+use provledger_events::{AggregateId, Event};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::cluster::json_or_null;
+use crate::entity::{not_created, EventContext, FoldResult, Header};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OperationStatus {
+    Running,
+    Succeeded,
+    Failed,
+    RollingBack,
+    RolledBack,
+    Held,
+    Cancelled,
+    NeedsAttention,
+}
+
+impl OperationStatus {
+    pub fn is_closed(self) -> bool {
+        matches!(
+            self,
+            OperationStatus::Succeeded
+                | OperationStatus::RolledBack
+                | OperationStatus::Held
+                | OperationStatus::NeedsAttention
+        )
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StageProgress {
+    Started,
+    Completed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepProgress {
+    Done,
+    CompensationPlanned,
+    CompensationRequested,
+    Compensated,
+    CompensationFailed,
+    Retained,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepState {
+    pub stage: String,
+    pub name: String,
+    pub effect: Effect,
+    pub compensation: Option<Compensation>,
+    pub progress: StepProgress,
+    pub compensation_id: Option<Uuid>,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperationError {
+    pub stage: String,
+    pub step: Option<String>,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperationState {
+    pub header: Header,
+    pub kind: Option<OperationKind>,
+    pub target: Option<AggregateId>,
+    pub parent_id: Option<Uuid>,
+    pub bundle_policy: Option<BundlePolicy>,
+    pub stages: Vec<StageSpec>,
+    pub stage_progress: BTreeMap<String, StageProgress>,
+    pub current_stage: Option<String>,
+    pub children: Vec<Uuid>,
+    pub status: Option<OperationStatus>,
+    pub steps: Vec<StepState>,
+    pub error: Option<OperationError>,
+    pub cancellation_reason: Option<String>,
+    pub rollback_plan: Option<RollbackPlan>,
+    pub remaining: Vec<Uuid>,
+}
+
+impl OperationState {
+    pub fn new(id: AggregateId) -> Self {
+        OperationState {
+            header: Header::new(id),
+            kind: None,
+            target: None,
+            parent_id: None,
+            bundle_policy: None,
+            stages: Vec::new(),
+            stage_progress: BTreeMap::new(),
+            current_stage: None,
+            children: Vec::new(),
+            status: None,
+            steps: Vec::new(),
+            error: None,
+            cancellation_reason: None,
+            rollback_plan: None,
+            remaining: Vec::new(),
+        }
+    }
+
+    fn step_by_compensation(&mut self, id: &Uuid) -> Result<&mut StepState, String> {
+        self.steps
+            .iter_mut()
+            .find(|s| s.compensation_id.as_ref() == Some(id))
+            .ok_or_else(|| format!("compensation {id} is not in the recorded plan; not applied"))
+    }
+
+    fn require_status(&self, allowed: &[OperationStatus], what: &str) -> FoldResult {
+        match self.status {
+            Some(s) if allowed.contains(&s) => Ok(()),
+            other => Err(format!(
+                "{what} while the operation is {other:?}; not applied"
+            )),
+        }
+    }
+
+    pub(crate) fn apply_event(&mut self, event: &Event, ctx: &EventContext) -> FoldResult {
+        use OperationStatus::*;
+        if let Event::OperationStarted {
+            kind,
+            target,
+            parent_id,
+            stages,
+            bundle_policy,
+        } = event
+        {
+            if self.status.is_some() {
+                return Err("the operation already started; event not applied".into());
+            }
+            self.kind = Some(*kind);
+            self.target = Some(*target);
+            self.parent_id = *parent_id;
+            self.stages = stages.clone();
+            self.bundle_policy = *bundle_policy;
+            self.status = Some(Running);
+            self.header.created_at = Some(ctx.recorded_at);
+            return Ok(());
+        }
+        if self.status.is_none() {
+            return Err(not_created("operation"));
+        }
+        match event {
+            Event::ChildOperationAdded { child_id } => {
+                if self.children.contains(child_id) {
+                    return Err(format!("child {child_id} already added"));
+                }
+                self.children.push(*child_id);
+            }
+            Event::StageStarted { stage } => {
+                self.require_status(&[Running], "stage started")?;
+                if !self.stages.iter().any(|s| &s.name == stage) {
+                    return Err(format!("stage {stage:?} was not declared; not applied"));
+                }
+                self.stage_progress
+                    .insert(stage.clone(), StageProgress::Started);
+                self.current_stage = Some(stage.clone());
+            }
+            Event::StepDone {
+                stage,
+                step,
+                effect,
+                compensation,
+            } => {
+                // An effect that happened is a fact: it is recorded even when out of
+                // place, so the rollback planner can still undo it.
+                self.steps.push(StepState {
+                    stage: stage.clone(),
+                    name: step.clone(),
+                    effect: effect.clone(),
+                    compensation: compensation.clone(),
+                    progress: StepProgress::Done,
+                    compensation_id: None,
+                    attempts: 0,
+                    last_error: None,
+                });
+                if self.stage_progress.get(stage) != Some(&StageProgress::Started) {
+                    return Err(format!(
+                        "step {step:?} done outside its started stage {stage:?}"
+                    ));
+                }
+                if self.status != Some(Running) {
+                    return Err(format!(
+                        "step {step:?} done while the operation is {:?}",
+                        self.status
+                    ));
+                }
+            }
+            Event::StageCompleted { stage } => {
+                self.require_status(&[Running], "stage completed")?;
+                if self.stage_progress.get(stage) != Some(&StageProgress::Started) {
+                    return Err(format!("stage {stage:?} completed without starting"));
+                }
+                self.stage_progress
+                    .insert(stage.clone(), StageProgress::Completed);
+            }
+            Event::OperationSucceeded {} => {
+                self.require_status(&[Running], "succeeded")?;
+                self.status = Some(Succeeded);
+            }
+            Event::OperationFailed { stage, step, error } => {
+                self.require_status(&[Running], "failed")?;
+                self.status = Some(Failed);
+                self.error = Some(OperationError {
+                    stage: stage.clone(),
+                    step: step.clone(),
+                    message: error.clone(),
+                });
+            }
+            Event::CancellationRequested { reason } => {
+                if self.cancellation_reason.is_none() {
+                    self.cancellation_reason = Some(reason.clone());
+                }
+            }
+            Event::OperationCancelled { reason } => {
+                self.require_status(&[Running, Failed], "cancelled")?;
+                self.status = Some(Cancelled);
+                if self.cancellation_reason.is_none() {
+                    self.cancellation_reason = Some(reason.clone());
+                }
+            }
+            Event::RollbackPlanned { plan } => {
+                if self.rollback_plan.is_some() {
+                    return Err("a rollback plan is already recorded; not applied".into());
+                }
+                self.require_status(&[Failed, Cancelled], "rollback planned")?;
+                for planned in &plan.compensations {
+                    if let Some(step) = self.steps.iter_mut().find(|s| {
+                        s.stage == planned.stage
+                            && s.name == planned.step
+                            && s.compensation_id.is_none()
+                    }) {
+                        step.compensation_id = Some(planned.compensation_id);
+                        step.progress = StepProgress::CompensationPlanned;
+                    }
+                }
+                for retained in &plan.retained {
+                    if let Some(step) = self.steps.iter_mut().find(|s| {
+                        s.stage == retained.stage
+                            && s.name == retained.step
+                            && s.progress == StepProgress::Done
+                    }) {
+                        step.progress = StepProgress::Retained;
+                    }
+                }
+                self.rollback_plan = Some(plan.clone());
+                self.status = Some(RollingBack);
+            }
+            Event::CompensationRequested {
+                compensation_id,
+                attempt,
+            } => {
+                let step = self.step_by_compensation(compensation_id)?;
+                step.progress = StepProgress::CompensationRequested;
+                step.attempts = step.attempts.max(*attempt);
+            }
+            Event::CompensationDone { compensation_id } => {
+                let step = self.step_by_compensation(compensation_id)?;
+                step.progress = StepProgress::Compensated;
+            }
+            Event::CompensationFailed {
+                compensation_id,
+                attempt,
+                error,
+            } => {
+                let step = self.step_by_compensation(compensation_id)?;
+                step.progress = StepProgress::CompensationFailed;
+                step.attempts = step.attempts.max(*attempt);
+                step.last_error = Some(error.clone());
+            }
+            Event::RollbackFinished { outcome, remaining } => {
+                self.require_status(&[RollingBack], "rollback finished")?;
+                self.status = Some(match outcome {
+                    RollbackOutcome::RolledBack => RolledBack,
+                    RollbackOutcome::Held => Held,
+                    RollbackOutcome::NeedsAttention => NeedsAttention,
+                });
+                self.remaining = remaining.clone();
+            }
+            other => return Err(format!("{} is not an operation event", other.name())),
+        }
+        Ok(())
+    }
+
+    /// The contract's JSON form of an operation.
+    pub fn view(&self) -> serde_json::Value {
+        let mut map = serde_json::Map::new();
+        map.insert("id".into(), self.header.id.id.to_string().into());
+        map.insert("kind".into(), json_or_null(&self.kind));
+        map.insert(
+            "target".into(),
+            json_or_null(&self.target.map(|t| t.to_string())),
+        );
+        map.insert("parent_id".into(), json_or_null(&self.parent_id));
+        map.insert("children".into(), json_or_null(&self.children));
+        map.insert("status".into(), json_or_null(&self.status));
+        map.insert("stage".into(), json_or_null(&self.current_stage));
+        map.insert("stages".into(), json_or_null(&self.stages));
+        let steps: Vec<serde_json::Value> = self
+            .steps
+            .iter()
+            .map(|s| {
+                serde_json::json!({
+                    "stage": s.stage,
+                    "name": s.name,
+                    "effect": s.effect,
+                    "compensation": s.compensation,
+                    "state": s.progress,
+                    "compensation_id": s.compensation_id,
+                    "attempts": s.attempts,
+                    "last_error": s.last_error,
+                })
+            })
+            .collect();
+        map.insert("steps".into(), steps.into());
+        map.insert("error".into(), json_or_null(&self.error));
+        map.insert(
+            "cancellation_reason".into(),
+            json_or_null(&self.cancellation_reason),
+        );
+        map.insert("rollback_plan".into(), json_or_null(&self.rollback_plan));
+        map.insert("remaining".into(), json_or_null(&self.remaining));
+        self.header.view_fields(&mut map);
+        serde_json::Value::Object(map)
+    }
+}

@@ -1,0 +1,231 @@
+//! The fold over commits: one [`Entity`] per aggregate, and [`Projection`], the whole
+//! projected state. Each commit changes exactly one entity, which is what lets the
+//! runner load, fold and store entities one at a time.
+
+use std::collections::{BTreeMap, HashMap};
+
+use provledger_events::{AggregateId, AggregateKind, Commit};
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::ClusterState;
+use crate::entity::{EventContext, Header};
+use crate::instance::InstanceState;
+use crate::operation::OperationState;
+use crate::provider::ProviderState;
+
+/// The projected state of one aggregate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Entity {
+    Cluster(ClusterState),
+    Instance(InstanceState),
+    Provider(ProviderState),
+    Operation(OperationState),
+}
+
+impl Entity {
+    /// The state of an aggregate before its first commit.
+    pub fn new(id: AggregateId) -> Self {
+        match id.kind {
+            AggregateKind::Cluster => Entity::Cluster(ClusterState::new(id)),
+            AggregateKind::Instance => Entity::Instance(InstanceState::new(id)),
+            AggregateKind::Provider => Entity::Provider(ProviderState::new(id)),
+            AggregateKind::Operation => Entity::Operation(OperationState::new(id)),
+        }
+    }
+
+    pub fn header(&self) -> &Header {
+        match self {
+            Entity::Cluster(s) => &s.header,
+            Entity::Instance(s) => &s.header,
+            Entity::Provider(s) => &s.header,
+            Entity::Operation(s) => &s.header,
+        }
+    }
+
+    fn header_mut(&mut self) -> &mut Header {
+        match self {
+            Entity::Cluster(s) => &mut s.header,
+            Entity::Instance(s) => &mut s.header,
+            Entity::Provider(s) => &mut s.header,
+            Entity::Operation(s) => &mut s.header,
+        }
+    }
+
+    pub fn id(&self) -> AggregateId {
+        self.header().id
+    }
+
+    /// Folds one commit of this aggregate. Never panics: a commit for another aggregate,
+    /// a version already folded, a gap, or an event that makes no sense is recorded as
+    /// an anomaly.
+    pub fn apply(&mut self, commit: &Commit) {
+        let header = self.header_mut();
+        let ctx = EventContext {
+            position: commit.position,
+            version: commit.version,
+            recorded_at: commit.recorded_at,
+            operation_id: commit.operation_id,
+        };
+        if commit.aggregate != header.id {
+            header.record_anomaly(
+                &ctx,
+                "commit".into(),
+                format!(
+                    "commit for {} folded into {}; not applied",
+                    commit.aggregate, header.id
+                ),
+            );
+            return;
+        }
+        if commit.version <= header.version {
+            // The runner's checkpoint makes this impossible; if it happens anyway the
+            // commit is not folded twice.
+            let problem = format!(
+                "version {} already folded (at version {}); not applied",
+                commit.version, header.version
+            );
+            header.record_anomaly(&ctx, "commit".into(), problem);
+            return;
+        }
+        if commit.version != header.version + 1 {
+            let problem = format!(
+                "version gap: expected {}, got {}",
+                header.version + 1,
+                commit.version
+            );
+            header.record_anomaly(&ctx, "commit".into(), problem);
+        }
+        header.version = commit.version;
+        header.last_position = commit.position;
+        header.updated_at = Some(commit.recorded_at);
+        for event in &commit.events {
+            let result = match self {
+                Entity::Cluster(s) => s.apply_event(event, &ctx),
+                Entity::Instance(s) => s.apply_event(event, &ctx),
+                Entity::Provider(s) => s.apply_event(event, &ctx),
+                Entity::Operation(s) => s.apply_event(event, &ctx),
+            };
+            if let Err(problem) = result {
+                self.header_mut()
+                    .record_anomaly(&ctx, event.name(), problem);
+            }
+        }
+    }
+
+    /// The contract's JSON form of this entity.
+    pub fn view(&self) -> serde_json::Value {
+        match self {
+            Entity::Cluster(s) => s.view(),
+            Entity::Instance(s) => s.view(),
+            Entity::Provider(s) => s.view(),
+            Entity::Operation(s) => s.view(),
+        }
+    }
+
+    /// The status word used in summaries: cluster status, vm_state, provider status,
+    /// operation status; "absent" before creation.
+    pub fn status_word(&self) -> String {
+        let value = match self {
+            Entity::Cluster(s) => serde_json::to_value(s.status),
+            Entity::Instance(s) => serde_json::to_value(s.vm_state),
+            Entity::Provider(s) => serde_json::to_value(s.status),
+            Entity::Operation(s) => serde_json::to_value(s.status),
+        };
+        match value {
+            Ok(serde_json::Value::String(s)) => s,
+            _ => "absent".into(),
+        }
+    }
+}
+
+/// Every entity, folded from position 1. Used for rebuilds, replays and tests; the
+/// runner keeps the same entities in sled instead of in memory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Projection {
+    pub entities: HashMap<AggregateId, Entity>,
+    /// The position of the last commit folded.
+    pub position: u64,
+}
+
+impl Projection {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn apply(&mut self, commit: &Commit) {
+        self.entities
+            .entry(commit.aggregate)
+            .or_insert_with(|| Entity::new(commit.aggregate))
+            .apply(commit);
+        self.position = self.position.max(commit.position);
+    }
+
+    /// Folds commits in order into a fresh projection.
+    pub fn rebuild<'a>(commits: impl IntoIterator<Item = &'a Commit>) -> Self {
+        let mut projection = Projection::new();
+        for commit in commits {
+            projection.apply(commit);
+        }
+        projection
+    }
+
+    pub fn get(&self, id: &AggregateId) -> Option<&Entity> {
+        self.entities.get(id)
+    }
+
+    pub fn summary(&self) -> Summary {
+        Summary::of(self.position, self.entities.values())
+    }
+}
+
+/// Counts by kind and status, and the anomalies, for `replay` and health checks.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Summary {
+    pub position: u64,
+    /// kind -> status -> count
+    pub counts: BTreeMap<String, BTreeMap<String, u64>>,
+    pub anomaly_count: u64,
+    /// The entities with anomalies, with their latest anomaly, at most `SUMMARY_ANOMALIES_MAX`.
+    pub anomalies: Vec<serde_json::Value>,
+}
+
+/// Bound on the anomalies listed in a summary; the count covers them all.
+pub const SUMMARY_ANOMALIES_MAX: usize = 50;
+
+impl Summary {
+    pub fn of<'a>(position: u64, entities: impl IntoIterator<Item = &'a Entity>) -> Self {
+        let mut summary = Summary {
+            position,
+            ..Default::default()
+        };
+        let mut with_anomalies: Vec<&Entity> = Vec::new();
+        for entity in entities {
+            let kind = entity.id().kind.to_string();
+            *summary
+                .counts
+                .entry(kind)
+                .or_default()
+                .entry(entity.status_word())
+                .or_insert(0) += 1;
+            let header = entity.header();
+            if header.anomaly_count > 0 {
+                summary.anomaly_count += header.anomaly_count;
+                with_anomalies.push(entity);
+            }
+        }
+        // Deterministic order whatever the iteration order of the caller's map.
+        with_anomalies.sort_by_key(|e| e.id().to_string());
+        summary.anomalies = with_anomalies
+            .iter()
+            .take(SUMMARY_ANOMALIES_MAX)
+            .map(|e| {
+                serde_json::json!({
+                    "aggregate": e.id().to_string(),
+                    "anomaly_count": e.header().anomaly_count,
+                    "latest": e.header().anomalies.last(),
+                })
+            })
+            .collect();
+        summary
+    }
+}

@@ -1,0 +1,248 @@
+//! The resource-provider projection (Placement): inventories, allocations by consumer,
+//! and usage against capacity, where capacity is `(total - reserved) * allocation_ratio`.
+
+use std::collections::BTreeMap;
+
+use provledger_events::catalogue::{BlockingAllocation, ConsumerKind, Inventory};
+use provledger_events::{AggregateId, Event};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::cluster::json_or_null;
+use crate::entity::{not_created, EventContext, FoldResult, Header};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderStatus {
+    Active,
+    Deleting,
+    Deleted,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    pub consumer_kind: ConsumerKind,
+    pub resources: BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderState {
+    pub header: Header,
+    pub name: String,
+    pub host: String,
+    pub status: Option<ProviderStatus>,
+    pub inventories: BTreeMap<String, Inventory>,
+    /// Kept in step with `allocations` so a claim check does not sum every allocation.
+    pub usage: BTreeMap<String, u64>,
+    pub allocations: BTreeMap<Uuid, Allocation>,
+    pub last_delete_refusal: Option<Vec<BlockingAllocation>>,
+}
+
+impl ProviderState {
+    pub fn new(id: AggregateId) -> Self {
+        ProviderState {
+            header: Header::new(id),
+            name: String::new(),
+            host: String::new(),
+            status: None,
+            inventories: BTreeMap::new(),
+            usage: BTreeMap::new(),
+            allocations: BTreeMap::new(),
+            last_delete_refusal: None,
+        }
+    }
+
+    /// Resource classes whose usage exceeds capacity (after an inventory shrank).
+    pub fn over_capacity(&self) -> Vec<String> {
+        self.usage
+            .iter()
+            .filter(|(rc, used)| {
+                self.inventories
+                    .get(*rc)
+                    .is_none_or(|inv| **used > inv.capacity())
+                    && **used > 0
+            })
+            .map(|(rc, _)| rc.clone())
+            .collect()
+    }
+
+    /// Whether a claim fits, Placement's way: every class inventoried, within
+    /// min_unit..=max_unit, a multiple of step_size, and within capacity once the
+    /// consumer's previous allocation (which the claim replaces) is given back.
+    fn check_claim(&self, consumer: &Uuid, resources: &BTreeMap<String, u64>) -> FoldResult {
+        let previous = self.allocations.get(consumer);
+        for (rc, amount) in resources {
+            let Some(inv) = self.inventories.get(rc) else {
+                return Err(format!("no {rc} inventory; claim not applied"));
+            };
+            if *amount < inv.min_unit || *amount > inv.max_unit {
+                return Err(format!(
+                    "{rc} {amount} outside {}..={}; claim not applied",
+                    inv.min_unit, inv.max_unit
+                ));
+            }
+            if inv.step_size > 1 && amount % inv.step_size != 0 {
+                return Err(format!(
+                    "{rc} {amount} is not a multiple of step_size {}; claim not applied",
+                    inv.step_size
+                ));
+            }
+            let used = self.usage.get(rc).copied().unwrap_or(0);
+            let given_back = previous
+                .and_then(|p| p.resources.get(rc))
+                .copied()
+                .unwrap_or(0);
+            let after = used.saturating_sub(given_back).saturating_add(*amount);
+            if after > inv.capacity() {
+                return Err(format!(
+                    "{rc} over capacity: {after} > {}; claim not applied",
+                    inv.capacity()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn remove_allocation(&mut self, consumer: &Uuid) -> Option<Allocation> {
+        let removed = self.allocations.remove(consumer)?;
+        for (rc, amount) in &removed.resources {
+            if let Some(used) = self.usage.get_mut(rc) {
+                *used = used.saturating_sub(*amount);
+                if *used == 0 {
+                    self.usage.remove(rc);
+                }
+            }
+        }
+        Some(removed)
+    }
+
+    pub(crate) fn apply_event(&mut self, event: &Event, ctx: &EventContext) -> FoldResult {
+        if let Event::ProviderRegistered { name, host } = event {
+            if self.status.is_some() {
+                return Err("the provider is already registered; event not applied".into());
+            }
+            self.name = name.clone();
+            self.host = host.clone();
+            self.status = Some(ProviderStatus::Active);
+            self.header.created_at = Some(ctx.recorded_at);
+            return Ok(());
+        }
+        let Some(status) = self.status else {
+            return Err(not_created("provider"));
+        };
+        if status == ProviderStatus::Deleted {
+            return Err("the provider is deleted; event not applied".into());
+        }
+        match event {
+            Event::InventorySet {
+                resource_class,
+                inventory,
+            } => {
+                // Inventory is a fact about the hardware, so it is applied even when it
+                // leaves usage above capacity; the anomaly (and `audit`) say so.
+                self.inventories.insert(resource_class.clone(), *inventory);
+                let used = self.usage.get(resource_class).copied().unwrap_or(0);
+                if inventory.min_unit > inventory.max_unit || inventory.step_size == 0 {
+                    return Err(format!("{resource_class} inventory has inconsistent units"));
+                }
+                if used > inventory.capacity() {
+                    return Err(format!(
+                        "{resource_class} capacity {} is below usage {used}",
+                        inventory.capacity()
+                    ));
+                }
+            }
+            Event::InventoryRemoved { resource_class } => {
+                let used = self.usage.get(resource_class).copied().unwrap_or(0);
+                if used > 0 {
+                    return Err(format!(
+                        "{resource_class} inventory removed while {used} is allocated; not applied"
+                    ));
+                }
+                if self.inventories.remove(resource_class).is_none() {
+                    return Err(format!("no {resource_class} inventory to remove"));
+                }
+            }
+            Event::AllocationClaimed {
+                consumer,
+                consumer_kind,
+                resources,
+            } => {
+                if status != ProviderStatus::Active {
+                    return Err("claim on a provider being deleted; not applied".into());
+                }
+                self.check_claim(consumer, resources)?;
+                self.remove_allocation(consumer);
+                for (rc, amount) in resources {
+                    *self.usage.entry(rc.clone()).or_insert(0) += amount;
+                }
+                self.allocations.insert(
+                    *consumer,
+                    Allocation {
+                        consumer_kind: *consumer_kind,
+                        resources: resources.clone(),
+                    },
+                );
+            }
+            Event::AllocationReleased { consumer, .. } => {
+                if self.remove_allocation(consumer).is_none() {
+                    return Err(format!("consumer {consumer} holds no allocation here"));
+                }
+            }
+            Event::ProviderDeleteRequested { .. } => {
+                self.status = Some(ProviderStatus::Deleting);
+            }
+            Event::ProviderDeleteRefused { blocking } => {
+                self.status = Some(ProviderStatus::Active);
+                self.last_delete_refusal = Some(blocking.clone());
+            }
+            Event::ProviderDeleted {} => {
+                // Never orphan an allocation: a provider goes only once it holds none.
+                if !self.allocations.is_empty() {
+                    return Err(format!(
+                        "deleted while {} allocation(s) remain; not applied",
+                        self.allocations.len()
+                    ));
+                }
+                self.status = Some(ProviderStatus::Deleted);
+            }
+            other => return Err(format!("{} is not a provider event", other.name())),
+        }
+        Ok(())
+    }
+
+    /// The contract's JSON form of a provider.
+    pub fn view(&self) -> serde_json::Value {
+        let mut map = serde_json::Map::new();
+        map.insert("id".into(), self.header.id.id.to_string().into());
+        map.insert("name".into(), self.name.clone().into());
+        map.insert("host".into(), self.host.clone().into());
+        map.insert("status".into(), json_or_null(&self.status));
+        map.insert("inventories".into(), json_or_null(&self.inventories));
+        let capacity: BTreeMap<&String, u64> = self
+            .inventories
+            .iter()
+            .map(|(rc, inv)| (rc, inv.capacity()))
+            .collect();
+        map.insert("capacity".into(), json_or_null(&capacity));
+        map.insert("usage".into(), json_or_null(&self.usage));
+        let allocations: Vec<serde_json::Value> = self
+            .allocations
+            .iter()
+            .map(|(consumer, a)| {
+                serde_json::json!({
+                    "consumer": consumer,
+                    "consumer_kind": a.consumer_kind,
+                    "resources": a.resources,
+                })
+            })
+            .collect();
+        map.insert("allocations".into(), allocations.into());
+        map.insert(
+            "last_delete_refusal".into(),
+            json_or_null(&self.last_delete_refusal),
+        );
+        self.header.view_fields(&mut map);
+        serde_json::Value::Object(map)
+    }
+}
