@@ -158,9 +158,11 @@ impl InstanceState {
                 lease_until,
             } => match &self.task_worker {
                 Some(current) if current == worker_id => self.task_lease_until = Some(*lease_until),
-                Some(current) => return Err(format!(
+                Some(current) => {
+                    return Err(format!(
                     "lease renewed by {worker_id} but the task belongs to {current}; not applied"
-                )),
+                ))
+                }
                 None => return Err("lease renewed but no task is started; not applied".into()),
             },
             Event::TaskFinished {

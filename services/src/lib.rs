@@ -15,6 +15,8 @@ use provledger_events::{
 };
 
 pub mod commands;
+pub mod runner;
+pub mod store;
 
 /// Where the ledger lives; mirrors the CLI's global options.
 #[derive(Debug, Clone)]
