@@ -93,6 +93,9 @@ impl ClusterState {
             return Err(not_created("cluster"));
         };
         if status == ClusterStatus::Deleted {
+            if matches!(event, Event::ClusterDeleteRequested { .. }) {
+                return Ok(());
+            }
             return Err("the cluster is deleted; event not applied".into());
         }
         match event {

@@ -113,6 +113,9 @@ impl InstanceState {
             return Err(not_created("instance"));
         };
         if vm_state == VmState::Deleted {
+            if matches!(event, Event::InstanceDeleteRequested { .. }) {
+                return Ok(());
+            }
             return Err("the instance is deleted; event not applied".into());
         }
         match event {

@@ -7,6 +7,7 @@
 //! checkpoints and the sled copy of the log is the runner's job (`provledger::runner`).
 
 pub mod cluster;
+pub mod decide;
 pub mod entity;
 pub mod instance;
 pub mod operation;

@@ -16,6 +16,7 @@ use provledger_events::{
 
 pub mod commands;
 pub mod runner;
+pub mod serve;
 pub mod store;
 
 /// Where the ledger lives; mirrors the CLI's global options.

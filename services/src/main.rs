@@ -5,9 +5,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use provledger::commands::state::LogPoint;
 use provledger::commands::{self, append::AppendArgs, CommandError};
+use provledger::serve::ServeOptions;
 use provledger::{Ledger, LedgerOptions};
 use provledger_events::{AggregateId, Expectation};
+use std::time::Duration;
 use uuid::Uuid;
 
 #[derive(Parser)]
@@ -80,14 +83,47 @@ enum Command {
         /// The aggregate, as KIND/ID.
         aggregate: AggregateId,
     },
+    /// The projection service: consume the log, keep sled state, answer queries. Needs --nats.
+    Serve {
+        /// Longest wait for a query's min_position before answering `stale`.
+        #[arg(long, default_value_t = 2000)]
+        min_position_wait_ms: u64,
+        /// Snapshot the projection each time this many positions are passed (0: never).
+        #[arg(long, default_value_t = provledger::runner::SNAPSHOT_EVERY_POSITIONS_DEFAULT)]
+        snapshot_every: u64,
+    },
+    /// An aggregate's projected state, now or at a past position or time.
+    State {
+        /// The aggregate, as KIND/ID.
+        aggregate: AggregateId,
+        /// A log position, or an RFC 3339 time.
+        #[arg(long)]
+        at: Option<LogPoint>,
+    },
+    /// Rebuild all projections up to a point and print counts by status and anomalies.
+    Replay {
+        /// A log position, or an RFC 3339 time (default: the end of the log).
+        #[arg(long)]
+        to: Option<LogPoint>,
+    },
+    /// Send one request to a running service and print the reply.
+    Query {
+        /// cluster.get, cluster.list, instance.get, instance.list, provider.get,
+        /// allocation.by_consumer, operation.get, history, state_at, health, cmd.append
+        endpoint: String,
+        /// The JSON request (default {}).
+        request: Option<String>,
+    },
 }
 
-fn init_tracing() {
+/// `RUST_LOG` wins; otherwise the service logs at info and one-shot commands at warn.
+fn init_tracing(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 
@@ -132,12 +168,79 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             ledger.close();
             result
         }
+        Command::Serve {
+            min_position_wait_ms,
+            snapshot_every,
+        } => {
+            let nats_url = cli.nats.clone().ok_or_else(|| {
+                CommandError::BadInput(
+                    "serve needs --nats URL (or PROVLEDGER_NATS_URL): it answers queries over NATS"
+                        .into(),
+                )
+            })?;
+            let serve_options = ServeOptions {
+                nats_url,
+                data_dir: cli.data_dir.clone(),
+                stream: cli.stream.clone(),
+                subject_prefix: cli.subject_prefix.clone(),
+                min_position_wait: Duration::from_millis(min_position_wait_ms),
+                snapshot_every,
+            };
+            commands::serve::run(serve_options).await
+        }
+        Command::State { aggregate, at } => {
+            with_ledger(&options, |ledger| async move {
+                let result = match &ledger {
+                    Ledger::Embedded(log) => {
+                        commands::state::state_local(log, aggregate, at, cli.json).await
+                    }
+                    Ledger::JetStream(log) => {
+                        commands::state::state_remote(log, aggregate, at, cli.json).await
+                    }
+                };
+                (ledger, result)
+            })
+            .await
+        }
+        Command::Replay { to } => {
+            with_ledger(&options, |ledger| async move {
+                let result = match &ledger {
+                    Ledger::Embedded(log) => commands::state::replay_local(log, to, cli.json).await,
+                    Ledger::JetStream(log) => {
+                        commands::state::replay_remote(log, to, cli.json).await
+                    }
+                };
+                (ledger, result)
+            })
+            .await
+        }
+        Command::Query { endpoint, request } => {
+            let nats_url = cli.nats.clone().ok_or_else(|| {
+                CommandError::BadInput("query needs --nats URL (or PROVLEDGER_NATS_URL)".into())
+            })?;
+            commands::query::run(&nats_url, &cli.subject_prefix, &endpoint, request).await
+        }
     }
+}
+
+/// Opens the ledger, runs `f`, and closes the ledger whatever `f` returned.
+async fn with_ledger<F, Fut>(options: &LedgerOptions, f: F) -> Result<(), CommandError>
+where
+    F: FnOnce(Ledger) -> Fut,
+    Fut: std::future::Future<Output = (Ledger, Result<(), CommandError>)>,
+{
+    let ledger = Ledger::open(options).await?;
+    let (ledger, result) = f(ledger).await;
+    ledger.close();
+    result
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    init_tracing(match cli.command {
+        Command::Serve { .. } => "info",
+        _ => "warn",
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

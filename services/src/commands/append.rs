@@ -59,6 +59,17 @@ pub fn read_events_source(source: &str) -> Result<String, CommandError> {
 }
 
 pub async fn run(ledger: &Ledger, args: AppendArgs, json: bool) -> Result<(), CommandError> {
+    if let Ledger::Embedded(log) = ledger {
+        // A service's data dir copies a JetStream stream; embedded appends there would
+        // invent positions that collide with the stream's.
+        let store = crate::store::ProjectionStore::open(log.db())?;
+        if let Some(source) = store.source()?.filter(|s| s != "embedded") {
+            return Err(CommandError::BadInput(format!(
+                "{} holds the projection copy of {source}; append with --nats instead",
+                log.dir().display()
+            )));
+        }
+    }
     let draft = CommitDraft {
         commit_id: args.commit_id.unwrap_or_else(Uuid::now_v7),
         operation_id: args.operation_id,

@@ -4,6 +4,9 @@
 pub mod append;
 pub mod demo;
 pub mod history;
+pub mod query;
+pub mod serve;
+pub mod state;
 
 use crate::OpenLedgerError;
 use provledger_events::{AppendError, ReadError};

@@ -1,0 +1,94 @@
+//! The append decider used by `provledger.cmd.append`: whether a commit may still be
+//! written to its target. Deletion is terminal, so a deleted target takes nothing but a
+//! repeated delete request, and a target being deleted takes nothing that would bring it
+//! back to life.
+
+use provledger_events::catalogue::{ClusterStatus, OperationKind, TaskState, VmState};
+use provledger_events::{AggregateId, Event};
+
+use crate::provider::ProviderStatus;
+use crate::Entity;
+
+/// Why an append is refused before it reaches the log.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AppendRejection {
+    #[error("{target} is {state}: event #{index} ({event}) cannot be applied to it")]
+    TargetDeleted {
+        target: AggregateId,
+        state: &'static str,
+        index: usize,
+        event: String,
+    },
+}
+
+fn is_delete_request(event: &Event) -> bool {
+    matches!(
+        event,
+        Event::ClusterDeleteRequested { .. }
+            | Event::InstanceDeleteRequested { .. }
+            | Event::ProviderDeleteRequested { .. }
+    )
+}
+
+/// Would this event move a target that is being deleted away from deletion?
+fn revives(event: &Event) -> bool {
+    match event {
+        Event::ClusterStatusChanged { status, .. } => !status.is_terminal(),
+        Event::ClusterScaleRequested { .. } | Event::NodeGroupAdded { .. } => true,
+        Event::VmStateChanged { vm_state, .. } => {
+            !matches!(vm_state, VmState::Deleted | VmState::Error)
+        }
+        Event::TaskQueued { task_state } | Event::TaskStarted { task_state, .. } => {
+            *task_state != TaskState::Deleting
+        }
+        Event::InFlightOperationSet { operation_kind, .. } => !matches!(
+            operation_kind,
+            OperationKind::DeleteCluster | OperationKind::DeleteInstance
+        ),
+        Event::AllocationClaimed { .. } => true,
+        _ => false,
+    }
+}
+
+/// Checks `events` against the target's current state (`None`: nothing recorded yet).
+pub fn admit_append(entity: Option<&Entity>, events: &[Event]) -> Result<(), AppendRejection> {
+    let Some(entity) = entity else {
+        return Ok(());
+    };
+    let state = match entity {
+        Entity::Cluster(c) => match c.status {
+            Some(ClusterStatus::Deleted) => Some("deleted"),
+            Some(ClusterStatus::Deleting) => Some("deleting"),
+            _ => None,
+        },
+        Entity::Instance(i) => match (i.vm_state, i.delete_requested) {
+            (Some(VmState::Deleted), _) => Some("deleted"),
+            (_, true) => Some("deleting"),
+            _ => None,
+        },
+        Entity::Provider(p) => match p.status {
+            Some(ProviderStatus::Deleted) => Some("deleted"),
+            _ => None,
+        },
+        Entity::Operation(_) => None,
+    };
+    let Some(state) = state else {
+        return Ok(());
+    };
+    for (index, event) in events.iter().enumerate() {
+        let refused = if state == "deleted" {
+            !is_delete_request(event)
+        } else {
+            revives(event)
+        };
+        if refused {
+            return Err(AppendRejection::TargetDeleted {
+                target: entity.id(),
+                state,
+                index,
+                event: event.name(),
+            });
+        }
+    }
+    Ok(())
+}
