@@ -311,7 +311,10 @@ impl QueryContext {
 
     pub async fn handle(&self, endpoint: Endpoint, payload: &[u8]) -> Result<Value, QueryError> {
         match endpoint {
-            Endpoint::Health => self.health().await,
+            Endpoint::Health => {
+                check_fields(&object(payload)?, &[])?;
+                self.health().await
+            }
             Endpoint::ClusterGet => self.get(payload, AggregateKind::Cluster).await,
             Endpoint::InstanceGet => self.get(payload, AggregateKind::Instance).await,
             Endpoint::ProviderGet => self.get(payload, AggregateKind::Provider).await,

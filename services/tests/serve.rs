@@ -1,0 +1,591 @@
+//! `provledger serve` as a child process against a private nats-server: every endpoint,
+//! read-your-writes and `stale`, a provider at capacity, quarantined garbage, two
+//! replicas in one queue group, SIGTERM drain, and SIGKILL during a load.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use proptest::strategy::{Strategy, ValueTree};
+use provledger_events::catalogue::{samples, NodeGroupSpec};
+use provledger_events::catalogue::{ClusterStatus, ConsumerKind, Inventory, Ratio};
+use provledger_events::{
+    AggregateId, CommitDraft, Event, EventLog, Expectation, JetStreamConfig, JetStreamLog,
+};
+use provledger_projections::Projection;
+use provledger_tests::{script, NatsServer};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+struct Serve {
+    child: Child,
+}
+
+impl Serve {
+    fn start(nats: &NatsServer, dir: &Path) -> Serve {
+        let log = std::fs::File::create(dir.with_extension("log")).expect("serve log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_provledger"))
+            .args([
+                "serve",
+                "--min-position-wait-ms",
+                "300",
+                "--snapshot-every",
+                "50",
+            ])
+            .arg("--nats")
+            .arg(nats.url())
+            .arg("--data-dir")
+            .arg(dir)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn provledger serve");
+        Serve { child }
+    }
+
+    fn kill(&mut self) {
+        // std's kill is SIGKILL on unix: no chance to flush or finish a batch.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn terminate(&mut self) -> ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill -TERM");
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait serve") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "serve did not stop after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn open_log(nats: &NatsServer) -> JetStreamLog {
+    JetStreamLog::open(nats.client().await, JetStreamConfig::default())
+        .await
+        .expect("open JetStream log")
+}
+
+/// One request; the reply parsed, with the error headers when present.
+async fn ask(client: &async_nats::Client, subject: &str, body: Value) -> (Value, Option<String>) {
+    let reply = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.request(subject.to_string(), body.to_string().into()),
+    )
+    .await
+    .expect("reply in time")
+    .expect("request");
+    let code = reply
+        .headers
+        .as_ref()
+        .and_then(|h| h.get("Nats-Service-Error-Code"))
+        .map(|v| v.to_string());
+    (
+        serde_json::from_slice(&reply.payload).expect("JSON reply"),
+        code,
+    )
+}
+
+async fn query(client: &async_nats::Client, endpoint: &str, body: Value) -> Value {
+    let (v, code) = ask(client, &format!("provledger.q.{endpoint}"), body).await;
+    assert!(code.is_none(), "{endpoint}: unexpected error {v}");
+    v
+}
+
+/// Waits until some replica answers health at or past `position` (and the service is up).
+async fn wait_position(client: &async_nats::Client, position: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = tokio::time::timeout(
+            Duration::from_secs(1),
+            client.request("provledger.q.health", "{}".into()),
+        )
+        .await;
+        if let Ok(Ok(msg)) = reply {
+            if let Ok(v) = serde_json::from_slice::<Value>(&msg.payload) {
+                if v["position"].as_u64().unwrap_or(0) >= position {
+                    return;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve never reached position {position}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every reply to one request within `wait` (for $SRV and replica checks).
+async fn gather(client: &async_nats::Client, subject: &str, wait: Duration) -> Vec<Value> {
+    let inbox = client.new_inbox();
+    let mut sub = client.subscribe(inbox.clone()).await.expect("subscribe");
+    client
+        .publish_with_reply(subject.to_string(), inbox, "".into())
+        .await
+        .expect("publish");
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + wait;
+    while let Ok(Some(msg)) = tokio::time::timeout_at(deadline, sub.next()).await {
+        // A "no responders" status arrives as an empty message; it is not a reply.
+        if !msg.payload.is_empty() {
+            out.push(serde_json::from_slice(&msg.payload).expect("JSON"));
+        }
+    }
+    out
+}
+
+async fn append(log: &JetStreamLog, agg: AggregateId, events: Vec<Event>) -> u64 {
+    log.append(agg, Expectation::Any, CommitDraft::now("test", events))
+        .await
+        .expect("append")
+        .position
+}
+
+fn vcpu_inventory(total: u64) -> Event {
+    Event::InventorySet {
+        resource_class: "VCPU".into(),
+        inventory: Inventory {
+            total,
+            reserved: 0,
+            allocation_ratio: Ratio::ONE,
+            min_unit: 1,
+            max_unit: total,
+            step_size: 1,
+        },
+    }
+}
+
+fn claim(consumer: Uuid, vcpus: u64) -> Event {
+    Event::AllocationClaimed {
+        consumer,
+        consumer_kind: ConsumerKind::Instance,
+        resources: BTreeMap::from([("VCPU".to_string(), vcpus)]),
+    }
+}
+
+fn create_instance(cluster: Uuid) -> Event {
+    Event::InstanceCreateRequested {
+        name: "worker".into(),
+        cluster_id: Some(cluster),
+        node_group: Some("workers".into()),
+        flavor: "m1.small".into(),
+        resources: BTreeMap::from([("VCPU".to_string(), 2)]),
+        image: "img".into(),
+    }
+}
+
+fn create_cluster() -> Event {
+    Event::ClusterCreateRequested {
+        name: "analytics".into(),
+        plugin: "vanilla".into(),
+        node_groups: vec![NodeGroupSpec {
+            name: "workers".into(),
+            count: 2,
+            flavor: "m1.small".into(),
+            resources: BTreeMap::new(),
+            processes: vec!["datanode".into()],
+        }],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_answers_every_endpoint_and_drains_on_sigterm() {
+    let nats = NatsServer::start().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open_log(&nats).await;
+    let client = nats.client().await;
+    let mut serve = Serve::start(&nats, &tmp.path().join("serve"));
+    wait_position(&client, 0).await;
+
+    // Given a provider filled to capacity, a cluster with two instances, an operation,
+    // and garbage published straight onto an event subject.
+    let (p, c, i1, i2, i3, op) = (
+        Uuid::now_v7(),
+        Uuid::now_v7(),
+        Uuid::now_v7(),
+        Uuid::now_v7(),
+        Uuid::now_v7(),
+        Uuid::now_v7(),
+    );
+    let provider = AggregateId::provider(p);
+    let cluster = AggregateId::cluster(c);
+    let register = Event::ProviderRegistered {
+        name: "cn1".into(),
+        host: "cn1".into(),
+    };
+    append(&log, provider, vec![register, vcpu_inventory(4)]).await;
+    let created_at = append(&log, cluster, vec![create_cluster()]).await;
+    for i in [i1, i2] {
+        append(&log, AggregateId::instance(i), vec![create_instance(c)]).await;
+    }
+    let host = Event::HostAssigned {
+        host: "cn1".into(),
+        provider_id: p,
+    };
+    append(&log, AggregateId::instance(i1), vec![host]).await;
+    append(&log, provider, vec![claim(i1, 2), claim(i2, 2)]).await;
+    append(&log, provider, vec![claim(i3, 1)]).await;
+    let joined = Event::InstanceJoined {
+        node_group: "workers".into(),
+        instance_id: i1,
+    };
+    append(&log, cluster, vec![joined]).await;
+    let op_events: Vec<Event> = samples::all()
+        .into_iter()
+        .filter(|e| matches!(e, Event::OperationStarted { .. }))
+        .collect();
+    append(&log, AggregateId::operation(op), op_events).await;
+    let garbage_subject = format!("provledger.ev.cluster.{}", Uuid::now_v7());
+    let ack = log
+        .context()
+        .publish(garbage_subject, "\u{1}garbage".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let spawning = Event::ClusterStatusChanged {
+        status: ClusterStatus::Spawning,
+        description: "booting".into(),
+    };
+    let last = append(&log, cluster, vec![spawning]).await;
+    assert_eq!(last, ack.sequence + 1);
+
+    // When a cluster is read with min_position = the last write, it reflects it.
+    let v = query(
+        &client,
+        "cluster.get",
+        json!({"id": c, "min_position": last}),
+    )
+    .await;
+    assert_eq!(v["position"], last);
+    assert_eq!(v["data"]["status"], "spawning");
+    assert_eq!(v["data"]["node_groups"][0]["instance_ids"], json!([i1]));
+
+    // Then every endpoint answers as the contract says.
+    let health = query(&client, "health", json!({})).await["data"].clone();
+    assert_eq!(
+        health["quarantined"], 1,
+        "the garbage is quarantined: {health}"
+    );
+    assert_eq!(health["lag"], 0);
+    assert_eq!(health["stream"], "PROVLEDGER");
+    assert_eq!(health["nats_server_version"], log.server_version());
+
+    let list = query(&client, "cluster.list", json!({"status": "spawning"})).await;
+    assert_eq!(list["data"].as_array().unwrap().len(), 1);
+    let list = query(&client, "cluster.list", json!({"status": "active"})).await;
+    assert_eq!(list["data"], json!([]));
+
+    let inst = query(&client, "instance.get", json!({"id": i1})).await["data"].clone();
+    assert_eq!(inst["host"], "cn1");
+    assert_eq!(inst["vm_state"], "building");
+    let by_cluster = query(&client, "instance.list", json!({"cluster_id": c})).await;
+    assert_eq!(by_cluster["data"].as_array().unwrap().len(), 2);
+    let by_host = query(&client, "instance.list", json!({"host": "cn1"})).await;
+    assert_eq!(by_host["data"].as_array().unwrap().len(), 1);
+    let one = query(
+        &client,
+        "instance.list",
+        json!({"cluster_id": c, "limit": 1}),
+    )
+    .await;
+    let first = one["data"][0]["id"].as_str().unwrap().to_string();
+    let next = query(
+        &client,
+        "instance.list",
+        json!({"cluster_id": c, "limit": 1, "after": first}),
+    )
+    .await;
+    assert_ne!(next["data"][0]["id"], json!(first), "pagination moves on");
+
+    let prov = query(&client, "provider.get", json!({"id": p})).await["data"].clone();
+    assert_eq!(prov["usage"]["VCPU"], 4);
+    assert_eq!(prov["capacity"]["VCPU"], 4);
+    assert_eq!(prov["allocations"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        prov["anomaly_count"], 1,
+        "the claim past capacity is an anomaly"
+    );
+
+    let allocs = query(&client, "allocation.by_consumer", json!({"consumer": i1})).await;
+    assert_eq!(allocs["data"][0]["provider_id"], json!(p));
+    assert_eq!(allocs["data"][0]["resources"]["VCPU"], 2);
+    let none = query(&client, "allocation.by_consumer", json!({"consumer": i3})).await;
+    assert_eq!(none["data"], json!([]));
+
+    let o = query(&client, "operation.get", json!({"id": op})).await["data"].clone();
+    assert_eq!(o["status"], "running");
+
+    let history = query(
+        &client,
+        "history",
+        json!({"aggregate": cluster.to_string()}),
+    )
+    .await;
+    assert_eq!(history["data"].as_array().unwrap().len(), 3);
+    let then = query(
+        &client,
+        "state_at",
+        json!({"aggregate": cluster.to_string(), "position": created_at}),
+    )
+    .await;
+    assert_eq!(then["data"]["state"]["status"], "requested");
+
+    // Read-your-writes has a bound: a position never reached answers `stale`.
+    let (v, code) = ask(
+        &client,
+        "provledger.q.cluster.get",
+        json!({"id": c, "min_position": last + 1000}),
+    )
+    .await;
+    assert_eq!(v["error"]["code"], "stale");
+    assert_eq!(v["error"]["position"], last);
+    assert_eq!(code.as_deref(), Some("408"));
+
+    // Malformed requests name the field; unknown ids are not_found.
+    let (v, _) = ask(&client, "provledger.q.cluster.get", json!({"idd": c})).await;
+    assert_eq!(v["error"]["code"], "bad_request");
+    assert!(v["error"]["message"].as_str().unwrap().contains("idd"));
+    let (v, _) = ask(&client, "provledger.q.instance.get", json!({"id": "x"})).await;
+    assert!(v["error"]["message"].as_str().unwrap().contains("`id`"));
+    let (v, code) = ask(
+        &client,
+        "provledger.q.cluster.get",
+        json!({"id": Uuid::now_v7()}),
+    )
+    .await;
+    assert_eq!(v["error"]["code"], "not_found");
+    assert_eq!(code.as_deref(), Some("404"));
+    let garbage = client
+        .request("provledger.q.health", "{not json".into())
+        .await
+        .unwrap();
+    let v: Value = serde_json::from_slice(&garbage.payload).unwrap();
+    assert_eq!(v["error"]["code"], "bad_request");
+
+    // cmd.append: appends, refuses a stale expect with the actual version, and refuses
+    // to revive a cluster that is being deleted.
+    let cmd = "provledger.cmd.append";
+    let (v, code) = ask(
+        &client,
+        cmd,
+        json!({"aggregate": cluster.to_string(), "expect": 3, "events": [{"cluster_delete_requested": {"reason": "user"}}]}),
+    )
+    .await;
+    assert!(code.is_none(), "{v}");
+    let deleting_at = v["data"]["position"].as_u64().unwrap();
+    let (v, _) = ask(
+        &client,
+        cmd,
+        json!({"aggregate": cluster.to_string(), "expect": 3, "events": [{"cluster_delete_requested": {"reason": "again"}}]}),
+    )
+    .await;
+    assert_eq!(v["error"]["code"], "conflict");
+    assert_eq!(v["error"]["actual_version"], 4);
+    wait_position(&client, deleting_at).await;
+    let (v, code) = ask(
+        &client,
+        cmd,
+        json!({"aggregate": cluster.to_string(), "expect": 4, "events": [{"cluster_status_changed": {"status": "active", "description": "x"}}]}),
+    )
+    .await;
+    assert_eq!(v["error"]["code"], "target_deleted", "{v}");
+    assert_eq!(code.as_deref(), Some("410"));
+    let (v, _) = ask(
+        &client,
+        cmd,
+        json!({"aggregate": cluster.to_string(), "expect": "any", "events": [{"no_such_event": {}}]}),
+    )
+    .await;
+    assert_eq!(v["error"]["code"], "bad_request");
+    assert!(v["error"]["message"].as_str().unwrap().contains("events"));
+
+    // $SRV discovery works like `nats micro ls`.
+    let pings = gather(&client, "$SRV.PING.provledger", Duration::from_millis(500)).await;
+    assert_eq!(pings.len(), 1);
+    assert_eq!(pings[0]["name"], "provledger");
+    let info = gather(&client, "$SRV.INFO.provledger", Duration::from_millis(500)).await;
+    let subjects: Vec<&str> = info[0]["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["subject"].as_str().unwrap())
+        .collect();
+    assert!(subjects.contains(&"provledger.q.cluster.get"));
+    assert!(subjects.contains(&"provledger.cmd.append"));
+    assert!(info[0]["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e["queue_group"] == "provledger"));
+
+    // SIGTERM drains and exits 0.
+    assert!(serve.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_share_the_queue_group_and_agree() {
+    let nats = NatsServer::start().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open_log(&nats).await;
+    let client = nats.client().await;
+    let _a = Serve::start(&nats, &tmp.path().join("a"));
+    let _b = Serve::start(&nats, &tmp.path().join("b"));
+
+    let mut ids = Vec::new();
+    let mut last = 0;
+    for _ in 0..10 {
+        let id = Uuid::now_v7();
+        last = append(&log, AggregateId::cluster(id), vec![create_cluster()]).await;
+        ids.push(id);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while gather(&client, "$SRV.PING.provledger", Duration::from_millis(300))
+        .await
+        .len()
+        < 2
+    {
+        assert!(
+            Instant::now() < deadline,
+            "two replicas never answered PING"
+        );
+    }
+
+    let mut seen: BTreeMap<String, BTreeMap<Uuid, Value>> = BTreeMap::new();
+    for round in 0..80 {
+        let id = ids[round % ids.len()];
+        let v = query(
+            &client,
+            "cluster.get",
+            json!({"id": id, "min_position": last}),
+        )
+        .await;
+        let by = v["served_by"].as_str().unwrap().to_string();
+        seen.entry(by).or_default().insert(id, v["data"].clone());
+    }
+    assert_eq!(seen.len(), 2, "both replicas answered");
+    let mut replicas = seen.values();
+    let (a, b) = (replicas.next().unwrap(), replicas.next().unwrap());
+    for (id, data) in a {
+        if let Some(other) = b.get(id) {
+            assert_eq!(data, other, "replicas agree on {id}");
+        }
+    }
+    let stats = gather(&client, "$SRV.STATS.provledger", Duration::from_millis(500)).await;
+    assert_eq!(stats.len(), 2);
+    for s in &stats {
+        let served: u64 = s["endpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["num_requests"].as_u64().unwrap_or(0))
+            .sum();
+        assert!(served > 0, "every replica took a share: {s}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_a_load_loses_and_duplicates_nothing() {
+    const ROUNDS: usize = 5;
+    let nats = NatsServer::start().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open_log(&nats).await;
+    let client = nats.client().await;
+    let dir = tmp.path().join("serve");
+
+    // A deterministic random script over a small pool of aggregates.
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let mut steps = Vec::new();
+    while steps.len() < 2500 {
+        steps.extend(
+            script::script(1000)
+                .new_tree(&mut runner)
+                .unwrap()
+                .current(),
+        );
+    }
+    assert!(
+        steps.len() >= 1000,
+        "a long enough load: {} steps",
+        steps.len()
+    );
+    let per_round = steps.len() / ROUNDS;
+    let mut serve = Serve::start(&nats, &dir);
+    let mut kills = 0;
+    for round in 0..ROUNDS {
+        let chunk = &steps[round * per_round..(round + 1) * per_round];
+        wait_position(&client, 0).await;
+        let load = async {
+            for (agg, events) in chunk {
+                append(&log, *agg, events.clone()).await;
+            }
+            Instant::now()
+        };
+        let killer = async {
+            tokio::time::sleep(Duration::from_millis(40 + 30 * round as u64)).await;
+            serve.kill();
+            Instant::now()
+        };
+        let (load_done, killed) = tokio::join!(load, killer);
+        assert!(
+            killed < load_done,
+            "round {round}: the kill must land during the load"
+        );
+        kills += 1;
+
+        // After a restart, the projection equals a fresh rebuild of the whole log.
+        serve = Serve::start(&nats, &dir);
+        let end = log.last_position().await.unwrap();
+        wait_position(&client, end).await;
+        let commits: Vec<_> = log
+            .read_all(1)
+            .await
+            .unwrap()
+            .map(|c| c.unwrap())
+            .collect()
+            .await;
+        let rebuilt = Projection::rebuild(&commits);
+        let mut checked = HashSet::new();
+        for agg in script::aggregate_pool() {
+            let Some(expected) = rebuilt.get(&agg) else {
+                continue;
+            };
+            let endpoint = format!("{}.get", agg.kind);
+            let v = query(&client, &endpoint, json!({"id": agg.id})).await;
+            assert_eq!(
+                v["data"],
+                expected.view(),
+                "round {round}: {agg} differs from a rebuild after SIGKILL"
+            );
+            let h = query(&client, "history", json!({"aggregate": agg.to_string()})).await;
+            assert_eq!(
+                h["data"].as_array().unwrap().len() as u64,
+                expected.header().version,
+                "round {round}: the sled copy of {agg} lost or duplicated a commit"
+            );
+            checked.insert(agg);
+        }
+        assert!(!checked.is_empty());
+    }
+    assert_eq!(kills, ROUNDS);
+    assert!(serve.terminate().success());
+}
