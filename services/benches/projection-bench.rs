@@ -13,7 +13,6 @@
 //! Usage: `cargo bench -p provledger --bench projection-bench [-- --quick]`
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::service::ServiceExt;
@@ -118,7 +117,7 @@ impl Iterator for Workload {
         let instance = Uuid::from_u128(1 << 64 | k);
         let provider = (k % PROVIDERS) as usize;
         let provider_id = Uuid::from_u128(provider as u128 + 1);
-        if (n as u128 - PROVIDERS) % 2 == 0 {
+        if (n as u128 - PROVIDERS).is_multiple_of(2) {
             let events = vec![
                 Event::InstanceCreateRequested {
                     name: format!("vm{k}"),
@@ -443,7 +442,6 @@ async fn service_benches(quick: bool) {
         .expect("serve task")
         .expect("serve stopped cleanly");
     echo_task.abort();
-    let _ = Arc::new(());
 }
 
 fn main() {
