@@ -46,25 +46,41 @@ pub enum Ledger {
     JetStream(JetStreamLog),
 }
 
+/// Connects to NATS under a client `name` and opens (ensuring and verifying) the stream:
+/// the one way both the client library and `serve` reach JetStream.
+pub async fn open_jetstream(
+    url: &str,
+    name: &str,
+    stream: &str,
+    subject_prefix: &str,
+) -> Result<(async_nats::Client, JetStreamLog), OpenLedgerError> {
+    let client = async_nats::ConnectOptions::new()
+        .name(name)
+        .connection_timeout(Duration::from_secs(5))
+        .connect(url)
+        .await
+        .map_err(|e| OpenLedgerError::NatsUnreachable {
+            url: url.to_string(),
+            reason: e.to_string(),
+        })?;
+    let config = JetStreamConfig {
+        stream: stream.to_string(),
+        subject_prefix: subject_prefix.to_string(),
+        ..Default::default()
+    };
+    let log = JetStreamLog::open(client.clone(), config).await?;
+    Ok((client, log))
+}
+
 impl Ledger {
     pub async fn open(options: &LedgerOptions) -> Result<Ledger, OpenLedgerError> {
         match &options.nats_url {
             None => Ok(Ledger::Embedded(SledLog::open(&options.data_dir)?)),
             Some(url) => {
-                let client = async_nats::ConnectOptions::new()
-                    .connection_timeout(Duration::from_secs(5))
-                    .connect(url.as_str())
-                    .await
-                    .map_err(|e| OpenLedgerError::NatsUnreachable {
-                        url: url.clone(),
-                        reason: e.to_string(),
-                    })?;
-                let config = JetStreamConfig {
-                    stream: options.stream.clone(),
-                    subject_prefix: options.subject_prefix.clone(),
-                    ..Default::default()
-                };
-                Ok(Ledger::JetStream(JetStreamLog::open(client, config).await?))
+                let (_, log) =
+                    open_jetstream(url, "provledger", &options.stream, &options.subject_prefix)
+                        .await?;
+                Ok(Ledger::JetStream(log))
             }
         }
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_nats::service::ServiceExt;
 use futures::StreamExt;
-use provledger_events::{JetStreamConfig, JetStreamLog, SledLog};
+use provledger_events::SledLog;
 use tokio::sync::{watch, Semaphore};
 
 use crate::runner::{Runner, RunnerError};
@@ -69,23 +69,13 @@ pub async fn run(
     options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    let client = async_nats::ConnectOptions::new()
-        .name("provledger-serve")
-        .connection_timeout(Duration::from_secs(5))
-        .connect(options.nats_url.as_str())
-        .await
-        .map_err(|e| OpenLedgerError::NatsUnreachable {
-            url: options.nats_url.clone(),
-            reason: e.to_string(),
-        })?;
-    let config = JetStreamConfig {
-        stream: options.stream.clone(),
-        subject_prefix: options.subject_prefix.clone(),
-        ..Default::default()
-    };
-    let log = JetStreamLog::open(client.clone(), config)
-        .await
-        .map_err(OpenLedgerError::from)?;
+    let (client, log) = crate::open_jetstream(
+        &options.nats_url,
+        "provledger-serve",
+        &options.stream,
+        &options.subject_prefix,
+    )
+    .await?;
     let (data_dir, store) = open_service_store(&options.data_dir, &options.stream)?;
     let mut runner = Runner::new(store.clone(), options.snapshot_every)?;
     let served_by = uuid::Uuid::now_v7().to_string();
