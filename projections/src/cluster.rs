@@ -16,10 +16,43 @@ pub struct NodeGroupState {
     pub instance_ids: Vec<Uuid>,
 }
 
+/// The operation holding a cluster or an instance, shared by both folds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InFlight {
     pub operation_id: Uuid,
     pub kind: OperationKind,
+}
+
+impl InFlight {
+    /// Records `operation_id` as in flight. Replacing another operation still in flight is
+    /// applied (the newer writer holds the target now) and reported as an anomaly.
+    pub(crate) fn set(
+        slot: &mut Option<InFlight>,
+        operation_id: Uuid,
+        kind: OperationKind,
+    ) -> FoldResult {
+        let previous = slot.replace(InFlight { operation_id, kind });
+        match previous.filter(|p| p.operation_id != operation_id) {
+            Some(prev) => Err(format!(
+                "operation {operation_id} replaced operation {} still in flight",
+                prev.operation_id
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Clears the slot if `operation_id` holds it; otherwise nothing is applied.
+    pub(crate) fn clear(slot: &mut Option<InFlight>, operation_id: Uuid) -> FoldResult {
+        match slot {
+            Some(current) if current.operation_id == operation_id => {
+                *slot = None;
+                Ok(())
+            }
+            _ => Err(format!(
+                "operation {operation_id} is not the one in flight; not applied"
+            )),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -197,31 +230,11 @@ impl ClusterState {
                         "{operation_kind:?} started on a deleting cluster; not applied"
                     ));
                 }
-                if let Some(current) = &self.in_flight {
-                    if current.operation_id != *operation_id {
-                        let previous = current.operation_id;
-                        self.in_flight = Some(InFlight {
-                            operation_id: *operation_id,
-                            kind: *operation_kind,
-                        });
-                        return Err(format!(
-                            "operation {operation_id} replaced operation {previous} still in flight"
-                        ));
-                    }
-                }
-                self.in_flight = Some(InFlight {
-                    operation_id: *operation_id,
-                    kind: *operation_kind,
-                });
+                InFlight::set(&mut self.in_flight, *operation_id, *operation_kind)?;
             }
-            Event::InFlightOperationCleared { operation_id, .. } => match &self.in_flight {
-                Some(current) if current.operation_id == *operation_id => self.in_flight = None,
-                _ => {
-                    return Err(format!(
-                        "operation {operation_id} is not the one in flight; not applied"
-                    ))
-                }
-            },
+            Event::InFlightOperationCleared { operation_id, .. } => {
+                InFlight::clear(&mut self.in_flight, *operation_id)?
+            }
             other => return Err(format!("{} is not a cluster event", other.name())),
         }
         Ok(())

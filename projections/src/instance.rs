@@ -204,25 +204,11 @@ impl InstanceState {
                 operation_id,
                 operation_kind,
             } => {
-                let previous = self.in_flight.replace(InFlight {
-                    operation_id: *operation_id,
-                    kind: *operation_kind,
-                });
-                if let Some(prev) = previous.filter(|p| p.operation_id != *operation_id) {
-                    return Err(format!(
-                        "operation {operation_id} replaced operation {} still in flight",
-                        prev.operation_id
-                    ));
-                }
+                InFlight::set(&mut self.in_flight, *operation_id, *operation_kind)?;
             }
-            Event::InFlightOperationCleared { operation_id, .. } => match &self.in_flight {
-                Some(current) if current.operation_id == *operation_id => self.in_flight = None,
-                _ => {
-                    return Err(format!(
-                        "operation {operation_id} is not the one in flight; not applied"
-                    ))
-                }
-            },
+            Event::InFlightOperationCleared { operation_id, .. } => {
+                InFlight::clear(&mut self.in_flight, *operation_id)?
+            }
             other => return Err(format!("{} is not an instance event", other.name())),
         }
         Ok(())
