@@ -6,7 +6,7 @@ use provledger_events::{AggregateId, Event};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::entity::{not_created, EventContext, FoldResult, Header};
+use crate::entity::{json_or_null, not_created, EventContext, FoldResult, Header};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeGroupState {
@@ -276,8 +276,4 @@ impl ClusterState {
         self.header.view_fields(&mut map);
         serde_json::Value::Object(map)
     }
-}
-
-pub(crate) fn json_or_null<T: Serialize>(value: &T) -> serde_json::Value {
-    serde_json::to_value(value).unwrap_or(serde_json::Value::Null)
 }

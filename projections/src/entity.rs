@@ -90,3 +90,8 @@ pub type FoldResult = Result<(), String>;
 pub(crate) fn not_created(kind: &str) -> String {
     format!("the {kind} was never created; event not applied")
 }
+
+/// A view field: the value's JSON form, or null when it has none.
+pub(crate) fn json_or_null<T: Serialize>(value: &T) -> serde_json::Value {
+    serde_json::to_value(value).unwrap_or(serde_json::Value::Null)
+}

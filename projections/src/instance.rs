@@ -8,8 +8,8 @@ use provledger_events::{AggregateId, Event, Timestamp};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::cluster::{json_or_null, InFlight};
-use crate::entity::{not_created, EventContext, FoldResult, Header};
+use crate::cluster::InFlight;
+use crate::entity::{json_or_null, not_created, EventContext, FoldResult, Header};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstanceState {

@@ -10,8 +10,7 @@ use provledger_events::{AggregateId, Event};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::cluster::json_or_null;
-use crate::entity::{not_created, EventContext, FoldResult, Header};
+use crate::entity::{json_or_null, not_created, EventContext, FoldResult, Header};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
