@@ -11,8 +11,11 @@ pub mod decide;
 pub mod entity;
 pub mod instance;
 pub mod operation;
+pub mod planner;
 pub mod projection;
 pub mod provider;
+pub mod rollback;
+pub mod stages;
 pub mod timeline;
 
 pub use entity::{Anomaly, Header};

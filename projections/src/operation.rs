@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 
 use provledger_events::catalogue::{
-    BundlePolicy, Compensation, Effect, OperationKind, RollbackOutcome, RollbackPlan, StageSpec,
+    BundlePolicy, Compensation, Effect, OperationKind, PlannedCompensation, RollbackOutcome,
+    RollbackPlan, StagePolicy, StageSpec,
 };
-use provledger_events::{AggregateId, Event};
+use provledger_events::{AggregateId, Event, Timestamp};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -26,7 +27,9 @@ pub enum OperationStatus {
 }
 
 impl OperationStatus {
-    pub fn is_closed(self) -> bool {
+    /// A status nothing moves on from. `cancelled` is left out: a cancelled operation is
+    /// closed only once its rollback has finished (see [`OperationState::is_closed`]).
+    pub fn is_final(self) -> bool {
         matches!(
             self,
             OperationStatus::Succeeded
@@ -63,8 +66,30 @@ pub struct StepState {
     pub compensation: Option<Compensation>,
     pub progress: StepProgress,
     pub compensation_id: Option<Uuid>,
+}
+
+/// Where one planned compensation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompensationProgress {
+    Planned,
+    Requested,
+    Done,
+    Failed,
+}
+
+/// One compensation of the recorded rollback plan and its attempts, in plan order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompensationState {
+    pub planned: PlannedCompensation,
+    pub progress: CompensationProgress,
     pub attempts: u32,
     pub last_error: Option<String>,
+    /// When the latest attempt was requested. A request with no outcome after the reply
+    /// wait is treated as lost (its requester died) and may be requested again.
+    pub requested_at: Option<Timestamp>,
+    /// When the latest attempt failed; the next one waits for the backoff from here.
+    pub failed_at: Option<Timestamp>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,7 +114,16 @@ pub struct OperationState {
     pub steps: Vec<StepState>,
     pub error: Option<OperationError>,
     pub cancellation_reason: Option<String>,
+    /// The target is being deleted by a user (`TargetDeletionNoticed`): the rollback then
+    /// removes data-holding nodes too.
+    pub target_deleted: bool,
+    /// `OperationCancelled` was recorded: after its rollback the operation closes as
+    /// `cancelled` rather than `rolled_back`.
+    pub cancelled: bool,
     pub rollback_plan: Option<RollbackPlan>,
+    /// The plan's compensations with their progress, in plan order.
+    pub compensations: Vec<CompensationState>,
+    pub rollback_outcome: Option<RollbackOutcome>,
     pub remaining: Vec<Uuid>,
 }
 
@@ -109,16 +143,59 @@ impl OperationState {
             steps: Vec::new(),
             error: None,
             cancellation_reason: None,
+            target_deleted: false,
+            cancelled: false,
             rollback_plan: None,
+            compensations: Vec::new(),
+            rollback_outcome: None,
             remaining: Vec::new(),
         }
     }
 
-    fn step_by_compensation(&mut self, id: &Uuid) -> Result<&mut StepState, String> {
-        self.steps
+    /// Nothing more will happen to this operation: it succeeded, or its rollback finished.
+    pub fn is_closed(&self) -> bool {
+        self.status.is_some_and(OperationStatus::is_final) || self.rollback_outcome.is_some()
+    }
+
+    /// The operation stopped (failed or cancelled) and no rollback plan is recorded yet:
+    /// the planner's turn.
+    pub fn awaits_rollback_plan(&self) -> bool {
+        matches!(
+            self.status,
+            Some(OperationStatus::Failed) | Some(OperationStatus::Cancelled)
+        ) && self.rollback_plan.is_none()
+    }
+
+    /// A cancellation (by a user or by the target's deletion) was asked for and the
+    /// operation has not stopped yet.
+    pub fn cancellation_pending(&self) -> bool {
+        self.cancellation_reason.is_some() && self.status == Some(OperationStatus::Running)
+    }
+
+    /// The policy of a declared stage.
+    pub fn stage_policy(&self, stage: &str) -> Option<StagePolicy> {
+        self.stages
+            .iter()
+            .find(|s| s.name == stage)
+            .map(|s| s.policy)
+    }
+
+    fn compensation_mut(&mut self, id: &Uuid) -> Result<&mut CompensationState, String> {
+        self.compensations
+            .iter_mut()
+            .find(|c| c.planned.compensation_id == *id)
+            .ok_or_else(|| format!("compensation {id} is not in the recorded plan; not applied"))
+    }
+
+    /// Mirrors a compensation's progress on the step it undoes, for the step list view.
+    fn mark_step(&mut self, id: &Uuid, progress: StepProgress) {
+        if let Some(step) = self
+            .steps
             .iter_mut()
             .find(|s| s.compensation_id.as_ref() == Some(id))
-            .ok_or_else(|| format!("compensation {id} is not in the recorded plan; not applied"))
+        {
+            step.progress = progress;
+        }
     }
 
     fn require_status(&self, allowed: &[OperationStatus], what: &str) -> FoldResult {
@@ -186,8 +263,6 @@ impl OperationState {
                     compensation: compensation.clone(),
                     progress: StepProgress::Done,
                     compensation_id: None,
-                    attempts: 0,
-                    last_error: None,
                 });
                 if self.stage_progress.get(stage) != Some(&StageProgress::Started) {
                     return Err(format!(
@@ -227,9 +302,18 @@ impl OperationState {
                     self.cancellation_reason = Some(reason.clone());
                 }
             }
+            Event::TargetDeletionNoticed { reason } => {
+                // Recorded even on a closed operation: the deletion is a fact, and a
+                // repeated notice (two deleters, two replicas) changes nothing.
+                self.target_deleted = true;
+                if self.cancellation_reason.is_none() {
+                    self.cancellation_reason = Some(reason.clone());
+                }
+            }
             Event::OperationCancelled { reason } => {
                 self.require_status(&[Running, Failed], "cancelled")?;
                 self.status = Some(Cancelled);
+                self.cancelled = true;
                 if self.cancellation_reason.is_none() {
                     self.cancellation_reason = Some(reason.clone());
                 }
@@ -248,6 +332,14 @@ impl OperationState {
                         step.compensation_id = Some(planned.compensation_id);
                         step.progress = StepProgress::CompensationPlanned;
                     }
+                    self.compensations.push(CompensationState {
+                        planned: planned.clone(),
+                        progress: CompensationProgress::Planned,
+                        attempts: 0,
+                        last_error: None,
+                        requested_at: None,
+                        failed_at: None,
+                    });
                 }
                 for retained in &plan.retained {
                     if let Some(step) = self.steps.iter_mut().find(|s| {
@@ -265,31 +357,50 @@ impl OperationState {
                 compensation_id,
                 attempt,
             } => {
-                let step = self.step_by_compensation(compensation_id)?;
-                step.progress = StepProgress::CompensationRequested;
-                step.attempts = step.attempts.max(*attempt);
+                let c = self.compensation_mut(compensation_id)?;
+                if c.progress == CompensationProgress::Done {
+                    return Err(format!(
+                        "compensation {compensation_id} requested after it was done"
+                    ));
+                }
+                c.progress = CompensationProgress::Requested;
+                c.attempts = c.attempts.max(*attempt);
+                c.requested_at = Some(ctx.recorded_at);
+                self.mark_step(compensation_id, StepProgress::CompensationRequested);
             }
             Event::CompensationDone { compensation_id } => {
-                let step = self.step_by_compensation(compensation_id)?;
-                step.progress = StepProgress::Compensated;
+                let c = self.compensation_mut(compensation_id)?;
+                c.progress = CompensationProgress::Done;
+                self.mark_step(compensation_id, StepProgress::Compensated);
             }
             Event::CompensationFailed {
                 compensation_id,
                 attempt,
                 error,
             } => {
-                let step = self.step_by_compensation(compensation_id)?;
-                step.progress = StepProgress::CompensationFailed;
-                step.attempts = step.attempts.max(*attempt);
-                step.last_error = Some(error.clone());
+                let c = self.compensation_mut(compensation_id)?;
+                if c.progress == CompensationProgress::Done {
+                    return Err(format!(
+                        "compensation {compensation_id} failed after it was done"
+                    ));
+                }
+                c.progress = CompensationProgress::Failed;
+                c.attempts = c.attempts.max(*attempt);
+                c.last_error = Some(error.clone());
+                c.failed_at = Some(ctx.recorded_at);
+                self.mark_step(compensation_id, StepProgress::CompensationFailed);
             }
             Event::RollbackFinished { outcome, remaining } => {
                 self.require_status(&[RollingBack], "rollback finished")?;
                 self.status = Some(match outcome {
+                    // A cancelled operation closes as cancelled once everything it
+                    // created is compensated (design 4).
+                    RollbackOutcome::RolledBack if self.cancelled => Cancelled,
                     RollbackOutcome::RolledBack => RolledBack,
                     RollbackOutcome::Held => Held,
                     RollbackOutcome::NeedsAttention => NeedsAttention,
                 });
+                self.rollback_outcome = Some(*outcome);
                 self.remaining = remaining.clone();
             }
             other => return Err(format!("{} is not an operation event", other.name())),
@@ -322,8 +433,6 @@ impl OperationState {
                     "compensation": s.compensation,
                     "state": s.progress,
                     "compensation_id": s.compensation_id,
-                    "attempts": s.attempts,
-                    "last_error": s.last_error,
                 })
             })
             .collect();
@@ -333,7 +442,29 @@ impl OperationState {
             "cancellation_reason".into(),
             json_or_null(&self.cancellation_reason),
         );
+        map.insert("target_deleted".into(), self.target_deleted.into());
         map.insert("rollback_plan".into(), json_or_null(&self.rollback_plan));
+        map.insert(
+            "rollback_outcome".into(),
+            json_or_null(&self.rollback_outcome),
+        );
+        let compensations: Vec<serde_json::Value> = self
+            .compensations
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "compensation_id": c.planned.compensation_id,
+                    "stage": c.planned.stage,
+                    "step": c.planned.step,
+                    "action": c.planned.compensation.action,
+                    "resource": c.planned.compensation.resource,
+                    "state": c.progress,
+                    "attempts": c.attempts,
+                    "last_error": c.last_error,
+                })
+            })
+            .collect();
+        map.insert("compensations".into(), compensations.into());
         map.insert("remaining".into(), json_or_null(&self.remaining));
         self.header.view_fields(&mut map);
         serde_json::Value::Object(map)

@@ -205,6 +205,14 @@ pub enum Event {
         operation_id: Uuid,
         outcome: OperationOutcome,
     },
+
+    // ---- operation (appended later) ----
+    /// The operation's target is being deleted by a user. The operation must stop at its
+    /// next step, and its rollback removes everything it created, data-holding nodes
+    /// included, because the user asked for the target to go (Sahara seed, design 4).
+    TargetDeletionNoticed {
+        reason: String,
+    },
 }
 
 impl Event {
@@ -263,7 +271,8 @@ impl Event {
             | Event::CompensationRequested { .. }
             | Event::CompensationDone { .. }
             | Event::CompensationFailed { .. }
-            | Event::RollbackFinished { .. } => Operation,
+            | Event::RollbackFinished { .. }
+            | Event::TargetDeletionNoticed { .. } => Operation,
             Event::InFlightOperationSet { .. } | Event::InFlightOperationCleared { .. } => {
                 return None
             }

@@ -247,6 +247,9 @@ pub fn all() -> Vec<Event> {
             operation_id: id(5),
             outcome: OperationOutcome::RolledBack,
         },
+        Event::TargetDeletionNoticed {
+            reason: "cluster deleted by the user".into(),
+        },
     ]
 }
 

@@ -1,0 +1,512 @@
+//! The rollback planner: from a stopped operation's folded commits to a deterministic
+//! rollback plan. Pure: the same commits always give the same plan, with the same
+//! compensation ids, so replicas that race to record it and drivers that retry it agree.
+//!
+//! The policy of the stage that failed decides the plan's shape (Sahara's rules, design 3):
+//! - `compensate`: undo every completed step in reverse order of the effects, and move the
+//!   target to Error, keeping its record;
+//! - `hold`: keep every resource, move the target to Error and list what remains;
+//! - `roll_forward`: undo what the operation created, finish the removals it started
+//!   (decommissioned nodes are terminated), and return the target to Active.
+//!
+//! Whatever the policy, three safety rules hold for every planned step:
+//! - a resource that provledger did not create (`Origin::Discovered`) is never destroyed;
+//! - a node that this operation configured or started is never terminated unless it was
+//!   decommissioned, because it may hold data;
+//! - steps of a `hold` stage are kept even when a later stage compensates.
+//!
+//! The one exception is deletion: when the user deleted the target
+//! (`TargetDeletionNoticed`), everything the operation created goes, data-holding nodes
+//! included, because the user asked for it. Discovered resources are still kept.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use provledger_events::catalogue::{
+    BundlePolicy, Compensation, CompensationAction, EffectKind, Executor, OperationKind, Origin,
+    PlannedCompensation, RetainedResource, RollbackPlan, StagePolicy, TargetOutcome,
+};
+use provledger_events::AggregateId;
+use uuid::Uuid;
+
+use crate::operation::{OperationState, OperationStatus, StepState};
+
+/// The namespace of compensation ids (UUID v5): a compensation's id is a function of the
+/// operation, the step and the action, so every planner computes the same one.
+pub const COMPENSATION_ID_NAMESPACE: Uuid =
+    Uuid::from_u128(0x8f0e_4d1c_6b7a_4e59_9c3d_2a1b_0f9e_8d7c);
+
+/// The executor a forward termination is sent to when the decommission step does not name
+/// one (`detail["terminate_executor"]`).
+pub const TERMINATE_EXECUTOR_DEFAULT: &str = "hypervisor";
+
+/// Why no plan can be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanRefusal {
+    #[error("operation {operation} has no recorded start; nothing to roll back")]
+    NotStarted { operation: Uuid },
+    #[error(
+        "operation {operation} is {status}: only a failed or cancelled operation is rolled back"
+    )]
+    NotStopped { operation: Uuid, status: String },
+    #[error("operation {operation} already has a recorded rollback plan")]
+    AlreadyPlanned { operation: Uuid },
+    #[error("bundle {operation}: child operation {child} is not among the children given to the planner")]
+    ChildMissing { operation: Uuid, child: Uuid },
+}
+
+/// How the plan treats the operation's completed steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Policy(StagePolicy),
+    /// The user deleted the target: everything created goes.
+    TargetDeleted,
+}
+
+/// The deterministic id of the compensation that undoes step number `step_index`.
+pub fn compensation_id(
+    operation: Uuid,
+    step_index: usize,
+    stage: &str,
+    step: &str,
+    action: &CompensationAction,
+) -> Uuid {
+    let name = format!("{operation}/{step_index}/{stage}/{step}/{action:?}");
+    Uuid::new_v5(&COMPENSATION_ID_NAMESPACE, name.as_bytes())
+}
+
+/// Plans the rollback of a failed or cancelled operation. `children` holds the folded
+/// child operations of a bundle (ignored otherwise).
+pub fn plan_rollback(
+    op: &OperationState,
+    children: &[OperationState],
+) -> Result<RollbackPlan, PlanRefusal> {
+    let operation = op.header.id.id;
+    let (Some(kind), Some(target)) = (op.kind, op.target) else {
+        return Err(PlanRefusal::NotStarted { operation });
+    };
+    if op.rollback_plan.is_some() {
+        return Err(PlanRefusal::AlreadyPlanned { operation });
+    }
+    if !matches!(
+        op.status,
+        Some(OperationStatus::Failed) | Some(OperationStatus::Cancelled)
+    ) {
+        return Err(PlanRefusal::NotStopped {
+            operation,
+            status: format!("{:?}", op.status).to_lowercase(),
+        });
+    }
+    let failed_stage = op
+        .error
+        .as_ref()
+        .map(|e| e.stage.clone())
+        .or_else(|| op.current_stage.clone());
+    let mode = if op.target_deleted {
+        Mode::TargetDeleted
+    } else {
+        // No stage started: nothing was done, and compensating nothing is the safe shape.
+        Mode::Policy(
+            failed_stage
+                .as_deref()
+                .and_then(|s| op.stage_policy(s))
+                .unwrap_or(StagePolicy::Compensate),
+        )
+    };
+    let mut builder = PlanBuilder::default();
+    if kind == OperationKind::Bundle {
+        plan_bundle(op, children, mode, &mut builder)?;
+    } else {
+        if mode == Mode::Policy(StagePolicy::RollForward) {
+            builder.finish_removals(op);
+        }
+        builder.undo_steps(op, mode, None);
+    }
+    let stage = failed_stage.as_deref().unwrap_or("(before any stage)");
+    Ok(RollbackPlan {
+        rule: rule_text(kind, mode, stage, op.bundle_policy),
+        target,
+        target_outcome: target_outcome(op, kind, mode, stage, &builder),
+        compensations: builder.compensations,
+        retained: builder.retained,
+    })
+}
+
+#[derive(Default)]
+struct PlanBuilder {
+    compensations: Vec<PlannedCompensation>,
+    retained: Vec<RetainedResource>,
+}
+
+/// What this operation did to each node, for the data-safety rule.
+#[derive(Default)]
+struct NodeFacts {
+    configured: bool,
+    decommissioned: bool,
+    terminated: bool,
+}
+
+fn node_facts(op: &OperationState) -> BTreeMap<&str, NodeFacts> {
+    let mut facts: BTreeMap<&str, NodeFacts> = BTreeMap::new();
+    for step in &op.steps {
+        let entry = facts.entry(step.effect.resource.as_str()).or_default();
+        match step.effect.kind {
+            EffectKind::NodeConfigured | EffectKind::NodeStarted => entry.configured = true,
+            EffectKind::NodeDecommissioned => entry.decommissioned = true,
+            EffectKind::NodeTerminated => entry.terminated = true,
+            _ => {}
+        }
+    }
+    facts
+}
+
+impl PlanBuilder {
+    fn retain(&mut self, label: &str, step: &StepState, why: String) {
+        self.retained.push(RetainedResource {
+            stage: label.to_string(),
+            step: step.name.clone(),
+            resource: step.effect.resource.clone(),
+            why,
+        });
+    }
+
+    fn plan(&mut self, op: Uuid, index: usize, label: &str, step: &str, c: Compensation) {
+        self.compensations.push(PlannedCompensation {
+            compensation_id: compensation_id(op, index, label, step, &c.action),
+            stage: label.to_string(),
+            step: step.to_string(),
+            compensation: c,
+        });
+    }
+
+    /// Undoes `op`'s completed steps in reverse order of their effects, as `mode` and the
+    /// safety rules allow. `label` prefixes the stage names (a bundle's child).
+    fn undo_steps(&mut self, op: &OperationState, mode: Mode, label: Option<&str>) {
+        let facts = node_facts(op);
+        let operation = op.header.id.id;
+        for (index, step) in op.steps.iter().enumerate().rev() {
+            let stage_label = match label {
+                Some(l) => format!("{l}/{}", step.stage),
+                None => step.stage.clone(),
+            };
+            let Some(compensation) = &step.compensation else {
+                // Nothing to undo (a configuration, a termination, ...). A node whose
+                // removal a holding stage started stays, and the plan says so.
+                let removal_started = step.effect.kind == EffectKind::NodeDecommissioned
+                    && !facts
+                        .get(step.effect.resource.as_str())
+                        .is_some_and(|f| f.terminated);
+                if removal_started && mode == Mode::Policy(StagePolicy::Hold) {
+                    self.retain(
+                        &stage_label,
+                        step,
+                        "decommissioned, not removed: a holding stage deletes no node".into(),
+                    );
+                }
+                continue;
+            };
+            if step.effect.origin == Origin::Discovered {
+                self.retain(
+                    &stage_label,
+                    step,
+                    "discovered, not created by provledger: never destroyed".into(),
+                );
+                continue;
+            }
+            if let Some(why) = keep_reason(op, step, compensation, mode, &facts) {
+                self.retain(&stage_label, step, why);
+                continue;
+            }
+            self.plan(
+                operation,
+                index,
+                &stage_label,
+                &step.name,
+                compensation.clone(),
+            );
+        }
+    }
+
+    /// Roll forward: every node whose removal this operation started (decommissioned) and
+    /// did not finish (no termination recorded) is terminated, and its allocation released.
+    fn finish_removals(&mut self, op: &OperationState) {
+        let facts = node_facts(op);
+        let operation = op.header.id.id;
+        for (index, step) in op.steps.iter().enumerate() {
+            if step.effect.kind != EffectKind::NodeDecommissioned {
+                continue;
+            }
+            let node = step.effect.resource.as_str();
+            if facts.get(node).is_some_and(|f| f.terminated) {
+                continue;
+            }
+            if step.effect.origin == Origin::Discovered {
+                self.retain(
+                    &step.stage,
+                    step,
+                    "discovered, not created by provledger: decommissioned but never destroyed"
+                        .into(),
+                );
+                continue;
+            }
+            let executor = step
+                .effect
+                .detail
+                .get("terminate_executor")
+                .cloned()
+                .unwrap_or_else(|| TERMINATE_EXECUTOR_DEFAULT.to_string());
+            let mut args = BTreeMap::new();
+            for key in ["cluster_id", "node_group", "provider_id"] {
+                if let Some(v) = step.effect.detail.get(key) {
+                    args.insert(key.to_string(), v.clone());
+                }
+            }
+            let terminate = Compensation {
+                action: CompensationAction::TerminateVm,
+                executor: Executor::Service(executor),
+                resource: node.to_string(),
+                args: args.clone(),
+            };
+            self.plan(operation, index, &step.stage, &step.name, terminate);
+            if args.contains_key("provider_id") {
+                let release = Compensation {
+                    action: CompensationAction::ReleaseAllocation,
+                    executor: Executor::Ledger,
+                    resource: node.to_string(),
+                    args,
+                };
+                self.plan(operation, index, &step.stage, &step.name, release);
+            }
+        }
+    }
+}
+
+/// Why a step's resource must be kept, if it must.
+fn keep_reason(
+    op: &OperationState,
+    step: &StepState,
+    compensation: &Compensation,
+    mode: Mode,
+    facts: &BTreeMap<&str, NodeFacts>,
+) -> Option<String> {
+    let policy = match mode {
+        Mode::TargetDeleted => return None,
+        Mode::Policy(p) => p,
+    };
+    if policy == StagePolicy::Hold {
+        return Some(
+            "the failed stage holds: kept for an operator, the target goes to error".into(),
+        );
+    }
+    if op.stage_policy(&step.stage) == Some(StagePolicy::Hold) {
+        return Some(format!(
+            "done in stage {:?}, which holds its resources",
+            step.stage
+        ));
+    }
+    if compensation.action == CompensationAction::TerminateVm {
+        let node = facts.get(compensation.resource.as_str());
+        if node.is_some_and(|f| f.configured && !f.decommissioned) {
+            return Some("configured and not decommissioned: may hold data".into());
+        }
+    }
+    None
+}
+
+fn plan_bundle(
+    op: &OperationState,
+    children: &[OperationState],
+    mode: Mode,
+    builder: &mut PlanBuilder,
+) -> Result<(), PlanRefusal> {
+    let operation = op.header.id.id;
+    let failed_child: Option<Uuid> = op
+        .error
+        .as_ref()
+        .and_then(|e| e.step.as_deref())
+        .and_then(|s| s.parse().ok());
+    let child_mode = match (mode, op.bundle_policy) {
+        (Mode::TargetDeleted, _) => Mode::TargetDeleted,
+        (_, Some(BundlePolicy::RetainSiblings)) => Mode::Policy(StagePolicy::Hold),
+        _ => Mode::Policy(StagePolicy::Compensate),
+    };
+    for child_id in op.children.iter().rev() {
+        let child = children
+            .iter()
+            .find(|c| c.header.id.id == *child_id)
+            .ok_or(PlanRefusal::ChildMissing {
+                operation,
+                child: *child_id,
+            })?;
+        // A child that stopped on its own is rolled back by its own plan.
+        if Some(*child_id) == failed_child
+            || child.rollback_plan.is_some()
+            || !child_closed_ok(child)
+        {
+            continue;
+        }
+        let label = format!("child {child_id}");
+        match child_mode {
+            Mode::Policy(StagePolicy::Hold) => {
+                for step in child.steps.iter().filter(|s| s.compensation.is_some()) {
+                    builder.retain(
+                        &format!("{label}/{}", step.stage),
+                        step,
+                        "bundle policy retain_siblings: sibling kept".into(),
+                    );
+                }
+            }
+            _ => {
+                builder.undo_steps(child, child_mode, Some(&label));
+                // Ids come from the child, so a later plan of the child itself agrees.
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A child that succeeded (or is still running, which the bundle runner prevents).
+fn child_closed_ok(child: &OperationState) -> bool {
+    child.status == Some(OperationStatus::Succeeded)
+}
+
+fn rule_text(kind: OperationKind, mode: Mode, stage: &str, bundle: Option<BundlePolicy>) -> String {
+    let kind_word = serde_json::to_value(kind)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{kind:?}"));
+    let what = match (kind, mode) {
+        (_, Mode::TargetDeleted) => {
+            "the user deleted the target: compensate everything the operation created, \
+             data-holding nodes included; discovered resources are kept"
+                .to_string()
+        }
+        (OperationKind::Bundle, _) => match bundle {
+            Some(BundlePolicy::RetainSiblings) => {
+                "a child failed; bundle policy retain_siblings: the siblings are kept".into()
+            }
+            _ => "a child failed; bundle policy roll_back_siblings: every sibling's effects are \
+                  compensated in reverse order"
+                .into(),
+        },
+        (_, Mode::Policy(StagePolicy::Compensate)) => {
+            "compensate: undo every completed step in reverse order of the effects; the target \
+             goes to error and its record is kept"
+                .into()
+        }
+        (_, Mode::Policy(StagePolicy::Hold)) => {
+            "hold: delete no node, since nodes not decommissioned or not configured may hold \
+             data; the target goes to error with what remains"
+                .into()
+        }
+        (OperationKind::DeleteCluster | OperationKind::DeleteInstance, _) => {
+            "roll_forward: a removal is never undone; the delete is re-driven until nothing \
+             remains"
+                .into()
+        }
+        (_, Mode::Policy(StagePolicy::RollForward)) => {
+            "roll_forward: delete the new nodes, finish removing the decommissioned ones; the \
+             target returns to active with the failure described"
+                .into()
+        }
+    };
+    format!("{kind_word}: stage {stage:?} stopped; {what}")
+}
+
+fn target_outcome(
+    op: &OperationState,
+    kind: OperationKind,
+    mode: Mode,
+    stage: &str,
+    builder: &PlanBuilder,
+) -> TargetOutcome {
+    let cause = match (&op.error, &op.cancellation_reason) {
+        (Some(e), _) => format!("failed in stage {stage}: {}", e.message),
+        (None, Some(reason)) => format!("cancelled in stage {stage}: {reason}"),
+        (None, None) => format!("stopped in stage {stage}"),
+    };
+    let kept = if builder.retained.is_empty() {
+        String::new()
+    } else {
+        format!("; {} resource(s) kept", builder.retained.len())
+    };
+    match (kind, mode) {
+        (_, Mode::TargetDeleted) => TargetOutcome::Deleted,
+        (OperationKind::DeleteCluster | OperationKind::DeleteInstance, _) => TargetOutcome::Deleted,
+        (_, Mode::Policy(StagePolicy::RollForward)) => TargetOutcome::Active {
+            description: format!("{cause}; new nodes removed, decommissioned nodes removed{kept}"),
+        },
+        _ => TargetOutcome::Error {
+            description: format!("{cause}{kept}"),
+        },
+    }
+}
+
+/// A plan as text, for the CLI, the demo and the snapshot tests. Ids are shown short.
+pub fn render_plan(plan: &RollbackPlan) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "rule: {}", plan.rule);
+    let outcome = match &plan.target_outcome {
+        TargetOutcome::Error { description } => format!("error ({description})"),
+        TargetOutcome::Active { description } => format!("active ({description})"),
+        TargetOutcome::Deleted => "deleted".to_string(),
+    };
+    let _ = writeln!(
+        out,
+        "target: {} -> {outcome}",
+        short_aggregate(&plan.target)
+    );
+    if plan.compensations.is_empty() {
+        let _ = writeln!(out, "compensations: none");
+    } else {
+        let _ = writeln!(out, "compensations, in order:");
+    }
+    for (i, c) in plan.compensations.iter().enumerate() {
+        let executor = match &c.compensation.executor {
+            Executor::Ledger => "ledger".to_string(),
+            Executor::Service(s) => s.clone(),
+        };
+        let _ = writeln!(
+            out,
+            "  {}. {} {} by {executor}  [{}/{}]  id {}",
+            i + 1,
+            action_word(&c.compensation.action),
+            c.compensation.resource,
+            c.stage,
+            c.step,
+            &c.compensation_id.to_string()[..8],
+        );
+    }
+    if plan.retained.is_empty() {
+        let _ = writeln!(out, "retained: none");
+    } else {
+        let _ = writeln!(out, "retained:");
+    }
+    for r in &plan.retained {
+        let _ = writeln!(
+            out,
+            "  - {} [{}/{}]: {}",
+            r.resource, r.stage, r.step, r.why
+        );
+    }
+    out
+}
+
+fn short_aggregate(id: &AggregateId) -> String {
+    let full = id.to_string();
+    match full.split_once('/') {
+        Some((kind, rest)) => format!("{kind}/{}", &rest[..rest.len().min(8)]),
+        None => full,
+    }
+}
+
+/// The action's name in the JSON form.
+pub fn action_word(action: &CompensationAction) -> String {
+    match action {
+        CompensationAction::Custom(name) => name.clone(),
+        other => serde_json::to_value(other)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_else(|| format!("{other:?}")),
+    }
+}

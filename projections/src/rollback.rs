@@ -1,0 +1,150 @@
+//! The rollback driver's decider: given an operation's folded state and the time, what
+//! the driver does next. Pure, so every replica and every restart takes the same decision
+//! from the same log, and the retry and backoff rules are tested without a clock.
+//!
+//! Compensations run one at a time in plan order, because the order is part of the plan
+//! (a VM is terminated before its IP is released). A compensation that keeps failing is
+//! retried with exponential backoff up to `attempts_max`; then the rollback finishes as
+//! `needs_attention`, listing that compensation and every one after it. Nothing loops
+//! forever and no step is dropped silently.
+
+use provledger_events::catalogue::{PlannedCompensation, RollbackOutcome};
+use provledger_events::Timestamp;
+use uuid::Uuid;
+
+use crate::operation::{CompensationProgress, OperationState, OperationStatus};
+
+/// Bounds of the retry loop. Every field is a limit with its unit last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts per compensation before the rollback needs attention.
+    pub attempts_max: u32,
+    /// Wait after the first failed attempt; doubled after each further one.
+    pub backoff_base_ms: i64,
+    /// Upper bound of one backoff wait.
+    pub backoff_max_ms: i64,
+    /// How long a requested attempt may go without an outcome before it counts as lost
+    /// (its requester died) and is requested again.
+    pub reply_wait_ms: i64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts_max: 5,
+            backoff_base_ms: 500,
+            backoff_max_ms: 30_000,
+            reply_wait_ms: 30_000,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait after `failed_attempts` failures: base × 2^(n−1), capped.
+    pub fn backoff_ms(&self, failed_attempts: u32) -> i64 {
+        let exponent = failed_attempts.saturating_sub(1).min(30);
+        self.backoff_base_ms
+            .saturating_mul(1_i64 << exponent)
+            .min(self.backoff_max_ms)
+    }
+}
+
+/// What the driver does next for one operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RollbackAction {
+    /// Nothing: the operation runs, succeeded, or its rollback finished.
+    Nothing,
+    /// Still running with a cancellation pending: its runner must stop it first.
+    AwaitRunnerStop,
+    /// Failed or cancelled with no plan: compute and record one.
+    Plan,
+    /// Request this attempt of this compensation now.
+    Request {
+        compensation: PlannedCompensation,
+        attempt: u32,
+    },
+    /// Look again at this time (a backoff, or another driver's request in flight).
+    WaitUntil(Timestamp),
+    /// Every compensation is done, or one ran out of attempts: apply the target outcome
+    /// and record the end.
+    Finish {
+        outcome: RollbackOutcome,
+        remaining: Vec<Uuid>,
+    },
+}
+
+pub fn next_rollback_action(
+    op: &OperationState,
+    now: Timestamp,
+    policy: &RetryPolicy,
+) -> RollbackAction {
+    if op.is_closed() {
+        return RollbackAction::Nothing;
+    }
+    match op.status {
+        Some(OperationStatus::Running) if op.cancellation_pending() => {
+            return RollbackAction::AwaitRunnerStop
+        }
+        Some(OperationStatus::Failed) | Some(OperationStatus::Cancelled)
+            if op.rollback_plan.is_none() =>
+        {
+            return RollbackAction::Plan
+        }
+        Some(OperationStatus::RollingBack) => {}
+        _ => return RollbackAction::Nothing,
+    }
+    for (i, c) in op.compensations.iter().enumerate() {
+        let request = |attempt: u32| RollbackAction::Request {
+            compensation: c.planned.clone(),
+            attempt,
+        };
+        let exhausted = || RollbackAction::Finish {
+            outcome: RollbackOutcome::NeedsAttention,
+            remaining: op.compensations[i..]
+                .iter()
+                .filter(|r| r.progress != CompensationProgress::Done)
+                .map(|r| r.planned.compensation_id)
+                .collect(),
+        };
+        match c.progress {
+            CompensationProgress::Done => continue,
+            CompensationProgress::Planned => return request(1),
+            CompensationProgress::Requested => {
+                let lost_at = c
+                    .requested_at
+                    .map_or(now, |t| t.plus_ms(policy.reply_wait_ms));
+                if now < lost_at {
+                    return RollbackAction::WaitUntil(lost_at);
+                }
+                if c.attempts >= policy.attempts_max {
+                    return exhausted();
+                }
+                return request(c.attempts + 1);
+            }
+            CompensationProgress::Failed => {
+                if c.attempts >= policy.attempts_max {
+                    return exhausted();
+                }
+                let retry_at = c
+                    .failed_at
+                    .map_or(now, |t| t.plus_ms(policy.backoff_ms(c.attempts)));
+                if now < retry_at {
+                    return RollbackAction::WaitUntil(retry_at);
+                }
+                return request(c.attempts + 1);
+            }
+        }
+    }
+    let held = op
+        .rollback_plan
+        .as_ref()
+        .is_some_and(|p| !p.retained.is_empty());
+    RollbackAction::Finish {
+        outcome: if held {
+            RollbackOutcome::Held
+        } else {
+            RollbackOutcome::RolledBack
+        },
+        remaining: Vec::new(),
+    }
+}
