@@ -34,7 +34,9 @@ fn is_delete_request(event: &Event) -> bool {
 fn revives(event: &Event) -> bool {
     match event {
         Event::ClusterStatusChanged { status, .. } => !status.is_terminal(),
-        Event::ClusterScaleRequested { .. } | Event::NodeGroupAdded { .. } => true,
+        Event::ClusterScaleRequested { .. }
+        | Event::NodeGroupAdded { .. }
+        | Event::InstanceJoined { .. } => true,
         Event::VmStateChanged { vm_state, .. } => {
             !matches!(vm_state, VmState::Deleted | VmState::Error)
         }

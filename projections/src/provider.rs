@@ -68,7 +68,7 @@ impl ProviderState {
     /// Whether a claim fits, Placement's way: every class inventoried, within
     /// min_unit..=max_unit, a multiple of step_size, and within capacity once the
     /// consumer's previous allocation (which the claim replaces) is given back.
-    fn check_claim(&self, consumer: &Uuid, resources: &BTreeMap<String, u64>) -> FoldResult {
+    pub fn check_claim(&self, consumer: &Uuid, resources: &BTreeMap<String, u64>) -> FoldResult {
         let previous = self.allocations.get(consumer);
         for (rc, amount) in resources {
             let Some(inv) = self.inventories.get(rc) else {

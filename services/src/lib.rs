@@ -15,8 +15,11 @@ use provledger_events::{
 };
 
 pub mod commands;
+pub mod operation;
+pub mod provision;
 pub mod runner;
 pub mod serve;
+pub mod sim;
 pub mod store;
 
 /// Where the ledger lives; mirrors the CLI's global options.

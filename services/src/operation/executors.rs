@@ -1,0 +1,108 @@
+//! Where external compensations go. A compensation whose executor is
+//! `Executor::Service(name)` is requested from the service that owns the resource: over
+//! NATS as a request on `<prefix>.exec.<name>.compensate`, or in-process when embedded.
+//! Executors must be idempotent by `compensation_id`: a retried or raced request for a
+//! compensation already carried out answers success without doing it again.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use provledger_events::catalogue::{CompensationAction, PlannedCompensation};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use uuid::Uuid;
+
+/// The JSON request an executor receives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompensationRequest {
+    pub operation_id: Uuid,
+    pub compensation_id: Uuid,
+    pub attempt: u32,
+    pub action: CompensationAction,
+    pub resource: String,
+    pub args: BTreeMap<String, String>,
+}
+
+impl CompensationRequest {
+    pub fn new(operation_id: Uuid, planned: &PlannedCompensation, attempt: u32) -> Self {
+        CompensationRequest {
+            operation_id,
+            compensation_id: planned.compensation_id,
+            attempt,
+            action: planned.compensation.action.clone(),
+            resource: planned.compensation.resource.clone(),
+            args: planned.compensation.args.clone(),
+        }
+    }
+}
+
+/// The JSON reply: `{"ok": true}` or `{"ok": false, "error": "..."}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompensationReply {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+pub type CompensationFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
+
+/// Carries out one external compensation; `Err` holds the executor's reason.
+pub trait CompensationExecutor: Send + Sync {
+    fn compensate<'a>(
+        &'a self,
+        executor: &'a str,
+        request: &'a CompensationRequest,
+    ) -> CompensationFuture<'a>;
+}
+
+/// Requests compensations from executors over NATS.
+pub struct NatsExecutors {
+    pub client: async_nats::Client,
+    pub subject_prefix: String,
+    pub reply_wait: Duration,
+}
+
+impl NatsExecutors {
+    pub fn subject(subject_prefix: &str, executor: &str) -> String {
+        format!("{subject_prefix}.exec.{executor}.compensate")
+    }
+}
+
+impl CompensationExecutor for NatsExecutors {
+    fn compensate<'a>(
+        &'a self,
+        executor: &'a str,
+        request: &'a CompensationRequest,
+    ) -> CompensationFuture<'a> {
+        Box::pin(async move {
+            let subject = Self::subject(&self.subject_prefix, executor);
+            let body = serde_json::to_vec(request).map_err(|e| e.to_string())?;
+            let reply = tokio::time::timeout(
+                self.reply_wait,
+                self.client.request(subject.clone(), body.into()),
+            )
+            .await
+            .map_err(|_| format!("no reply from {subject} within {:?}", self.reply_wait))?
+            .map_err(|e| format!("request to {subject}: {e}"))?;
+            let reply: CompensationReply = serde_json::from_slice(&reply.payload)
+                .map_err(|e| format!("unreadable reply from {subject}: {e}"))?;
+            match (reply.ok, reply.error) {
+                (true, _) => Ok(()),
+                (false, error) => Err(error.unwrap_or_else(|| "refused without a reason".into())),
+            }
+        })
+    }
+}
+
+/// Hands every compensation to one in-process executor (embedded mode and tests).
+impl<T: CompensationExecutor + ?Sized> CompensationExecutor for Arc<T> {
+    fn compensate<'a>(
+        &'a self,
+        executor: &'a str,
+        request: &'a CompensationRequest,
+    ) -> CompensationFuture<'a> {
+        (**self).compensate(executor, request)
+    }
+}
