@@ -106,6 +106,11 @@ enum Command {
         #[arg(long)]
         to: Option<LogPoint>,
     },
+    /// Show (dry run) or record and drive the rollback plan of a failed operation.
+    Rollback {
+        #[command(subcommand)]
+        action: RollbackCommand,
+    },
     /// Send one request to a running service and print the reply.
     Query {
         /// cluster.get, cluster.list, instance.get, instance.list, provider.get,
@@ -113,6 +118,20 @@ enum Command {
         endpoint: String,
         /// The JSON request (default {}).
         request: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum RollbackCommand {
+    /// Print the recorded plan, or the plan the planner would record now (dry run).
+    Plan { operation_id: Uuid },
+    /// Record the plan and drive it to the end.
+    Run {
+        operation_id: Uuid,
+        /// NATS server where the executors (ipam, dhcp, dns, hypervisor, ...) answer
+        /// compensation requests; defaults to --nats.
+        #[arg(long, env = "PROVLEDGER_EXECUTORS_URL")]
+        executors_url: Option<String>,
     },
 }
 
@@ -208,6 +227,31 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                     Ledger::Embedded(log) => commands::state::replay_local(log, to, cli.json).await,
                     Ledger::JetStream(log) => {
                         commands::state::replay_remote(log, to, cli.json).await
+                    }
+                };
+                (ledger, result)
+            })
+            .await
+        }
+        Command::Rollback { action } => {
+            with_ledger(&options, |ledger| async move {
+                let result = match action {
+                    RollbackCommand::Plan { operation_id } => {
+                        commands::rollback::plan(&ledger, operation_id, cli.json).await
+                    }
+                    RollbackCommand::Run {
+                        operation_id,
+                        executors_url,
+                    } => {
+                        let url = executors_url.or(cli.nats.clone());
+                        commands::rollback::run(
+                            &ledger,
+                            operation_id,
+                            url.as_deref(),
+                            &cli.subject_prefix,
+                            cli.json,
+                        )
+                        .await
                     }
                 };
                 (ledger, result)

@@ -3,7 +3,8 @@
 //! optimistic concurrency refusing a stale allocation claim and an idempotent retry being
 //! recognised, then prints the timeline and checks every hash chain.
 //!
-//! Later issues grow it (failed creates rolled back, failing scales, delete during create).
+//! Then the failure scenarios (`demo_failures`): a create that fails and rolls back, a scale
+//! failing in each stage, and a delete during a create, each with its timeline and plan.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -383,6 +384,9 @@ pub async fn run(base_dir: &Path, json: bool) -> Result<(), CommandError> {
     let cluster = scenario(&log, &mut notes)
         .await
         .map_err(|e| CommandError::Problem(e.to_string()))?;
+    let failures = super::demo_failures::run(&log)
+        .await
+        .map_err(CommandError::Problem)?;
 
     let mut commits: Vec<Commit> = Vec::new();
     let mut stream = log.read_all(1).await?;
@@ -402,6 +406,7 @@ pub async fn run(base_dir: &Path, json: bool) -> Result<(), CommandError> {
             "cluster": cluster.to_string(),
             "commits": commits,
             "notes": notes,
+            "failure_scenarios": failures,
             "audit": {"aggregates": aggregates.len(), "commits": commits.len(),
                       "violations": violations.iter().map(|v| v.to_string()).collect::<Vec<_>>()},
         }));
@@ -421,6 +426,7 @@ pub async fn run(base_dir: &Path, json: bool) -> Result<(), CommandError> {
         for n in &notes {
             println!("note: {n}");
         }
+        super::demo_failures::print(&failures);
         println!();
         println!(
             "audit: {} aggregates, {} commits, hash chains {}",

@@ -3,8 +3,10 @@
 
 pub mod append;
 pub mod demo;
+pub mod demo_failures;
 pub mod history;
 pub mod query;
+pub mod rollback;
 pub mod serve;
 pub mod state;
 

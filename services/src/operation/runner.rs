@@ -679,10 +679,16 @@ impl OperationCtx {
                 }
                 _ => step,
             };
+            // The stage and step have their own fields; the message is the cause alone.
+            let message = match error {
+                OperationError::StepFailed { error, .. } => error.clone(),
+                OperationError::Panicked { message, .. } => format!("panicked: {message}"),
+                other => other.to_string(),
+            };
             Event::OperationFailed {
                 stage: stage.unwrap_or_else(|| "start".into()),
                 step,
-                error: error.to_string(),
+                error: message,
             }
         };
         tracing::info!(operation = %self.inner.id, error = %error, "operation stopped");
