@@ -306,6 +306,8 @@ async fn service_benches(quick: bool) {
         subject_prefix: "provledger".into(),
         min_position_wait: Duration::from_secs(2),
         snapshot_every: 0,
+        retry: Default::default(),
+        executor_reply_wait: Duration::from_secs(10),
     };
     let serve_task = tokio::spawn(serve::run(options, async {
         let _ = stopped.await;

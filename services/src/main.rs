@@ -10,6 +10,7 @@ use provledger::commands::{self, append::AppendArgs, CommandError};
 use provledger::serve::ServeOptions;
 use provledger::{Ledger, LedgerOptions};
 use provledger_events::{AggregateId, Expectation};
+use provledger_projections::rollback::RetryPolicy;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -91,6 +92,15 @@ enum Command {
         /// Snapshot the projection each time this many positions are passed (0: never).
         #[arg(long, default_value_t = provledger::runner::SNAPSHOT_EVERY_POSITIONS_DEFAULT)]
         snapshot_every: u64,
+        /// Attempts per compensation before the operation needs attention.
+        #[arg(long, default_value_t = 5)]
+        compensation_attempts_max: u32,
+        /// Wait after a failed compensation attempt, doubled per attempt (capped at 30 s).
+        #[arg(long, default_value_t = 500)]
+        compensation_backoff_ms: i64,
+        /// How long a compensation request may go unanswered before it counts as lost.
+        #[arg(long, default_value_t = 30_000)]
+        compensation_reply_wait_ms: i64,
     },
     /// An aggregate's projected state, now or at a past position or time.
     State {
@@ -190,6 +200,9 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
         Command::Serve {
             min_position_wait_ms,
             snapshot_every,
+            compensation_attempts_max,
+            compensation_backoff_ms,
+            compensation_reply_wait_ms,
         } => {
             let nats_url = cli.nats.clone().ok_or_else(|| {
                 CommandError::BadInput(
@@ -204,6 +217,17 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                 subject_prefix: cli.subject_prefix.clone(),
                 min_position_wait: Duration::from_millis(min_position_wait_ms),
                 snapshot_every,
+                retry: RetryPolicy {
+                    attempts_max: compensation_attempts_max.max(1),
+                    backoff_base_ms: compensation_backoff_ms.max(1),
+                    reply_wait_ms: compensation_reply_wait_ms.max(1),
+                    ..RetryPolicy::default()
+                },
+                // An executor that does not answer within the reply wait has failed this
+                // attempt; the request itself waits at most that long.
+                executor_reply_wait: Duration::from_millis(
+                    compensation_reply_wait_ms.clamp(1, 30_000) as u64,
+                ),
             };
             commands::serve::run(serve_options).await
         }

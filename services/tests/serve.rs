@@ -3,8 +3,6 @@
 //! replicas in one queue group, SIGTERM drain, and SIGKILL during a load.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -16,67 +14,11 @@ use provledger_events::{
 };
 use provledger_projections::Projection;
 use provledger_tests::{script, NatsServer};
+
+mod common;
+use common::Serve;
 use serde_json::{json, Value};
 use uuid::Uuid;
-
-struct Serve {
-    child: Child,
-}
-
-impl Serve {
-    fn start(nats: &NatsServer, dir: &Path) -> Serve {
-        let log = std::fs::File::create(dir.with_extension("log")).expect("serve log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_provledger"))
-            .args([
-                "serve",
-                "--min-position-wait-ms",
-                "300",
-                "--snapshot-every",
-                "50",
-            ])
-            .arg("--nats")
-            .arg(nats.url())
-            .arg("--data-dir")
-            .arg(dir)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn provledger serve");
-        Serve { child }
-    }
-
-    fn kill(&mut self) {
-        // std's kill is SIGKILL on unix: no chance to flush or finish a batch.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    fn terminate(&mut self) -> ExitStatus {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .expect("kill -TERM");
-        assert!(status.success());
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait serve") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "serve did not stop after SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 async fn open_log(nats: &NatsServer) -> JetStreamLog {
     JetStreamLog::open(nats.client().await, JetStreamConfig::default())

@@ -39,7 +39,7 @@ fn ledger_error(e: impl std::fmt::Display) -> DeleteError {
 }
 
 /// The operation in flight on a target, unless it is the target's own delete.
-fn cancellable_in_flight(entity: &Entity) -> Option<Uuid> {
+pub fn cancellable_in_flight(entity: &Entity) -> Option<Uuid> {
     let in_flight = match entity {
         Entity::Cluster(c) => c.in_flight.as_ref(),
         Entity::Instance(i) => i.in_flight.as_ref(),

@@ -2,9 +2,11 @@
 //! on a JetStream subscription, and answers the contract's queries as the NATS micro
 //! service `provledger` (queue group `provledger`, so replicas share the load and
 //! `$SRV.PING/INFO/STATS` work). On shutdown it stops taking requests, lets the ones in
-//! hand finish, lets the runner finish its batch, flushes sled and returns.
+//! hand finish, lets the runner finish its batch, flushes sled and returns. Beside the
+//! queries it runs the rollback and deletion worker (`rollback`).
 
 pub mod queries;
+pub mod rollback;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -16,10 +18,15 @@ use futures::StreamExt;
 use provledger_events::SledLog;
 use tokio::sync::{watch, Semaphore};
 
+use crate::operation::cancel::CancelNotices;
+use crate::operation::driver::RollbackDriver;
+use crate::operation::executors::NatsExecutors;
 use crate::runner::{Runner, RunnerError};
 use crate::store::{ProjectionStore, StoreError};
 use crate::OpenLedgerError;
+use provledger_projections::rollback::RetryPolicy;
 use queries::{Endpoint, QueryContext};
+use rollback::RollbackWorker;
 
 /// The micro service's name and queue group, fixed by the contract.
 pub const SERVICE_NAME: &str = "provledger";
@@ -38,6 +45,10 @@ pub struct ServeOptions {
     /// Upper bound on a `min_position` wait before answering `stale`.
     pub min_position_wait: Duration,
     pub snapshot_every: u64,
+    /// Retry bounds of the compensations this replica drives.
+    pub retry: RetryPolicy,
+    /// How long one executor request waits for its reply.
+    pub executor_reply_wait: Duration,
 }
 
 /// Why the service could not start or stopped abnormally.
@@ -95,6 +106,27 @@ pub async fn run(
         served_by: served_by.clone(),
         min_position_wait: options.min_position_wait,
     });
+
+    let ledger = crate::Ledger::JetStream(log.clone());
+    let executors = Arc::new(NatsExecutors {
+        client: client.clone(),
+        subject_prefix: options.subject_prefix.clone(),
+        reply_wait: options.executor_reply_wait,
+    });
+    let worker = RollbackWorker {
+        store: ctx.store.clone(),
+        ledger: ledger.clone(),
+        driver: Arc::new(RollbackDriver::new(
+            ledger,
+            executors,
+            options.retry,
+            "provledger-serve",
+        )),
+        notices: CancelNotices::nats(client.clone(), &options.subject_prefix),
+        applied: runner.applied(),
+    };
+    let (stop_worker, worker_shutdown) = watch::channel(false);
+    let worker_task = tokio::spawn(worker.run(worker_shutdown));
 
     let (stop_runner, runner_shutdown) = watch::channel(false);
     let runner_log = log.clone();
@@ -155,6 +187,10 @@ pub async fn run(
         .is_err()
     {
         tracing::warn!("requests still in hand after the drain timeout");
+    }
+    let _ = stop_worker.send(true);
+    if let Err(e) = worker_task.await {
+        tracing::warn!(error = %e, "rollback worker task");
     }
     let _ = stop_runner.send(true);
     let (runner, result) = runner_task

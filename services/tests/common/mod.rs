@@ -1,0 +1,92 @@
+//! Shared by the test binaries that run `provledger serve` as a child process.
+
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use provledger_tests::NatsServer;
+
+pub struct Serve {
+    child: Child,
+}
+
+impl Serve {
+    #[allow(dead_code)]
+    pub fn start(nats: &NatsServer, dir: &Path) -> Serve {
+        Self::start_with(nats, dir, &[])
+    }
+
+    /// Starts serve with extra arguments (e.g. compensation retry bounds).
+    pub fn start_with(nats: &NatsServer, dir: &Path, extra: &[&str]) -> Serve {
+        let log = std::fs::File::create(dir.with_extension("log")).expect("serve log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_provledger"))
+            .args([
+                "serve",
+                "--min-position-wait-ms",
+                "300",
+                "--snapshot-every",
+                "50",
+            ])
+            .args(extra)
+            .arg("--nats")
+            .arg(nats.url())
+            .arg("--data-dir")
+            .arg(dir)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn provledger serve");
+        Serve { child }
+    }
+
+    pub fn kill(&mut self) {
+        // std's kill is SIGKILL on unix: no chance to flush or finish a batch.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    #[allow(dead_code)]
+    pub fn terminate(&mut self) -> ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill -TERM");
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait serve") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "serve did not stop after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits until a serve replica answers `$SRV.PING.provledger`.
+#[allow(dead_code)]
+pub async fn wait_ready(client: &async_nats::Client) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ping = tokio::time::timeout(
+            Duration::from_millis(500),
+            client.request("$SRV.PING.provledger", "".into()),
+        )
+        .await;
+        if matches!(ping, Ok(Ok(_))) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "serve never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
