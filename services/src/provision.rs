@@ -539,6 +539,44 @@ impl Provisioner {
         )))
     }
 
+    /// The first half of a delete: records the request (idempotent), then drives the
+    /// rollback of the operation it cancelled. The runner of that operation stops at its
+    /// next step and rolls back by itself; driving it here as well is safe (the driver
+    /// races by expected version) and covers a runner that died. `Err(report)`: nothing
+    /// more to do (unknown or already deleted).
+    async fn begin_delete(
+        &self,
+        target: AggregateId,
+        reason: &str,
+    ) -> Result<Result<(DeleteRequestOutcome, Option<Uuid>), DeleteReport>, DeleteError> {
+        let ledger = self.runner.ledger();
+        let (request, cancelled) =
+            deletion::request_delete(ledger, self.runner.notices(), target, reason, &self.actor)
+                .await?;
+        if matches!(
+            request,
+            DeleteRequestOutcome::Unknown | DeleteRequestOutcome::AlreadyDeleted
+        ) {
+            let deleted = request == DeleteRequestOutcome::AlreadyDeleted;
+            return Ok(Err(DeleteReport {
+                request,
+                cancelled,
+                delete_operation: None,
+                deleted,
+            }));
+        }
+        let entity = read_entity(ledger, target)
+            .await
+            .map_err(|e| DeleteError::Ledger(e.to_string()))?;
+        let op = entity.as_ref().and_then(deletion::cancellable_in_flight);
+        if let (Some(op), Some(driver)) = (op, self.runner.driver()) {
+            if let Err(e) = driver.drive(op).await {
+                tracing::warn!(operation = %op, error = %e, "cancelled operation not closed yet");
+            }
+        }
+        Ok(Ok((request, cancelled)))
+    }
+
     /// Deletes a cluster: records the request (idempotent), cancels the operation in
     /// flight and waits for its rollback, terminates every remaining node under a
     /// delete operation, and records `Deleted` once nothing remains.
@@ -549,35 +587,10 @@ impl Provisioner {
     ) -> Result<DeleteReport, DeleteError> {
         let target = AggregateId::cluster(cluster);
         let ledger = self.runner.ledger();
-        let (request, cancelled) =
-            deletion::request_delete(ledger, self.runner.notices(), target, reason, &self.actor)
-                .await?;
-        if matches!(
-            request,
-            DeleteRequestOutcome::Unknown | DeleteRequestOutcome::AlreadyDeleted
-        ) {
-            let deleted = request == DeleteRequestOutcome::AlreadyDeleted;
-            return Ok(DeleteReport {
-                request,
-                cancelled,
-                delete_operation: None,
-                deleted,
-            });
-        }
-        // The cancelled operation's runner stops at its next step and rolls back; driving
-        // it here as well is safe (the driver races by expected version) and covers a
-        // runner that died.
-        let in_flight = match read_entity(ledger, target).await {
-            Ok(Some(Entity::Cluster(c))) => c.in_flight.map(|f| (f.operation_id, f.kind)),
-            _ => None,
+        let (request, cancelled) = match self.begin_delete(target, reason).await? {
+            Ok(begun) => begun,
+            Err(report) => return Ok(report),
         };
-        if let (Some((op, kind)), Some(driver)) = (in_flight, self.runner.driver()) {
-            if kind != OperationKind::DeleteCluster {
-                if let Err(e) = driver.drive(op).await {
-                    tracing::warn!(operation = %op, error = %e, "cancelled operation not closed yet");
-                }
-            }
-        }
         let members: Vec<(String, Uuid)> = match read_entity(ledger, target).await {
             Ok(Some(Entity::Cluster(c))) => c
                 .node_groups
@@ -613,6 +626,57 @@ impl Provisioner {
             request,
             cancelled,
             delete_operation,
+            deleted,
+        })
+    }
+
+    /// Deletes an instance: records the request (idempotent), cancels the operation in
+    /// flight and waits for its rollback, terminates the VM and releases its allocation
+    /// under a delete operation, and records `Deleted` once no allocation remains.
+    pub async fn delete_instance(
+        &self,
+        instance: Uuid,
+        reason: &str,
+    ) -> Result<DeleteReport, DeleteError> {
+        let target = AggregateId::instance(instance);
+        let ledger = self.runner.ledger();
+        let (request, cancelled) = match self.begin_delete(target, reason).await? {
+            Ok(begun) => begun,
+            Err(report) => return Ok(report),
+        };
+        let spec = OperationSpec::new(OperationKind::DeleteInstance, target);
+        let report = self
+            .runner
+            .run(spec, |ctx| async move {
+                ctx.stage(stage::TERMINATE).await?;
+                let infra = self.infra.clone();
+                let vm = instance.to_string();
+                ctx.step(&format!("terminate:{instance}"), async {
+                    // Removing a VM that is already gone (a rolled-back boot) is a no-op.
+                    infra.act(HYPERVISOR, "terminate_vm", &vm).await?;
+                    Ok(StepOutput::with_effect(
+                        (),
+                        effect(EffectKind::NodeTerminated, &vm, HYPERVISOR),
+                        None,
+                    ))
+                })
+                .await?;
+                let provider = match read_entity(ctx.ledger(), target).await {
+                    Ok(Some(Entity::Instance(i))) => i.provider_id,
+                    _ => None,
+                };
+                if let Some(provider) = provider {
+                    let reason = format!("instance deleted by operation {}", ctx.id());
+                    self.release_for(&ctx, provider, instance, &reason).await?;
+                }
+                Ok(())
+            })
+            .await;
+        let deleted = deletion::complete_deletion(ledger, target, &self.actor).await?;
+        Ok(DeleteReport {
+            request,
+            cancelled,
+            delete_operation: Some(report),
             deleted,
         })
     }

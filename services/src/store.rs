@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 /// The format byte in front of every stored entity. Bump it when entity state changes
 /// shape; an older store is then rebuilt from its sled copy of the log.
-pub const ENTITY_FORMAT: u8 = 1;
+pub const ENTITY_FORMAT: u8 = 2;
 /// How many snapshots are kept; older ones are removed once a new one is complete.
 pub const SNAPSHOTS_KEPT_MAX: usize = 3;
 /// Entities per sled batch while writing a snapshot, so memory stays bounded.
@@ -120,11 +120,69 @@ pub fn decode_entity(bytes: &[u8]) -> Result<Entity, StoreError> {
 }
 
 impl ProjectionStore {
+    /// Opens the store. A store written with an older entity format (the entity state
+    /// changed shape) has its entities re-folded from its own sled copy of the log and its
+    /// snapshots dropped, once, before anything reads it.
     pub fn open(db: &sled::Db) -> Result<Self, StoreError> {
-        Ok(ProjectionStore {
+        let store = ProjectionStore {
             tree: db.open_tree(TREE)?,
             db: db.clone(),
-        })
+        };
+        let format_key = key(b'm', &[b"entity_format"]);
+        let stored = match store.tree.get(&format_key)? {
+            Some(v) => v.first().copied(),
+            // Stores from before the format was recorded hold format 1, if anything.
+            None if store.tree.scan_prefix([b'e']).next().is_some() => Some(1),
+            None => None,
+        };
+        if stored.is_some_and(|f| f != ENTITY_FORMAT) {
+            store.refold_entities(stored.unwrap_or(0))?;
+        }
+        store.tree.insert(format_key, &[ENTITY_FORMAT][..])?;
+        Ok(store)
+    }
+
+    /// Re-derives every entity from the copy (per aggregate, through the history index)
+    /// and drops the snapshots, which hold entities in the old format.
+    fn refold_entities(&self, from_format: u8) -> Result<(), StoreError> {
+        let checkpoint = self.checkpoint()?;
+        tracing::info!(
+            from_format,
+            to_format = ENTITY_FORMAT,
+            "re-folding stored entities from the sled copy"
+        );
+        let ids: Vec<AggregateId> = self
+            .tree
+            .scan_prefix([b'e'])
+            .keys()
+            .filter_map(|k| {
+                let k = k.ok()?;
+                let kind = AggregateKind::from_tag(*k.get(1)?)?;
+                let id = Uuid::from_slice(k.get(2..18)?).ok()?;
+                Some(AggregateId::new(kind, id))
+            })
+            .collect();
+        let mut batch = sled::Batch::default();
+        let mut in_batch = 0;
+        for id in &ids {
+            if let Some(entity) = self.entity_at(id, checkpoint)? {
+                batch.insert(key(b'e', &[&id.key_bytes()]), encode_entity(&entity)?);
+                in_batch += 1;
+            }
+            if in_batch == SNAPSHOT_CHUNK_ENTITIES {
+                self.tree.apply_batch(std::mem::take(&mut batch))?;
+                in_batch = 0;
+            }
+        }
+        for prefix in [b's', b'S'] {
+            for k in self.tree.scan_prefix([prefix]).keys() {
+                batch.remove(k?);
+            }
+        }
+        self.tree.apply_batch(batch)?;
+        self.tree.flush()?;
+        tracing::info!(entities = ids.len(), "stored entities re-folded");
+        Ok(())
     }
 
     fn meta_u64(&self, name: &str) -> Result<Option<u64>, StoreError> {
@@ -429,5 +487,50 @@ impl ProjectionStore {
             projection.entities.insert(entity.id(), entity);
         }
         Ok(Some(projection))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runner::Runner;
+    use provledger_events::catalogue::samples;
+    use provledger_events::{CommitDraft, Hash};
+
+    /// Given a store whose entities were written in an older format, when it is opened,
+    /// then every entity is re-folded from the copy and the snapshots are dropped.
+    #[test]
+    fn an_older_entity_format_is_refolded_from_the_copy_on_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("sled");
+        let store = ProjectionStore::open(&db).expect("store");
+        let cluster = AggregateId::cluster(Uuid::from_u128(7));
+        let mut commit = Commit::seal(
+            cluster,
+            1,
+            Hash::ZERO,
+            CommitDraft::now("t", vec![samples::all().remove(0)]),
+        );
+        commit.position = 1;
+        let mut runner = Runner::new(store.clone(), 0).expect("runner");
+        runner.apply_batch(vec![Ok(commit)]).expect("batch");
+        store.write_snapshot(1).expect("snapshot");
+        let expected = store.entity(&cluster).expect("read").expect("entity");
+        // An older build wrote format 1 with a different layout.
+        let k = key(b'e', &[&cluster.key_bytes()]);
+        store
+            .tree
+            .insert(&k, &[1u8, 0xde, 0xad][..])
+            .expect("tamper");
+        store
+            .tree
+            .insert(key(b'm', &[b"entity_format"]), &[1u8][..])
+            .expect("format");
+        drop(runner);
+        drop(store);
+
+        let reopened = ProjectionStore::open(&db).expect("reopen");
+        assert_eq!(reopened.entity(&cluster).expect("read"), Some(expected));
+        assert!(reopened.snapshots().expect("snapshots").is_empty());
     }
 }

@@ -50,7 +50,7 @@ struct World {
     notices: CancelNotices,
     /// When set, the delete of `delete_target` is requested just before this step.
     delete_at: Trigger,
-    delete_target: Arc<Mutex<Option<Uuid>>>,
+    delete_target: Arc<Mutex<Option<AggregateId>>>,
 }
 
 async fn world(vcpus: u64) -> World {
@@ -65,7 +65,7 @@ async fn world(vcpus: u64) -> World {
         "test-driver",
     ));
     let delete_at: Trigger = Arc::new(Mutex::new(None));
-    let delete_target: Arc<Mutex<Option<Uuid>>> = Arc::new(Mutex::new(None));
+    let delete_target: Arc<Mutex<Option<AggregateId>>> = Arc::new(Mutex::new(None));
     let hook: StepHook = {
         let (ledger, notices, delete_at, delete_target) = (
             ledger.clone(),
@@ -86,11 +86,11 @@ async fn world(vcpus: u64) -> World {
                 }
             };
             Box::pin(async move {
-                if let Some(cluster) = fire {
+                if let Some(target) = fire {
                     deletion::request_delete(
                         &ledger,
                         &notices,
-                        AggregateId::cluster(cluster),
+                        target,
                         "deleted by the user mid-create",
                         "test-user",
                     )
@@ -207,7 +207,7 @@ impl World {
     }
 
     fn delete_before(&self, cluster: Uuid, stage: &str, step: &str) {
-        *self.delete_target.lock().unwrap() = Some(cluster);
+        *self.delete_target.lock().unwrap() = Some(AggregateId::cluster(cluster));
         *self.delete_at.lock().unwrap() = Some((stage.into(), step.into()));
     }
 
@@ -715,4 +715,40 @@ async fn a_status_change_to_active_after_deleting_is_refused_with_a_typed_error(
         w.cluster(cluster).await.status,
         Some(ClusterStatus::Deleting)
     );
+}
+
+#[tokio::test]
+async fn delete_arriving_during_a_boot_cancels_it_and_deletes_the_instance() {
+    let w = world(64).await;
+    let request = instance_request(&w, 2);
+    let instance = request.instance_id;
+    // The user deletes the instance just before its VM is created.
+    *w.delete_target.lock().unwrap() = Some(AggregateId::instance(instance));
+    *w.delete_at.lock().unwrap() = Some((stage::SPAWN.into(), "create_vm:".into()));
+    let report = w.prov.boot_instance(request, None).await;
+    assert!(
+        matches!(report.result, Err(OperationError::TargetDeleted { .. })),
+        "{:?}",
+        report.result
+    );
+    assert_eq!(report.status, Some(OperationStatus::Cancelled));
+    assert!(w.infra.inventory().is_empty(), "{:?}", w.infra.inventory());
+    let delete = w
+        .prov
+        .delete_instance(instance, "user")
+        .await
+        .expect("delete");
+    assert!(delete.deleted, "{delete:?}");
+    assert!(w.infra.hypervisor.resources().is_empty());
+    assert!(w.allocations().await.is_empty());
+    match w.entity(AggregateId::instance(instance)).await {
+        Some(Entity::Instance(i)) => assert_eq!(i.vm_state, Some(VmState::Deleted)),
+        other => panic!("{other:?}"),
+    }
+    let again = w
+        .prov
+        .delete_instance(instance, "user")
+        .await
+        .expect("delete");
+    assert_eq!(again.request, DeleteRequestOutcome::AlreadyDeleted);
 }
