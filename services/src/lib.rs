@@ -1,9 +1,12 @@
 //! The provledger client library and the shell around the pure core: [`Ledger`] opens the
 //! configured backend (embedded sled, or JetStream when a NATS URL is given) behind one
-//! `EventLog`, and the `provledger` binary's commands live in `commands`.
+//! `EventLog`; `operation` runs provisioning operations through one entry point and drives
+//! their rollback plans and deletions; `provision` holds the shipped operation kinds and
+//! `sim` the simulated executors; the `provledger` binary's commands live in `commands`.
 //!
-//! Publishing services use [`Ledger`]; nothing here interprets events (that is
-//! `provledger-projections`), and only the `EventLog` append path writes to the log.
+//! Publishing services use [`Ledger`] and `operation::OperationRunner`. Folding events and
+//! deciding rollback plans is `provledger-projections`' job (pure); this crate does the IO
+//! around them, and only the `EventLog` append path writes to the log.
 
 use std::path::PathBuf;
 use std::time::Duration;
