@@ -26,6 +26,11 @@ pub struct RetryPolicy {
     /// How long a requested attempt may go without an outcome before it counts as lost
     /// (its requester died) and is requested again.
     pub reply_wait_ms: i64,
+    /// How long an operation with a pending cancellation may stay quiet before a driver
+    /// concludes that its runner died and records the cancellation itself. Much longer
+    /// than a reply wait: a live runner inside a long step (a VM boot) is quiet too, and
+    /// stopping it under its feet would record that step's effect after the plan.
+    pub runner_stop_wait_ms: i64,
 }
 
 impl Default for RetryPolicy {
@@ -35,6 +40,7 @@ impl Default for RetryPolicy {
             backoff_base_ms: 500,
             backoff_max_ms: 30_000,
             reply_wait_ms: 30_000,
+            runner_stop_wait_ms: 600_000,
         }
     }
 }

@@ -696,6 +696,7 @@ fn policy() -> RetryPolicy {
         backoff_base_ms: 100,
         backoff_max_ms: 1_000,
         reply_wait_ms: 5_000,
+        runner_stop_wait_ms: 10_000,
     }
 }
 

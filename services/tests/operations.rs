@@ -35,6 +35,7 @@ fn fast_retries() -> RetryPolicy {
         backoff_base_ms: 5,
         backoff_max_ms: 20,
         reply_wait_ms: 2_000,
+        runner_stop_wait_ms: 10_000,
     }
 }
 
@@ -751,4 +752,66 @@ async fn delete_arriving_during_a_boot_cancels_it_and_deletes_the_instance() {
         .await
         .expect("delete");
     assert_eq!(again.request, DeleteRequestOutcome::AlreadyDeleted);
+}
+
+#[tokio::test]
+async fn a_cancellation_whose_runner_died_is_recorded_by_the_driver_and_rolled_back() {
+    // Given an operation whose runner acquired an IP and then died, and a delete that
+    // asked it to stop,
+    let w = world(64).await;
+    let op = Uuid::now_v7();
+    let ip = provledger::sim::Infrastructure::acquire_ip(&*w.infra, "orphan")
+        .await
+        .expect("ip");
+    let events = vec![
+        Event::OperationStarted {
+            kind: OperationKind::BootInstance,
+            target: AggregateId::instance(Uuid::now_v7()),
+            parent_id: None,
+            stages: provledger_projections::stages::stages_of(OperationKind::BootInstance),
+            bundle_policy: None,
+        },
+        Event::StageStarted {
+            stage: stage::NETWORK.into(),
+        },
+        Event::StepDone {
+            stage: stage::NETWORK.into(),
+            step: "acquire_ip".into(),
+            effect: Effect {
+                kind: EffectKind::IpAcquired,
+                resource: ip.clone(),
+                executor: "ipam".into(),
+                origin: Origin::Created,
+                detail: BTreeMap::new(),
+            },
+            compensation: Some(provledger_events::catalogue::Compensation {
+                action: CompensationAction::ReleaseIp,
+                executor: provledger_events::catalogue::Executor::Service("ipam".into()),
+                resource: ip.clone(),
+                args: BTreeMap::new(),
+            }),
+        },
+        Event::TargetDeletionNoticed {
+            reason: "deleted".into(),
+        },
+    ];
+    w.ledger
+        .append(
+            AggregateId::operation(op),
+            Expectation::NoStream,
+            CommitDraft::now("dead-runner", events),
+        )
+        .await
+        .expect("append");
+    // when a driver finds it quiet for longer than the runner stop wait,
+    let policy = RetryPolicy {
+        runner_stop_wait_ms: 50,
+        ..fast_retries()
+    };
+    let driver = RollbackDriver::new(w.ledger.clone(), w.infra.clone(), policy, "test");
+    let state = driver.drive(op).await.expect("drive");
+    // then it records the cancellation, and the rollback releases the IP.
+    assert_eq!(state.status, Some(OperationStatus::Cancelled));
+    assert!(state.cancelled);
+    assert!(!w.infra.ipam.has(&ip));
 }

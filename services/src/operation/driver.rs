@@ -154,16 +154,16 @@ impl RollbackDriver {
             RollbackAction::Nothing => Ok(DriveStep::Idle(Box::new(op))),
             RollbackAction::AwaitRunnerStop => {
                 // The runner stops at its next step. If it died, nobody will: once the
-                // operation has been quiet for the reply wait, record the stop here.
+                // operation has been quiet for the runner stop wait, record the stop here.
                 let quiet_since = op.header.updated_at.unwrap_or(now);
-                let give_up_at = quiet_since.plus_ms(self.policy.reply_wait_ms);
+                let give_up_at = quiet_since.plus_ms(self.policy.runner_stop_wait_ms);
                 if now < give_up_at {
                     return Ok(DriveStep::Wait(give_up_at));
                 }
                 let reason = format!(
                     "{}; the runner did not stop within {} ms",
                     op.cancellation_reason.clone().unwrap_or_default(),
-                    self.policy.reply_wait_ms
+                    self.policy.runner_stop_wait_ms
                 );
                 self.append_decision(&op, vec![Event::OperationCancelled { reason }])
                     .await?;
