@@ -44,6 +44,22 @@ fn demo_runs_embedded_and_ends_with_a_clean_audit() {
     assert!(s.contains("stale claim"), "{s}");
     assert!(s.contains("already appended"), "{s}");
     assert!(s.contains("in_flight_operation_cleared"), "{s}");
+    // The failure scenarios: a create rolled back, a scale failing in each stage, a
+    // delete during a create, each with its plan.
+    for expected in [
+        "failure scenario 1: create fails in spawn",
+        "(create_cluster): rolled_back",
+        "scale fails in decommission",
+        "(scale_cluster): held",
+        "scale fails in terminate_and_create",
+        "(scale_cluster): rolled_back",
+        "scale fails in configure_new",
+        "(create_cluster): cancelled",
+        "rollback plan:",
+        "cluster deleted",
+    ] {
+        assert!(s.contains(expected), "missing {expected:?} in {s}");
+    }
 }
 
 #[test]
@@ -258,4 +274,107 @@ fn unreachable_nats_exits_3() {
     let out = provledger(&["--nats", &url, "history", CLUSTER], "");
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     assert!(text(&out).contains("NATS unreachable"));
+}
+
+/// Given an embedded ledger with a create that failed in `allocate` and was left without a
+/// rollback (its runner had no driver), `rollback plan` shows the dry-run plan, `rollback
+/// run` records and drives it (a ledger-internal release, no executor needed), and `rollback
+/// plan` then shows the recorded plan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_plan_then_run_embedded() {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use provledger::operation::cancel::CancelNotices;
+    use provledger::operation::OperationRunner;
+    use provledger::provision::{ClusterRequest, Provisioner};
+    use provledger::sim::SimInfrastructure;
+    use provledger::Ledger;
+    use provledger_events::catalogue::{Inventory, NodeGroupSpec, Ratio};
+    use provledger_events::{AggregateId, CommitDraft, Event, EventLog, Expectation, SledLog};
+    use uuid::Uuid;
+
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    let log = SledLog::open(dir.path()).unwrap();
+    let ledger = Ledger::Embedded(log.clone());
+    let provider = Uuid::now_v7();
+    let inventory = Inventory {
+        total: 2,
+        reserved: 0,
+        allocation_ratio: Ratio::ONE,
+        min_unit: 1,
+        max_unit: 2,
+        step_size: 1,
+    };
+    ledger
+        .append(
+            AggregateId::provider(provider),
+            Expectation::NoStream,
+            CommitDraft::now(
+                "t",
+                vec![
+                    Event::ProviderRegistered {
+                        name: "cn".into(),
+                        host: "cn".into(),
+                    },
+                    Event::InventorySet {
+                        resource_class: "VCPU".into(),
+                        inventory,
+                    },
+                ],
+            ),
+        )
+        .await
+        .unwrap();
+    let runner = OperationRunner::new(ledger.clone(), CancelNotices::local(), None, "t");
+    let prov = Provisioner::new(runner, Arc::new(SimInfrastructure::default()), "t");
+    let report = prov
+        .create_cluster(ClusterRequest {
+            cluster_id: Uuid::now_v7(),
+            name: "c".into(),
+            plugin: "vanilla".into(),
+            node_groups: vec![NodeGroupSpec {
+                name: "w".into(),
+                count: 2,
+                flavor: "m".into(),
+                resources: BTreeMap::from([("VCPU".to_string(), 2)]),
+                processes: vec![],
+            }],
+            provider,
+        })
+        .await;
+    assert!(report.result.is_err());
+    drop(prov);
+    drop(ledger);
+    log.close();
+    let op = report.operation_id.to_string();
+
+    let out = provledger(&["--data-dir", &d, "rollback", "plan", &op], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let s = text(&out);
+    assert!(s.contains("dry run, nothing recorded"), "{s}");
+    assert!(s.contains("release_allocation"), "{s}");
+
+    let out = provledger(&["--data-dir", &d, "rollback", "run", &op], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("rolled_back"), "{}", text(&out));
+
+    let out = provledger(&["--data-dir", &d, "--json", "rollback", "plan", &op], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["recorded"], true);
+    assert_eq!(json["status"], "rolled_back");
+
+    let out = provledger(
+        &["--data-dir", &d, "state", &format!("provider/{provider}")],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("\"allocations\": []"), "{}", text(&out));
+
+    let unknown = Uuid::now_v7().to_string();
+    let out = provledger(&["--data-dir", &d, "rollback", "plan", &unknown], "");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("not found"), "{}", text(&out));
 }
