@@ -132,6 +132,18 @@ impl Env {
         Serve::start_with(&self.nats, &self.dir.path().join(name), FAST)
     }
 
+    /// A replica with a slower backoff, so that a rollback stays open long enough to be
+    /// interrupted (200 ms, then 400 ms between the injected failures).
+    fn slow_serve(&self, name: &str) -> Serve {
+        let args = [
+            "--compensation-backoff-ms",
+            "200",
+            "--compensation-reply-wait-ms",
+            "3000",
+        ];
+        Serve::start_with(&self.nats, &self.dir.path().join(name), &args)
+    }
+
     async fn operation(&self, id: Uuid) -> OperationState {
         match read_entity(&self.ledger, AggregateId::operation(id)).await {
             Ok(Some(Entity::Operation(op))) => op,
@@ -248,7 +260,7 @@ async fn two_replicas_record_one_plan_and_carry_out_each_compensation_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_serve_killed_mid_rollback_is_resumed_by_the_next_one() {
     let env = env().await;
-    let mut first = env.serve("first");
+    let mut first = env.slow_serve("first");
     let prov = env.provisioner(None);
     // The IPAM refuses the first three releases: the rollback is slow and retried.
     env.infra.ipam.fail_compensations(3);

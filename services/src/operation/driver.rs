@@ -28,10 +28,14 @@ use super::executors::{CompensationExecutor, CompensationRequest};
 use super::{derived_commit_id, read_entity};
 use crate::Ledger;
 
-/// Driver steps per `drive` call. Each step records something or waits for a bounded
-/// time, and a plan has at most a few thousand compensations with a bounded number of
-/// attempts each, so this is never reached by a healthy rollback.
-const DRIVE_STEPS_MAX: usize = 100_000;
+/// Driver steps per `drive` call. Each step records something or waits at most
+/// `RECHECK_MS_MAX`; a plan has at most a few thousand compensations with a bounded number
+/// of attempts each, and the longest wait (the runner stop wait, 10 minutes by default) is
+/// 1,200 rechecks, so this is never reached by a healthy rollback.
+const DRIVE_STEPS_MAX: usize = 1_000_000;
+/// Longest sleep inside `drive` before the operation is read again: another writer (the
+/// runner recording its stop, another driver) may have moved it on meanwhile.
+const RECHECK_MS_MAX: i64 = 500;
 /// Appends to a provider retried after a version conflict while releasing an allocation.
 const RELEASE_ATTEMPTS_MAX: usize = 8;
 
@@ -106,7 +110,8 @@ impl RollbackDriver {
                 DriveStep::Idle(op) => return Ok(*op),
                 DriveStep::Progressed => {}
                 DriveStep::Wait(until) => {
-                    let ms = (until.unix_ms() - Timestamp::now().unix_ms()).max(1);
+                    let ms =
+                        (until.unix_ms() - Timestamp::now().unix_ms()).clamp(1, RECHECK_MS_MAX);
                     tokio::time::sleep(Duration::from_millis(ms as u64)).await;
                 }
             }
