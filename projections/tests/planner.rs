@@ -837,3 +837,134 @@ fn a_cancelled_operation_closes_as_cancelled_after_its_rollback() {
         RollbackAction::Nothing
     );
 }
+
+// ---- properties over random operations ----
+
+use proptest::prelude::*;
+
+/// One random step: what it does and to which of a few nodes.
+#[derive(Debug, Clone)]
+enum RandomStep {
+    Vm(u128),
+    Ip(u128),
+    Claim(u128),
+    Configured(u128),
+    Decommissioned(u128),
+    Terminated(u128),
+    /// A VM provledger adopted, with its own node numbers (never created here).
+    Adopted(u128),
+}
+
+fn random_step() -> impl Strategy<Value = RandomStep> {
+    let node = 0u128..4;
+    prop_oneof![
+        node.clone().prop_map(RandomStep::Vm),
+        node.clone().prop_map(RandomStep::Ip),
+        node.clone().prop_map(RandomStep::Claim),
+        node.clone().prop_map(RandomStep::Configured),
+        node.clone().prop_map(RandomStep::Decommissioned),
+        node.clone().prop_map(RandomStep::Terminated),
+        node.prop_map(|n| RandomStep::Adopted(50 + n)),
+    ]
+}
+
+fn random_operation() -> impl Strategy<Value = (OperationKind, Vec<Vec<RandomStep>>, bool)> {
+    let kind = prop_oneof![
+        Just(OperationKind::CreateCluster),
+        Just(OperationKind::ScaleCluster),
+        Just(OperationKind::BootInstance),
+        Just(OperationKind::DeleteCluster),
+    ];
+    (kind, any::<bool>()).prop_flat_map(|(kind, deleted)| {
+        let stages = stages_of(kind).len();
+        (
+            Just(kind),
+            proptest::collection::vec(proptest::collection::vec(random_step(), 0..5), 1..=stages),
+            Just(deleted),
+        )
+    })
+}
+
+fn build(kind: OperationKind, stages: &[Vec<RandomStep>], deleted: bool) -> GivenOperation {
+    let names: Vec<String> = stages_of(kind).into_iter().map(|s| s.name).collect();
+    let mut given = GivenOperation::start(kind);
+    for (i, steps) in stages.iter().enumerate() {
+        let stage = names[i].as_str();
+        given = given.stage(stage);
+        for (j, step) in steps.iter().enumerate() {
+            // Step names must be unique within an operation: suffix the position.
+            let before = given.steps.len();
+            given = match step {
+                RandomStep::Vm(n) => given.vm(stage, *n),
+                RandomStep::Ip(n) => given.ip(stage, *n),
+                RandomStep::Claim(n) => given.claim(stage, *n),
+                RandomStep::Configured(n) => given.configured(stage, *n),
+                RandomStep::Decommissioned(n) => given.decommissioned(stage, *n),
+                RandomStep::Terminated(n) => given.terminated(stage, *n),
+                RandomStep::Adopted(n) => {
+                    let mut effect =
+                        GivenOperation::effect(EffectKind::VmCreated, &node(*n), "hypervisor");
+                    effect.origin = Origin::Discovered;
+                    let undo = GivenOperation::undo(
+                        CompensationAction::TerminateVm,
+                        Executor::Service("hypervisor".into()),
+                        &node(*n),
+                    );
+                    given.step(stage, &format!("adopt:{n}"), effect, Some(undo))
+                }
+            };
+            if let Some((_, events)) = given.steps.get_mut(before) {
+                if let Some(Event::StepDone { step, .. }) = events.first_mut() {
+                    *step = format!("{step}#{i}.{j}");
+                }
+            }
+        }
+        if i + 1 < stages.len() {
+            given = given.complete(stage);
+        }
+    }
+    if deleted {
+        given.target_deleted()
+    } else {
+        let last = names[stages.len() - 1].clone();
+        given.fail(&last, "random failure")
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Whatever the operation did and wherever it stopped, the plan is deterministic, its
+    /// ids are unique, it never destroys a discovered resource, it never terminates a node
+    /// this operation configured unless that node was decommissioned or the target is being
+    /// deleted, and it only undoes declared compensations (plus, rolling forward, the
+    /// termination of decommissioned nodes).
+    #[test]
+    fn plans_respect_the_safety_rules((kind, stages, deleted) in random_operation()) {
+        let given = build(kind, &stages, deleted);
+        let op = given.fold();
+        let plan = plan_rollback(&op, &[]).expect("a plan");
+        prop_assert_eq!(&plan_rollback(&op, &[]).expect("a plan"), &plan);
+        let ids: std::collections::BTreeSet<Uuid> =
+            plan.compensations.iter().map(|c| c.compensation_id).collect();
+        prop_assert_eq!(ids.len(), plan.compensations.len());
+        let effects_on = |resource: &str, kind: EffectKind| {
+            op.steps.iter().any(|s| s.effect.resource == resource && s.effect.kind == kind)
+        };
+        for c in &plan.compensations {
+            let r = c.compensation.resource.as_str();
+            prop_assert!(
+                !op.steps.iter().any(|s| s.effect.resource == r && s.effect.origin == Origin::Discovered),
+                "a discovered resource is planned for destruction: {}", render_plan(&plan)
+            );
+            if c.compensation.action == CompensationAction::TerminateVm && !deleted {
+                let configured = effects_on(r, EffectKind::NodeConfigured);
+                let decommissioned = effects_on(r, EffectKind::NodeDecommissioned);
+                prop_assert!(!configured || decommissioned, "terminates a data node: {}", render_plan(&plan));
+            }
+            let declared = op.steps.iter().any(|s| s.compensation.as_ref() == Some(&c.compensation));
+            let forward = effects_on(r, EffectKind::NodeDecommissioned);
+            prop_assert!(declared || forward, "undeclared compensation: {}", render_plan(&plan));
+        }
+    }
+}
