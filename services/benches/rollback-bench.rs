@@ -9,15 +9,15 @@ use std::time::Instant;
 use provledger::operation::cancel::CancelNotices;
 use provledger::operation::driver::RollbackDriver;
 use provledger::operation::OperationRunner;
-use provledger::provision::{ClusterRequest, Provisioner};
+use provledger::provision::{register_compute_node, ClusterRequest, Provisioner};
 use provledger::sim::SimInfrastructure;
 use provledger::Ledger;
 use provledger_events::catalogue::{
-    Compensation, CompensationAction, Effect, EffectKind, Executor, Inventory, NodeGroupSpec,
-    OperationKind, Origin, Ratio,
+    Compensation, CompensationAction, Effect, EffectKind, Executor, NodeGroupSpec, OperationKind,
+    Origin,
 };
 use provledger_events::{
-    AggregateId, Commit, CommitDraft, Event, EventLog, Expectation, Hash, SledLog, Timestamp,
+    AggregateId, Commit, CommitDraft, Event, EventLog, Hash, SledLog, Timestamp,
 };
 use provledger_projections::planner::plan_rollback;
 use provledger_projections::rollback::RetryPolicy;
@@ -126,30 +126,7 @@ async fn embedded_rollback(nodes: u32) -> (f64, usize) {
     );
     let prov = Provisioner::new(runner, infra.clone(), "bench");
     let provider = Uuid::now_v7();
-    let inventory = Inventory {
-        total: 1 << 20,
-        reserved: 0,
-        allocation_ratio: Ratio::ONE,
-        min_unit: 1,
-        max_unit: 1 << 20,
-        step_size: 1,
-    };
-    let events = vec![
-        Event::ProviderRegistered {
-            name: "cn".into(),
-            host: "cn".into(),
-        },
-        Event::InventorySet {
-            resource_class: "VCPU".into(),
-            inventory,
-        },
-    ];
-    ledger
-        .append(
-            AggregateId::provider(provider),
-            Expectation::NoStream,
-            CommitDraft::now("bench", events),
-        )
+    register_compute_node(&ledger, provider, "cn", 1 << 20, "bench")
         .await
         .expect("provider");
     // The last VM fails: every other node's claim, VM, IP, DHCP and DNS is undone.

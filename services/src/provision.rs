@@ -11,10 +11,12 @@ use std::sync::Arc;
 
 use provledger_events::catalogue::{
     BundlePolicy, ClusterStatus, Compensation, CompensationAction, ConsumerKind, Effect,
-    EffectKind, Executor, NodeGroupSpec, NodeGroupTarget, OperationKind, Origin, PowerState,
-    TaskOutcome, TaskState, VmState,
+    EffectKind, Executor, Inventory, NodeGroupSpec, NodeGroupTarget, OperationKind, Origin,
+    PowerState, Ratio, TaskOutcome, TaskState, VmState,
 };
-use provledger_events::{AggregateId, Event, Expectation};
+use provledger_events::{
+    AggregateId, AppendError, AppendOutcome, CommitDraft, Event, EventLog, Expectation,
+};
 use provledger_projections::stages::stage;
 use provledger_projections::Entity;
 use uuid::Uuid;
@@ -84,6 +86,42 @@ fn undo(action: CompensationAction, executor: &str, resource: &str) -> Compensat
         resource: resource.to_string(),
         args: BTreeMap::new(),
     }
+}
+
+/// Registers a compute node (resource provider) with a VCPU inventory of `vcpus`
+/// (no reservation, ratio 1, any amount from 1 to `vcpus`): the one place the demo, the
+/// tests and the benchmark create the provider their flows claim on.
+pub async fn register_compute_node<L: EventLog>(
+    log: &L,
+    provider: Uuid,
+    name: &str,
+    vcpus: u64,
+    actor: &str,
+) -> Result<AppendOutcome, AppendError> {
+    let inventory = Inventory {
+        total: vcpus,
+        reserved: 0,
+        allocation_ratio: Ratio::ONE,
+        min_unit: 1,
+        max_unit: vcpus,
+        step_size: 1,
+    };
+    let events = vec![
+        Event::ProviderRegistered {
+            name: name.into(),
+            host: name.into(),
+        },
+        Event::InventorySet {
+            resource_class: "VCPU".into(),
+            inventory,
+        },
+    ];
+    log.append(
+        AggregateId::provider(provider),
+        Expectation::NoStream,
+        CommitDraft::now(actor, events),
+    )
+    .await
 }
 
 /// Claims `resources` for `consumer` on `provider`, with the provider's exact version so

@@ -287,11 +287,11 @@ async fn rollback_plan_then_run_embedded() {
 
     use provledger::operation::cancel::CancelNotices;
     use provledger::operation::OperationRunner;
-    use provledger::provision::{ClusterRequest, Provisioner};
+    use provledger::provision::{register_compute_node, ClusterRequest, Provisioner};
     use provledger::sim::SimInfrastructure;
     use provledger::Ledger;
-    use provledger_events::catalogue::{Inventory, NodeGroupSpec, Ratio};
-    use provledger_events::{AggregateId, CommitDraft, Event, EventLog, Expectation, SledLog};
+    use provledger_events::catalogue::NodeGroupSpec;
+    use provledger_events::SledLog;
     use uuid::Uuid;
 
     let dir = tempfile::tempdir().unwrap();
@@ -299,32 +299,7 @@ async fn rollback_plan_then_run_embedded() {
     let log = SledLog::open(dir.path()).unwrap();
     let ledger = Ledger::Embedded(log.clone());
     let provider = Uuid::now_v7();
-    let inventory = Inventory {
-        total: 2,
-        reserved: 0,
-        allocation_ratio: Ratio::ONE,
-        min_unit: 1,
-        max_unit: 2,
-        step_size: 1,
-    };
-    ledger
-        .append(
-            AggregateId::provider(provider),
-            Expectation::NoStream,
-            CommitDraft::now(
-                "t",
-                vec![
-                    Event::ProviderRegistered {
-                        name: "cn".into(),
-                        host: "cn".into(),
-                    },
-                    Event::InventorySet {
-                        resource_class: "VCPU".into(),
-                        inventory,
-                    },
-                ],
-            ),
-        )
+    register_compute_node(&ledger, provider, "cn", 2, "t")
         .await
         .unwrap();
     let runner = OperationRunner::new(ledger.clone(), CancelNotices::local(), None, "t");

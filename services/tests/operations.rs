@@ -13,12 +13,12 @@ use provledger::operation::driver::RollbackDriver;
 use provledger::operation::{
     read_entity, OperationError, OperationRunner, OperationSpec, StepHook, StepOutput,
 };
-use provledger::provision::{ClusterRequest, InstanceRequest, Provisioner};
+use provledger::provision::{register_compute_node, ClusterRequest, InstanceRequest, Provisioner};
 use provledger::sim::SimInfrastructure;
 use provledger::Ledger;
 use provledger_events::catalogue::{
-    BundlePolicy, ClusterStatus, CompensationAction, Effect, EffectKind, Inventory, NodeGroupSpec,
-    OperationKind, Origin, Ratio, VmState,
+    BundlePolicy, ClusterStatus, CompensationAction, Effect, EffectKind, NodeGroupSpec,
+    OperationKind, Origin, VmState,
 };
 use provledger_events::{AggregateId, CommitDraft, Event, EventLog, Expectation, SledLog};
 use provledger_projections::operation::{OperationState, OperationStatus};
@@ -105,32 +105,7 @@ async fn world(vcpus: u64) -> World {
         .with_step_hook(hook);
     let prov = Provisioner::new(runner, infra.clone(), "test");
     let provider = Uuid::now_v7();
-    let inventory = Inventory {
-        total: vcpus,
-        reserved: 0,
-        allocation_ratio: Ratio::ONE,
-        min_unit: 1,
-        max_unit: vcpus,
-        step_size: 1,
-    };
-    ledger
-        .append(
-            AggregateId::provider(provider),
-            Expectation::NoStream,
-            CommitDraft::now(
-                "test",
-                vec![
-                    Event::ProviderRegistered {
-                        name: "cn-1".into(),
-                        host: "cn-1".into(),
-                    },
-                    Event::InventorySet {
-                        resource_class: "VCPU".into(),
-                        inventory,
-                    },
-                ],
-            ),
-        )
+    register_compute_node(&ledger, provider, "cn-1", vcpus, "test")
         .await
         .expect("provider");
     World {

@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use provledger::operation::cancel::CancelNotices;
 use provledger::operation::{read_entity, OperationError, OperationRunner, StepHook};
-use provledger::provision::{ClusterRequest, Provisioner};
+use provledger::provision::{register_compute_node, ClusterRequest, Provisioner};
 use provledger::sim::SimInfrastructure;
 use provledger::Ledger;
-use provledger_events::catalogue::{ClusterStatus, Inventory, NodeGroupSpec, Ratio};
-use provledger_events::{AggregateId, CommitDraft, Event, EventLog, Expectation};
+use provledger_events::catalogue::{ClusterStatus, NodeGroupSpec};
+use provledger_events::{AggregateId, EventLog};
 use provledger_projections::operation::{OperationState, OperationStatus};
 use provledger_projections::stages::stage;
 use provledger_projections::Entity;
@@ -59,32 +59,7 @@ async fn env() -> Env {
         .await
         .expect("executors on NATS");
     let provider = Uuid::now_v7();
-    let inventory = Inventory {
-        total: 256,
-        reserved: 0,
-        allocation_ratio: Ratio::ONE,
-        min_unit: 1,
-        max_unit: 256,
-        step_size: 1,
-    };
-    ledger
-        .append(
-            AggregateId::provider(provider),
-            Expectation::NoStream,
-            CommitDraft::now(
-                "test",
-                vec![
-                    Event::ProviderRegistered {
-                        name: "cn".into(),
-                        host: "cn".into(),
-                    },
-                    Event::InventorySet {
-                        resource_class: "VCPU".into(),
-                        inventory,
-                    },
-                ],
-            ),
-        )
+    register_compute_node(&ledger, provider, "cn", 256, "test")
         .await
         .expect("provider");
     Env {

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use provledger_events::catalogue::{Inventory, NodeGroupSpec, Ratio};
-use provledger_events::{AggregateId, CommitDraft, Event, EventLog, Expectation, SledLog};
+use provledger_events::catalogue::NodeGroupSpec;
+use provledger_events::{AggregateId, EventLog, SledLog};
 use provledger_projections::planner::render_plan;
 use provledger_projections::rollback::RetryPolicy;
 use provledger_projections::stages::stage;
@@ -18,7 +18,7 @@ use crate::operation::cancel::CancelNotices;
 use crate::operation::deletion;
 use crate::operation::driver::RollbackDriver;
 use crate::operation::{read_entity, OperationRunner, StepHook};
-use crate::provision::{ClusterRequest, Provisioner};
+use crate::provision::{register_compute_node, ClusterRequest, Provisioner};
 use crate::sim::SimInfrastructure;
 use crate::Ledger;
 
@@ -109,30 +109,7 @@ async fn setup(log: &SledLog) -> Result<Stage, String> {
         OperationRunner::new(ledger.clone(), notices, Some(driver), ACTOR).with_step_hook(hook);
     let prov = Provisioner::new(runner, infra.clone(), ACTOR);
     let provider = Uuid::now_v7();
-    let inventory = Inventory {
-        total: 64,
-        reserved: 0,
-        allocation_ratio: Ratio::ONE,
-        min_unit: 1,
-        max_unit: 64,
-        step_size: 1,
-    };
-    let events = vec![
-        Event::ProviderRegistered {
-            name: "cmp-2".into(),
-            host: "cmp-2.example".into(),
-        },
-        Event::InventorySet {
-            resource_class: "VCPU".into(),
-            inventory,
-        },
-    ];
-    ledger
-        .append(
-            AggregateId::provider(provider),
-            Expectation::NoStream,
-            CommitDraft::now(ACTOR, events),
-        )
+    register_compute_node(&ledger, provider, "cmp-2", 64, ACTOR)
         .await
         .map_err(|e| e.to_string())?;
     Ok(Stage {
