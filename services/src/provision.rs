@@ -23,12 +23,13 @@ use uuid::Uuid;
 
 use crate::operation::deletion::{self, DeleteError, DeleteRequestOutcome};
 use crate::operation::{
-    read_entity, OperationCtx, OperationError, OperationRunner, OperationSpec, RunReport,
-    StepError, StepOutput,
+    read_entity, release_allocation, OperationCtx, OperationError, OperationRunner, OperationSpec,
+    RunReport, StepError, StepOutput,
 };
 use crate::sim::{Infrastructure, DHCP, DNS, HYPERVISOR, IPAM, PLUGIN};
 
-/// Claims retried after a version conflict on the provider (another scheduler claimed).
+/// Claims and releases retried after a version conflict on the provider (another scheduler
+/// claimed or released in between).
 const CLAIM_ATTEMPTS_MAX: usize = 16;
 
 /// A cluster to create.
@@ -540,6 +541,8 @@ impl Provisioner {
         Ok(())
     }
 
+    /// Releases `consumer`'s allocation on `provider` on behalf of the operation, unless the
+    /// operation was cancelled.
     async fn release_for(
         &self,
         ctx: &OperationCtx,
@@ -547,34 +550,17 @@ impl Provisioner {
         consumer: Uuid,
         reason: &str,
     ) -> Result<(), OperationError> {
-        let aggregate = AggregateId::provider(provider);
-        for _ in 0..CLAIM_ATTEMPTS_MAX {
-            let Ok(Some(Entity::Provider(p))) = read_entity(ctx.ledger(), aggregate).await else {
-                return Ok(());
-            };
-            if !p.allocations.contains_key(&consumer) {
-                return Ok(());
-            }
-            let released = Event::AllocationReleased {
-                consumer,
-                reason: reason.into(),
-            };
-            match ctx
-                .append(
-                    aggregate,
-                    Expectation::Exactly(p.header.version),
-                    vec![released],
-                )
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(OperationError::Conflict { .. }) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(OperationError::Ledger(format!(
-            "{aggregate}: releases kept meeting a newer version"
-        )))
+        ctx.check_cancelled().await?;
+        release_allocation(
+            ctx.ledger(),
+            provider,
+            consumer,
+            reason,
+            CLAIM_ATTEMPTS_MAX,
+            |events| ctx.draft(events),
+        )
+        .await
+        .map_err(OperationError::Ledger)
     }
 
     /// The first half of a delete: records the request (idempotent), then drives the

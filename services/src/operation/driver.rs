@@ -25,7 +25,7 @@ use provledger_projections::Entity;
 use uuid::Uuid;
 
 use super::executors::{CompensationExecutor, CompensationRequest};
-use super::{derived_commit_id, read_entity};
+use super::{derived_commit_id, read_entity, release_allocation};
 use crate::Ledger;
 
 /// Driver steps per `drive` call. Each step records something or waits at most
@@ -287,56 +287,25 @@ impl RollbackDriver {
                     c.compensation.resource.parse().map_err(|_| {
                         format!("consumer {:?} is not a UUID", c.compensation.resource)
                     })?;
-                self.release_allocation(op.header.id.id, provider, consumer, c.compensation_id)
-                    .await
+                let operation = op.header.id.id;
+                let reason = format!(
+                    "rollback of operation {operation} (compensation {})",
+                    c.compensation_id
+                );
+                release_allocation(
+                    &self.ledger,
+                    provider,
+                    consumer,
+                    &reason,
+                    RELEASE_ATTEMPTS_MAX,
+                    |events| self.draft(operation, events),
+                )
+                .await
             }
             ref other => Err(format!(
                 "the ledger cannot carry out {other:?}; name the service that owns it"
             )),
         }
-    }
-
-    /// Releases `consumer`'s allocation on `provider` if it is still there (idempotent).
-    pub async fn release_allocation(
-        &self,
-        operation: Uuid,
-        provider: Uuid,
-        consumer: Uuid,
-        cause: Uuid,
-    ) -> Result<(), String> {
-        let provider = AggregateId::provider(provider);
-        for _ in 0..RELEASE_ATTEMPTS_MAX {
-            let state = match read_entity(&self.ledger, provider)
-                .await
-                .map_err(|e| e.to_string())?
-            {
-                Some(Entity::Provider(p)) => p,
-                _ => return Ok(()), // no provider, no allocation to release
-            };
-            if !state.allocations.contains_key(&consumer) {
-                return Ok(());
-            }
-            let released = Event::AllocationReleased {
-                consumer,
-                reason: format!("rollback of operation {operation} (compensation {cause})"),
-            };
-            match self
-                .ledger
-                .append(
-                    provider,
-                    Expectation::Exactly(state.header.version),
-                    self.draft(operation, vec![released]),
-                )
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(AppendError::Conflict { .. }) => continue,
-                Err(e) => return Err(e.to_string()),
-            }
-        }
-        Err(format!(
-            "{provider}: {RELEASE_ATTEMPTS_MAX} releases in a row met a newer version"
-        ))
     }
 
     /// After the hypervisor confirmed a termination: the instance record is closed and it

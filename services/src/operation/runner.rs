@@ -395,7 +395,8 @@ impl OperationCtx {
         )
     }
 
-    fn draft(&self, events: Vec<Event>) -> CommitDraft {
+    /// A draft stamped with this operation and its actor.
+    pub(crate) fn draft(&self, events: Vec<Event>) -> CommitDraft {
         CommitDraft::now(&self.inner.actor, events).with_operation(self.inner.id)
     }
 
