@@ -70,6 +70,11 @@ pub struct Provisioner {
     pub actor: String,
 }
 
+/// The simulated host name of a compute node.
+fn host_of(provider: Uuid) -> String {
+    format!("host-{}", &provider.to_string()[..8])
+}
+
 fn effect(kind: EffectKind, resource: &str, executor: &str) -> Effect {
     Effect {
         kind,
@@ -209,6 +214,50 @@ impl Provisioner {
         .await
     }
 
+    /// The step that creates a VM, recorded with its termination as the compensation
+    /// (which names the cluster, if the VM is a cluster node).
+    async fn create_vm_step(
+        &self,
+        ctx: &OperationCtx,
+        node: Uuid,
+        cluster: Option<Uuid>,
+    ) -> Result<(), OperationError> {
+        let infra = self.infra.clone();
+        let vm = node.to_string();
+        ctx.step(&format!("create_vm:{node}"), async {
+            infra.act(HYPERVISOR, "create_vm", &vm).await?;
+            let mut done = effect(EffectKind::VmCreated, &vm, HYPERVISOR);
+            let mut terminate = undo(CompensationAction::TerminateVm, HYPERVISOR, &vm);
+            if let Some(cluster) = cluster {
+                done.detail.insert("cluster_id".into(), cluster.to_string());
+                terminate
+                    .args
+                    .insert("cluster_id".into(), cluster.to_string());
+            }
+            Ok(StepOutput::with_effect((), done, Some(terminate)))
+        })
+        .await
+    }
+
+    /// The step that terminates a VM for good: a removal, with nothing to compensate.
+    async fn terminate_vm_step(
+        &self,
+        ctx: &OperationCtx,
+        node: Uuid,
+    ) -> Result<(), OperationError> {
+        let infra = self.infra.clone();
+        let vm = node.to_string();
+        ctx.step(&format!("terminate:{node}"), async {
+            infra.act(HYPERVISOR, "terminate_vm", &vm).await?;
+            Ok(StepOutput::with_effect(
+                (),
+                effect(EffectKind::NodeTerminated, &vm, HYPERVISOR),
+                None,
+            ))
+        })
+        .await
+    }
+
     /// Creates one node's VM and records the instance and its membership.
     async fn spawn_node(
         &self,
@@ -218,20 +267,9 @@ impl Provisioner {
         node: Uuid,
         provider: Uuid,
     ) -> Result<(), OperationError> {
-        let infra = self.infra.clone();
+        self.create_vm_step(ctx, node, Some(cluster)).await?;
         let vm = node.to_string();
-        ctx.step(&format!("create_vm:{node}"), async {
-            infra.act(HYPERVISOR, "create_vm", &vm).await?;
-            let mut done = effect(EffectKind::VmCreated, &vm, HYPERVISOR);
-            done.detail.insert("cluster_id".into(), cluster.to_string());
-            let mut terminate = undo(CompensationAction::TerminateVm, HYPERVISOR, &vm);
-            terminate
-                .args
-                .insert("cluster_id".into(), cluster.to_string());
-            Ok(StepOutput::with_effect((), done, Some(terminate)))
-        })
-        .await?;
-        let host = format!("host-{}", &provider.to_string()[..8]);
+        let host = host_of(provider);
         ctx.append(
             AggregateId::instance(node),
             Expectation::NoStream,
@@ -498,17 +536,7 @@ impl Provisioner {
         node: Uuid,
         provider: Option<Uuid>,
     ) -> Result<(), OperationError> {
-        let infra = self.infra.clone();
-        let vm = node.to_string();
-        ctx.step(&format!("terminate:{node}"), async {
-            infra.act(HYPERVISOR, "terminate_vm", &vm).await?;
-            Ok(StepOutput::with_effect(
-                (),
-                effect(EffectKind::NodeTerminated, &vm, HYPERVISOR),
-                None,
-            ))
-        })
-        .await?;
+        self.terminate_vm_step(ctx, node).await?;
         let reason = format!("terminated by operation {}", ctx.id());
         if let Some(provider) = provider {
             self.release_for(ctx, provider, node, &reason).await?;
@@ -673,18 +701,8 @@ impl Provisioner {
             .runner
             .run(spec, |ctx| async move {
                 ctx.stage(stage::TERMINATE).await?;
-                let infra = self.infra.clone();
-                let vm = instance.to_string();
-                ctx.step(&format!("terminate:{instance}"), async {
-                    // Removing a VM that is already gone (a rolled-back boot) is a no-op.
-                    infra.act(HYPERVISOR, "terminate_vm", &vm).await?;
-                    Ok(StepOutput::with_effect(
-                        (),
-                        effect(EffectKind::NodeTerminated, &vm, HYPERVISOR),
-                        None,
-                    ))
-                })
-                .await?;
+                // Removing a VM that is already gone (a rolled-back boot) is a no-op.
+                self.terminate_vm_step(&ctx, instance).await?;
                 let provider = match read_entity(ctx.ledger(), target).await {
                     Ok(Some(Entity::Instance(i))) => i.provider_id,
                     _ => None,
@@ -732,7 +750,7 @@ impl Provisioner {
                     AggregateId::instance(instance),
                     Expectation::Any,
                     vec![Event::HostAssigned {
-                        host: format!("host-{}", &request.provider.to_string()[..8]),
+                        host: host_of(request.provider),
                         provider_id: request.provider,
                     }],
                 )
@@ -740,17 +758,7 @@ impl Provisioner {
                 ctx.stage(stage::NETWORK).await?;
                 self.network(&ctx, instance).await?;
                 ctx.stage(stage::SPAWN).await?;
-                let infra = self.infra.clone();
-                let vm = instance.to_string();
-                ctx.step(&format!("create_vm:{instance}"), async {
-                    infra.act(HYPERVISOR, "create_vm", &vm).await?;
-                    Ok(StepOutput::with_effect(
-                        (),
-                        effect(EffectKind::VmCreated, &vm, HYPERVISOR),
-                        Some(undo(CompensationAction::TerminateVm, HYPERVISOR, &vm)),
-                    ))
-                })
-                .await?;
+                self.create_vm_step(&ctx, instance, None).await?;
                 ctx.append(
                     AggregateId::instance(instance),
                     Expectation::Any,
