@@ -139,12 +139,10 @@ impl SimExecutor {
             ));
         }
         match action {
-            // Removals and state changes of an existing resource.
+            // Removals take the resource away; anything else creates it or records its
+            // latest state (decommissioned, configured, started).
             "terminate_vm" | "unregister" | "release" => {
                 s.resources.remove(resource);
-            }
-            "decommission" | "configure" | "start" => {
-                s.resources.insert(resource.to_string(), action.to_string());
             }
             _ => {
                 s.resources.insert(resource.to_string(), action.to_string());
