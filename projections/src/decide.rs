@@ -3,11 +3,10 @@
 //! repeated delete request, and a target being deleted takes nothing that would bring it
 //! back to life.
 
-use provledger_events::catalogue::{ClusterStatus, OperationKind, TaskState, VmState};
+use provledger_events::catalogue::{OperationKind, TaskState, VmState};
 use provledger_events::{AggregateId, Event};
 
-use crate::provider::ProviderStatus;
-use crate::Entity;
+use crate::{DeletionState, Entity};
 
 /// Why an append is refused before it reaches the log.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -57,36 +56,18 @@ pub fn admit_append(entity: Option<&Entity>, events: &[Event]) -> Result<(), App
     let Some(entity) = entity else {
         return Ok(());
     };
-    let state = match entity {
-        Entity::Cluster(c) => match c.status {
-            Some(ClusterStatus::Deleted) => Some("deleted"),
-            Some(ClusterStatus::Deleting) => Some("deleting"),
-            _ => None,
-        },
-        Entity::Instance(i) => match (i.vm_state, i.delete_requested) {
-            (Some(VmState::Deleted), _) => Some("deleted"),
-            (_, true) => Some("deleting"),
-            _ => None,
-        },
-        Entity::Provider(p) => match p.status {
-            Some(ProviderStatus::Deleted) => Some("deleted"),
-            _ => None,
-        },
-        Entity::Operation(_) => None,
-    };
-    let Some(state) = state else {
+    let Some(state) = entity.deletion_state() else {
         return Ok(());
     };
     for (index, event) in events.iter().enumerate() {
-        let refused = if state == "deleted" {
-            !is_delete_request(event)
-        } else {
-            revives(event)
+        let refused = match state {
+            DeletionState::Deleted => !is_delete_request(event),
+            DeletionState::Deleting => revives(event),
         };
         if refused {
             return Err(AppendRejection::TargetDeleted {
                 target: entity.id(),
-                state,
+                state: state.as_str(),
                 index,
                 event: event.name(),
             });

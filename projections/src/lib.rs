@@ -19,4 +19,4 @@ pub mod stages;
 pub mod timeline;
 
 pub use entity::{Anomaly, Header};
-pub use projection::{Entity, Projection, Summary};
+pub use projection::{DeletionState, Entity, Projection, Summary};

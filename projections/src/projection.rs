@@ -13,6 +13,23 @@ use crate::instance::InstanceState;
 use crate::operation::OperationState;
 use crate::provider::ProviderState;
 
+/// How far a target's deletion has come. `Deleting` is terminal for clusters and
+/// instances: nothing may bring them back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeletionState {
+    Deleting,
+    Deleted,
+}
+
+impl DeletionState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeletionState::Deleting => "deleting",
+            DeletionState::Deleted => "deleted",
+        }
+    }
+}
+
 /// The projected state of one aggregate.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Entity {
@@ -53,6 +70,28 @@ impl Entity {
 
     pub fn id(&self) -> AggregateId {
         self.header().id
+    }
+
+    /// Whether this target is being deleted or is deleted. A provider counts only once
+    /// deleted: its delete request may still be refused (it holds allocations) and it then
+    /// goes back to active. Operations are never deleted.
+    pub fn deletion_state(&self) -> Option<DeletionState> {
+        use provledger_events::catalogue::{ClusterStatus, VmState};
+        match self {
+            Entity::Cluster(c) => match c.status {
+                Some(ClusterStatus::Deleted) => Some(DeletionState::Deleted),
+                Some(ClusterStatus::Deleting) => Some(DeletionState::Deleting),
+                _ => None,
+            },
+            Entity::Instance(i) => match (i.vm_state, i.delete_requested) {
+                (Some(VmState::Deleted), _) => Some(DeletionState::Deleted),
+                (_, true) => Some(DeletionState::Deleting),
+                _ => None,
+            },
+            Entity::Provider(p) => (p.status == Some(crate::provider::ProviderStatus::Deleted))
+                .then_some(DeletionState::Deleted),
+            Entity::Operation(_) => None,
+        }
     }
 
     /// Folds one commit of this aggregate. Never panics: a commit for another aggregate,

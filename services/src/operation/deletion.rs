@@ -9,7 +9,7 @@
 
 use provledger_events::catalogue::{ClusterStatus, OperationKind, VmState};
 use provledger_events::{AggregateId, AggregateKind, CommitDraft, Event, EventLog, Expectation};
-use provledger_projections::Entity;
+use provledger_projections::{DeletionState, Entity};
 use uuid::Uuid;
 
 use super::cancel::CancelNotices;
@@ -64,28 +64,19 @@ pub async fn request_delete(
     let Some(entity) = entity else {
         return Ok((DeleteRequestOutcome::Unknown, None));
     };
-    let (outcome, request) = match (&entity, target.kind) {
-        (Entity::Cluster(c), AggregateKind::Cluster) => match c.status {
-            Some(ClusterStatus::Deleted) => (DeleteRequestOutcome::AlreadyDeleted, None),
-            Some(ClusterStatus::Deleting) => (DeleteRequestOutcome::AlreadyDeleting, None),
-            _ => (
-                DeleteRequestOutcome::Requested,
-                Some(Event::ClusterDeleteRequested {
-                    reason: reason.into(),
-                }),
-            ),
+    let request = match target.kind {
+        AggregateKind::Cluster => Event::ClusterDeleteRequested {
+            reason: reason.into(),
         },
-        (Entity::Instance(i), AggregateKind::Instance) => match (i.vm_state, i.delete_requested) {
-            (Some(VmState::Deleted), _) => (DeleteRequestOutcome::AlreadyDeleted, None),
-            (_, true) => (DeleteRequestOutcome::AlreadyDeleting, None),
-            _ => (
-                DeleteRequestOutcome::Requested,
-                Some(Event::InstanceDeleteRequested {
-                    reason: reason.into(),
-                }),
-            ),
+        AggregateKind::Instance => Event::InstanceDeleteRequested {
+            reason: reason.into(),
         },
         _ => return Err(DeleteError::WrongKind(target)),
+    };
+    let (outcome, request) = match entity.deletion_state() {
+        Some(DeletionState::Deleted) => (DeleteRequestOutcome::AlreadyDeleted, None),
+        Some(DeletionState::Deleting) => (DeleteRequestOutcome::AlreadyDeleting, None),
+        None => (DeleteRequestOutcome::Requested, Some(request)),
     };
     if let Some(event) = request {
         ledger

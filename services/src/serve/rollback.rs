@@ -13,10 +13,9 @@ use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use provledger_events::catalogue::{ClusterStatus, VmState};
 use provledger_events::{AggregateId, AggregateKind};
 use provledger_projections::operation::{OperationState, OperationStatus};
-use provledger_projections::Entity;
+use provledger_projections::{DeletionState, Entity};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use uuid::Uuid;
@@ -49,11 +48,7 @@ pub fn needs_driving(op: &OperationState) -> bool {
 }
 
 fn is_deleting(entity: &Entity) -> bool {
-    match entity {
-        Entity::Cluster(c) => c.status == Some(ClusterStatus::Deleting),
-        Entity::Instance(i) => i.delete_requested && i.vm_state != Some(VmState::Deleted),
-        _ => false,
-    }
+    entity.deletion_state() == Some(DeletionState::Deleting)
 }
 
 pub struct RollbackWorker {
