@@ -371,10 +371,7 @@ fn child_closed_ok(child: &OperationState) -> bool {
 }
 
 fn rule_text(kind: OperationKind, mode: Mode, stage: &str, bundle: Option<BundlePolicy>) -> String {
-    let kind_word = serde_json::to_value(kind)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_else(|| format!("{kind:?}"));
+    let kind_word = json_word(&kind);
     let what = match (kind, mode) {
         (_, Mode::TargetDeleted) => {
             "the user deleted the target: compensate everything the operation created, \
@@ -504,9 +501,14 @@ fn short_aggregate(id: &AggregateId) -> String {
 pub fn action_word(action: &CompensationAction) -> String {
     match action {
         CompensationAction::Custom(name) => name.clone(),
-        other => serde_json::to_value(other)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_else(|| format!("{other:?}")),
+        other => json_word(other),
     }
+}
+
+/// A unit enum variant's name in the JSON form (snake_case), or its Debug form.
+fn json_word<T: serde::Serialize + std::fmt::Debug>(value: &T) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{value:?}"))
 }

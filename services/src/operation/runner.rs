@@ -294,18 +294,26 @@ impl OperationRunner {
             },
             Err(e) => Err(e),
         };
+        // The driver returns the state it ended on; otherwise read it once.
+        let mut driven = None;
         if let Err(error) = &result {
             if let Err(e) = ctx.record_stop(error).await {
                 tracing::error!(operation = %operation_id, error = %e, "the failure could not be recorded; serve or `rollback run` finishes it from the log");
             } else if let Some(driver) = &self.driver {
-                if let Err(e) = driver.drive(operation_id).await {
-                    tracing::warn!(operation = %operation_id, error = %e, "rollback not finished here; serve or `rollback run` resumes it from the log");
+                match driver.drive(operation_id).await {
+                    Ok(op) => driven = Some(op),
+                    Err(e) => {
+                        tracing::warn!(operation = %operation_id, error = %e, "rollback not finished here; serve or `rollback run` resumes it from the log")
+                    }
                 }
             }
         }
-        let state = match read_entity(&self.ledger, AggregateId::operation(operation_id)).await {
-            Ok(Some(Entity::Operation(op))) => Some(op),
-            _ => None,
+        let state = match driven {
+            Some(op) => Some(op),
+            None => match read_entity(&self.ledger, AggregateId::operation(operation_id)).await {
+                Ok(Some(Entity::Operation(op))) => Some(op),
+                _ => None,
+            },
         };
         RunReport {
             operation_id,
