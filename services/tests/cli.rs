@@ -74,35 +74,28 @@ fn bad_usage_exits_2_and_says_what_was_expected() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).contains("expected one of cluster, instance, provider, operation"));
 
-    let out = provledger(
-        &[
-            "--data-dir",
-            d,
-            "append",
-            CLUSTER,
-            "--expect",
-            "none",
-            "--events",
-            "-",
-        ],
-        "{not json",
-    );
+    // `append` with events on stdin, refused before anything is written.
+    let append = |expect: &str, events: &str| {
+        provledger(
+            &[
+                "--data-dir",
+                d,
+                "append",
+                CLUSTER,
+                "--expect",
+                expect,
+                "--events",
+                "-",
+            ],
+            events,
+        )
+    };
+
+    let out = append("none", "{not json");
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).contains("not valid JSON"), "{}", text(&out));
 
-    let out = provledger(
-        &[
-            "--data-dir",
-            d,
-            "append",
-            CLUSTER,
-            "--expect",
-            "none",
-            "--events",
-            "-",
-        ],
-        r#"[{"boot": {}}]"#,
-    );
+    let out = append("none", r#"[{"boot": {}}]"#);
     assert_eq!(out.status.code(), Some(2));
     assert!(
         text(&out).contains("not in the catalogue"),
@@ -110,19 +103,7 @@ fn bad_usage_exits_2_and_says_what_was_expected() {
         text(&out)
     );
 
-    let out = provledger(
-        &[
-            "--data-dir",
-            d,
-            "append",
-            CLUSTER,
-            "--expect",
-            "maybe",
-            "--events",
-            "-",
-        ],
-        "[]",
-    );
+    let out = append("maybe", "[]");
     assert_eq!(out.status.code(), Some(2));
     assert!(
         text(&out).contains("\"any\", \"none\" or a version number"),
@@ -130,19 +111,7 @@ fn bad_usage_exits_2_and_says_what_was_expected() {
         text(&out)
     );
 
-    let out = provledger(
-        &[
-            "--data-dir",
-            d,
-            "append",
-            CLUSTER,
-            "--expect",
-            "none",
-            "--events",
-            "-",
-        ],
-        r#"[{"instance_deleted": {}}]"#,
-    );
+    let out = append("none", r#"[{"instance_deleted": {}}]"#);
     assert_eq!(
         out.status.code(),
         Some(2),
