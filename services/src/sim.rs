@@ -58,7 +58,6 @@ struct SimState {
     compensation_failures_left: u32,
     /// How many times each compensation took effect (at most once if idempotent).
     applied: BTreeMap<Uuid, u32>,
-    compensation_requests: u32,
     next_ip: u32,
 }
 
@@ -105,10 +104,6 @@ impl SimExecutor {
         self.lock().resources.contains_key(resource)
     }
 
-    pub fn state_of(&self, resource: &str) -> Option<String> {
-        self.lock().resources.get(resource).cloned()
-    }
-
     /// How many times compensation `id` took effect here.
     pub fn applied(&self, id: Uuid) -> u32 {
         self.lock().applied.get(&id).copied().unwrap_or(0)
@@ -116,10 +111,6 @@ impl SimExecutor {
 
     pub fn applied_total(&self) -> u32 {
         self.lock().applied.values().sum()
-    }
-
-    pub fn compensation_requests(&self) -> u32 {
-        self.lock().compensation_requests
     }
 
     fn call(&self, action: &str, resource: &str) -> Result<(), String> {
@@ -168,7 +159,6 @@ impl SimExecutor {
 
     fn compensate_now(&self, request: &CompensationRequest) -> Result<(), String> {
         let mut s = self.lock();
-        s.compensation_requests += 1;
         if s.applied.contains_key(&request.compensation_id) {
             return Ok(()); // already carried out: a retry or a racing driver
         }

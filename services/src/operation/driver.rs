@@ -88,10 +88,6 @@ impl RollbackDriver {
         }
     }
 
-    pub fn policy(&self) -> &RetryPolicy {
-        &self.policy
-    }
-
     async fn operation(&self, id: Uuid) -> Result<OperationState, DriveError> {
         match read_entity(&self.ledger, AggregateId::operation(id))
             .await

@@ -381,10 +381,6 @@ impl OperationCtx {
         self.inner.target
     }
 
-    pub fn kind(&self) -> OperationKind {
-        self.inner.kind
-    }
-
     pub fn ledger(&self) -> &Ledger {
         &self.inner.ledger
     }

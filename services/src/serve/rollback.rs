@@ -178,6 +178,15 @@ impl RollbackWorker {
             };
             // The target's own delete operation is left to finish; anything else stops.
             if let Some(op) = deletion::cancellable_in_flight(&entity) {
+                // Once the projection shows the notice, there is nothing to re-check in
+                // the log on every sweep.
+                let noticed = matches!(
+                    self.store.entity(&AggregateId::operation(op)),
+                    Ok(Some(Entity::Operation(o))) if o.target_deleted || o.is_closed()
+                );
+                if noticed {
+                    continue;
+                }
                 let reason = format!("{target} is being deleted");
                 if let Err(e) = deletion::notice_target_deletion(
                     &self.ledger,
