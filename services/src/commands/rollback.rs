@@ -6,49 +6,37 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use provledger_events::catalogue::OperationKind;
-use provledger_events::AggregateId;
-use provledger_projections::operation::{CompensationProgress, OperationState};
-use provledger_projections::planner::{plan_rollback, render_plan};
+use provledger_projections::operation::CompensationProgress;
+use provledger_projections::planner::render_plan;
 use provledger_projections::rollback::RetryPolicy;
-use provledger_projections::Entity;
 use uuid::Uuid;
 
 use super::{print_json, CommandError};
-use crate::operation::driver::{DriveError, RollbackDriver};
+use crate::operation::driver::{plan_for, read_operation, DriveError, RollbackDriver};
 use crate::operation::executors::{
     CompensationExecutor, CompensationFuture, CompensationRequest, NatsExecutors,
 };
-use crate::operation::read_entity;
 use crate::Ledger;
 
 /// How long `rollback run` waits for one executor's reply.
 const EXECUTOR_REPLY_WAIT: Duration = Duration::from_secs(10);
 
-async fn operation(ledger: &Ledger, id: Uuid) -> Result<OperationState, CommandError> {
-    match read_entity(ledger, AggregateId::operation(id)).await? {
-        Some(Entity::Operation(op)) if op.kind.is_some() => Ok(op),
-        _ => Err(CommandError::Problem(format!(
+/// Maps the driver's errors onto the command's exit codes and messages.
+fn command_error(e: DriveError) -> CommandError {
+    match e {
+        DriveError::NotFound(id) => CommandError::Problem(format!(
             "operation {id} not found in this ledger (check --data-dir / --nats)"
-        ))),
+        )),
+        DriveError::Plan(refusal) => CommandError::Problem(refusal.to_string()),
+        other => CommandError::Infrastructure(other.to_string()),
     }
 }
 
 pub async fn plan(ledger: &Ledger, id: Uuid, json: bool) -> Result<(), CommandError> {
-    let op = operation(ledger, id).await?;
+    let op = read_operation(ledger, id).await.map_err(command_error)?;
     let (plan, recorded) = match &op.rollback_plan {
         Some(plan) => (plan.clone(), true),
-        None => {
-            let mut children = Vec::new();
-            if op.kind == Some(OperationKind::Bundle) {
-                for child in &op.children {
-                    children.push(operation(ledger, *child).await?);
-                }
-            }
-            let plan = plan_rollback(&op, &children)
-                .map_err(|refusal| CommandError::Problem(refusal.to_string()))?;
-            (plan, false)
-        }
+        None => (plan_for(ledger, &op).await.map_err(command_error)?, false),
     };
     if json {
         print_json(&serde_json::json!({
@@ -127,10 +115,7 @@ pub async fn run(
         None => Arc::new(NoExecutors),
     };
     let driver = RollbackDriver::new(ledger.clone(), executors, RetryPolicy::default(), "cli");
-    let op = driver.drive(id).await.map_err(|e| match e {
-        DriveError::NotFound(_) | DriveError::Plan(_) => CommandError::Problem(e.to_string()),
-        other => CommandError::Infrastructure(other.to_string()),
-    })?;
+    let op = driver.drive(id).await.map_err(command_error)?;
     if json {
         print_json(&op.view());
     } else {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use provledger_events::catalogue::{
     ClusterStatus, CompensationAction, Executor, OperationKind, OperationOutcome,
-    PlannedCompensation, RollbackOutcome, TargetOutcome, VmState,
+    PlannedCompensation, RollbackOutcome, RollbackPlan, TargetOutcome, VmState,
 };
 use provledger_events::{
     AggregateId, AggregateKind, AppendError, CommitDraft, Event, EventLog, Expectation, Timestamp,
@@ -55,6 +55,31 @@ fn ledger_error(e: impl std::fmt::Display) -> DriveError {
     DriveError::Ledger(e.to_string())
 }
 
+/// A started operation as folded from the log, or `NotFound`.
+pub async fn read_operation<L: EventLog>(log: &L, id: Uuid) -> Result<OperationState, DriveError> {
+    match read_entity(log, AggregateId::operation(id))
+        .await
+        .map_err(ledger_error)?
+    {
+        Some(Entity::Operation(op)) if op.kind.is_some() => Ok(op),
+        _ => Err(DriveError::NotFound(id)),
+    }
+}
+
+/// The plan the planner gives for `op` now, with a bundle's children read from the log.
+pub async fn plan_for<L: EventLog>(
+    log: &L,
+    op: &OperationState,
+) -> Result<RollbackPlan, DriveError> {
+    let mut children = Vec::new();
+    if op.kind == Some(OperationKind::Bundle) {
+        for child in &op.children {
+            children.push(read_operation(log, *child).await?);
+        }
+    }
+    Ok(plan_rollback(op, &children)?)
+}
+
 /// What one driver step did.
 #[derive(Debug)]
 pub enum DriveStep {
@@ -89,13 +114,7 @@ impl RollbackDriver {
     }
 
     async fn operation(&self, id: Uuid) -> Result<OperationState, DriveError> {
-        match read_entity(&self.ledger, AggregateId::operation(id))
-            .await
-            .map_err(ledger_error)?
-        {
-            Some(Entity::Operation(op)) if op.kind.is_some() => Ok(op),
-            _ => Err(DriveError::NotFound(id)),
-        }
+        read_operation(&self.ledger, id).await
     }
 
     /// Drives the operation's rollback until it is closed (or, if it is not stopped,
@@ -171,8 +190,7 @@ impl RollbackDriver {
                 Ok(DriveStep::Progressed)
             }
             RollbackAction::Plan => {
-                let children = self.children(&op).await?;
-                let plan = plan_rollback(&op, &children)?;
+                let plan = plan_for(&self.ledger, &op).await?;
                 if self
                     .append_decision(&op, vec![Event::RollbackPlanned { plan: plan.clone() }])
                     .await?
@@ -231,17 +249,6 @@ impl RollbackDriver {
                 Ok(DriveStep::Progressed)
             }
         }
-    }
-
-    async fn children(&self, op: &OperationState) -> Result<Vec<OperationState>, DriveError> {
-        if op.kind != Some(OperationKind::Bundle) {
-            return Ok(Vec::new());
-        }
-        let mut out = Vec::with_capacity(op.children.len());
-        for child in &op.children {
-            out.push(self.operation(*child).await?);
-        }
-        Ok(out)
     }
 
     async fn execute(
