@@ -4,7 +4,7 @@
 //!
 //! Projections never perform IO, never read the clock and never panic on an event that
 //! makes no sense: such an event is kept as an anomaly on the entity. Storing entities,
-//! checkpoints and the sled copy of the log is the runner's job (`provledger::runner`).
+//! checkpoints and the sled copy of the log is the projector's job (`provledger-serve`'s `Projector`).
 
 pub mod cluster;
 pub mod decide;

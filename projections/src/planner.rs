@@ -506,7 +506,7 @@ pub fn action_word(action: &CompensationAction) -> String {
 }
 
 /// A unit enum variant's name in the JSON form (snake_case), or its Debug form.
-fn json_word<T: serde::Serialize + std::fmt::Debug>(value: &T) -> String {
+pub(crate) fn json_word<T: serde::Serialize + std::fmt::Debug>(value: &T) -> String {
     serde_json::to_value(value)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))

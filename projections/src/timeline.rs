@@ -1,6 +1,10 @@
 //! A readable, one-line-per-event rendering of commits, for `history` and the demo.
 
+use provledger_events::catalogue::{EffectKind, Executor, TargetOutcome};
 use provledger_events::{Commit, Event};
+use uuid::Uuid;
+
+use crate::planner::{action_word, json_word};
 
 /// One line per event: position, aggregate@version, event name and its key fields.
 pub fn render(commit: &Commit) -> Vec<String> {
@@ -72,6 +76,100 @@ pub fn summary(event: &Event) -> String {
         } => {
             format!("consumer={consumer} resources={resources:?}")
         }
+        Event::AllocationReleased { consumer, reason } => {
+            format!("consumer={consumer} {reason:?}")
+        }
+        Event::ProviderRegistered { name, host } => format!("name={name} host={host}"),
+        Event::InventorySet {
+            resource_class,
+            inventory,
+        } => format!(
+            "{resource_class} total={} reserved={} ratio={}",
+            inventory.total, inventory.reserved, inventory.allocation_ratio
+        ),
+        Event::OperationStarted { kind, target, .. } => {
+            format!("kind={} target={target}", json_word(kind))
+        }
+        Event::InFlightOperationSet {
+            operation_id,
+            operation_kind,
+        } => format!("operation={operation_id} ({})", json_word(operation_kind)),
+        Event::InFlightOperationCleared {
+            operation_id,
+            outcome,
+        } => format!("operation={operation_id} outcome={}", json_word(outcome)),
+        Event::StageStarted { stage } | Event::StageCompleted { stage } => {
+            format!("stage={stage}")
+        }
+        Event::StepDone {
+            step,
+            effect,
+            compensation,
+            ..
+        } => {
+            let kind = match &effect.kind {
+                EffectKind::Custom(k) => k.clone(),
+                k => json_word(k),
+            };
+            let undo = match compensation {
+                Some(c) => format!(
+                    " undo={} by {}",
+                    action_word(&c.action),
+                    executor(&c.executor)
+                ),
+                None => String::new(),
+            };
+            format!("{step} {kind} {}{undo}", effect.resource)
+        }
+        Event::OperationFailed { stage, step, error } => format!(
+            "stage={stage} step={} {error:?}",
+            step.as_deref().unwrap_or("-")
+        ),
+        Event::OperationCancelled { reason }
+        | Event::CancellationRequested { reason }
+        | Event::TargetDeletionNoticed { reason }
+        | Event::ClusterDeleteRequested { reason }
+        | Event::InstanceDeleteRequested { reason } => format!("{reason:?}"),
+        Event::RollbackPlanned { plan } => format!(
+            "{} compensation(s), {} kept; target -> {}",
+            plan.compensations.len(),
+            plan.retained.len(),
+            target_word(&plan.target_outcome)
+        ),
+        Event::CompensationRequested {
+            compensation_id,
+            attempt,
+        } => format!(
+            "compensation={} attempt={attempt}",
+            short_id(compensation_id)
+        ),
+        Event::CompensationDone { compensation_id } => {
+            format!("compensation={}", short_id(compensation_id))
+        }
+        Event::CompensationFailed {
+            compensation_id,
+            attempt,
+            error,
+        } => format!(
+            "compensation={} attempt={attempt} {error:?}",
+            short_id(compensation_id)
+        ),
+        Event::RollbackFinished { outcome, remaining } => {
+            format!(
+                "outcome={} remaining={}",
+                json_word(outcome),
+                remaining.len()
+            )
+        }
+        Event::InstanceLeft {
+            node_group,
+            instance_id,
+            reason,
+        } => format!("group={node_group} instance={instance_id} {reason:?}"),
+        Event::PowerStateChanged { power_state } => {
+            format!("power_state={}", json_word(power_state))
+        }
+        Event::ChildOperationAdded { child_id } => format!("child={child_id}"),
         other => {
             let json = inner_json(other);
             match json.char_indices().nth(100) {
@@ -92,5 +190,25 @@ fn inner_json(event: &Event) -> String {
             .unwrap_or_default(),
         Ok(other) => other.to_string(),
         Err(e) => format!("<unrenderable: {e}>"),
+    }
+}
+
+/// The first 8 hex digits of a compensation id, as the rendered rollback plan shows it.
+fn short_id(id: &Uuid) -> String {
+    id.to_string()[..8].to_string()
+}
+
+fn executor(executor: &Executor) -> String {
+    match executor {
+        Executor::Ledger => "ledger".into(),
+        Executor::Service(name) => name.clone(),
+    }
+}
+
+fn target_word(outcome: &TargetOutcome) -> &'static str {
+    match outcome {
+        TargetOutcome::Error { .. } => "error",
+        TargetOutcome::Active { .. } => "active",
+        TargetOutcome::Deleted => "deleted",
     }
 }

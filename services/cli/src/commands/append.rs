@@ -1,0 +1,103 @@
+//! `provledger append KIND/ID --expect any|none|N --events FILE|-`
+
+use std::io::Read;
+
+use provledger_events::{
+    AggregateId, AppendStatus, CommitDraft, Event, EventLog, Expectation, Timestamp,
+};
+use uuid::Uuid;
+
+use super::{print_json, CommandError};
+use provledger_client::Ledger;
+
+pub struct AppendArgs {
+    pub aggregate: AggregateId,
+    pub expect: Expectation,
+    pub events: Vec<Event>,
+    pub commit_id: Option<Uuid>,
+    pub operation_id: Option<Uuid>,
+    pub causation_id: Option<Uuid>,
+    pub actor: String,
+}
+
+/// Reads the events' JSON: a list of events in the catalogue's JSON form, or one event.
+pub fn parse_events(text: &str) -> Result<Vec<Event>, CommandError> {
+    let value: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| CommandError::BadInput(format!("events are not valid JSON: {e}")))?;
+    let list = match value {
+        serde_json::Value::Array(items) => items,
+        single @ serde_json::Value::Object(_) => vec![single],
+        _ => {
+            return Err(CommandError::BadInput(
+                "events must be a JSON list of events, e.g. [{\"cluster_deleted\": {}}]".into(),
+            ))
+        }
+    };
+    list.into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            serde_json::from_value::<Event>(v).map_err(|e| {
+                CommandError::BadInput(format!(
+                    "event #{i} is not in the catalogue ({e}); see docs/events.md for the JSON form"
+                ))
+            })
+        })
+        .collect()
+}
+
+pub fn read_events_source(source: &str) -> Result<String, CommandError> {
+    if source == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .map_err(|e| CommandError::BadInput(format!("cannot read events from stdin: {e}")))?;
+        Ok(s)
+    } else {
+        std::fs::read_to_string(source)
+            .map_err(|e| CommandError::BadInput(format!("cannot read events file {source}: {e}")))
+    }
+}
+
+pub async fn run(ledger: &Ledger, args: AppendArgs, json: bool) -> Result<(), CommandError> {
+    if let Ledger::Embedded(log) = ledger {
+        // A service's data dir copies a JetStream stream; embedded appends there would
+        // invent positions that collide with the stream's.
+        let store = provledger_serve::ProjectionStore::open(log.db())?;
+        if let Some(source) = store.source()?.filter(|s| s != "embedded") {
+            return Err(CommandError::BadInput(format!(
+                "{} holds the projection copy of {source}; append with --nats instead",
+                log.dir().display()
+            )));
+        }
+    }
+    let draft = CommitDraft {
+        commit_id: args.commit_id.unwrap_or_else(Uuid::now_v7),
+        operation_id: args.operation_id,
+        causation_id: args.causation_id,
+        actor: args.actor,
+        recorded_at: Timestamp::now(),
+        events: args.events,
+    };
+    let commit_id = draft.commit_id;
+    let outcome = ledger.append(args.aggregate, args.expect, draft).await?;
+    let already = outcome.status == AppendStatus::AlreadyAppended;
+    if json {
+        print_json(&serde_json::json!({
+            "position": outcome.position,
+            "version": outcome.version,
+            "commit_id": commit_id,
+            "status": if already { "already_appended" } else { "appended" },
+        }));
+    } else if already {
+        println!(
+            "already appended (idempotent retry of {commit_id}): position {} version {}",
+            outcome.position, outcome.version
+        );
+    } else {
+        println!(
+            "appended {commit_id}: position {} version {}",
+            outcome.position, outcome.version
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,81 @@
+//! The `provledger` subcommands. Each returns a [`CommandError`] whose exit code follows the
+//! contract: 1 = ran and found a problem, 2 = bad usage or input, 3 = infrastructure.
+
+pub mod append;
+pub mod demo;
+pub mod history;
+pub mod query;
+pub mod replay;
+pub mod rollback;
+pub mod serve;
+pub mod state;
+
+use provledger_client::OpenLedgerError;
+use provledger_events::{AppendError, ReadError};
+
+/// A failed command: what went wrong, what to do, and the exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// The command ran and found a problem (a conflict, not found, a violation).
+    #[error("{0}")]
+    Problem(String),
+    /// Bad usage or bad input.
+    #[error("{0}")]
+    BadInput(String),
+    /// NATS unreachable, data dir locked, storage failing.
+    #[error("{0}")]
+    Infrastructure(String),
+}
+
+impl CommandError {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CommandError::Problem(_) => 1,
+            CommandError::BadInput(_) => 2,
+            CommandError::Infrastructure(_) => 3,
+        }
+    }
+}
+
+impl From<OpenLedgerError> for CommandError {
+    fn from(e: OpenLedgerError) -> Self {
+        match e {
+            OpenLedgerError::JetStream(
+                provledger_events::log::OpenJetStreamError::StreamConfigMismatch { .. },
+            ) => CommandError::Problem(e.to_string()),
+            other => CommandError::Infrastructure(other.to_string()),
+        }
+    }
+}
+
+impl From<AppendError> for CommandError {
+    fn from(e: AppendError) -> Self {
+        match e {
+            AppendError::Conflict { .. } | AppendError::CommitIdReused { .. } => {
+                CommandError::Problem(e.to_string())
+            }
+            AppendError::Invalid(_) | AppendError::Encode(_) => {
+                CommandError::BadInput(e.to_string())
+            }
+            AppendError::Corrupt { .. } => CommandError::Problem(e.to_string()),
+            AppendError::Unavailable { .. } => CommandError::Infrastructure(e.to_string()),
+        }
+    }
+}
+
+impl From<ReadError> for CommandError {
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::Undecodable { .. } => CommandError::Problem(e.to_string()),
+            ReadError::Unavailable { .. } => CommandError::Infrastructure(e.to_string()),
+        }
+    }
+}
+
+/// Prints one JSON document on stdout.
+pub fn print_json(value: &serde_json::Value) {
+    match serde_json::to_string_pretty(value) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("cannot render JSON: {e}"),
+    }
+}

@@ -1,0 +1,138 @@
+//! `provledger rollback plan OP_ID` prints the rollback plan of a failed or cancelled
+//! operation: the recorded one, or (dry run) the one the planner would record now.
+//! `provledger rollback run OP_ID` records the plan and drives it to the end, with the
+//! executors reached over NATS (`--executors-url`, default `--nats`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use provledger_projections::operation::CompensationProgress;
+use provledger_projections::planner::render_plan;
+use provledger_projections::rollback::RetryPolicy;
+use uuid::Uuid;
+
+use super::{print_json, CommandError};
+use provledger_client::{
+    plan_for, read_operation, CompensationExecutor, CompensationFuture, CompensationRequest,
+    DriveError, Ledger, NatsExecutors, RollbackDriver,
+};
+
+/// How long `rollback run` waits for one executor's reply.
+const EXECUTOR_REPLY_WAIT: Duration = Duration::from_secs(10);
+
+/// Maps the driver's errors onto the command's exit codes and messages.
+fn command_error(e: DriveError) -> CommandError {
+    match e {
+        DriveError::NotFound(id) => CommandError::Problem(format!(
+            "operation {id} not found in this ledger (check --data-dir / --nats)"
+        )),
+        DriveError::Plan(refusal) => CommandError::Problem(refusal.to_string()),
+        other => CommandError::Infrastructure(other.to_string()),
+    }
+}
+
+pub async fn plan(ledger: &Ledger, id: Uuid, json: bool) -> Result<(), CommandError> {
+    let op = read_operation(ledger, id).await.map_err(command_error)?;
+    let (plan, recorded) = match &op.rollback_plan {
+        Some(plan) => (plan.clone(), true),
+        None => (plan_for(ledger, &op).await.map_err(command_error)?, false),
+    };
+    if json {
+        print_json(&serde_json::json!({
+            "operation_id": id,
+            "recorded": recorded,
+            "status": op.status,
+            "plan": plan,
+            "compensations": op.view()["compensations"],
+        }));
+        return Ok(());
+    }
+    let status = op.view()["status"].as_str().unwrap_or("?").to_string();
+    println!(
+        "operation {id} ({status}): {}",
+        if recorded {
+            "recorded plan"
+        } else {
+            "dry run, nothing recorded"
+        }
+    );
+    print!("{}", render_plan(&plan));
+    for c in &op.compensations {
+        if c.progress != CompensationProgress::Done {
+            println!(
+                "  pending: {} {:?} after {} attempt(s){}",
+                c.planned.compensation_id,
+                c.progress,
+                c.attempts,
+                c.last_error
+                    .as_ref()
+                    .map(|e| format!(", last error: {e}"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Stands in for the executors when none is reachable: each external compensation fails
+/// with what to do, and the rollback ends in `needs_attention` listing them.
+struct NoExecutors;
+
+impl CompensationExecutor for NoExecutors {
+    fn compensate<'a>(
+        &'a self,
+        executor: &'a str,
+        _request: &'a CompensationRequest,
+    ) -> CompensationFuture<'a> {
+        Box::pin(async move {
+            Err(format!(
+                "executor {executor:?} is not reachable: pass --executors-url with the NATS \
+                 server it listens on"
+            ))
+        })
+    }
+}
+
+pub async fn run(
+    ledger: &Ledger,
+    id: Uuid,
+    executors_url: Option<&str>,
+    subject_prefix: &str,
+    json: bool,
+) -> Result<(), CommandError> {
+    let executors: Arc<dyn CompensationExecutor> = match executors_url {
+        Some(url) => {
+            let client = async_nats::connect(url).await.map_err(|e| {
+                CommandError::Infrastructure(format!("executors' NATS unreachable at {url}: {e}"))
+            })?;
+            Arc::new(NatsExecutors {
+                client,
+                subject_prefix: subject_prefix.to_string(),
+                reply_wait: EXECUTOR_REPLY_WAIT,
+            })
+        }
+        None => Arc::new(NoExecutors),
+    };
+    let driver = RollbackDriver::new(ledger.clone(), executors, RetryPolicy::default(), "cli");
+    let op = driver.drive(id).await.map_err(command_error)?;
+    if json {
+        print_json(&op.view());
+    } else {
+        let status = op.view()["status"].as_str().unwrap_or("?").to_string();
+        println!("operation {id}: {status}");
+        if let Some(plan) = &op.rollback_plan {
+            print!("{}", render_plan(plan));
+        }
+        if !op.remaining.is_empty() {
+            println!("remaining: {:?}", op.remaining);
+        }
+    }
+    if op.remaining.is_empty() {
+        Ok(())
+    } else {
+        Err(CommandError::Problem(format!(
+            "operation {id} needs attention: {} compensation(s) remain",
+            op.remaining.len()
+        )))
+    }
+}

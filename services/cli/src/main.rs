@@ -1,0 +1,333 @@
+//! The `provledger` command. Exit codes: 0 success, 1 the command found a problem,
+//! 2 bad usage or input, 3 infrastructure unavailable.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+mod commands;
+
+use commands::state::LogPoint;
+use commands::{append::AppendArgs, CommandError};
+use provledger_client::{Ledger, LedgerOptions};
+use provledger_events::{AggregateId, Expectation};
+use provledger_projections::rollback::RetryPolicy;
+use provledger_serve::ServeOptions;
+use std::time::Duration;
+use uuid::Uuid;
+
+#[derive(Parser)]
+#[command(
+    name = "provledger",
+    version,
+    about = "An event-sourced provisioning ledger"
+)]
+struct Cli {
+    /// NATS server URL; without it, commands run embedded on sled alone.
+    #[arg(long, global = true, env = "PROVLEDGER_NATS_URL")]
+    nats: Option<String>,
+    /// The sled data directory.
+    #[arg(
+        long,
+        global = true,
+        env = "PROVLEDGER_DATA_DIR",
+        default_value = "./provledger-data"
+    )]
+    data_dir: PathBuf,
+    /// The JetStream stream name.
+    #[arg(
+        long,
+        global = true,
+        env = "PROVLEDGER_STREAM",
+        default_value = "PROVLEDGER"
+    )]
+    stream: String,
+    /// The prefix of every NATS subject.
+    #[arg(
+        long,
+        global = true,
+        env = "PROVLEDGER_PREFIX",
+        default_value = "provledger"
+    )]
+    subject_prefix: String,
+    /// Machine-readable output: one JSON document on stdout.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the built-in end-to-end scenario embedded, in a fresh data dir.
+    Demo,
+    /// Append events (the catalogue's JSON form) to one aggregate as one commit.
+    Append {
+        /// The aggregate, as KIND/ID (KIND is cluster, instance, provider or operation).
+        aggregate: AggregateId,
+        /// any, none (no commit yet) or the exact current version.
+        #[arg(long)]
+        expect: Expectation,
+        /// A file with a JSON list of events, or - for stdin.
+        #[arg(long)]
+        events: String,
+        /// Reuse a commit id to make a retry idempotent.
+        #[arg(long)]
+        commit_id: Option<Uuid>,
+        #[arg(long)]
+        operation_id: Option<Uuid>,
+        #[arg(long)]
+        causation_id: Option<Uuid>,
+        #[arg(long, default_value = "cli")]
+        actor: String,
+    },
+    /// An aggregate's commits, oldest first, decoded, with a hash-chain check.
+    History {
+        /// The aggregate, as KIND/ID.
+        aggregate: AggregateId,
+    },
+    /// The projection service: consume the log, keep sled state, answer queries. Needs --nats.
+    Serve {
+        /// Longest wait for a query's min_position before answering `stale`.
+        #[arg(long, default_value_t = 2000)]
+        min_position_wait_ms: u64,
+        /// Snapshot the projection each time this many positions are passed (0: never).
+        #[arg(long, default_value_t = provledger_serve::SNAPSHOT_EVERY_POSITIONS_DEFAULT)]
+        snapshot_every: u64,
+        /// Attempts per compensation before the operation needs attention.
+        #[arg(long, default_value_t = 5)]
+        compensation_attempts_max: u32,
+        /// Wait after a failed compensation attempt, doubled per attempt (capped at 30 s).
+        #[arg(long, default_value_t = 500)]
+        compensation_backoff_ms: i64,
+        /// How long a compensation request may go unanswered before it counts as lost.
+        #[arg(long, default_value_t = 30_000)]
+        compensation_reply_wait_ms: i64,
+    },
+    /// An aggregate's projected state, now or at a past position or time.
+    State {
+        /// The aggregate, as KIND/ID.
+        aggregate: AggregateId,
+        /// A log position, or an RFC 3339 time.
+        #[arg(long)]
+        at: Option<LogPoint>,
+    },
+    /// Rebuild all projections up to a point and print counts by status and anomalies.
+    Replay {
+        /// A log position, or an RFC 3339 time (default: the end of the log).
+        #[arg(long)]
+        to: Option<LogPoint>,
+    },
+    /// Show (dry run) or record and drive the rollback plan of a failed operation.
+    Rollback {
+        #[command(subcommand)]
+        action: RollbackCommand,
+    },
+    /// Send one request to a running service and print the reply.
+    Query {
+        /// cluster.get, cluster.list, instance.get, instance.list, provider.get,
+        /// allocation.by_consumer, operation.get, history, state_at, health, cmd.append
+        endpoint: String,
+        /// The JSON request (default {}).
+        request: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum RollbackCommand {
+    /// Print the recorded plan, or the plan the planner would record now (dry run).
+    Plan { operation_id: Uuid },
+    /// Record the plan and drive it to the end.
+    Run {
+        operation_id: Uuid,
+        /// NATS server where the executors (ipam, dhcp, dns, hypervisor, ...) answer
+        /// compensation requests; defaults to --nats.
+        #[arg(long, env = "PROVLEDGER_EXECUTORS_URL")]
+        executors_url: Option<String>,
+    },
+}
+
+/// `RUST_LOG` wins; otherwise the service logs at info and one-shot commands at warn.
+fn init_tracing(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+async fn run(cli: Cli) -> Result<(), CommandError> {
+    let options = LedgerOptions {
+        nats_url: cli.nats.clone(),
+        data_dir: cli.data_dir.clone(),
+        stream: cli.stream.clone(),
+        subject_prefix: cli.subject_prefix.clone(),
+    };
+    match cli.command {
+        Command::Demo => commands::demo::run(&cli.data_dir, cli.json).await,
+        Command::Append {
+            aggregate,
+            expect,
+            events,
+            commit_id,
+            operation_id,
+            causation_id,
+            actor,
+        } => {
+            let events = commands::append::read_events_source(&events)?;
+            // Parse before opening the ledger so bad input never waits on infrastructure.
+            let events = commands::append::parse_events(&events)?;
+            let ledger = Ledger::open(&options).await?;
+            let args = AppendArgs {
+                aggregate,
+                expect,
+                events,
+                commit_id,
+                operation_id,
+                causation_id,
+                actor,
+            };
+            let result = commands::append::run(&ledger, args, cli.json).await;
+            ledger.close();
+            result
+        }
+        Command::History { aggregate } => {
+            let ledger = Ledger::open(&options).await?;
+            let result = commands::history::run(&ledger, aggregate, cli.json).await;
+            ledger.close();
+            result
+        }
+        Command::Serve {
+            min_position_wait_ms,
+            snapshot_every,
+            compensation_attempts_max,
+            compensation_backoff_ms,
+            compensation_reply_wait_ms,
+        } => {
+            let nats_url = cli.nats.clone().ok_or_else(|| {
+                CommandError::BadInput(
+                    "serve needs --nats URL (or PROVLEDGER_NATS_URL): it answers queries over NATS"
+                        .into(),
+                )
+            })?;
+            let serve_options = ServeOptions {
+                nats_url,
+                data_dir: cli.data_dir.clone(),
+                stream: cli.stream.clone(),
+                subject_prefix: cli.subject_prefix.clone(),
+                min_position_wait: Duration::from_millis(min_position_wait_ms),
+                snapshot_every,
+                retry: RetryPolicy {
+                    attempts_max: compensation_attempts_max.max(1),
+                    backoff_base_ms: compensation_backoff_ms.max(1),
+                    reply_wait_ms: compensation_reply_wait_ms.max(1),
+                    ..RetryPolicy::default()
+                },
+                // An executor that does not answer within the reply wait has failed this
+                // attempt; the request itself waits at most that long.
+                executor_reply_wait: Duration::from_millis(
+                    compensation_reply_wait_ms.clamp(1, 30_000) as u64,
+                ),
+            };
+            commands::serve::run(serve_options).await
+        }
+        Command::State { aggregate, at } => {
+            with_ledger(&options, |ledger| async move {
+                let result = match &ledger {
+                    Ledger::Embedded(log) => {
+                        commands::state::state_local(log, aggregate, at, cli.json).await
+                    }
+                    Ledger::JetStream(log) => {
+                        commands::state::state_remote(log, aggregate, at, cli.json).await
+                    }
+                };
+                (ledger, result)
+            })
+            .await
+        }
+        Command::Replay { to } => {
+            with_ledger(&options, |ledger| async move {
+                let result = match &ledger {
+                    Ledger::Embedded(log) => {
+                        commands::replay::replay_local(log, to, cli.json).await
+                    }
+                    Ledger::JetStream(log) => {
+                        commands::replay::replay_remote(log, to, cli.json).await
+                    }
+                };
+                (ledger, result)
+            })
+            .await
+        }
+        Command::Rollback { action } => {
+            with_ledger(&options, |ledger| async move {
+                let result = match action {
+                    RollbackCommand::Plan { operation_id } => {
+                        commands::rollback::plan(&ledger, operation_id, cli.json).await
+                    }
+                    RollbackCommand::Run {
+                        operation_id,
+                        executors_url,
+                    } => {
+                        let url = executors_url.or(cli.nats.clone());
+                        commands::rollback::run(
+                            &ledger,
+                            operation_id,
+                            url.as_deref(),
+                            &cli.subject_prefix,
+                            cli.json,
+                        )
+                        .await
+                    }
+                };
+                (ledger, result)
+            })
+            .await
+        }
+        Command::Query { endpoint, request } => {
+            let nats_url = cli.nats.clone().ok_or_else(|| {
+                CommandError::BadInput("query needs --nats URL (or PROVLEDGER_NATS_URL)".into())
+            })?;
+            commands::query::run(&nats_url, &cli.subject_prefix, &endpoint, request).await
+        }
+    }
+}
+
+/// Opens the ledger, runs `f`, and closes the ledger whatever `f` returned.
+async fn with_ledger<F, Fut>(options: &LedgerOptions, f: F) -> Result<(), CommandError>
+where
+    F: FnOnce(Ledger) -> Fut,
+    Fut: std::future::Future<Output = (Ledger, Result<(), CommandError>)>,
+{
+    let ledger = Ledger::open(options).await?;
+    let (ledger, result) = f(ledger).await;
+    ledger.close();
+    result
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(match cli.command {
+        Command::Serve { .. } => "info",
+        _ => "warn",
+    });
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(3);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code() as u8)
+        }
+    }
+}

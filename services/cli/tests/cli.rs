@@ -1,0 +1,324 @@
+//! The `provledger` binary as a user runs it: exit codes, messages, and append/history
+//! round trips embedded (real sled files) and against a private nats-server.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use provledger_tests::NatsServer;
+
+const CLUSTER: &str = "cluster/0190c0de-0000-7000-8000-000000000001";
+
+fn provledger(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_provledger"))
+        .args(args)
+        .env_remove("PROVLEDGER_NATS_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn demo_runs_embedded_and_ends_with_a_clean_audit() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = provledger(&["--data-dir", dir.path().to_str().unwrap(), "demo"], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let s = text(&out);
+    assert!(s.contains("hash chains ok"), "{s}");
+    assert!(s.contains("stale claim"), "{s}");
+    assert!(s.contains("already appended"), "{s}");
+    assert!(s.contains("in_flight_operation_cleared"), "{s}");
+    // The failure scenarios: a create rolled back, a scale failing in each stage, a
+    // delete during a create, each with its plan.
+    for expected in [
+        "failure scenario 1: create fails in spawn",
+        "(create_cluster): rolled_back",
+        "scale fails in decommission",
+        "(scale_cluster): held",
+        "scale fails in terminate_and_create",
+        "(scale_cluster): rolled_back",
+        "scale fails in configure_new",
+        "(create_cluster): cancelled",
+        "rollback plan:",
+        "cluster deleted",
+    ] {
+        assert!(s.contains(expected), "missing {expected:?} in {s}");
+    }
+}
+
+#[test]
+fn bad_usage_exits_2_and_says_what_was_expected() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let out = provledger(&["frobnicate"], "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("unrecognized subcommand"));
+
+    let out = provledger(&["--data-dir", d, "history", "vm/1"], "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("expected one of cluster, instance, provider, operation"));
+
+    // `append` with events on stdin, refused before anything is written.
+    let append = |expect: &str, events: &str| {
+        provledger(
+            &[
+                "--data-dir",
+                d,
+                "append",
+                CLUSTER,
+                "--expect",
+                expect,
+                "--events",
+                "-",
+            ],
+            events,
+        )
+    };
+
+    let out = append("none", "{not json");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("not valid JSON"), "{}", text(&out));
+
+    let out = append("none", r#"[{"boot": {}}]"#);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out).contains("not in the catalogue"),
+        "{}",
+        text(&out)
+    );
+
+    let out = append("maybe", "[]");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out).contains("\"any\", \"none\" or a version number"),
+        "{}",
+        text(&out)
+    );
+
+    let out = append("none", r#"[{"instance_deleted": {}}]"#);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an instance event on a cluster is bad input"
+    );
+    assert!(
+        text(&out).contains("does not belong to a cluster aggregate"),
+        "{}",
+        text(&out)
+    );
+}
+
+fn append_history_round_trip(global: &[&str]) {
+    let with = |args: &[&str]| -> Vec<String> {
+        global
+            .iter()
+            .chain(args.iter())
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let run = |args: Vec<String>, stdin: &str| {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        provledger(&refs, stdin)
+    };
+    let events =
+        r#"[{"cluster_create_requested": {"name": "c1", "plugin": "vanilla", "node_groups": []}}]"#;
+    let commit_id = "0190c0de-0000-7000-8000-0000000000aa";
+    let append_with_id = with(&[
+        "--json",
+        "append",
+        CLUSTER,
+        "--expect",
+        "none",
+        "--commit-id",
+        commit_id,
+        "--events",
+        "-",
+    ]);
+    let out = run(append_with_id.clone(), events);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reply["version"], 1);
+    assert_eq!(reply["status"], "appended");
+    let position = reply["position"].clone();
+
+    // The very same command again is an idempotent retry, not a conflict.
+    let out = run(append_with_id, events);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reply["status"], "already_appended");
+    assert_eq!(reply["position"], position);
+
+    // A stale expectation is a conflict: exit 1, naming the actual version.
+    let out = run(
+        with(&["append", CLUSTER, "--expect", "none", "--events", "-"]),
+        events,
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("actual version is 1"), "{}", text(&out));
+
+    let out = run(
+        with(&["append", CLUSTER, "--expect", "1", "--events", "-"]),
+        r#"[{"cluster_status_changed": {"status": "active", "description": "up"}}]"#,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+
+    let out = run(with(&["--json", "history", CLUSTER]), "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let history: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let commits = history["commits"].as_array().unwrap();
+    assert_eq!(commits.len(), 2);
+    assert_eq!(commits[0]["commit_id"], commit_id);
+    assert_eq!(
+        commits[1]["events"][0]["cluster_status_changed"]["status"],
+        "active"
+    );
+    assert_eq!(commits[1]["prev_hash"], commits[0]["hash"]);
+    assert_eq!(history["chain_violations"].as_array().unwrap().len(), 0);
+
+    let out = run(
+        with(&["history", "instance/0190c0de-0000-7000-8000-000000000009"]),
+        "",
+    );
+    assert_eq!(out.status.code(), Some(1), "not found is exit 1");
+    assert!(text(&out).contains("not found"));
+}
+
+#[test]
+fn append_and_history_embedded() {
+    let dir = tempfile::tempdir().unwrap();
+    append_history_round_trip(&["--data-dir", dir.path().to_str().unwrap()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_and_history_against_nats() {
+    let server = NatsServer::start().await;
+    let url = server.url();
+    tokio::task::spawn_blocking(move || append_history_round_trip(&["--nats", &url]))
+        .await
+        .unwrap();
+}
+
+#[test]
+fn a_locked_data_dir_exits_3_naming_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let holder = provledger_events::SledLog::open(dir.path()).unwrap();
+    let out = provledger(
+        &[
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+            "history",
+            CLUSTER,
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(
+        text(&out).contains("is locked by another provledger process"),
+        "{}",
+        text(&out)
+    );
+    holder.close();
+}
+
+#[test]
+fn unreachable_nats_exits_3() {
+    let port = provledger_tests::free_port().to_string();
+    let url = format!("nats://127.0.0.1:{port}");
+    let out = provledger(&["--nats", &url, "history", CLUSTER], "");
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(text(&out).contains("NATS unreachable"));
+}
+
+/// Given an embedded ledger with a create that failed in `allocate` and was left without a
+/// rollback (its runner had no driver), `rollback plan` shows the dry-run plan, `rollback
+/// run` records and drives it (a ledger-internal release, no executor needed), and `rollback
+/// plan` then shows the recorded plan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_plan_then_run_embedded() {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use provledger_client::CancelNotices;
+    use provledger_client::Ledger;
+    use provledger_client::OperationRunner;
+    use provledger_events::catalogue::NodeGroupSpec;
+    use provledger_events::SledLog;
+    use provledger_sim::SimInfrastructure;
+    use provledger_sim::{register_compute_node, ClusterRequest, Provisioner};
+    use uuid::Uuid;
+
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    let log = SledLog::open(dir.path()).unwrap();
+    let ledger = Ledger::Embedded(log.clone());
+    let provider = Uuid::now_v7();
+    register_compute_node(&ledger, provider, "cn", 2, "t")
+        .await
+        .unwrap();
+    let runner = OperationRunner::new(ledger.clone(), CancelNotices::local(), None, "t");
+    let prov = Provisioner::new(runner, Arc::new(SimInfrastructure::default()), "t");
+    let report = prov
+        .create_cluster(ClusterRequest {
+            cluster_id: Uuid::now_v7(),
+            name: "c".into(),
+            plugin: "vanilla".into(),
+            node_groups: vec![NodeGroupSpec {
+                name: "w".into(),
+                count: 2,
+                flavor: "m".into(),
+                resources: BTreeMap::from([("VCPU".to_string(), 2)]),
+                processes: vec![],
+            }],
+            provider,
+        })
+        .await;
+    assert!(report.result.is_err());
+    drop(prov);
+    drop(ledger);
+    log.close();
+    let op = report.operation_id.to_string();
+
+    let out = provledger(&["--data-dir", &d, "rollback", "plan", &op], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let s = text(&out);
+    assert!(s.contains("dry run, nothing recorded"), "{s}");
+    assert!(s.contains("release_allocation"), "{s}");
+
+    let out = provledger(&["--data-dir", &d, "rollback", "run", &op], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("rolled_back"), "{}", text(&out));
+
+    let out = provledger(&["--data-dir", &d, "--json", "rollback", "plan", &op], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["recorded"], true);
+    assert_eq!(json["status"], "rolled_back");
+
+    let out = provledger(
+        &["--data-dir", &d, "state", &format!("provider/{provider}")],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("\"allocations\": []"), "{}", text(&out));
+
+    let unknown = Uuid::now_v7().to_string();
+    let out = provledger(&["--data-dir", &d, "rollback", "plan", &unknown], "");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("not found"), "{}", text(&out));
+}

@@ -1,0 +1,184 @@
+//! Deletion is an event (design 4). A delete request moves the target to `deleting`, which
+//! is terminal; every operation in flight on it is told to stop (`TargetDeletionNoticed` in
+//! the log, then the `provledger.cancel.<id>` notice); its runner stops with the typed
+//! `TargetDeleted` error and its rollback removes what it created. `Deleted` is recorded
+//! once no instance and no allocation of the target remains.
+//!
+//! These functions are the shared steps; a provisioning flow runs the whole of it (the
+//! reference one is `provledger-sim`'s `delete_cluster`),
+//! and `serve` re-runs the idempotent ones it can (noticing, completing) from the log.
+
+use provledger_events::catalogue::{ClusterStatus, OperationKind, VmState};
+use provledger_events::{AggregateId, AggregateKind, Event, EventLog, Expectation};
+use provledger_projections::{DeletionState, Entity};
+use uuid::Uuid;
+
+use crate::cancel::CancelNotices;
+use crate::clock::Stamper;
+use crate::ledger::{derived_commit_id, read_entity, Ledger};
+
+/// What a delete request found. Repeating a delete is idempotent and says so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeleteRequestOutcome {
+    Requested,
+    AlreadyDeleting,
+    AlreadyDeleted,
+    /// Nothing was ever recorded under this id; nothing is written.
+    Unknown,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeleteError {
+    #[error("{0} cannot be deleted this way: only clusters and instances are")]
+    WrongKind(AggregateId),
+    #[error("the event log failed: {0}")]
+    Ledger(String),
+}
+
+fn ledger_error(e: impl std::fmt::Display) -> DeleteError {
+    DeleteError::Ledger(e.to_string())
+}
+
+/// The operation in flight on a target, unless it is the target's own delete.
+pub fn cancellable_in_flight(entity: &Entity) -> Option<Uuid> {
+    let in_flight = match entity {
+        Entity::Cluster(c) => c.in_flight.as_ref(),
+        Entity::Instance(i) => i.in_flight.as_ref(),
+        _ => None,
+    }?;
+    match in_flight.kind {
+        OperationKind::DeleteCluster | OperationKind::DeleteInstance => None,
+        _ => Some(in_flight.operation_id),
+    }
+}
+
+/// Records the delete request (unless the target is already deleting or deleted) and
+/// cancels the operation in flight on it. Returns the outcome and the cancelled operation.
+pub async fn request_delete(
+    ledger: &Ledger,
+    notices: &CancelNotices,
+    target: AggregateId,
+    reason: &str,
+    actor: &str,
+    stamper: &Stamper,
+) -> Result<(DeleteRequestOutcome, Option<Uuid>), DeleteError> {
+    let entity = read_entity(ledger, target).await.map_err(ledger_error)?;
+    let Some(entity) = entity else {
+        return Ok((DeleteRequestOutcome::Unknown, None));
+    };
+    let request = match target.kind {
+        AggregateKind::Cluster => Event::ClusterDeleteRequested {
+            reason: reason.into(),
+        },
+        AggregateKind::Instance => Event::InstanceDeleteRequested {
+            reason: reason.into(),
+        },
+        _ => return Err(DeleteError::WrongKind(target)),
+    };
+    let (outcome, request) = match entity.deletion_state() {
+        Some(DeletionState::Deleted) => (DeleteRequestOutcome::AlreadyDeleted, None),
+        Some(DeletionState::Deleting) => (DeleteRequestOutcome::AlreadyDeleting, None),
+        None => (DeleteRequestOutcome::Requested, Some(request)),
+    };
+    if let Some(event) = request {
+        ledger
+            .append(target, Expectation::Any, stamper.draft(actor, vec![event]))
+            .await
+            .map_err(ledger_error)?;
+    }
+    let cancelled = match cancellable_in_flight(&entity) {
+        Some(op) => notice_target_deletion(ledger, notices, op, reason, actor, stamper)
+            .await?
+            .then_some(op),
+        None => None,
+    };
+    Ok((outcome, cancelled))
+}
+
+/// Tells operation `op` that its target is being deleted: `TargetDeletionNoticed` in the
+/// log (once: a deterministic commit id), then the cancel notice. `Ok(false)` when the
+/// operation is already closed or already noticed.
+pub async fn notice_target_deletion(
+    ledger: &Ledger,
+    notices: &CancelNotices,
+    op: Uuid,
+    reason: &str,
+    actor: &str,
+    stamper: &Stamper,
+) -> Result<bool, DeleteError> {
+    let Some(Entity::Operation(state)) = read_entity(ledger, AggregateId::operation(op))
+        .await
+        .map_err(ledger_error)?
+    else {
+        return Ok(false);
+    };
+    if state.target_deleted || state.is_closed() {
+        return Ok(false);
+    }
+    let mut draft = stamper
+        .draft(
+            actor,
+            vec![Event::TargetDeletionNoticed {
+                reason: reason.into(),
+            }],
+        )
+        .with_operation(op);
+    draft.commit_id = derived_commit_id(op, "target_deletion_noticed");
+    ledger
+        .append(AggregateId::operation(op), Expectation::Any, draft)
+        .await
+        .map_err(ledger_error)?;
+    notices.publish(op, reason).await;
+    tracing::info!(operation = %op, %reason, "operation cancelled: its target is being deleted");
+    Ok(true)
+}
+
+/// Records `Deleted` on a deleting target once nothing of it remains: no instance in its
+/// node groups and no operation in flight (a cluster), or no allocation (an instance).
+/// Returns whether the target is deleted now.
+pub async fn complete_deletion(
+    ledger: &Ledger,
+    target: AggregateId,
+    actor: &str,
+    stamper: &Stamper,
+) -> Result<bool, DeleteError> {
+    let entity = read_entity(ledger, target).await.map_err(ledger_error)?;
+    let event = match &entity {
+        Some(Entity::Cluster(c)) => match c.status {
+            Some(ClusterStatus::Deleted) => return Ok(true),
+            Some(ClusterStatus::Deleting) if c.instance_count() == 0 && c.in_flight.is_none() => {
+                Event::ClusterDeleted {}
+            }
+            _ => return Ok(false),
+        },
+        Some(Entity::Instance(i)) => {
+            if i.vm_state == Some(VmState::Deleted) {
+                return Ok(true);
+            }
+            if !i.delete_requested || i.in_flight.is_some() {
+                return Ok(false);
+            }
+            if let Some(provider) = i.provider_id {
+                let holds = match read_entity(ledger, AggregateId::provider(provider))
+                    .await
+                    .map_err(ledger_error)?
+                {
+                    Some(Entity::Provider(p)) => p.allocations.contains_key(&target.id),
+                    _ => false,
+                };
+                if holds {
+                    return Ok(false);
+                }
+            }
+            Event::InstanceDeleted {}
+        }
+        _ => return Ok(false),
+    };
+    let mut draft = stamper.draft(actor, vec![event]);
+    draft.commit_id = derived_commit_id(target.id, "deleted");
+    ledger
+        .append(target, Expectation::Any, draft)
+        .await
+        .map_err(ledger_error)?;
+    Ok(true)
+}

@@ -1,0 +1,484 @@
+//! The rollback driver: the effectful shell around the pure planner and decider. It reads
+//! an operation from the log, asks `next_rollback_action` what to do, does it, records it,
+//! and repeats until the operation is closed.
+//!
+//! Every write that decides something is appended with the operation's exact version
+//! (`RollbackPlanned`, `CompensationRequested`, `RollbackFinished`), so when several
+//! drivers race (serve replicas, a CLI `rollback run`, the runner itself) exactly one plan
+//! is recorded and each attempt is requested by exactly one of them. Writes that confirm
+//! a fact carry deterministic commit ids, so a retry is recognised as the same commit.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use provledger_events::catalogue::{
+    ClusterStatus, CompensationAction, Executor, OperationKind, OperationOutcome,
+    PlannedCompensation, RollbackOutcome, RollbackPlan, TargetOutcome, VmState,
+};
+use provledger_events::{
+    AggregateId, AggregateKind, AppendError, CommitDraft, Event, EventLog, Expectation, Timestamp,
+};
+use provledger_projections::operation::OperationState;
+use provledger_projections::planner::{plan_rollback, PlanRefusal};
+use provledger_projections::rollback::{next_rollback_action, RetryPolicy, RollbackAction};
+use provledger_projections::Entity;
+use uuid::Uuid;
+
+use crate::allocation::release_allocation;
+use crate::clock::Stamper;
+use crate::executors::{CompensationExecutor, CompensationRequest};
+use crate::ledger::{derived_commit_id, read_entity, Ledger};
+
+/// Driver steps per `drive` call. Each step records something or waits at most
+/// `RECHECK_MS_MAX`; a plan has at most a few thousand compensations with a bounded number
+/// of attempts each, and the longest wait (the runner stop wait, 10 minutes by default) is
+/// 1,200 rechecks, so this is never reached by a healthy rollback.
+const DRIVE_STEPS_MAX: usize = 1_000_000;
+/// Longest sleep inside `drive` before the operation is read again: another writer (the
+/// runner recording its stop, another driver) may have moved it on meanwhile.
+const RECHECK_MS_MAX: i64 = 500;
+/// Appends to a provider retried after a version conflict while releasing an allocation.
+const RELEASE_ATTEMPTS_MAX: usize = 8;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DriveError {
+    #[error("operation {0} not found in the log")]
+    NotFound(Uuid),
+    #[error(transparent)]
+    Plan(#[from] PlanRefusal),
+    #[error("the event log failed: {0}")]
+    Ledger(String),
+    #[error("operation {0}: gave up after {DRIVE_STEPS_MAX} driver steps")]
+    StepsExhausted(Uuid),
+}
+
+fn ledger_error(e: impl std::fmt::Display) -> DriveError {
+    DriveError::Ledger(e.to_string())
+}
+
+/// A started operation as folded from the log, or `NotFound`.
+pub async fn read_operation<L: EventLog>(log: &L, id: Uuid) -> Result<OperationState, DriveError> {
+    match read_entity(log, AggregateId::operation(id))
+        .await
+        .map_err(ledger_error)?
+    {
+        Some(Entity::Operation(op)) if op.kind.is_some() => Ok(op),
+        _ => Err(DriveError::NotFound(id)),
+    }
+}
+
+/// The plan the planner gives for `op` now, with a bundle's children read from the log.
+pub async fn plan_for<L: EventLog>(
+    log: &L,
+    op: &OperationState,
+) -> Result<RollbackPlan, DriveError> {
+    let mut children = Vec::new();
+    if op.kind == Some(OperationKind::Bundle) {
+        for child in &op.children {
+            children.push(read_operation(log, *child).await?);
+        }
+    }
+    Ok(plan_rollback(op, &children)?)
+}
+
+/// What one driver step did.
+#[derive(Debug)]
+pub enum DriveStep {
+    /// Nothing left to do: the operation is closed, running, or succeeded.
+    Idle(Box<OperationState>),
+    /// Something was recorded (by this driver or, on a conflict, by another one).
+    Progressed,
+    /// Nothing to do before this time.
+    Wait(Timestamp),
+}
+
+pub struct RollbackDriver {
+    ledger: Ledger,
+    executors: Arc<dyn CompensationExecutor>,
+    policy: RetryPolicy,
+    actor: String,
+    stamper: Stamper,
+}
+
+impl RollbackDriver {
+    pub fn new(
+        ledger: Ledger,
+        executors: Arc<dyn CompensationExecutor>,
+        policy: RetryPolicy,
+        actor: &str,
+    ) -> Self {
+        RollbackDriver {
+            ledger,
+            executors,
+            policy,
+            actor: actor.to_string(),
+            stamper: Stamper::system(),
+        }
+    }
+
+    /// Reads "now" and mints commit ids from `stamper` instead of the wall clock.
+    pub fn with_stamper(mut self, stamper: Stamper) -> Self {
+        self.stamper = stamper;
+        self
+    }
+
+    async fn operation(&self, id: Uuid) -> Result<OperationState, DriveError> {
+        read_operation(&self.ledger, id).await
+    }
+
+    /// Drives the operation's rollback until it is closed (or, if it is not stopped,
+    /// returns its state at once).
+    pub async fn drive(&self, id: Uuid) -> Result<OperationState, DriveError> {
+        for _ in 0..DRIVE_STEPS_MAX {
+            match self.step(id).await? {
+                DriveStep::Idle(op) => return Ok(*op),
+                DriveStep::Progressed => {}
+                DriveStep::Wait(until) => {
+                    let ms =
+                        (until.unix_ms() - self.stamper.now().unix_ms()).clamp(1, RECHECK_MS_MAX);
+                    tokio::time::sleep(Duration::from_millis(ms as u64)).await;
+                }
+            }
+        }
+        Err(DriveError::StepsExhausted(id))
+    }
+
+    fn draft(&self, operation: Uuid, events: Vec<Event>) -> CommitDraft {
+        self.stamper
+            .draft(&self.actor, events)
+            .with_operation(operation)
+    }
+
+    fn fact(&self, operation: Uuid, commit_id: Uuid, events: Vec<Event>) -> CommitDraft {
+        let mut draft = self.draft(operation, events);
+        draft.commit_id = commit_id;
+        draft
+    }
+
+    /// Appends to the operation at `version`. `Ok(false)`: another writer got there first.
+    async fn append_decision(
+        &self,
+        op: &OperationState,
+        events: Vec<Event>,
+    ) -> Result<bool, DriveError> {
+        let id = op.header.id;
+        match self
+            .ledger
+            .append(
+                id,
+                Expectation::Exactly(op.header.version),
+                self.draft(id.id, events),
+            )
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(AppendError::Conflict { .. }) => Ok(false),
+            Err(e) => Err(ledger_error(e)),
+        }
+    }
+
+    /// One decision and its effect.
+    pub async fn step(&self, id: Uuid) -> Result<DriveStep, DriveError> {
+        let op = self.operation(id).await?;
+        let now = self.stamper.now();
+        match next_rollback_action(&op, now, &self.policy) {
+            RollbackAction::Nothing => Ok(DriveStep::Idle(Box::new(op))),
+            RollbackAction::AwaitRunnerStop => {
+                // The runner stops at its next step. If it died, nobody will: once the
+                // operation has been quiet for the runner stop wait, record the stop here.
+                let quiet_since = op.header.updated_at.unwrap_or(now);
+                let give_up_at = quiet_since.plus_ms(self.policy.runner_stop_wait_ms);
+                if now < give_up_at {
+                    return Ok(DriveStep::Wait(give_up_at));
+                }
+                let reason = format!(
+                    "{}; the runner did not stop within {} ms",
+                    op.cancellation_reason.clone().unwrap_or_default(),
+                    self.policy.runner_stop_wait_ms
+                );
+                self.append_decision(&op, vec![Event::OperationCancelled { reason }])
+                    .await?;
+                Ok(DriveStep::Progressed)
+            }
+            RollbackAction::Plan => {
+                let plan = plan_for(&self.ledger, &op).await?;
+                if self
+                    .append_decision(&op, vec![Event::RollbackPlanned { plan: plan.clone() }])
+                    .await?
+                {
+                    tracing::info!(operation = %id, rule = %plan.rule, compensations = plan.compensations.len(), "rollback planned");
+                }
+                Ok(DriveStep::Progressed)
+            }
+            RollbackAction::Request {
+                compensation,
+                attempt,
+            } => {
+                let requested = Event::CompensationRequested {
+                    compensation_id: compensation.compensation_id,
+                    attempt,
+                };
+                if !self.append_decision(&op, vec![requested]).await? {
+                    return Ok(DriveStep::Progressed); // another driver took this attempt
+                }
+                let outcome = self.execute(&op, &compensation, attempt).await;
+                let c = compensation.compensation_id;
+                let (what, event) = match outcome {
+                    Ok(()) => (
+                        "done".to_string(),
+                        Event::CompensationDone { compensation_id: c },
+                    ),
+                    Err(error) => {
+                        tracing::warn!(operation = %id, compensation = %c, attempt, %error, "compensation failed");
+                        (
+                            format!("failed/{attempt}"),
+                            Event::CompensationFailed {
+                                compensation_id: c,
+                                attempt,
+                                error,
+                            },
+                        )
+                    }
+                };
+                let draft = self.fact(id, derived_commit_id(c, &what), vec![event]);
+                self.ledger
+                    .append(op.header.id, Expectation::Any, draft)
+                    .await
+                    .map_err(ledger_error)?;
+                Ok(DriveStep::Progressed)
+            }
+            RollbackAction::WaitUntil(until) => Ok(DriveStep::Wait(until)),
+            RollbackAction::Finish { outcome, remaining } => {
+                self.apply_target_outcome(&op, outcome).await?;
+                let finished = Event::RollbackFinished {
+                    outcome,
+                    remaining: remaining.clone(),
+                };
+                if self.append_decision(&op, vec![finished]).await? {
+                    tracing::info!(operation = %id, ?outcome, remaining = remaining.len(), "rollback finished");
+                }
+                Ok(DriveStep::Progressed)
+            }
+        }
+    }
+
+    async fn execute(
+        &self,
+        op: &OperationState,
+        c: &PlannedCompensation,
+        attempt: u32,
+    ) -> Result<(), String> {
+        match &c.compensation.executor {
+            Executor::Ledger => self.ledger_compensation(op, c).await,
+            Executor::Service(name) => {
+                let request = CompensationRequest::new(op.header.id.id, c, attempt);
+                self.executors.compensate(name, &request).await?;
+                if c.compensation.action == CompensationAction::TerminateVm {
+                    self.record_vm_gone(op, c)
+                        .await
+                        .map_err(|e| format!("VM terminated, but recording it failed: {e}"))?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Ledger-internal compensations are applied as events.
+    async fn ledger_compensation(
+        &self,
+        op: &OperationState,
+        c: &PlannedCompensation,
+    ) -> Result<(), String> {
+        match c.compensation.action {
+            CompensationAction::ReleaseAllocation => {
+                let provider: Uuid = c
+                    .compensation
+                    .args
+                    .get("provider_id")
+                    .and_then(|p| p.parse().ok())
+                    .ok_or("release_allocation needs a provider_id argument")?;
+                let consumer: Uuid =
+                    c.compensation.resource.parse().map_err(|_| {
+                        format!("consumer {:?} is not a UUID", c.compensation.resource)
+                    })?;
+                let operation = op.header.id.id;
+                let reason = format!(
+                    "rollback of operation {operation} (compensation {})",
+                    c.compensation_id
+                );
+                release_allocation(
+                    &self.ledger,
+                    provider,
+                    consumer,
+                    &reason,
+                    RELEASE_ATTEMPTS_MAX,
+                    |events| self.draft(operation, events),
+                )
+                .await
+            }
+            ref other => Err(format!(
+                "the ledger cannot carry out {other:?}; name the service that owns it"
+            )),
+        }
+    }
+
+    /// After the hypervisor confirmed a termination: the instance record is closed and it
+    /// leaves its cluster. The operation's own target keeps its record (it goes to Error).
+    async fn record_vm_gone(
+        &self,
+        op: &OperationState,
+        c: &PlannedCompensation,
+    ) -> Result<(), String> {
+        let Ok(instance_id) = c.compensation.resource.parse::<Uuid>() else {
+            return Ok(());
+        };
+        let instance = AggregateId::instance(instance_id);
+        let Some(Entity::Instance(state)) = read_entity(&self.ledger, instance)
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(());
+        };
+        let operation = op.header.id.id;
+        let reason = format!("terminated by the rollback of operation {operation}");
+        if op.target != Some(instance) && state.vm_state != Some(VmState::Deleted) {
+            let mut events = Vec::new();
+            if !state.delete_requested {
+                events.push(Event::InstanceDeleteRequested {
+                    reason: reason.clone(),
+                });
+            }
+            events.push(Event::InstanceDeleted {});
+            let draft = self.fact(
+                operation,
+                derived_commit_id(c.compensation_id, "instance_deleted"),
+                events,
+            );
+            self.ledger
+                .append(instance, Expectation::Any, draft)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let Some(cluster_id) = state.cluster_id else {
+            return Ok(());
+        };
+        let cluster = AggregateId::cluster(cluster_id);
+        if let Some(Entity::Cluster(cs)) = read_entity(&self.ledger, cluster)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            if let Some(group) = cs
+                .node_groups
+                .iter()
+                .find(|g| g.instance_ids.contains(&instance_id))
+            {
+                let left = Event::InstanceLeft {
+                    node_group: group.spec.name.clone(),
+                    instance_id,
+                    reason,
+                };
+                let draft = self.fact(
+                    operation,
+                    derived_commit_id(c.compensation_id, "instance_left"),
+                    vec![left],
+                );
+                self.ledger
+                    .append(cluster, Expectation::Any, draft)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the target where the plan says and clears the operation's in-flight marker.
+    async fn apply_target_outcome(
+        &self,
+        op: &OperationState,
+        outcome: RollbackOutcome,
+    ) -> Result<(), DriveError> {
+        let Some(plan) = &op.rollback_plan else {
+            return Ok(());
+        };
+        let operation = op.header.id.id;
+        let op_outcome = match outcome {
+            RollbackOutcome::RolledBack if op.cancelled => OperationOutcome::Cancelled,
+            RollbackOutcome::RolledBack => OperationOutcome::RolledBack,
+            RollbackOutcome::Held => OperationOutcome::Held,
+            RollbackOutcome::NeedsAttention => OperationOutcome::NeedsAttention,
+        };
+        let attention = outcome == RollbackOutcome::NeedsAttention;
+        let target = plan.target;
+        let entity = read_entity(&self.ledger, target)
+            .await
+            .map_err(ledger_error)?;
+        let mut events = Vec::new();
+        let describe = |d: &str| {
+            if attention {
+                format!("{d}; rollback needs attention, see operation {operation}")
+            } else {
+                d.to_string()
+            }
+        };
+        match (&entity, &plan.target_outcome) {
+            (Some(Entity::Cluster(c)), outcome) if !c.is_deleting_or_deleted() => {
+                let next = match outcome {
+                    TargetOutcome::Error { description } => {
+                        Some((ClusterStatus::Error, describe(description)))
+                    }
+                    TargetOutcome::Active { description } if attention => {
+                        Some((ClusterStatus::Error, describe(description)))
+                    }
+                    TargetOutcome::Active { description } => {
+                        Some((ClusterStatus::Active, description.clone()))
+                    }
+                    TargetOutcome::Deleted => None,
+                };
+                if let Some((status, description)) = next {
+                    events.push(Event::ClusterStatusChanged {
+                        status,
+                        description,
+                    });
+                }
+            }
+            (Some(Entity::Instance(i)), TargetOutcome::Error { description })
+                if i.vm_state != Some(VmState::Deleted) =>
+            {
+                events.push(Event::VmStateChanged {
+                    vm_state: VmState::Error,
+                    reason: describe(description),
+                });
+            }
+            _ => {}
+        }
+        let holds = match &entity {
+            Some(Entity::Cluster(c)) => c.in_flight.as_ref().map(|f| f.operation_id),
+            Some(Entity::Instance(i)) => i.in_flight.as_ref().map(|f| f.operation_id),
+            _ => None,
+        };
+        if holds == Some(operation) {
+            events.push(Event::InFlightOperationCleared {
+                operation_id: operation,
+                outcome: op_outcome,
+            });
+        }
+        if events.is_empty()
+            || !matches!(
+                target.kind,
+                AggregateKind::Cluster | AggregateKind::Instance
+            )
+        {
+            return Ok(());
+        }
+        let draft = self.fact(
+            operation,
+            derived_commit_id(operation, "target_outcome"),
+            events,
+        );
+        self.ledger
+            .append(target, Expectation::Any, draft)
+            .await
+            .map_err(ledger_error)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,151 @@
+//! The ledger a service writes to: the configured backend (embedded sled, or JetStream when
+//! a NATS URL is given) behind one `EventLog`, and reading an aggregate's current state.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use provledger_events::log::{OpenJetStreamError, OpenSledError};
+use provledger_events::{
+    AggregateId, AppendError, AppendOutcome, Commit, CommitDraft, CommitStream, EventLog,
+    Expectation, JetStreamConfig, JetStreamLog, ReadError, SledLog,
+};
+use provledger_projections::Entity;
+
+/// Where the ledger lives; mirrors the CLI's global options.
+#[derive(Debug, Clone)]
+pub struct LedgerOptions {
+    pub nats_url: Option<String>,
+    pub data_dir: PathBuf,
+    pub stream: String,
+    pub subject_prefix: String,
+}
+
+/// Why the ledger could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenLedgerError {
+    #[error("NATS unreachable at {url}: {reason}; start nats-server there, or drop --nats to run embedded")]
+    NatsUnreachable { url: String, reason: String },
+    #[error(transparent)]
+    JetStream(#[from] OpenJetStreamError),
+    #[error(transparent)]
+    Sled(#[from] OpenSledError),
+}
+
+/// One event log, embedded or distributed, with the same semantics.
+#[derive(Clone)]
+pub enum Ledger {
+    Embedded(SledLog),
+    JetStream(JetStreamLog),
+}
+
+/// Connects to NATS under a client `name` and opens (ensuring and verifying) the stream:
+/// the one way both the client library and `serve` reach JetStream.
+pub async fn open_jetstream(
+    url: &str,
+    name: &str,
+    stream: &str,
+    subject_prefix: &str,
+) -> Result<(async_nats::Client, JetStreamLog), OpenLedgerError> {
+    let client = async_nats::ConnectOptions::new()
+        .name(name)
+        .connection_timeout(Duration::from_secs(5))
+        .connect(url)
+        .await
+        .map_err(|e| OpenLedgerError::NatsUnreachable {
+            url: url.to_string(),
+            reason: e.to_string(),
+        })?;
+    let config = JetStreamConfig {
+        stream: stream.to_string(),
+        subject_prefix: subject_prefix.to_string(),
+        ..Default::default()
+    };
+    let log = JetStreamLog::open(client.clone(), config).await?;
+    Ok((client, log))
+}
+
+impl Ledger {
+    pub async fn open(options: &LedgerOptions) -> Result<Ledger, OpenLedgerError> {
+        match &options.nats_url {
+            None => Ok(Ledger::Embedded(SledLog::open(&options.data_dir)?)),
+            Some(url) => {
+                let (_, log) =
+                    open_jetstream(url, "provledger", &options.stream, &options.subject_prefix)
+                        .await?;
+                Ok(Ledger::JetStream(log))
+            }
+        }
+    }
+
+    /// Flushes and releases what the ledger holds (the data-dir lock when embedded).
+    pub fn close(self) {
+        if let Ledger::Embedded(log) = self {
+            log.close();
+        }
+    }
+}
+
+impl EventLog for Ledger {
+    async fn append(
+        &self,
+        aggregate: AggregateId,
+        expect: Expectation,
+        draft: CommitDraft,
+    ) -> Result<AppendOutcome, AppendError> {
+        match self {
+            Ledger::Embedded(l) => l.append(aggregate, expect, draft).await,
+            Ledger::JetStream(l) => l.append(aggregate, expect, draft).await,
+        }
+    }
+
+    async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {
+        match self {
+            Ledger::Embedded(l) => l.read_aggregate(aggregate).await,
+            Ledger::JetStream(l) => l.read_aggregate(aggregate).await,
+        }
+    }
+
+    async fn read_all(&self, from: u64) -> Result<CommitStream, ReadError> {
+        match self {
+            Ledger::Embedded(l) => l.read_all(from).await,
+            Ledger::JetStream(l) => l.read_all(from).await,
+        }
+    }
+
+    async fn subscribe(&self, from: u64) -> Result<CommitStream, ReadError> {
+        match self {
+            Ledger::Embedded(l) => l.subscribe(from).await,
+            Ledger::JetStream(l) => l.subscribe(from).await,
+        }
+    }
+
+    async fn last_position(&self) -> Result<u64, ReadError> {
+        match self {
+            Ledger::Embedded(l) => l.last_position().await,
+            Ledger::JetStream(l) => l.last_position().await,
+        }
+    }
+}
+
+/// The current state of one aggregate, folded from the log (not from a projection, so it
+/// is as fresh as the log). `None` when the aggregate has no commit.
+pub async fn read_entity<L: EventLog>(
+    log: &L,
+    aggregate: AggregateId,
+) -> Result<Option<Entity>, ReadError> {
+    let commits = log.read_aggregate(aggregate).await?;
+    if commits.is_empty() {
+        return Ok(None);
+    }
+    let mut entity = Entity::new(aggregate);
+    for commit in &commits {
+        entity.apply(commit);
+    }
+    Ok(Some(entity))
+}
+
+/// A deterministic commit id for a driver or deleter write, so that a retry or a racing
+/// replica writing the same fact is recognised as the same commit (UUID v5).
+pub fn derived_commit_id(base: uuid::Uuid, what: &str) -> uuid::Uuid {
+    uuid::Uuid::new_v5(&base, what.as_bytes())
+}

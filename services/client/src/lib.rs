@@ -1,0 +1,46 @@
+//! provledger-client: the library a provisioning service links.
+//!
+//! It owns:
+//! - [`Ledger`]: the configured event log (embedded sled, or JetStream when a NATS URL is
+//!   given) behind one `EventLog`, and [`read_entity`], an aggregate's state folded from
+//!   the log itself;
+//! - [`OperationRunner`]: the one entry point through which a service runs an operation.
+//!   It records the start, each stage and step with its effect and compensation, and
+//!   catches every error, panic and cancellation in one place (Sahara's problems 1 and 2);
+//! - [`RollbackDriver`]: carries out a stopped operation's rollback plan, deciding with
+//!   expected versions so that racing drivers agree;
+//! - [`deletion`]: deletion as an event (request, notice to the operation in flight,
+//!   `deleted`), and [`CancelNotices`], the cancel notices on NATS or in process;
+//! - the executor port: [`Infrastructure`] (forward actions) and [`CompensationExecutor`]
+//!   (compensations), with [`NatsExecutors`], the NATS transport of compensations;
+//! - [`Stamper`]: the injected clock and id source every draft is stamped with.
+//!
+//! It never depends on the simulator (`provledger-sim`), the projection store or the CLI,
+//! and it never decides rollback plans itself: the planner and the deciders are pure
+//! functions in `provledger-projections`; this crate does the IO around them.
+
+mod allocation;
+mod cancel;
+mod clock;
+pub mod deletion;
+mod driver;
+mod executors;
+mod ledger;
+mod port;
+mod runner;
+
+pub use allocation::release_allocation;
+pub use cancel::CancelNotices;
+pub use clock::{Clock, IdSource, RandomIds, SeededIds, Stamper, SystemClock};
+pub use driver::{plan_for, read_operation, DriveError, DriveStep, RollbackDriver};
+pub use executors::{
+    CompensationExecutor, CompensationFuture, CompensationReply, CompensationRequest, NatsExecutors,
+};
+pub use ledger::{
+    derived_commit_id, open_jetstream, read_entity, Ledger, LedgerOptions, OpenLedgerError,
+};
+pub use port::{ActionFuture, Infrastructure};
+pub use runner::{
+    OperationCtx, OperationError, OperationRunner, OperationSpec, RunReport, StepError, StepHook,
+    StepOutput,
+};

@@ -1,0 +1,26 @@
+//! The executor port: what a provisioning flow acts on. A real service implements it with
+//! its IPAM, DHCP, DNS, hypervisor and cluster plugin clients; `provledger-sim` implements
+//! it with simulated executors. Compensations go through the same port
+//! ([`CompensationExecutor`]), so the rollback driver and the flows reach the same owners.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::executors::{CompensationExecutor, CompensationFuture};
+
+/// A forward action's outcome: `Err` holds the executor's reason.
+pub type ActionFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, String>> + Send + 'a>>;
+
+/// The infrastructure a provisioning flow acts on: forward actions by executor name, and
+/// compensations (through [`CompensationExecutor`]).
+pub trait Infrastructure: CompensationExecutor {
+    /// Performs `action` on `resource` at `executor` (e.g. `hypervisor` `create_vm`).
+    fn act<'a>(
+        &'a self,
+        executor: &'a str,
+        action: &'a str,
+        resource: &'a str,
+    ) -> CompensationFuture<'a>;
+    /// Takes a free IP for `node` from IPAM.
+    fn acquire_ip<'a>(&'a self, node: &'a str) -> ActionFuture<'a, String>;
+}

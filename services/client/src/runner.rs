@@ -1,0 +1,758 @@
+//! The operation runner: the one entry point through which a provisioning service runs an
+//! operation. It records the start, each stage and each step with its effect and declared
+//! compensation (one commit), and catches every error, panic and cancellation in one
+//! place: it records the failure (stage, step, error) or the cancellation, then hands the
+//! operation to the rollback driver.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+
+use futures::FutureExt;
+use provledger_events::catalogue::{
+    BundlePolicy, Compensation, Effect, OperationKind, OperationOutcome, RollbackPlan,
+};
+use provledger_events::{
+    AggregateId, AggregateKind, AppendError, AppendOutcome, CommitDraft, Event, EventLog,
+    Expectation,
+};
+use provledger_projections::decide::{admit_append, AppendRejection};
+use provledger_projections::operation::{OperationState, OperationStatus};
+use provledger_projections::stages::stages_of;
+use provledger_projections::Entity;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use crate::cancel::CancelNotices;
+use crate::clock::Stamper;
+use crate::driver::RollbackDriver;
+use crate::ledger::{read_entity, Ledger};
+
+/// Appends to the operation retried after a version conflict (each conflict means another
+/// writer, a canceller or a deleter, got in between).
+const OPERATION_APPEND_ATTEMPTS_MAX: usize = 8;
+
+/// What to run: the kind fixes the stages and their rollback policies.
+#[derive(Debug, Clone)]
+pub struct OperationSpec {
+    pub id: Uuid,
+    pub kind: OperationKind,
+    pub target: AggregateId,
+    pub parent_id: Option<Uuid>,
+    pub bundle_policy: Option<BundlePolicy>,
+    /// Events that create the target, written in the same commit as its in-flight marker
+    /// (create operations). `None` when the target already exists.
+    pub create_target: Option<Vec<Event>>,
+}
+
+impl OperationSpec {
+    /// A spec whose id the runner mints from its id source when it runs it.
+    pub fn new(kind: OperationKind, target: AggregateId) -> Self {
+        OperationSpec {
+            id: Uuid::nil(),
+            kind,
+            target,
+            parent_id: None,
+            bundle_policy: None,
+            create_target: None,
+        }
+    }
+
+    /// Runs the operation under this id (a bundle names its own target with it).
+    pub fn with_id(mut self, id: Uuid) -> Self {
+        self.id = id;
+        self
+    }
+
+    pub fn creating(mut self, events: Vec<Event>) -> Self {
+        self.create_target = Some(events);
+        self
+    }
+
+    pub fn child_of(mut self, parent: Uuid) -> Self {
+        self.parent_id = Some(parent);
+        self
+    }
+}
+
+/// Why an operation stopped. Every variant is a value a caller can match on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OperationError {
+    /// The user deleted the target: the operation stopped at its next step or append.
+    #[error("{target} is being deleted: operation {operation} stopped ({reason})")]
+    TargetDeleted {
+        operation: Uuid,
+        target: AggregateId,
+        reason: String,
+    },
+    #[error("operation {operation} was cancelled: {reason}")]
+    Cancelled { operation: Uuid, reason: String },
+    #[error("stage {stage}, step {step} failed: {error}")]
+    StepFailed {
+        stage: String,
+        step: String,
+        error: String,
+    },
+    #[error("stage {stage}, step {step} panicked: {message}")]
+    Panicked {
+        stage: String,
+        step: String,
+        message: String,
+    },
+    /// A stage or step outside the kind's declared stages: a bug in the caller.
+    #[error("stage {stage:?} is not declared for this operation kind")]
+    UnknownStage { stage: String },
+    #[error("operation {operation} could not start: {reason}")]
+    NotStarted { operation: Uuid, reason: String },
+    /// An append with an exact expectation met a newer version (another writer got in
+    /// between); the caller re-reads and decides again.
+    #[error("conflict on {aggregate}: actual version is {actual}")]
+    Conflict { aggregate: AggregateId, actual: u64 },
+    #[error("the event log failed: {0}")]
+    Ledger(String),
+}
+
+impl OperationError {
+    fn is_cancellation(&self) -> bool {
+        matches!(
+            self,
+            OperationError::TargetDeleted { .. } | OperationError::Cancelled { .. }
+        )
+    }
+}
+
+/// A step's own failure, as its code reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepError(pub String);
+
+impl<S: Into<String>> From<S> for StepError {
+    fn from(s: S) -> Self {
+        StepError(s.into())
+    }
+}
+
+/// What a step produced: its value and, if it changed the world, the effect with the
+/// compensation that undoes it.
+pub struct StepOutput<T> {
+    pub value: T,
+    pub effect: Option<(Effect, Option<Compensation>)>,
+}
+
+impl<T> StepOutput<T> {
+    pub fn with_effect(value: T, effect: Effect, compensation: Option<Compensation>) -> Self {
+        StepOutput {
+            value,
+            effect: Some((effect, compensation)),
+        }
+    }
+
+    pub fn without_effect(value: T) -> Self {
+        StepOutput {
+            value,
+            effect: None,
+        }
+    }
+}
+
+/// How a run ended, with the operation's final state as folded from the log.
+#[derive(Debug)]
+pub struct RunReport<T> {
+    pub operation_id: Uuid,
+    pub result: Result<T, OperationError>,
+    pub status: Option<OperationStatus>,
+    pub plan: Option<RollbackPlan>,
+}
+
+/// Called before every step with (operation, stage, step): the seam through which a
+/// simulation injects faults or a delete at a chosen step.
+pub type StepHook = Arc<
+    dyn Fn(Uuid, String, String) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Runs operations against one ledger.
+#[derive(Clone)]
+pub struct OperationRunner {
+    ledger: Ledger,
+    notices: CancelNotices,
+    driver: Option<Arc<RollbackDriver>>,
+    actor: String,
+    step_hook: Option<StepHook>,
+    stamper: Stamper,
+}
+
+#[derive(Debug, Clone)]
+enum Stop {
+    TargetDeleted(String),
+    Cancelled(String),
+}
+
+struct CtxState {
+    version: u64,
+    stage: Option<String>,
+    step: Option<String>,
+    stop: Option<Stop>,
+}
+
+struct CtxInner {
+    ledger: Ledger,
+    id: Uuid,
+    kind: OperationKind,
+    target: AggregateId,
+    actor: String,
+    stamper: Stamper,
+    step_hook: Option<StepHook>,
+    notice: watch::Receiver<bool>,
+    // A std mutex: it is never held across an await.
+    state: Mutex<CtxState>,
+}
+
+/// The running operation, handed to the service's code. Cheap to clone.
+#[derive(Clone)]
+pub struct OperationCtx {
+    inner: Arc<CtxInner>,
+}
+
+fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
+    }
+}
+
+fn ledger_error(e: impl std::fmt::Display) -> OperationError {
+    OperationError::Ledger(e.to_string())
+}
+
+impl OperationRunner {
+    /// `driver`: when given, a failed or cancelled operation's rollback is planned and
+    /// driven in this process before `run` returns (embedded mode). Without it the
+    /// operation is left failed for `serve` to plan and drive.
+    pub fn new(
+        ledger: Ledger,
+        notices: CancelNotices,
+        driver: Option<Arc<RollbackDriver>>,
+        actor: &str,
+    ) -> Self {
+        OperationRunner {
+            ledger,
+            notices,
+            driver,
+            actor: actor.to_string(),
+            step_hook: None,
+            stamper: Stamper::system(),
+        }
+    }
+
+    /// Stamps every commit and mints every id from `stamper` instead of the wall clock.
+    pub fn with_stamper(mut self, stamper: Stamper) -> Self {
+        self.stamper = stamper;
+        self
+    }
+
+    pub fn stamper(&self) -> &Stamper {
+        &self.stamper
+    }
+
+    pub fn with_step_hook(mut self, hook: StepHook) -> Self {
+        self.step_hook = Some(hook);
+        self
+    }
+
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    pub fn notices(&self) -> &CancelNotices {
+        &self.notices
+    }
+
+    pub fn driver(&self) -> Option<&Arc<RollbackDriver>> {
+        self.driver.as_ref()
+    }
+
+    /// Runs `body` as the operation `spec` describes. Whatever happens inside `body` (an
+    /// error returned with `?`, a panic, a cancellation), the outcome is recorded and the
+    /// rollback handed over here.
+    pub async fn run<T, F, Fut>(&self, spec: OperationSpec, body: F) -> RunReport<T>
+    where
+        F: FnOnce(OperationCtx) -> Fut,
+        Fut: Future<Output = Result<T, OperationError>>,
+    {
+        let mut spec = spec;
+        if spec.id.is_nil() {
+            spec.id = self.stamper.id();
+        }
+        let operation_id = spec.id;
+        let ctx = match self.start(&spec).await {
+            Ok(ctx) => ctx,
+            Err(e) => {
+                return RunReport {
+                    operation_id,
+                    result: Err(e),
+                    status: None,
+                    plan: None,
+                }
+            }
+        };
+        tracing::info!(operation = %operation_id, kind = ?spec.kind, target = %spec.target, "operation started");
+        let result = match AssertUnwindSafe(body(ctx.clone())).catch_unwind().await {
+            Ok(result) => result,
+            Err(panic) => {
+                let (stage, step) = ctx.position();
+                Err(OperationError::Panicked {
+                    stage,
+                    step,
+                    message: panic_message(panic),
+                })
+            }
+        };
+        let result = match result {
+            Ok(value) => match ctx.finish_succeeded().await {
+                Ok(()) => Ok(value),
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        // The driver returns the state it ended on; otherwise read it once.
+        let mut driven = None;
+        if let Err(error) = &result {
+            if let Err(e) = ctx.record_stop(error).await {
+                tracing::error!(operation = %operation_id, error = %e, "the failure could not be recorded; serve or `rollback run` finishes it from the log");
+            } else if let Some(driver) = &self.driver {
+                match driver.drive(operation_id).await {
+                    Ok(op) => driven = Some(op),
+                    Err(e) => {
+                        tracing::warn!(operation = %operation_id, error = %e, "rollback not finished here; serve or `rollback run` resumes it from the log")
+                    }
+                }
+            }
+        }
+        let state = match driven {
+            Some(op) => Some(op),
+            None => match read_entity(&self.ledger, AggregateId::operation(operation_id)).await {
+                Ok(Some(Entity::Operation(op))) => Some(op),
+                _ => None,
+            },
+        };
+        RunReport {
+            operation_id,
+            result,
+            status: state.as_ref().and_then(|s| s.status),
+            plan: state.and_then(|s| s.rollback_plan),
+        }
+    }
+
+    async fn start(&self, spec: &OperationSpec) -> Result<OperationCtx, OperationError> {
+        let op = AggregateId::operation(spec.id);
+        let started = Event::OperationStarted {
+            kind: spec.kind,
+            target: spec.target,
+            parent_id: spec.parent_id,
+            stages: stages_of(spec.kind),
+            bundle_policy: spec.bundle_policy,
+        };
+        let draft = self
+            .stamper
+            .draft(&self.actor, vec![started])
+            .with_operation(spec.id);
+        let outcome = self
+            .ledger
+            .append(op, Expectation::NoStream, draft)
+            .await
+            .map_err(|e| OperationError::NotStarted {
+                operation: spec.id,
+                reason: e.to_string(),
+            })?;
+        let notice = self.notices.watch(spec.id).await;
+        let ctx = OperationCtx {
+            inner: Arc::new(CtxInner {
+                ledger: self.ledger.clone(),
+                id: spec.id,
+                kind: spec.kind,
+                target: spec.target,
+                actor: self.actor.clone(),
+                stamper: self.stamper.clone(),
+                step_hook: self.step_hook.clone(),
+                notice,
+                state: Mutex::new(CtxState {
+                    version: outcome.version,
+                    stage: None,
+                    step: None,
+                    stop: None,
+                }),
+            }),
+        };
+        if let Err(e) = ctx.mark_target(spec).await {
+            // The operation is recorded: close it as failed before any stage, so nothing
+            // is left running in the log.
+            let _ = ctx.record_stop(&e).await;
+            if let Some(driver) = &self.driver {
+                let _ = driver.drive(spec.id).await;
+            }
+            return Err(e);
+        }
+        Ok(ctx)
+    }
+}
+
+impl OperationCtx {
+    pub fn id(&self) -> Uuid {
+        self.inner.id
+    }
+
+    pub fn target(&self) -> AggregateId {
+        self.inner.target
+    }
+
+    pub fn ledger(&self) -> &Ledger {
+        &self.inner.ledger
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, CtxState> {
+        // A poisoned lock means a panic while holding it, and nothing panics while
+        // holding it (no user code runs under it); recover the state either way.
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn position(&self) -> (String, String) {
+        let s = self.lock();
+        (
+            s.stage.clone().unwrap_or_else(|| "(none)".into()),
+            s.step.clone().unwrap_or_else(|| "(none)".into()),
+        )
+    }
+
+    /// A draft stamped with this operation and its actor.
+    pub fn draft(&self, events: Vec<Event>) -> CommitDraft {
+        self.inner
+            .stamper
+            .draft(&self.inner.actor, events)
+            .with_operation(self.inner.id)
+    }
+
+    /// The clock and id source of the runner that started this operation.
+    pub fn stamper(&self) -> &Stamper {
+        &self.inner.stamper
+    }
+
+    fn stop_error(&self, stop: &Stop) -> OperationError {
+        match stop {
+            Stop::TargetDeleted(reason) => OperationError::TargetDeleted {
+                operation: self.inner.id,
+                target: self.inner.target,
+                reason: reason.clone(),
+            },
+            Stop::Cancelled(reason) => OperationError::Cancelled {
+                operation: self.inner.id,
+                reason: reason.clone(),
+            },
+        }
+    }
+
+    /// Reads the operation from the log and notes a cancellation, if one is recorded.
+    async fn refresh(&self) -> Result<u64, OperationError> {
+        let op = AggregateId::operation(self.inner.id);
+        let Some(Entity::Operation(state)) = read_entity(&self.inner.ledger, op)
+            .await
+            .map_err(ledger_error)?
+        else {
+            return Err(OperationError::Ledger(format!("operation {op} vanished")));
+        };
+        let stop = stop_of(&state);
+        let mut s = self.lock();
+        s.version = state.header.version;
+        if s.stop.is_none() {
+            s.stop = stop;
+        }
+        Ok(state.header.version)
+    }
+
+    /// Fails with the typed stop error if the operation was cancelled or its target is
+    /// being deleted; consults the log when a cancel notice arrived.
+    pub async fn check_cancelled(&self) -> Result<(), OperationError> {
+        if *self.inner.notice.borrow() {
+            self.refresh().await?;
+        }
+        let stop = self.lock().stop.clone();
+        match stop {
+            Some(stop) => Err(self.stop_error(&stop)),
+            None => Ok(()),
+        }
+    }
+
+    /// Resolves when a cancel notice for this operation arrives (for long steps that can
+    /// stop early). Never resolves if none does.
+    pub async fn cancel_notice(&self) {
+        let mut rx = self.inner.notice.clone();
+        while !*rx.borrow() {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Appends to the operation itself at its known version. `record_anyway`: a fact
+    /// (a step's effect, the outcome) is recorded even after a cancellation arrived.
+    async fn append_op(
+        &self,
+        events: Vec<Event>,
+        record_anyway: bool,
+    ) -> Result<(), OperationError> {
+        let op = AggregateId::operation(self.inner.id);
+        for _ in 0..OPERATION_APPEND_ATTEMPTS_MAX {
+            let version = self.lock().version;
+            match self
+                .inner
+                .ledger
+                .append(
+                    op,
+                    Expectation::Exactly(version),
+                    self.draft(events.clone()),
+                )
+                .await
+            {
+                Ok(outcome) => {
+                    self.lock().version = outcome.version;
+                    return Ok(());
+                }
+                Err(AppendError::Conflict { .. }) => {
+                    self.refresh().await?;
+                    if !record_anyway {
+                        self.check_cancelled().await?;
+                    }
+                }
+                Err(e) => return Err(ledger_error(e)),
+            }
+        }
+        Err(OperationError::Ledger(format!(
+            "operation {op}: {OPERATION_APPEND_ATTEMPTS_MAX} appends in a row met a newer version"
+        )))
+    }
+
+    async fn mark_target(&self, spec: &OperationSpec) -> Result<(), OperationError> {
+        let marker = Event::InFlightOperationSet {
+            operation_id: spec.id,
+            operation_kind: spec.kind,
+        };
+        if spec.target.kind == AggregateKind::Operation {
+            return Ok(()); // a bundle is its own target
+        }
+        match &spec.create_target {
+            Some(create) => {
+                let mut events = create.clone();
+                events.push(marker);
+                self.inner
+                    .ledger
+                    .append(spec.target, Expectation::NoStream, self.draft(events))
+                    .await
+                    .map_err(|e| OperationError::NotStarted {
+                        operation: spec.id,
+                        reason: format!("creating {}: {e}", spec.target),
+                    })?;
+            }
+            None => {
+                self.append(spec.target, Expectation::Any, vec![marker])
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts a stage, completing the current one first.
+    pub async fn stage(&self, name: &str) -> Result<(), OperationError> {
+        if !stages_of(self.inner.kind).iter().any(|s| s.name == name) {
+            return Err(OperationError::UnknownStage { stage: name.into() });
+        }
+        self.check_cancelled().await?;
+        let mut events = Vec::new();
+        if let Some(current) = self.lock().stage.clone() {
+            events.push(Event::StageCompleted { stage: current });
+        }
+        events.push(Event::StageStarted { stage: name.into() });
+        self.append_op(events, false).await?;
+        let mut s = self.lock();
+        s.stage = Some(name.to_string());
+        s.step = None;
+        Ok(())
+    }
+
+    /// Runs one step of the current stage. Its effect and compensation are recorded in one
+    /// commit as soon as it returns, even if a cancellation arrived meanwhile (the effect
+    /// happened, and the rollback must know of it); then the cancellation is honoured.
+    pub async fn step<T, Fut>(&self, name: &str, work: Fut) -> Result<T, OperationError>
+    where
+        Fut: Future<Output = Result<StepOutput<T>, StepError>>,
+    {
+        if let Some(hook) = &self.inner.step_hook {
+            let stage = self.lock().stage.clone().unwrap_or_default();
+            hook(self.inner.id, stage, name.to_string()).await;
+        }
+        self.check_cancelled().await?;
+        let stage = {
+            let mut s = self.lock();
+            s.step = Some(name.to_string());
+            s.stage.clone()
+        };
+        let Some(stage) = stage else {
+            return Err(OperationError::UnknownStage {
+                stage: format!("(none, for step {name})"),
+            });
+        };
+        let output = match AssertUnwindSafe(work).catch_unwind().await {
+            Err(panic) => {
+                return Err(OperationError::Panicked {
+                    stage,
+                    step: name.into(),
+                    message: panic_message(panic),
+                })
+            }
+            Ok(Err(StepError(error))) => {
+                return Err(OperationError::StepFailed {
+                    stage,
+                    step: name.into(),
+                    error,
+                })
+            }
+            Ok(Ok(output)) => output,
+        };
+        if let Some((effect, compensation)) = output.effect {
+            let done = Event::StepDone {
+                stage,
+                step: name.into(),
+                effect,
+                compensation,
+            };
+            self.append_op(vec![done], true).await?;
+        }
+        self.check_cancelled().await?;
+        Ok(output.value)
+    }
+
+    /// Appends to another aggregate on behalf of this operation. A cluster or instance
+    /// that is being deleted refuses anything that would revive it: the typed
+    /// `TargetDeleted` error, and the operation stops.
+    pub async fn append(
+        &self,
+        aggregate: AggregateId,
+        expect: Expectation,
+        events: Vec<Event>,
+    ) -> Result<AppendOutcome, OperationError> {
+        self.check_cancelled().await?;
+        if matches!(
+            aggregate.kind,
+            AggregateKind::Cluster | AggregateKind::Instance
+        ) {
+            let entity = read_entity(&self.inner.ledger, aggregate)
+                .await
+                .map_err(ledger_error)?;
+            if let Err(AppendRejection::TargetDeleted { state, .. }) =
+                admit_append(entity.as_ref(), &events)
+            {
+                let stop = Stop::TargetDeleted(format!("{aggregate} is {state}"));
+                self.lock().stop = Some(stop.clone());
+                return Err(self.stop_error(&stop));
+            }
+        }
+        match self
+            .inner
+            .ledger
+            .append(aggregate, expect, self.draft(events))
+            .await
+        {
+            Err(AppendError::Conflict { actual, .. }) => {
+                Err(OperationError::Conflict { aggregate, actual })
+            }
+            other => other.map_err(ledger_error),
+        }
+    }
+
+    /// Records a child operation of this one (a bundle's).
+    pub async fn add_child(&self, child: Uuid) -> Result<(), OperationError> {
+        self.append_op(vec![Event::ChildOperationAdded { child_id: child }], true)
+            .await
+    }
+
+    async fn finish_succeeded(&self) -> Result<(), OperationError> {
+        let mut events = Vec::new();
+        if let Some(stage) = self.lock().stage.clone() {
+            events.push(Event::StageCompleted { stage });
+        }
+        events.push(Event::OperationSucceeded {});
+        self.append_op(events, true).await?;
+        if self.inner.target.kind != AggregateKind::Operation {
+            let cleared = Event::InFlightOperationCleared {
+                operation_id: self.inner.id,
+                outcome: OperationOutcome::Succeeded,
+            };
+            self.inner
+                .ledger
+                .append(
+                    self.inner.target,
+                    Expectation::Any,
+                    self.draft(vec![cleared]),
+                )
+                .await
+                .map_err(ledger_error)?;
+        }
+        Ok(())
+    }
+
+    /// Records why the operation stopped: cancelled (by a user or by the target's
+    /// deletion) or failed at a stage and step.
+    async fn record_stop(&self, error: &OperationError) -> Result<(), OperationError> {
+        let (stage, step) = {
+            let s = self.lock();
+            (s.stage.clone(), s.step.clone())
+        };
+        let event = if error.is_cancellation() {
+            Event::OperationCancelled {
+                reason: error.to_string(),
+            }
+        } else {
+            let step = match error {
+                OperationError::StepFailed { step, .. } | OperationError::Panicked { step, .. } => {
+                    Some(step.clone())
+                }
+                _ => step,
+            };
+            // The stage and step have their own fields; the message is the cause alone.
+            let message = match error {
+                OperationError::StepFailed { error, .. } => error.clone(),
+                OperationError::Panicked { message, .. } => format!("panicked: {message}"),
+                other => other.to_string(),
+            };
+            Event::OperationFailed {
+                stage: stage.unwrap_or_else(|| "start".into()),
+                step,
+                error: message,
+            }
+        };
+        tracing::info!(operation = %self.inner.id, error = %error, "operation stopped");
+        self.append_op(vec![event], true).await
+    }
+
+    /// Fails the operation at the current stage with `step` naming the cause (a bundle's
+    /// failed child).
+    pub fn step_failed(&self, step: &str, error: impl Into<String>) -> OperationError {
+        let (stage, _) = self.position();
+        OperationError::StepFailed {
+            stage,
+            step: step.into(),
+            error: error.into(),
+        }
+    }
+}
+
+fn stop_of(state: &OperationState) -> Option<Stop> {
+    let reason = state.cancellation_reason.clone()?;
+    Some(if state.target_deleted {
+        Stop::TargetDeleted(reason)
+    } else {
+        Stop::Cancelled(reason)
+    })
+}

@@ -1,0 +1,30 @@
+//! provledger-serve: the read side and `provledger serve`.
+//!
+//! It owns:
+//! - the projection store (`store`): one sled tree holding the copy of the log, the
+//!   projected entities, their indexes, the quarantine, the time index, the snapshots and
+//!   the checkpoint, each batch written atomically;
+//! - the [`Projector`]: follows the log from the store's checkpoint and folds it into the
+//!   store (a rebuild from position 0 equals the incremental state);
+//! - the query and command endpoints (`endpoints/`, one file per group), answering the
+//!   contract's `provledger.q.*` and `provledger.cmd.append` as the NATS micro service
+//!   `provledger` ([`run`]);
+//! - serve's rollback and deletion worker (`rollback_worker`), which drives stopped
+//!   operations' rollbacks with the client library's driver.
+//!
+//! It never depends on the simulator or the CLI, never writes to the log except through
+//! `EventLog::append` (in `cmd.append` and through the client library's driver and
+//! deletion steps), and its queries only read the store: the projector is the store's
+//! one writer.
+
+mod endpoints;
+mod projector;
+mod rollback_worker;
+mod service;
+mod store;
+
+pub use projector::{
+    BatchOutcome, Projector, ProjectorError, BATCH_ENTRIES_MAX, SNAPSHOT_EVERY_POSITIONS_DEFAULT,
+};
+pub use service::{open_service_store, run, ServeError, ServeOptions, QUEUE_GROUP, SERVICE_NAME};
+pub use store::{ProjectionStore, QuarantineRecord, StoreError, ENTITY_FORMAT};

@@ -1,0 +1,308 @@
+//! The projector: consumes the log from the store's checkpoint, folds each
+//! commit into its entity, and writes the sled copy of the commit, the entities, the
+//! indexes and the new checkpoint in one atomic batch. After a crash at any point the
+//! store holds exactly the batches that were written, so a restart resumes at the
+//! checkpoint with nothing lost and nothing folded twice.
+//!
+//! An entry that cannot be decoded is quarantined with its position and error, and the
+//! projector goes on.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use futures::StreamExt;
+use provledger_events::codec;
+use provledger_events::{AggregateId, AggregateKind, Commit, Event, EventLog, ReadError};
+use provledger_projections::Entity;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use crate::store::{encode_entity, ProjectionStore, QuarantineRecord, StoreBatch, StoreError};
+
+/// Log entries folded per batch at most: bounds the memory of one batch and the work
+/// lost to a crash, while amortising the sled write across many commits.
+pub const BATCH_ENTRIES_MAX: usize = 4096;
+/// Entities kept in memory between batches; past it the cache is emptied and entities are
+/// loaded from sled again as they are touched.
+pub const CACHE_ENTITIES_MAX: usize = 200_000;
+/// A snapshot of every entity is taken each time the checkpoint crosses a multiple of
+/// this many positions (0 turns snapshots off).
+pub const SNAPSHOT_EVERY_POSITIONS_DEFAULT: u64 = 100_000;
+/// Bytes of an undecodable payload kept in its quarantine record.
+const QUARANTINE_HEAD_BYTES_MAX: usize = 4096;
+/// Back-off between attempts to resubscribe after the log became unavailable.
+const RESUBSCRIBE_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Why the projector stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ProjectorError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Read(#[from] ReadError),
+}
+
+/// What one batch did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BatchOutcome {
+    pub folded: usize,
+    pub events: usize,
+    pub quarantined: usize,
+    pub skipped: usize,
+}
+
+pub struct Projector {
+    store: ProjectionStore,
+    cache: HashMap<AggregateId, Entity>,
+    checkpoint: u64,
+    watermark: Option<i64>,
+    snapshot_every: u64,
+    applied: watch::Sender<u64>,
+}
+
+impl Projector {
+    pub fn new(store: ProjectionStore, snapshot_every: u64) -> Result<Self, StoreError> {
+        let checkpoint = store.checkpoint()?;
+        let watermark = store.watermark()?;
+        let (applied, _) = watch::channel(checkpoint);
+        Ok(Projector {
+            store,
+            cache: HashMap::new(),
+            checkpoint,
+            watermark,
+            snapshot_every,
+            applied,
+        })
+    }
+
+    pub fn store(&self) -> &ProjectionStore {
+        &self.store
+    }
+
+    pub fn checkpoint(&self) -> u64 {
+        self.checkpoint
+    }
+
+    /// The last position applied, for read-your-writes waits and replies.
+    pub fn applied(&self) -> watch::Receiver<u64> {
+        self.applied.subscribe()
+    }
+
+    fn load(&mut self, id: AggregateId) -> Result<&mut Entity, StoreError> {
+        if !self.cache.contains_key(&id) {
+            let entity = self.store.entity(&id)?.unwrap_or_else(|| Entity::new(id));
+            self.cache.insert(id, entity);
+        }
+        // Inserted just above when missing.
+        Ok(self.cache.get_mut(&id).expect("entity cached"))
+    }
+
+    /// Folds one batch of log entries and writes it atomically. Entries at or below the
+    /// checkpoint are skipped (a resubscription may deliver them again).
+    pub fn apply_batch(
+        &mut self,
+        entries: Vec<Result<Commit, ReadError>>,
+    ) -> Result<BatchOutcome, ProjectorError> {
+        let mut outcome = BatchOutcome::default();
+        let mut batch = StoreBatch::default();
+        let mut dirty: HashSet<AggregateId> = HashSet::new();
+        let mut checkpoint = self.checkpoint;
+        let mut watermark = self.watermark;
+        let mut failure = None;
+        for entry in entries {
+            match entry {
+                Ok(commit) => {
+                    if commit.position <= checkpoint {
+                        outcome.skipped += 1;
+                        continue;
+                    }
+                    self.fold(&commit, &mut batch, &mut dirty)?;
+                    if watermark.is_none_or(|w| commit.recorded_at.unix_ms() > w) {
+                        watermark = Some(commit.recorded_at.unix_ms());
+                        batch.watermark = Some((commit.recorded_at.unix_ms(), commit.position));
+                    }
+                    outcome.folded += 1;
+                    outcome.events += commit.events.len();
+                    checkpoint = commit.position;
+                }
+                Err(ReadError::Undecodable {
+                    position,
+                    subject,
+                    error,
+                    payload,
+                }) => {
+                    if position <= checkpoint {
+                        outcome.skipped += 1;
+                        continue;
+                    }
+                    tracing::warn!(position, %subject, %error, "undecodable log entry quarantined");
+                    let head = &payload[..payload.len().min(QUARANTINE_HEAD_BYTES_MAX)];
+                    batch.quarantine.push(QuarantineRecord {
+                        position,
+                        subject,
+                        error: error.to_string(),
+                        payload_len: payload.len(),
+                        payload_head_hex: head.iter().map(|b| format!("{b:02x}")).collect(),
+                    });
+                    outcome.quarantined += 1;
+                    checkpoint = position;
+                }
+                Err(e @ ReadError::Unavailable { .. }) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        if checkpoint > self.checkpoint {
+            for id in &dirty {
+                if let Some(entity) = self.cache.get(id) {
+                    batch.entities.push((*id, encode_entity(entity)?));
+                }
+            }
+            batch.checkpoint = checkpoint;
+            let previous = self.checkpoint;
+            self.store.write_batch(batch)?;
+            self.checkpoint = checkpoint;
+            self.watermark = watermark;
+            self.applied.send_replace(checkpoint);
+            if self.cache.len() > CACHE_ENTITIES_MAX {
+                self.cache.clear();
+            }
+            self.maybe_snapshot(previous)?;
+        }
+        match failure {
+            Some(e) => Err(e.into()),
+            None => Ok(outcome),
+        }
+    }
+
+    fn fold(
+        &mut self,
+        commit: &Commit,
+        batch: &mut StoreBatch,
+        dirty: &mut HashSet<AggregateId>,
+    ) -> Result<(), StoreError> {
+        // The copy holds the codec's bytes; re-encoding a decoded commit gives the same
+        // bytes because the encoding is canonical (the golden tests pin it).
+        let bytes = codec::encode(commit).map_err(|e| StoreError::Corrupt {
+            what: format!("commit at position {}", commit.position),
+            reason: e.to_string(),
+        })?;
+        batch
+            .commits
+            .push((commit.position, commit.aggregate, commit.version, bytes));
+        let aggregate = commit.aggregate;
+        let entity = self.load(aggregate)?;
+        entity.apply(commit);
+        if aggregate.kind == AggregateKind::Provider {
+            if let Entity::Provider(provider) = &*entity {
+                for consumer in touched_consumers(&commit.events) {
+                    let present = provider.allocations.contains_key(&consumer);
+                    batch
+                        .allocation_index
+                        .push((consumer, aggregate.id, present));
+                }
+            }
+        }
+        dirty.insert(aggregate);
+        Ok(())
+    }
+
+    fn maybe_snapshot(&mut self, previous: u64) -> Result<(), StoreError> {
+        if self.snapshot_every == 0
+            || previous / self.snapshot_every == self.checkpoint / self.snapshot_every
+        {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let entities = self.store.write_snapshot(self.checkpoint)?;
+        tracing::info!(
+            position = self.checkpoint,
+            entities,
+            ms = started.elapsed().as_millis() as u64,
+            "projection snapshot written"
+        );
+        Ok(())
+    }
+
+    /// Folds everything the log holds now, then returns the checkpoint. `on_batch` sees
+    /// the checkpoint and the log's end after each batch (for progress bars).
+    pub async fn catch_up<L: EventLog>(
+        &mut self,
+        log: &L,
+        mut on_batch: impl FnMut(u64, u64),
+    ) -> Result<u64, ProjectorError> {
+        let end = log.last_position().await?;
+        if end <= self.checkpoint {
+            return Ok(self.checkpoint);
+        }
+        let stream = log.read_all(self.checkpoint + 1).await?;
+        let mut chunks = stream.ready_chunks(BATCH_ENTRIES_MAX);
+        while let Some(chunk) = chunks.next().await {
+            self.apply_batch(chunk)?;
+            on_batch(self.checkpoint, end);
+        }
+        Ok(self.checkpoint)
+    }
+
+    /// Follows the log until `shutdown` turns true, finishing the batch in hand first.
+    /// When the log becomes unavailable it resubscribes from the checkpoint with back-off.
+    pub async fn run<L: EventLog>(
+        &mut self,
+        log: &L,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Result<(), ProjectorError> {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            if *shutdown.borrow() {
+                return Ok(());
+            }
+            let stream = match log.subscribe(self.checkpoint + 1).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, ?backoff, "cannot subscribe to the log; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = shutdown.changed() => {}
+                    }
+                    backoff = (backoff * 2).min(RESUBSCRIBE_BACKOFF_MAX);
+                    continue;
+                }
+            };
+            let mut chunks = stream.ready_chunks(BATCH_ENTRIES_MAX);
+            loop {
+                let chunk = tokio::select! {
+                    chunk = chunks.next() => chunk,
+                    _ = shutdown.changed() => return Ok(()),
+                };
+                let Some(chunk) = chunk else { break };
+                match self.apply_batch(chunk) {
+                    Ok(outcome) => {
+                        backoff = Duration::from_millis(100);
+                        tracing::debug!(checkpoint = self.checkpoint, ?outcome, "batch applied");
+                    }
+                    Err(ProjectorError::Read(e)) => {
+                        tracing::warn!(error = %e, "log read failed; resubscribing from the checkpoint");
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = shutdown.changed() => {}
+            }
+            backoff = (backoff * 2).min(RESUBSCRIBE_BACKOFF_MAX);
+        }
+    }
+}
+
+/// The consumers whose allocation on this provider a commit may have changed.
+fn touched_consumers(events: &[Event]) -> impl Iterator<Item = Uuid> + '_ {
+    events.iter().filter_map(|e| match e {
+        Event::AllocationClaimed { consumer, .. } | Event::AllocationReleased { consumer, .. } => {
+            Some(*consumer)
+        }
+        _ => None,
+    })
+}

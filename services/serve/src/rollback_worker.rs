@@ -1,0 +1,219 @@
+//! The rollback and deletion worker of `serve`. It watches what the projector applies and:
+//! - drives every stopped operation's rollback (plans it with an expected version, requests
+//!   each compensation from its executor over NATS, confirms it with an event), so a
+//!   restart in the middle of a rollback resumes it from the log;
+//! - for every target being deleted, tells the operation in flight on it to stop
+//!   (`TargetDeletionNoticed` and the `provledger.cancel.<id>` notice), and records
+//!   `Deleted` once no instance and no operation of it remains.
+//!
+//! Several replicas run this worker at once; the driver's expected-version decisions and
+//! deterministic ids make their races safe (one plan, one request per attempt).
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use provledger_events::{AggregateId, AggregateKind};
+use provledger_projections::operation::{OperationState, OperationStatus};
+use provledger_projections::{DeletionState, Entity};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use uuid::Uuid;
+
+use crate::store::ProjectionStore;
+use provledger_client::{deletion, CancelNotices, Ledger, RollbackDriver, Stamper};
+
+/// How often open rollbacks and deletions are looked at without a new commit (backoff
+/// timers and lost replies come due without any commit).
+const SWEEP_INTERVAL: Duration = Duration::from_millis(500);
+/// Rollbacks driven at once by one replica.
+const DRIVES_IN_FLIGHT_MAX: usize = 256;
+/// Commits read from the copy per wake-up; the rest waits for the next one.
+const COMMITS_PER_WAKE_MAX: u64 = 10_000;
+const ACTOR: &str = "provledger-serve";
+
+/// Whether serve has work on this operation: it stopped and is not closed, or a
+/// cancellation waits for an operation runner that may have died.
+pub(crate) fn needs_driving(op: &OperationState) -> bool {
+    !op.is_closed()
+        && (matches!(
+            op.status,
+            Some(OperationStatus::Failed)
+                | Some(OperationStatus::Cancelled)
+                | Some(OperationStatus::RollingBack)
+        ) || op.cancellation_pending())
+}
+
+fn is_deleting(entity: &Entity) -> bool {
+    entity.deletion_state() == Some(DeletionState::Deleting)
+}
+
+pub(crate) struct RollbackWorker {
+    pub(crate) store: ProjectionStore,
+    pub(crate) ledger: Ledger,
+    pub(crate) driver: Arc<RollbackDriver>,
+    pub(crate) notices: CancelNotices,
+    pub(crate) applied: watch::Receiver<u64>,
+    pub(crate) stamper: Stamper,
+}
+
+impl RollbackWorker {
+    pub(crate) async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let mut open: BTreeSet<Uuid> = BTreeSet::new();
+        let mut deleting: BTreeSet<AggregateId> = BTreeSet::new();
+        let mut seen = *self.applied.borrow();
+        self.initial_scan(&mut open, &mut deleting);
+        tracing::info!(
+            open_rollbacks = open.len(),
+            deleting = deleting.len(),
+            "rollback worker started"
+        );
+        let mut driving: HashSet<Uuid> = HashSet::new();
+        let mut tasks: JoinSet<Uuid> = JoinSet::new();
+        loop {
+            tokio::select! {
+                _ = self.applied.changed() => {}
+                _ = tokio::time::sleep(SWEEP_INTERVAL) => {}
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                    if let Ok(op) = done {
+                        driving.remove(&op);
+                    }
+                }
+                _ = shutdown.changed() => break,
+            }
+            if *shutdown.borrow() {
+                break;
+            }
+            let now = *self.applied.borrow();
+            let to = now.min(seen + COMMITS_PER_WAKE_MAX);
+            for commit in self.store.commits(seen + 1, to) {
+                match commit {
+                    Ok(c) => match c.aggregate.kind {
+                        AggregateKind::Operation => {
+                            open.insert(c.aggregate.id);
+                        }
+                        AggregateKind::Cluster | AggregateKind::Instance => {
+                            deleting.insert(c.aggregate);
+                        }
+                        AggregateKind::Provider => {}
+                    },
+                    Err(e) => tracing::warn!(error = %e, "unreadable commit in the copy"),
+                }
+            }
+            seen = to.max(seen);
+            self.refresh_open(&mut open);
+            for op in open.iter().copied() {
+                if driving.len() >= DRIVES_IN_FLIGHT_MAX {
+                    break;
+                }
+                if driving.insert(op) {
+                    let driver = Arc::clone(&self.driver);
+                    tasks.spawn(async move {
+                        if let Err(e) = driver.drive(op).await {
+                            tracing::warn!(operation = %op, error = %e, "rollback not finished; retried on the next sweep");
+                        }
+                        op
+                    });
+                }
+            }
+            self.advance_deletions(&mut deleting).await;
+        }
+        // Rollbacks in hand stop here; their state is in the log and the next start (of
+        // this replica or another) resumes them.
+        tasks.abort_all();
+        tracing::info!("rollback worker stopped");
+    }
+
+    fn initial_scan(&self, open: &mut BTreeSet<Uuid>, deleting: &mut BTreeSet<AggregateId>) {
+        for entity in self
+            .store
+            .entities_of(AggregateKind::Operation, None)
+            .flatten()
+        {
+            if let Entity::Operation(op) = &entity {
+                if needs_driving(op) {
+                    open.insert(op.header.id.id);
+                }
+            }
+        }
+        for kind in [AggregateKind::Cluster, AggregateKind::Instance] {
+            for entity in self.store.entities_of(kind, None).flatten() {
+                if is_deleting(&entity) {
+                    deleting.insert(entity.id());
+                }
+            }
+        }
+    }
+
+    /// Keeps only the operations that still need driving, as the projection sees them.
+    fn refresh_open(&self, open: &mut BTreeSet<Uuid>) {
+        open.retain(|id| {
+            matches!(
+                self.store.entity(&AggregateId::operation(*id)),
+                Ok(Some(Entity::Operation(op))) if needs_driving(&op)
+            )
+        });
+    }
+
+    async fn advance_deletions(&self, deleting: &mut BTreeSet<AggregateId>) {
+        let mut finished = Vec::new();
+        for target in deleting.iter().copied() {
+            let entity = match self.store.entity(&target) {
+                Ok(Some(e)) => e,
+                _ => {
+                    finished.push(target);
+                    continue;
+                }
+            };
+            if !is_deleting(&entity) {
+                finished.push(target);
+                continue;
+            }
+            let in_flight = match &entity {
+                Entity::Cluster(c) => c.in_flight.is_some(),
+                Entity::Instance(i) => i.in_flight.is_some(),
+                _ => false,
+            };
+            // The target's own delete operation is left to finish; anything else stops.
+            if let Some(op) = deletion::cancellable_in_flight(&entity) {
+                // Once the projection shows the notice, there is nothing to re-check in
+                // the log on every sweep.
+                let noticed = matches!(
+                    self.store.entity(&AggregateId::operation(op)),
+                    Ok(Some(Entity::Operation(o))) if o.target_deleted || o.is_closed()
+                );
+                if noticed {
+                    continue;
+                }
+                let reason = format!("{target} is being deleted");
+                if let Err(e) = deletion::notice_target_deletion(
+                    &self.ledger,
+                    &self.notices,
+                    op,
+                    &reason,
+                    ACTOR,
+                    &self.stamper,
+                )
+                .await
+                {
+                    tracing::warn!(%target, error = %e, "cannot notice the deletion");
+                }
+                continue;
+            }
+            if in_flight {
+                continue;
+            }
+            match deletion::complete_deletion(&self.ledger, target, ACTOR, &self.stamper).await {
+                Ok(true) => {
+                    tracing::info!(%target, "deleted: nothing of it remains");
+                    finished.push(target);
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(%target, error = %e, "cannot complete the deletion"),
+            }
+        }
+        for t in finished {
+            deleting.remove(&t);
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! `provledger serve`: the projection service. It ensures the stream, runs the projector
+//! on a JetStream subscription, and answers the contract's queries as the NATS micro
+//! service `provledger` (queue group `provledger`, so replicas share the load and
+//! `$SRV.PING/INFO/STATS` work). On shutdown it stops taking requests, lets the ones in
+//! hand finish, lets the projector finish its batch, flushes sled and returns. Beside the
+//! queries it runs the rollback and deletion worker (`rollback`).
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::service::ServiceExt;
+use futures::StreamExt;
+use provledger_events::SledLog;
+use tokio::sync::{watch, Semaphore};
+
+use crate::endpoints::{Endpoint, QueryContext};
+use crate::projector::{Projector, ProjectorError};
+use crate::rollback_worker::RollbackWorker;
+use crate::store::{ProjectionStore, StoreError};
+use provledger_client::{
+    open_jetstream, CancelNotices, Ledger, NatsExecutors, OpenLedgerError, RollbackDriver, Stamper,
+};
+use provledger_projections::rollback::RetryPolicy;
+
+/// The micro service's name and queue group, fixed by the contract.
+pub const SERVICE_NAME: &str = "provledger";
+pub const QUEUE_GROUP: &str = "provledger";
+/// Requests handled at once; more wait for a slot, which pushes back on NATS.
+pub const REQUESTS_IN_FLIGHT_MAX: usize = 1024;
+/// How long shutdown waits for requests in hand.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub nats_url: String,
+    pub data_dir: PathBuf,
+    pub stream: String,
+    pub subject_prefix: String,
+    /// Upper bound on a `min_position` wait before answering `stale`.
+    pub min_position_wait: Duration,
+    pub snapshot_every: u64,
+    /// Retry bounds of the compensations this replica drives.
+    pub retry: RetryPolicy,
+    /// How long one executor request waits for its reply.
+    pub executor_reply_wait: Duration,
+}
+
+/// Why the service could not start or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Open(#[from] OpenLedgerError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Projector(#[from] ProjectorError),
+    #[error("cannot start the NATS micro service: {0}")]
+    Service(String),
+}
+
+/// Opens the data dir for a JetStream-fed store: the lock, the sled database and the
+/// store, which must copy this very stream.
+pub fn open_service_store(
+    data_dir: &std::path::Path,
+    stream: &str,
+) -> Result<(SledLog, ProjectionStore), ServeError> {
+    let dir = SledLog::open(data_dir).map_err(OpenLedgerError::from)?;
+    let store = ProjectionStore::open(dir.db())?;
+    store.claim_source(&format!("jetstream:{stream}"))?;
+    Ok((dir, store))
+}
+
+pub async fn run(
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let (client, log) = open_jetstream(
+        &options.nats_url,
+        "provledger-serve",
+        &options.stream,
+        &options.subject_prefix,
+    )
+    .await?;
+    let (data_dir, store) = open_service_store(&options.data_dir, &options.stream)?;
+    let mut projector = Projector::new(store.clone(), options.snapshot_every)?;
+    let served_by = uuid::Uuid::now_v7().to_string();
+    tracing::info!(
+        %served_by,
+        checkpoint = projector.checkpoint(),
+        stream = %options.stream,
+        server = log.server_version(),
+        "provledger serve starting"
+    );
+
+    let ctx = Arc::new(QueryContext {
+        store,
+        applied: projector.applied(),
+        log: log.clone(),
+        stream: options.stream.clone(),
+        served_by: served_by.clone(),
+        min_position_wait: options.min_position_wait,
+    });
+
+    let ledger = Ledger::JetStream(log.clone());
+    let executors = Arc::new(NatsExecutors {
+        client: client.clone(),
+        subject_prefix: options.subject_prefix.clone(),
+        reply_wait: options.executor_reply_wait,
+    });
+    let worker = RollbackWorker {
+        store: ctx.store.clone(),
+        ledger: ledger.clone(),
+        driver: Arc::new(RollbackDriver::new(
+            ledger,
+            executors,
+            options.retry,
+            "provledger-serve",
+        )),
+        notices: CancelNotices::nats(client.clone(), &options.subject_prefix),
+        applied: projector.applied(),
+        stamper: Stamper::system(),
+    };
+    let (stop_worker, worker_shutdown) = watch::channel(false);
+    let worker_task = tokio::spawn(worker.run(worker_shutdown));
+
+    let (stop_projector, projector_shutdown) = watch::channel(false);
+    let projector_log = log.clone();
+    let projector_task = tokio::spawn(async move {
+        let result = projector.run(&projector_log, projector_shutdown).await;
+        (projector, result)
+    });
+
+    let service = client
+        .service_builder()
+        .description("provledger projection queries and cmd.append")
+        .queue_group(QUEUE_GROUP)
+        .start(SERVICE_NAME, env!("CARGO_PKG_VERSION"))
+        .await
+        .map_err(|e| ServeError::Service(e.to_string()))?;
+    let mut endpoints = Vec::new();
+    for endpoint in Endpoint::ALL {
+        let subject = format!("{}.{}", options.subject_prefix, endpoint.suffix());
+        let stream = service
+            .endpoint_builder()
+            .name(endpoint.name())
+            .add(subject)
+            .await
+            .map_err(|e| ServeError::Service(e.to_string()))?;
+        endpoints.push(stream.map(move |request| (endpoint, request)).boxed());
+    }
+    let mut requests = futures::stream::select_all(endpoints);
+    let slots = Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_MAX));
+    tracing::info!(%served_by, "provledger serve ready");
+
+    tokio::pin!(shutdown);
+    loop {
+        let next = tokio::select! {
+            next = requests.next() => next,
+            _ = &mut shutdown => break,
+        };
+        let Some((endpoint, request)) = next else {
+            break;
+        };
+        let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
+            break;
+        };
+        let ctx = Arc::clone(&ctx);
+        tokio::spawn(async move {
+            respond(&ctx, endpoint, request).await;
+            drop(permit);
+        });
+    }
+
+    tracing::info!("shutting down: draining requests in hand");
+    drop(requests);
+    if let Err(e) = service.stop().await {
+        tracing::warn!(error = %e, "stopping the micro service");
+    }
+    let all = u32::try_from(REQUESTS_IN_FLIGHT_MAX).unwrap_or(u32::MAX);
+    if tokio::time::timeout(DRAIN_TIMEOUT, slots.acquire_many(all))
+        .await
+        .is_err()
+    {
+        tracing::warn!("requests still in hand after the drain timeout");
+    }
+    let _ = stop_worker.send(true);
+    if let Err(e) = worker_task.await {
+        tracing::warn!(error = %e, "rollback worker task");
+    }
+    let _ = stop_projector.send(true);
+    let (projector, result) = projector_task
+        .await
+        .map_err(|e| ServeError::Service(format!("projector task: {e}")))?;
+    projector.store().flush()?;
+    let _ = client.flush().await;
+    tracing::info!(
+        checkpoint = projector.checkpoint(),
+        "provledger serve stopped"
+    );
+    data_dir.close();
+    result.map_err(ServeError::from)
+}
+
+async fn respond(ctx: &QueryContext, endpoint: Endpoint, request: async_nats::service::Request) {
+    let result = ctx.handle(endpoint, &request.message.payload).await;
+    let mut headers = async_nats::HeaderMap::new();
+    let body = match result {
+        Ok(data) => serde_json::json!({
+            "position": ctx.position(),
+            "data": data,
+            "served_by": ctx.served_by,
+        }),
+        Err(e) => {
+            tracing::debug!(endpoint = endpoint.suffix(), code = e.code.as_str(), message = %e.message, "request refused");
+            headers.insert(
+                async_nats::service::NATS_SERVICE_ERROR,
+                format!("{}: {}", e.code.as_str(), e.message).as_str(),
+            );
+            headers.insert(
+                async_nats::service::NATS_SERVICE_ERROR_CODE,
+                e.code.numeric().to_string().as_str(),
+            );
+            e.body()
+        }
+    };
+    let bytes = serde_json::to_vec(&body).unwrap_or_default();
+    if let Err(e) = request
+        .respond_with_headers(Ok(bytes.into()), headers)
+        .await
+    {
+        tracing::warn!(error = %e, endpoint = endpoint.suffix(), "cannot send a reply");
+    }
+}

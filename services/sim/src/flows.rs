@@ -1,0 +1,819 @@
+//! The shipped operation kinds, written the way a provisioning service uses the client
+//! library: stages and steps through one [`OperationCtx`], errors returned with `?`, and
+//! not one line of rollback code. Create, scale and delete a cluster (Sahara), boot an
+//! instance (Nova, ManageIQ's IP/DHCP/DNS steps), and a bundle of child operations.
+//!
+//! The flows act through an [`Infrastructure`] (the simulated executors in the demo and
+//! the tests); every effect is recorded with the compensation that undoes it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use provledger_events::catalogue::{
+    BundlePolicy, ClusterStatus, Compensation, CompensationAction, ConsumerKind, Effect,
+    EffectKind, Executor, Inventory, NodeGroupSpec, NodeGroupTarget, OperationKind, Origin,
+    PowerState, Ratio, TaskOutcome, TaskState, VmState,
+};
+use provledger_events::{
+    AggregateId, AppendError, AppendOutcome, CommitDraft, Event, EventLog, Expectation,
+};
+use provledger_projections::stages::stage;
+use provledger_projections::Entity;
+use uuid::Uuid;
+
+use provledger_client::deletion::{self, DeleteError, DeleteRequestOutcome};
+use provledger_client::{
+    read_entity, release_allocation, Infrastructure, OperationCtx, OperationError, OperationRunner,
+    OperationSpec, RunReport, StepError, StepOutput,
+};
+
+use crate::executors::{DHCP, DNS, HYPERVISOR, IPAM, PLUGIN};
+
+/// Claims and releases retried after a version conflict on the provider (another scheduler
+/// claimed or released in between).
+const CLAIM_ATTEMPTS_MAX: usize = 16;
+
+/// A cluster to create.
+#[derive(Debug, Clone)]
+pub struct ClusterRequest {
+    pub cluster_id: Uuid,
+    pub name: String,
+    pub plugin: String,
+    pub node_groups: Vec<NodeGroupSpec>,
+    /// The resource provider (compute node) the nodes are scheduled on.
+    pub provider: Uuid,
+}
+
+/// An instance to boot.
+#[derive(Debug, Clone)]
+pub struct InstanceRequest {
+    pub instance_id: Uuid,
+    pub name: String,
+    pub resources: BTreeMap<String, u64>,
+    pub provider: Uuid,
+}
+
+/// What a cluster delete did.
+#[derive(Debug)]
+pub struct DeleteReport {
+    pub request: DeleteRequestOutcome,
+    /// The operation that was in flight and got cancelled.
+    pub cancelled: Option<Uuid>,
+    /// The delete operation that removed the remaining nodes, if one ran.
+    pub delete_operation: Option<RunReport<()>>,
+    pub deleted: bool,
+}
+
+#[derive(Clone)]
+pub struct Provisioner {
+    pub runner: OperationRunner,
+    pub infra: Arc<dyn Infrastructure>,
+    pub actor: String,
+}
+
+/// The simulated host name of a compute node.
+fn host_of(provider: Uuid) -> String {
+    format!("host-{}", &provider.to_string()[..8])
+}
+
+fn effect(kind: EffectKind, resource: &str, executor: &str) -> Effect {
+    Effect {
+        kind,
+        resource: resource.to_string(),
+        executor: executor.to_string(),
+        origin: Origin::Created,
+        detail: BTreeMap::new(),
+    }
+}
+
+fn undo(action: CompensationAction, executor: &str, resource: &str) -> Compensation {
+    Compensation {
+        action,
+        executor: Executor::Service(executor.to_string()),
+        resource: resource.to_string(),
+        args: BTreeMap::new(),
+    }
+}
+
+/// Registers a compute node (resource provider) with a VCPU inventory of `vcpus`
+/// (no reservation, ratio 1, any amount from 1 to `vcpus`): the one place the demo, the
+/// tests and the benchmark create the provider their flows claim on.
+pub async fn register_compute_node<L: EventLog>(
+    log: &L,
+    provider: Uuid,
+    name: &str,
+    vcpus: u64,
+    actor: &str,
+) -> Result<AppendOutcome, AppendError> {
+    let inventory = Inventory {
+        total: vcpus,
+        reserved: 0,
+        allocation_ratio: Ratio::ONE,
+        min_unit: 1,
+        max_unit: vcpus,
+        step_size: 1,
+    };
+    let events = vec![
+        Event::ProviderRegistered {
+            name: name.into(),
+            host: name.into(),
+        },
+        Event::InventorySet {
+            resource_class: "VCPU".into(),
+            inventory,
+        },
+    ];
+    log.append(
+        AggregateId::provider(provider),
+        Expectation::NoStream,
+        CommitDraft::now(actor, events),
+    )
+    .await
+}
+
+/// Claims `resources` for `consumer` on `provider`, with the provider's exact version so
+/// that concurrent schedulers never overcommit (a conflict re-reads and re-checks).
+async fn claim(
+    ctx: &OperationCtx,
+    provider: Uuid,
+    consumer: Uuid,
+    resources: &BTreeMap<String, u64>,
+) -> Result<StepOutput<()>, StepError> {
+    let aggregate = AggregateId::provider(provider);
+    for _ in 0..CLAIM_ATTEMPTS_MAX {
+        let state = match read_entity(ctx.ledger(), aggregate).await {
+            Ok(Some(Entity::Provider(p))) => p,
+            Ok(_) => return Err(format!("provider {provider} does not exist").into()),
+            Err(e) => return Err(e.to_string().into()),
+        };
+        state
+            .check_claim(&consumer, resources)
+            .map_err(|e| format!("no valid host: {e}"))?;
+        let claimed = Event::AllocationClaimed {
+            consumer,
+            consumer_kind: ConsumerKind::Instance,
+            resources: resources.clone(),
+        };
+        match ctx
+            .append(
+                aggregate,
+                Expectation::Exactly(state.header.version),
+                vec![claimed],
+            )
+            .await
+        {
+            Ok(_) => {
+                let mut release = undo(
+                    CompensationAction::ReleaseAllocation,
+                    "ledger",
+                    &consumer.to_string(),
+                );
+                release.executor = Executor::Ledger;
+                release
+                    .args
+                    .insert("provider_id".into(), provider.to_string());
+                let mut done = effect(
+                    EffectKind::AllocationClaimed,
+                    &consumer.to_string(),
+                    "ledger",
+                );
+                done.detail
+                    .insert("provider_id".into(), provider.to_string());
+                return Ok(StepOutput::with_effect((), done, Some(release)));
+            }
+            Err(OperationError::Conflict { .. }) => continue,
+            Err(e) => return Err(e.to_string().into()),
+        }
+    }
+    Err(
+        format!("provider {provider}: {CLAIM_ATTEMPTS_MAX} claims in a row met a newer version")
+            .into(),
+    )
+}
+
+impl Provisioner {
+    pub fn new(runner: OperationRunner, infra: Arc<dyn Infrastructure>, actor: &str) -> Self {
+        Provisioner {
+            runner,
+            infra,
+            actor: actor.to_string(),
+        }
+    }
+
+    /// The claim step for one node (its own step, so a crash after the claim is undone).
+    async fn claim_step(
+        &self,
+        ctx: &OperationCtx,
+        provider: Uuid,
+        node: Uuid,
+        resources: &BTreeMap<String, u64>,
+    ) -> Result<(), OperationError> {
+        ctx.step(
+            &format!("claim:{node}"),
+            claim(ctx, provider, node, resources),
+        )
+        .await
+    }
+
+    /// The step that creates a VM, recorded with its termination as the compensation
+    /// (which names the cluster, if the VM is a cluster node).
+    async fn create_vm_step(
+        &self,
+        ctx: &OperationCtx,
+        node: Uuid,
+        cluster: Option<Uuid>,
+    ) -> Result<(), OperationError> {
+        let infra = self.infra.clone();
+        let vm = node.to_string();
+        ctx.step(&format!("create_vm:{node}"), async {
+            infra.act(HYPERVISOR, "create_vm", &vm).await?;
+            let mut done = effect(EffectKind::VmCreated, &vm, HYPERVISOR);
+            let mut terminate = undo(CompensationAction::TerminateVm, HYPERVISOR, &vm);
+            if let Some(cluster) = cluster {
+                done.detail.insert("cluster_id".into(), cluster.to_string());
+                terminate
+                    .args
+                    .insert("cluster_id".into(), cluster.to_string());
+            }
+            Ok(StepOutput::with_effect((), done, Some(terminate)))
+        })
+        .await
+    }
+
+    /// The step that terminates a VM for good: a removal, with nothing to compensate.
+    async fn terminate_vm_step(
+        &self,
+        ctx: &OperationCtx,
+        node: Uuid,
+    ) -> Result<(), OperationError> {
+        let infra = self.infra.clone();
+        let vm = node.to_string();
+        ctx.step(&format!("terminate:{node}"), async {
+            infra.act(HYPERVISOR, "terminate_vm", &vm).await?;
+            Ok(StepOutput::with_effect(
+                (),
+                effect(EffectKind::NodeTerminated, &vm, HYPERVISOR),
+                None,
+            ))
+        })
+        .await
+    }
+
+    /// Creates one node's VM and records the instance and its membership.
+    async fn spawn_node(
+        &self,
+        ctx: &OperationCtx,
+        cluster: Uuid,
+        group: &NodeGroupSpec,
+        node: Uuid,
+        provider: Uuid,
+    ) -> Result<(), OperationError> {
+        self.create_vm_step(ctx, node, Some(cluster)).await?;
+        let vm = node.to_string();
+        let host = host_of(provider);
+        ctx.append(
+            AggregateId::instance(node),
+            Expectation::NoStream,
+            vec![
+                Event::InstanceCreateRequested {
+                    name: format!("{}-{}", group.name, &vm[vm.len() - 12..]),
+                    cluster_id: Some(cluster),
+                    node_group: Some(group.name.clone()),
+                    flavor: group.flavor.clone(),
+                    resources: group.resources.clone(),
+                    image: "sahara-image".into(),
+                },
+                Event::HostAssigned {
+                    host,
+                    provider_id: provider,
+                },
+                Event::VmStateChanged {
+                    vm_state: VmState::Active,
+                    reason: "booted".into(),
+                },
+                Event::PowerStateChanged {
+                    power_state: PowerState::Running,
+                },
+                Event::TaskFinished {
+                    task_state: TaskState::Scheduling,
+                    outcome: TaskOutcome::Succeeded,
+                    reason: "spawned".into(),
+                },
+            ],
+        )
+        .await?;
+        ctx.append(
+            AggregateId::cluster(cluster),
+            Expectation::Any,
+            vec![Event::InstanceJoined {
+                node_group: group.name.clone(),
+                instance_id: node,
+            }],
+        )
+        .await?;
+        self.network(ctx, node).await
+    }
+
+    /// IP, DHCP and DNS for one node, each its own step with its own compensation.
+    async fn network(&self, ctx: &OperationCtx, node: Uuid) -> Result<(), OperationError> {
+        let infra = self.infra.clone();
+        let name = format!("node-{node}");
+        let ip = ctx
+            .step(&format!("acquire_ip:{node}"), async {
+                let ip = infra.acquire_ip(&name).await?;
+                let done = effect(EffectKind::IpAcquired, &ip, IPAM);
+                let release = undo(CompensationAction::ReleaseIp, IPAM, &ip);
+                Ok(StepOutput::with_effect(ip.clone(), done, Some(release)))
+            })
+            .await?;
+        ctx.step(&format!("register_dhcp:{node}"), async {
+            infra.act(DHCP, "register", &name).await?;
+            let mut done = effect(EffectKind::DhcpRegistered, &name, DHCP);
+            done.detail.insert("ip".into(), ip.clone());
+            let unregister = undo(CompensationAction::UnregisterDhcp, DHCP, &name);
+            Ok(StepOutput::with_effect((), done, Some(unregister)))
+        })
+        .await?;
+        let fqdn = format!("{name}.example");
+        ctx.step(&format!("register_dns:{node}"), async {
+            infra.act(DNS, "register", &fqdn).await?;
+            let done = effect(EffectKind::DnsRegistered, &fqdn, DNS);
+            let unregister = undo(CompensationAction::UnregisterDns, DNS, &fqdn);
+            Ok(StepOutput::with_effect((), done, Some(unregister)))
+        })
+        .await
+    }
+
+    /// A plugin action on a node that changes its data role: recorded as an effect with no
+    /// compensation (configuration is never "undone"; it is what makes a node hold data).
+    async fn plugin_step(
+        &self,
+        ctx: &OperationCtx,
+        action: &str,
+        kind: EffectKind,
+        node: Uuid,
+        detail: BTreeMap<String, String>,
+    ) -> Result<(), OperationError> {
+        let infra = self.infra.clone();
+        let resource = node.to_string();
+        ctx.step(&format!("{action}:{node}"), async {
+            infra.act(PLUGIN, action, &resource).await?;
+            let mut done = effect(kind, &resource, PLUGIN);
+            done.detail = detail;
+            Ok(StepOutput::with_effect((), done, None))
+        })
+        .await
+    }
+
+    /// The same plugin step on each node, in order.
+    async fn plugin_each(
+        &self,
+        ctx: &OperationCtx,
+        action: &str,
+        kind: EffectKind,
+        nodes: &[Uuid],
+    ) -> Result<(), OperationError> {
+        for node in nodes {
+            self.plugin_step(ctx, action, kind.clone(), *node, BTreeMap::new())
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn set_status(
+        &self,
+        ctx: &OperationCtx,
+        cluster: Uuid,
+        status: ClusterStatus,
+        description: &str,
+    ) -> Result<(), OperationError> {
+        ctx.append(
+            AggregateId::cluster(cluster),
+            Expectation::Any,
+            vec![Event::ClusterStatusChanged {
+                status,
+                description: description.into(),
+            }],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Sahara's create: allocate, spawn (VM, IP, DHCP, DNS per node), configure, start.
+    pub async fn create_cluster(&self, request: ClusterRequest) -> RunReport<Vec<Uuid>> {
+        let cluster = request.cluster_id;
+        let spec = OperationSpec::new(OperationKind::CreateCluster, AggregateId::cluster(cluster))
+            .creating(vec![Event::ClusterCreateRequested {
+                name: request.name.clone(),
+                plugin: request.plugin.clone(),
+                node_groups: request.node_groups.clone(),
+            }]);
+        self.runner
+            .run(spec, |ctx| async move {
+                let mut nodes = Vec::new();
+                for group in &request.node_groups {
+                    for _ in 0..group.count {
+                        nodes.push((group.clone(), self.runner.stamper().id()));
+                    }
+                }
+                ctx.stage(stage::ALLOCATE).await?;
+                for (group, node) in &nodes {
+                    self.claim_step(&ctx, request.provider, *node, &group.resources)
+                        .await?;
+                }
+                ctx.stage(stage::SPAWN).await?;
+                self.set_status(&ctx, cluster, ClusterStatus::Spawning, "creating VMs")
+                    .await?;
+                for (group, node) in &nodes {
+                    self.spawn_node(&ctx, cluster, group, *node, request.provider)
+                        .await?;
+                }
+                ctx.stage(stage::CONFIGURE).await?;
+                self.set_status(&ctx, cluster, ClusterStatus::Configuring, "configuring")
+                    .await?;
+                let ids: Vec<Uuid> = nodes.iter().map(|(_, n)| *n).collect();
+                self.plugin_each(&ctx, "configure", EffectKind::NodeConfigured, &ids)
+                    .await?;
+                ctx.stage(stage::START).await?;
+                self.plugin_each(&ctx, "start", EffectKind::NodeStarted, &ids)
+                    .await?;
+                self.set_status(&ctx, cluster, ClusterStatus::Active, "ready")
+                    .await?;
+                Ok(nodes.into_iter().map(|(_, n)| n).collect())
+            })
+            .await
+    }
+
+    /// Sahara's scale of one node group: decommission the nodes removed, terminate them and
+    /// create the new ones, configure and start the new ones.
+    pub async fn scale_cluster(
+        &self,
+        cluster: Uuid,
+        group: &str,
+        remove: Vec<Uuid>,
+        add: u32,
+        provider: Uuid,
+    ) -> RunReport<Vec<Uuid>> {
+        let target = AggregateId::cluster(cluster);
+        let spec = OperationSpec::new(OperationKind::ScaleCluster, target);
+        let group = group.to_string();
+        self.runner
+            .run(spec, |ctx| async move {
+                let Some(Entity::Cluster(state)) = read_entity(ctx.ledger(), target)
+                    .await
+                    .map_err(|e| OperationError::Ledger(e.to_string()))?
+                else {
+                    return Err(ctx.step_failed("read", format!("cluster {cluster} not found")));
+                };
+                let Some(ng) = state.node_groups.iter().find(|g| g.spec.name == group) else {
+                    return Err(ctx.step_failed("read", format!("no node group {group:?}")));
+                };
+                let spec = ng.spec.clone();
+                let count = ng.instance_ids.len() as u32 - remove.len() as u32 + add;
+                ctx.append(
+                    target,
+                    Expectation::Any,
+                    vec![
+                        Event::ClusterScaleRequested {
+                            targets: vec![NodeGroupTarget {
+                                name: group.clone(),
+                                count,
+                            }],
+                        },
+                        Event::ClusterStatusChanged {
+                            status: ClusterStatus::Scaling,
+                            description: format!("scaling {group} to {count}"),
+                        },
+                    ],
+                )
+                .await?;
+                ctx.stage(stage::DECOMMISSION).await?;
+                for node in &remove {
+                    let detail = BTreeMap::from([
+                        ("cluster_id".to_string(), cluster.to_string()),
+                        ("node_group".to_string(), group.clone()),
+                        ("provider_id".to_string(), provider.to_string()),
+                    ]);
+                    self.plugin_step(
+                        &ctx,
+                        "decommission",
+                        EffectKind::NodeDecommissioned,
+                        *node,
+                        detail,
+                    )
+                    .await?;
+                }
+                ctx.stage(stage::TERMINATE_AND_CREATE).await?;
+                for node in &remove {
+                    self.terminate_node(&ctx, cluster, &group, *node, Some(provider))
+                        .await?;
+                }
+                let mut added = Vec::new();
+                for _ in 0..add {
+                    let node = self.runner.stamper().id();
+                    self.claim_step(&ctx, provider, node, &spec.resources)
+                        .await?;
+                    self.spawn_node(&ctx, cluster, &spec, node, provider)
+                        .await?;
+                    added.push(node);
+                }
+                ctx.stage(stage::CONFIGURE_NEW).await?;
+                self.plugin_each(&ctx, "configure", EffectKind::NodeConfigured, &added)
+                    .await?;
+                self.set_status(&ctx, cluster, ClusterStatus::Active, "scaled")
+                    .await?;
+                Ok(added)
+            })
+            .await
+    }
+
+    /// Terminates a node for good (a scale-in or a delete): the VM, then the ledger's
+    /// records of it (allocation, membership, instance).
+    async fn terminate_node(
+        &self,
+        ctx: &OperationCtx,
+        cluster: Uuid,
+        group: &str,
+        node: Uuid,
+        provider: Option<Uuid>,
+    ) -> Result<(), OperationError> {
+        self.terminate_vm_step(ctx, node).await?;
+        let reason = format!("terminated by operation {}", ctx.id());
+        if let Some(provider) = provider {
+            self.release_for(ctx, provider, node, &reason).await?;
+        }
+        // Termination records go straight to the log: they record a removal, which a
+        // deleting cluster accepts.
+        let instance = AggregateId::instance(node);
+        if let Ok(Some(Entity::Instance(i))) = read_entity(ctx.ledger(), instance).await {
+            if i.vm_state != Some(VmState::Deleted) {
+                let mut events = Vec::new();
+                if !i.delete_requested {
+                    events.push(Event::InstanceDeleteRequested {
+                        reason: reason.clone(),
+                    });
+                }
+                events.push(Event::InstanceDeleted {});
+                ctx.append(instance, Expectation::Any, events).await?;
+            }
+        }
+        ctx.append(
+            AggregateId::cluster(cluster),
+            Expectation::Any,
+            vec![Event::InstanceLeft {
+                node_group: group.to_string(),
+                instance_id: node,
+                reason,
+            }],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Releases `consumer`'s allocation on `provider` on behalf of the operation, unless the
+    /// operation was cancelled.
+    async fn release_for(
+        &self,
+        ctx: &OperationCtx,
+        provider: Uuid,
+        consumer: Uuid,
+        reason: &str,
+    ) -> Result<(), OperationError> {
+        ctx.check_cancelled().await?;
+        release_allocation(
+            ctx.ledger(),
+            provider,
+            consumer,
+            reason,
+            CLAIM_ATTEMPTS_MAX,
+            |events| ctx.draft(events),
+        )
+        .await
+        .map_err(OperationError::Ledger)
+    }
+
+    /// The first half of a delete: records the request (idempotent), then drives the
+    /// rollback of the operation it cancelled. The runner of that operation stops at its
+    /// next step and rolls back by itself; driving it here as well is safe (the driver
+    /// races by expected version) and covers a runner that died. `Err(report)`: nothing
+    /// more to do (unknown or already deleted).
+    async fn begin_delete(
+        &self,
+        target: AggregateId,
+        reason: &str,
+    ) -> Result<Result<(DeleteRequestOutcome, Option<Uuid>), DeleteReport>, DeleteError> {
+        let ledger = self.runner.ledger();
+        let (request, cancelled) = deletion::request_delete(
+            ledger,
+            self.runner.notices(),
+            target,
+            reason,
+            &self.actor,
+            self.runner.stamper(),
+        )
+        .await?;
+        if matches!(
+            request,
+            DeleteRequestOutcome::Unknown | DeleteRequestOutcome::AlreadyDeleted
+        ) {
+            let deleted = request == DeleteRequestOutcome::AlreadyDeleted;
+            return Ok(Err(DeleteReport {
+                request,
+                cancelled,
+                delete_operation: None,
+                deleted,
+            }));
+        }
+        let entity = read_entity(ledger, target)
+            .await
+            .map_err(|e| DeleteError::Ledger(e.to_string()))?;
+        let op = entity.as_ref().and_then(deletion::cancellable_in_flight);
+        if let (Some(op), Some(driver)) = (op, self.runner.driver()) {
+            if let Err(e) = driver.drive(op).await {
+                tracing::warn!(operation = %op, error = %e, "cancelled operation not closed yet");
+            }
+        }
+        Ok(Ok((request, cancelled)))
+    }
+
+    /// Deletes a cluster: records the request (idempotent), cancels the operation in
+    /// flight and waits for its rollback, terminates every remaining node under a
+    /// delete operation, and records `Deleted` once nothing remains.
+    pub async fn delete_cluster(
+        &self,
+        cluster: Uuid,
+        reason: &str,
+    ) -> Result<DeleteReport, DeleteError> {
+        let target = AggregateId::cluster(cluster);
+        let ledger = self.runner.ledger();
+        let (request, cancelled) = match self.begin_delete(target, reason).await? {
+            Ok(begun) => begun,
+            Err(report) => return Ok(report),
+        };
+        let members: Vec<(String, Uuid)> = match read_entity(ledger, target).await {
+            Ok(Some(Entity::Cluster(c))) => c
+                .node_groups
+                .iter()
+                .flat_map(|g| g.instance_ids.iter().map(|i| (g.spec.name.clone(), *i)))
+                .collect(),
+            Ok(_) => Vec::new(),
+            Err(e) => return Err(DeleteError::Ledger(e.to_string())),
+        };
+        let mut delete_operation = None;
+        if !members.is_empty() {
+            let spec = OperationSpec::new(OperationKind::DeleteCluster, target);
+            let report = self
+                .runner
+                .run(spec, |ctx| async move {
+                    ctx.stage(stage::TERMINATE).await?;
+                    for (group, node) in &members {
+                        let provider =
+                            match read_entity(ctx.ledger(), AggregateId::instance(*node)).await {
+                                Ok(Some(Entity::Instance(i))) => i.provider_id,
+                                _ => None,
+                            };
+                        self.terminate_node(&ctx, cluster, group, *node, provider)
+                            .await?;
+                    }
+                    Ok(())
+                })
+                .await;
+            delete_operation = Some(report);
+        }
+        let deleted =
+            deletion::complete_deletion(ledger, target, &self.actor, self.runner.stamper()).await?;
+        Ok(DeleteReport {
+            request,
+            cancelled,
+            delete_operation,
+            deleted,
+        })
+    }
+
+    /// Deletes an instance: records the request (idempotent), cancels the operation in
+    /// flight and waits for its rollback, terminates the VM and releases its allocation
+    /// under a delete operation, and records `Deleted` once no allocation remains.
+    pub async fn delete_instance(
+        &self,
+        instance: Uuid,
+        reason: &str,
+    ) -> Result<DeleteReport, DeleteError> {
+        let target = AggregateId::instance(instance);
+        let ledger = self.runner.ledger();
+        let (request, cancelled) = match self.begin_delete(target, reason).await? {
+            Ok(begun) => begun,
+            Err(report) => return Ok(report),
+        };
+        let spec = OperationSpec::new(OperationKind::DeleteInstance, target);
+        let report = self
+            .runner
+            .run(spec, |ctx| async move {
+                ctx.stage(stage::TERMINATE).await?;
+                // Removing a VM that is already gone (a rolled-back boot) is a no-op.
+                self.terminate_vm_step(&ctx, instance).await?;
+                let provider = match read_entity(ctx.ledger(), target).await {
+                    Ok(Some(Entity::Instance(i))) => i.provider_id,
+                    _ => None,
+                };
+                if let Some(provider) = provider {
+                    let reason = format!("instance deleted by operation {}", ctx.id());
+                    self.release_for(&ctx, provider, instance, &reason).await?;
+                }
+                Ok(())
+            })
+            .await;
+        let deleted =
+            deletion::complete_deletion(ledger, target, &self.actor, self.runner.stamper()).await?;
+        Ok(DeleteReport {
+            request,
+            cancelled,
+            delete_operation: Some(report),
+            deleted,
+        })
+    }
+
+    /// Boots one instance: schedule (claim), network (IP, DHCP, DNS), spawn (VM).
+    pub async fn boot_instance(
+        &self,
+        request: InstanceRequest,
+        parent: Option<Uuid>,
+    ) -> RunReport<()> {
+        let instance = request.instance_id;
+        let mut spec =
+            OperationSpec::new(OperationKind::BootInstance, AggregateId::instance(instance))
+                .creating(vec![Event::InstanceCreateRequested {
+                    name: request.name.clone(),
+                    cluster_id: None,
+                    node_group: None,
+                    flavor: "m1.small".into(),
+                    resources: request.resources.clone(),
+                    image: "ubuntu-24.04".into(),
+                }]);
+        spec.parent_id = parent;
+        self.runner
+            .run(spec, |ctx| async move {
+                ctx.stage(stage::SCHEDULE).await?;
+                self.claim_step(&ctx, request.provider, instance, &request.resources)
+                    .await?;
+                ctx.append(
+                    AggregateId::instance(instance),
+                    Expectation::Any,
+                    vec![Event::HostAssigned {
+                        host: host_of(request.provider),
+                        provider_id: request.provider,
+                    }],
+                )
+                .await?;
+                ctx.stage(stage::NETWORK).await?;
+                self.network(&ctx, instance).await?;
+                ctx.stage(stage::SPAWN).await?;
+                self.create_vm_step(&ctx, instance, None).await?;
+                ctx.append(
+                    AggregateId::instance(instance),
+                    Expectation::Any,
+                    vec![
+                        Event::VmStateChanged {
+                            vm_state: VmState::Active,
+                            reason: "booted".into(),
+                        },
+                        Event::TaskFinished {
+                            task_state: TaskState::Scheduling,
+                            outcome: TaskOutcome::Succeeded,
+                            reason: "spawned".into(),
+                        },
+                    ],
+                )
+                .await?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// A service bundle: boots each child in turn. When one fails, the bundle fails at
+    /// that child and its policy decides about the siblings.
+    pub async fn bundle(
+        &self,
+        policy: BundlePolicy,
+        children: Vec<InstanceRequest>,
+    ) -> RunReport<()> {
+        let id = self.runner.stamper().id();
+        let mut spec =
+            OperationSpec::new(OperationKind::Bundle, AggregateId::operation(id)).with_id(id);
+        spec.bundle_policy = Some(policy);
+        self.runner
+            .run(spec, |ctx| async move {
+                ctx.stage(stage::CHILDREN).await?;
+                for child in children {
+                    let report = Box::pin(self.boot_instance(child, Some(ctx.id()))).await;
+                    ctx.add_child(report.operation_id).await?;
+                    if let Err(e) = report.result {
+                        return Err(
+                            ctx.step_failed(&report.operation_id.to_string(), e.to_string())
+                        );
+                    }
+                }
+                Ok(())
+            })
+            .await
+    }
+}

@@ -1,0 +1,794 @@
+//! Operations end to end, embedded on real sled files: for every stage of every shipped
+//! operation kind, a failure injected into the simulated executors, then what is left in
+//! the executors and in the projections after the rollback. Also a delete arriving at each
+//! stage of a create, a compensation that keeps failing, a panicking step, and repeated
+//! deletes.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use provledger_client::deletion::{self, DeleteRequestOutcome};
+use provledger_client::CancelNotices;
+use provledger_client::Ledger;
+use provledger_client::RollbackDriver;
+use provledger_client::{
+    read_entity, OperationError, OperationRunner, OperationSpec, StepHook, StepOutput,
+};
+use provledger_events::catalogue::{
+    BundlePolicy, ClusterStatus, CompensationAction, Effect, EffectKind, NodeGroupSpec,
+    OperationKind, Origin, VmState,
+};
+use provledger_events::{AggregateId, CommitDraft, Event, EventLog, Expectation, SledLog};
+use provledger_projections::operation::{OperationState, OperationStatus};
+use provledger_projections::rollback::RetryPolicy;
+use provledger_projections::stages::stage;
+use provledger_projections::Entity;
+use provledger_sim::SimInfrastructure;
+use provledger_sim::{register_compute_node, ClusterRequest, InstanceRequest, Provisioner};
+use uuid::Uuid;
+
+const VCPU_PER_NODE: u64 = 2;
+
+fn fast_retries() -> RetryPolicy {
+    RetryPolicy {
+        attempts_max: 3,
+        backoff_base_ms: 5,
+        backoff_max_ms: 20,
+        reply_wait_ms: 2_000,
+        runner_stop_wait_ms: 10_000,
+    }
+}
+
+/// A step at which a hook fires: (stage, step name prefix).
+type Trigger = Arc<Mutex<Option<(String, String)>>>;
+
+struct World {
+    _dir: tempfile::TempDir,
+    ledger: Ledger,
+    infra: Arc<SimInfrastructure>,
+    prov: Provisioner,
+    provider: Uuid,
+    notices: CancelNotices,
+    /// When set, the delete of `delete_target` is requested just before this step.
+    delete_at: Trigger,
+    delete_target: Arc<Mutex<Option<AggregateId>>>,
+}
+
+async fn world(vcpus: u64) -> World {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ledger = Ledger::Embedded(SledLog::open(dir.path()).expect("sled"));
+    let infra = Arc::new(SimInfrastructure::default());
+    let notices = CancelNotices::local();
+    let driver = Arc::new(RollbackDriver::new(
+        ledger.clone(),
+        infra.clone(),
+        fast_retries(),
+        "test-driver",
+    ));
+    let delete_at: Trigger = Arc::new(Mutex::new(None));
+    let delete_target: Arc<Mutex<Option<AggregateId>>> = Arc::new(Mutex::new(None));
+    let hook: StepHook = {
+        let (ledger, notices, delete_at, delete_target) = (
+            ledger.clone(),
+            notices.clone(),
+            delete_at.clone(),
+            delete_target.clone(),
+        );
+        Arc::new(move |_op, stage, step| {
+            let (ledger, notices) = (ledger.clone(), notices.clone());
+            let fire = {
+                let mut at = delete_at.lock().unwrap();
+                match &*at {
+                    Some((s, prefix)) if *s == stage && step.starts_with(prefix.as_str()) => {
+                        *at = None;
+                        *delete_target.lock().unwrap()
+                    }
+                    _ => None,
+                }
+            };
+            Box::pin(async move {
+                if let Some(target) = fire {
+                    deletion::request_delete(
+                        &ledger,
+                        &notices,
+                        target,
+                        "deleted by the user mid-create",
+                        "test-user",
+                        &provledger_client::Stamper::system(),
+                    )
+                    .await
+                    .expect("delete request");
+                }
+            })
+        })
+    };
+    let runner = OperationRunner::new(ledger.clone(), notices.clone(), Some(driver), "test")
+        .with_step_hook(hook);
+    let prov = Provisioner::new(runner, infra.clone(), "test");
+    let provider = Uuid::now_v7();
+    register_compute_node(&ledger, provider, "cn-1", vcpus, "test")
+        .await
+        .expect("provider");
+    World {
+        _dir: dir,
+        ledger,
+        infra,
+        prov,
+        provider,
+        notices,
+        delete_at,
+        delete_target,
+    }
+}
+
+fn group(count: u32) -> NodeGroupSpec {
+    NodeGroupSpec {
+        name: "workers".into(),
+        count,
+        flavor: "m1.medium".into(),
+        resources: BTreeMap::from([("VCPU".to_string(), VCPU_PER_NODE)]),
+        processes: vec!["datanode".into()],
+    }
+}
+
+impl World {
+    fn cluster_request(&self, nodes: u32) -> ClusterRequest {
+        ClusterRequest {
+            cluster_id: Uuid::now_v7(),
+            name: "analytics".into(),
+            plugin: "vanilla".into(),
+            node_groups: vec![group(nodes)],
+            provider: self.provider,
+        }
+    }
+
+    async fn entity(&self, id: AggregateId) -> Option<Entity> {
+        read_entity(&self.ledger, id).await.expect("read")
+    }
+
+    async fn cluster(&self, id: Uuid) -> provledger_projections::cluster::ClusterState {
+        match self.entity(AggregateId::cluster(id)).await {
+            Some(Entity::Cluster(c)) => c,
+            other => panic!("no cluster: {other:?}"),
+        }
+    }
+
+    async fn operation(&self, id: Uuid) -> OperationState {
+        match self.entity(AggregateId::operation(id)).await {
+            Some(Entity::Operation(o)) => o,
+            other => panic!("no operation: {other:?}"),
+        }
+    }
+
+    async fn allocations(&self) -> Vec<Uuid> {
+        match self.entity(AggregateId::provider(self.provider)).await {
+            Some(Entity::Provider(p)) => p.allocations.keys().copied().collect(),
+            other => panic!("no provider: {other:?}"),
+        }
+    }
+
+    async fn members(&self, cluster: Uuid) -> Vec<Uuid> {
+        self.cluster(cluster)
+            .await
+            .node_groups
+            .iter()
+            .flat_map(|g| g.instance_ids.clone())
+            .collect()
+    }
+
+    fn count(&self, executor: &str) -> usize {
+        self.infra
+            .executor(executor)
+            .map(|e| e.resources().len())
+            .unwrap_or(0)
+    }
+
+    fn delete_before(&self, cluster: Uuid, stage: &str, step: &str) {
+        *self.delete_target.lock().unwrap() = Some(AggregateId::cluster(cluster));
+        *self.delete_at.lock().unwrap() = Some((stage.into(), step.into()));
+    }
+
+    /// Every operation's anomalies, for asserting the log stayed clean.
+    async fn assert_no_anomaly(&self, ids: &[AggregateId]) {
+        for id in ids {
+            if let Some(e) = self.entity(*id).await {
+                assert_eq!(
+                    e.header().anomaly_count,
+                    0,
+                    "{id}: {:?}",
+                    e.header().anomalies
+                );
+            }
+        }
+    }
+}
+
+// ---- create cluster ----
+
+#[tokio::test]
+async fn create_failing_in_allocate_releases_the_claims_and_sets_error() {
+    // Given room for one node of two,
+    let w = world(VCPU_PER_NODE).await;
+    let request = w.cluster_request(2);
+    // when the create runs,
+    let report = w.prov.create_cluster(request.clone()).await;
+    // then the second claim failed, the first was released, nothing was created.
+    assert!(
+        matches!(report.result, Err(OperationError::StepFailed { ref stage, .. }) if stage == stage::ALLOCATE)
+    );
+    assert_eq!(report.status, Some(OperationStatus::RolledBack));
+    assert!(w.allocations().await.is_empty());
+    assert!(w.infra.inventory().is_empty());
+    let cluster = w.cluster(request.cluster_id).await;
+    assert_eq!(cluster.status, Some(ClusterStatus::Error));
+    assert!(cluster.in_flight.is_none());
+    w.assert_no_anomaly(&[
+        AggregateId::cluster(request.cluster_id),
+        AggregateId::operation(report.operation_id),
+    ])
+    .await;
+}
+
+#[tokio::test]
+async fn create_failing_in_spawn_terminates_every_instance_and_keeps_the_record() {
+    let w = world(64).await;
+    w.infra.hypervisor.fail_call("create_vm", 3);
+    let request = w.cluster_request(3);
+    let report = w.prov.create_cluster(request.clone()).await;
+    assert!(
+        matches!(report.result, Err(OperationError::StepFailed { ref stage, .. }) if stage == stage::SPAWN)
+    );
+    assert_eq!(report.status, Some(OperationStatus::RolledBack));
+    // Two VMs with IP, DHCP and DNS were created, and all of it is gone.
+    assert!(w.infra.inventory().is_empty(), "{:?}", w.infra.inventory());
+    assert_eq!(w.infra.applied_total(), 8);
+    assert!(w.allocations().await.is_empty());
+    let cluster = w.cluster(request.cluster_id).await;
+    assert_eq!(cluster.status, Some(ClusterStatus::Error));
+    assert!(
+        cluster.status_description.contains("spawn"),
+        "{}",
+        cluster.status_description
+    );
+    assert!(w.members(request.cluster_id).await.is_empty());
+    let op = w.operation(report.operation_id).await;
+    assert_eq!(
+        op.compensations.len(),
+        11,
+        "8 external + 3 allocation releases"
+    );
+}
+
+#[tokio::test]
+async fn create_failing_in_configure_keeps_the_instances_and_sets_error() {
+    let w = world(64).await;
+    w.infra.plugin.fail_call("configure", 2);
+    let request = w.cluster_request(2);
+    let report = w.prov.create_cluster(request.clone()).await;
+    assert_eq!(report.status, Some(OperationStatus::Held));
+    assert_eq!(w.count("hypervisor"), 2, "no node deleted");
+    assert_eq!(w.count("ipam"), 2);
+    assert_eq!(w.allocations().await.len(), 2);
+    assert_eq!(w.members(request.cluster_id).await.len(), 2);
+    assert_eq!(
+        w.cluster(request.cluster_id).await.status,
+        Some(ClusterStatus::Error)
+    );
+    assert_eq!(report.plan.expect("plan").retained.len(), 10);
+}
+
+#[tokio::test]
+async fn create_failing_in_start_keeps_the_instances_and_sets_error() {
+    let w = world(64).await;
+    w.infra.plugin.fail_call("start", 1);
+    let request = w.cluster_request(2);
+    let report = w.prov.create_cluster(request.clone()).await;
+    assert_eq!(report.status, Some(OperationStatus::Held));
+    assert_eq!(w.count("hypervisor"), 2);
+    assert_eq!(w.allocations().await.len(), 2);
+    assert_eq!(
+        w.cluster(request.cluster_id).await.status,
+        Some(ClusterStatus::Error)
+    );
+}
+
+#[tokio::test]
+async fn a_create_that_succeeds_leaves_an_active_cluster_and_no_plan() {
+    let w = world(64).await;
+    let request = w.cluster_request(3);
+    let report = w.prov.create_cluster(request.clone()).await;
+    assert_eq!(report.result.as_ref().map(|n| n.len()), Ok(3));
+    assert_eq!(report.status, Some(OperationStatus::Succeeded));
+    assert!(report.plan.is_none());
+    let cluster = w.cluster(request.cluster_id).await;
+    assert_eq!(cluster.status, Some(ClusterStatus::Active));
+    assert!(cluster.in_flight.is_none());
+    assert_eq!(w.count("hypervisor"), 3);
+}
+
+// ---- scale cluster ----
+
+async fn active_cluster(w: &World, nodes: u32) -> (Uuid, Vec<Uuid>) {
+    let request = w.cluster_request(nodes);
+    let report = w.prov.create_cluster(request.clone()).await;
+    (request.cluster_id, report.result.expect("created"))
+}
+
+#[tokio::test]
+async fn scale_failing_in_decommission_sets_error_and_deletes_no_node() {
+    let w = world(64).await;
+    let (cluster, nodes) = active_cluster(&w, 3).await;
+    w.infra.plugin.fail_call("decommission", 2);
+    let report = w
+        .prov
+        .scale_cluster(cluster, "workers", nodes[..2].to_vec(), 1, w.provider)
+        .await;
+    assert_eq!(report.status, Some(OperationStatus::Held));
+    assert_eq!(w.count("hypervisor"), 3, "no node deleted");
+    assert_eq!(w.members(cluster).await.len(), 3);
+    assert_eq!(w.cluster(cluster).await.status, Some(ClusterStatus::Error));
+    let plan = report.plan.expect("plan");
+    assert_eq!(
+        plan.retained.len(),
+        1,
+        "the decommissioned node is listed as kept"
+    );
+}
+
+#[tokio::test]
+async fn scale_failing_in_terminate_and_create_removes_new_nodes_finishes_removal_and_returns_active(
+) {
+    let w = world(64).await;
+    let (cluster, nodes) = active_cluster(&w, 3).await;
+    // The second termination fails: node 0 is gone, node 1 is decommissioned only.
+    w.infra.hypervisor.fail_call("terminate_vm", 2);
+    let report = w
+        .prov
+        .scale_cluster(cluster, "workers", nodes[..2].to_vec(), 1, w.provider)
+        .await;
+    assert_eq!(report.status, Some(OperationStatus::RolledBack));
+    let members = w.members(cluster).await;
+    assert_eq!(members, vec![nodes[2]], "removal finished, no new node");
+    assert_eq!(w.infra.hypervisor.resources(), vec![nodes[2].to_string()]);
+    assert_eq!(w.allocations().await, vec![nodes[2]]);
+    let c = w.cluster(cluster).await;
+    assert_eq!(c.status, Some(ClusterStatus::Active));
+    assert!(
+        c.status_description.contains("terminate_and_create"),
+        "{}",
+        c.status_description
+    );
+    let plan = report.plan.expect("plan");
+    assert!(plan
+        .compensations
+        .iter()
+        .any(|p| p.compensation.action == CompensationAction::TerminateVm
+            && p.compensation.resource == nodes[1].to_string()));
+}
+
+#[tokio::test]
+async fn scale_failing_while_creating_a_new_node_deletes_it() {
+    let w = world(64).await;
+    let (cluster, nodes) = active_cluster(&w, 2).await;
+    w.infra.dns.fail_call("register", 2);
+    let report = w
+        .prov
+        .scale_cluster(cluster, "workers", vec![], 2, w.provider)
+        .await;
+    assert_eq!(report.status, Some(OperationStatus::RolledBack));
+    let mut members = w.members(cluster).await;
+    members.sort();
+    let mut before = nodes.clone();
+    before.sort();
+    assert_eq!(members, before);
+    assert_eq!(w.count("hypervisor"), 2);
+    assert_eq!(w.count("dns"), 2);
+    assert_eq!(w.allocations().await.len(), 2);
+    assert_eq!(w.cluster(cluster).await.status, Some(ClusterStatus::Active));
+}
+
+#[tokio::test]
+async fn scale_failing_in_configure_new_keeps_the_new_nodes_and_sets_error() {
+    let w = world(64).await;
+    let (cluster, _) = active_cluster(&w, 2).await;
+    w.infra.plugin.fail_call("configure", 1);
+    let report = w
+        .prov
+        .scale_cluster(cluster, "workers", vec![], 1, w.provider)
+        .await;
+    assert_eq!(report.status, Some(OperationStatus::Held));
+    assert_eq!(w.members(cluster).await.len(), 3);
+    assert_eq!(w.count("hypervisor"), 3);
+    assert_eq!(w.allocations().await.len(), 3);
+    assert_eq!(w.cluster(cluster).await.status, Some(ClusterStatus::Error));
+}
+
+// ---- delete ----
+
+#[tokio::test]
+async fn delete_of_an_active_cluster_removes_everything_and_a_repeat_says_so() {
+    let w = world(64).await;
+    let (cluster, _) = active_cluster(&w, 3).await;
+    let report = w
+        .prov
+        .delete_cluster(cluster, "user request")
+        .await
+        .expect("delete");
+    assert_eq!(report.request, DeleteRequestOutcome::Requested);
+    assert!(report.deleted);
+    assert_eq!(
+        w.cluster(cluster).await.status,
+        Some(ClusterStatus::Deleted)
+    );
+    assert_eq!(w.count("hypervisor"), 0);
+    assert!(w.allocations().await.is_empty());
+    let again = w
+        .prov
+        .delete_cluster(cluster, "user request")
+        .await
+        .expect("delete");
+    assert_eq!(again.request, DeleteRequestOutcome::AlreadyDeleted);
+    let unknown = w
+        .prov
+        .delete_cluster(Uuid::now_v7(), "typo")
+        .await
+        .expect("delete");
+    assert_eq!(unknown.request, DeleteRequestOutcome::Unknown);
+}
+
+async fn delete_during_create(stage_name: &str, step_prefix: &str) {
+    let w = world(64).await;
+    let request = w.cluster_request(3);
+    w.delete_before(request.cluster_id, stage_name, step_prefix);
+    let report = w.prov.create_cluster(request.clone()).await;
+    // The runner stopped with the typed error and the operation closed as cancelled.
+    assert!(
+        matches!(report.result, Err(OperationError::TargetDeleted { .. })),
+        "{stage_name}: {:?}",
+        report.result
+    );
+    assert_eq!(
+        report.status,
+        Some(OperationStatus::Cancelled),
+        "{stage_name}"
+    );
+    let op = w.operation(report.operation_id).await;
+    assert!(op.target_deleted);
+    // Everything it created was compensated, data-holding nodes included.
+    assert!(w.infra.inventory().is_empty() || stage_name != stage::ALLOCATE);
+    assert_eq!(
+        w.cluster(request.cluster_id).await.status,
+        Some(ClusterStatus::Deleting)
+    );
+    // Finishing the delete (a repeat of the request) removes whatever remains.
+    let finish = w
+        .prov
+        .delete_cluster(request.cluster_id, "again")
+        .await
+        .expect("delete");
+    assert_eq!(finish.request, DeleteRequestOutcome::AlreadyDeleting);
+    assert!(finish.deleted, "{stage_name}");
+    assert!(w.infra.hypervisor.resources().is_empty(), "{stage_name}");
+    assert!(w.infra.ipam.resources().is_empty(), "{stage_name}");
+    assert!(w.infra.dns.resources().is_empty(), "{stage_name}");
+    assert!(w.allocations().await.is_empty(), "{stage_name}");
+    assert_eq!(
+        w.cluster(request.cluster_id).await.status,
+        Some(ClusterStatus::Deleted)
+    );
+    // A later attempt to revive it is refused with the typed error.
+    let revive = w
+        .prov
+        .scale_cluster(request.cluster_id, "workers", vec![], 1, w.provider)
+        .await;
+    assert!(
+        matches!(revive.result, Err(OperationError::TargetDeleted { .. })),
+        "{:?}",
+        revive.result
+    );
+}
+
+#[tokio::test]
+async fn delete_arriving_in_allocate_cancels_the_create() {
+    delete_during_create(stage::ALLOCATE, "claim:").await;
+}
+
+#[tokio::test]
+async fn delete_arriving_in_spawn_cancels_the_create() {
+    delete_during_create(stage::SPAWN, "register_dns:").await;
+}
+
+#[tokio::test]
+async fn delete_arriving_in_configure_cancels_the_create_and_removes_data_nodes() {
+    delete_during_create(stage::CONFIGURE, "configure:").await;
+}
+
+#[tokio::test]
+async fn delete_arriving_in_start_cancels_the_create() {
+    delete_during_create(stage::START, "start:").await;
+}
+
+// ---- boot instance and bundles ----
+
+fn instance_request(w: &World, vcpus: u64) -> InstanceRequest {
+    InstanceRequest {
+        instance_id: Uuid::now_v7(),
+        name: "vm".into(),
+        resources: BTreeMap::from([("VCPU".to_string(), vcpus)]),
+        provider: w.provider,
+    }
+}
+
+async fn boot_fails(w: &World, request: InstanceRequest) {
+    let report = w.prov.boot_instance(request.clone(), None).await;
+    assert!(report.result.is_err());
+    assert_eq!(report.status, Some(OperationStatus::RolledBack));
+    assert!(w.infra.inventory().is_empty(), "{:?}", w.infra.inventory());
+    assert!(w.allocations().await.is_empty());
+    match w.entity(AggregateId::instance(request.instance_id)).await {
+        Some(Entity::Instance(i)) => assert_eq!(i.vm_state, Some(VmState::Error)),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn boot_failing_in_schedule_sets_error() {
+    let w = world(4).await;
+    let request = instance_request(&w, 8);
+    boot_fails(&w, request).await;
+}
+
+#[tokio::test]
+async fn boot_failing_in_network_releases_the_ip_and_the_dhcp_record() {
+    let w = world(64).await;
+    w.infra.dns.fail_call("register", 1);
+    boot_fails(&w, instance_request(&w, 2)).await;
+    assert_eq!(
+        w.infra.applied_total(),
+        2,
+        "DHCP and IP undone, in that order"
+    );
+}
+
+#[tokio::test]
+async fn boot_failing_in_spawn_undoes_the_network_and_the_claim() {
+    let w = world(64).await;
+    w.infra.hypervisor.fail_call("create_vm", 1);
+    boot_fails(&w, instance_request(&w, 2)).await;
+    assert_eq!(w.infra.applied_total(), 3);
+}
+
+#[tokio::test]
+async fn bundle_rolling_back_siblings_removes_them_all() {
+    let w = world(64).await;
+    w.infra.ipam.fail_call("acquire_ip", 3);
+    let children = (0..3).map(|_| instance_request(&w, 2)).collect();
+    let report = w
+        .prov
+        .bundle(BundlePolicy::RollBackSiblings, children)
+        .await;
+    assert_eq!(report.status, Some(OperationStatus::RolledBack));
+    assert!(w.infra.inventory().is_empty(), "{:?}", w.infra.inventory());
+    assert!(w.allocations().await.is_empty());
+}
+
+#[tokio::test]
+async fn bundle_retaining_siblings_keeps_them() {
+    let w = world(64).await;
+    w.infra.ipam.fail_call("acquire_ip", 3);
+    let children = (0..3).map(|_| instance_request(&w, 2)).collect();
+    let report = w.prov.bundle(BundlePolicy::RetainSiblings, children).await;
+    assert_eq!(report.status, Some(OperationStatus::Held));
+    assert_eq!(w.count("hypervisor"), 2);
+    assert_eq!(w.allocations().await.len(), 2);
+}
+
+// ---- the one place errors are caught ----
+
+#[tokio::test]
+async fn a_compensation_that_keeps_failing_ends_in_needs_attention_with_what_remains() {
+    let w = world(64).await;
+    w.infra.hypervisor.fail_call("create_vm", 2);
+    w.infra.ipam.fail_compensations(1_000);
+    let request = w.cluster_request(2);
+    let report = w.prov.create_cluster(request.clone()).await;
+    assert_eq!(report.status, Some(OperationStatus::NeedsAttention));
+    let op = w.operation(report.operation_id).await;
+    assert!(!op.remaining.is_empty());
+    let stuck = &op
+        .compensations
+        .iter()
+        .find(|c| c.planned.compensation_id == op.remaining[0])
+        .expect("listed");
+    assert_eq!(stuck.attempts, fast_retries().attempts_max);
+    assert_eq!(
+        stuck.planned.compensation.action,
+        CompensationAction::ReleaseIp
+    );
+    let c = w.cluster(request.cluster_id).await;
+    assert_eq!(c.status, Some(ClusterStatus::Error));
+    assert!(
+        c.status_description.contains("needs attention"),
+        "{}",
+        c.status_description
+    );
+}
+
+#[tokio::test]
+async fn a_panicking_step_is_caught_recorded_and_rolled_back() {
+    let w = world(64).await;
+    let instance = Uuid::now_v7();
+    let spec = OperationSpec::new(OperationKind::BootInstance, AggregateId::instance(instance))
+        .creating(vec![Event::InstanceCreateRequested {
+            name: "p".into(),
+            cluster_id: None,
+            node_group: None,
+            flavor: "f".into(),
+            resources: BTreeMap::new(),
+            image: "i".into(),
+        }]);
+    let infra = w.infra.clone();
+    let report: provledger_client::RunReport<()> = w
+        .prov
+        .runner
+        .run(spec, |ctx| async move {
+            ctx.stage(stage::NETWORK).await?;
+            ctx.step("acquire_ip", async {
+                let ip = provledger_client::Infrastructure::acquire_ip(&*infra, "p").await?;
+                Ok(StepOutput::with_effect(
+                    (),
+                    Effect {
+                        kind: EffectKind::IpAcquired,
+                        resource: ip.clone(),
+                        executor: "ipam".into(),
+                        origin: Origin::Created,
+                        detail: BTreeMap::new(),
+                    },
+                    Some(provledger_events::catalogue::Compensation {
+                        action: CompensationAction::ReleaseIp,
+                        executor: provledger_events::catalogue::Executor::Service("ipam".into()),
+                        resource: ip,
+                        args: BTreeMap::new(),
+                    }),
+                ))
+            })
+            .await?;
+            ctx.step::<(), _>("boom", async { panic!("driver bug") })
+                .await?;
+            Ok(())
+        })
+        .await;
+    assert!(
+        matches!(report.result, Err(OperationError::Panicked { ref message, .. }) if message == "driver bug")
+    );
+    assert_eq!(report.status, Some(OperationStatus::RolledBack));
+    assert!(w.infra.ipam.resources().is_empty());
+    let op = w.operation(report.operation_id).await;
+    assert_eq!(op.error.expect("error").step.as_deref(), Some("boom"));
+}
+
+#[tokio::test]
+async fn a_status_change_to_active_after_deleting_is_refused_with_a_typed_error() {
+    let w = world(64).await;
+    let (cluster, _) = active_cluster(&w, 1).await;
+    deletion::request_delete(
+        &w.ledger,
+        &w.notices,
+        AggregateId::cluster(cluster),
+        "bye",
+        "t",
+        &provledger_client::Stamper::system(),
+    )
+    .await
+    .expect("delete");
+    let spec = OperationSpec::new(OperationKind::ScaleCluster, AggregateId::cluster(cluster));
+    let report: provledger_client::RunReport<()> =
+        w.prov.runner.run(spec, |_ctx| async { Ok(()) }).await;
+    assert!(
+        matches!(report.result, Err(OperationError::TargetDeleted { .. })),
+        "{:?}",
+        report.result
+    );
+    assert_eq!(
+        w.cluster(cluster).await.status,
+        Some(ClusterStatus::Deleting)
+    );
+}
+
+#[tokio::test]
+async fn delete_arriving_during_a_boot_cancels_it_and_deletes_the_instance() {
+    let w = world(64).await;
+    let request = instance_request(&w, 2);
+    let instance = request.instance_id;
+    // The user deletes the instance just before its VM is created.
+    *w.delete_target.lock().unwrap() = Some(AggregateId::instance(instance));
+    *w.delete_at.lock().unwrap() = Some((stage::SPAWN.into(), "create_vm:".into()));
+    let report = w.prov.boot_instance(request, None).await;
+    assert!(
+        matches!(report.result, Err(OperationError::TargetDeleted { .. })),
+        "{:?}",
+        report.result
+    );
+    assert_eq!(report.status, Some(OperationStatus::Cancelled));
+    assert!(w.infra.inventory().is_empty(), "{:?}", w.infra.inventory());
+    let delete = w
+        .prov
+        .delete_instance(instance, "user")
+        .await
+        .expect("delete");
+    assert!(delete.deleted, "{delete:?}");
+    assert!(w.infra.hypervisor.resources().is_empty());
+    assert!(w.allocations().await.is_empty());
+    match w.entity(AggregateId::instance(instance)).await {
+        Some(Entity::Instance(i)) => assert_eq!(i.vm_state, Some(VmState::Deleted)),
+        other => panic!("{other:?}"),
+    }
+    let again = w
+        .prov
+        .delete_instance(instance, "user")
+        .await
+        .expect("delete");
+    assert_eq!(again.request, DeleteRequestOutcome::AlreadyDeleted);
+}
+
+#[tokio::test]
+async fn a_cancellation_whose_runner_died_is_recorded_by_the_driver_and_rolled_back() {
+    // Given an operation whose runner acquired an IP and then died, and a delete that
+    // asked it to stop,
+    let w = world(64).await;
+    let op = Uuid::now_v7();
+    let ip = provledger_client::Infrastructure::acquire_ip(&*w.infra, "orphan")
+        .await
+        .expect("ip");
+    let events = vec![
+        Event::OperationStarted {
+            kind: OperationKind::BootInstance,
+            target: AggregateId::instance(Uuid::now_v7()),
+            parent_id: None,
+            stages: provledger_projections::stages::stages_of(OperationKind::BootInstance),
+            bundle_policy: None,
+        },
+        Event::StageStarted {
+            stage: stage::NETWORK.into(),
+        },
+        Event::StepDone {
+            stage: stage::NETWORK.into(),
+            step: "acquire_ip".into(),
+            effect: Effect {
+                kind: EffectKind::IpAcquired,
+                resource: ip.clone(),
+                executor: "ipam".into(),
+                origin: Origin::Created,
+                detail: BTreeMap::new(),
+            },
+            compensation: Some(provledger_events::catalogue::Compensation {
+                action: CompensationAction::ReleaseIp,
+                executor: provledger_events::catalogue::Executor::Service("ipam".into()),
+                resource: ip.clone(),
+                args: BTreeMap::new(),
+            }),
+        },
+        Event::TargetDeletionNoticed {
+            reason: "deleted".into(),
+        },
+    ];
+    w.ledger
+        .append(
+            AggregateId::operation(op),
+            Expectation::NoStream,
+            CommitDraft::now("dead-runner", events),
+        )
+        .await
+        .expect("append");
+    // when a driver finds it quiet for longer than the runner stop wait,
+    let policy = RetryPolicy {
+        runner_stop_wait_ms: 50,
+        ..fast_retries()
+    };
+    let driver = RollbackDriver::new(w.ledger.clone(), w.infra.clone(), policy, "test");
+    let state = driver.drive(op).await.expect("drive");
+    // then it records the cancellation, and the rollback releases the IP.
+    assert_eq!(state.status, Some(OperationStatus::Cancelled));
+    assert!(state.cancelled);
+    assert!(!w.infra.ipam.has(&ip));
+}
