@@ -83,7 +83,7 @@ pub async fn plan_for<L: EventLog>(
 
 /// What one driver step did.
 #[derive(Debug)]
-pub enum DriveStep {
+pub(crate) enum DriveStep {
     /// Nothing left to do: the operation is closed, running, or succeeded.
     Idle(Box<OperationState>),
     /// Something was recorded (by this driver or, on a conflict, by another one).
@@ -178,7 +178,7 @@ impl RollbackDriver {
     }
 
     /// One decision and its effect.
-    pub async fn step(&self, id: Uuid) -> Result<DriveStep, DriveError> {
+    pub(crate) async fn step(&self, id: Uuid) -> Result<DriveStep, DriveError> {
         let op = self.operation(id).await?;
         let now = self.stamper.now();
         match next_rollback_action(&op, now, &self.policy) {

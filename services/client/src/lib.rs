@@ -32,7 +32,7 @@ mod runner;
 pub use allocation::release_allocation;
 pub use cancel::CancelNotices;
 pub use clock::{Clock, IdSource, RandomIds, SeededIds, Stamper, SystemClock};
-pub use driver::{plan_for, read_operation, DriveError, DriveStep, RollbackDriver};
+pub use driver::{plan_for, read_operation, DriveError, RollbackDriver};
 pub use executors::{
     CompensationExecutor, CompensationFuture, CompensationReply, CompensationRequest, NatsExecutors,
 };

@@ -10,7 +10,7 @@
 //!   micro service answering a payload of the same size, in the same run.
 //! - Freshness: append, then `cluster.get` with `min_position`: append-to-queryable.
 //!
-//! Usage: `cargo bench -p provledger --bench projection-bench [-- --quick]`
+//! Usage: `cargo bench -p provledger-serve --bench projection-bench [-- --quick]`
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! Rollback benchmark: how long the pure planner takes on large operations, and how fast
 //! an embedded rollback runs end to end (runner, driver, sled, simulated executors).
-//! `cargo bench -p provledger --bench rollback-bench [-- --quick]` prints a table.
+//! `cargo bench -p provledger-sim --bench rollback-bench [-- --quick]` prints a table.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
