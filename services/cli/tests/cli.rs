@@ -62,6 +62,99 @@ fn demo_runs_embedded_and_ends_with_a_clean_audit() {
     }
 }
 
+/// What a demo run ended with, scenario by scenario: the commits it wrote, the cluster's
+/// status and members, the executors' holdings and its operations' statuses.
+fn demo_outcome(dir: &std::path::Path) -> (serde_json::Value, Vec<serde_json::Value>) {
+    let out = provledger(&["--json", "--data-dir", dir.to_str().unwrap(), "demo"], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("demo JSON");
+    let scenarios = report["scenarios"].as_array().expect("scenarios").clone();
+    let outcome = scenarios
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "commits": s["commits"].as_array().map(|c| c.len()),
+                "status": s["afterwards"]["status"],
+                "members": s["afterwards"]["members"],
+                "executors": s["afterwards"]["executors"],
+                "operations": s["operations"].as_array().map(|ops| ops
+                    .iter()
+                    .map(|o| o["status"].clone())
+                    .collect::<Vec<_>>()),
+            })
+        })
+        .collect();
+    (report["audit"].clone(), outcome)
+}
+
+#[test]
+fn demo_is_deterministic_and_removes_what_it_says_it_removes() {
+    // Given two fresh data dirs
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // When the demo runs in each
+    let (audit_a, run_a) = demo_outcome(a.path());
+    let (audit_b, run_b) = demo_outcome(b.path());
+    // Then both runs wrote the same commits and ended with the same counts
+    assert_eq!(audit_a["commits"], audit_b["commits"]);
+    assert_eq!(run_a, run_b);
+    assert_eq!(run_a.len(), 6, "six scenarios");
+    // And no executor holds anything of a node a scenario removed
+    let report: serde_json::Value = serde_json::from_slice(
+        &provledger(&["--json", "--data-dir", a.path().to_str().unwrap(), "demo"], "").stdout,
+    )
+    .unwrap();
+    for s in report["scenarios"].as_array().unwrap() {
+        assert_eq!(
+            s["afterwards"]["left_of_removed_nodes"],
+            serde_json::json!([]),
+            "{}: removed nodes left resources behind",
+            s["title"]
+        );
+    }
+    // And the delete-during-create leaves nothing at any executor, the scale-in of a held
+    // configure leaves only the kept nodes' resources
+    let deleted = &report["scenarios"][5]["afterwards"];
+    assert_eq!(deleted["status"], "deleted");
+    assert_eq!(deleted["executors"], serde_json::json!({}));
+}
+
+#[test]
+fn demo_prints_each_commit_once_within_120_columns_with_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = provledger(&["--data-dir", dir.path().to_str().unwrap(), "demo"], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut positions = Vec::new();
+    for line in stdout.lines() {
+        assert!(
+            line.chars().count() <= 120 || line.contains("--data-dir"),
+            "wider than 120 columns: {line:?}"
+        );
+        if let Some(rest) = line.trim_start().strip_prefix('#') {
+            let n: u64 = rest.split_whitespace().next().unwrap().parse().unwrap();
+            positions.push(n);
+        }
+    }
+    // Every commit of the log appears exactly once, in order.
+    let audit = stdout
+        .lines()
+        .find(|l| l.starts_with("audit:"))
+        .expect("audit line");
+    let commits: u64 = audit
+        .split(", ")
+        .find_map(|p| p.strip_suffix(" commits"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(positions, (1..=commits).collect::<Vec<_>>());
+    // Entities are named, not shown by their shared UUID v7 time prefix.
+    assert!(stdout.contains("cluster analytics"), "{stdout}");
+    assert!(stdout.contains("op create_cluster#1"), "{stdout}");
+    // And it says where its data is and how to look at it with the same command.
+    assert!(stdout.contains("DIR="), "{stdout}");
+    assert!(stdout.contains("--data-dir \"$DIR\" history cluster/"), "{stdout}");
+}
+
 #[test]
 fn bad_usage_exits_2_and_says_what_was_expected() {
     let dir = tempfile::tempdir().unwrap();
