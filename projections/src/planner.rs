@@ -7,7 +7,8 @@
 //!   target to Error, keeping its record;
 //! - `hold`: keep every resource, move the target to Error and list what remains;
 //! - `roll_forward`: undo what the operation created, finish the removals it started
-//!   (decommissioned nodes are terminated), and return the target to Active.
+//!   (decommissioned nodes are terminated, and whatever else the decommission step listed
+//!   in its `removal` detail is removed), and return the target to Active.
 //!
 //! Whatever the policy, three safety rules hold for every planned step:
 //! - a resource that provledger did not create (`Origin::Discovered`) is never destroyed;
@@ -39,6 +40,23 @@ pub const COMPENSATION_ID_NAMESPACE: Uuid =
 /// The executor a forward termination is sent to when the decommission step does not name
 /// one (`detail["terminate_executor"]`).
 pub const TERMINATE_EXECUTOR_DEFAULT: &str = "hypervisor";
+
+/// The decommission effect's detail key holding the node's removal list: a JSON array of
+/// [`Compensation`]s that undo everything of the node except its VM and its allocation
+/// (its plugin record, DNS, DHCP, IP). A roll-forward plans them after the VM's
+/// termination, so that finishing a removal leaves nothing of the node at any executor.
+pub const REMOVAL_DETAIL: &str = "removal";
+
+/// The effect detail key naming the node a resource belongs to (an IP, a DHCP or DNS entry
+/// is named in its executor's terms, not by the node), so its removal can be found later.
+pub const NODE_DETAIL: &str = "node";
+
+/// The plugin's compensation of a configure step: forget the node.
+pub const REMOVE_NODE_ACTION: &str = "remove_node";
+
+/// The effect kind of a forward step that removed one resource of a node (its detail
+/// carries `action` and `node`). A roll-forward does not request that removal again.
+pub const RESOURCE_REMOVED_EFFECT: &str = "resource_removed";
 
 /// Why no plan can be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -179,6 +197,66 @@ impl PlanBuilder {
         });
     }
 
+    /// Plans the entries of a decommission step's removal list (`detail["removal"]`), in
+    /// their order. An absent or unparsable list plans nothing more (the VM and the
+    /// allocation are still removed). Never planned: a resource this operation knows as
+    /// discovered, a removal the operation already carried out forward (a
+    /// `resource_removed` effect: requesting it again could hit a resource that was since
+    /// handed to someone else, e.g. a reused IP), and a duplicate.
+    fn plan_removal_list(&mut self, op: &OperationState, index: usize, step: &StepState) {
+        let Some(list) = step.effect.detail.get(REMOVAL_DETAIL) else {
+            return;
+        };
+        let Ok(list) = serde_json::from_str::<Vec<Compensation>>(list) else {
+            return;
+        };
+        let operation = op.header.id.id;
+        for c in list {
+            let discovered = op
+                .steps
+                .iter()
+                .any(|s| s.effect.resource == c.resource && s.effect.origin == Origin::Discovered);
+            if discovered {
+                self.retained.push(RetainedResource {
+                    stage: step.stage.clone(),
+                    step: step.name.clone(),
+                    resource: c.resource.clone(),
+                    why: "discovered, not created by provledger: listed for removal but never \
+                          destroyed"
+                        .into(),
+                });
+                continue;
+            }
+            if removed_forward(op, &c) {
+                continue;
+            }
+            // Two entries of one step may share an action (two `Custom` removals with the
+            // same name): the resource is part of these entries' id name. The termination
+            // and the release of the same step keep their ids (the resource is not in
+            // theirs), so plans recorded before removal lists existed are unchanged.
+            let id_name = format!("{}/{}", step.name, c.resource);
+            let compensation_id =
+                compensation_id(operation, index, &step.stage, &id_name, &c.action);
+            let duplicate = self.compensations.iter().any(|p| {
+                p.compensation_id == compensation_id
+                    || (p.step == step.name
+                        && p.stage == step.stage
+                        && p.compensation.action == c.action
+                        && p.compensation.executor == c.executor
+                        && p.compensation.resource == c.resource)
+            });
+            if duplicate {
+                continue;
+            }
+            self.compensations.push(PlannedCompensation {
+                compensation_id,
+                stage: step.stage.clone(),
+                step: step.name.clone(),
+                compensation: c,
+            });
+        }
+    }
+
     /// Undoes `op`'s completed steps in reverse order of their effects, as `mode` and the
     /// safety rules allow. `label` prefixes the stage names (a bundle's child).
     fn undo_steps(&mut self, op: &OperationState, mode: Mode, label: Option<&str>) {
@@ -228,7 +306,9 @@ impl PlanBuilder {
     }
 
     /// Roll forward: every node whose removal this operation started (decommissioned) and
-    /// did not finish (no termination recorded) is terminated, and its allocation released.
+    /// did not finish (no termination recorded) is terminated, the rest of it (the
+    /// decommission step's removal list: plugin record, DNS, DHCP, IP) is removed, and its
+    /// allocation released, in that order.
     fn finish_removals(&mut self, op: &OperationState) {
         let facts = node_facts(op);
         let operation = op.header.id.id;
@@ -268,6 +348,7 @@ impl PlanBuilder {
                 args: args.clone(),
             };
             self.plan(operation, index, &step.stage, &step.name, terminate);
+            self.plan_removal_list(op, index, step);
             if args.contains_key("provider_id") {
                 let release = Compensation {
                     action: CompensationAction::ReleaseAllocation,
@@ -279,6 +360,21 @@ impl PlanBuilder {
             }
         }
     }
+}
+
+/// Whether the operation already removed `c`'s resource forward: a step whose effect is
+/// `resource_removed` on the same resource, by the same executor, with the same action.
+fn removed_forward(op: &OperationState, c: &Compensation) -> bool {
+    let Executor::Service(executor) = &c.executor else {
+        return false;
+    };
+    let action = action_word(&c.action);
+    op.steps.iter().any(|s| {
+        s.effect.kind == EffectKind::Custom(RESOURCE_REMOVED_EFFECT.into())
+            && s.effect.resource == c.resource
+            && s.effect.executor == *executor
+            && s.effect.detail.get("action") == Some(&action)
+    })
 }
 
 /// Why a step's resource must be kept, if it must.
@@ -304,7 +400,14 @@ fn keep_reason(
             step.stage
         ));
     }
-    if compensation.action == CompensationAction::TerminateVm {
+    // A configure step's compensation (the plugin forgets the node) falls under the same
+    // rule as the node's termination: a node that may hold data keeps its VM and its
+    // plugin record, unless it was decommissioned or the user deleted the target.
+    let undoes_configuration = matches!(
+        step.effect.kind,
+        EffectKind::NodeConfigured | EffectKind::NodeStarted
+    );
+    if compensation.action == CompensationAction::TerminateVm || undoes_configuration {
         let node = facts.get(compensation.resource.as_str());
         if node.is_some_and(|f| f.configured && !f.decommissioned) {
             return Some("configured and not decommissioned: may hold data".into());

@@ -13,7 +13,9 @@ use provledger_events::catalogue::{
 };
 use provledger_events::{AggregateId, Event};
 use provledger_projections::operation::OperationState;
-use provledger_projections::planner::{plan_rollback, render_plan, PlanRefusal};
+use provledger_projections::planner::{
+    action_word, plan_rollback, render_plan, PlanRefusal, REMOVAL_DETAIL,
+};
 use provledger_projections::rollback::{next_rollback_action, RetryPolicy, RollbackAction};
 use provledger_projections::stages::{stage, stages_of};
 use provledger_projections::{Entity, Projection};
@@ -236,6 +238,45 @@ impl GivenOperation {
         )
     }
 
+    /// A configure step declaring the plugin's `remove_node` compensation, as the flows do.
+    fn configured_with_undo(self, stage: &str, n: u128) -> Self {
+        self.step(
+            stage,
+            &format!("configure:{n}"),
+            Self::effect(EffectKind::NodeConfigured, &node(n), "plugin"),
+            Some(remove_node(n)),
+        )
+    }
+
+    /// A decommission step whose effect carries the node's removal list.
+    fn decommissioned_with(self, stage: &str, n: u128, removal: &str) -> Self {
+        let mut given = self.decommissioned(stage, n);
+        if let Some((_, events)) = given.steps.last_mut() {
+            if let Some(Event::StepDone { effect, .. }) = events.first_mut() {
+                effect
+                    .detail
+                    .insert(REMOVAL_DETAIL.into(), removal.to_string());
+            }
+        }
+        given
+    }
+
+    /// A forward removal of one of node `n`'s resources (a `resource_removed` effect).
+    fn removed(self, stage: &str, n: u128, c: &Compensation) -> Self {
+        let Executor::Service(executor) = &c.executor else {
+            panic!("a forward removal is by a service");
+        };
+        let word = action_word(&c.action);
+        let mut effect = Self::effect(
+            EffectKind::Custom("resource_removed".into()),
+            &c.resource,
+            executor,
+        );
+        effect.detail.insert("action".into(), word.clone());
+        effect.detail.insert("node".into(), node(n));
+        self.step(stage, &format!("{word}:{n}"), effect, None)
+    }
+
     fn fail(mut self, stage: &str, error: &str) -> Self {
         self.event(Event::OperationFailed {
             stage: stage.into(),
@@ -264,6 +305,41 @@ impl GivenOperation {
     fn fold(&self) -> OperationState {
         fold_all(&self.steps, self.id)
     }
+}
+
+fn remove_node(n: u128) -> Compensation {
+    GivenOperation::undo(
+        CompensationAction::Custom("remove_node".into()),
+        Executor::Service("plugin".into()),
+        &node(n),
+    )
+}
+
+/// Node `n`'s removal list as the flows record it: plugin record, DNS, DHCP, IP.
+fn removal_of(n: u128) -> Vec<Compensation> {
+    let service = |s: &str| Executor::Service(s.into());
+    vec![
+        remove_node(n),
+        GivenOperation::undo(
+            CompensationAction::UnregisterDns,
+            service("dns"),
+            &format!("node-{n}.example"),
+        ),
+        GivenOperation::undo(
+            CompensationAction::UnregisterDhcp,
+            service("dhcp"),
+            &format!("node-{n}"),
+        ),
+        GivenOperation::undo(
+            CompensationAction::ReleaseIp,
+            service("ipam"),
+            &format!("10.0.0.{n}"),
+        ),
+    ]
+}
+
+fn json(removal: &[Compensation]) -> String {
+    serde_json::to_string(removal).expect("JSON")
 }
 
 fn fold_all(steps: &[ScriptStep], id: Uuid) -> OperationState {
@@ -419,6 +495,172 @@ fn scale_failing_in_terminate_and_create_deletes_new_nodes_finishes_removal_and_
     assert_eq!(terminated, [node(7), node(9)]);
     assert!(matches!(plan.target_outcome, TargetOutcome::Active { .. }));
     insta::assert_snapshot!(planned(&given));
+}
+
+/// The planned actions and resources, in plan order.
+fn plan_lines(plan: &provledger_events::catalogue::RollbackPlan) -> Vec<(String, String)> {
+    plan.compensations
+        .iter()
+        .map(|c| {
+            (
+                action_word(&c.compensation.action),
+                c.compensation.resource.clone(),
+            )
+        })
+        .collect()
+}
+
+fn line(action: &str, resource: &str) -> (String, String) {
+    (action.to_string(), resource.to_string())
+}
+
+#[test]
+fn scale_failing_in_terminate_and_create_with_a_removal_list_terminates_then_removes_then_releases()
+{
+    // Given a scale that decommissioned node 7 with its removal list, and failed in
+    // terminate_and_create before node 7 was touched,
+    let given = GivenOperation::start(OperationKind::ScaleCluster)
+        .stage(stage::DECOMMISSION)
+        .decommissioned_with(stage::DECOMMISSION, 7, &json(&removal_of(7)))
+        .complete(stage::DECOMMISSION)
+        .stage(stage::TERMINATE_AND_CREATE)
+        .fail(stage::TERMINATE_AND_CREATE, "hypervisor: unreachable");
+    // when planned,
+    let plan = plan_rollback(&given.fold(), &[]).expect("a plan");
+    // then the roll-forward terminates the VM, removes the plugin record, DNS, DHCP and IP,
+    // and releases the allocation, in that order, with distinct ids.
+    assert_eq!(
+        plan_lines(&plan),
+        [
+            line("terminate_vm", &node(7)),
+            line("remove_node", &node(7)),
+            line("unregister_dns", "node-7.example"),
+            line("unregister_dhcp", "node-7"),
+            line("release_ip", "10.0.0.7"),
+            line("release_allocation", &node(7)),
+        ]
+    );
+    let ids: std::collections::BTreeSet<Uuid> = plan
+        .compensations
+        .iter()
+        .map(|c| c.compensation_id)
+        .collect();
+    assert_eq!(ids.len(), plan.compensations.len());
+    assert!(matches!(plan.target_outcome, TargetOutcome::Active { .. }));
+    assert_eq!(plan, plan_rollback(&given.fold(), &[]).expect("a plan"));
+}
+
+#[test]
+fn a_removal_list_plans_only_what_is_left_and_never_a_discovered_resource() {
+    // Given a scale that removed node 7's plugin record and DNS entry forward, decommissioned
+    // node 8 with an unparsable removal list and node 6 with a list naming a discovered IP
+    // and two custom removals of one name, then failed in terminate_and_create,
+    let mut removal_6 = vec![
+        GivenOperation::undo(
+            CompensationAction::Custom("wipe".into()),
+            Executor::Service("storage".into()),
+            "disk-a",
+        ),
+        GivenOperation::undo(
+            CompensationAction::Custom("wipe".into()),
+            Executor::Service("storage".into()),
+            "disk-b",
+        ),
+        GivenOperation::undo(
+            CompensationAction::ReleaseIp,
+            Executor::Service("ipam".into()),
+            "10.9.9.9",
+        ),
+    ];
+    // (a duplicate entry is planned once)
+    removal_6.push(removal_6[0].clone());
+    let mut adopted_ip = GivenOperation::effect(EffectKind::IpAcquired, "10.9.9.9", "ipam");
+    adopted_ip.origin = Origin::Discovered;
+    let removal_7 = removal_of(7);
+    let given = GivenOperation::start(OperationKind::ScaleCluster)
+        .stage(stage::DECOMMISSION)
+        .step(stage::DECOMMISSION, "adopt_ip", adopted_ip, None)
+        .decommissioned_with(stage::DECOMMISSION, 6, &json(&removal_6))
+        .decommissioned_with(stage::DECOMMISSION, 7, &json(&removal_7))
+        .decommissioned_with(stage::DECOMMISSION, 8, "[{not json")
+        .complete(stage::DECOMMISSION)
+        .stage(stage::TERMINATE_AND_CREATE)
+        .removed(stage::TERMINATE_AND_CREATE, 7, &removal_7[0])
+        .removed(stage::TERMINATE_AND_CREATE, 7, &removal_7[1])
+        .fail(stage::TERMINATE_AND_CREATE, "dhcp: unreachable");
+    // when planned,
+    let plan = plan_rollback(&given.fold(), &[]).expect("a plan");
+    // then node 6's custom removals are both planned with distinct ids, the discovered IP
+    // is kept, node 7's removals done forward are not requested again, and node 8 gets its
+    // VM terminated and its allocation released only.
+    assert_eq!(
+        plan_lines(&plan),
+        [
+            line("terminate_vm", &node(6)),
+            line("wipe", "disk-a"),
+            line("wipe", "disk-b"),
+            line("release_allocation", &node(6)),
+            line("terminate_vm", &node(7)),
+            line("unregister_dhcp", "node-7"),
+            line("release_ip", "10.0.0.7"),
+            line("release_allocation", &node(7)),
+            line("terminate_vm", &node(8)),
+            line("release_allocation", &node(8)),
+        ]
+    );
+    let ids: std::collections::BTreeSet<Uuid> = plan
+        .compensations
+        .iter()
+        .map(|c| c.compensation_id)
+        .collect();
+    assert_eq!(ids.len(), plan.compensations.len());
+    assert!(plan.retained.iter().any(|r| r.resource == "10.9.9.9"));
+}
+
+#[test]
+fn a_configure_compensation_is_kept_while_the_node_may_hold_data_and_undone_on_deletion() {
+    // Given a create whose configure steps declare the plugin's remove_node,
+    let configured = || {
+        create_infrastructure()
+            .complete(stage::SPAWN)
+            .stage(stage::CONFIGURE)
+            .configured_with_undo(stage::CONFIGURE, 1)
+            .configured_with_undo(stage::CONFIGURE, 2)
+    };
+    // when it fails in configure, then the holding stage keeps the plugin records;
+    let held =
+        plan_rollback(&configured().fail(stage::CONFIGURE, "boom").fold(), &[]).expect("a plan");
+    assert!(held.compensations.is_empty());
+    assert!(held.retained.iter().any(|r| r.step == "configure:2"));
+    // when a compensating stage stops after it (a custom spec), the record is kept too;
+    let stages = vec![
+        StageSpec {
+            name: "spawn".into(),
+            policy: StagePolicy::Compensate,
+        },
+        StageSpec {
+            name: "configure".into(),
+            policy: StagePolicy::Compensate,
+        },
+    ];
+    let compensating = GivenOperation::start_with(OperationKind::CreateCluster, stages, None)
+        .stage("spawn")
+        .vm("spawn", 1)
+        .complete("spawn")
+        .stage("configure")
+        .configured_with_undo("configure", 1)
+        .fail("configure", "plugin crashed");
+    let plan = plan_rollback(&compensating.fold(), &[]).expect("a plan");
+    assert!(plan.compensations.is_empty(), "{}", render_plan(&plan));
+    // when the user deletes the target, then the plugin forgets each node before its
+    // network and its VM go.
+    let deleted = plan_rollback(&configured().target_deleted().fold(), &[]).expect("a plan");
+    let lines = plan_lines(&deleted);
+    assert_eq!(
+        lines[..2],
+        [line("remove_node", &node(2)), line("remove_node", &node(1))]
+    );
+    assert_eq!(deleted.target_outcome, TargetOutcome::Deleted);
 }
 
 #[test]
@@ -850,6 +1092,10 @@ enum RandomStep {
     Claim(u128),
     Configured(u128),
     Decommissioned(u128),
+    /// Decommissioned with its removal list (plugin record, DNS, DHCP, IP).
+    DecommissionedWithRemoval(u128),
+    /// Configured, declaring the plugin's `remove_node`.
+    ConfiguredWithUndo(u128),
     Terminated(u128),
     /// A VM provledger adopted, with its own node numbers (never created here).
     Adopted(u128),
@@ -863,6 +1109,8 @@ fn random_step() -> impl Strategy<Value = RandomStep> {
         node.clone().prop_map(RandomStep::Claim),
         node.clone().prop_map(RandomStep::Configured),
         node.clone().prop_map(RandomStep::Decommissioned),
+        node.clone().prop_map(RandomStep::DecommissionedWithRemoval),
+        node.clone().prop_map(RandomStep::ConfiguredWithUndo),
         node.clone().prop_map(RandomStep::Terminated),
         node.prop_map(|n| RandomStep::Adopted(50 + n)),
     ]
@@ -900,6 +1148,10 @@ fn build(kind: OperationKind, stages: &[Vec<RandomStep>], deleted: bool) -> Give
                 RandomStep::Claim(n) => given.claim(stage, *n),
                 RandomStep::Configured(n) => given.configured(stage, *n),
                 RandomStep::Decommissioned(n) => given.decommissioned(stage, *n),
+                RandomStep::DecommissionedWithRemoval(n) => {
+                    given.decommissioned_with(stage, *n, &json(&removal_of(*n)))
+                }
+                RandomStep::ConfiguredWithUndo(n) => given.configured_with_undo(stage, *n),
                 RandomStep::Terminated(n) => given.terminated(stage, *n),
                 RandomStep::Adopted(n) => {
                     let mut effect =
@@ -937,8 +1189,9 @@ proptest! {
     /// Whatever the operation did and wherever it stopped, the plan is deterministic, its
     /// ids are unique, it never destroys a discovered resource, it never terminates a node
     /// this operation configured unless that node was decommissioned or the target is being
-    /// deleted, and it only undoes declared compensations (plus, rolling forward, the
-    /// termination of decommissioned nodes).
+    /// deleted (neither its VM nor its plugin record), and it only undoes declared
+    /// compensations (plus, rolling forward, the termination of decommissioned nodes and
+    /// what their decommission steps list for removal).
     #[test]
     fn plans_respect_the_safety_rules((kind, stages, deleted) in random_operation()) {
         let given = build(kind, &stages, deleted);
@@ -957,13 +1210,23 @@ proptest! {
                 !op.steps.iter().any(|s| s.effect.resource == r && s.effect.origin == Origin::Discovered),
                 "a discovered resource is planned for destruction: {}", render_plan(&plan)
             );
-            if c.compensation.action == CompensationAction::TerminateVm && !deleted {
+            let removes_node = c.compensation.action == CompensationAction::TerminateVm
+                || c.compensation.action == CompensationAction::Custom("remove_node".into());
+            if removes_node && !deleted {
                 let configured = effects_on(r, EffectKind::NodeConfigured);
                 let decommissioned = effects_on(r, EffectKind::NodeDecommissioned);
-                prop_assert!(!configured || decommissioned, "terminates a data node: {}", render_plan(&plan));
+                prop_assert!(!configured || decommissioned, "removes a data node: {}", render_plan(&plan));
             }
             let declared = op.steps.iter().any(|s| s.compensation.as_ref() == Some(&c.compensation));
-            let forward = effects_on(r, EffectKind::NodeDecommissioned);
+            let listed = !deleted && op.steps.iter().any(|s| {
+                s.effect.kind == EffectKind::NodeDecommissioned
+                    && s.effect
+                        .detail
+                        .get(REMOVAL_DETAIL)
+                        .and_then(|l| serde_json::from_str::<Vec<Compensation>>(l).ok())
+                        .is_some_and(|l| l.contains(&c.compensation))
+            });
+            let forward = effects_on(r, EffectKind::NodeDecommissioned) || listed;
             prop_assert!(declared || forward, "undeclared compensation: {}", render_plan(&plan));
         }
     }

@@ -17,14 +17,18 @@ use provledger_events::catalogue::{
 use provledger_events::{
     AggregateId, AppendError, AppendOutcome, CommitDraft, Event, EventLog, Expectation,
 };
+use provledger_projections::planner::{
+    action_word, NODE_DETAIL, REMOVAL_DETAIL, REMOVE_NODE_ACTION, RESOURCE_REMOVED_EFFECT,
+};
 use provledger_projections::stages::stage;
 use provledger_projections::Entity;
 use uuid::Uuid;
 
 use provledger_client::deletion::{self, DeleteError, DeleteRequestOutcome};
 use provledger_client::{
-    read_entity, release_allocation, Infrastructure, OperationCtx, OperationError, OperationRunner,
-    OperationSpec, RunReport, StepError, StepOutput,
+    derived_commit_id, read_entity, release_allocation, CompensationExecutor, CompensationRequest,
+    Infrastructure, OperationCtx, OperationError, OperationRunner, OperationSpec, RunReport,
+    StepError, StepOutput,
 };
 
 use crate::executors::{DHCP, DNS, HYPERVISOR, IPAM, PLUGIN};
@@ -93,6 +97,62 @@ fn undo(action: CompensationAction, executor: &str, resource: &str) -> Compensat
         resource: resource.to_string(),
         args: BTreeMap::new(),
     }
+}
+
+/// The plugin's compensation of a configure step: forget the node. Declared so that a node
+/// removed later (scale-in, delete, a roll-forward) can find it, and so that a deletion of
+/// the target removes the plugin's record too. The planner's stage rules keep it while the
+/// node may hold data (configure, start and configure_new hold); only a deletion of the
+/// target compensates it, before the node's network and VM (plans undo in reverse).
+fn remove_node(node: Uuid) -> Compensation {
+    undo(
+        CompensationAction::Custom(REMOVE_NODE_ACTION.into()),
+        PLUGIN,
+        &node.to_string(),
+    )
+}
+
+/// Everything that undoes `node`'s existence except its VM's termination and its
+/// allocation's release, in the order it is undone: the plugin's `remove_node` first, then
+/// DNS, DHCP and IP (the reverse of their creation). Read from the operation that created
+/// the node (the one that wrote the instance's first commit): the compensations its network
+/// steps declared (found by their effect's `node` detail, since an IP or a DNS name does
+/// not name the node) and its configure step's. Empty for a node without a record.
+pub(crate) async fn node_removal<L: EventLog>(
+    log: &L,
+    node: Uuid,
+) -> Result<Vec<Compensation>, String> {
+    let commits = log
+        .read_aggregate(AggregateId::instance(node))
+        .await
+        .map_err(|e| e.to_string())?;
+    let Some(creator) = commits.first().and_then(|c| c.operation_id) else {
+        return Ok(Vec::new());
+    };
+    let op = match read_entity(log, AggregateId::operation(creator)).await {
+        Ok(Some(Entity::Operation(op))) => op,
+        Ok(_) => return Ok(Vec::new()),
+        Err(e) => return Err(e.to_string()),
+    };
+    let node = node.to_string();
+    let remove_node = CompensationAction::Custom(REMOVE_NODE_ACTION.into());
+    let mut removal: Vec<Compensation> = Vec::new();
+    for step in op.steps.iter().rev() {
+        let Some(c) = &step.compensation else {
+            continue;
+        };
+        if !matches!(c.executor, Executor::Service(_)) {
+            continue;
+        }
+        let network = step.effect.detail.get(NODE_DETAIL) == Some(&node);
+        let plugin = c.action == remove_node && c.resource == node;
+        if (network || plugin) && !removal.contains(c) {
+            removal.push(c.clone());
+        }
+    }
+    // The plugin forgets the node first, as in the rollback of a deleted target.
+    removal.sort_by_key(|c| c.action != remove_node);
+    Ok(removal)
 }
 
 /// Registers a compute node (resource provider) with a VCPU inventory of `vcpus`
@@ -314,21 +374,28 @@ impl Provisioner {
         self.network(ctx, node).await
     }
 
-    /// IP, DHCP and DNS for one node, each its own step with its own compensation.
+    /// IP, DHCP and DNS for one node, each its own step with its own compensation. Each
+    /// effect names the node in `detail["node"]`: the IP, the DHCP entry and the DNS name are
+    /// resources in their executors' terms, and a later removal of the node (scale-in,
+    /// delete, roll-forward) finds their compensations by it (`node_removal`).
     async fn network(&self, ctx: &OperationCtx, node: Uuid) -> Result<(), OperationError> {
         let infra = self.infra.clone();
         let name = format!("node-{node}");
+        let of_node = |mut done: Effect| {
+            done.detail.insert(NODE_DETAIL.into(), node.to_string());
+            done
+        };
         let ip = ctx
             .step(&format!("acquire_ip:{node}"), async {
                 let ip = infra.acquire_ip(&name).await?;
-                let done = effect(EffectKind::IpAcquired, &ip, IPAM);
+                let done = of_node(effect(EffectKind::IpAcquired, &ip, IPAM));
                 let release = undo(CompensationAction::ReleaseIp, IPAM, &ip);
                 Ok(StepOutput::with_effect(ip.clone(), done, Some(release)))
             })
             .await?;
         ctx.step(&format!("register_dhcp:{node}"), async {
             infra.act(DHCP, "register", &name).await?;
-            let mut done = effect(EffectKind::DhcpRegistered, &name, DHCP);
+            let mut done = of_node(effect(EffectKind::DhcpRegistered, &name, DHCP));
             done.detail.insert("ip".into(), ip.clone());
             let unregister = undo(CompensationAction::UnregisterDhcp, DHCP, &name);
             Ok(StepOutput::with_effect((), done, Some(unregister)))
@@ -337,15 +404,17 @@ impl Provisioner {
         let fqdn = format!("{name}.example");
         ctx.step(&format!("register_dns:{node}"), async {
             infra.act(DNS, "register", &fqdn).await?;
-            let done = effect(EffectKind::DnsRegistered, &fqdn, DNS);
+            let done = of_node(effect(EffectKind::DnsRegistered, &fqdn, DNS));
             let unregister = undo(CompensationAction::UnregisterDns, DNS, &fqdn);
             Ok(StepOutput::with_effect((), done, Some(unregister)))
         })
         .await
     }
 
-    /// A plugin action on a node that changes its data role: recorded as an effect with no
-    /// compensation (configuration is never "undone"; it is what makes a node hold data).
+    /// A plugin action on a node that changes its data role, recorded as an effect. Only a
+    /// configure step declares a compensation (`remove_node`, see [`remove_node`]); the
+    /// stage rules keep it while the node may hold data, so configuration is undone only
+    /// when the user deletes the target. Start and decommission declare none.
     async fn plugin_step(
         &self,
         ctx: &OperationCtx,
@@ -356,11 +425,12 @@ impl Provisioner {
     ) -> Result<(), OperationError> {
         let infra = self.infra.clone();
         let resource = node.to_string();
+        let compensation = (kind == EffectKind::NodeConfigured).then(|| remove_node(node));
         ctx.step(&format!("{action}:{node}"), async {
             infra.act(PLUGIN, action, &resource).await?;
             let mut done = effect(kind, &resource, PLUGIN);
             done.detail = detail;
-            Ok(StepOutput::with_effect((), done, None))
+            Ok(StepOutput::with_effect((), done, compensation))
         })
         .await
     }
@@ -378,6 +448,47 @@ impl Provisioner {
                 .await?;
         }
         Ok(())
+    }
+
+    /// Removes one resource of a node for good, forward (not as a rollback): its own step,
+    /// carried out through the executor's compensation endpoint with an id derived from the
+    /// operation and the step (so a retry is recognised), and recorded as a
+    /// `resource_removed` effect with nothing to compensate. A roll-forward of this
+    /// operation does not request it again.
+    async fn removal_step(
+        &self,
+        ctx: &OperationCtx,
+        node: Uuid,
+        removal: &Compensation,
+        step: &str,
+    ) -> Result<(), OperationError> {
+        let Executor::Service(executor) = &removal.executor else {
+            // `node_removal` lists only service-held resources; the allocation is
+            // released by `release_for`.
+            return Ok(());
+        };
+        let word = action_word(&removal.action);
+        let request = CompensationRequest {
+            operation_id: ctx.id(),
+            compensation_id: derived_commit_id(ctx.id(), step),
+            attempt: 1,
+            action: removal.action.clone(),
+            resource: removal.resource.clone(),
+            args: removal.args.clone(),
+        };
+        let infra = self.infra.clone();
+        ctx.step(step, async {
+            infra.compensate(executor, &request).await?;
+            let mut done = effect(
+                EffectKind::Custom(RESOURCE_REMOVED_EFFECT.into()),
+                &removal.resource,
+                executor,
+            );
+            done.detail.insert("action".into(), word.clone());
+            done.detail.insert(NODE_DETAIL.into(), node.to_string());
+            Ok(StepOutput::with_effect((), done, None))
+        })
+        .await
     }
 
     async fn set_status(
@@ -489,10 +600,20 @@ impl Provisioner {
                 .await?;
                 ctx.stage(stage::DECOMMISSION).await?;
                 for node in &remove {
+                    // The node's removal list goes with the decommission effect: if the
+                    // scale stops in terminate_and_create before this node is gone, the
+                    // roll-forward removes its plugin record, DNS, DHCP and IP too, not
+                    // only its VM and allocation.
+                    let removal = node_removal(ctx.ledger(), *node)
+                        .await
+                        .map_err(OperationError::Ledger)?;
+                    let removal = serde_json::to_string(&removal)
+                        .map_err(|e| OperationError::Ledger(e.to_string()))?;
                     let detail = BTreeMap::from([
                         ("cluster_id".to_string(), cluster.to_string()),
                         ("node_group".to_string(), group.clone()),
                         ("provider_id".to_string(), provider.to_string()),
+                        (REMOVAL_DETAIL.to_string(), removal),
                     ]);
                     self.plugin_step(
                         &ctx,
@@ -527,8 +648,10 @@ impl Provisioner {
             .await
     }
 
-    /// Terminates a node for good (a scale-in or a delete): the VM, then the ledger's
-    /// records of it (allocation, membership, instance).
+    /// Terminates a node for good (a scale-in or a delete): its plugin record, DNS, DHCP
+    /// and IP (each its own step), then the VM, then the ledger's records of it
+    /// (allocation, membership, instance). The network and the plugin go before the VM, so
+    /// a failing termination leaves only the VM (and the allocation) for the roll-forward.
     async fn terminate_node(
         &self,
         ctx: &OperationCtx,
@@ -537,6 +660,21 @@ impl Provisioner {
         node: Uuid,
         provider: Option<Uuid>,
     ) -> Result<(), OperationError> {
+        let removal = node_removal(ctx.ledger(), node)
+            .await
+            .map_err(OperationError::Ledger)?;
+        let mut named = Vec::new();
+        for c in &removal {
+            // `unregister_dns:<node>`; a second removal with the same action (a node with
+            // two IPs) names its resource too, so that step names and the derived request
+            // ids stay unique.
+            let mut step = format!("{}:{node}", action_word(&c.action));
+            if named.contains(&step) {
+                step = format!("{step}/{}", c.resource);
+            }
+            self.removal_step(ctx, node, c, &step).await?;
+            named.push(step);
+        }
         self.terminate_vm_step(ctx, node).await?;
         let reason = format!("terminated by operation {}", ctx.id());
         if let Some(provider) = provider {

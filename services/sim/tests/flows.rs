@@ -274,7 +274,9 @@ async fn create_failing_in_configure_keeps_the_instances_and_sets_error() {
         w.cluster(request.cluster_id).await.status,
         Some(ClusterStatus::Error)
     );
-    assert_eq!(report.plan.expect("plan").retained.len(), 10);
+    // Per node claim, VM, IP, DHCP, DNS; and node 1's configuration (its plugin record,
+    // whose `remove_node` compensation a holding stage keeps).
+    assert_eq!(report.plan.expect("plan").retained.len(), 11);
 }
 
 #[tokio::test]
@@ -403,6 +405,163 @@ async fn scale_failing_in_configure_new_keeps_the_new_nodes_and_sets_error() {
     assert_eq!(w.cluster(cluster).await.status, Some(ClusterStatus::Error));
 }
 
+// ---- removed nodes leave nothing behind ----
+
+/// What every executor holds for a node that exists: its VM, its plugin record, its DHCP
+/// and DNS entries and its IP.
+const HELD_PER_NODE: usize = 5;
+
+fn assert_nothing_left(w: &World, removed: &[Uuid]) {
+    for node in removed {
+        assert_eq!(
+            w.infra.held_for(node),
+            Vec::<String>::new(),
+            "removed node {node} left resources behind"
+        );
+    }
+}
+
+fn assert_all_held(w: &World, kept: &[Uuid]) {
+    for node in kept {
+        assert_eq!(
+            w.infra.held_for(node).len(),
+            HELD_PER_NODE,
+            "kept node {node}: {:?}",
+            w.infra.held_for(node)
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_scale_removing_two_nodes_and_adding_one_leaves_nothing_of_the_removed_nodes() {
+    // Given an active cluster of three nodes,
+    let w = world(64).await;
+    let (cluster, nodes) = active_cluster(&w, 3).await;
+    // when a scale removes two of them and adds one,
+    let report = w
+        .prov
+        .scale_cluster(cluster, "workers", nodes[..2].to_vec(), 1, w.provider)
+        .await;
+    // then it succeeded, no executor holds anything of the removed nodes, and the kept
+    // and the new node hold all of theirs.
+    let added = report.result.expect("scaled");
+    assert_eq!(report.status, Some(OperationStatus::Succeeded));
+    assert_nothing_left(&w, &nodes[..2]);
+    assert_all_held(&w, &[nodes[2], added[0]]);
+    // And each removal went plugin, DNS, DHCP, IP, then the VM (network and plugin before
+    // the VM, so a failed termination leaves only the VM to the roll-forward).
+    let op = w.operation(report.operation_id).await;
+    let n0 = nodes[0].to_string();
+    let order: Vec<String> = op
+        .steps
+        .iter()
+        .filter(|s| s.name.ends_with(&n0))
+        .map(|s| s.name.split(':').next().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "decommission",
+            "remove_node",
+            "unregister_dns",
+            "unregister_dhcp",
+            "release_ip",
+            "terminate"
+        ]
+    );
+}
+
+/// A scale of three nodes removing two, whose `call`-th hypervisor termination fails.
+async fn scale_failing_at_termination(call: u32) {
+    // Given an active cluster of three nodes and a hypervisor that fails a termination,
+    let w = world(64).await;
+    let (cluster, nodes) = active_cluster(&w, 3).await;
+    w.infra.hypervisor.fail_call("terminate_vm", call);
+    // when a scale removes two nodes and adds one,
+    let report = w
+        .prov
+        .scale_cluster(cluster, "workers", nodes[..2].to_vec(), 1, w.provider)
+        .await;
+    // then it stopped in terminate_and_create and rolled forward: both removals are
+    // finished, nothing of either node is left at any executor, the kept node keeps all.
+    assert!(
+        matches!(report.result, Err(OperationError::StepFailed { ref stage, .. }) if stage == stage::TERMINATE_AND_CREATE),
+        "call {call}: {:?}",
+        report.result
+    );
+    assert_eq!(
+        report.status,
+        Some(OperationStatus::RolledBack),
+        "call {call}"
+    );
+    assert_nothing_left(&w, &nodes[..2]);
+    assert_all_held(&w, &[nodes[2]]);
+    assert_eq!(w.members(cluster).await, vec![nodes[2]], "call {call}");
+    assert_eq!(w.allocations().await, vec![nodes[2]], "call {call}");
+    assert_eq!(w.cluster(cluster).await.status, Some(ClusterStatus::Active));
+    // The plan terminates the failed node's VM; only a node whose removal never started
+    // has its plugin record, DNS, DHCP and IP planned (the other's were removed forward).
+    let plan = report.plan.expect("plan");
+    let planned_for = |node: Uuid| -> Vec<String> {
+        plan.compensations
+            .iter()
+            .filter(|p| p.step == format!("decommission:{node}"))
+            .map(|p| provledger_projections::planner::action_word(&p.compensation.action))
+            .collect()
+    };
+    let failed = nodes[call as usize - 1];
+    assert_eq!(
+        planned_for(failed),
+        ["terminate_vm", "release_allocation"],
+        "call {call}"
+    );
+    if call == 1 {
+        assert_eq!(
+            planned_for(nodes[1]),
+            [
+                "terminate_vm",
+                "remove_node",
+                "unregister_dns",
+                "unregister_dhcp",
+                "release_ip",
+                "release_allocation"
+            ]
+        );
+    }
+}
+
+#[tokio::test]
+async fn scale_failing_at_the_first_termination_rolls_forward_and_leaves_nothing_of_both_nodes() {
+    // Node 1's VM termination fails after its network and plugin record were removed;
+    // node 2's removal never started: the roll-forward removes all of it.
+    scale_failing_at_termination(1).await;
+}
+
+#[tokio::test]
+async fn scale_failing_at_the_second_termination_rolls_forward_and_leaves_nothing_of_both_nodes() {
+    // Node 1 is removed; node 2's VM termination fails after the rest of it was removed.
+    scale_failing_at_termination(2).await;
+}
+
+#[tokio::test]
+async fn scale_failing_in_decommission_keeps_every_nodes_resources() {
+    // Given an active cluster of three nodes and a plugin that fails the second
+    // decommission,
+    let w = world(64).await;
+    let (cluster, nodes) = active_cluster(&w, 3).await;
+    w.infra.plugin.fail_call("decommission", 2);
+    // when a scale removes two nodes,
+    let report = w
+        .prov
+        .scale_cluster(cluster, "workers", nodes[..2].to_vec(), 1, w.provider)
+        .await;
+    // then the stage holds: every node keeps everything, and no compensation ran.
+    assert_eq!(report.status, Some(OperationStatus::Held));
+    assert_all_held(&w, &nodes);
+    assert_eq!(w.infra.applied_total(), 0);
+    assert_eq!(w.members(cluster).await.len(), 3);
+}
+
 // ---- delete ----
 
 #[tokio::test]
@@ -506,6 +665,72 @@ async fn delete_arriving_in_configure_cancels_the_create_and_removes_data_nodes(
 #[tokio::test]
 async fn delete_arriving_in_start_cancels_the_create() {
     delete_during_create(stage::START, "start:").await;
+}
+
+#[tokio::test]
+async fn delete_of_an_active_cluster_leaves_nothing_of_its_nodes_at_any_executor() {
+    // Given an active cluster of three nodes,
+    let w = world(64).await;
+    let (cluster, nodes) = active_cluster(&w, 3).await;
+    assert_all_held(&w, &nodes);
+    // when it is deleted,
+    let report = w
+        .prov
+        .delete_cluster(cluster, "user request")
+        .await
+        .expect("delete");
+    // then no executor holds anything of any node.
+    assert!(report.deleted);
+    assert_nothing_left(&w, &nodes);
+    assert!(w.infra.inventory().is_empty(), "{:?}", w.infra.inventory());
+}
+
+#[tokio::test]
+async fn delete_arriving_in_start_removes_the_plugin_records_of_the_configured_nodes() {
+    // Given a create of three nodes, deleted by the user once all are configured (just
+    // before the first start),
+    let w = world(64).await;
+    let request = w.cluster_request(3);
+    w.delete_before(request.cluster_id, stage::START, "start:");
+    // when the create runs,
+    let report = w.prov.create_cluster(request.clone()).await;
+    assert_eq!(report.status, Some(OperationStatus::Cancelled));
+    let op = w.operation(report.operation_id).await;
+    let nodes: Vec<Uuid> = op
+        .steps
+        .iter()
+        .filter(|s| s.effect.kind == EffectKind::VmCreated)
+        .map(|s| s.effect.resource.parse().expect("a node id"))
+        .collect();
+    assert_eq!(nodes.len(), 3);
+    // then its rollback removed everything of every node, the plugin's records included,
+    assert_nothing_left(&w, &nodes);
+    assert!(w.infra.inventory().is_empty(), "{:?}", w.infra.inventory());
+    // each node's plugin record before its network and its VM,
+    let plan = report.plan.expect("plan");
+    for node in &nodes {
+        let at = |action: CompensationAction| {
+            plan.compensations
+                .iter()
+                .position(|p| {
+                    p.compensation.action == action
+                        && p.step.ends_with(&node.to_string())
+                        && (p.compensation.resource.contains(&node.to_string()))
+                })
+                .unwrap_or_else(|| panic!("{action:?} of {node} not planned"))
+        };
+        let plugin = at(CompensationAction::Custom("remove_node".into()));
+        assert!(plugin < at(CompensationAction::UnregisterDns));
+        assert!(plugin < at(CompensationAction::TerminateVm));
+    }
+    // and finishing the delete leaves it so.
+    let finish = w
+        .prov
+        .delete_cluster(request.cluster_id, "again")
+        .await
+        .expect("delete");
+    assert!(finish.deleted);
+    assert_nothing_left(&w, &nodes);
 }
 
 // ---- boot instance and bundles ----
