@@ -100,7 +100,11 @@ fn demo_is_deterministic_and_removes_what_it_says_it_removes() {
     assert_eq!(run_a.len(), 6, "six scenarios");
     // And no executor holds anything of a node a scenario removed
     let report: serde_json::Value = serde_json::from_slice(
-        &provledger(&["--json", "--data-dir", a.path().to_str().unwrap(), "demo"], "").stdout,
+        &provledger(
+            &["--json", "--data-dir", a.path().to_str().unwrap(), "demo"],
+            "",
+        )
+        .stdout,
     )
     .unwrap();
     for s in report["scenarios"].as_array().unwrap() {
@@ -152,7 +156,10 @@ fn demo_prints_each_commit_once_within_120_columns_with_names() {
     assert!(stdout.contains("op create_cluster#1"), "{stdout}");
     // And it says where its data is and how to look at it with the same command.
     assert!(stdout.contains("DIR="), "{stdout}");
-    assert!(stdout.contains("--data-dir \"$DIR\" history cluster/"), "{stdout}");
+    assert!(
+        stdout.contains("--data-dir \"$DIR\" history cluster/"),
+        "{stdout}"
+    );
 }
 
 #[test]

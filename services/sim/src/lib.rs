@@ -16,8 +16,8 @@
 //! lives in the client library's operation runner.
 
 pub mod demo;
-pub mod executors;
-pub mod flows;
+mod executors;
+mod flows;
 
 pub use executors::{SimExecutor, SimInfrastructure, DHCP, DNS, HYPERVISOR, IPAM, PLUGIN};
 pub use flows::{
