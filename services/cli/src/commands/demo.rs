@@ -113,7 +113,10 @@ fn print_scenario(report: &DemoReport, scenario: &ScenarioReport) {
         "{}",
         fit(&format!(
             "  afterwards: {} is {} ({}), {} member(s)",
-            a.cluster_label, a.status, a.description, a.members
+            a.cluster_label,
+            a.status,
+            report.names.shorten(&a.description),
+            a.members
         ))
     );
     println!(
