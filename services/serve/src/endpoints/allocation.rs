@@ -1,0 +1,32 @@
+//! `q.allocation.by_consumer`: what every provider has allocated to one consumer.
+
+use provledger_events::AggregateId;
+use provledger_projections::Entity;
+use serde_json::{json, Value};
+
+use super::error::QueryError;
+use super::request::{check_fields, object, opt_u64, req_uuid};
+use super::QueryContext;
+
+pub(crate) async fn by_consumer(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
+    let req = object(payload)?;
+    check_fields(&req, &["consumer", "min_position"])?;
+    let consumer = req_uuid(&req, "consumer")?;
+    ctx.wait_for(opt_u64(&req, "min_position")?).await?;
+    let mut out = Vec::new();
+    for provider in ctx.store.providers_of_consumer(&consumer)? {
+        let id = AggregateId::provider(provider);
+        if let Some(Entity::Provider(p)) = ctx.store.entity(&id)? {
+            if let Some(a) = p.allocations.get(&consumer) {
+                out.push(json!({
+                    "provider_id": provider,
+                    "provider_name": p.name,
+                    "consumer": consumer,
+                    "consumer_kind": a.consumer_kind,
+                    "resources": a.resources,
+                }));
+            }
+        }
+    }
+    Ok(Value::Array(out))
+}

@@ -1,0 +1,88 @@
+//! `q.cluster.get`, `q.instance.get`, `q.provider.get`, `q.operation.get`,
+//! `q.cluster.list` and `q.instance.list`: projected entities, one or a filtered page.
+
+use provledger_events::{AggregateId, AggregateKind};
+use provledger_projections::Entity;
+use serde_json::{Map, Value};
+
+use super::error::{bad, ErrorCode, QueryError};
+use super::request::{check_fields, object, opt_str, opt_u64, opt_uuid, req_uuid};
+use super::QueryContext;
+
+/// Default and maximum `limit` of the list endpoints.
+const LIST_LIMIT_DEFAULT: usize = 100;
+const LIST_LIMIT_MAX: usize = 1000;
+
+/// The entity `id` of `kind`, once the projection has applied `min_position`.
+pub(crate) async fn get(
+    ctx: &QueryContext,
+    payload: &[u8],
+    kind: AggregateKind,
+) -> Result<Value, QueryError> {
+    let req = object(payload)?;
+    check_fields(&req, &["id", "min_position"])?;
+    let id = AggregateId::new(kind, req_uuid(&req, "id")?);
+    ctx.wait_for(opt_u64(&req, "min_position")?).await?;
+    match ctx.store.entity(&id)? {
+        Some(entity) => Ok(entity.view()),
+        None => Err(QueryError::new(
+            ErrorCode::NotFound,
+            format!("{id} has no commit in the log applied so far"),
+        )),
+    }
+}
+
+/// Clusters, optionally of one `status`.
+pub(crate) fn cluster_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
+    let req = object(payload)?;
+    check_fields(&req, &["status", "limit", "after"])?;
+    let status = opt_str(&req, "status")?.map(str::to_string);
+    list(ctx, &req, AggregateKind::Cluster, |e| {
+        status.as_deref().is_none_or(|s| e.status_word() == s)
+    })
+}
+
+/// Instances, optionally of one cluster, on one host or in one task state.
+pub(crate) fn instance_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
+    let req = object(payload)?;
+    check_fields(
+        &req,
+        &["cluster_id", "host", "task_state", "limit", "after"],
+    )?;
+    let cluster = opt_uuid(&req, "cluster_id")?;
+    let host = opt_str(&req, "host")?.map(str::to_string);
+    let task = opt_str(&req, "task_state")?.map(str::to_string);
+    list(ctx, &req, AggregateKind::Instance, |e| {
+        let Entity::Instance(i) = e else { return false };
+        cluster.is_none_or(|c| i.cluster_id == Some(c))
+            && host.as_deref().is_none_or(|h| i.host.as_deref() == Some(h))
+            && task.as_deref().is_none_or(|t| {
+                serde_json::to_value(i.task_state).ok() == Some(Value::String(t.to_string()))
+            })
+    })
+}
+
+/// Up to `limit` entities of `kind` that `keep` accepts, in id order after `after`.
+fn list(
+    ctx: &QueryContext,
+    req: &Map<String, Value>,
+    kind: AggregateKind,
+    keep: impl Fn(&Entity) -> bool,
+) -> Result<Value, QueryError> {
+    let limit = opt_u64(req, "limit")?.map_or(LIST_LIMIT_DEFAULT, |l| l as usize);
+    if limit == 0 || limit > LIST_LIMIT_MAX {
+        return Err(bad("limit", format!("must be 1..={LIST_LIMIT_MAX}")));
+    }
+    let after = opt_uuid(req, "after")?;
+    let mut items = Vec::new();
+    for entity in ctx.store.entities_of(kind, after) {
+        let entity = entity?;
+        if keep(&entity) {
+            items.push(entity.view());
+            if items.len() == limit {
+                break;
+            }
+        }
+    }
+    Ok(Value::Array(items))
+}
