@@ -476,16 +476,31 @@ async fn sigkill_during_a_load_loses_and_duplicates_nothing() {
     for round in 0..ROUNDS {
         let chunk = &steps[round * per_round..(round + 1) * per_round];
         wait_position(&client, 0).await;
+        // The kill lands after a round-dependent share of the chunk is appended, and the
+        // load waits for it before going on: during the load on any machine, however fast
+        // (a timer could fire after a fast machine's load had already finished).
+        let kill_after = chunk.len() * (1 + round) / (ROUNDS + 2);
+        let (reached, reached_rx) = tokio::sync::oneshot::channel::<()>();
+        let (killed_tx, killed_rx) = tokio::sync::oneshot::channel::<()>();
         let load = async {
-            for (agg, events) in chunk {
+            let (mut reached, mut killed_rx) = (Some(reached), Some(killed_rx));
+            for (i, (agg, events)) in chunk.iter().enumerate() {
+                if i == kill_after {
+                    if let (Some(r), Some(k)) = (reached.take(), killed_rx.take()) {
+                        let _ = r.send(());
+                        let _ = k.await;
+                    }
+                }
                 append(&log, *agg, events.clone()).await;
             }
             Instant::now()
         };
         let killer = async {
-            tokio::time::sleep(Duration::from_millis(40 + 30 * round as u64)).await;
+            let _ = reached_rx.await;
             serve.kill();
-            Instant::now()
+            let killed = Instant::now();
+            let _ = killed_tx.send(());
+            killed
         };
         let (load_done, killed) = tokio::join!(load, killer);
         assert!(
