@@ -199,7 +199,7 @@ pub enum ChainViolation {
         version: u64,
         position: u64,
     },
-    #[error("{aggregate} v{version} at position {position}: prev_hash does not link to v{}", version - 1)]
+    #[error("{aggregate} v{version} at position {position}: prev_hash does not link to v{}", version.saturating_sub(1))]
     BrokenLink {
         aggregate: AggregateId,
         version: u64,
@@ -218,6 +218,57 @@ pub enum ChainViolation {
         found: AggregateId,
         position: u64,
     },
+}
+
+impl ChainViolation {
+    /// The version the violation is at (for a gap: the version found).
+    pub fn version(&self) -> u64 {
+        match self {
+            ChainViolation::HashMismatch { version, .. }
+            | ChainViolation::BrokenLink { version, .. } => *version,
+            ChainViolation::VersionGap { found, .. } => *found,
+            ChainViolation::ForeignCommit { .. } => 0,
+        }
+    }
+
+    pub fn position(&self) -> u64 {
+        match self {
+            ChainViolation::HashMismatch { position, .. }
+            | ChainViolation::BrokenLink { position, .. }
+            | ChainViolation::VersionGap { position, .. }
+            | ChainViolation::ForeignCommit { position, .. } => *position,
+        }
+    }
+}
+
+/// A read found a stored commit that is not what was written: the typed error every read
+/// path returns instead of a state folded from it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("integrity: {aggregate} v{version} at position {position}: {problem}; the stored log was altered or damaged, run `provledger audit`")]
+pub struct IntegrityError {
+    pub aggregate: AggregateId,
+    pub version: u64,
+    pub position: u64,
+    pub problem: String,
+}
+
+impl IntegrityError {
+    pub fn from_violation(aggregate: AggregateId, violation: &ChainViolation) -> Self {
+        IntegrityError {
+            aggregate,
+            version: violation.version(),
+            position: violation.position(),
+            problem: violation.to_string(),
+        }
+    }
+}
+
+/// The first break in one aggregate's chain (see [`verify_chain`]), as an integrity error.
+pub fn check_chain(aggregate: &AggregateId, commits: &[Commit]) -> Result<(), IntegrityError> {
+    match verify_chain(aggregate, commits).first() {
+        None => Ok(()),
+        Some(v) => Err(IntegrityError::from_violation(*aggregate, v)),
+    }
 }
 
 /// Checks one aggregate's commits, oldest first: versions 1..n without gaps, each hash

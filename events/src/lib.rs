@@ -13,7 +13,9 @@ pub mod ids;
 pub mod log;
 
 pub use catalogue::Event;
-pub use commit::{verify_chain, ChainViolation, Commit, CommitDraft, InvalidCommit};
+pub use commit::{
+    check_chain, verify_chain, ChainViolation, Commit, CommitDraft, IntegrityError, InvalidCommit,
+};
 pub use ids::{AggregateId, AggregateKind, Hash, Timestamp};
 pub use log::{
     AppendError, AppendOutcome, AppendStatus, CommitStream, EventLog, Expectation, JetStreamConfig,

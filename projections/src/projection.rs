@@ -4,11 +4,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use provledger_events::{AggregateId, AggregateKind, Commit};
+use provledger_events::{AggregateId, AggregateKind, Commit, Event};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::ClusterState;
-use crate::entity::{EventContext, Header};
+use crate::entity::{EventContext, FoldResult, Header};
 use crate::instance::InstanceState;
 use crate::operation::OperationState;
 use crate::provider::ProviderState;
@@ -48,6 +48,20 @@ impl Entity {
             AggregateKind::Provider => Entity::Provider(ProviderState::new(id)),
             AggregateKind::Operation => Entity::Operation(OperationState::new(id)),
         }
+    }
+
+    /// The state of `id` folded from its commits, oldest first; `None` without commits.
+    pub fn fold<'a>(
+        id: AggregateId,
+        commits: impl IntoIterator<Item = &'a Commit>,
+    ) -> Option<Self> {
+        let mut commits = commits.into_iter().peekable();
+        commits.peek()?;
+        let mut entity = Entity::new(id);
+        for commit in commits {
+            entity.apply(commit);
+        }
+        Some(entity)
     }
 
     pub fn header(&self) -> &Header {
@@ -138,16 +152,31 @@ impl Entity {
         header.last_position = commit.position;
         header.updated_at = Some(commit.recorded_at);
         for event in &commit.events {
-            let result = match self {
-                Entity::Cluster(s) => s.apply_event(event, &ctx),
-                Entity::Instance(s) => s.apply_event(event, &ctx),
-                Entity::Provider(s) => s.apply_event(event, &ctx),
-                Entity::Operation(s) => s.apply_event(event, &ctx),
-            };
-            if let Err(problem) = result {
+            if let Err(problem) = self.fold_event(event, &ctx) {
                 self.header_mut()
                     .record_anomaly(&ctx, event.name(), problem);
             }
+        }
+    }
+
+    /// Folds one event into the entity's own state (not the header's bookkeeping).
+    pub(crate) fn fold_event(&mut self, event: &Event, ctx: &EventContext) -> FoldResult {
+        match self {
+            Entity::Cluster(s) => s.apply_event(event, ctx),
+            Entity::Instance(s) => s.apply_event(event, ctx),
+            Entity::Provider(s) => s.apply_event(event, ctx),
+            Entity::Operation(s) => s.apply_event(event, ctx),
+        }
+    }
+
+    /// Whether the aggregate's creating event has been folded (a cluster requested, an
+    /// instance booted, a provider registered, an operation started).
+    pub fn is_created(&self) -> bool {
+        match self {
+            Entity::Cluster(s) => s.status.is_some(),
+            Entity::Instance(s) => s.vm_state.is_some(),
+            Entity::Provider(s) => s.status.is_some(),
+            Entity::Operation(s) => s.status.is_some(),
         }
     }
 

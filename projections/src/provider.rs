@@ -18,6 +18,46 @@ pub enum ProviderStatus {
     Deleted,
 }
 
+/// Why one resource class of a claim does not fit. The snake_case names are stable: they
+/// are the `reason` of a refused claim at the NATS boundary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClaimReason {
+    NoInventory,
+    BelowMinUnit,
+    AboveMaxUnit,
+    StepSize,
+    OverCapacity,
+}
+
+impl ClaimReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimReason::NoInventory => "no_inventory",
+            ClaimReason::BelowMinUnit => "below_min_unit",
+            ClaimReason::AboveMaxUnit => "above_max_unit",
+            ClaimReason::StepSize => "step_size",
+            ClaimReason::OverCapacity => "over_capacity",
+        }
+    }
+}
+
+/// One resource class of a claim that does not fit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClassRefusal {
+    pub resource_class: String,
+    pub requested: u64,
+    pub reason: ClaimReason,
+    pub detail: String,
+}
+
+/// A claim that does not fit, with every class that does not, in class order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{}", self.classes.iter().map(|c| c.detail.as_str()).collect::<Vec<_>>().join("; "))]
+pub struct ClaimRefusal {
+    pub classes: Vec<ClassRefusal>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocation {
     pub consumer_kind: ConsumerKind,
@@ -67,24 +107,52 @@ impl ProviderState {
 
     /// Whether a claim fits, Placement's way: every class inventoried, within
     /// min_unit..=max_unit, a multiple of step_size, and within capacity once the
-    /// consumer's previous allocation (which the claim replaces) is given back.
-    pub fn check_claim(&self, consumer: &Uuid, resources: &BTreeMap<String, u64>) -> FoldResult {
+    /// consumer's previous allocation (which the claim replaces) is given back. A claim is
+    /// all or nothing: every class that does not fit is named, with its reason.
+    pub fn check_claim(
+        &self,
+        consumer: &Uuid,
+        resources: &BTreeMap<String, u64>,
+    ) -> Result<(), ClaimRefusal> {
         let previous = self.allocations.get(consumer);
+        let mut classes = Vec::new();
         for (rc, amount) in resources {
-            let Some(inv) = self.inventories.get(rc) else {
-                return Err(format!("no {rc} inventory; claim not applied"));
+            let refuse = |reason: ClaimReason, detail: String| ClassRefusal {
+                resource_class: rc.clone(),
+                requested: *amount,
+                reason,
+                detail,
             };
-            if *amount < inv.min_unit || *amount > inv.max_unit {
-                return Err(format!(
-                    "{rc} {amount} outside {}..={}; claim not applied",
-                    inv.min_unit, inv.max_unit
+            let Some(inv) = self.inventories.get(rc) else {
+                classes.push(refuse(
+                    ClaimReason::NoInventory,
+                    format!("no {rc} inventory"),
                 ));
+                continue;
+            };
+            if *amount < inv.min_unit {
+                classes.push(refuse(
+                    ClaimReason::BelowMinUnit,
+                    format!("{rc} {amount} is below min_unit {}", inv.min_unit),
+                ));
+                continue;
+            }
+            if *amount > inv.max_unit {
+                classes.push(refuse(
+                    ClaimReason::AboveMaxUnit,
+                    format!("{rc} {amount} is above max_unit {}", inv.max_unit),
+                ));
+                continue;
             }
             if inv.step_size > 1 && amount % inv.step_size != 0 {
-                return Err(format!(
-                    "{rc} {amount} is not a multiple of step_size {}; claim not applied",
-                    inv.step_size
+                classes.push(refuse(
+                    ClaimReason::StepSize,
+                    format!(
+                        "{rc} {amount} is not a multiple of step_size {}",
+                        inv.step_size
+                    ),
                 ));
+                continue;
             }
             let used = self.usage.get(rc).copied().unwrap_or(0);
             let given_back = previous
@@ -93,13 +161,17 @@ impl ProviderState {
                 .unwrap_or(0);
             let after = used.saturating_sub(given_back).saturating_add(*amount);
             if after > inv.capacity() {
-                return Err(format!(
-                    "{rc} over capacity: {after} > {}; claim not applied",
-                    inv.capacity()
+                classes.push(refuse(
+                    ClaimReason::OverCapacity,
+                    format!("{rc} over capacity: {after} > {}", inv.capacity()),
                 ));
             }
         }
-        Ok(())
+        if classes.is_empty() {
+            Ok(())
+        } else {
+            Err(ClaimRefusal { classes })
+        }
     }
 
     fn remove_allocation(&mut self, consumer: &Uuid) -> Option<Allocation> {
@@ -170,7 +242,8 @@ impl ProviderState {
                 if status != ProviderStatus::Active {
                     return Err("claim on a provider being deleted; not applied".into());
                 }
-                self.check_claim(consumer, resources)?;
+                self.check_claim(consumer, resources)
+                    .map_err(|refusal| format!("{refusal}; claim not applied"))?;
                 self.remove_allocation(consumer);
                 for (rc, amount) in resources {
                     *self.usage.entry(rc.clone()).or_insert(0) += amount;

@@ -17,12 +17,11 @@ fn provledger(args: &[&str], stdin: &str) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
+    // A command that refuses its arguments exits before reading stdin: the pipe is then
+    // closed, which is not the test's concern.
+    if let Err(e) = child.stdin.take().unwrap().write_all(stdin.as_bytes()) {
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
+    }
     child.wait_with_output().unwrap()
 }
 
@@ -278,11 +277,52 @@ fn append_history_round_trip(global: &[&str]) {
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 
+    // The decider refuses what the fold would not apply, and writes nothing: a delete of
+    // nothing, a second delete, and a change that would bring a deleting cluster back.
+    let out = run(
+        with(&[
+            "append",
+            "cluster/0190c0de-0000-7000-8000-0000000000ff",
+            "--expect",
+            "any",
+            "--events",
+            "-",
+        ]),
+        r#"[{"cluster_delete_requested": {"reason": "user"}}]"#,
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("does not exist"), "{}", text(&out));
+    let out = run(
+        with(&["append", CLUSTER, "--expect", "any", "--events", "-"]),
+        r#"[{"cluster_delete_requested": {"reason": "user"}}]"#,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = run(
+        with(&[
+            "--json", "append", CLUSTER, "--expect", "any", "--events", "-",
+        ]),
+        r#"[{"cluster_delete_requested": {"reason": "again"}}]"#,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reply["status"], "already_deleting", "{reply}");
+    assert_eq!(reply["version"], 3);
+    let out = run(
+        with(&["append", CLUSTER, "--expect", "any", "--events", "-"]),
+        r#"[{"cluster_status_changed": {"status": "active", "description": "back"}}]"#,
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("is deleting"), "{}", text(&out));
+
     let out = run(with(&["--json", "history", CLUSTER]), "");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let history: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let commits = history["commits"].as_array().unwrap();
-    assert_eq!(commits.len(), 2);
+    assert_eq!(
+        commits.len(),
+        3,
+        "created, active, delete requested: nothing else"
+    );
     assert_eq!(commits[0]["commit_id"], commit_id);
     assert_eq!(
         commits[1]["events"][0]["cluster_status_changed"]["status"],

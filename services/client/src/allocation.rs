@@ -1,10 +1,11 @@
 //! Releasing an allocation with the provider's exact version: shared by the rollback
 //! driver's ledger-internal compensation and the provisioning flows' terminations.
 
-use provledger_events::{AggregateId, AppendError, CommitDraft, Event, EventLog, Expectation};
+use provledger_events::{AggregateId, CommitDraft, Event, EventLog, Expectation};
 use provledger_projections::Entity;
 
 use crate::ledger::read_entity;
+use crate::write::{record, RecordError};
 
 /// Releases `consumer`'s allocation on `provider` if it is still there (idempotent: no
 /// provider or no allocation is success). The release is appended with the provider's exact
@@ -35,16 +36,16 @@ pub async fn release_allocation<L: EventLog>(
             consumer,
             reason: reason.to_string(),
         };
-        match log
-            .append(
-                provider,
-                Expectation::Exactly(state.header.version),
-                draft(vec![released]),
-            )
-            .await
+        match record(
+            log,
+            provider,
+            Expectation::Exactly(state.header.version),
+            draft(vec![released]),
+        )
+        .await
         {
             Ok(_) => return Ok(()),
-            Err(AppendError::Conflict { .. }) => continue,
+            Err(RecordError::Conflict { .. }) => continue,
             Err(e) => return Err(e.to_string()),
         }
     }

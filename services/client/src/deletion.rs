@@ -9,13 +9,15 @@
 //! and `serve` re-runs the idempotent ones it can (noticing, completing) from the log.
 
 use provledger_events::catalogue::{ClusterStatus, OperationKind, VmState};
-use provledger_events::{AggregateId, AggregateKind, Event, EventLog, Expectation};
-use provledger_projections::{DeletionState, Entity};
+use provledger_events::{AggregateId, AggregateKind, Event, Expectation};
+use provledger_projections::decide::{AlreadyDone, AppendRejection};
+use provledger_projections::Entity;
 use uuid::Uuid;
 
 use crate::cancel::CancelNotices;
 use crate::clock::Stamper;
 use crate::ledger::{derived_commit_id, read_entity, Ledger};
+use crate::write::{RecordError, Recorded};
 
 /// What a delete request found. Repeating a delete is idempotent and says so.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,17 +77,30 @@ pub async fn request_delete(
         },
         _ => return Err(DeleteError::WrongKind(target)),
     };
-    let (outcome, request) = match entity.deletion_state() {
-        Some(DeletionState::Deleted) => (DeleteRequestOutcome::AlreadyDeleted, None),
-        Some(DeletionState::Deleting) => (DeleteRequestOutcome::AlreadyDeleting, None),
-        None => (DeleteRequestOutcome::Requested, Some(request)),
+    // Decided at the exact version appended: a delete racing another one is recorded once,
+    // and the loser learns it is already deleting.
+    let outcome = match ledger
+        .record(
+            target,
+            Expectation::Any,
+            stamper.draft(actor, vec![request]),
+        )
+        .await
+    {
+        Ok(Recorded::Appended(_)) => DeleteRequestOutcome::Requested,
+        Ok(Recorded::AlreadyDone {
+            outcome: AlreadyDone::AlreadyDeleting,
+            ..
+        }) => DeleteRequestOutcome::AlreadyDeleting,
+        Ok(Recorded::AlreadyDone {
+            outcome: AlreadyDone::AlreadyDeleted,
+            ..
+        }) => DeleteRequestOutcome::AlreadyDeleted,
+        Err(RecordError::Rejected(AppendRejection::NotFound { .. })) => {
+            return Ok((DeleteRequestOutcome::Unknown, None))
+        }
+        Err(e) => return Err(ledger_error(e)),
     };
-    if let Some(event) = request {
-        ledger
-            .append(target, Expectation::Any, stamper.draft(actor, vec![event]))
-            .await
-            .map_err(ledger_error)?;
-    }
     let cancelled = match cancellable_in_flight(&entity) {
         Some(op) => notice_target_deletion(ledger, notices, op, reason, actor, stamper)
             .await?
@@ -125,7 +140,7 @@ pub async fn notice_target_deletion(
         .with_operation(op);
     draft.commit_id = derived_commit_id(op, "target_deletion_noticed");
     ledger
-        .append(AggregateId::operation(op), Expectation::Any, draft)
+        .record(AggregateId::operation(op), Expectation::Any, draft)
         .await
         .map_err(ledger_error)?;
     notices.publish(op, reason).await;
@@ -177,7 +192,7 @@ pub async fn complete_deletion(
     let mut draft = stamper.draft(actor, vec![event]);
     draft.commit_id = derived_commit_id(target.id, "deleted");
     ledger
-        .append(target, Expectation::Any, draft)
+        .record(target, Expectation::Any, draft)
         .await
         .map_err(ledger_error)?;
     Ok(true)

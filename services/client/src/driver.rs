@@ -16,7 +16,7 @@ use provledger_events::catalogue::{
     PlannedCompensation, RollbackOutcome, RollbackPlan, TargetOutcome, VmState,
 };
 use provledger_events::{
-    AggregateId, AggregateKind, AppendError, CommitDraft, Event, EventLog, Expectation, Timestamp,
+    AggregateId, AggregateKind, CommitDraft, Event, EventLog, Expectation, Timestamp,
 };
 use provledger_projections::operation::OperationState;
 use provledger_projections::planner::{plan_rollback, PlanRefusal};
@@ -28,6 +28,7 @@ use crate::allocation::release_allocation;
 use crate::clock::Stamper;
 use crate::executors::{CompensationExecutor, CompensationRequest};
 use crate::ledger::{derived_commit_id, read_entity, Ledger};
+use crate::write::RecordError;
 
 /// Driver steps per `drive` call. Each step records something or waits at most
 /// `RECHECK_MS_MAX`; a plan has at most a few thousand compensations with a bounded number
@@ -164,7 +165,7 @@ impl RollbackDriver {
         let id = op.header.id;
         match self
             .ledger
-            .append(
+            .record(
                 id,
                 Expectation::Exactly(op.header.version),
                 self.draft(id.id, events),
@@ -172,7 +173,7 @@ impl RollbackDriver {
             .await
         {
             Ok(_) => Ok(true),
-            Err(AppendError::Conflict { .. }) => Ok(false),
+            Err(RecordError::Conflict { .. }) => Ok(false),
             Err(e) => Err(ledger_error(e)),
         }
     }
@@ -242,7 +243,7 @@ impl RollbackDriver {
                 };
                 let draft = self.fact(id, derived_commit_id(c, &what), vec![event]);
                 self.ledger
-                    .append(op.header.id, Expectation::Any, draft)
+                    .record(op.header.id, Expectation::Any, draft)
                     .await
                     .map_err(ledger_error)?;
                 Ok(DriveStep::Progressed)
@@ -355,7 +356,7 @@ impl RollbackDriver {
                 events,
             );
             self.ledger
-                .append(instance, Expectation::Any, draft)
+                .record(instance, Expectation::Any, draft)
                 .await
                 .map_err(|e| e.to_string())?;
         }
@@ -383,7 +384,7 @@ impl RollbackDriver {
                     vec![left],
                 );
                 self.ledger
-                    .append(cluster, Expectation::Any, draft)
+                    .record(cluster, Expectation::Any, draft)
                     .await
                     .map_err(|e| e.to_string())?;
             }
@@ -476,7 +477,7 @@ impl RollbackDriver {
             events,
         );
         self.ledger
-            .append(target, Expectation::Any, draft)
+            .record(target, Expectation::Any, draft)
             .await
             .map_err(ledger_error)?;
         Ok(())

@@ -77,6 +77,17 @@ impl Ledger {
         }
     }
 
+    /// Writes through the one decided write path ([`crate::write::record`]): the commit is
+    /// appended only if the fold applies it, at exactly the version it was decided at.
+    pub async fn record(
+        &self,
+        aggregate: AggregateId,
+        expect: Expectation,
+        draft: CommitDraft,
+    ) -> Result<crate::write::Recorded, crate::write::RecordError> {
+        crate::write::record(self, aggregate, expect, draft).await
+    }
+
     /// Flushes and releases what the ledger holds (the data-dir lock when embedded).
     pub fn close(self) {
         if let Ledger::Embedded(log) = self {
@@ -134,14 +145,7 @@ pub async fn read_entity<L: EventLog>(
     aggregate: AggregateId,
 ) -> Result<Option<Entity>, ReadError> {
     let commits = log.read_aggregate(aggregate).await?;
-    if commits.is_empty() {
-        return Ok(None);
-    }
-    let mut entity = Entity::new(aggregate);
-    for commit in &commits {
-        entity.apply(commit);
-    }
-    Ok(Some(entity))
+    Ok(Entity::fold(aggregate, &commits))
 }
 
 /// A deterministic commit id for a driver or deleter write, so that a retry or a racing

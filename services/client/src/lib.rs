@@ -4,6 +4,8 @@
 //! - [`Ledger`]: the configured event log (embedded sled, or JetStream when a NATS URL is
 //!   given) behind one `EventLog`, and [`read_entity`], an aggregate's state folded from
 //!   the log itself;
+//! - [`write`]: the one write path ([`write::record`], [`Ledger::record`]): read, decide
+//!   with the pure append decider, append at exactly that version;
 //! - [`OperationRunner`]: the one entry point through which a service runs an operation.
 //!   It records the start, each stage and step with its effect and compensation, and
 //!   catches every error, panic and cancellation in one place (Sahara's problems 1 and 2);
@@ -28,6 +30,7 @@ mod executors;
 mod ledger;
 mod port;
 mod runner;
+pub mod write;
 
 pub use allocation::release_allocation;
 pub use cancel::CancelNotices;

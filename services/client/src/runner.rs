@@ -12,11 +12,8 @@ use futures::FutureExt;
 use provledger_events::catalogue::{
     BundlePolicy, Compensation, Effect, OperationKind, OperationOutcome, RollbackPlan,
 };
-use provledger_events::{
-    AggregateId, AggregateKind, AppendError, AppendOutcome, CommitDraft, Event, EventLog,
-    Expectation,
-};
-use provledger_projections::decide::{admit_append, AppendRejection};
+use provledger_events::{AggregateId, AggregateKind, CommitDraft, Event, Expectation};
+use provledger_projections::decide::AppendRejection;
 use provledger_projections::operation::{OperationState, OperationStatus};
 use provledger_projections::stages::stages_of;
 use provledger_projections::Entity;
@@ -27,6 +24,7 @@ use crate::cancel::CancelNotices;
 use crate::clock::Stamper;
 use crate::driver::RollbackDriver;
 use crate::ledger::{read_entity, Ledger};
+use crate::write::{RecordError, Recorded};
 
 /// Appends to the operation retried after a version conflict (each conflict means another
 /// writer, a canceller or a deleter, got in between).
@@ -108,6 +106,10 @@ pub enum OperationError {
     /// between); the caller re-reads and decides again.
     #[error("conflict on {aggregate}: actual version is {actual}")]
     Conflict { aggregate: AggregateId, actual: u64 },
+    /// The append decider refused a write: the fold would not apply it (a claim that does
+    /// not fit, an event on an aggregate that does not exist, an impossible transition).
+    #[error("{0}")]
+    Rejected(AppendRejection),
     #[error("the event log failed: {0}")]
     Ledger(String),
 }
@@ -362,7 +364,7 @@ impl OperationRunner {
             .with_operation(spec.id);
         let outcome = self
             .ledger
-            .append(op, Expectation::NoStream, draft)
+            .record(op, Expectation::NoStream, draft)
             .await
             .map_err(|e| OperationError::NotStarted {
                 operation: spec.id,
@@ -380,7 +382,7 @@ impl OperationRunner {
                 step_hook: self.step_hook.clone(),
                 notice,
                 state: Mutex::new(CtxState {
-                    version: outcome.version,
+                    version: outcome.version(),
                     stage: None,
                     step: None,
                     stop: None,
@@ -509,7 +511,7 @@ impl OperationCtx {
             match self
                 .inner
                 .ledger
-                .append(
+                .record(
                     op,
                     Expectation::Exactly(version),
                     self.draft(events.clone()),
@@ -517,10 +519,10 @@ impl OperationCtx {
                 .await
             {
                 Ok(outcome) => {
-                    self.lock().version = outcome.version;
+                    self.lock().version = outcome.version();
                     return Ok(());
                 }
-                Err(AppendError::Conflict { .. }) => {
+                Err(RecordError::Conflict { .. }) => {
                     self.refresh().await?;
                     if !record_anyway {
                         self.check_cancelled().await?;
@@ -548,7 +550,7 @@ impl OperationCtx {
                 events.push(marker);
                 self.inner
                     .ledger
-                    .append(spec.target, Expectation::NoStream, self.draft(events))
+                    .record(spec.target, Expectation::NoStream, self.draft(events))
                     .await
                     .map_err(|e| OperationError::NotStarted {
                         operation: spec.id,
@@ -641,33 +643,25 @@ impl OperationCtx {
         aggregate: AggregateId,
         expect: Expectation,
         events: Vec<Event>,
-    ) -> Result<AppendOutcome, OperationError> {
+    ) -> Result<Recorded, OperationError> {
         self.check_cancelled().await?;
-        if matches!(
-            aggregate.kind,
-            AggregateKind::Cluster | AggregateKind::Instance
-        ) {
-            let entity = read_entity(&self.inner.ledger, aggregate)
-                .await
-                .map_err(ledger_error)?;
-            if let Err(AppendRejection::TargetDeleted { state, .. }) =
-                admit_append(entity.as_ref(), &events)
-            {
-                let stop = Stop::TargetDeleted(format!("{aggregate} is {state}"));
-                self.lock().stop = Some(stop.clone());
-                return Err(self.stop_error(&stop));
-            }
-        }
         match self
             .inner
             .ledger
-            .append(aggregate, expect, self.draft(events))
+            .record(aggregate, expect, self.draft(events))
             .await
         {
-            Err(AppendError::Conflict { actual, .. }) => {
+            Ok(recorded) => Ok(recorded),
+            Err(RecordError::Conflict { actual, .. }) => {
                 Err(OperationError::Conflict { aggregate, actual })
             }
-            other => other.map_err(ledger_error),
+            Err(RecordError::Rejected(AppendRejection::TargetDeleted { state, .. })) => {
+                let stop = Stop::TargetDeleted(format!("{aggregate} is {state}"));
+                self.lock().stop = Some(stop.clone());
+                Err(self.stop_error(&stop))
+            }
+            Err(RecordError::Rejected(rejection)) => Err(OperationError::Rejected(rejection)),
+            Err(e) => Err(ledger_error(e)),
         }
     }
 
@@ -691,7 +685,7 @@ impl OperationCtx {
             };
             self.inner
                 .ledger
-                .append(
+                .record(
                     self.inner.target,
                     Expectation::Any,
                     self.draft(vec![cleared]),

@@ -15,7 +15,9 @@
 //! - `S` + snapshot position: the marker written last, once a snapshot is complete.
 
 use provledger_events::codec::{self, DecodeError};
-use provledger_events::{AggregateId, AggregateKind, Commit, Timestamp};
+use provledger_events::{
+    check_chain, AggregateId, AggregateKind, Commit, IntegrityError, Timestamp,
+};
 use provledger_projections::{Entity, Projection};
 use uuid::Uuid;
 
@@ -43,6 +45,8 @@ pub enum StoreError {
         "this data dir holds the projection of {found}, not of {wanted}; use another --data-dir"
     )]
     SourceMismatch { found: String, wanted: String },
+    #[error(transparent)]
+    Integrity(#[from] IntegrityError),
 }
 
 /// A log entry that could not be decoded, kept with its position and the error.
@@ -315,28 +319,30 @@ impl ProjectionStore {
             if position > to {
                 break;
             }
-            if let Some(bytes) = self.tree.get(key(b'c', &[&position.to_be_bytes()]))? {
-                out.push(
-                    codec::decode(&bytes, position)
-                        .map_err(|error| StoreError::Commit { position, error })?,
-                );
-            }
+            let version = out.len() as u64 + 1;
+            let damaged = |problem: String| IntegrityError {
+                aggregate: *id,
+                version,
+                position,
+                problem,
+            };
+            let bytes = self
+                .tree
+                .get(key(b'c', &[&position.to_be_bytes()]))?
+                .ok_or_else(|| damaged("the copy has no commit at this position".into()))?;
+            let commit = codec::decode(&bytes, position)
+                .map_err(|error| damaged(format!("cannot be decoded: {error}")))?;
+            out.push(commit);
         }
+        // What is served must be what was written: the chain is checked on every read.
+        check_chain(id, &out)?;
         Ok(out)
     }
 
     /// One aggregate's state at position `at`, folded from its own commits: each commit
     /// changes one entity only, so no other aggregate is needed.
     pub fn entity_at(&self, id: &AggregateId, at: u64) -> Result<Option<Entity>, StoreError> {
-        let commits = self.aggregate_commits(id, at)?;
-        if commits.is_empty() {
-            return Ok(None);
-        }
-        let mut entity = Entity::new(*id);
-        for commit in &commits {
-            entity.apply(commit);
-        }
-        Ok(Some(entity))
+        Ok(Entity::fold(*id, &self.aggregate_commits(id, at)?))
     }
 
     /// Entities of one kind in id order, starting after `after`.

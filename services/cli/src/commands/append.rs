@@ -2,12 +2,11 @@
 
 use std::io::Read;
 
-use provledger_events::{
-    AggregateId, AppendStatus, CommitDraft, Event, EventLog, Expectation, Timestamp,
-};
+use provledger_events::{AggregateId, AppendStatus, CommitDraft, Event, Expectation, Timestamp};
 use uuid::Uuid;
 
 use super::{print_json, CommandError};
+use provledger_client::write::Recorded;
 use provledger_client::Ledger;
 
 pub struct AppendArgs {
@@ -79,25 +78,38 @@ pub async fn run(ledger: &Ledger, args: AppendArgs, json: bool) -> Result<(), Co
         events: args.events,
     };
     let commit_id = draft.commit_id;
-    let outcome = ledger.append(args.aggregate, args.expect, draft).await?;
-    let already = outcome.status == AppendStatus::AlreadyAppended;
+    let recorded = ledger.record(args.aggregate, args.expect, draft).await?;
+    let (position, version, status) = match recorded {
+        Recorded::Appended(o) if o.status == AppendStatus::AlreadyAppended => {
+            (o.position, o.version, "already_appended")
+        }
+        Recorded::Appended(o) => (o.position, o.version, "appended"),
+        Recorded::AlreadyDone {
+            outcome,
+            version,
+            position,
+        } => (position, version, outcome.as_str()),
+    };
     if json {
         print_json(&serde_json::json!({
-            "position": outcome.position,
-            "version": outcome.version,
+            "position": position,
+            "version": version,
             "commit_id": commit_id,
-            "status": if already { "already_appended" } else { "appended" },
+            "status": status,
         }));
-    } else if already {
-        println!(
-            "already appended (idempotent retry of {commit_id}): position {} version {}",
-            outcome.position, outcome.version
-        );
     } else {
-        println!(
-            "appended {commit_id}: position {} version {}",
-            outcome.position, outcome.version
-        );
+        match status {
+            "appended" => println!("appended {commit_id}: position {position} version {version}"),
+            "already_appended" => println!(
+                "already appended (idempotent retry of {commit_id}): position {position} version {version}"
+            ),
+            // A repeated delete request: nothing written.
+            other => println!(
+                "{}: nothing written ({} is at version {version})",
+                other.replace('_', " "),
+                args.aggregate
+            ),
+        }
     }
     Ok(())
 }

@@ -10,6 +10,7 @@ pub mod rollback;
 pub mod serve;
 pub mod state;
 
+use provledger_client::write::RecordError;
 use provledger_client::OpenLedgerError;
 use provledger_events::{AppendError, ReadError};
 
@@ -59,6 +60,20 @@ impl From<AppendError> for CommandError {
             }
             AppendError::Corrupt { .. } => CommandError::Problem(e.to_string()),
             AppendError::Unavailable { .. } => CommandError::Infrastructure(e.to_string()),
+        }
+    }
+}
+
+impl From<RecordError> for CommandError {
+    fn from(e: RecordError) -> Self {
+        match e {
+            // A refusal is the command finding a problem, like a conflict: exit 1.
+            RecordError::Rejected(_) | RecordError::Conflict { .. } => {
+                CommandError::Problem(e.to_string())
+            }
+            RecordError::Contended { .. } => CommandError::Infrastructure(e.to_string()),
+            RecordError::Append(e) => e.into(),
+            RecordError::Read(e) => e.into(),
         }
     }
 }

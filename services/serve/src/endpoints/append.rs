@@ -1,8 +1,9 @@
 //! `cmd.append` for publishers not written in Rust: validated against the catalogue and
 //! the target's state, then appended like any other writer would.
 
-use provledger_events::{AppendError, AppendStatus, CommitDraft, Event, EventLog, Expectation};
-use provledger_projections::decide::{admit_append, AppendRejection};
+use provledger_client::write::{record, RecordError, Recorded};
+use provledger_events::{AppendError, AppendStatus, CommitDraft, Event, Expectation, ReadError};
+use provledger_projections::decide::AppendRejection;
 use serde_json::{json, Value};
 
 use super::error::{bad, ErrorCode, QueryError};
@@ -45,34 +46,81 @@ pub(crate) async fn append(ctx: &QueryContext, payload: &[u8]) -> Result<Value, 
     draft
         .validate(&aggregate)
         .map_err(|e| bad("events", e.to_string()))?;
-    let current = ctx.store.entity(&aggregate)?;
-    admit_append(current.as_ref(), &draft.events).map_err(|e| match e {
-        AppendRejection::TargetDeleted { .. } => {
-            QueryError::new(ErrorCode::TargetDeleted, e.to_string())
-        }
-    })?;
-    match ctx.log.append(aggregate, expect, draft).await {
-        Ok(outcome) => Ok(json!({
+    // Decided against the log itself at the version appended, never against this
+    // replica's projection, which may not have applied the last acknowledged commit yet.
+    match record(&ctx.log, aggregate, expect, draft).await {
+        Ok(Recorded::Appended(outcome)) => Ok(json!({
             "position": outcome.position,
             "version": outcome.version,
+            "outcome": match outcome.status {
+                AppendStatus::Appended => "appended",
+                AppendStatus::AlreadyAppended => "already_appended",
+            },
             "already_appended": matches!(outcome.status, AppendStatus::AlreadyAppended),
         })),
-        Err(AppendError::Conflict { actual, .. }) => Err(QueryError::new(
+        Ok(Recorded::AlreadyDone {
+            outcome,
+            version,
+            position,
+        }) => Ok(json!({
+            "position": position,
+            "version": version,
+            "outcome": outcome.as_str(),
+            "already_appended": false,
+        })),
+        Err(RecordError::Rejected(rejection)) => Err(rejected(rejection)),
+        Err(RecordError::Conflict { actual, .. }) => Err(QueryError::new(
             ErrorCode::Conflict,
             format!("{aggregate} is at version {actual}, not {expect}; re-read and retry"),
         )
         .with("actual_version", actual.into())),
-        Err(e @ AppendError::CommitIdReused { .. }) => {
-            Err(QueryError::new(ErrorCode::Conflict, e.to_string()))
-        }
-        Err(e @ (AppendError::Invalid(_) | AppendError::Encode(_))) => {
-            Err(bad("events", e.to_string()))
-        }
-        Err(e @ AppendError::Unavailable { .. }) => {
+        Err(e @ RecordError::Contended { .. }) => {
             Err(QueryError::new(ErrorCode::Unavailable, e.to_string()))
         }
-        Err(e @ AppendError::Corrupt { .. }) => {
-            Err(QueryError::new(ErrorCode::Internal, e.to_string()))
+        Err(RecordError::Append(e)) => Err(append_error(e)),
+        Err(RecordError::Read(e)) => Err(read_error(e)),
+    }
+}
+
+/// A refusal by the decider: its own code for a deleted or unknown target, `rejected`
+/// otherwise; always with the stable `reason`, and a claim's refused classes.
+fn rejected(rejection: AppendRejection) -> QueryError {
+    let code = match rejection {
+        AppendRejection::TargetDeleted { .. } => ErrorCode::TargetDeleted,
+        AppendRejection::NotFound { .. } => ErrorCode::NotFound,
+        AppendRejection::ClaimRefused { .. } | AppendRejection::NotApplicable { .. } => {
+            ErrorCode::Rejected
         }
+    };
+    let mut error =
+        QueryError::new(code, rejection.to_string()).with("reason", rejection.reason().into());
+    if let AppendRejection::ClaimRefused { refusal, .. } = &rejection {
+        error = error.with(
+            "classes",
+            serde_json::to_value(&refusal.classes).unwrap_or_default(),
+        );
+    }
+    error
+}
+
+fn append_error(e: AppendError) -> QueryError {
+    match e {
+        e @ AppendError::CommitIdReused { .. } => {
+            QueryError::new(ErrorCode::Conflict, e.to_string())
+        }
+        e @ (AppendError::Invalid(_) | AppendError::Encode(_)) => bad("events", e.to_string()),
+        e @ AppendError::Unavailable { .. } => {
+            QueryError::new(ErrorCode::Unavailable, e.to_string())
+        }
+        e @ (AppendError::Corrupt { .. } | AppendError::Conflict { .. }) => {
+            QueryError::new(ErrorCode::Internal, e.to_string())
+        }
+    }
+}
+
+fn read_error(e: ReadError) -> QueryError {
+    match e {
+        e @ ReadError::Unavailable { .. } => QueryError::new(ErrorCode::Unavailable, e.to_string()),
+        e => QueryError::new(ErrorCode::Internal, e.to_string()),
     }
 }

@@ -12,6 +12,10 @@ pub(crate) enum ErrorCode {
     Stale,
     Conflict,
     TargetDeleted,
+    /// The append decider refused a write the fold would not apply; `reason` says why.
+    Rejected,
+    /// A stored commit breaks its aggregate's hash chain; `aggregate` and `version` name it.
+    Integrity,
     Unavailable,
     Internal,
 }
@@ -24,6 +28,8 @@ impl ErrorCode {
             ErrorCode::Stale => "stale",
             ErrorCode::Conflict => "conflict",
             ErrorCode::TargetDeleted => "target_deleted",
+            ErrorCode::Rejected => "rejected",
+            ErrorCode::Integrity => "integrity",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",
         }
@@ -37,6 +43,8 @@ impl ErrorCode {
             ErrorCode::Stale => 408,
             ErrorCode::Conflict => 409,
             ErrorCode::TargetDeleted => 410,
+            ErrorCode::Rejected => 422,
+            ErrorCode::Integrity => 502,
             ErrorCode::Unavailable => 503,
             ErrorCode::Internal => 500,
         }
@@ -76,7 +84,13 @@ impl QueryError {
 
 impl From<StoreError> for QueryError {
     fn from(e: StoreError) -> Self {
-        QueryError::new(ErrorCode::Internal, e.to_string())
+        match e {
+            StoreError::Integrity(i) => QueryError::new(ErrorCode::Integrity, i.to_string())
+                .with("aggregate", i.aggregate.to_string().into())
+                .with("version", i.version.into())
+                .with("position", i.position.into()),
+            other => QueryError::new(ErrorCode::Internal, other.to_string()),
+        }
     }
 }
 

@@ -1,0 +1,288 @@
+//! The write boundary over NATS, against a real nats-server and `provledger serve`: what
+//! `cmd.append` acknowledges is what the fold applies, decided at the version appended.
+//! Given racing writers / when they append / then the log holds only what was acknowledged.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use provledger_client::read_entity;
+use provledger_events::catalogue::{samples, ClusterStatus};
+use provledger_events::{AggregateId, Event, EventLog, JetStreamConfig, JetStreamLog};
+use provledger_projections::Entity;
+use provledger_tests::NatsServer;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+mod common;
+use common::Serve;
+
+const CMD: &str = "provledger.cmd.append";
+
+async fn open_log(nats: &NatsServer) -> JetStreamLog {
+    JetStreamLog::open(nats.client().await, JetStreamConfig::default())
+        .await
+        .expect("open JetStream log")
+}
+
+/// One `cmd.append`; the reply's JSON.
+async fn cmd(client: &async_nats::Client, body: Value) -> Value {
+    let reply = tokio::time::timeout(
+        Duration::from_secs(20),
+        client.request(CMD, body.to_string().into()),
+    )
+    .await
+    .expect("reply in time")
+    .expect("request");
+    serde_json::from_slice(&reply.payload).expect("JSON reply")
+}
+
+fn error_code(reply: &Value) -> Option<&str> {
+    reply["error"]["code"].as_str()
+}
+
+async fn started(nats: &NatsServer, dir: &tempfile::TempDir) -> (Serve, async_nats::Client) {
+    let serve = Serve::start(nats, &dir.path().join("serve"));
+    let client = nats.client().await;
+    common::wait_ready(&client).await;
+    (serve, client)
+}
+
+/// A provider of capacity (8 - 2) * 4 = 24 VCPU.
+fn provider_events() -> Value {
+    json!([
+        {"provider_registered": {"name": "cn1", "host": "cn1"}},
+        {"inventory_set": {"resource_class": "VCPU", "inventory": {
+            "total": 8, "reserved": 2, "allocation_ratio": 4.0,
+            "min_unit": 1, "max_unit": 8, "step_size": 1}}}
+    ])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_racing_claims_with_expect_any_never_overcommit_and_every_ack_is_held() {
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_serve, client) = started(&nats, &dir).await;
+    let provider = Uuid::now_v7();
+    let created = cmd(
+        &client,
+        json!({"aggregate": format!("provider/{provider}"), "expect": "none", "events": provider_events()}),
+    )
+    .await;
+    assert!(error_code(&created).is_none(), "{created}");
+
+    // Given 30 writers claiming 2 VCPU each with `expect any` on 24 VCPU...
+    let consumers: Vec<Uuid> = (0..30).map(|_| Uuid::now_v7()).collect();
+    let writers = consumers.iter().map(|consumer| {
+        let client = client.clone();
+        let body = json!({
+            "aggregate": format!("provider/{provider}"),
+            "expect": "any",
+            "events": [{"allocation_claimed": {
+                "consumer": consumer, "consumer_kind": "instance", "resources": {"VCPU": 2}}}]
+        });
+        async move { (*consumer, cmd(&client, body).await) }
+    });
+    let replies = futures::future::join_all(writers).await;
+
+    let mut acknowledged = BTreeSet::new();
+    let mut over_capacity = 0;
+    for (consumer, reply) in &replies {
+        match error_code(reply) {
+            None => {
+                acknowledged.insert(*consumer);
+            }
+            Some("rejected") => {
+                assert_eq!(reply["error"]["reason"], "over_capacity", "{reply}");
+                assert_eq!(reply["error"]["classes"][0]["resource_class"], "VCPU");
+                over_capacity += 1;
+            }
+            // Lost the race more often than the bound allows: nothing written, retryable.
+            Some("unavailable") => {}
+            Some(other) => panic!("unexpected {other}: {reply}"),
+        }
+    }
+
+    // ...then every acknowledged claim is held, and nothing else.
+    let log = open_log(&nats).await;
+    let Some(Entity::Provider(state)) = read_entity(&log, AggregateId::provider(provider))
+        .await
+        .unwrap()
+    else {
+        panic!("provider missing")
+    };
+    let held: BTreeSet<Uuid> = state.allocations.keys().copied().collect();
+    assert_eq!(
+        held, acknowledged,
+        "acknowledged claims are exactly those held"
+    );
+    let used = state.usage.get("VCPU").copied().unwrap_or(0);
+    assert_eq!(used, 2 * acknowledged.len() as u64);
+    assert!(used <= 24, "usage {used} over capacity 24");
+    assert_eq!(acknowledged.len(), 12, "the capacity is used up, not less");
+    assert!(over_capacity > 0, "the late writers were refused");
+    assert_eq!(
+        state.header.anomaly_count, 0,
+        "the fold dropped nothing: {:?}",
+        state.header.anomalies
+    );
+    // Every commit on the provider is one acknowledged write: creation plus 12 claims.
+    assert_eq!(state.header.version, 1 + acknowledged.len() as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_change_racing_a_delete_is_never_acknowledged_after_it() {
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_serve, client) = started(&nats, &dir).await;
+    let log = open_log(&nats).await;
+
+    let mut accepted_before = 0;
+    let mut refused = 0;
+    for _ in 0..40 {
+        let cluster = Uuid::now_v7();
+        let aggregate = format!("cluster/{cluster}");
+        let create = serde_json::to_value(vec![samples::all().remove(0)]).unwrap();
+        let created = cmd(
+            &client,
+            json!({"aggregate": aggregate, "expect": "none", "events": create}),
+        )
+        .await;
+        assert!(error_code(&created).is_none(), "{created}");
+        // When a delete and a move to `active` race...
+        let delete = cmd(
+            &client,
+            json!({"aggregate": aggregate, "expect": "any",
+                   "events": [{"cluster_delete_requested": {"reason": "user"}}]}),
+        );
+        let activate = cmd(
+            &client,
+            json!({"aggregate": aggregate, "expect": "any",
+                   "events": [{"cluster_status_changed": {"status": "active", "description": "up"}}]}),
+        );
+        let (deleted, activated) = futures::join!(delete, activate);
+        assert!(error_code(&deleted).is_none(), "{deleted}");
+        match error_code(&activated) {
+            None => accepted_before += 1,
+            Some("target_deleted") => refused += 1,
+            Some(other) => panic!("unexpected {other}: {activated}"),
+        }
+        // ...then no acknowledged change follows the delete in the log.
+        let commits = log
+            .read_aggregate(AggregateId::cluster(cluster))
+            .await
+            .unwrap();
+        let delete_at = commits
+            .iter()
+            .position(|c| matches!(c.events.as_slice(), [Event::ClusterDeleteRequested { .. }]))
+            .expect("delete recorded");
+        for later in &commits[delete_at + 1..] {
+            for event in &later.events {
+                if let Event::ClusterStatusChanged { status, .. } = event {
+                    assert!(
+                        status.is_terminal(),
+                        "{status:?} acknowledged after the delete"
+                    );
+                }
+            }
+        }
+        let Some(Entity::Cluster(state)) = read_entity(&log, AggregateId::cluster(cluster))
+            .await
+            .unwrap()
+        else {
+            panic!("cluster missing")
+        };
+        // serve completes an empty cluster's deletion on its own.
+        assert!(
+            matches!(
+                state.status,
+                Some(ClusterStatus::Deleting | ClusterStatus::Deleted)
+            ),
+            "{:?}",
+            state.status
+        );
+        assert_eq!(
+            state.header.anomaly_count, 0,
+            "{:?}",
+            state.header.anomalies
+        );
+    }
+    assert_eq!(accepted_before + refused, 40);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_over_nats_is_idempotent_and_says_so() {
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_serve, client) = started(&nats, &dir).await;
+    let log = open_log(&nats).await;
+    let delete = json!([{"cluster_delete_requested": {"reason": "user"}}]);
+
+    // Given nothing under this id, when it is deleted, then not_found and nothing written.
+    let before = log.last_position().await.unwrap();
+    let unknown = cmd(
+        &client,
+        json!({"aggregate": format!("cluster/{}", Uuid::now_v7()), "expect": "any", "events": delete}),
+    )
+    .await;
+    assert_eq!(error_code(&unknown), Some("not_found"), "{unknown}");
+    assert_eq!(log.last_position().await.unwrap(), before);
+
+    // Given a cluster, the first delete is written, the second says already_deleting.
+    let cluster = Uuid::now_v7();
+    let aggregate = format!("cluster/{cluster}");
+    let create = serde_json::to_value(vec![samples::all().remove(0)]).unwrap();
+    cmd(
+        &client,
+        json!({"aggregate": aggregate, "expect": "none", "events": create}),
+    )
+    .await;
+    let first = cmd(
+        &client,
+        json!({"aggregate": aggregate, "expect": "any", "events": delete}),
+    )
+    .await;
+    assert_eq!(first["data"]["outcome"], "appended", "{first}");
+    let second = cmd(
+        &client,
+        json!({"aggregate": aggregate, "expect": "any", "events": delete}),
+    )
+    .await;
+    // serve may already have completed the empty cluster's deletion.
+    let outcome = second["data"]["outcome"].as_str().unwrap_or_default();
+    assert!(
+        ["already_deleting", "already_deleted"].contains(&outcome),
+        "{second}"
+    );
+
+    // Given it is deleted, a delete says already_deleted.
+    let target = AggregateId::cluster(cluster);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(Entity::Cluster(c)) = read_entity(&log, target).await.unwrap() {
+            if c.status == Some(ClusterStatus::Deleted) {
+                break;
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "never deleted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let at = log.last_position().await.unwrap();
+    let third = cmd(
+        &client,
+        json!({"aggregate": aggregate, "expect": "any", "events": delete}),
+    )
+    .await;
+    assert_eq!(third["data"]["outcome"], "already_deleted", "{third}");
+    assert_eq!(log.last_position().await.unwrap(), at, "nothing written");
+
+    // Three delete requests, one recorded.
+    let requests = log
+        .read_aggregate(target)
+        .await
+        .unwrap()
+        .iter()
+        .flat_map(|c| c.events.iter())
+        .filter(|e| matches!(e, Event::ClusterDeleteRequested { .. }))
+        .count();
+    assert_eq!(requests, 1);
+}
