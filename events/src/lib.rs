@@ -18,6 +18,6 @@ pub use commit::{
 };
 pub use ids::{AggregateId, AggregateKind, Hash, Timestamp};
 pub use log::{
-    AppendError, AppendOutcome, AppendStatus, CommitStream, EventLog, Expectation, JetStreamConfig,
-    JetStreamLog, ReadError, SledLog,
+    AppendError, AppendOutcome, AppendStatus, CommitStream, EventLog, Expectation, HistoryEntry,
+    JetStreamConfig, JetStreamLog, ReadError, SledLog,
 };

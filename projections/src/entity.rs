@@ -1,7 +1,7 @@
 //! What every projected entity has in common: its identity, how far it has been folded,
 //! and the anomalies met on the way.
 
-use provledger_events::{AggregateId, Timestamp};
+use provledger_events::{AggregateId, Hash, Timestamp};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -36,6 +36,9 @@ pub struct Header {
     pub version: u64,
     /// The log position of the last commit folded.
     pub last_position: u64,
+    /// The hash of the last commit folded: the chain's tip, which the next commit's
+    /// `prev_hash` must equal.
+    pub hash: Hash,
     pub created_at: Option<Timestamp>,
     pub updated_at: Option<Timestamp>,
     pub anomalies: Vec<Anomaly>,
@@ -48,6 +51,7 @@ impl Header {
             id,
             version: 0,
             last_position: 0,
+            hash: Hash::ZERO,
             created_at: None,
             updated_at: None,
             anomalies: Vec::new(),

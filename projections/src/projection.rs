@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use provledger_events::{AggregateId, AggregateKind, Commit, Event};
+use provledger_events::{AggregateId, AggregateKind, ChainViolation, Commit, Event};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::ClusterState;
@@ -150,6 +150,7 @@ impl Entity {
         }
         header.version = commit.version;
         header.last_position = commit.position;
+        header.hash = commit.hash;
         header.updated_at = Some(commit.recorded_at);
         for event in &commit.events {
             if let Err(problem) = self.fold_event(event, &ctx) {
@@ -178,6 +179,43 @@ impl Entity {
             Entity::Provider(s) => s.status.is_some(),
             Entity::Operation(s) => s.status.is_some(),
         }
+    }
+
+    /// Whether `commit` is the next link of this aggregate's chain: its own, at the next
+    /// version, linked to the tip's hash, and unmodified. Readers check this before
+    /// folding, so a replayed, forged or altered commit is never folded.
+    pub fn check_next(&self, commit: &Commit) -> Result<(), ChainViolation> {
+        let header = self.header();
+        if commit.aggregate != header.id {
+            return Err(ChainViolation::ForeignCommit {
+                aggregate: header.id,
+                found: commit.aggregate,
+                position: commit.position,
+            });
+        }
+        if commit.version != header.version + 1 {
+            return Err(ChainViolation::VersionGap {
+                aggregate: header.id,
+                expected: header.version + 1,
+                found: commit.version,
+                position: commit.position,
+            });
+        }
+        if !commit.hash_is_valid() {
+            return Err(ChainViolation::HashMismatch {
+                aggregate: header.id,
+                version: commit.version,
+                position: commit.position,
+            });
+        }
+        if commit.prev_hash != header.hash {
+            return Err(ChainViolation::BrokenLink {
+                aggregate: header.id,
+                version: commit.version,
+                position: commit.position,
+            });
+        }
+        Ok(())
     }
 
     /// The contract's JSON form of this entity.

@@ -8,7 +8,7 @@ use futures::StreamExt;
 use provledger_events::catalogue::ClusterStatus;
 use provledger_events::{
     verify_chain, AggregateId, AppendError, AppendStatus, ChainViolation, Commit, CommitDraft,
-    Event, EventLog, Expectation, JetStreamConfig, JetStreamLog, SledLog,
+    Event, EventLog, Expectation, HistoryEntry, JetStreamConfig, JetStreamLog, ReadError, SledLog,
 };
 use provledger_tests::NatsServer;
 use uuid::Uuid;
@@ -410,7 +410,7 @@ async fn sled_hash_chain_detects_a_modified_commit_on_disk() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn jetstream_hash_chain_detects_a_forged_commit_on_the_subject() {
+async fn jetstream_quarantines_a_forged_commit_on_the_subject_and_the_chain_goes_on() {
     let server = NatsServer::start().await;
     let client = server.client().await;
     let log = JetStreamLog::open(client.clone(), JetStreamConfig::default())
@@ -436,8 +436,30 @@ async fn jetstream_hash_chain_detects_a_forged_commit_on_the_subject() {
     .unwrap()
     .await
     .unwrap();
-    // ... when read back, then the chain check flags version 2.
-    assert_tampering_detected(&a, &log.read_aggregate(a).await.unwrap());
+    // ... when read back, then it is quarantined in place, never part of the chain ...
+    let history = log.aggregate_history(a).await.unwrap();
+    assert!(
+        matches!(&history[1], HistoryEntry::Quarantined { position: 2, reason, .. } if reason.starts_with("modified")),
+        "{history:?}"
+    );
+    assert_eq!(log.read_aggregate(a).await.unwrap().len(), 1);
+    // ... and the next append is version 2, linked to version 1.
+    let next = log
+        .append(a, Expectation::Exactly(1), status(2))
+        .await
+        .unwrap();
+    assert_eq!((next.version, next.position), (2, 3));
+    let commits = log.read_aggregate(a).await.unwrap();
+    assert!(verify_chain(&a, &commits).is_empty());
+    // Readers of the whole log see it as outside the chain.
+    let mut all = log.read_all(1).await.unwrap();
+    let mut outside = Vec::new();
+    while let Some(item) = all.next().await {
+        if let Err(ReadError::OutsideChain { position, .. }) = item {
+            outside.push(position);
+        }
+    }
+    assert_eq!(outside, vec![2]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,7 +23,8 @@ use futures::StreamExt;
 use tokio::sync::Semaphore;
 
 use super::{
-    AppendError, AppendOutcome, AppendStatus, CommitStream, EventLog, Expectation, ReadError,
+    AppendError, AppendOutcome, AppendStatus, CommitStream, EventLog, Expectation, HistoryEntry,
+    ReadError,
 };
 use crate::codec::{self, ENCODED_COMMIT_BYTES_MAX};
 use crate::commit::{Commit, CommitDraft, InvalidCommit};
@@ -66,12 +67,14 @@ impl Default for JetStreamConfig {
     }
 }
 
+/// The subject of an aggregate's commits under a prefix.
+fn subject_for(prefix: &str, aggregate: &AggregateId) -> String {
+    format!("{prefix}.ev.{}.{}", aggregate.kind, aggregate.id)
+}
+
 impl JetStreamConfig {
     pub fn subject_for(&self, aggregate: &AggregateId) -> String {
-        format!(
-            "{}.ev.{}.{}",
-            self.subject_prefix, aggregate.kind, aggregate.id
-        )
+        subject_for(&self.subject_prefix, aggregate)
     }
 
     pub fn all_subjects(&self) -> String {
@@ -114,11 +117,57 @@ pub enum OpenJetStreamError {
     Unavailable(String),
 }
 
+/// An aggregate's head: the tip of its valid chain (`version`, `hash`) and the stream
+/// sequence of the last message on its subject (`sequence`, valid or not), which the next
+/// publish expects. They differ when something outside the chain was published last.
 #[derive(Debug, Clone, Copy)]
 struct Head {
     version: u64,
     sequence: u64,
     hash: Hash,
+}
+
+/// Whether a message on `aggregate`'s subject extends the chain whose tip is `head`.
+/// Anything else (garbage, another aggregate's commit, a modified commit, a replay of an
+/// earlier version, a forged link) is quarantined: readers skip it and the chain goes on
+/// from its last valid commit, so no message can stop an aggregate from being written.
+fn classify(
+    aggregate: &AggregateId,
+    head: &mut Head,
+    payload: &[u8],
+    sequence: u64,
+) -> HistoryEntry {
+    let subject_reason = |reason: String| HistoryEntry::Quarantined {
+        position: sequence,
+        subject: String::new(),
+        reason,
+    };
+    let commit = match codec::decode(payload, sequence) {
+        Ok(c) => c,
+        Err(e) => return subject_reason(format!("undecodable: {e}")),
+    };
+    let reason = if commit.aggregate != *aggregate {
+        format!("foreign: a commit of {}", commit.aggregate)
+    } else if !commit.hash_is_valid() {
+        format!("modified: v{} does not match its hash", commit.version)
+    } else if commit.version <= head.version {
+        format!(
+            "replayed: v{} again after v{}",
+            commit.version, head.version
+        )
+    } else if commit.version != head.version + 1 || commit.prev_hash != head.hash {
+        format!(
+            "forged: v{} does not link to v{}",
+            commit.version, head.version
+        )
+    } else {
+        head.version = commit.version;
+        head.hash = commit.hash;
+        head.sequence = sequence;
+        return HistoryEntry::Commit(commit);
+    };
+    head.sequence = sequence;
+    subject_reason(reason)
 }
 
 const EMPTY_HEAD: Head = Head {
@@ -312,27 +361,79 @@ impl JetStreamLog {
         }
     }
 
-    async fn fetch_head(&self, aggregate: &AggregateId) -> Result<Head, AppendError> {
+    /// The stream sequence of the last message on the aggregate's subject, 0 for none.
+    async fn last_subject_sequence(&self, aggregate: &AggregateId) -> Result<u64, ReadError> {
         let subject = self.inner.config.subject_for(aggregate);
         match self.inner.stream.direct_get_last_for_subject(subject).await {
-            Ok(msg) => {
-                let commit = codec::decode(&msg.payload, msg.sequence).map_err(|error| {
-                    AppendError::Corrupt {
-                        position: msg.sequence,
-                        error,
-                    }
-                })?;
-                let head = Head {
-                    version: commit.version,
-                    sequence: msg.sequence,
-                    hash: commit.hash,
-                };
-                self.remember_head(*aggregate, Some(head));
-                Ok(head)
-            }
-            Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => Ok(EMPTY_HEAD),
-            Err(e) => Err(unavailable(format!("reading head of {aggregate}: {e}"))),
+            Ok(msg) => Ok(msg.sequence),
+            Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => Ok(0),
+            Err(e) => Err(read_unavailable(format!(
+                "reading head of {aggregate}: {e}"
+            ))),
         }
+    }
+
+    /// Reads the aggregate's subject from `from` to `end` (stream sequences, inclusive),
+    /// classifying each message against the chain starting at `head`.
+    async fn scan_subject(
+        &self,
+        aggregate: &AggregateId,
+        from: u64,
+        end: u64,
+        mut head: Head,
+    ) -> Result<(Vec<HistoryEntry>, Head), ReadError> {
+        let mut entries = Vec::new();
+        if from > end {
+            return Ok((entries, head));
+        }
+        let subject = self.inner.config.subject_for(aggregate);
+        let mut messages = self
+            .ordered(
+                subject.clone(),
+                consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: from,
+                },
+            )
+            .await
+            .map_err(read_unavailable)?;
+        while let Some(msg) = messages.next().await {
+            let msg = msg.map_err(|e| read_unavailable(format!("reading {aggregate}: {e}")))?;
+            let sequence = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
+            let mut entry = classify(aggregate, &mut head, &msg.payload, sequence);
+            if let HistoryEntry::Quarantined { subject: s, .. } = &mut entry {
+                s.clone_from(&subject);
+            }
+            entries.push(entry);
+            if sequence >= end {
+                break;
+            }
+        }
+        Ok((entries, head))
+    }
+
+    /// The aggregate's head, read from the server. A cached head that is still the last
+    /// message on the subject is used as it is; otherwise the messages after it (all of
+    /// them, without one) are read and classified, so a head is never taken from a
+    /// message outside the chain.
+    async fn fetch_head(&self, aggregate: &AggregateId) -> Result<Head, AppendError> {
+        let last = self
+            .last_subject_sequence(aggregate)
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        if last == 0 {
+            return Ok(EMPTY_HEAD);
+        }
+        let (from, start) = match self.cached_head(aggregate) {
+            Some(h) if h.sequence == last => return Ok(h),
+            Some(h) if h.sequence < last => (h.sequence + 1, h),
+            _ => (1, EMPTY_HEAD),
+        };
+        let (_, head) = self
+            .scan_subject(aggregate, from, last, start)
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        self.remember_head(*aggregate, Some(head));
+        Ok(head)
     }
 
     async fn commit_at(&self, sequence: u64) -> Result<Commit, AppendError> {
@@ -437,33 +538,56 @@ impl JetStreamLog {
     /// Decodes consumer messages into commits. With `end`, the stream stops right after the
     /// message at that position, without polling the consumer again (it would wait forever).
     fn commit_stream(&self, messages: consumer::pull::Ordered, end: Option<u64>) -> CommitStream {
-        futures::stream::unfold((messages, false), move |(mut messages, done)| async move {
-            if done {
-                return None;
-            }
-            let item = match messages.next().await? {
-                Ok(msg) => {
-                    let position = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
-                    codec::decode(&msg.payload, position).map_err(|error| ReadError::Undecodable {
-                        position,
-                        subject: msg.subject.to_string(),
-                        error,
-                        payload: msg.payload.clone(),
-                    })
+        let prefix = self.inner.config.subject_prefix.clone();
+        futures::stream::unfold((messages, false), move |(mut messages, done)| {
+            let prefix = prefix.clone();
+            async move {
+                if done {
+                    return None;
                 }
-                Err(e) => Err(read_unavailable(e)),
-            };
-            let position = match &item {
-                Ok(c) => Some(c.position),
-                Err(ReadError::Undecodable { position, .. }) => Some(*position),
-                Err(ReadError::Unavailable { .. }) => None,
-            };
-            let done = match (position, end) {
-                (Some(p), Some(e)) => p >= e,
-                (None, _) => true,
-                _ => false,
-            };
-            Some((item, (messages, done)))
+                let item = match messages.next().await? {
+                    Ok(msg) => {
+                        let position = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
+                        let outside = |reason: String| ReadError::OutsideChain {
+                            position,
+                            subject: msg.subject.to_string(),
+                            reason,
+                            payload: msg.payload.clone(),
+                        };
+                        match codec::decode(&msg.payload, position) {
+                            Err(error) => Err(ReadError::Undecodable {
+                                position,
+                                subject: msg.subject.to_string(),
+                                error,
+                                payload: msg.payload.clone(),
+                            }),
+                            // What can be told without the chain: whose subject it is on, and
+                            // whether it is intact. Readers check the link to the tip.
+                            Ok(c) if subject_for(&prefix, &c.aggregate) != msg.subject.as_str() => {
+                                Err(outside(format!("foreign: a commit of {}", c.aggregate)))
+                            }
+                            Ok(c) if !c.hash_is_valid() => Err(outside(format!(
+                                "modified: v{} does not match its hash",
+                                c.version
+                            ))),
+                            Ok(c) => Ok(c),
+                        }
+                    }
+                    Err(e) => Err(read_unavailable(e)),
+                };
+                let position = match &item {
+                    Ok(c) => Some(c.position),
+                    Err(ReadError::Undecodable { position, .. })
+                    | Err(ReadError::OutsideChain { position, .. }) => Some(*position),
+                    Err(ReadError::Unavailable { .. }) => None,
+                };
+                let done = match (position, end) {
+                    (Some(p), Some(e)) => p >= e,
+                    (None, _) => true,
+                    _ => false,
+                };
+                Some((item, (messages, done)))
+            }
         })
         .boxed()
     }
@@ -591,31 +715,29 @@ impl EventLog for JetStreamLog {
     }
 
     async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {
-        let head = self.fetch_head(&aggregate).await.map_err(|e| match e {
-            AppendError::Corrupt { position, error } => ReadError::Undecodable {
-                position,
-                subject: self.inner.config.subject_for(&aggregate),
-                error,
-                payload: bytes::Bytes::new(),
-            },
-            other => read_unavailable(other),
-        })?;
-        if head.sequence == 0 {
+        Ok(self
+            .aggregate_history(aggregate)
+            .await?
+            .into_iter()
+            .filter_map(|e| match e {
+                HistoryEntry::Commit(c) => Some(c),
+                HistoryEntry::Quarantined { .. } => None,
+            })
+            .collect())
+    }
+
+    async fn aggregate_history(
+        &self,
+        aggregate: AggregateId,
+    ) -> Result<Vec<HistoryEntry>, ReadError> {
+        let last = self.last_subject_sequence(&aggregate).await?;
+        if last == 0 {
             return Ok(Vec::new());
         }
-        let messages = self
-            .ordered(
-                self.inner.config.subject_for(&aggregate),
-                consumer::DeliverPolicy::All,
-            )
-            .await
-            .map_err(read_unavailable)?;
-        let mut out = Vec::new();
-        let mut stream = self.commit_stream(messages, Some(head.sequence));
-        while let Some(item) = stream.next().await {
-            out.push(item?);
-        }
-        Ok(out)
+        let (entries, head) = self.scan_subject(&aggregate, 1, last, EMPTY_HEAD).await?;
+        // A whole read is the freshest head there is: the next append needs no lookup.
+        self.remember_head(aggregate, Some(head));
+        Ok(entries)
     }
 
     async fn read_all(&self, from: u64) -> Result<CommitStream, ReadError> {

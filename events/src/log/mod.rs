@@ -114,8 +114,53 @@ pub enum ReadError {
         error: DecodeError,
         payload: bytes::Bytes,
     },
+    /// A decodable entry that is not part of its aggregate's chain (a commit of another
+    /// aggregate on this subject, or one whose hash does not match its content). Like
+    /// garbage, readers quarantine it and go on.
+    #[error("position {position} on {subject} is outside its aggregate's chain: {reason}")]
+    OutsideChain {
+        position: u64,
+        subject: String,
+        reason: String,
+        payload: bytes::Bytes,
+    },
     #[error("event log unavailable: {reason}")]
     Unavailable { reason: String },
+}
+
+impl ReadError {
+    /// For an entry that readers quarantine and go past: its position, subject, why, and
+    /// payload. `None` for an unavailable log, which readers retry instead.
+    pub fn quarantine_parts(&self) -> Option<(u64, &str, String, &bytes::Bytes)> {
+        match self {
+            ReadError::Undecodable {
+                position,
+                subject,
+                error,
+                payload,
+            } => Some((*position, subject, format!("undecodable: {error}"), payload)),
+            ReadError::OutsideChain {
+                position,
+                subject,
+                reason,
+                payload,
+            } => Some((*position, subject, reason.clone(), payload)),
+            ReadError::Unavailable { .. } => None,
+        }
+    }
+}
+
+/// One entry of an aggregate's history as stored: a commit of its chain, or something else
+/// found on its subject (garbage, a replayed, forged or foreign commit), kept in place so
+/// that `history` can show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HistoryEntry {
+    Commit(Commit),
+    Quarantined {
+        position: u64,
+        subject: String,
+        reason: String,
+    },
 }
 
 /// A stream of commits in position order. `read_all` ends at the log's end as of the call;
@@ -138,6 +183,22 @@ pub trait EventLog: Send + Sync {
         &self,
         aggregate: AggregateId,
     ) -> impl Future<Output = Result<Vec<Commit>, ReadError>> + Send;
+
+    /// The aggregate's history as stored, quarantined entries in place. A log where nothing
+    /// but provledger writes (sled) has none.
+    fn aggregate_history(
+        &self,
+        aggregate: AggregateId,
+    ) -> impl Future<Output = Result<Vec<HistoryEntry>, ReadError>> + Send {
+        async move {
+            Ok(self
+                .read_aggregate(aggregate)
+                .await?
+                .into_iter()
+                .map(HistoryEntry::Commit)
+                .collect())
+        }
+    }
 
     /// Every commit from `from` (inclusive, 1-based) to the current end.
     fn read_all(&self, from: u64) -> impl Future<Output = Result<CommitStream, ReadError>> + Send;

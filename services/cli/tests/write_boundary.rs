@@ -286,3 +286,234 @@ async fn delete_over_nats_is_idempotent_and_says_so() {
         .count();
     assert_eq!(requests, 1);
 }
+
+/// Publishes raw bytes on a subject through JetStream, as a rogue or broken publisher
+/// would (no provledger code involved); returns the stream sequence.
+async fn publish_raw(nats: &NatsServer, subject: String, payload: Vec<u8>) -> u64 {
+    let js = async_nats::jetstream::new(nats.client().await);
+    js.publish(subject, payload.into())
+        .await
+        .expect("publish")
+        .await
+        .expect("ack")
+        .sequence
+}
+
+fn provledger_cli(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_provledger"))
+        .args(args)
+        .env_remove("PROVLEDGER_NATS_URL")
+        .output()
+        .expect("run provledger")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_replayed_and_foreign_commits_on_a_subject_are_quarantined_and_appends_go_on() {
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_serve, client) = started(&nats, &dir).await;
+    let log = open_log(&nats).await;
+    let cluster = Uuid::now_v7();
+    let other = Uuid::now_v7();
+    let aggregate = format!("cluster/{cluster}");
+    let create = serde_json::to_value(vec![samples::all().remove(0)]).unwrap();
+    for (agg, events, expect) in [
+        (aggregate.clone(), create.clone(), json!("none")),
+        (
+            aggregate.clone(),
+            json!([{"cluster_status_changed": {"status": "spawning", "description": "v2"}}]),
+            json!(1),
+        ),
+        (format!("cluster/{other}"), create.clone(), json!("none")),
+    ] {
+        let reply = cmd(
+            &client,
+            json!({"aggregate": agg, "expect": expect, "events": events}),
+        )
+        .await;
+        assert!(error_code(&reply).is_none(), "{reply}");
+    }
+    let subject = format!("provledger.ev.cluster.{cluster}");
+    let mine = log
+        .read_aggregate(AggregateId::cluster(cluster))
+        .await
+        .unwrap();
+    let theirs = log
+        .read_aggregate(AggregateId::cluster(other))
+        .await
+        .unwrap();
+    let v2_bytes = provledger_events::codec::encode(&mine[1]).unwrap();
+    let foreign_bytes = provledger_events::codec::encode(&theirs[0]).unwrap();
+
+    // Given garbage, its own v2 again and another aggregate's commit on its subject...
+    let garbage = publish_raw(&nats, subject.clone(), b"\x00garbage!".to_vec()).await;
+    let replayed = publish_raw(&nats, subject.clone(), v2_bytes).await;
+    let foreign = publish_raw(&nats, subject.clone(), foreign_bytes).await;
+
+    // ...when the aggregate is written again, with an exact version and with `any`...
+    let exact = cmd(
+        &client,
+        json!({"aggregate": aggregate, "expect": 2,
+               "events": [{"cluster_status_changed": {"status": "configuring", "description": "v3"}}]}),
+    )
+    .await;
+    assert!(error_code(&exact).is_none(), "{exact}");
+    assert_eq!(exact["data"]["version"], 3);
+    let any = cmd(
+        &client,
+        json!({"aggregate": aggregate, "expect": "any",
+               "events": [{"cluster_status_changed": {"status": "active", "description": "v4"}}]}),
+    )
+    .await;
+    assert!(error_code(&any).is_none(), "{any}");
+    assert_eq!(any["data"]["version"], 4);
+
+    // ...then its chain is intact and continues from its last valid commit.
+    let target = AggregateId::cluster(cluster);
+    let commits = log.read_aggregate(target).await.unwrap();
+    assert_eq!(
+        commits.iter().map(|c| c.version).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4]
+    );
+    provledger_events::check_chain(&target, &commits).expect("chain intact");
+    let history = log.aggregate_history(target).await.unwrap();
+    let quarantined: Vec<(u64, String)> = history
+        .iter()
+        .filter_map(|e| match e {
+            provledger_events::HistoryEntry::Quarantined {
+                position, reason, ..
+            } => Some((*position, reason.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        quarantined.iter().map(|q| q.0).collect::<Vec<_>>(),
+        vec![garbage, replayed, foreign]
+    );
+    assert!(
+        quarantined[0].1.starts_with("undecodable"),
+        "{quarantined:?}"
+    );
+    assert!(quarantined[1].1.starts_with("replayed"), "{quarantined:?}");
+    assert!(quarantined[2].1.starts_with("foreign"), "{quarantined:?}");
+
+    // `history` shows them in place; serve quarantined them and folded the rest.
+    let out = provledger_cli(&["--nats", &nats.url(), "history", &aggregate]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert_eq!(text.matches("QUARANTINED").count(), 3, "{text}");
+    let last = any["data"]["position"].as_u64().unwrap();
+    let state = cmd_query(
+        &client,
+        "cluster.get",
+        json!({"id": cluster, "min_position": last}),
+    )
+    .await;
+    assert_eq!(state["data"]["status"], "active", "{state}");
+    assert_eq!(state["data"]["version"], 4);
+    assert_eq!(state["data"]["anomaly_count"], 0, "{state}");
+    let health = cmd_query(&client, "health", json!({})).await;
+    assert_eq!(health["data"]["quarantined"], 3, "{health}");
+}
+
+async fn cmd_query(client: &async_nats::Client, endpoint: &str, body: Value) -> Value {
+    let reply = tokio::time::timeout(
+        Duration::from_secs(20),
+        client.request(format!("provledger.q.{endpoint}"), body.to_string().into()),
+    )
+    .await
+    .expect("reply in time")
+    .expect("request");
+    serde_json::from_slice(&reply.payload).expect("JSON reply")
+}
+
+/// Flips one byte in the middle of the sled copy of the commit at `position`, as damage or
+/// a tamperer with file access would, in a stopped process's data dir.
+fn flip_copy_byte(data_dir: &std::path::Path, position: u64) {
+    let db = sled::open(data_dir.join("sled")).expect("open sled");
+    let tree = db.open_tree("projection").expect("projection tree");
+    let mut key = vec![b'c'];
+    key.extend_from_slice(&position.to_be_bytes());
+    let mut value = tree
+        .get(&key)
+        .unwrap()
+        .expect("copy holds the commit")
+        .to_vec();
+    let middle = value.len() / 2;
+    value[middle] ^= 0x01;
+    tree.insert(key, value).unwrap();
+    db.flush().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_in_a_services_sled_copy_is_refused_by_serve_state_and_replay() {
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("serve");
+    let (mut serve, client) = started(&nats, &dir).await;
+    let cluster = Uuid::now_v7();
+    let aggregate = format!("cluster/{cluster}");
+    let create = serde_json::to_value(vec![samples::all().remove(0)]).unwrap();
+    let first = cmd(
+        &client,
+        json!({"aggregate": aggregate, "expect": "none", "events": create}),
+    )
+    .await;
+    let second = cmd(
+        &client,
+        json!({"aggregate": aggregate, "expect": 1,
+               "events": [{"cluster_status_changed": {"status": "spawning", "description": "v2"}}]}),
+    )
+    .await;
+    let tampered = first["data"]["position"].as_u64().unwrap();
+    let last = second["data"]["position"].as_u64().unwrap();
+    cmd_query(&client, "health", json!({"min_position": last})).await;
+    let healthy = cmd_query(
+        &client,
+        "history",
+        json!({"aggregate": aggregate, "min_position": last}),
+    )
+    .await;
+    assert_eq!(
+        healthy["data"].as_array().map(Vec::len),
+        Some(2),
+        "{healthy}"
+    );
+    assert!(serve.terminate().success());
+
+    // Given a byte flipped in the stopped service's copy of v1...
+    flip_copy_byte(&data, tampered);
+
+    // ...offline `state` and `replay` on that data dir refuse it (exit 1, naming it)...
+    let data_arg = data.to_str().unwrap();
+    for args in [
+        vec!["--data-dir", data_arg, "state", aggregate.as_str()],
+        vec!["--data-dir", data_arg, "replay"],
+    ] {
+        let out = provledger_cli(&args);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {text}");
+        assert!(text.contains("integrity"), "{args:?}: {text}");
+        assert!(text.contains(&aggregate), "{args:?}: {text}");
+    }
+
+    // ...and the restarted service answers `integrity` instead of the altered commit.
+    let _serve = Serve::start(&nats, &data);
+    common::wait_ready(&client).await;
+    for (endpoint, body) in [
+        ("history", json!({"aggregate": aggregate})),
+        (
+            "state_at",
+            json!({"aggregate": aggregate, "position": last}),
+        ),
+    ] {
+        let reply = cmd_query(&client, endpoint, body).await;
+        assert_eq!(reply["error"]["code"], "integrity", "{endpoint}: {reply}");
+        assert_eq!(reply["error"]["aggregate"], aggregate.as_str());
+        assert_eq!(reply["error"]["version"], 1, "{endpoint}: {reply}");
+    }
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 use provledger_events::log::{OpenJetStreamError, OpenSledError};
 use provledger_events::{
     AggregateId, AppendError, AppendOutcome, Commit, CommitDraft, CommitStream, EventLog,
-    Expectation, JetStreamConfig, JetStreamLog, ReadError, SledLog,
+    Expectation, HistoryEntry, JetStreamConfig, JetStreamLog, ReadError, SledLog,
 };
 use provledger_projections::Entity;
 
@@ -113,6 +113,16 @@ impl EventLog for Ledger {
         match self {
             Ledger::Embedded(l) => l.read_aggregate(aggregate).await,
             Ledger::JetStream(l) => l.read_aggregate(aggregate).await,
+        }
+    }
+
+    async fn aggregate_history(
+        &self,
+        aggregate: AggregateId,
+    ) -> Result<Vec<HistoryEntry>, ReadError> {
+        match self {
+            Ledger::Embedded(l) => l.aggregate_history(aggregate).await,
+            Ledger::JetStream(l) => l.aggregate_history(aggregate).await,
         }
     }
 

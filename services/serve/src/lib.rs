@@ -24,7 +24,8 @@ mod service;
 mod store;
 
 pub use projector::{
-    BatchOutcome, Projector, ProjectorError, BATCH_ENTRIES_MAX, SNAPSHOT_EVERY_POSITIONS_DEFAULT,
+    BatchOutcome, OnChainViolation, Projector, ProjectorError, BATCH_ENTRIES_MAX,
+    SNAPSHOT_EVERY_POSITIONS_DEFAULT,
 };
 pub use service::{open_service_store, run, ServeError, ServeOptions, QUEUE_GROUP, SERVICE_NAME};
 pub use store::{ProjectionStore, QuarantineRecord, StoreError, ENTITY_FORMAT};

@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use provledger_events::codec;
-use provledger_events::{AggregateId, AggregateKind, Commit, Event, EventLog, ReadError};
+use provledger_events::{
+    AggregateId, AggregateKind, Commit, Event, EventLog, IntegrityError, ReadError,
+};
 use provledger_projections::Entity;
 use tokio::sync::watch;
 use uuid::Uuid;
@@ -40,6 +42,20 @@ pub enum ProjectorError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Read(#[from] ReadError),
+    #[error(transparent)]
+    Integrity(#[from] IntegrityError),
+}
+
+/// What a commit that does not extend its aggregate's chain means to this projector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnChainViolation {
+    /// A JetStream stream: anyone allowed to publish on an aggregate's subject can put a
+    /// replayed, forged or foreign commit there. It is quarantined and never folded; the
+    /// aggregate's chain goes on from its last valid commit.
+    Quarantine,
+    /// The embedded log: only provledger writes it, so a broken chain is damage or
+    /// tampering. The projector stops with an integrity error rather than fold it.
+    Fail,
 }
 
 /// What one batch did.
@@ -58,6 +74,7 @@ pub struct Projector {
     watermark: Option<i64>,
     snapshot_every: u64,
     applied: watch::Sender<u64>,
+    on_violation: OnChainViolation,
 }
 
 impl Projector {
@@ -72,7 +89,14 @@ impl Projector {
             watermark,
             snapshot_every,
             applied,
+            on_violation: OnChainViolation::Fail,
         })
+    }
+
+    /// Sets what a commit breaking its aggregate's chain does (default: fail).
+    pub fn on_chain_violation(mut self, policy: OnChainViolation) -> Self {
+        self.on_violation = policy;
+        self
     }
 
     pub fn store(&self) -> &ProjectionStore {
@@ -116,41 +140,62 @@ impl Projector {
                         outcome.skipped += 1;
                         continue;
                     }
+                    if let Err(violation) = self.load(commit.aggregate)?.check_next(&commit) {
+                        match self.on_violation {
+                            OnChainViolation::Fail => {
+                                failure = Some(ProjectorError::Integrity(
+                                    IntegrityError::from_violation(commit.aggregate, &violation),
+                                ));
+                                break;
+                            }
+                            OnChainViolation::Quarantine => {
+                                tracing::warn!(position = commit.position, %violation, "commit outside its aggregate's chain quarantined");
+                                batch.quarantine.push(QuarantineRecord {
+                                    position: commit.position,
+                                    subject: commit.aggregate.to_string(),
+                                    error: violation.to_string(),
+                                    payload_len: 0,
+                                    payload_head_hex: String::new(),
+                                });
+                                outcome.quarantined += 1;
+                                checkpoint = commit.position;
+                                continue;
+                            }
+                        }
+                    }
                     self.fold(&commit, &mut batch, &mut dirty)?;
                     if watermark.is_none_or(|w| commit.recorded_at.unix_ms() > w) {
                         watermark = Some(commit.recorded_at.unix_ms());
-                        batch.watermark = Some((commit.recorded_at.unix_ms(), commit.position));
+                        // Every rise, not one per batch: `--at TIME` must resolve to the
+                        // same position on replicas that batch differently.
+                        batch
+                            .watermark_rises
+                            .push((commit.recorded_at.unix_ms(), commit.position));
                     }
                     outcome.folded += 1;
                     outcome.events += commit.events.len();
                     checkpoint = commit.position;
                 }
-                Err(ReadError::Undecodable {
-                    position,
-                    subject,
-                    error,
-                    payload,
-                }) => {
-                    if position <= checkpoint {
-                        outcome.skipped += 1;
-                        continue;
+                Err(e) => match e.quarantine_parts() {
+                    None => {
+                        failure = Some(e.into());
+                        break;
                     }
-                    tracing::warn!(position, %subject, %error, "undecodable log entry quarantined");
-                    let head = &payload[..payload.len().min(QUARANTINE_HEAD_BYTES_MAX)];
-                    batch.quarantine.push(QuarantineRecord {
-                        position,
-                        subject,
-                        error: error.to_string(),
-                        payload_len: payload.len(),
-                        payload_head_hex: head.iter().map(|b| format!("{b:02x}")).collect(),
-                    });
-                    outcome.quarantined += 1;
-                    checkpoint = position;
-                }
-                Err(e @ ReadError::Unavailable { .. }) => {
-                    failure = Some(e);
-                    break;
-                }
+                    Some((position, ..)) if position <= checkpoint => outcome.skipped += 1,
+                    Some((position, subject, error, payload)) => {
+                        tracing::warn!(position, %subject, %error, "log entry quarantined");
+                        let head = &payload[..payload.len().min(QUARANTINE_HEAD_BYTES_MAX)];
+                        batch.quarantine.push(QuarantineRecord {
+                            position,
+                            subject: subject.to_string(),
+                            error,
+                            payload_len: payload.len(),
+                            payload_head_hex: head.iter().map(|b| format!("{b:02x}")).collect(),
+                        });
+                        outcome.quarantined += 1;
+                        checkpoint = position;
+                    }
+                },
             }
         }
         if checkpoint > self.checkpoint {
@@ -171,7 +216,7 @@ impl Projector {
             self.maybe_snapshot(previous)?;
         }
         match failure {
-            Some(e) => Err(e.into()),
+            Some(e) => Err(e),
             None => Ok(outcome),
         }
     }

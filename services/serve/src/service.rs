@@ -16,7 +16,7 @@ use provledger_events::SledLog;
 use tokio::sync::{watch, Semaphore};
 
 use crate::endpoints::{Endpoint, QueryContext};
-use crate::projector::{Projector, ProjectorError};
+use crate::projector::{OnChainViolation, Projector, ProjectorError};
 use crate::rollback_worker::RollbackWorker;
 use crate::store::{ProjectionStore, StoreError};
 use provledger_client::{
@@ -84,7 +84,8 @@ pub async fn run(
     )
     .await?;
     let (data_dir, store) = open_service_store(&options.data_dir, &options.stream)?;
-    let mut projector = Projector::new(store.clone(), options.snapshot_every)?;
+    let mut projector = Projector::new(store.clone(), options.snapshot_every)?
+        .on_chain_violation(OnChainViolation::Quarantine);
     let served_by = uuid::Uuid::now_v7().to_string();
     tracing::info!(
         %served_by,

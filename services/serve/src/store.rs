@@ -23,7 +23,9 @@ use uuid::Uuid;
 
 /// The format byte in front of every stored entity. Bump it when entity state changes
 /// shape; an older store is then rebuilt from its sled copy of the log.
-pub const ENTITY_FORMAT: u8 = 2;
+pub const ENTITY_FORMAT: u8 = 3;
+/// The time index's layout: 2 = an entry at every commit where the watermark rose.
+const TIME_INDEX_FORMAT: u8 = 2;
 /// How many snapshots are kept; older ones are removed once a new one is complete.
 pub const SNAPSHOTS_KEPT_MAX: usize = 3;
 /// Entities per sled batch while writing a snapshot, so memory stays bounded.
@@ -68,8 +70,8 @@ pub struct StoreBatch {
     /// (consumer, provider, whether the consumer now holds an allocation there)
     pub allocation_index: Vec<(Uuid, Uuid, bool)>,
     pub quarantine: Vec<QuarantineRecord>,
-    /// (time ms, position) where the watermark rose
-    pub watermark: Option<(i64, u64)>,
+    /// (time ms, position) at every commit where the watermark rose, in position order
+    pub watermark_rises: Vec<(i64, u64)>,
     pub checkpoint: u64,
 }
 
@@ -143,7 +145,42 @@ impl ProjectionStore {
             store.refold_entities(stored.unwrap_or(0))?;
         }
         store.tree.insert(format_key, &[ENTITY_FORMAT][..])?;
+        let index_key = key(b'm', &[b"time_index_format"]);
+        let indexed = store.tree.get(&index_key)?.and_then(|v| v.first().copied());
+        if indexed != Some(TIME_INDEX_FORMAT) {
+            store.rebuild_time_index()?;
+            store.tree.insert(index_key, &[TIME_INDEX_FORMAT][..])?;
+        }
         Ok(store)
+    }
+
+    /// Rewrites the time index from the copy with an entry at every rise of the watermark
+    /// (stores before format 2 kept one entry per batch, which made `--at TIME` depend on
+    /// how a replica happened to batch).
+    fn rebuild_time_index(&self) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for k in self.tree.scan_prefix([b'w']).keys() {
+            batch.remove(k?);
+        }
+        let mut watermark: Option<i64> = None;
+        let mut rises = 0usize;
+        for commit in self.commits(1, self.checkpoint()?) {
+            let commit = commit?;
+            let ms = commit.recorded_at.unix_ms();
+            if watermark.is_none_or(|w| ms > w) {
+                watermark = Some(ms);
+                batch.insert(
+                    key(b'w', &[&time_key(ms), &commit.position.to_be_bytes()]),
+                    &[][..],
+                );
+                rises += 1;
+            }
+        }
+        self.tree.apply_batch(batch)?;
+        if rises > 0 {
+            tracing::info!(rises, "time index rebuilt at commit granularity");
+        }
+        Ok(())
     }
 
     /// Re-derives every entity from the copy (per aggregate, through the history index)
@@ -265,12 +302,14 @@ impl ProjectionStore {
             let json = serde_json::to_vec(&record).unwrap_or_default();
             b.insert(key(b'q', &[&record.position.to_be_bytes()]), json);
         }
-        if let Some((ms, position)) = batch.watermark {
+        for (ms, position) in &batch.watermark_rises {
             b.insert(
-                key(b'w', &[&time_key(ms), &position.to_be_bytes()]),
+                key(b'w', &[&time_key(*ms), &position.to_be_bytes()]),
                 &[][..],
             );
-            b.insert(key(b'm', &[b"watermark"]), &(ms as u64).to_be_bytes()[..]);
+        }
+        if let Some((ms, _)) = batch.watermark_rises.last() {
+            b.insert(key(b'm', &[b"watermark"]), &(*ms as u64).to_be_bytes()[..]);
         }
         b.insert(
             key(b'm', &[b"checkpoint"]),
@@ -300,11 +339,38 @@ impl ProjectionStore {
             })
     }
 
-    /// The decoded commits of the copy from `from` to `to` inclusive.
-    pub fn commits(&self, from: u64, to: u64) -> impl Iterator<Item = Result<Commit, StoreError>> {
-        self.raw_commits(from, to).map(|r| {
+    /// The decoded commits of the copy from `from` to `to` inclusive. A copy that no longer
+    /// decodes was damaged after it was written: an integrity error naming its aggregate.
+    pub fn commits(
+        &self,
+        from: u64,
+        to: u64,
+    ) -> impl Iterator<Item = Result<Commit, StoreError>> + '_ {
+        self.raw_commits(from, to).map(move |r| {
             let (position, bytes) = r?;
-            codec::decode(&bytes, position).map_err(|error| StoreError::Commit { position, error })
+            codec::decode(&bytes, position).map_err(|error| match self.locate(position) {
+                Some((aggregate, version)) => StoreError::Integrity(IntegrityError {
+                    aggregate,
+                    version,
+                    position,
+                    problem: format!("the copy cannot be decoded: {error}"),
+                }),
+                None => StoreError::Commit { position, error },
+            })
+        })
+    }
+
+    /// Which aggregate and version the copy's commit at `position` is, from the history
+    /// index. A scan: only for naming a damaged commit.
+    fn locate(&self, position: u64) -> Option<(AggregateId, u64)> {
+        self.tree.scan_prefix([b'h']).find_map(|r| {
+            let (k, v) = r.ok()?;
+            if be_u64(&v)? != position {
+                return None;
+            }
+            let kind = AggregateKind::from_tag(*k.get(1)?)?;
+            let id = Uuid::from_slice(k.get(2..18)?).ok()?;
+            Some((AggregateId::new(kind, id), be_u64(k.get(18..)?)?))
         })
     }
 

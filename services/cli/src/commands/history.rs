@@ -1,37 +1,74 @@
-//! `provledger history KIND/ID`: an aggregate's commits, oldest first, with a chain check.
+//! `provledger history KIND/ID`: an aggregate's commits, oldest first, with a chain check,
+//! and anything else found on its subject (quarantined entries) in place.
 
-use provledger_events::{verify_chain, AggregateId, EventLog};
+use provledger_events::{verify_chain, AggregateId, EventLog, HistoryEntry};
 use provledger_projections::timeline;
 
 use super::{print_json, CommandError};
 use provledger_client::Ledger;
 
 pub async fn run(ledger: &Ledger, aggregate: AggregateId, json: bool) -> Result<(), CommandError> {
-    let commits = ledger.read_aggregate(aggregate).await?;
+    let entries = ledger.aggregate_history(aggregate).await?;
+    let commits: Vec<_> = entries
+        .iter()
+        .filter_map(|e| match e {
+            HistoryEntry::Commit(c) => Some(c.clone()),
+            HistoryEntry::Quarantined { .. } => None,
+        })
+        .collect();
     if commits.is_empty() {
         return Err(CommandError::Problem(format!(
             "{aggregate} not found: it has no commits in this ledger (check --data-dir / --nats)"
         )));
     }
     let violations = verify_chain(&aggregate, &commits);
+    let quarantined: Vec<serde_json::Value> = entries
+        .iter()
+        .filter_map(|e| match e {
+            HistoryEntry::Quarantined {
+                position,
+                subject,
+                reason,
+            } => Some(serde_json::json!({
+                "position": position, "subject": subject, "reason": reason,
+            })),
+            HistoryEntry::Commit(_) => None,
+        })
+        .collect();
     if json {
         print_json(&serde_json::json!({
             "aggregate": aggregate.to_string(),
             "commits": commits,
+            "quarantined": quarantined,
             "chain_violations": violations.iter().map(|v| v.to_string()).collect::<Vec<_>>(),
         }));
     } else {
-        for commit in &commits {
-            println!(
-                "-- v{} at #{} {} by {} commit {}",
-                commit.version, commit.position, commit.recorded_at, commit.actor, commit.commit_id
-            );
-            for line in timeline::render(commit) {
-                println!("   {line}");
+        for entry in &entries {
+            match entry {
+                HistoryEntry::Commit(commit) => {
+                    println!(
+                        "-- v{} at #{} {} by {} commit {}",
+                        commit.version,
+                        commit.position,
+                        commit.recorded_at,
+                        commit.actor,
+                        commit.commit_id
+                    );
+                    for line in timeline::render(commit) {
+                        println!("   {line}");
+                    }
+                }
+                HistoryEntry::Quarantined {
+                    position, reason, ..
+                } => println!("-- QUARANTINED at #{position}: {reason} (not part of the chain)"),
             }
         }
         if violations.is_empty() {
-            println!("hash chain: ok ({} commits)", commits.len());
+            println!(
+                "hash chain: ok ({} commits, {} quarantined)",
+                commits.len(),
+                quarantined.len()
+            );
         } else {
             for v in &violations {
                 println!("hash chain VIOLATION: {v}");
@@ -42,7 +79,7 @@ pub async fn run(ledger: &Ledger, aggregate: AggregateId, json: bool) -> Result<
         Ok(())
     } else {
         Err(CommandError::Problem(format!(
-            "{} hash-chain violation(s) in {aggregate}",
+            "{} hash-chain violation(s) in {aggregate}; run `provledger audit`",
             violations.len()
         )))
     }

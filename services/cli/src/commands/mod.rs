@@ -81,7 +81,9 @@ impl From<RecordError> for CommandError {
 impl From<ReadError> for CommandError {
     fn from(e: ReadError) -> Self {
         match e {
-            ReadError::Undecodable { .. } => CommandError::Problem(e.to_string()),
+            ReadError::Undecodable { .. } | ReadError::OutsideChain { .. } => {
+                CommandError::Problem(e.to_string())
+            }
             ReadError::Unavailable { .. } => CommandError::Infrastructure(e.to_string()),
         }
     }

@@ -3,8 +3,8 @@
 //! with `--nats`, and prints counts by status, anomalies and quarantined entries.
 
 use futures::StreamExt;
-use provledger_events::{EventLog, JetStreamLog, SledLog};
-use provledger_projections::Projection;
+use provledger_events::{EventLog, IntegrityError, JetStreamLog, SledLog};
+use provledger_projections::{Entity, Projection};
 
 use super::state::{open_local_store, progress_bar, LogPoint};
 use super::{print_json, CommandError};
@@ -46,7 +46,14 @@ pub async fn replay_local(
     tracing::info!(snapshot = projection.position, to = end, "replaying");
     let bar = progress_bar(end.saturating_sub(projection.position), "replaying");
     for (n, commit) in store.commits(from, end).enumerate() {
-        projection.apply(&commit?);
+        let commit = commit?;
+        // The copy is what is folded: every commit must extend its aggregate's chain.
+        let known = projection.entities.get(&commit.aggregate);
+        let fresh = Entity::new(commit.aggregate);
+        known.unwrap_or(&fresh).check_next(&commit).map_err(|v| {
+            CommandError::Problem(IntegrityError::from_violation(commit.aggregate, &v).to_string())
+        })?;
+        projection.apply(&commit);
         if n % 4096 == 0 {
             bar.set_position(n as u64);
         }
@@ -86,10 +93,21 @@ pub async fn replay_remote(
                 if past {
                     break;
                 }
+                // A commit published on a subject outside its aggregate's chain (replayed,
+                // forged) is quarantined, as `serve` does, never folded.
+                let known = projection.entities.get(&commit.aggregate);
+                let fresh = Entity::new(commit.aggregate);
+                if known.unwrap_or(&fresh).check_next(&commit).is_err() {
+                    quarantined += 1;
+                    continue;
+                }
                 projection.apply(&commit);
                 bar.set_position(commit.position);
             }
-            Err(provledger_events::ReadError::Undecodable { position, .. }) => {
+            Err(
+                provledger_events::ReadError::Undecodable { position, .. }
+                | provledger_events::ReadError::OutsideChain { position, .. },
+            ) => {
                 if matches!(to, Some(LogPoint::Position(p)) if position > p) {
                     break;
                 }

@@ -47,6 +47,7 @@ impl From<ProjectorError> for CommandError {
         match e {
             ProjectorError::Store(s) => s.into(),
             ProjectorError::Read(r) => r.into(),
+            ProjectorError::Integrity(i) => CommandError::Problem(i.to_string()),
         }
     }
 }
