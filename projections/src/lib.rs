@@ -6,6 +6,7 @@
 //! makes no sense: such an event is kept as an anomaly on the entity. Storing entities,
 //! checkpoints and the sled copy of the log is the projector's job (`provledger-serve`'s `Projector`).
 
+pub mod audit;
 pub mod cluster;
 pub mod decide;
 pub mod entity;

@@ -123,6 +123,9 @@ enum Command {
         #[command(subcommand)]
         action: RollbackCommand,
     },
+    /// Check hash chains, position continuity, quarantined entries, the sled copy against
+    /// the stream (with --nats) and the contract's invariants. Exit 1 on any violation.
+    Audit,
     /// Send one request to a running service and print the reply.
     Query {
         /// cluster.get, cluster.list, instance.get, instance.list, provider.get,
@@ -247,6 +250,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             })
             .await
         }
+        Command::Audit => commands::audit::run(&options, cli.json).await,
         Command::Replay { to } => {
             with_ledger(&options, |ledger| async move {
                 let result = match &ledger {

@@ -39,7 +39,7 @@ fn demo_runs_embedded_and_ends_with_a_clean_audit() {
     let out = provledger(&["--data-dir", dir.path().to_str().unwrap(), "demo"], "");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let s = text(&out);
-    assert!(s.contains("hash chains ok"), "{s}");
+    assert!(s.contains("positions and invariants ok"), "{s}");
     assert!(s.contains("stale claim"), "{s}");
     assert!(s.contains("already appended"), "{s}");
     assert!(s.contains("in_flight_operation_cleared"), "{s}");
@@ -59,6 +59,25 @@ fn demo_runs_embedded_and_ends_with_a_clean_audit() {
     ] {
         assert!(s.contains(expected), "missing {expected:?} in {s}");
     }
+    // `provledger audit` on the demo's data exits 0.
+    let demo_dir = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("demo-"))
+        })
+        .expect("the demo's data dir");
+    let out = provledger(
+        &["--json", "--data-dir", demo_dir.to_str().unwrap(), "audit"],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let audit: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(audit["ok"], true, "{audit}");
+    assert!(audit["commits"].as_u64().unwrap() > 300, "{audit}");
+    assert_eq!(audit["violations"].as_array().map(Vec::len), Some(0));
 }
 
 /// What a demo run ended with, scenario by scenario: the commits it wrote, the cluster's

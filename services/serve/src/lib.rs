@@ -10,19 +10,23 @@
 //!   contract's `provledger.q.*` and `provledger.cmd.append` as the NATS micro service
 //!   `provledger` ([`run`]);
 //! - serve's rollback and deletion worker (`rollback_worker`), which drives stopped
-//!   operations' rollbacks with the client library's driver.
+//!   operations' rollbacks with the client library's driver;
+//! - the audit's shell ([`audit_log`]): the whole log through the pure auditor, and the
+//!   store's copy compared with the log.
 //!
 //! It never depends on the simulator or the CLI, never writes to the log except through
 //! `EventLog::append` (in `cmd.append` and through the client library's driver and
 //! deletion steps), and its queries only read the store: the projector is the store's
 //! one writer.
 
+mod audit;
 mod endpoints;
 mod projector;
 mod rollback_worker;
 mod service;
 mod store;
 
+pub use audit::{audit_log, AuditError};
 pub use projector::{
     BatchOutcome, OnChainViolation, Projector, ProjectorError, BATCH_ENTRIES_MAX,
     SNAPSHOT_EVERY_POSITIONS_DEFAULT,

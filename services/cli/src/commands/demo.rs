@@ -5,6 +5,8 @@
 
 use std::path::Path;
 
+use provledger_events::{SledLog, Timestamp};
+use provledger_serve::audit_log;
 use provledger_sim::demo::{self, fit, DemoReport, ScenarioReport};
 
 use super::{print_json, CommandError};
@@ -14,6 +16,19 @@ pub async fn run(base_dir: &Path, json: bool) -> Result<(), CommandError> {
         demo::DemoError::DataDir { .. } => CommandError::Infrastructure(e.to_string()),
         other => CommandError::Problem(other.to_string()),
     })?;
+    // The same audit `provledger audit` runs, on the demo's data dir.
+    let log =
+        SledLog::open(&report.data_dir).map_err(|e| CommandError::Infrastructure(e.to_string()))?;
+    let audit = audit_log(&log, None, Timestamp::now(), |_, _| {}).await;
+    log.close();
+    let audit = audit?;
+    let mut violations: Vec<String> = report.chain_violations.clone();
+    violations.extend(
+        audit
+            .violations
+            .iter()
+            .map(|v| format!("{}: {}", v.aggregate.clone().unwrap_or_default(), v.problem)),
+    );
     if json {
         print_json(&serde_json::json!({
             "data_dir": report.data_dir.display().to_string(),
@@ -21,13 +36,14 @@ pub async fn run(base_dir: &Path, json: bool) -> Result<(), CommandError> {
             "audit": {
                 "aggregates": report.aggregates,
                 "commits": report.commits,
-                "violations": report.chain_violations,
+                "positions": audit.position,
+                "violations": violations,
             },
         }));
     } else {
-        print_report(&report);
+        print_report(&report, &violations);
     }
-    match report.chain_violations.len() {
+    match violations.len() {
         0 => Ok(()),
         n => Err(CommandError::Problem(format!(
             "demo audit found {n} violation(s)"
@@ -35,7 +51,7 @@ pub async fn run(base_dir: &Path, json: bool) -> Result<(), CommandError> {
     }
 }
 
-fn print_report(report: &DemoReport) {
+fn print_report(report: &DemoReport, violations: &[String]) {
     println!(
         "{}",
         fit(&format!(
@@ -57,15 +73,18 @@ fn print_report(report: &DemoReport) {
     }
     println!();
     println!(
-        "audit: {} aggregates, {} commits, hash chains {}",
+        "audit: {} aggregates, {} commits; hash chains, positions and invariants {}",
         report.aggregates,
         report.commits,
-        if report.chain_violations.is_empty() {
+        if violations.is_empty() {
             "ok".to_string()
         } else {
-            format!("{} VIOLATIONS", report.chain_violations.len())
+            format!("{} VIOLATIONS", violations.len())
         }
     );
+    for v in violations {
+        println!("{}", fit(&format!("  VIOLATION {v}")));
+    }
     // Commands are printed whole, never cut, so that they can be pasted as they are.
     let me = invocation();
     println!("the demo's data stays in its own data dir; look at it with the command you ran:");
@@ -75,6 +94,7 @@ fn print_report(report: &DemoReport) {
         println!("  {me} --data-dir \"$DIR\" state {cluster}");
     }
     println!("  {me} --data-dir \"$DIR\" replay");
+    println!("  {me} --data-dir \"$DIR\" audit");
 }
 
 fn print_scenario(report: &DemoReport, scenario: &ScenarioReport) {

@@ -2,6 +2,7 @@
 //! contract: 1 = ran and found a problem, 2 = bad usage or input, 3 = infrastructure.
 
 pub mod append;
+pub mod audit;
 pub mod demo;
 pub mod history;
 pub mod query;

@@ -73,6 +73,7 @@ pub(crate) async fn append(ctx: &QueryContext, payload: &[u8]) -> Result<Value, 
             ErrorCode::Conflict,
             format!("{aggregate} is at version {actual}, not {expect}; re-read and retry"),
         )
+        .with("reason", "version".into())
         .with("actual_version", actual.into())),
         Err(e @ RecordError::Contended { .. }) => {
             Err(QueryError::new(ErrorCode::Unavailable, e.to_string()))
@@ -105,8 +106,10 @@ fn rejected(rejection: AppendRejection) -> QueryError {
 
 fn append_error(e: AppendError) -> QueryError {
     match e {
+        // A `reason` tells it apart from a version conflict (which has `actual_version`).
         e @ AppendError::CommitIdReused { .. } => {
             QueryError::new(ErrorCode::Conflict, e.to_string())
+                .with("reason", "commit_id_reused".into())
         }
         e @ (AppendError::Invalid(_) | AppendError::Encode(_)) => bad("events", e.to_string()),
         e @ AppendError::Unavailable { .. } => {

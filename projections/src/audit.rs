@@ -1,0 +1,352 @@
+//! The audit's pure core: fed the log's entries in position order, it checks position
+//! continuity and each aggregate's hash chain and version sequence, folds what is valid,
+//! and at the end checks the contract's invariants on the folded state. Every violation
+//! names where it is (aggregate, version, position) and what to do. The shell (reading the
+//! log, comparing the sled copy, printing) is `provledger-serve`'s `audit` module.
+
+use std::collections::BTreeMap;
+
+use provledger_events::{AggregateId, Commit, Timestamp};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::cluster::ClusterState;
+use crate::instance::InstanceState;
+use crate::operation::{OperationState, OperationStatus};
+use crate::provider::ProviderState;
+use crate::{Entity, Projection};
+
+/// Which check found a violation. The snake_case words are stable (`audit --json`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Check {
+    /// Positions 1, 2, 3, ... with nothing missing or out of order.
+    PositionContinuity,
+    /// Each aggregate's versions 1..n, hashes valid, each linked to the previous one.
+    HashChain,
+    /// Something on an aggregate's subject that is not part of its chain.
+    Quarantine,
+    /// A service's sled copy differs from the log it copies.
+    Copy,
+    ProviderCapacity,
+    OrphanAllocation,
+    DeletedTargetNotEmpty,
+    RollbackUnfinished,
+    TaskLeaseExpired,
+}
+
+/// One finding.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    pub check: Check,
+    pub aggregate: Option<String>,
+    pub version: Option<u64>,
+    pub position: Option<u64>,
+    pub problem: String,
+    /// What an operator does about it.
+    pub action: String,
+}
+
+impl Violation {
+    fn at(check: Check, aggregate: Option<AggregateId>, problem: String, action: &str) -> Self {
+        Violation {
+            check,
+            aggregate: aggregate.map(|a| a.to_string()),
+            version: None,
+            position: None,
+            problem,
+            action: action.to_string(),
+        }
+    }
+
+    fn with_version(mut self, version: u64) -> Self {
+        self.version = Some(version);
+        self
+    }
+
+    pub fn with_position(mut self, position: u64) -> Self {
+        self.position = Some(position);
+        self
+    }
+}
+
+/// What an audit found, for printing and `--json`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AuditReport {
+    /// The last position audited.
+    pub position: u64,
+    pub commits: u64,
+    pub events: u64,
+    pub aggregates: usize,
+    pub quarantined: u64,
+    pub violations: Vec<Violation>,
+}
+
+/// Feeds on the log in position order; see the module documentation.
+#[derive(Debug, Default)]
+pub struct Auditor {
+    projection: Projection,
+    next_position: u64,
+    report: AuditReport,
+}
+
+const CHAIN_ACTION: &str = "the stored log was altered or damaged: restore this aggregate's commits from a replica or backup, and find who wrote there";
+
+impl Auditor {
+    pub fn new() -> Self {
+        Auditor {
+            next_position: 1,
+            ..Default::default()
+        }
+    }
+
+    /// Adds a violation found by the shell (a copy that differs, an entry it could not read).
+    pub fn record(&mut self, violation: Violation) {
+        self.report.violations.push(violation);
+    }
+
+    fn advance(&mut self, position: u64) {
+        if position > self.next_position {
+            let missing = if position - 1 == self.next_position {
+                format!("position {} is missing", self.next_position)
+            } else {
+                format!(
+                    "positions {}..={} are missing",
+                    self.next_position,
+                    position - 1
+                )
+            };
+            self.record(
+                Violation::at(
+                    Check::PositionContinuity,
+                    None,
+                    missing,
+                    "commits were lost from the log: compare with another replica of the stream",
+                )
+                .with_position(self.next_position),
+            );
+        } else if position < self.next_position {
+            self.record(
+                Violation::at(
+                    Check::PositionContinuity,
+                    None,
+                    format!(
+                        "position {position} arrived after {}: out of order or repeated",
+                        self.next_position - 1
+                    ),
+                    "the log's order is broken: rebuild it from a replica",
+                )
+                .with_position(position),
+            );
+        }
+        self.next_position = self.next_position.max(position + 1);
+        self.report.position = self.report.position.max(position);
+    }
+
+    /// One commit of the log. A commit that does not extend its aggregate's chain is
+    /// reported and not folded, so the invariants are checked on the valid history only.
+    pub fn commit(&mut self, commit: &Commit) {
+        self.advance(commit.position);
+        let known = self.projection.get(&commit.aggregate);
+        let fresh = Entity::new(commit.aggregate);
+        if let Err(violation) = known.unwrap_or(&fresh).check_next(commit) {
+            self.record(
+                Violation::at(
+                    Check::HashChain,
+                    Some(commit.aggregate),
+                    violation.to_string(),
+                    CHAIN_ACTION,
+                )
+                .with_version(commit.version)
+                .with_position(commit.position),
+            );
+            return;
+        }
+        self.report.commits += 1;
+        self.report.events += commit.events.len() as u64;
+        self.projection.apply(commit);
+    }
+
+    /// One entry readers quarantine (garbage, or a commit outside its aggregate's chain).
+    pub fn quarantined(&mut self, position: u64, subject: &str, reason: &str) {
+        self.advance(position);
+        self.report.quarantined += 1;
+        self.record(
+            Violation::at(
+                Check::Quarantine,
+                None,
+                format!("{subject}: {reason}"),
+                "not part of any chain and skipped by every reader; find the publisher and restrict publishing on the subject (its aggregate is unaffected)",
+            )
+            .with_position(position),
+        );
+    }
+
+    /// Ends the audit at the log's end as of its start (`end`), checking the invariants at
+    /// `now` (for leases).
+    pub fn finish(mut self, end: u64, now: Timestamp) -> AuditReport {
+        if end >= self.next_position {
+            self.advance(end + 1);
+            self.report.position = end;
+        }
+        self.report.aggregates = self.projection.entities.len();
+        let mut invariants = check_invariants(&self.projection, now);
+        self.report.violations.append(&mut invariants);
+        self.report
+    }
+}
+
+/// The contract's invariants on a folded state, in aggregate order.
+pub fn check_invariants(projection: &Projection, now: Timestamp) -> Vec<Violation> {
+    let mut entities: Vec<&Entity> = projection.entities.values().collect();
+    entities.sort_by_key(|e| (e.id().kind.tag(), e.id().id));
+    let mut out = Vec::new();
+    for entity in entities {
+        match entity {
+            Entity::Provider(p) => provider_invariants(p, projection, &mut out),
+            Entity::Cluster(c) => cluster_invariants(c, projection, &mut out),
+            Entity::Instance(i) => instance_invariants(i, now, &mut out),
+            Entity::Operation(o) => operation_invariants(o, &mut out),
+        }
+    }
+    out
+}
+
+fn provider_invariants(p: &ProviderState, projection: &Projection, out: &mut Vec<Violation>) {
+    let id = p.header.id;
+    for rc in p.over_capacity() {
+        let used = p.usage.get(&rc).copied().unwrap_or(0);
+        let capacity = p.inventories.get(&rc).map_or(0, |i| i.capacity());
+        out.push(
+            Violation::at(
+                Check::ProviderCapacity,
+                Some(id),
+                format!("{rc} used {used} > capacity {capacity}"),
+                "raise the inventory back, or release or migrate allocations until usage fits",
+            )
+            .with_version(p.header.version),
+        );
+    }
+    let deleted = p.status == Some(crate::provider::ProviderStatus::Deleted);
+    for (consumer, allocation) in &p.allocations {
+        let gone = if deleted {
+            Some("its provider is deleted".to_string())
+        } else {
+            consumer_gone(*consumer, allocation.consumer_kind, projection)
+        };
+        if let Some(why) = gone {
+            out.push(
+                Violation::at(
+                    Check::OrphanAllocation,
+                    Some(id),
+                    format!("allocation of {consumer}: {why}"),
+                    "release it (allocation_released with a reason) once you have checked nothing uses it",
+                )
+                .with_version(p.header.version),
+            );
+        }
+    }
+}
+
+/// Why an allocation's consumer is gone, if it is. Only instances are known consumers
+/// today; other kinds are checked once migrations are recorded.
+fn consumer_gone(
+    consumer: Uuid,
+    kind: provledger_events::catalogue::ConsumerKind,
+    projection: &Projection,
+) -> Option<String> {
+    use provledger_events::catalogue::{ConsumerKind, VmState};
+    if kind != ConsumerKind::Instance {
+        return None;
+    }
+    match projection.get(&AggregateId::instance(consumer)) {
+        None => Some(format!("instance {consumer} was never recorded")),
+        Some(Entity::Instance(i)) if i.vm_state == Some(VmState::Deleted) => {
+            Some(format!("instance {consumer} is deleted"))
+        }
+        _ => None,
+    }
+}
+
+fn cluster_invariants(c: &ClusterState, projection: &Projection, out: &mut Vec<Violation>) {
+    use provledger_events::catalogue::{ClusterStatus, VmState};
+    if c.status != Some(ClusterStatus::Deleted) {
+        return;
+    }
+    let live: Vec<Uuid> = c
+        .node_groups
+        .iter()
+        .flat_map(|g| g.instance_ids.iter().copied())
+        .filter(|i| {
+            !matches!(
+                projection.get(&AggregateId::instance(*i)),
+                Some(Entity::Instance(s)) if s.vm_state == Some(VmState::Deleted)
+            )
+        })
+        .collect();
+    if !live.is_empty() {
+        out.push(
+            Violation::at(
+                Check::DeletedTargetNotEmpty,
+                Some(c.header.id),
+                format!("deleted while {} instance(s) remain: {live:?}", live.len()),
+                "delete the remaining instances (provledger rollback run, or the flow's delete) so nothing is left running",
+            )
+            .with_version(c.header.version),
+        );
+    }
+}
+
+fn instance_invariants(i: &InstanceState, now: Timestamp, out: &mut Vec<Violation>) {
+    if let (Some(task), Some(until)) = (i.task_state, i.task_lease_until) {
+        if until < now {
+            out.push(
+                Violation::at(
+                    Check::TaskLeaseExpired,
+                    Some(i.header.id),
+                    format!(
+                        "task {task:?} of worker {} past its lease (until {until})",
+                        i.task_worker.as_deref().unwrap_or("?")
+                    ),
+                    "run `provledger recover` so the stuck task is re-driven or errored",
+                )
+                .with_version(i.header.version),
+            );
+        }
+    }
+}
+
+fn operation_invariants(o: &OperationState, out: &mut Vec<Violation>) {
+    let unfinished = match o.status {
+        Some(OperationStatus::Failed | OperationStatus::RollingBack) => true,
+        Some(OperationStatus::Cancelled) => !o.is_closed(),
+        _ => false,
+    };
+    if unfinished {
+        let id = o.header.id;
+        out.push(
+            Violation::at(
+                Check::RollbackUnfinished,
+                Some(id),
+                format!(
+                    "{:?} but its rollback has not finished",
+                    o.status.map(|s| format!("{s:?}").to_lowercase())
+                ),
+                &format!(
+                    "let `provledger serve` drive it, or run `provledger rollback run {}`",
+                    id.id
+                ),
+            )
+            .with_version(o.header.version),
+        );
+    }
+}
+
+/// Counts of violations by check, for summaries.
+pub fn counts(violations: &[Violation]) -> BTreeMap<Check, usize> {
+    let mut out = BTreeMap::new();
+    for v in violations {
+        *out.entry(v.check).or_insert(0) += 1;
+    }
+    out
+}

@@ -1,0 +1,174 @@
+//! `provledger audit`: hash chains and version continuity per aggregate, position
+//! continuity, quarantined entries, the sled copy against the log, and the contract's
+//! invariants. Exit 1 on any violation, each listed with what to do.
+
+use std::time::Instant;
+
+use provledger_client::{Ledger, LedgerOptions};
+use provledger_events::log::OpenSledError;
+use provledger_events::{SledLog, Timestamp};
+use provledger_projections::audit::{counts, AuditReport};
+use provledger_serve::{audit_log, AuditError, ProjectionStore};
+
+use super::state::progress_bar;
+use super::{print_json, CommandError};
+
+impl From<AuditError> for CommandError {
+    fn from(e: AuditError) -> Self {
+        match e {
+            AuditError::Read(r) => r.into(),
+            AuditError::Store(s) => s.into(),
+        }
+    }
+}
+
+/// The copy to compare with the stream when auditing JetStream: the data dir's projection
+/// store, if it copies this stream and no running service holds it.
+fn service_copy(
+    options: &LedgerOptions,
+    notes: &mut Vec<String>,
+) -> Option<(SledLog, ProjectionStore)> {
+    if !options.data_dir.join("sled").exists() {
+        notes.push(format!(
+            "no sled copy at {}: only the stream was audited",
+            options.data_dir.display()
+        ));
+        return None;
+    }
+    let dir = match SledLog::open(&options.data_dir) {
+        Ok(dir) => dir,
+        Err(e @ OpenSledError::Locked { .. }) => {
+            notes.push(format!(
+                "the copy was not compared: {e}; stop that service to compare it"
+            ));
+            return None;
+        }
+        Err(e) => {
+            notes.push(format!("the copy was not compared: {e}"));
+            return None;
+        }
+    };
+    let store = ProjectionStore::open(dir.db()).ok()?;
+    let wanted = format!("jetstream:{}", options.stream);
+    match store.source().ok().flatten() {
+        Some(source) if source == wanted => Some((dir, store)),
+        other => {
+            notes.push(format!(
+                "{} copies {}, not {wanted}: not compared",
+                options.data_dir.display(),
+                other.unwrap_or_else(|| "nothing".into())
+            ));
+            dir.close();
+            None
+        }
+    }
+}
+
+pub async fn run(options: &LedgerOptions, json: bool) -> Result<(), CommandError> {
+    let started = Instant::now();
+    let mut notes = Vec::new();
+    if options.nats_url.is_none() && !options.data_dir.join("sled").exists() {
+        return Err(CommandError::Problem(format!(
+            "no ledger at {}: give the --data-dir of an embedded ledger, or --nats",
+            options.data_dir.display()
+        )));
+    }
+    let copy = match options.nats_url {
+        Some(_) => service_copy(options, &mut notes),
+        None => None,
+    };
+    let ledger = Ledger::open(options).await?;
+    let bar = progress_bar(0, "auditing");
+    let progress = |done: u64, end: u64| {
+        bar.set_length(end);
+        bar.set_position(done);
+    };
+    let now = Timestamp::now();
+    let result = match &ledger {
+        Ledger::Embedded(log) => {
+            let store = ProjectionStore::open(log.db())?;
+            match store.source()? {
+                Some(source) if source != "embedded" => Err(CommandError::BadInput(format!(
+                    "{} holds the projection copy of {source}; audit it with --nats",
+                    options.data_dir.display()
+                ))),
+                // The embedded projection copies the embedded log: compared as well.
+                _ => audit_log(log, Some(&store), now, progress)
+                    .await
+                    .map_err(CommandError::from),
+            }
+        }
+        Ledger::JetStream(log) => audit_log(log, copy.as_ref().map(|(_, s)| s), now, progress)
+            .await
+            .map_err(CommandError::from),
+    };
+    bar.finish_and_clear();
+    ledger.close();
+    if let Some((dir, _)) = copy {
+        dir.close();
+    }
+    let report = result?;
+    print_report(&report, &notes, started.elapsed().as_secs_f64(), json);
+    if report.violations.is_empty() {
+        Ok(())
+    } else {
+        Err(CommandError::Problem(format!(
+            "audit found {} violation(s)",
+            report.violations.len()
+        )))
+    }
+}
+
+fn print_report(report: &AuditReport, notes: &[String], seconds: f64, json: bool) {
+    if json {
+        let mut value = serde_json::to_value(report).unwrap_or_default();
+        value["ok"] = report.violations.is_empty().into();
+        value["notes"] = notes.into();
+        value["seconds"] = seconds.into();
+        print_json(&value);
+        return;
+    }
+    for v in &report.violations {
+        let mut at = Vec::new();
+        if let Some(a) = &v.aggregate {
+            at.push(a.clone());
+        }
+        if let Some(version) = v.version {
+            at.push(format!("v{version}"));
+        }
+        if let Some(p) = v.position {
+            at.push(format!("position {p}"));
+        }
+        let check = serde_json::to_value(v.check).unwrap_or_default();
+        println!(
+            "VIOLATION [{}] {}: {}\n    what to do: {}",
+            check.as_str().unwrap_or("?"),
+            at.join(" "),
+            v.problem,
+            v.action
+        );
+    }
+    for note in notes {
+        println!("note: {note}");
+    }
+    println!(
+        "audited positions 1..={}: {} commits, {} events, {} aggregates, {} quarantined, in {seconds:.2} s",
+        report.position, report.commits, report.events, report.aggregates, report.quarantined
+    );
+    if report.violations.is_empty() {
+        println!("audit: ok, no violation");
+    } else {
+        let by_check: Vec<String> = counts(&report.violations)
+            .iter()
+            .map(|(c, n)| {
+                let name = serde_json::to_value(c).unwrap_or_default();
+                format!("{} {n}", name.as_str().unwrap_or("?"))
+            })
+            .collect();
+        println!(
+            "audit: {} violation(s) ({})",
+            report.violations.len(),
+            by_check.join(", ")
+        );
+    }
+}

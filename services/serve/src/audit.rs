@@ -1,0 +1,138 @@
+//! The audit's shell: reads the whole log once through the pure `Auditor` and, when a
+//! projection store copies that log, compares the copy entry by entry.
+
+use std::collections::HashSet;
+
+use futures::StreamExt;
+use provledger_events::{codec, EventLog, ReadError, Timestamp};
+use provledger_projections::audit::{AuditReport, Auditor, Check, Violation};
+
+use crate::store::{ProjectionStore, StoreError};
+
+/// Why the audit could not run (a finding is never an error: it is in the report).
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A sled copy to compare, up to its checkpoint.
+struct Copy<'a> {
+    store: &'a ProjectionStore,
+    checkpoint: u64,
+    quarantined: HashSet<u64>,
+}
+
+impl Copy<'_> {
+    /// Whether the copy holds the same commit at its position; a violation otherwise.
+    fn compare(&self, commit: &provledger_events::Commit) -> Option<Violation> {
+        if commit.position > self.checkpoint {
+            return None;
+        }
+        let stored = self
+            .store
+            .raw_commits(commit.position, commit.position)
+            .next();
+        let problem = match (stored, codec::encode(commit)) {
+            (Some(Ok((_, bytes))), Ok(expected)) if bytes.as_ref() == expected.as_slice() => {
+                return None
+            }
+            (Some(Ok(_)), _) => "the copy's bytes differ from the log's".to_string(),
+            (Some(Err(e)), _) => format!("the copy cannot be read: {e}"),
+            (None, _) => "the copy lacks this commit".to_string(),
+        };
+        Some(copy_violation(
+            Some(commit.aggregate.to_string()),
+            Some(commit.version),
+            commit.position,
+            problem,
+        ))
+    }
+
+    fn compare_quarantined(&self, position: u64) -> Option<Violation> {
+        if position > self.checkpoint || self.quarantined.contains(&position) {
+            return None;
+        }
+        Some(copy_violation(
+            None,
+            None,
+            position,
+            "the log quarantines this entry but the copy has no quarantine record".into(),
+        ))
+    }
+}
+
+fn copy_violation(
+    aggregate: Option<String>,
+    version: Option<u64>,
+    position: u64,
+    problem: String,
+) -> Violation {
+    Violation {
+        check: Check::Copy,
+        aggregate,
+        version,
+        position: Some(position),
+        problem,
+        action: "the sled copy was altered or damaged: stop the service, move its data dir aside and let it rebuild from the stream".into(),
+    }
+}
+
+/// Audits `log` from position 1 to its end as of the start. `copy`: a projection store
+/// that copies this log (a service's data dir, or the embedded projection), compared up to
+/// its checkpoint. `progress(done, end)` is called as positions are read.
+pub async fn audit_log<L: EventLog>(
+    log: &L,
+    copy: Option<&ProjectionStore>,
+    now: Timestamp,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<AuditReport, AuditError> {
+    let end = log.last_position().await?;
+    let copy = match copy {
+        Some(store) => Some(Copy {
+            store,
+            checkpoint: store.checkpoint()?,
+            quarantined: store.quarantined()?.iter().map(|q| q.position).collect(),
+        }),
+        None => None,
+    };
+    let mut auditor = Auditor::new();
+    let mut entries = log.read_all(1).await?;
+    while let Some(entry) = entries.next().await {
+        let position = match &entry {
+            Ok(commit) => {
+                auditor.commit(commit);
+                if let Some(v) = copy.as_ref().and_then(|c| c.compare(commit)) {
+                    auditor.record(v);
+                }
+                commit.position
+            }
+            Err(e) => match e.quarantine_parts() {
+                Some((position, subject, reason, _)) => {
+                    auditor.quarantined(position, subject, &reason);
+                    if let Some(v) = copy.as_ref().and_then(|c| c.compare_quarantined(position)) {
+                        auditor.record(v);
+                    }
+                    position
+                }
+                None => return Err(AuditError::Read(e.clone())),
+            },
+        };
+        if position % 4096 == 0 || position == end {
+            progress(position, end);
+        }
+        if position >= end {
+            break;
+        }
+    }
+    let report = auditor.finish(end, now);
+    tracing::info!(
+        position = report.position,
+        commits = report.commits,
+        violations = report.violations.len(),
+        "audit finished"
+    );
+    Ok(report)
+}
