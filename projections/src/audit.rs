@@ -88,6 +88,9 @@ pub struct Auditor {
     projection: Projection,
     next_position: u64,
     report: AuditReport,
+    /// A log anyone may publish to (JetStream): a commit that does not extend its chain is
+    /// quarantined there, as every reader does, rather than a break of the chain.
+    quarantine_link_breaks: bool,
 }
 
 const CHAIN_ACTION: &str = "the stored log was altered or damaged: restore this aggregate's commits from a replica or backup, and find who wrote there";
@@ -98,6 +101,12 @@ impl Auditor {
             next_position: 1,
             ..Default::default()
         }
+    }
+
+    /// For a log anyone allowed may publish on (JetStream): see `quarantine_link_breaks`.
+    pub fn quarantining_link_breaks(mut self) -> Self {
+        self.quarantine_link_breaks = true;
+        self
     }
 
     /// Adds a violation found by the shell (a copy that differs, an entry it could not read).
@@ -150,6 +159,11 @@ impl Auditor {
         let known = self.projection.get(&commit.aggregate);
         let fresh = Entity::new(commit.aggregate);
         if let Err(violation) = known.unwrap_or(&fresh).check_next(commit) {
+            if self.quarantine_link_breaks {
+                let subject = commit.aggregate.to_string();
+                self.quarantine_at(commit.position, &subject, &violation.to_string());
+                return;
+            }
             self.record(
                 Violation::at(
                     Check::HashChain,
@@ -170,6 +184,10 @@ impl Auditor {
     /// One entry readers quarantine (garbage, or a commit outside its aggregate's chain).
     pub fn quarantined(&mut self, position: u64, subject: &str, reason: &str) {
         self.advance(position);
+        self.quarantine_at(position, subject, reason);
+    }
+
+    fn quarantine_at(&mut self, position: u64, subject: &str, reason: &str) {
         self.report.quarantined += 1;
         self.record(
             Violation::at(

@@ -414,6 +414,35 @@ async fn garbage_replayed_and_foreign_commits_on_a_subject_are_quarantined_and_a
     assert_eq!(state["data"]["anomaly_count"], 0, "{state}");
     let health = cmd_query(&client, "health", json!({})).await;
     assert_eq!(health["data"]["quarantined"], 3, "{health}");
+
+    // `audit` reports the three quarantined entries, and nothing wrong with the chain.
+    let nowhere = dir.path().join("no-copy");
+    let out = provledger_cli(&[
+        "--json",
+        "--nats",
+        &nats.url(),
+        "--data-dir",
+        nowhere.to_str().unwrap(),
+        "audit",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let audit: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let violations = audit["violations"].as_array().unwrap();
+    let quarantine: Vec<u64> = violations
+        .iter()
+        .filter(|v| v["check"] == "quarantine")
+        .map(|v| v["position"].as_u64().unwrap())
+        .collect();
+    assert_eq!(quarantine, vec![garbage, replayed, foreign], "{audit}");
+    assert!(
+        violations.iter().all(|v| v["check"] == "quarantine"),
+        "{audit}"
+    );
 }
 
 async fn cmd_query(client: &async_nats::Client, endpoint: &str, body: Value) -> Value {
@@ -500,6 +529,33 @@ async fn a_flipped_byte_in_a_services_sled_copy_is_refused_by_serve_state_and_re
         assert!(text.contains("integrity"), "{args:?}: {text}");
         assert!(text.contains(&aggregate), "{args:?}: {text}");
     }
+
+    // ...`audit` against the stream finds the copy altered, naming aggregate and version...
+    let out = provledger_cli(&[
+        "--json",
+        "--nats",
+        &nats.url(),
+        "--data-dir",
+        data_arg,
+        "audit",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let audit: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let copy: Vec<&Value> = audit["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["check"] == "copy")
+        .collect();
+    assert_eq!(copy.len(), 1, "{audit}");
+    assert_eq!(copy[0]["aggregate"], aggregate.as_str());
+    assert_eq!(copy[0]["version"], 1);
+    assert_eq!(copy[0]["position"], tampered);
 
     // ...and the restarted service answers `integrity` instead of the altered commit.
     let _serve = Serve::start(&nats, &data);

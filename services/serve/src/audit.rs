@@ -7,6 +7,7 @@ use futures::StreamExt;
 use provledger_events::{codec, EventLog, ReadError, Timestamp};
 use provledger_projections::audit::{AuditReport, Auditor, Check, Violation};
 
+use crate::projector::OnChainViolation;
 use crate::store::{ProjectionStore, StoreError};
 
 /// Why the audit could not run (a finding is never an error: it is in the report).
@@ -80,11 +81,14 @@ fn copy_violation(
     }
 }
 
-/// Audits `log` from position 1 to its end as of the start. `copy`: a projection store
+/// Audits `log` from position 1 to its end as of the start. `on_violation`: what a commit
+/// outside its aggregate's chain is on this log, as for the projector (JetStream:
+/// quarantined; embedded: a broken chain). `copy`: a projection store
 /// that copies this log (a service's data dir, or the embedded projection), compared up to
 /// its checkpoint. `progress(done, end)` is called as positions are read.
 pub async fn audit_log<L: EventLog>(
     log: &L,
+    on_violation: OnChainViolation,
     copy: Option<&ProjectionStore>,
     now: Timestamp,
     mut progress: impl FnMut(u64, u64),
@@ -98,7 +102,10 @@ pub async fn audit_log<L: EventLog>(
         }),
         None => None,
     };
-    let mut auditor = Auditor::new();
+    let mut auditor = match on_violation {
+        OnChainViolation::Quarantine => Auditor::new().quarantining_link_breaks(),
+        OnChainViolation::Fail => Auditor::new(),
+    };
     let mut entries = log.read_all(1).await?;
     while let Some(entry) = entries.next().await {
         let position = match &entry {

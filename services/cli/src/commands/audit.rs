@@ -8,7 +8,7 @@ use provledger_client::{Ledger, LedgerOptions};
 use provledger_events::log::OpenSledError;
 use provledger_events::{SledLog, Timestamp};
 use provledger_projections::audit::{counts, AuditReport};
-use provledger_serve::{audit_log, AuditError, ProjectionStore};
+use provledger_serve::{audit_log, AuditError, OnChainViolation, ProjectionStore};
 
 use super::state::progress_bar;
 use super::{print_json, CommandError};
@@ -93,14 +93,20 @@ pub async fn run(options: &LedgerOptions, json: bool) -> Result<(), CommandError
                     options.data_dir.display()
                 ))),
                 // The embedded projection copies the embedded log: compared as well.
-                _ => audit_log(log, Some(&store), now, progress)
+                _ => audit_log(log, OnChainViolation::Fail, Some(&store), now, progress)
                     .await
                     .map_err(CommandError::from),
             }
         }
-        Ledger::JetStream(log) => audit_log(log, copy.as_ref().map(|(_, s)| s), now, progress)
-            .await
-            .map_err(CommandError::from),
+        Ledger::JetStream(log) => audit_log(
+            log,
+            OnChainViolation::Quarantine,
+            copy.as_ref().map(|(_, s)| s),
+            now,
+            progress,
+        )
+        .await
+        .map_err(CommandError::from),
     };
     bar.finish_and_clear();
     ledger.close();

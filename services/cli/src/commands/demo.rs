@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use provledger_events::{SledLog, Timestamp};
-use provledger_serve::audit_log;
+use provledger_serve::{audit_log, OnChainViolation};
 use provledger_sim::demo::{self, fit, DemoReport, ScenarioReport};
 
 use super::{print_json, CommandError};
@@ -19,7 +19,14 @@ pub async fn run(base_dir: &Path, json: bool) -> Result<(), CommandError> {
     // The same audit `provledger audit` runs, on the demo's data dir.
     let log =
         SledLog::open(&report.data_dir).map_err(|e| CommandError::Infrastructure(e.to_string()))?;
-    let audit = audit_log(&log, None, Timestamp::now(), |_, _| {}).await;
+    let audit = audit_log(
+        &log,
+        OnChainViolation::Fail,
+        None,
+        Timestamp::now(),
+        |_, _| {},
+    )
+    .await;
     log.close();
     let audit = audit?;
     let mut violations: Vec<String> = report.chain_violations.clone();

@@ -1,0 +1,211 @@
+//! The pure auditor, as given a log / when audited / then these violations.
+
+use std::collections::BTreeMap;
+
+use provledger_events::catalogue::{
+    samples, ConsumerKind, Inventory, OperationKind, Ratio, StagePolicy, StageSpec, TaskState,
+};
+use provledger_events::{AggregateId, Commit, Event, Timestamp};
+use provledger_projections::audit::{AuditReport, Auditor, Check};
+use provledger_tests::script::{self, ScriptStep};
+use uuid::Uuid;
+
+fn provider() -> AggregateId {
+    AggregateId::provider(Uuid::from_u128(2))
+}
+
+fn instance() -> AggregateId {
+    AggregateId::instance(Uuid::from_u128(5))
+}
+
+fn vcpu(total: u64) -> Event {
+    Event::InventorySet {
+        resource_class: "VCPU".into(),
+        inventory: Inventory {
+            total,
+            reserved: 0,
+            allocation_ratio: Ratio::ONE,
+            min_unit: 1,
+            max_unit: 64,
+            step_size: 1,
+        },
+    }
+}
+
+fn claim(consumer: AggregateId, n: u64) -> Event {
+    Event::AllocationClaimed {
+        consumer: consumer.id,
+        consumer_kind: ConsumerKind::Instance,
+        resources: BTreeMap::from([("VCPU".to_string(), n)]),
+    }
+}
+
+fn registered() -> Event {
+    Event::ProviderRegistered {
+        name: "cn1".into(),
+        host: "cn1".into(),
+    }
+}
+
+/// The instance sample: created (building), on no host.
+fn create_instance() -> Event {
+    samples::all()
+        .into_iter()
+        .find(|e| matches!(e, Event::InstanceCreateRequested { .. }))
+        .expect("sample")
+}
+
+fn audit(commits: &[Commit], now_ms: i64) -> AuditReport {
+    let mut auditor = Auditor::new();
+    for c in commits {
+        auditor.commit(c);
+    }
+    let end = commits.last().map_or(0, |c| c.position);
+    auditor.finish(end, Timestamp::from_unix_ms(now_ms))
+}
+
+fn checks(report: &AuditReport) -> Vec<Check> {
+    report.violations.iter().map(|v| v.check).collect()
+}
+
+const LATER: i64 = 1_900_000_000_000;
+
+#[test]
+fn a_clean_log_has_no_violation() {
+    let commits = script::seal(&[
+        (provider(), vec![registered(), vcpu(8)]),
+        (instance(), vec![create_instance()]),
+        (provider(), vec![claim(instance(), 4)]),
+    ]);
+    let report = audit(&commits, LATER);
+    assert_eq!(checks(&report), vec![]);
+    assert_eq!(
+        (report.commits, report.position, report.aggregates),
+        (3, 3, 2)
+    );
+}
+
+#[test]
+fn a_missing_position_and_a_modified_commit_are_named() {
+    let mut commits = script::seal(&[
+        (provider(), vec![registered()]),
+        (provider(), vec![vcpu(8)]),
+        (provider(), vec![vcpu(16)]),
+    ]);
+    commits[2].position = 5; // positions 3 and 4 lost
+    commits[1].actor = "mallory".into(); // v2 altered
+    let report = audit(&commits, LATER);
+    let found: Vec<(Check, Option<u64>, Option<u64>)> = report
+        .violations
+        .iter()
+        .map(|v| (v.check, v.version, v.position))
+        .collect();
+    assert_eq!(
+        found,
+        vec![
+            (Check::HashChain, Some(2), Some(2)),
+            (Check::PositionContinuity, None, Some(3)),
+            // v3 follows a v2 that was not folded: its version does not extend the chain.
+            (Check::HashChain, Some(3), Some(5)),
+        ]
+    );
+    assert_eq!(report.violations[0].aggregate, Some(provider().to_string()));
+}
+
+#[test]
+fn on_a_shared_log_a_link_break_is_quarantined_not_a_broken_chain() {
+    let mut commits = script::seal(&[
+        (provider(), vec![registered()]),
+        (provider(), vec![vcpu(8)]),
+    ]);
+    let mut replay = commits[0].clone();
+    replay.position = 3;
+    commits.push(replay);
+    let mut auditor = Auditor::new().quarantining_link_breaks();
+    for c in &commits {
+        auditor.commit(c);
+    }
+    let report = auditor.finish(3, Timestamp::from_unix_ms(LATER));
+    assert_eq!(checks(&report), vec![Check::Quarantine]);
+    assert_eq!(report.violations[0].position, Some(3));
+    assert_eq!(report.quarantined, 1);
+}
+
+#[test]
+fn a_provider_over_capacity_and_an_allocation_of_a_deleted_instance_are_found() {
+    let commits = script::seal(&[
+        (provider(), vec![registered(), vcpu(8)]),
+        (instance(), vec![create_instance()]),
+        (provider(), vec![claim(instance(), 6)]),
+        // The hardware shrank: a fact, applied although usage no longer fits.
+        (provider(), vec![vcpu(4)]),
+        (
+            instance(),
+            vec![
+                Event::InstanceDeleteRequested {
+                    reason: "user".into(),
+                },
+                Event::InstanceDeleted {},
+            ],
+        ),
+    ]);
+    let report = audit(&commits, LATER);
+    assert_eq!(
+        checks(&report),
+        vec![Check::ProviderCapacity, Check::OrphanAllocation]
+    );
+    assert!(report.violations[0].problem.contains("used 6 > capacity 4"));
+    assert!(report.violations[1].problem.contains("is deleted"));
+}
+
+#[test]
+fn a_failed_operation_without_a_finished_rollback_is_found() {
+    let op = AggregateId::operation(Uuid::from_u128(3));
+    let steps: Vec<ScriptStep> = vec![
+        (
+            op,
+            vec![Event::OperationStarted {
+                kind: OperationKind::CreateCluster,
+                target: AggregateId::cluster(Uuid::from_u128(1)),
+                parent_id: None,
+                stages: vec![StageSpec {
+                    name: "spawn".into(),
+                    policy: StagePolicy::Compensate,
+                }],
+                bundle_policy: None,
+            }],
+        ),
+        (
+            op,
+            vec![Event::OperationFailed {
+                stage: "spawn".into(),
+                step: None,
+                error: "boom".into(),
+            }],
+        ),
+    ];
+    let report = audit(&script::seal(&steps), LATER);
+    assert_eq!(checks(&report), vec![Check::RollbackUnfinished]);
+    assert!(report.violations[0].action.contains("rollback run"));
+}
+
+#[test]
+fn a_task_past_its_lease_is_found_and_one_within_it_is_not() {
+    let until = Timestamp::from_unix_ms(1_800_000_100_000);
+    let commits = script::seal(&[
+        (instance(), vec![create_instance()]),
+        (
+            instance(),
+            vec![Event::TaskStarted {
+                task_state: TaskState::Spawning,
+                worker_id: "compute-1".into(),
+                lease_until: until,
+            }],
+        ),
+    ]);
+    assert_eq!(checks(&audit(&commits, until.unix_ms() - 1)), vec![]);
+    assert_eq!(
+        checks(&audit(&commits, until.unix_ms() + 1)),
+        vec![Check::TaskLeaseExpired]
+    );
+}
