@@ -45,7 +45,13 @@ fn rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-fn seal(aggregate: AggregateId, version: u64, position: u64, events: Vec<Event>) -> Commit {
+fn seal(
+    aggregate: AggregateId,
+    version: u64,
+    prev: Hash,
+    position: u64,
+    events: Vec<Event>,
+) -> Commit {
     let draft = CommitDraft {
         commit_id: Uuid::from_u128(position as u128),
         operation_id: None,
@@ -54,7 +60,8 @@ fn seal(aggregate: AggregateId, version: u64, position: u64, events: Vec<Event>)
         recorded_at: Timestamp::from_unix_ms(1_800_000_000_000 + position as i64),
         events,
     };
-    let mut c = Commit::seal(aggregate, version, Hash::ZERO, draft);
+    // Chained like a real log: the projector checks every link before folding.
+    let mut c = Commit::seal(aggregate, version, prev, draft);
     c.position = position;
     c
 }
@@ -65,6 +72,7 @@ struct Workload {
     instances: u128,
     next: u64,
     provider_versions: Vec<u64>,
+    provider_hashes: Vec<Hash>,
 }
 
 impl Workload {
@@ -73,6 +81,7 @@ impl Workload {
             instances,
             next: 0,
             provider_versions: vec![0; PROVIDERS as usize],
+            provider_hashes: vec![Hash::ZERO; PROVIDERS as usize],
         }
     }
 }
@@ -94,9 +103,10 @@ impl Iterator for Workload {
                 max_unit: 64,
                 step_size: 1,
             };
-            return Some(seal(
+            let commit = seal(
                 id,
                 1,
+                Hash::ZERO,
                 position,
                 vec![
                     Event::ProviderRegistered {
@@ -108,7 +118,9 @@ impl Iterator for Workload {
                         inventory,
                     },
                 ],
-            ));
+            );
+            self.provider_hashes[n as usize] = commit.hash;
+            return Some(commit);
         }
         let k = (n as u128 - PROVIDERS) / 2;
         if k >= self.instances {
@@ -149,7 +161,13 @@ impl Iterator for Workload {
                     power_state: PowerState::Running,
                 },
             ];
-            Some(seal(AggregateId::instance(instance), 1, position, events))
+            Some(seal(
+                AggregateId::instance(instance),
+                1,
+                Hash::ZERO,
+                position,
+                events,
+            ))
         } else {
             self.provider_versions[provider] += 1;
             let claim = Event::AllocationClaimed {
@@ -158,12 +176,15 @@ impl Iterator for Workload {
                 resources: BTreeMap::from([("VCPU".to_string(), 1)]),
             };
             let id = AggregateId::provider(provider_id);
-            Some(seal(
+            let commit = seal(
                 id,
                 self.provider_versions[provider],
+                self.provider_hashes[provider],
                 position,
                 vec![claim],
-            ))
+            );
+            self.provider_hashes[provider] = commit.hash;
+            Some(commit)
         }
     }
 }

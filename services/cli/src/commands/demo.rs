@@ -80,7 +80,7 @@ fn print_report(report: &DemoReport, violations: &[String]) {
     }
     println!();
     println!(
-        "audit: {} aggregates, {} commits; hash chains, positions and invariants {}",
+        "audit: {} aggregates, {} commits, hash chains, positions and invariants {}",
         report.aggregates,
         report.commits,
         if violations.is_empty() {
