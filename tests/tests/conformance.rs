@@ -410,6 +410,40 @@ async fn sled_hash_chain_detects_a_modified_commit_on_disk() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_a_stale_append_whose_commit_id_is_newer_than_the_head_answers_at_once() {
+    let server = NatsServer::start().await;
+    let log = JetStreamLog::open(server.client().await, JetStreamConfig::default())
+        .await
+        .unwrap();
+    let a = cluster();
+    log.append(a, Expectation::Any, status(0)).await.unwrap();
+    // Given a commit id minted after everything on the subject (a clock ahead, or a head
+    // older than the skew the retry scan allows for) ...
+    let ahead = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        + Duration::from_secs(600);
+    let mut draft = status(1);
+    draft.commit_id = Uuid::new_v7(uuid::Timestamp::from_unix(
+        uuid::NoContext,
+        ahead.as_secs(),
+        ahead.subsec_nanos(),
+    ));
+    // ... when an append with a stale expectation looks for it as a retry, then it answers
+    // the conflict instead of waiting for a message that never comes.
+    let answer = tokio::time::timeout(
+        Duration::from_secs(5),
+        log.append(a, Expectation::Exactly(5), draft),
+    )
+    .await
+    .expect("answered in time, not pinned by the retry scan");
+    assert!(
+        matches!(answer, Err(AppendError::Conflict { actual: 1, .. })),
+        "{answer:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jetstream_quarantines_a_forged_commit_on_the_subject_and_the_chain_goes_on() {
     let server = NatsServer::start().await;
     let client = server.client().await;

@@ -43,6 +43,8 @@ const ANY_APPEND_ATTEMPTS_MAX: usize = 16;
 const HEAD_CACHE_ENTRIES_MAX: usize = 200_000;
 /// Clock skew tolerated between writers when scanning for a late retry.
 const RETRY_SCAN_SKEW_MS: i64 = 60_000;
+/// The longest a retry scan may take before the append answers `Unavailable`.
+const RETRY_SCAN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where and how the stream lives.
 #[derive(Debug, Clone)]
@@ -456,47 +458,69 @@ impl JetStreamLog {
         aggregate: &AggregateId,
         draft: &CommitDraft,
     ) -> Result<Option<AppendOutcome>, AppendError> {
-        let deliver_policy = match uuid_v7_unix_ms(&draft.commit_id) {
-            Some(ms) => {
-                let nanos = i128::from(ms - RETRY_SCAN_SKEW_MS) * 1_000_000;
-                match time::OffsetDateTime::from_unix_timestamp_nanos(nanos) {
-                    Ok(start_time) => consumer::DeliverPolicy::ByStartTime { start_time },
-                    Err(_) => consumer::DeliverPolicy::All,
-                }
-            }
+        let subject = self.inner.config.subject_for(aggregate);
+        // The scan ends at the subject's last message, known before it starts; a scan that
+        // started after it would wait for a message that may never come.
+        let last = match self
+            .inner
+            .stream
+            .direct_get_last_for_subject(subject.clone())
+            .await
+        {
+            Ok(msg) => msg,
+            Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(unavailable(format!("reading head of {aggregate}: {e}"))),
+        };
+        let start_time = uuid_v7_unix_ms(&draft.commit_id).and_then(|ms| {
+            let nanos = i128::from(ms.saturating_sub(RETRY_SCAN_SKEW_MS)) * 1_000_000;
+            time::OffsetDateTime::from_unix_timestamp_nanos(nanos).ok()
+        });
+        let deliver_policy = match start_time {
+            // Nothing was recorded since the commit id was minted: it cannot be there.
+            Some(start_time) if last.time < start_time => return Ok(None),
+            Some(start_time) => consumer::DeliverPolicy::ByStartTime { start_time },
             None => consumer::DeliverPolicy::All,
         };
-        let head = self.fetch_head(aggregate).await?;
-        if head.version == 0 {
-            return Ok(None);
-        }
-        let mut messages = self
-            .ordered(self.inner.config.subject_for(aggregate), deliver_policy)
-            .await
-            .map_err(unavailable)?;
-        while let Some(msg) = messages.next().await {
-            let msg = msg.map_err(|e| unavailable(format!("scanning {aggregate}: {e}")))?;
-            let sequence = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
-            if let Ok(commit) = codec::decode(&msg.payload, sequence) {
-                if commit.commit_id == draft.commit_id {
-                    if commit.same_payload_as(draft) {
-                        return Ok(Some(AppendOutcome {
+        let scan = async {
+            let mut messages = self
+                .ordered(subject, deliver_policy)
+                .await
+                .map_err(unavailable)?;
+            while let Some(msg) = messages.next().await {
+                let msg = msg.map_err(|e| unavailable(format!("scanning {aggregate}: {e}")))?;
+                let sequence = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
+                if let Ok(commit) = codec::decode(&msg.payload, sequence) {
+                    // Only this aggregate's own, intact commits count as an earlier append.
+                    let ours = commit.aggregate == *aggregate && commit.hash_is_valid();
+                    if ours && commit.commit_id == draft.commit_id {
+                        if commit.same_payload_as(draft) {
+                            return Ok(Some(AppendOutcome {
+                                position: sequence,
+                                version: commit.version,
+                                status: AppendStatus::AlreadyAppended,
+                            }));
+                        }
+                        return Err(AppendError::CommitIdReused {
+                            commit_id: draft.commit_id,
                             position: sequence,
-                            version: commit.version,
-                            status: AppendStatus::AlreadyAppended,
-                        }));
+                        });
                     }
-                    return Err(AppendError::CommitIdReused {
-                        commit_id: draft.commit_id,
-                        position: sequence,
-                    });
+                }
+                if sequence >= last.sequence {
+                    break;
                 }
             }
-            if sequence >= head.sequence {
-                break;
-            }
-        }
-        Ok(None)
+            Ok(None)
+        };
+        // A backstop: a scan is bounded by the head above; a server that stops delivering
+        // must not pin the caller.
+        tokio::time::timeout(RETRY_SCAN_TIMEOUT, scan)
+            .await
+            .map_err(|_| {
+                unavailable(format!(
+                    "scanning {aggregate} for a retry took over {RETRY_SCAN_TIMEOUT:?}"
+                ))
+            })?
     }
 
     async fn ordered(
