@@ -15,6 +15,10 @@ use provledger_projections::Entity;
 /// How many times a write with `expect any` re-reads and re-decides after another writer
 /// appended in between. Each round one racer wins, so this bounds the wait, not progress.
 pub const DECIDE_ATTEMPTS_MAX: usize = 16;
+/// How many times a write whose append came back `Unavailable` (the ack may be lost while
+/// the commit is durable) is tried again with the same commit id. The re-read recognises
+/// a commit that did land, so nothing is written twice and nothing leaks.
+pub const UNAVAILABLE_RETRIES_MAX: usize = 3;
 /// The longest pause between two rounds; the pause is spread by commit id so that racers
 /// do not collide again in lockstep.
 const DECIDE_BACKOFF_MAX: Duration = Duration::from_millis(20);
@@ -109,6 +113,7 @@ pub async fn record<L: EventLog>(
     draft: CommitDraft,
 ) -> Result<Recorded, RecordError> {
     draft.validate(&aggregate).map_err(AppendError::from)?;
+    let mut unavailable = 0;
     for attempt in 0..DECIDE_ATTEMPTS_MAX {
         if attempt > 0 {
             tokio::time::sleep(backoff(&draft, attempt)).await;
@@ -160,6 +165,14 @@ pub async fn record<L: EventLog>(
                     expected: expect,
                     actual,
                 })
+            }
+            // The append may have landed with its ack lost: read again and see.
+            Err(e @ AppendError::Unavailable { .. }) => {
+                unavailable += 1;
+                if unavailable > UNAVAILABLE_RETRIES_MAX {
+                    return Err(e.into());
+                }
+                tracing::warn!(%aggregate, commit_id = %draft.commit_id, error = %e, "append unavailable; retrying with the same commit id");
             }
             Err(e) => return Err(e.into()),
         }

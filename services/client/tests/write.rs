@@ -1,0 +1,188 @@
+//! The one write path against a real sled log behind a lossy transport: given an append
+//! whose ack is lost, when the write is retried, then the commit is there once.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use provledger_client::write::{record, RecordError, Recorded, UNAVAILABLE_RETRIES_MAX};
+use provledger_events::catalogue::{ConsumerKind, Inventory, Ratio};
+use provledger_events::{
+    AggregateId, AppendError, AppendOutcome, AppendStatus, Commit, CommitDraft, CommitStream,
+    Event, EventLog, Expectation, ReadError, SledLog, Timestamp,
+};
+use provledger_projections::Entity;
+use uuid::Uuid;
+
+/// A log whose next `lose` appends are durable but answer `Unavailable`, as when the ack
+/// of a publish is lost on the way back; or, when `down`, refuses every append before
+/// writing anything. `attempts` counts the appends tried.
+#[derive(Clone)]
+struct LostAcks {
+    inner: SledLog,
+    lose: Arc<AtomicUsize>,
+    down: Arc<std::sync::atomic::AtomicBool>,
+    attempts: Arc<AtomicUsize>,
+}
+
+impl LostAcks {
+    fn open(dir: &std::path::Path) -> Self {
+        LostAcks {
+            inner: SledLog::open(dir).unwrap(),
+            lose: Arc::default(),
+            down: Arc::default(),
+            attempts: Arc::default(),
+        }
+    }
+}
+
+impl EventLog for LostAcks {
+    async fn append(
+        &self,
+        aggregate: AggregateId,
+        expect: Expectation,
+        draft: CommitDraft,
+    ) -> Result<AppendOutcome, AppendError> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        if self.down.load(Ordering::SeqCst) {
+            return Err(AppendError::Unavailable {
+                reason: "down".into(),
+            });
+        }
+        let outcome = self.inner.append(aggregate, expect, draft).await?;
+        let lost = self
+            .lose
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if lost {
+            return Err(AppendError::Unavailable {
+                reason: "ack lost".into(),
+            });
+        }
+        Ok(outcome)
+    }
+
+    async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {
+        self.inner.read_aggregate(aggregate).await
+    }
+
+    async fn read_all(&self, from: u64) -> Result<CommitStream, ReadError> {
+        self.inner.read_all(from).await
+    }
+
+    async fn subscribe(&self, from: u64) -> Result<CommitStream, ReadError> {
+        self.inner.subscribe(from).await
+    }
+
+    async fn last_position(&self) -> Result<u64, ReadError> {
+        self.inner.last_position().await
+    }
+}
+
+fn draft(n: u128, events: Vec<Event>) -> CommitDraft {
+    CommitDraft {
+        commit_id: Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0000 | n),
+        operation_id: None,
+        causation_id: None,
+        actor: "test".into(),
+        recorded_at: Timestamp::from_unix_ms(1_800_000_000_000),
+        events,
+    }
+}
+
+async fn provider_with_capacity(log: &LostAcks, provider: AggregateId) {
+    let events = vec![
+        Event::ProviderRegistered {
+            name: "cn1".into(),
+            host: "cn1".into(),
+        },
+        Event::InventorySet {
+            resource_class: "VCPU".into(),
+            inventory: Inventory {
+                total: 8,
+                reserved: 0,
+                allocation_ratio: Ratio::ONE,
+                min_unit: 1,
+                max_unit: 8,
+                step_size: 1,
+            },
+        },
+    ];
+    record(log, provider, Expectation::NoStream, draft(1, events))
+        .await
+        .expect("provider");
+}
+
+fn claim(consumer: Uuid) -> Event {
+    Event::AllocationClaimed {
+        consumer,
+        consumer_kind: ConsumerKind::Instance,
+        resources: BTreeMap::from([("VCPU".to_string(), 2)]),
+    }
+}
+
+#[tokio::test]
+async fn a_claim_whose_ack_is_lost_is_recorded_once_and_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = LostAcks::open(dir.path());
+    let provider = AggregateId::provider(Uuid::from_u128(7));
+    provider_with_capacity(&log, provider).await;
+    let consumer = Uuid::from_u128(42);
+
+    // Given the claim's ack is lost once...
+    log.lose.store(1, Ordering::SeqCst);
+    let recorded = record(
+        &log,
+        provider,
+        Expectation::Any,
+        draft(2, vec![claim(consumer)]),
+    )
+    .await
+    .expect("retried with the same commit id");
+
+    // ...then the caller learns it is recorded, and it is recorded once.
+    let Recorded::Appended(outcome) = recorded else {
+        panic!("{recorded:?}")
+    };
+    assert_eq!(outcome.status, AppendStatus::AlreadyAppended);
+    assert_eq!(outcome.version, 2);
+    let commits = log.read_aggregate(provider).await.unwrap();
+    assert_eq!(commits.len(), 2, "no second claim commit");
+    let Some(Entity::Provider(state)) = Entity::fold(provider, &commits) else {
+        panic!("provider")
+    };
+    assert_eq!(state.usage.get("VCPU"), Some(&2));
+    assert!(state.allocations.contains_key(&consumer));
+}
+
+#[tokio::test]
+async fn a_log_that_stays_unavailable_is_reported_after_the_named_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = LostAcks::open(dir.path());
+    let provider = AggregateId::provider(Uuid::from_u128(7));
+    provider_with_capacity(&log, provider).await;
+    // Given a log that refuses every append...
+    log.down.store(true, Ordering::SeqCst);
+    log.attempts.store(0, Ordering::SeqCst);
+    let result = record(
+        &log,
+        provider,
+        Expectation::Any,
+        draft(10, vec![claim(Uuid::from_u128(100))]),
+    )
+    .await;
+    // ...then the write tries the bound's number of times, reports `Unavailable`, and
+    // nothing was written.
+    assert!(
+        matches!(
+            result,
+            Err(RecordError::Append(AppendError::Unavailable { .. }))
+        ),
+        "{result:?}"
+    );
+    assert_eq!(
+        log.attempts.load(Ordering::SeqCst),
+        UNAVAILABLE_RETRIES_MAX + 1
+    );
+    assert_eq!(log.read_aggregate(provider).await.unwrap().len(), 1);
+}
