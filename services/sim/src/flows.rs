@@ -580,7 +580,22 @@ impl Provisioner {
                     return Err(ctx.step_failed("read", format!("no node group {group:?}")));
                 };
                 let spec = ng.spec.clone();
-                let count = ng.instance_ids.len() as u32 - remove.len() as u32 + add;
+                // Only members can be removed, each once: a scale-in is checked before
+                // anything is recorded, never computed into an impossible count.
+                if let Some(stranger) = remove.iter().find(|n| !ng.instance_ids.contains(n)) {
+                    return Err(ctx.step_failed(
+                        "read",
+                        format!("node {stranger} is not in node group {group:?}"),
+                    ));
+                }
+                let distinct: std::collections::BTreeSet<&Uuid> = remove.iter().collect();
+                if distinct.len() != remove.len() {
+                    return Err(ctx.step_failed("read", "a node is listed twice in remove"));
+                }
+                let count = u32::try_from(ng.instance_ids.len() - remove.len())
+                    .ok()
+                    .and_then(|kept| kept.checked_add(add))
+                    .ok_or_else(|| ctx.step_failed("read", "the node group would be too large"))?;
                 ctx.append(
                     target,
                     Expectation::Any,

@@ -317,6 +317,36 @@ async fn active_cluster(w: &World, nodes: u32) -> (Uuid, Vec<Uuid>) {
 }
 
 #[tokio::test]
+async fn a_scale_removing_more_nodes_than_the_group_has_fails_before_recording_anything() {
+    let w = world(64).await;
+    let (cluster, nodes) = active_cluster(&w, 2).await;
+    let before = w.cluster(cluster).await;
+    // Given a group of 2, when 3 removals are asked for (one of them twice, one a stranger)...
+    for remove in [
+        vec![nodes[0], nodes[1], Uuid::from_u128(99)],
+        vec![nodes[0], nodes[0], nodes[1]],
+    ] {
+        let report = w
+            .prov
+            .scale_cluster(cluster, "workers", remove, 0, w.provider)
+            .await;
+        // ...then the operation fails at reading with a typed error (not a panic, not an
+        // impossible count), and the group is unchanged.
+        assert!(
+            matches!(
+                &report.result,
+                Err(provledger_client::OperationError::StepFailed { step, .. }) if step == "read"
+            ),
+            "{:?}",
+            report.result
+        );
+        let after = w.cluster(cluster).await;
+        assert_eq!(after.node_groups[0].count, before.node_groups[0].count);
+        assert_eq!(w.members(cluster).await.len(), 2);
+    }
+}
+
+#[tokio::test]
 async fn scale_failing_in_decommission_sets_error_and_deletes_no_node() {
     let w = world(64).await;
     let (cluster, nodes) = active_cluster(&w, 3).await;
