@@ -311,7 +311,20 @@ where
     result
 }
 
+/// Restores the default action of SIGPIPE, which Rust's runtime ignores: `provledger
+/// history X | head` then ends quietly when `head` has read enough, as Unix tools do,
+/// instead of panicking on the next write to the closed pipe.
+fn exit_quietly_on_a_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: called first thing in `main`, before any other thread exists; SIG_DFL is a
+    // valid disposition for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    exit_quietly_on_a_closed_pipe();
     let cli = Cli::parse();
     init_tracing(match cli.command {
         Command::Serve { .. } => "info",

@@ -481,3 +481,103 @@ async fn rollback_plan_then_run_embedded() {
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("not found"), "{}", text(&out));
 }
+
+#[test]
+fn a_malformed_nats_url_or_unknown_endpoint_is_bad_usage_exit_2() {
+    for url in ["nats://a:4222,nats://b:notaport", "::not a url::"] {
+        for args in [
+            vec!["--nats", url, "history", CLUSTER],
+            vec!["--nats", url, "query", "health"],
+        ] {
+            let out = provledger(&args, "");
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+            assert!(text(&out).contains("is not a NATS URL"), "{}", text(&out));
+            assert!(!text(&out).contains("start nats-server"), "{}", text(&out));
+        }
+    }
+    let out = provledger(
+        &["--nats", "nats://127.0.0.1:1", "query", "cluster.gte", "{}"],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("unknown endpoint"), "{}", text(&out));
+    assert!(
+        text(&out).contains("cluster.get"),
+        "lists the endpoints: {}",
+        text(&out)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_list_of_nats_urls_reaches_the_server_that_answers() {
+    let server = NatsServer::start().await;
+    let seeds = format!("nats://127.0.0.1:1,{}", server.url());
+    let out = tokio::task::spawn_blocking(move || {
+        provledger(
+            &["--nats", &seeds, "append", CLUSTER, "--expect", "none", "--events", "-"],
+            r#"[{"cluster_create_requested": {"name": "c1", "plugin": "vanilla", "node_groups": []}}]"#,
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+#[test]
+fn history_into_a_pipe_closed_early_ends_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_str().unwrap();
+    // One commit whose JSON history is far larger than a pipe's buffer.
+    let long = "x".repeat(10_000);
+    let events: Vec<String> = (0..40)
+        .map(|_| {
+            format!(
+                r#"{{"cluster_status_changed": {{"status": "spawning", "description": "{long}"}}}}"#
+            )
+        })
+        .collect();
+    let create =
+        r#"[{"cluster_create_requested": {"name": "c1", "plugin": "vanilla", "node_groups": []}}]"#;
+    let out = provledger(
+        &[
+            "--data-dir",
+            data,
+            "append",
+            CLUSTER,
+            "--expect",
+            "none",
+            "--events",
+            "-",
+        ],
+        create,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = provledger(
+        &[
+            "--data-dir",
+            data,
+            "append",
+            CLUSTER,
+            "--expect",
+            "1",
+            "--events",
+            "-",
+        ],
+        &format!("[{}]", events.join(",")),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    // When the reader goes away before the output is written (like `| head -1`)...
+    let mut child = Command::new(env!("CARGO_BIN_EXE_provledger"))
+        .args(["--data-dir", data, "--json", "history", CLUSTER])
+        .env_remove("PROVLEDGER_NATS_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    // ...then it ends without a panic (exit 101 before), as Unix tools do.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_ne!(out.status.code(), Some(101), "{stderr}");
+}

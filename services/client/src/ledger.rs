@@ -25,6 +25,8 @@ pub struct LedgerOptions {
 pub enum OpenLedgerError {
     #[error("NATS unreachable at {url}: {reason}; start nats-server there, or drop --nats to run embedded")]
     NatsUnreachable { url: String, reason: String },
+    #[error("--nats {given:?}: {reason}; give nats://host:port, or several separated by commas")]
+    BadNatsUrl { given: String, reason: String },
     #[error(transparent)]
     JetStream(#[from] OpenJetStreamError),
     #[error(transparent)]
@@ -38,6 +40,28 @@ pub enum Ledger {
     JetStream(JetStreamLog),
 }
 
+/// Parses `--nats`: one URL, or a seed list separated by commas. A malformed one is bad
+/// input (exit 2), not an unreachable server.
+pub fn parse_nats_urls(given: &str) -> Result<Vec<async_nats::ServerAddr>, OpenLedgerError> {
+    let bad = |reason: String| OpenLedgerError::BadNatsUrl {
+        given: given.to_string(),
+        reason,
+    };
+    let servers: Vec<async_nats::ServerAddr> = given
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<async_nats::ServerAddr>()
+                .map_err(|e| bad(format!("{s:?} is not a NATS URL ({e})")))
+        })
+        .collect::<Result<_, _>>()?;
+    if servers.is_empty() {
+        return Err(bad("no URL given".into()));
+    }
+    Ok(servers)
+}
+
 /// Connects to NATS under a client `name` and opens (ensuring and verifying) the stream:
 /// the one way both the client library and `serve` reach JetStream.
 pub async fn open_jetstream(
@@ -46,10 +70,11 @@ pub async fn open_jetstream(
     stream: &str,
     subject_prefix: &str,
 ) -> Result<(async_nats::Client, JetStreamLog), OpenLedgerError> {
+    let servers = parse_nats_urls(url)?;
     let client = async_nats::ConnectOptions::new()
         .name(name)
         .connection_timeout(Duration::from_secs(5))
-        .connect(url)
+        .connect(servers)
         .await
         .map_err(|e| OpenLedgerError::NatsUnreachable {
             url: url.to_string(),

@@ -40,7 +40,8 @@ pub use executors::{
     CompensationExecutor, CompensationFuture, CompensationReply, CompensationRequest, NatsExecutors,
 };
 pub use ledger::{
-    derived_commit_id, open_jetstream, read_entity, Ledger, LedgerOptions, OpenLedgerError,
+    derived_commit_id, open_jetstream, parse_nats_urls, read_entity, Ledger, LedgerOptions,
+    OpenLedgerError,
 };
 pub use port::{ActionFuture, Infrastructure};
 pub use runner::{

@@ -27,6 +27,7 @@ mod service;
 mod store;
 
 pub use audit::{audit_log, AuditError};
+pub use endpoints::endpoint_subjects;
 pub use projector::{
     BatchOutcome, OnChainViolation, Projector, ProjectorError, BATCH_ENTRIES_MAX,
     SNAPSHOT_EVERY_POSITIONS_DEFAULT,

@@ -45,6 +45,7 @@ impl From<OpenLedgerError> for CommandError {
             OpenLedgerError::JetStream(
                 provledger_events::log::OpenJetStreamError::StreamConfigMismatch { .. },
             ) => CommandError::Problem(e.to_string()),
+            OpenLedgerError::BadNatsUrl { .. } => CommandError::BadInput(e.to_string()),
             other => CommandError::Infrastructure(other.to_string()),
         }
     }

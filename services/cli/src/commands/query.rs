@@ -7,13 +7,26 @@ use super::{print_json, CommandError};
 /// Longer than the service's bounded `min_position` wait, so `stale` arrives as a reply.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The subject for an endpoint given as `cluster.get`, `q.cluster.get` or `cmd.append`.
-pub fn subject_for(prefix: &str, endpoint: &str) -> String {
-    if endpoint.starts_with("q.") || endpoint.starts_with("cmd.") {
-        format!("{prefix}.{endpoint}")
+/// The subject suffix for an endpoint given as `cluster.get`, `q.cluster.get` or
+/// `cmd.append`, if the service has that endpoint.
+fn suffix_of(endpoint: &str) -> Result<String, CommandError> {
+    let suffix = if endpoint.starts_with("q.") || endpoint.starts_with("cmd.") {
+        endpoint.to_string()
     } else {
-        format!("{prefix}.q.{endpoint}")
+        format!("q.{endpoint}")
+    };
+    let known = provledger_serve::endpoint_subjects();
+    if known.contains(&suffix.as_str()) {
+        return Ok(suffix);
     }
+    let names: Vec<&str> = known
+        .iter()
+        .map(|s| s.strip_prefix("q.").unwrap_or(s))
+        .collect();
+    Err(CommandError::BadInput(format!(
+        "unknown endpoint {endpoint:?}; the service answers: {}",
+        names.join(", ")
+    )))
 }
 
 pub async fn run(
@@ -22,6 +35,8 @@ pub async fn run(
     endpoint: &str,
     request: Option<String>,
 ) -> Result<(), CommandError> {
+    let suffix = suffix_of(endpoint)?;
+    let servers = provledger_client::parse_nats_urls(nats_url)?;
     let body = request.unwrap_or_else(|| "{}".to_string());
     if let Err(e) = serde_json::from_str::<serde_json::Value>(&body) {
         return Err(CommandError::BadInput(format!(
@@ -31,14 +46,14 @@ pub async fn run(
     let client = async_nats::ConnectOptions::new()
         .connection_timeout(Duration::from_secs(5))
         .request_timeout(Some(QUERY_TIMEOUT))
-        .connect(nats_url)
+        .connect(servers)
         .await
         .map_err(|e| {
             CommandError::Infrastructure(format!(
                 "NATS unreachable at {nats_url}: {e}; start nats-server or fix --nats"
             ))
         })?;
-    let subject = subject_for(prefix, endpoint);
+    let subject = format!("{prefix}.{suffix}");
     let reply = client
         .request(subject.clone(), body.into())
         .await

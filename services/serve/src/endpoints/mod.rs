@@ -36,6 +36,11 @@ pub(crate) enum Endpoint {
     CmdAppend,
 }
 
+/// Every subject the service answers, below the prefix (`q.health`, ..., `cmd.append`).
+pub fn endpoint_subjects() -> Vec<&'static str> {
+    Endpoint::ALL.iter().map(|e| e.suffix()).collect()
+}
+
 impl Endpoint {
     pub(crate) const ALL: [Endpoint; 11] = [
         Endpoint::Health,
