@@ -220,6 +220,9 @@ async fn two_replicas_record_one_plan_and_carry_out_each_compensation_once() {
             {
                 let executor = env.infra.executor(name).expect("executor");
                 assert_eq!(executor.applied(c.planned.compensation_id), 1);
+                // Counted before the executor's deduplication: one request, not one
+                // per racing replica.
+                assert_eq!(executor.requests(c.planned.compensation_id), 1);
                 external += 1;
             }
         }
@@ -272,12 +275,17 @@ async fn a_serve_killed_mid_rollback_is_resumed_by_the_next_one() {
         if let provledger_events::catalogue::Executor::Service(name) =
             &c.planned.compensation.executor
         {
-            assert_eq!(
-                env.infra
-                    .executor(name)
-                    .expect("exec")
-                    .applied(c.planned.compensation_id),
-                1
+            let executor = env.infra.executor(name).expect("exec");
+            assert_eq!(executor.applied(c.planned.compensation_id), 1);
+            // Every request the executor saw is an attempt recorded in the log first: none
+            // sent twice by the killed and the resumed serve (a kill between recording and
+            // sending may leave an attempt that was never sent).
+            let requests = executor.requests(c.planned.compensation_id);
+            assert!(
+                (1..=c.attempts).contains(&requests),
+                "{} requests for {} recorded attempts",
+                requests,
+                c.attempts
             );
         }
     }

@@ -39,6 +39,9 @@ struct SimState {
     compensation_failures_left: u32,
     /// How many times each compensation took effect (at most once if idempotent).
     applied: BTreeMap<Uuid, u32>,
+    /// How many requests arrived for each compensation, counted before deduplication, so
+    /// that a driver sending one twice is seen even though it takes effect once.
+    requests: BTreeMap<Uuid, u32>,
     next_ip: u32,
 }
 
@@ -94,6 +97,12 @@ impl SimExecutor {
         self.lock().applied.values().sum()
     }
 
+    /// How many requests for compensation `id` arrived here, duplicates and failures
+    /// included.
+    pub fn requests(&self, id: Uuid) -> u32 {
+        self.lock().requests.get(&id).copied().unwrap_or(0)
+    }
+
     fn call(&self, action: &str, resource: &str) -> Result<(), String> {
         let mut s = self.lock();
         let n = {
@@ -140,6 +149,7 @@ impl SimExecutor {
 
     fn compensate_now(&self, request: &CompensationRequest) -> Result<(), String> {
         let mut s = self.lock();
+        *s.requests.entry(request.compensation_id).or_insert(0) += 1;
         if s.applied.contains_key(&request.compensation_id) {
             return Ok(()); // already carried out: a retry or a racing driver
         }
