@@ -394,8 +394,11 @@ impl OperationState {
                 self.require_status(&[RollingBack], "rollback finished")?;
                 self.status = Some(match outcome {
                     // A cancelled operation closes as cancelled once everything it
-                    // created is compensated (design 4).
-                    RollbackOutcome::RolledBack if self.cancelled => Cancelled,
+                    // created is compensated (design 4); so does one whose target was
+                    // deleted, even if a step failed before the runner saw the notice.
+                    RollbackOutcome::RolledBack if self.cancelled || self.target_deleted => {
+                        Cancelled
+                    }
                     RollbackOutcome::RolledBack => RolledBack,
                     RollbackOutcome::Held => Held,
                     RollbackOutcome::NeedsAttention => NeedsAttention,

@@ -269,3 +269,65 @@ proptest! {
         prop_assert_eq!(incremental.summary(), rebuilt.summary());
     }
 }
+
+#[test]
+fn an_operation_whose_target_was_deleted_closes_cancelled_even_if_a_step_failed_first() {
+    use provledger_events::catalogue::{RollbackOutcome, RollbackPlan, TargetOutcome};
+    use provledger_projections::operation::OperationStatus;
+    let op = AggregateId::operation(Uuid::from_u128(3));
+    let started = Event::OperationStarted {
+        kind: OperationKind::CreateCluster,
+        target: cluster_id(),
+        parent_id: None,
+        stages: vec![StageSpec {
+            name: "spawn".into(),
+            policy: StagePolicy::Compensate,
+        }],
+        bundle_policy: None,
+    };
+    // Given a delete noticed while a step was failing anyway...
+    let p = given(vec![
+        (op, vec![started]),
+        (
+            op,
+            vec![Event::TargetDeletionNoticed {
+                reason: "user deleted the cluster".into(),
+            }],
+        ),
+        (
+            op,
+            vec![Event::OperationFailed {
+                stage: "spawn".into(),
+                step: Some("create_vm".into()),
+                error: "hypervisor gone".into(),
+            }],
+        ),
+        (
+            op,
+            vec![Event::RollbackPlanned {
+                plan: RollbackPlan {
+                    rule: "terminate everything created".into(),
+                    target: cluster_id(),
+                    compensations: vec![],
+                    retained: vec![],
+                    target_outcome: TargetOutcome::Deleted,
+                },
+            }],
+        ),
+        // ...when its rollback finishes...
+        (
+            op,
+            vec![Event::RollbackFinished {
+                outcome: RollbackOutcome::RolledBack,
+                remaining: vec![],
+            }],
+        ),
+    ]);
+    // ...then it closes cancelled, as the design says for a deleted target.
+    let Some(Entity::Operation(o)) = p.get(&op) else {
+        panic!("operation missing")
+    };
+    assert_eq!(o.status, Some(OperationStatus::Cancelled));
+    assert!(o.is_closed());
+    assert_eq!(o.header.anomaly_count, 0, "{:?}", o.header.anomalies);
+}
