@@ -140,7 +140,7 @@ pub async fn notice_target_deletion(
         .with_operation(op);
     draft.commit_id = derived_commit_id(op, "target_deletion_noticed");
     ledger
-        .record(AggregateId::operation(op), Expectation::Any, draft)
+        .record_fact(AggregateId::operation(op), draft)
         .await
         .map_err(ledger_error)?;
     notices.publish(op, reason).await;
@@ -192,7 +192,7 @@ pub async fn complete_deletion(
     let mut draft = stamper.draft(actor, vec![event]);
     draft.commit_id = derived_commit_id(target.id, "deleted");
     ledger
-        .record(target, Expectation::Any, draft)
+        .record_fact(target, draft)
         .await
         .map_err(ledger_error)?;
     Ok(true)

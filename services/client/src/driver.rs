@@ -243,7 +243,7 @@ impl RollbackDriver {
                 };
                 let draft = self.fact(id, derived_commit_id(c, &what), vec![event]);
                 self.ledger
-                    .record(op.header.id, Expectation::Any, draft)
+                    .record_fact(op.header.id, draft)
                     .await
                     .map_err(ledger_error)?;
                 Ok(DriveStep::Progressed)
@@ -356,7 +356,7 @@ impl RollbackDriver {
                 events,
             );
             self.ledger
-                .record(instance, Expectation::Any, draft)
+                .record_fact(instance, draft)
                 .await
                 .map_err(|e| e.to_string())?;
         }
@@ -384,7 +384,7 @@ impl RollbackDriver {
                     vec![left],
                 );
                 self.ledger
-                    .record(cluster, Expectation::Any, draft)
+                    .record_fact(cluster, draft)
                     .await
                     .map_err(|e| e.to_string())?;
             }
@@ -477,7 +477,7 @@ impl RollbackDriver {
             events,
         );
         self.ledger
-            .record(target, Expectation::Any, draft)
+            .record_fact(target, draft)
             .await
             .map_err(ledger_error)?;
         Ok(())

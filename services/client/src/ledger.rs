@@ -113,6 +113,15 @@ impl Ledger {
         crate::write::record(self, aggregate, expect, draft).await
     }
 
+    /// Writes a fact under a derived commit id ([`crate::write::record_fact`]).
+    pub async fn record_fact(
+        &self,
+        aggregate: AggregateId,
+        draft: CommitDraft,
+    ) -> Result<crate::write::Recorded, crate::write::RecordError> {
+        crate::write::record_fact(self, aggregate, draft).await
+    }
+
     /// Flushes and releases what the ledger holds (the data-dir lock when embedded).
     pub fn close(self) {
         if let Ledger::Embedded(log) = self {

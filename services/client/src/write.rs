@@ -112,6 +112,29 @@ pub async fn record<L: EventLog>(
     expect: Expectation,
     draft: CommitDraft,
 ) -> Result<Recorded, RecordError> {
+    record_inner(log, aggregate, expect, draft, false).await
+}
+
+/// Writes a fact whose commit id is derived from what it records (a driver's or a
+/// deleter's, see `derived_commit_id`): the id names the fact, so finding it already in
+/// the log means the fact is recorded, even if this attempt would have worded it
+/// differently (its events depend on state that the first attempt changed). A driver that
+/// crashed between two such facts resumes instead of meeting `CommitIdReused` forever.
+pub async fn record_fact<L: EventLog>(
+    log: &L,
+    aggregate: AggregateId,
+    draft: CommitDraft,
+) -> Result<Recorded, RecordError> {
+    record_inner(log, aggregate, Expectation::Any, draft, true).await
+}
+
+async fn record_inner<L: EventLog>(
+    log: &L,
+    aggregate: AggregateId,
+    expect: Expectation,
+    draft: CommitDraft,
+    id_names_the_fact: bool,
+) -> Result<Recorded, RecordError> {
     draft.validate(&aggregate).map_err(AppendError::from)?;
     let mut unavailable = 0;
     for attempt in 0..DECIDE_ATTEMPTS_MAX {
@@ -120,7 +143,7 @@ pub async fn record<L: EventLog>(
         }
         let commits = log.read_aggregate(aggregate).await?;
         if let Some(earlier) = commits.iter().find(|c| c.commit_id == draft.commit_id) {
-            if earlier.same_payload_as(&draft) {
+            if id_names_the_fact || earlier.same_payload_as(&draft) {
                 return Ok(Recorded::Appended(AppendOutcome {
                     position: earlier.position,
                     version: earlier.version,

@@ -1051,3 +1051,61 @@ async fn a_cancellation_whose_runner_died_is_recorded_by_the_driver_and_rolled_b
     assert!(state.cancelled);
     assert!(!w.infra.ipam.has(&ip));
 }
+
+#[tokio::test]
+async fn a_rollback_whose_driver_crashed_after_the_target_outcome_is_finished_by_the_next() {
+    let w = world(64).await;
+    // Given a create that failed with nobody driving its rollback (a runner without a
+    // driver, as in a service that leaves rollbacks to serve)...
+    let runner = OperationRunner::new(w.ledger.clone(), w.notices.clone(), None, "test");
+    let prov = Provisioner::new(runner, w.infra.clone(), "test");
+    w.infra.hypervisor.fail_call("create_vm", 2);
+    let request = w.cluster_request(2);
+    let report = prov.create_cluster(request.clone()).await;
+    assert_eq!(report.status, Some(OperationStatus::Failed));
+    let op = report.operation_id;
+    // ...and a driver that recorded the target's outcome under its derived commit id and
+    // crashed before `rollback_finished` (its wording differs from what a driver would
+    // write now, since the target's state has changed since)...
+    let cluster = AggregateId::cluster(request.cluster_id);
+    let mut draft = CommitDraft::now(
+        "crashed-replica",
+        vec![
+            Event::ClusterStatusChanged {
+                status: ClusterStatus::Error,
+                description: "create failed (written by a replica that then crashed)".into(),
+            },
+            Event::InFlightOperationCleared {
+                operation_id: op,
+                outcome: provledger_events::catalogue::OperationOutcome::RolledBack,
+            },
+        ],
+    )
+    .with_operation(op);
+    draft.commit_id = provledger_client::derived_commit_id(op, "target_outcome");
+    w.ledger
+        .append(cluster, Expectation::Any, draft)
+        .await
+        .expect("the crashed driver's outcome");
+    // ...when another driver takes the operation over...
+    let driver = RollbackDriver::new(
+        w.ledger.clone(),
+        w.infra.clone(),
+        fast_retries(),
+        "second-replica",
+    );
+    let state = driver.drive(op).await.expect("resumes, no CommitIdReused");
+    // ...then it finishes: the outcome already recorded counts as recorded.
+    assert_eq!(state.status, Some(OperationStatus::RolledBack));
+    assert!(state.is_closed());
+    assert!(w.infra.inventory().is_empty(), "{:?}", w.infra.inventory());
+    let outcome_commits = w
+        .ledger
+        .read_aggregate(cluster)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|c| c.commit_id == provledger_client::derived_commit_id(op, "target_outcome"))
+        .count();
+    assert_eq!(outcome_commits, 1);
+}
