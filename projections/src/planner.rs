@@ -89,7 +89,13 @@ pub fn compensation_id(
     step: &str,
     action: &CompensationAction,
 ) -> Uuid {
-    let name = format!("{operation}/{step_index}/{stage}/{step}/{action:?}");
+    // The action's contract word (its JSON name; `custom:` and the name for a custom one),
+    // never its Debug form, which is not a stable format across compiler versions.
+    let word = match action {
+        CompensationAction::Custom(name) => format!("custom:{name}"),
+        other => action_word(other),
+    };
+    let name = format!("{operation}/{step_index}/{stage}/{step}/{word}");
     Uuid::new_v5(&COMPENSATION_ID_NAMESPACE, name.as_bytes())
 }
 
@@ -614,4 +620,35 @@ pub(crate) fn json_word<T: serde::Serialize + std::fmt::Debug>(value: &T) -> Str
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_else(|| format!("{value:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Compensation ids are recorded and executors deduplicate by them: the derivation is
+    /// pinned to the action's contract word, so it cannot drift with a `Debug` format.
+    #[test]
+    fn compensation_ids_are_derived_from_the_actions_contract_word() {
+        let op = Uuid::from_u128(1);
+        let id = compensation_id(
+            op,
+            3,
+            "network",
+            "acquire_ip:1",
+            &CompensationAction::ReleaseIp,
+        );
+        let name = format!("{op}/3/network/acquire_ip:1/release_ip");
+        assert_eq!(
+            id,
+            Uuid::new_v5(&COMPENSATION_ID_NAMESPACE, name.as_bytes())
+        );
+        let custom = CompensationAction::Custom("remove_node".into());
+        let id = compensation_id(op, 3, "configure", "configure:1", &custom);
+        let name = format!("{op}/3/configure/configure:1/custom:remove_node");
+        assert_eq!(
+            id,
+            Uuid::new_v5(&COMPENSATION_ID_NAMESPACE, name.as_bytes())
+        );
+    }
 }
