@@ -90,6 +90,16 @@ pub struct CompensationState {
     pub requested_at: Option<Timestamp>,
     /// When the latest attempt failed; the next one waits for the backoff from here.
     pub failed_at: Option<Timestamp>,
+    /// `attempts` when the rollback was last resumed: the retry budget counts the
+    /// attempts after it, while attempt numbers (and the ids derived from them) go on.
+    pub attempts_at_resume: u32,
+}
+
+impl CompensationState {
+    /// Attempts made since the rollback (last) started or resumed.
+    pub fn attempts_in_budget(&self) -> u32 {
+        self.attempts.saturating_sub(self.attempts_at_resume)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -339,6 +349,7 @@ impl OperationState {
                         last_error: None,
                         requested_at: None,
                         failed_at: None,
+                        attempts_at_resume: 0,
                     });
                 }
                 for retained in &plan.retained {
@@ -405,6 +416,17 @@ impl OperationState {
                 });
                 self.rollback_outcome = Some(*outcome);
                 self.remaining = remaining.clone();
+            }
+            Event::RollbackResumed { .. } => {
+                self.require_status(&[NeedsAttention], "rollback resumed")?;
+                for c in &mut self.compensations {
+                    if c.progress != CompensationProgress::Done {
+                        c.attempts_at_resume = c.attempts;
+                    }
+                }
+                self.status = Some(RollingBack);
+                self.rollback_outcome = None;
+                self.remaining.clear();
             }
             other => return Err(format!("{} is not an operation event", other.name())),
         }

@@ -122,18 +122,18 @@ pub fn next_rollback_action(
                 if now < lost_at {
                     return RollbackAction::WaitUntil(lost_at);
                 }
-                if c.attempts >= policy.attempts_max {
+                if c.attempts_in_budget() >= policy.attempts_max {
                     return exhausted();
                 }
                 return request(c.attempts + 1);
             }
             CompensationProgress::Failed => {
-                if c.attempts >= policy.attempts_max {
+                if c.attempts_in_budget() >= policy.attempts_max {
                     return exhausted();
                 }
-                let retry_at = c
-                    .failed_at
-                    .map_or(now, |t| t.plus_ms(policy.backoff_ms(c.attempts)));
+                let retry_at = c.failed_at.map_or(now, |t| {
+                    t.plus_ms(policy.backoff_ms(c.attempts_in_budget()))
+                });
                 if now < retry_at {
                     return RollbackAction::WaitUntil(retry_at);
                 }

@@ -128,6 +128,7 @@ pub fn summary(event: &Event) -> String {
         Event::OperationCancelled { reason }
         | Event::CancellationRequested { reason }
         | Event::TargetDeletionNoticed { reason }
+        | Event::RollbackResumed { reason }
         | Event::ClusterDeleteRequested { reason }
         | Event::InstanceDeleteRequested { reason } => format!("{reason:?}"),
         Event::RollbackPlanned { plan } => format!(

@@ -213,6 +213,12 @@ pub enum Event {
     TargetDeletionNoticed {
         reason: String,
     },
+    /// An operator asks a rollback that ended `needs_attention` to go on (after fixing
+    /// what made its compensations fail): it is rolling back again, and each compensation
+    /// not done gets a fresh budget of attempts (attempt numbers keep counting).
+    RollbackResumed {
+        reason: String,
+    },
 }
 
 impl Event {
@@ -272,7 +278,8 @@ impl Event {
             | Event::CompensationDone { .. }
             | Event::CompensationFailed { .. }
             | Event::RollbackFinished { .. }
-            | Event::TargetDeletionNoticed { .. } => Operation,
+            | Event::TargetDeletionNoticed { .. }
+            | Event::RollbackResumed { .. } => Operation,
             Event::InFlightOperationSet { .. } | Event::InFlightOperationCleared { .. } => {
                 return None
             }

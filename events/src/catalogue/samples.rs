@@ -250,6 +250,9 @@ pub fn all() -> Vec<Event> {
         Event::TargetDeletionNoticed {
             reason: "cluster deleted by the user".into(),
         },
+        Event::RollbackResumed {
+            reason: "the IPAM is back; resumed by an operator".into(),
+        },
     ]
 }
 

@@ -581,3 +581,93 @@ fn history_into_a_pipe_closed_early_ends_quietly() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_ne!(out.status.code(), Some(101), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_that_needs_attention_is_resumed_by_rollback_run_with_executors() {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use provledger_client::{CancelNotices, Ledger, OperationRunner};
+    use provledger_events::catalogue::NodeGroupSpec;
+    use provledger_events::SledLog;
+    use provledger_sim::SimInfrastructure;
+    use provledger_sim::{register_compute_node, ClusterRequest, Provisioner};
+    use uuid::Uuid;
+
+    // Given a create that failed in spawn after making VMs, IPs and DNS entries...
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    let log = SledLog::open(dir.path()).unwrap();
+    let ledger = Ledger::Embedded(log.clone());
+    let provider = Uuid::now_v7();
+    register_compute_node(&ledger, provider, "cn", 64, "t")
+        .await
+        .unwrap();
+    let infra = Arc::new(SimInfrastructure::default());
+    infra.hypervisor.fail_call("create_vm", 2);
+    let runner = OperationRunner::new(ledger.clone(), CancelNotices::local(), None, "t");
+    let prov = Provisioner::new(runner, infra.clone(), "t");
+    let report = prov
+        .create_cluster(ClusterRequest {
+            cluster_id: Uuid::now_v7(),
+            name: "c".into(),
+            plugin: "vanilla".into(),
+            node_groups: vec![NodeGroupSpec {
+                name: "w".into(),
+                count: 2,
+                flavor: "m".into(),
+                resources: BTreeMap::from([("VCPU".to_string(), 2)]),
+                processes: vec![],
+            }],
+            provider,
+        })
+        .await;
+    assert!(report.result.is_err());
+    assert!(!infra.inventory().is_empty(), "something to compensate");
+    drop(prov);
+    drop(ledger);
+    log.close();
+    let op = report.operation_id.to_string();
+
+    // ...when `rollback run` has no executors, it ends needs_attention (exit 1)...
+    let d2 = d.clone();
+    let op2 = op.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        provledger(&["--data-dir", &d2, "rollback", "run", &op2], "")
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("needs_attention"), "{}", text(&out));
+
+    // ...and run again with the executors reachable, it resumes and rolls back.
+    let nats = NatsServer::start().await;
+    infra
+        .clone()
+        .serve_on_nats(nats.client().await, "provledger")
+        .await
+        .unwrap();
+    let url = nats.url();
+    let d2 = d.clone();
+    let op2 = op.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        provledger(
+            &[
+                "--data-dir",
+                &d2,
+                "rollback",
+                "run",
+                &op2,
+                "--executors-url",
+                &url,
+            ],
+            "",
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("rollback resumed"), "{}", text(&out));
+    assert!(text(&out).contains("rolled_back"), "{}", text(&out));
+    assert!(infra.inventory().is_empty(), "{:?}", infra.inventory());
+}

@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 /// The format byte in front of every stored entity. Bump it when entity state changes
 /// shape; an older store is then rebuilt from its sled copy of the log.
-pub const ENTITY_FORMAT: u8 = 3;
+pub const ENTITY_FORMAT: u8 = 4;
 /// The time index's layout: 2 = an entry at every commit where the watermark rose.
 const TIME_INDEX_FORMAT: u8 = 2;
 /// How many snapshots are kept; older ones are removed once a new one is complete.

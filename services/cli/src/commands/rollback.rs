@@ -1,12 +1,14 @@
 //! `provledger rollback plan OP_ID` prints the rollback plan of a failed or cancelled
 //! operation: the recorded one, or (dry run) the one the planner would record now.
 //! `provledger rollback run OP_ID` records the plan and drives it to the end, with the
-//! executors reached over NATS (`--executors-url`, default `--nats`).
+//! executors reached over NATS (`--executors-url`, default `--nats`); a rollback that
+//! ended `needs_attention` is resumed first (`rollback_resumed`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use provledger_projections::operation::CompensationProgress;
+use provledger_events::{AggregateId, Event, Expectation};
+use provledger_projections::operation::{CompensationProgress, OperationStatus};
 use provledger_projections::planner::render_plan;
 use provledger_projections::rollback::RetryPolicy;
 use uuid::Uuid;
@@ -14,7 +16,7 @@ use uuid::Uuid;
 use super::{print_json, CommandError};
 use provledger_client::{
     plan_for, read_operation, CompensationExecutor, CompensationFuture, CompensationRequest,
-    DriveError, Ledger, NatsExecutors, RollbackDriver,
+    DriveError, Ledger, NatsExecutors, RollbackDriver, Stamper,
 };
 
 /// How long `rollback run` waits for one executor's reply.
@@ -93,6 +95,39 @@ impl CompensationExecutor for NoExecutors {
     }
 }
 
+/// A rollback that ended `needs_attention` is resumed on request: `rollback_resumed`,
+/// decided at the operation's exact version, gives every compensation not done a fresh
+/// budget of attempts; the driver then goes on from where it stopped.
+async fn resume_if_needs_attention(
+    ledger: &Ledger,
+    id: Uuid,
+    json: bool,
+) -> Result<(), CommandError> {
+    let op = read_operation(ledger, id).await.map_err(command_error)?;
+    if op.status != Some(OperationStatus::NeedsAttention) {
+        return Ok(());
+    }
+    let draft = Stamper::system()
+        .draft(
+            "cli",
+            vec![Event::RollbackResumed {
+                reason: "resumed by `provledger rollback run`".into(),
+            }],
+        )
+        .with_operation(id);
+    ledger
+        .record(
+            AggregateId::operation(id),
+            Expectation::Exactly(op.header.version),
+            draft,
+        )
+        .await?;
+    if !json {
+        println!("operation {id} needed attention: rollback resumed");
+    }
+    Ok(())
+}
+
 pub async fn run(
     ledger: &Ledger,
     id: Uuid,
@@ -113,6 +148,7 @@ pub async fn run(
         }
         None => Arc::new(NoExecutors),
     };
+    resume_if_needs_attention(ledger, id, json).await?;
     let driver = RollbackDriver::new(ledger.clone(), executors, RetryPolicy::default(), "cli");
     let op = driver.drive(id).await.map_err(command_error)?;
     if json {
