@@ -573,3 +573,55 @@ async fn a_flipped_byte_in_a_services_sled_copy_is_refused_by_serve_state_and_re
         assert_eq!(reply["error"]["version"], 1, "{endpoint}: {reply}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_whose_projector_dies_stops_answering_and_exits_non_zero() {
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("serve");
+    let (mut serve, client) = started(&nats, &dir).await;
+    let cluster = Uuid::now_v7();
+    let aggregate = format!("cluster/{cluster}");
+    let create = serde_json::to_value(vec![samples::all().remove(0)]).unwrap();
+    let created = cmd(
+        &client,
+        json!({"aggregate": aggregate, "expect": "none", "events": create}),
+    )
+    .await;
+    let at = created["data"]["position"].as_u64().unwrap();
+    cmd_query(&client, "health", json!({"min_position": at})).await;
+    assert!(serve.terminate().success());
+
+    // Given the stored entity of that cluster damaged while serve was stopped...
+    {
+        let db = sled::open(data.join("sled")).expect("open sled");
+        let tree = db.open_tree("projection").unwrap();
+        let mut key = vec![b'e'];
+        key.extend_from_slice(&AggregateId::cluster(cluster).key_bytes());
+        let value = tree.get(&key).unwrap().expect("entity stored");
+        tree.insert(key, vec![value[0], 0xff, 0xff, 0xff]).unwrap();
+        db.flush().unwrap();
+    }
+    let mut serve = Serve::start(&nats, &data);
+    common::wait_ready(&client).await;
+    // ...when a commit for it arrives, the projector cannot fold it and stops...
+    let changed = cmd(
+        &client,
+        json!({"aggregate": aggregate, "expect": 1,
+               "events": [{"cluster_status_changed": {"status": "spawning", "description": "v2"}}]}),
+    )
+    .await;
+    assert!(error_code(&changed).is_none(), "{changed}");
+    // ...then serve does not go on answering from a frozen state: it exits non-zero.
+    let status = tokio::task::spawn_blocking(move || {
+        let status = serve.wait_for_exit(Duration::from_secs(20));
+        (serve, status)
+    })
+    .await
+    .unwrap()
+    .1
+    .expect("serve exited on its own");
+    assert!(!status.success(), "{status:?}");
+    let log = std::fs::read_to_string(data.with_extension("log")).unwrap_or_default();
+    assert!(log.contains("the projector stopped"), "{log}");
+}

@@ -102,6 +102,7 @@ pub async fn run(
         stream: options.stream.clone(),
         served_by: served_by.clone(),
         min_position_wait: options.min_position_wait,
+        projector_failed: std::sync::OnceLock::new(),
     });
 
     let ledger = Ledger::JetStream(log.clone());
@@ -128,7 +129,7 @@ pub async fn run(
 
     let (stop_projector, projector_shutdown) = watch::channel(false);
     let projector_log = log.clone();
-    let projector_task = tokio::spawn(async move {
+    let mut projector_task = tokio::spawn(async move {
         let result = projector.run(&projector_log, projector_shutdown).await;
         (projector, result)
     });
@@ -156,10 +157,24 @@ pub async fn run(
     tracing::info!(%served_by, "provledger serve ready");
 
     tokio::pin!(shutdown);
+    // The projector only returns before shutdown when it failed (an error or a panic):
+    // this replica would then answer from a frozen state, so it says so and exits.
+    let mut projector_ended = None;
     loop {
         let next = tokio::select! {
             next = requests.next() => next,
             _ = &mut shutdown => break,
+            joined = &mut projector_task => {
+                let reason = match &joined {
+                    Ok((_, Err(e))) => e.to_string(),
+                    Ok((_, Ok(()))) => "it returned without being asked to".to_string(),
+                    Err(e) => format!("its task ended: {e}"),
+                };
+                tracing::error!(%reason, "the projector stopped; serve answers unavailable and exits");
+                let _ = ctx.projector_failed.set(reason);
+                projector_ended = Some(joined);
+                break;
+            }
         };
         let Some((endpoint, request)) = next else {
             break;
@@ -191,9 +206,20 @@ pub async fn run(
         tracing::warn!(error = %e, "rollback worker task");
     }
     let _ = stop_projector.send(true);
-    let (projector, result) = projector_task
-        .await
-        .map_err(|e| ServeError::Service(format!("projector task: {e}")))?;
+    let joined = match projector_ended {
+        Some(joined) => joined,
+        None => projector_task.await,
+    };
+    let (projector, result) =
+        joined.map_err(|e| ServeError::Service(format!("projector task: {e}")))?;
+    if result.is_ok() {
+        if let Some(reason) = ctx.projector_failed.get() {
+            data_dir.close();
+            return Err(ServeError::Service(format!(
+                "the projector stopped: {reason}"
+            )));
+        }
+    }
     projector.store().flush()?;
     let _ = client.flush().await;
     tracing::info!(

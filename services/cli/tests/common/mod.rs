@@ -46,6 +46,19 @@ impl Serve {
         let _ = self.child.wait();
     }
 
+    /// Waits (bounded) for serve to exit on its own.
+    #[allow(dead_code)]
+    pub fn wait_for_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().expect("wait serve") {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     #[allow(dead_code)]
     pub fn terminate(&mut self) -> ExitStatus {
         let status = Command::new("kill")

@@ -87,6 +87,9 @@ pub(crate) struct QueryContext {
     pub(crate) stream: String,
     pub(crate) served_by: String,
     pub(crate) min_position_wait: Duration,
+    /// Set when the projector stopped for good: from then on this replica's state is
+    /// frozen, so every request is answered `unavailable` while serve drains and exits.
+    pub(crate) projector_failed: std::sync::OnceLock<String>,
 }
 
 impl QueryContext {
@@ -122,6 +125,14 @@ impl QueryContext {
         endpoint: Endpoint,
         payload: &[u8],
     ) -> Result<Value, QueryError> {
+        if let Some(reason) = self.projector_failed.get() {
+            return Err(QueryError::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "this replica's projector stopped ({reason}); it is exiting: ask another replica or restart it"
+                ),
+            ));
+        }
         match endpoint {
             Endpoint::Health => health::health(self, payload).await,
             Endpoint::ClusterGet => entities::get(self, payload, AggregateKind::Cluster).await,
