@@ -497,6 +497,41 @@ async fn jetstream_quarantines_a_forged_commit_on_the_subject_and_the_chain_goes
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sled_a_failed_flush_is_fatal_to_the_appends_it_covers_and_to_later_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = cluster();
+    {
+        let log = SledLog::open(dir.path()).unwrap();
+        log.append(a, Expectation::Any, status(0)).await.unwrap();
+        // Given the disk refuses the next flush...
+        log.fail_next_flush();
+        // ...when an append waits for it, then it is refused, promptly, not acknowledged...
+        let refused = tokio::time::timeout(
+            Duration::from_secs(5),
+            log.append(a, Expectation::Any, status(1)),
+        )
+        .await
+        .expect("a bounded wait");
+        assert!(
+            matches!(&refused, Err(AppendError::Unavailable { reason }) if reason.contains("flush failed")),
+            "{refused:?}"
+        );
+        // ...and so is every later append, since what is on disk is unknown.
+        let later = log.append(a, Expectation::Any, status(2)).await;
+        assert!(
+            matches!(later, Err(AppendError::Unavailable { .. })),
+            "{later:?}"
+        );
+        log.close();
+    }
+    // Reopened, the log works again from what is durable.
+    let log = SledLog::open(dir.path()).unwrap();
+    let next = log.append(a, Expectation::Any, status(3)).await.unwrap();
+    assert!(next.version >= 2, "{next:?}");
+    assert!(verify_chain(&a, &log.read_aggregate(a).await.unwrap()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sled_data_dir_is_locked_against_a_second_opener() {
     let dir = tempfile::tempdir().unwrap();
     let log = SledLog::open(dir.path()).unwrap();

@@ -11,6 +11,8 @@
 //! processes. Durability uses group commit: a flusher thread calls `Db::flush` for every
 //! batch of appends that arrived while the previous flush ran, and an append is
 //! acknowledged only once a flush that started after its batch was applied has returned.
+//! A failed flush is fatal: after a refused fsync nothing says what reached the disk, so
+//! its waiters and every later append are refused until the data dir is reopened.
 
 use std::fs::File;
 use std::io::Write;
@@ -148,6 +150,28 @@ struct Shared {
     durable: watch::Sender<u64>,
     flusher: Flusher,
     flushes: AtomicU64,
+    /// Set for good by the first failed flush: after a failed fsync what is on disk is
+    /// unknown, so no append waiting for it, and none after it, is acknowledged.
+    flush_failure: Mutex<Option<String>>,
+    /// Fault injection for tests: the next flush fails as if the disk had refused it.
+    fail_next_flush: AtomicBool,
+}
+
+impl Shared {
+    fn flush_failure(&self) -> Option<String> {
+        self.flush_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn refused_after_flush_failure(&self) -> Option<AppendError> {
+        self.flush_failure().map(|reason| AppendError::Unavailable {
+            reason: format!(
+                "a sled flush failed ({reason}); what is on disk is unknown, so nothing more is acknowledged: restart to reopen the data dir, then run `provledger audit`"
+            ),
+        })
+    }
 }
 
 /// The embedded event log. Cheap to clone; the flusher thread and the data-dir lock live
@@ -241,6 +265,8 @@ impl SledLog {
                 stop: AtomicBool::new(false),
             },
             flushes: AtomicU64::new(0),
+            flush_failure: Mutex::new(None),
+            fail_next_flush: AtomicBool::new(false),
         });
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -269,6 +295,13 @@ impl SledLog {
         &self.shared.dir
     }
 
+    /// Fault injection for tests: makes the next group-commit flush fail as a refused
+    /// fsync would.
+    #[doc(hidden)]
+    pub fn fail_next_flush(&self) {
+        self.shared.fail_next_flush.store(true, Ordering::SeqCst);
+    }
+
     /// How many `Db::flush` calls ran: the group-commit benchmark reports appends per flush.
     pub fn flush_count(&self) -> u64 {
         self.shared.flushes.load(Ordering::Relaxed)
@@ -287,6 +320,9 @@ impl SledLog {
         draft: CommitDraft,
     ) -> Result<AppendOutcome, AppendError> {
         draft.validate(&aggregate)?;
+        if let Some(refused) = self.shared.refused_after_flush_failure() {
+            return Err(refused);
+        }
         let tree = &self.shared.tree;
         // Poisoning only happens if a holder panicked; the guarded data is `()`, so the
         // lock is still a valid serialisation point.
@@ -390,12 +426,21 @@ impl SledLog {
         }
         self.shared.flusher.wake.notify_one();
         let mut rx = self.shared.durable.subscribe();
-        rx.wait_for(|d| *d >= position)
+        let shared = &self.shared;
+        rx.wait_for(|d| *d >= position || shared.flush_failure().is_some())
             .await
             .map_err(|_| AppendError::Unavailable {
                 reason: "sled log closed before the append was flushed".into(),
             })?;
-        Ok(())
+        if *rx.borrow() >= position {
+            return Ok(());
+        }
+        Err(self
+            .shared
+            .refused_after_flush_failure()
+            .unwrap_or(AppendError::Unavailable {
+                reason: "the append was not flushed".into(),
+            }))
     }
 
     fn read_range(&self, from: u64, to: u64) -> Vec<Result<Commit, ReadError>> {
@@ -503,7 +548,14 @@ fn flush_loop(shared: &Shared) {
         std::thread::sleep(FLUSH_GATHER);
         // Every append whose batch was applied before this load is covered by this flush.
         let target = shared.last_assigned.load(Ordering::SeqCst);
-        match shared.db.flush() {
+        let flushed = if shared.fail_next_flush.swap(false, Ordering::SeqCst) {
+            Err(sled::Error::Io(std::io::Error::other(
+                "injected flush failure",
+            )))
+        } else {
+            shared.db.flush()
+        };
+        match flushed {
             Ok(_) => {
                 shared.flushes.fetch_add(1, Ordering::Relaxed);
                 shared.durable.send_if_modified(|d| {
@@ -516,15 +568,16 @@ fn flush_loop(shared: &Shared) {
                 });
             }
             Err(e) => {
-                // Appenders keep waiting; the next request retries the flush.
-                tracing::error!(error = %e, "sled flush failed; appends are not acknowledged");
-                std::thread::sleep(std::time::Duration::from_millis(50));
-                let mut requested = shared
-                    .flusher
-                    .requested
+                // Fatal: after a failed fsync a later one succeeding proves nothing about
+                // the pages the failed one covered. Every waiter and every later append
+                // is refused; the flusher stops.
+                tracing::error!(error = %e, "sled flush failed; no append is acknowledged from now on");
+                *shared
+                    .flush_failure
                     .lock()
-                    .unwrap_or_else(|p| p.into_inner());
-                *requested = true;
+                    .unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                shared.durable.send_modify(|_| {});
+                return;
             }
         }
     }
