@@ -625,3 +625,103 @@ async fn serve_whose_projector_dies_stops_answering_and_exits_non_zero() {
     let log = std::fs::read_to_string(data.with_extension("log")).unwrap_or_default();
     assert!(log.contains("the projector stopped"), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_requests_and_answers_always_get_a_reply() {
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_serve, client) = started(&nats, &dir).await;
+
+    // An error that would echo a 700 kB aggregate string (twice: body and header) is
+    // answered, with the echo cut.
+    let huge = format!("cluster/{}", "x".repeat(700_000));
+    let reply = cmd(
+        &client,
+        json!({"aggregate": huge, "expect": "any", "events": []}),
+    )
+    .await;
+    assert_eq!(
+        error_code(&reply),
+        Some("bad_request"),
+        "{:.300}",
+        reply.to_string()
+    );
+    assert!(reply.to_string().len() < 4096, "the echo is bounded");
+
+    // Three clusters whose descriptions weigh 400 kB each: lists and histories would
+    // exceed a reply; they come in pages bounded by bytes, and nothing is lost.
+    let big = "d".repeat(400_000);
+    let mut ids = Vec::new();
+    let mut last = 0;
+    for _ in 0..3 {
+        let cluster = Uuid::now_v7();
+        let aggregate = format!("cluster/{cluster}");
+        let create = serde_json::to_value(vec![samples::all().remove(0)]).unwrap();
+        let created = cmd(
+            &client,
+            json!({"aggregate": aggregate, "expect": "none", "events": create}),
+        )
+        .await;
+        assert!(error_code(&created).is_none(), "{created}");
+        for v in 1..=2 {
+            let changed = cmd(
+                &client,
+                json!({"aggregate": aggregate, "expect": v,
+                       "events": [{"cluster_status_changed": {"status": "spawning", "description": big}}]}),
+            )
+            .await;
+            assert!(
+                error_code(&changed).is_none(),
+                "{:.300}",
+                changed.to_string()
+            );
+            last = changed["data"]["position"].as_u64().unwrap();
+        }
+        ids.push(cluster);
+    }
+    cmd_query(&client, "health", json!({"min_position": last})).await;
+    // The list, page by page with `after`.
+    let mut listed = BTreeSet::new();
+    let mut after: Option<String> = None;
+    for _ in 0..10 {
+        let mut request = json!({"limit": 100});
+        if let Some(a) = &after {
+            request["after"] = json!(a);
+        }
+        let page = cmd_query(&client, "cluster.list", request).await;
+        assert!(page["error"].is_null(), "{:.300}", page.to_string());
+        let items = page["data"].as_array().unwrap();
+        if items.is_empty() {
+            break;
+        }
+        for item in items {
+            listed.insert(item["id"].as_str().unwrap().to_string());
+        }
+        after = items.last().map(|i| i["id"].as_str().unwrap().to_string());
+    }
+    for id in &ids {
+        assert!(listed.contains(&id.to_string()), "{id} listed");
+    }
+    // A history of 800 kB, page by page with `from_version`.
+    let aggregate = format!("cluster/{}", ids[0]);
+    let mut versions = Vec::new();
+    let mut from = 1;
+    for _ in 0..10 {
+        let page = cmd_query(
+            &client,
+            "history",
+            json!({"aggregate": aggregate, "from_version": from}),
+        )
+        .await;
+        assert!(page["error"].is_null(), "{:.300}", page.to_string());
+        let items = page["data"].as_array().unwrap();
+        if items.is_empty() {
+            break;
+        }
+        for item in items {
+            versions.push(item["version"].as_u64().unwrap());
+        }
+        from = versions.last().unwrap() + 1;
+    }
+    assert_eq!(versions, vec![1, 2, 3]);
+}

@@ -15,6 +15,7 @@ use futures::StreamExt;
 use provledger_events::SledLog;
 use tokio::sync::{watch, Semaphore};
 
+use crate::endpoints::error::{bounded, ErrorCode, QueryError};
 use crate::endpoints::{Endpoint, QueryContext};
 use crate::projector::{OnChainViolation, Projector, ProjectorError};
 use crate::rollback_worker::RollbackWorker;
@@ -31,6 +32,8 @@ pub const QUEUE_GROUP: &str = "provledger";
 pub const REQUESTS_IN_FLIGHT_MAX: usize = 1024;
 /// How long shutdown waits for requests in hand.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Room left in a reply for its headers and framing below the server's max payload.
+const REPLY_HEADROOM_BYTES: usize = 8 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
@@ -103,6 +106,11 @@ pub async fn run(
         served_by: served_by.clone(),
         min_position_wait: options.min_position_wait,
         projector_failed: std::sync::OnceLock::new(),
+        // What a reply may carry: the server's max payload, less room for headers.
+        reply_bytes_max: client
+            .server_info()
+            .max_payload
+            .saturating_sub(REPLY_HEADROOM_BYTES),
     });
 
     let ledger = Ledger::JetStream(log.clone());
@@ -230,29 +238,50 @@ pub async fn run(
     result.map_err(ServeError::from)
 }
 
+/// A refusal as a reply: the contract's body and the micro-service error headers, both
+/// bounded (a message may echo a huge request).
+fn refusal(e: &QueryError) -> (async_nats::HeaderMap, Vec<u8>) {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(
+        async_nats::service::NATS_SERVICE_ERROR,
+        format!("{}: {}", e.code.as_str(), bounded(&e.message)).as_str(),
+    );
+    headers.insert(
+        async_nats::service::NATS_SERVICE_ERROR_CODE,
+        e.code.numeric().to_string().as_str(),
+    );
+    (headers, serde_json::to_vec(&e.body()).unwrap_or_default())
+}
+
 async fn respond(ctx: &QueryContext, endpoint: Endpoint, request: async_nats::service::Request) {
     let result = ctx.handle(endpoint, &request.message.payload).await;
-    let mut headers = async_nats::HeaderMap::new();
-    let body = match result {
-        Ok(data) => serde_json::json!({
-            "position": ctx.position(),
-            "data": data,
-            "served_by": ctx.served_by,
-        }),
+    let (headers, bytes) = match result {
+        Ok(data) => {
+            let body = serde_json::json!({
+                "position": ctx.position(),
+                "data": data,
+                "served_by": ctx.served_by,
+            });
+            let bytes = serde_json::to_vec(&body).unwrap_or_default();
+            if bytes.len() <= ctx.reply_bytes_max {
+                (async_nats::HeaderMap::new(), bytes)
+            } else {
+                // Silence would leave the caller waiting for its timeout: say what to do.
+                refusal(&QueryError::new(
+                    ErrorCode::TooLarge,
+                    format!(
+                        "the answer is {} bytes, over the {} bytes a reply may carry; ask for less: a smaller `limit` and `after` for lists, `from_version` and `limit` for history",
+                        bytes.len(),
+                        ctx.reply_bytes_max
+                    ),
+                ))
+            }
+        }
         Err(e) => {
-            tracing::debug!(endpoint = endpoint.suffix(), code = e.code.as_str(), message = %e.message, "request refused");
-            headers.insert(
-                async_nats::service::NATS_SERVICE_ERROR,
-                format!("{}: {}", e.code.as_str(), e.message).as_str(),
-            );
-            headers.insert(
-                async_nats::service::NATS_SERVICE_ERROR_CODE,
-                e.code.numeric().to_string().as_str(),
-            );
-            e.body()
+            tracing::debug!(endpoint = endpoint.suffix(), code = e.code.as_str(), message = %bounded(&e.message), "request refused");
+            refusal(&e)
         }
     };
-    let bytes = serde_json::to_vec(&body).unwrap_or_default();
     if let Err(e) = request
         .respond_with_headers(Ok(bytes.into()), headers)
         .await

@@ -74,11 +74,22 @@ fn list(
         return Err(bad("limit", format!("must be 1..={LIST_LIMIT_MAX}")));
     }
     let after = opt_uuid(req, "after")?;
+    let budget = ctx.page_bytes_max();
     let mut items = Vec::new();
+    let mut bytes = 0;
     for entity in ctx.store.entities_of(kind, after) {
         let entity = entity?;
         if keep(&entity) {
-            items.push(entity.view());
+            let view = entity.view();
+            let size = serde_json::to_vec(&view).map_or(0, |v| v.len());
+            // A page is bounded by bytes as well as by count: it ends before the entity
+            // that would not fit (the caller goes on with `after`). A single entity
+            // larger than a page is still sent, and refused as too large if it is.
+            if !items.is_empty() && bytes + size > budget {
+                break;
+            }
+            bytes += size;
+            items.push(view);
             if items.len() == limit {
                 break;
             }

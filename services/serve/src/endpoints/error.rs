@@ -16,6 +16,9 @@ pub(crate) enum ErrorCode {
     Rejected,
     /// A stored commit breaks its aggregate's hash chain; `aggregate` and `version` name it.
     Integrity,
+    /// The answer would exceed the server's max payload; the message says how to ask for
+    /// less (a smaller `limit`, paging with `after` or `from_version`).
+    TooLarge,
     Unavailable,
     Internal,
 }
@@ -30,6 +33,7 @@ impl ErrorCode {
             ErrorCode::TargetDeleted => "target_deleted",
             ErrorCode::Rejected => "rejected",
             ErrorCode::Integrity => "integrity",
+            ErrorCode::TooLarge => "too_large",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",
         }
@@ -45,6 +49,7 @@ impl ErrorCode {
             ErrorCode::TargetDeleted => 410,
             ErrorCode::Rejected => 422,
             ErrorCode::Integrity => 502,
+            ErrorCode::TooLarge => 413,
             ErrorCode::Unavailable => 503,
             ErrorCode::Internal => 500,
         }
@@ -76,7 +81,7 @@ impl QueryError {
     pub(crate) fn body(&self) -> Value {
         let mut error = Map::new();
         error.insert("code".into(), self.code.as_str().into());
-        error.insert("message".into(), self.message.clone().into());
+        error.insert("message".into(), bounded(&self.message).into());
         error.extend(self.extra.clone());
         json!({ "error": error })
     }
@@ -92,6 +97,22 @@ impl From<StoreError> for QueryError {
             other => QueryError::new(ErrorCode::Internal, other.to_string()),
         }
     }
+}
+
+/// The longest error message sent: a message may echo the request (an aggregate string of
+/// megabytes), and an error must always fit in a reply.
+pub(crate) const ERROR_MESSAGE_BYTES_MAX: usize = 1024;
+
+/// `message` cut to [`ERROR_MESSAGE_BYTES_MAX`] bytes on a character boundary, saying so.
+pub(crate) fn bounded(message: &str) -> String {
+    if message.len() <= ERROR_MESSAGE_BYTES_MAX {
+        return message.to_string();
+    }
+    let mut end = ERROR_MESSAGE_BYTES_MAX;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes cut)", &message[..end], message.len() - end)
 }
 
 /// `bad_request` naming the field and what is wrong with it.

@@ -12,8 +12,16 @@ use super::QueryContext;
 /// Every commit of the aggregate, each with its rendered timeline.
 pub(crate) async fn history(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
     let req = object(payload)?;
-    check_fields(&req, &["aggregate", "min_position"])?;
+    check_fields(
+        &req,
+        &["aggregate", "min_position", "from_version", "limit"],
+    )?;
     let id = req_aggregate(&req)?;
+    let from = opt_u64(&req, "from_version")?.unwrap_or(1).max(1);
+    let limit = opt_u64(&req, "limit")?.unwrap_or(u64::MAX);
+    if limit == 0 {
+        return Err(bad("limit", "must be at least 1"));
+    }
     ctx.wait_for(opt_u64(&req, "min_position")?).await?;
     let commits = ctx.store.aggregate_commits(&id, u64::MAX)?;
     if commits.is_empty() {
@@ -22,16 +30,22 @@ pub(crate) async fn history(ctx: &QueryContext, payload: &[u8]) -> Result<Value,
             format!("{id} has no commit"),
         ));
     }
-    Ok(Value::Array(
-        commits
-            .iter()
-            .map(|c| {
-                let mut v = serde_json::to_value(c).unwrap_or(Value::Null);
-                v["timeline"] = json!(timeline::render(c));
-                v
-            })
-            .collect(),
-    ))
+    // A page from `from_version`, bounded by `limit` and by bytes: a caller reading a long
+    // or bulky history asks again from the last version + 1 until the page is empty.
+    let budget = ctx.page_bytes_max();
+    let mut page = Vec::new();
+    let mut bytes = 0;
+    for c in commits.iter().filter(|c| c.version >= from) {
+        let mut v = serde_json::to_value(c).unwrap_or(Value::Null);
+        v["timeline"] = json!(timeline::render(c));
+        let size = serde_json::to_vec(&v).map_or(0, |b| b.len());
+        if !page.is_empty() && (bytes + size > budget || page.len() as u64 >= limit) {
+            break;
+        }
+        bytes += size;
+        page.push(v);
+    }
+    Ok(Value::Array(page))
 }
 
 /// The aggregate's state at `position`, at the last position by `time`, or now.

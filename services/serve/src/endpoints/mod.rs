@@ -6,7 +6,7 @@
 mod allocation;
 mod append;
 mod entities;
-mod error;
+pub(crate) mod error;
 mod health;
 mod history;
 mod request;
@@ -90,9 +90,17 @@ pub(crate) struct QueryContext {
     /// Set when the projector stopped for good: from then on this replica's state is
     /// frozen, so every request is answered `unavailable` while serve drains and exits.
     pub(crate) projector_failed: std::sync::OnceLock<String>,
+    /// The largest reply this service sends; lists fill pages up to half of it.
+    pub(crate) reply_bytes_max: usize,
 }
 
 impl QueryContext {
+    /// The bytes of data a list or history page holds at most: half a reply, leaving
+    /// room for the envelope.
+    pub(crate) fn page_bytes_max(&self) -> usize {
+        self.reply_bytes_max / 2
+    }
+
     pub(crate) fn position(&self) -> u64 {
         *self.applied.borrow()
     }
