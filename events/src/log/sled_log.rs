@@ -590,7 +590,14 @@ impl EventLog for SledLog {
         expect: Expectation,
         draft: CommitDraft,
     ) -> Result<AppendOutcome, AppendError> {
-        let outcome = self.apply(aggregate, expect, draft)?;
+        // The append takes a std mutex and writes sled: blocking work, kept off the
+        // async workers so that other tasks go on meanwhile.
+        let log = self.clone();
+        let outcome = tokio::task::spawn_blocking(move || log.apply(aggregate, expect, draft))
+            .await
+            .map_err(|e| AppendError::Unavailable {
+                reason: format!("the sled append task failed: {e}"),
+            })??;
         // A retry of a commit still waiting for its flush must not be acknowledged early.
         self.wait_durable(outcome.position).await?;
         Ok(outcome)

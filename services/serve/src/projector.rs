@@ -121,6 +121,21 @@ impl Projector {
         Ok(self.cache.get_mut(&id).expect("entity cached"))
     }
 
+    /// [`Projector::apply_batch`], telling a multi-threaded runtime that this thread blocks
+    /// on sled for a while (folding, the batch write, a snapshot), so its other tasks
+    /// (queries, the rollback worker) move to another worker meanwhile.
+    fn apply_batch_off_the_reactor(
+        &mut self,
+        entries: Vec<Result<Commit, ReadError>>,
+    ) -> Result<BatchOutcome, ProjectorError> {
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
+                tokio::task::block_in_place(|| self.apply_batch(entries))
+            }
+            _ => self.apply_batch(entries),
+        }
+    }
+
     /// Folds one batch of log entries and writes it atomically. Entries at or below the
     /// checkpoint are skipped (a resubscription may deliver them again).
     pub fn apply_batch(
@@ -284,7 +299,7 @@ impl Projector {
         let stream = log.read_all(self.checkpoint + 1).await?;
         let mut chunks = stream.ready_chunks(BATCH_ENTRIES_MAX);
         while let Some(chunk) = chunks.next().await {
-            self.apply_batch(chunk)?;
+            self.apply_batch_off_the_reactor(chunk)?;
             on_batch(self.checkpoint, end);
         }
         Ok(self.checkpoint)
@@ -321,7 +336,7 @@ impl Projector {
                     _ = shutdown.changed() => return Ok(()),
                 };
                 let Some(chunk) = chunk else { break };
-                match self.apply_batch(chunk) {
+                match self.apply_batch_off_the_reactor(chunk) {
                     Ok(outcome) => {
                         backoff = Duration::from_millis(100);
                         tracing::debug!(checkpoint = self.checkpoint, ?outcome, "batch applied");
