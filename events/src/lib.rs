@@ -19,5 +19,5 @@ pub use commit::{
 pub use ids::{AggregateId, AggregateKind, Hash, Timestamp};
 pub use log::{
     AppendError, AppendOutcome, AppendStatus, CommitStream, EventLog, Expectation, HistoryEntry,
-    JetStreamConfig, JetStreamLog, ReadError, SledLog,
+    JetStreamConfig, JetStreamLog, MemLog, ReadError, SledLog,
 };

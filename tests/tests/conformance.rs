@@ -8,7 +8,8 @@ use futures::StreamExt;
 use provledger_events::catalogue::ClusterStatus;
 use provledger_events::{
     verify_chain, AggregateId, AppendError, AppendStatus, ChainViolation, Commit, CommitDraft,
-    Event, EventLog, Expectation, HistoryEntry, JetStreamConfig, JetStreamLog, ReadError, SledLog,
+    Event, EventLog, Expectation, HistoryEntry, JetStreamConfig, JetStreamLog, MemLog, ReadError,
+    SledLog,
 };
 use provledger_tests::NatsServer;
 use uuid::Uuid;
@@ -37,6 +38,25 @@ impl Backend for SledBackend {
     }
     async fn close(&mut self, log: SledLog) {
         log.close();
+    }
+}
+
+/// The in-memory log used by the seeded simulation: it must keep the same contract.
+/// "Closing" keeps the shared state, as a process restart keeps a real log's files.
+struct MemBackend {
+    log: MemLog,
+}
+
+impl Backend for MemBackend {
+    type Log = MemLog;
+    async fn create() -> Self {
+        MemBackend { log: MemLog::new() }
+    }
+    async fn open(&mut self) -> MemLog {
+        self.log.clone()
+    }
+    async fn close(&mut self, log: MemLog) {
+        drop(log);
     }
 }
 
@@ -377,6 +397,7 @@ macro_rules! conformance {
 }
 
 conformance!(SledBackend, sled_backend);
+conformance!(MemBackend, mem_backend);
 conformance!(JetStreamBackend, jetstream_backend);
 
 // ---- backend-specific proofs ----

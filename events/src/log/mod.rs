@@ -4,6 +4,7 @@
 //! Only this module writes to the log. Everything above it sees commits, never bytes.
 
 pub mod jetstream_log;
+pub mod mem_log;
 pub mod sled_log;
 
 use std::fmt;
@@ -18,6 +19,7 @@ use crate::commit::{Commit, CommitDraft, InvalidCommit};
 use crate::ids::AggregateId;
 
 pub use jetstream_log::{JetStreamConfig, JetStreamLog, OpenJetStreamError};
+pub use mem_log::{FaultCounts, FaultPlan, MemLog};
 pub use sled_log::{OpenSledError, SledLog};
 
 /// What the writer believes the aggregate's version to be.

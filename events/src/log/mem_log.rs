@@ -1,0 +1,243 @@
+//! An in-memory log with the `EventLog` contract, for deterministic simulation and fast
+//! tests; it passes the same conformance suite as the real backends. It never stands in
+//! for them in a test that proves durability.
+//!
+//! With a [`FaultPlan`], a seeded generator decides for each append whether the log is
+//! unavailable (nothing written) or the ack is lost (written, but the caller is told
+//! `Unavailable`), and for each read whether the log is unavailable: the faults a JetStream
+//! client meets, replayable from the seed.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use super::{
+    AppendError, AppendOutcome, AppendStatus, CommitStream, EventLog, Expectation, ReadError,
+};
+use crate::commit::{Commit, CommitDraft};
+use crate::ids::{AggregateId, Hash};
+
+/// Which faults to inject, in thousandths of operations, and the seed that decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultPlan {
+    pub seed: u64,
+    /// Appends refused before anything is written.
+    pub unavailable_per_mille: u32,
+    /// Appends written whose ack is lost on the way back.
+    pub lost_ack_per_mille: u32,
+    /// Reads (`read_aggregate`) refused.
+    pub read_unavailable_per_mille: u32,
+}
+
+/// What the faults did, for a simulation's report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FaultCounts {
+    pub unavailable: u64,
+    pub lost_acks: u64,
+    pub read_unavailable: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    commits: Vec<Commit>,
+    by_aggregate: HashMap<AggregateId, Vec<usize>>,
+    by_id: HashMap<Uuid, usize>,
+    plan: Option<FaultPlan>,
+    rng: u64,
+    counts: FaultCounts,
+}
+
+impl State {
+    /// splitmix64: small, fast, and the same sequence everywhere for a seed.
+    fn roll(&mut self) -> u32 {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) % 1000) as u32
+    }
+
+    fn fault(&mut self, per_mille: impl Fn(&FaultPlan) -> u32) -> bool {
+        let Some(plan) = self.plan else {
+            return false;
+        };
+        self.roll() < per_mille(&plan)
+    }
+
+    fn head(&self, aggregate: &AggregateId) -> (u64, Hash) {
+        self.by_aggregate
+            .get(aggregate)
+            .and_then(|v| v.last())
+            .map_or((0, Hash::ZERO), |&i| {
+                (self.commits[i].version, self.commits[i].hash)
+            })
+    }
+}
+
+/// The in-memory log. Cheap to clone; clones share the log.
+#[derive(Clone)]
+pub struct MemLog {
+    state: Arc<Mutex<State>>,
+    appended: watch::Sender<u64>,
+}
+
+impl Default for MemLog {
+    fn default() -> Self {
+        MemLog::new()
+    }
+}
+
+impl MemLog {
+    pub fn new() -> Self {
+        let (appended, _) = watch::channel(0);
+        MemLog {
+            state: Arc::new(Mutex::new(State::default())),
+            appended,
+        }
+    }
+
+    /// A log that injects the faults of `plan`, decided by its seed.
+    pub fn with_faults(plan: FaultPlan) -> Self {
+        let log = MemLog::new();
+        {
+            let mut s = log.lock();
+            s.rng = plan.seed;
+            s.plan = Some(plan);
+        }
+        log
+    }
+
+    /// Stops injecting faults (a simulation's final checks read a healthy log).
+    pub fn heal(&self) {
+        self.lock().plan = None;
+    }
+
+    pub fn fault_counts(&self) -> FaultCounts {
+        self.lock().counts
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // Nothing panics while the lock is held; a poisoned lock still holds a valid log.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn commits_from(&self, from: u64, to: u64) -> Vec<Commit> {
+        let s = self.lock();
+        let from = from.max(1) as usize - 1;
+        let to = (to as usize).min(s.commits.len());
+        s.commits
+            .get(from..to)
+            .map(<[Commit]>::to_vec)
+            .unwrap_or_default()
+    }
+}
+
+impl EventLog for MemLog {
+    async fn append(
+        &self,
+        aggregate: AggregateId,
+        expect: Expectation,
+        draft: CommitDraft,
+    ) -> Result<AppendOutcome, AppendError> {
+        draft.validate(&aggregate)?;
+        let position = {
+            let mut s = self.lock();
+            if s.fault(|p| p.unavailable_per_mille) {
+                s.counts.unavailable += 1;
+                return Err(AppendError::Unavailable {
+                    reason: "injected: the log is unavailable".into(),
+                });
+            }
+            if let Some(&i) = s.by_id.get(&draft.commit_id) {
+                let earlier = &s.commits[i];
+                if earlier.aggregate == aggregate && earlier.same_payload_as(&draft) {
+                    return Ok(AppendOutcome {
+                        position: earlier.position,
+                        version: earlier.version,
+                        status: AppendStatus::AlreadyAppended,
+                    });
+                }
+                return Err(AppendError::CommitIdReused {
+                    commit_id: draft.commit_id,
+                    position: earlier.position,
+                });
+            }
+            let (version, hash) = s.head(&aggregate);
+            if !expect.admits(version) {
+                return Err(AppendError::Conflict {
+                    aggregate,
+                    expected: expect,
+                    actual: version,
+                });
+            }
+            let mut commit = Commit::seal(aggregate, version + 1, hash, draft);
+            let index = s.commits.len();
+            commit.position = index as u64 + 1;
+            let outcome = AppendOutcome {
+                position: commit.position,
+                version: commit.version,
+                status: AppendStatus::Appended,
+            };
+            s.by_id.insert(commit.commit_id, index);
+            s.by_aggregate.entry(aggregate).or_default().push(index);
+            s.commits.push(commit);
+            if s.fault(|p| p.lost_ack_per_mille) {
+                s.counts.lost_acks += 1;
+                drop(s);
+                self.appended.send_replace(outcome.position);
+                return Err(AppendError::Unavailable {
+                    reason: "injected: the ack was lost".into(),
+                });
+            }
+            outcome
+        };
+        self.appended.send_replace(position.position);
+        Ok(position)
+    }
+
+    async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {
+        let mut s = self.lock();
+        if s.fault(|p| p.read_unavailable_per_mille) {
+            s.counts.read_unavailable += 1;
+            return Err(ReadError::Unavailable {
+                reason: "injected: the log is unavailable for reads".into(),
+            });
+        }
+        Ok(s.by_aggregate
+            .get(&aggregate)
+            .map(|v| v.iter().map(|&i| s.commits[i].clone()).collect())
+            .unwrap_or_default())
+    }
+
+    async fn read_all(&self, from: u64) -> Result<CommitStream, ReadError> {
+        let end = self.lock().commits.len() as u64;
+        let commits = self.commits_from(from, end);
+        Ok(futures::stream::iter(commits.into_iter().map(Ok)).boxed())
+    }
+
+    async fn subscribe(&self, from: u64) -> Result<CommitStream, ReadError> {
+        let log = self.clone();
+        let appended = self.appended.subscribe();
+        let stream = futures::stream::unfold(
+            (log, appended, from.max(1)),
+            |(log, mut appended, next)| async move {
+                loop {
+                    if let Some(commit) = log.commits_from(next, next).into_iter().next() {
+                        return Some((Ok(commit), (log, appended, next + 1)));
+                    }
+                    if appended.changed().await.is_err() {
+                        return None;
+                    }
+                }
+            },
+        );
+        Ok(stream.boxed())
+    }
+
+    async fn last_position(&self) -> Result<u64, ReadError> {
+        Ok(self.lock().commits.len() as u64)
+    }
+}
