@@ -99,20 +99,14 @@ impl MemLog {
         }
     }
 
-    /// A log that injects the faults of `plan`, decided by its seed.
-    pub fn with_faults(plan: FaultPlan) -> Self {
-        let log = MemLog::new();
-        {
-            let mut s = log.lock();
-            s.rng = plan.seed;
-            s.plan = Some(plan);
+    /// Injects the faults of `plan` from now on, decided by its seed (`None`: a healthy
+    /// log again, e.g. for a simulation's final checks).
+    pub fn set_faults(&self, plan: Option<FaultPlan>) {
+        let mut s = self.lock();
+        if let Some(p) = plan {
+            s.rng = p.seed;
         }
-        log
-    }
-
-    /// Stops injecting faults (a simulation's final checks read a healthy log).
-    pub fn heal(&self) {
-        self.lock().plan = None;
+        s.plan = plan;
     }
 
     pub fn fault_counts(&self) -> FaultCounts {

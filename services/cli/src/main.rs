@@ -242,6 +242,9 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                     Ledger::Embedded(log) => {
                         commands::state::state_local(log, aggregate, at, cli.json).await
                     }
+                    Ledger::Memory(_) => Err(commands::CommandError::BadInput(
+                        "an in-memory ledger cannot be read from the command line".into(),
+                    )),
                     Ledger::JetStream(log) => {
                         commands::state::state_remote(log, aggregate, at, cli.json).await
                     }
@@ -257,6 +260,9 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                     Ledger::Embedded(log) => {
                         commands::replay::replay_local(log, to, cli.json).await
                     }
+                    Ledger::Memory(_) => Err(commands::CommandError::BadInput(
+                        "an in-memory ledger cannot be read from the command line".into(),
+                    )),
                     Ledger::JetStream(log) => {
                         commands::replay::replay_remote(log, to, cli.json).await
                     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use provledger_events::log::{OpenJetStreamError, OpenSledError};
 use provledger_events::{
     AggregateId, AppendError, AppendOutcome, Commit, CommitDraft, CommitStream, EventLog,
-    Expectation, HistoryEntry, JetStreamConfig, JetStreamLog, ReadError, SledLog,
+    Expectation, HistoryEntry, JetStreamConfig, JetStreamLog, MemLog, ReadError, SledLog,
 };
 use provledger_projections::Entity;
 
@@ -38,6 +38,8 @@ pub enum OpenLedgerError {
 pub enum Ledger {
     Embedded(SledLog),
     JetStream(JetStreamLog),
+    /// In memory, for the seeded simulation and fast tests; never a service's ledger.
+    Memory(MemLog),
 }
 
 /// Parses `--nats`: one URL, or a seed list separated by commas. A malformed one is bad
@@ -140,6 +142,7 @@ impl EventLog for Ledger {
         match self {
             Ledger::Embedded(l) => l.append(aggregate, expect, draft).await,
             Ledger::JetStream(l) => l.append(aggregate, expect, draft).await,
+            Ledger::Memory(l) => l.append(aggregate, expect, draft).await,
         }
     }
 
@@ -147,6 +150,7 @@ impl EventLog for Ledger {
         match self {
             Ledger::Embedded(l) => l.read_aggregate(aggregate).await,
             Ledger::JetStream(l) => l.read_aggregate(aggregate).await,
+            Ledger::Memory(l) => l.read_aggregate(aggregate).await,
         }
     }
 
@@ -157,6 +161,7 @@ impl EventLog for Ledger {
         match self {
             Ledger::Embedded(l) => l.aggregate_history(aggregate).await,
             Ledger::JetStream(l) => l.aggregate_history(aggregate).await,
+            Ledger::Memory(l) => l.aggregate_history(aggregate).await,
         }
     }
 
@@ -164,6 +169,7 @@ impl EventLog for Ledger {
         match self {
             Ledger::Embedded(l) => l.read_all(from).await,
             Ledger::JetStream(l) => l.read_all(from).await,
+            Ledger::Memory(l) => l.read_all(from).await,
         }
     }
 
@@ -171,6 +177,7 @@ impl EventLog for Ledger {
         match self {
             Ledger::Embedded(l) => l.subscribe(from).await,
             Ledger::JetStream(l) => l.subscribe(from).await,
+            Ledger::Memory(l) => l.subscribe(from).await,
         }
     }
 
@@ -178,6 +185,7 @@ impl EventLog for Ledger {
         match self {
             Ledger::Embedded(l) => l.last_position().await,
             Ledger::JetStream(l) => l.last_position().await,
+            Ledger::Memory(l) => l.last_position().await,
         }
     }
 }

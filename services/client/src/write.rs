@@ -15,8 +15,8 @@ use provledger_projections::Entity;
 /// How many times a write with `expect any` re-reads and re-decides after another writer
 /// appended in between. Each round one racer wins, so this bounds the wait, not progress.
 pub const DECIDE_ATTEMPTS_MAX: usize = 16;
-/// How many times a write whose append came back `Unavailable` (the ack may be lost while
-/// the commit is durable) is tried again with the same commit id. The re-read recognises
+/// How many times a write whose read or append came back `Unavailable` (the ack may be lost
+/// while the commit is durable) is tried again with the same commit id. The re-read recognises
 /// a commit that did land, so nothing is written twice and nothing leaks.
 pub const UNAVAILABLE_RETRIES_MAX: usize = 3;
 /// The longest pause between two rounds; the pause is spread by commit id so that racers
@@ -141,7 +141,19 @@ async fn record_inner<L: EventLog>(
         if attempt > 0 {
             tokio::time::sleep(backoff(&draft, attempt)).await;
         }
-        let commits = log.read_aggregate(aggregate).await?;
+        let commits = match log.read_aggregate(aggregate).await {
+            Ok(commits) => commits,
+            // The read is part of the write: an unavailable log is retried like an
+            // unavailable append, within the same bound.
+            Err(e @ ReadError::Unavailable { .. }) => {
+                unavailable += 1;
+                if unavailable > UNAVAILABLE_RETRIES_MAX {
+                    return Err(e.into());
+                }
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         if let Some(earlier) = commits.iter().find(|c| c.commit_id == draft.commit_id) {
             if id_names_the_fact || earlier.same_payload_as(&draft) {
                 return Ok(Recorded::Appended(AppendOutcome {

@@ -80,6 +80,15 @@ impl SimExecutor {
         self.lock().compensation_failures_left = times;
     }
 
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What a resource is held for (the action or node that made it), if it is held.
+    pub fn held_by(&self, resource: &str) -> Option<String> {
+        self.lock().resources.get(resource).cloned()
+    }
+
     pub fn resources(&self) -> Vec<String> {
         self.lock().resources.keys().cloned().collect()
     }

@@ -14,9 +14,7 @@ use provledger_events::catalogue::{
     EffectKind, Executor, Inventory, NodeGroupSpec, NodeGroupTarget, OperationKind, Origin,
     PowerState, Ratio, TaskOutcome, TaskState, VmState,
 };
-use provledger_events::{
-    AggregateId, AppendError, AppendOutcome, CommitDraft, Event, EventLog, Expectation,
-};
+use provledger_events::{AggregateId, AppendError, AppendOutcome, Event, EventLog, Expectation};
 use provledger_projections::planner::{
     action_word, NODE_DETAIL, REMOVAL_DETAIL, REMOVE_NODE_ACTION, RESOURCE_REMOVED_EFFECT,
 };
@@ -28,7 +26,7 @@ use provledger_client::deletion::{self, DeleteError, DeleteRequestOutcome};
 use provledger_client::{
     derived_commit_id, read_entity, release_allocation, CompensationExecutor, CompensationRequest,
     Infrastructure, OperationCtx, OperationError, OperationRunner, OperationSpec, RunReport,
-    StepError, StepOutput,
+    Stamper, StepError, StepOutput,
 };
 
 use crate::executors::{DHCP, DNS, HYPERVISOR, IPAM, PLUGIN};
@@ -165,6 +163,19 @@ pub async fn register_compute_node<L: EventLog>(
     vcpus: u64,
     actor: &str,
 ) -> Result<AppendOutcome, AppendError> {
+    register_compute_node_stamped(log, provider, name, vcpus, actor, &Stamper::system()).await
+}
+
+/// [`register_compute_node`] with the commit stamped by `stamper` (a simulation's seeded
+/// clock and ids).
+pub async fn register_compute_node_stamped<L: EventLog>(
+    log: &L,
+    provider: Uuid,
+    name: &str,
+    vcpus: u64,
+    actor: &str,
+    stamper: &Stamper,
+) -> Result<AppendOutcome, AppendError> {
     let inventory = Inventory {
         total: vcpus,
         reserved: 0,
@@ -186,7 +197,7 @@ pub async fn register_compute_node<L: EventLog>(
     log.append(
         AggregateId::provider(provider),
         Expectation::NoStream,
-        CommitDraft::now(actor, events),
+        stamper.draft(actor, events),
     )
     .await
 }

@@ -98,6 +98,9 @@ pub async fn run(options: &LedgerOptions, json: bool) -> Result<(), CommandError
                     .map_err(CommandError::from),
             }
         }
+        Ledger::Memory(_) => Err(CommandError::BadInput(
+            "an in-memory ledger cannot be audited from the command line".into(),
+        )),
         Ledger::JetStream(log) => audit_log(
             log,
             OnChainViolation::Quarantine,
