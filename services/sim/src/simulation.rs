@@ -350,10 +350,10 @@ pub async fn run_seed(seed: u64, config: &SimulationConfig) -> SeedOutcome {
     let mut outcomes = BTreeMap::new();
     for op in &all_operations {
         if let Some(Entity::Operation(o)) = projection.get(&AggregateId::operation(*op)) {
-            let status = o
-                .status
-                .map(|s| format!("{s:?}").to_lowercase())
-                .unwrap_or_else(|| "absent".into());
+            let status = match serde_json::to_value(o.status) {
+                Ok(serde_json::Value::String(s)) => s,
+                _ => "absent".into(),
+            };
             *outcomes.entry(status).or_insert(0) += 1;
         }
     }

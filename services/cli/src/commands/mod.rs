@@ -9,6 +9,7 @@ pub mod query;
 pub mod replay;
 pub mod rollback;
 pub mod serve;
+pub mod simulate;
 pub mod state;
 
 use provledger_client::write::RecordError;
