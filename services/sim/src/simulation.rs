@@ -5,8 +5,9 @@
 //! run the invariants are checked; a failing seed is reported with what broke.
 //!
 //! Each seed runs a series of operations of every kind against the reference flows, with
-//! a fault-injecting in-memory log, faulty executors, deletes racing creates, and two
-//! rollback drivers racing over every stopped operation. Then the log is healed, every
+//! a fault-injecting in-memory log, faulty executors, deletes racing creates, runners
+//! dying between two steps (their future dropped; a later delete cancels what they left),
+//! and two rollback drivers racing over every stopped operation. Then the log is healed, every
 //! operation is driven to its end, and these must hold:
 //! - every compensation request an executor received is an attempt recorded in the log
 //!   (no double execution by racing drivers or retries);
@@ -68,6 +69,9 @@ pub struct SeedReport {
     pub unavailable: u64,
     pub lost_acks: u64,
     pub read_unavailable: u64,
+    /// Runners that died between two steps (their operation stays running until a delete
+    /// cancels it; recovering the others is issue 13's).
+    pub crashes: usize,
 }
 
 /// One seed's result: the report, the broken invariants (empty when all hold) and the log,
@@ -132,6 +136,12 @@ fn fast_retries() -> RetryPolicy {
 
 /// Where a user's delete lands: before the step of `stage` whose name starts with `step`.
 type DeleteAt = Arc<Mutex<Option<(String, String, AggregateId)>>>;
+/// The stage before whose first step the runner's process dies.
+type CrashAt = Arc<Mutex<Option<String>>>;
+
+/// Longer than any operation of a seed takes in simulated time: an operation still going
+/// after it crashed (its runner's future is dropped).
+const CRASH_DETECTED_AFTER: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Runs one seed on a fresh current-thread runtime with paused time.
 pub fn run_seed_blocking(seed: u64, config: &SimulationConfig) -> SeedOutcome {
@@ -166,14 +176,24 @@ pub async fn run_seed(seed: u64, config: &SimulationConfig) -> SeedOutcome {
     let infra = Arc::new(SimInfrastructure::default());
     let notices = CancelNotices::local();
     let delete_at: DeleteAt = Arc::new(Mutex::new(None));
+    let crash_at: CrashAt = Arc::new(Mutex::new(None));
     let hook: StepHook = {
-        let (ledger, notices, stamper, delete_at) = (
+        let (ledger, notices, stamper, delete_at, crash_at) = (
             ledger.clone(),
             notices.clone(),
             stamper.clone(),
             delete_at.clone(),
+            crash_at.clone(),
         );
         Arc::new(move |_op, stage, step| {
+            let crash = {
+                let mut at = crash_at.lock().unwrap_or_else(|p| p.into_inner());
+                let hit = at.as_deref() == Some(stage.as_str());
+                if hit {
+                    *at = None;
+                }
+                hit
+            };
             let fire = {
                 let mut at = delete_at.lock().unwrap_or_else(|p| p.into_inner());
                 match &*at {
@@ -187,6 +207,11 @@ pub async fn run_seed(seed: u64, config: &SimulationConfig) -> SeedOutcome {
             };
             let (ledger, notices, stamper) = (ledger.clone(), notices.clone(), stamper.clone());
             Box::pin(async move {
+                if crash {
+                    // The runner's process dies between two steps: nothing more comes
+                    // from it. The harness drops the operation's future.
+                    std::future::pending::<()>().await;
+                }
                 if let Some(target) = fire {
                     // A user's delete racing the operation; the log may refuse it too.
                     let _ = deletion::request_delete(
@@ -232,6 +257,7 @@ pub async fn run_seed(seed: u64, config: &SimulationConfig) -> SeedOutcome {
     let mut clusters: Vec<Uuid> = Vec::new();
     let mut instances: Vec<Uuid> = Vec::new();
     let mut operations: BTreeSet<Uuid> = BTreeSet::new();
+    let mut crashes = 0usize;
     let stages = ["allocate", "spawn", "configure", "start"];
     let faults = [
         ("hypervisor", "create_vm"),
@@ -260,24 +286,35 @@ pub async fn run_seed(seed: u64, config: &SimulationConfig) -> SeedOutcome {
                     *delete_at.lock().unwrap_or_else(|p| p.into_inner()) =
                         Some((stage.into(), String::new(), AggregateId::cluster(cluster)));
                 }
-                let report = prov
-                    .create_cluster(ClusterRequest {
-                        cluster_id: cluster,
-                        name: format!("c{}", clusters.len()),
-                        plugin: "vanilla".into(),
-                        node_groups: vec![NodeGroupSpec {
-                            name: "workers".into(),
-                            count: 1 + choose.below(3) as u32,
-                            flavor: "m1.small".into(),
-                            resources: BTreeMap::from([("VCPU".to_string(), 2)]),
-                            processes: vec!["datanode".into()],
-                        }],
-                        provider,
-                    })
-                    .await;
+                if choose.chance(100) {
+                    let stage = stages[choose.below(stages.len() as u64) as usize];
+                    *crash_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(stage.into());
+                }
+                let run = prov.create_cluster(ClusterRequest {
+                    cluster_id: cluster,
+                    name: format!("c{}", clusters.len()),
+                    plugin: "vanilla".into(),
+                    node_groups: vec![NodeGroupSpec {
+                        name: "workers".into(),
+                        count: 1 + choose.below(3) as u32,
+                        flavor: "m1.small".into(),
+                        resources: BTreeMap::from([("VCPU".to_string(), 2)]),
+                        processes: vec!["datanode".into()],
+                    }],
+                    provider,
+                });
+                let op = match tokio::time::timeout(CRASH_DETECTED_AFTER, run).await {
+                    Ok(report) => Some(report.operation_id),
+                    Err(_) => {
+                        // Crashed: its operation is the one marked on the cluster.
+                        crashes += 1;
+                        in_flight_on(&ledger, AggregateId::cluster(cluster)).await
+                    }
+                };
                 *delete_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                *crash_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 clusters.push(cluster);
-                Some(report.operation_id)
+                op
             }
             5..=6 => {
                 let instance = choose.uuid();
@@ -366,6 +403,7 @@ pub async fn run_seed(seed: u64, config: &SimulationConfig) -> SeedOutcome {
             unavailable: counts.unavailable,
             lost_acks: counts.lost_acks,
             read_unavailable: counts.read_unavailable,
+            crashes,
         },
         violations,
         commits,
@@ -387,6 +425,15 @@ async fn members(ledger: &Ledger, cluster: Uuid) -> Vec<Uuid> {
             .flat_map(|g| g.instance_ids.iter().copied())
             .collect(),
         _ => Vec::new(),
+    }
+}
+
+/// The operation marked in flight on a cluster or instance, if any.
+async fn in_flight_on(ledger: &Ledger, target: AggregateId) -> Option<Uuid> {
+    match provledger_client::read_entity(ledger, target).await {
+        Ok(Some(Entity::Cluster(c))) => c.in_flight.map(|f| f.operation_id),
+        Ok(Some(Entity::Instance(i))) => i.in_flight.map(|f| f.operation_id),
+        _ => None,
     }
 }
 
