@@ -382,6 +382,18 @@ mod tests {
     }
 
     #[test]
+    fn a_forged_version_0_is_described_without_panicking() {
+        let agg = AggregateId::cluster(Uuid::from_bytes([9; 16]));
+        let text = ChainViolation::BrokenLink {
+            aggregate: agg,
+            version: 0,
+            position: 4,
+        }
+        .to_string();
+        assert!(text.contains("v0 at position 4"), "{text}");
+    }
+
+    #[test]
     fn validate_refuses_events_of_another_kind() {
         let agg = AggregateId::instance(Uuid::nil());
         let err = draft(1).validate(&agg).unwrap_err();
