@@ -250,7 +250,7 @@ fn provider_invariants(p: &ProviderState, projection: &Projection, out: &mut Vec
         let gone = if deleted {
             Some("its provider is deleted".to_string())
         } else {
-            consumer_gone(*consumer, allocation.consumer_kind, projection)
+            consumer_gone(*consumer, allocation.consumer_kind, projection, id.id)
         };
         if let Some(why) = gone {
             out.push(
@@ -258,7 +258,7 @@ fn provider_invariants(p: &ProviderState, projection: &Projection, out: &mut Vec
                     Check::OrphanAllocation,
                     Some(id),
                     format!("allocation of {consumer}: {why}"),
-                    "release it (allocation_released with a reason) once you have checked nothing uses it",
+                    "release it with `provledger audit --fix-orphans` (only orphans are released, each with its reason)",
                 )
                 .with_version(p.header.version),
             );
@@ -266,24 +266,15 @@ fn provider_invariants(p: &ProviderState, projection: &Projection, out: &mut Vec
     }
 }
 
-/// Why an allocation's consumer is gone, if it is. Only instances are known consumers
-/// today; other kinds are checked once migrations are recorded.
+/// Why an allocation's consumer is gone, if it is (placement's classification).
 fn consumer_gone(
     consumer: Uuid,
     kind: provledger_events::catalogue::ConsumerKind,
     projection: &Projection,
+    provider: Uuid,
 ) -> Option<String> {
-    use provledger_events::catalogue::{ConsumerKind, VmState};
-    if kind != ConsumerKind::Instance {
-        return None;
-    }
-    match projection.get(&AggregateId::instance(consumer)) {
-        None => Some(format!("instance {consumer} was never recorded")),
-        Some(Entity::Instance(i)) if i.vm_state == Some(VmState::Deleted) => {
-            Some(format!("instance {consumer} is deleted"))
-        }
-        _ => None,
-    }
+    let (hold, why, _) = crate::placement::classify(projection, provider, consumer, kind);
+    (hold == provledger_events::catalogue::AllocationHold::Orphan).then_some(why)
 }
 
 fn cluster_invariants(c: &ClusterState, projection: &Projection, out: &mut Vec<Violation>) {

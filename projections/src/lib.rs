@@ -12,6 +12,7 @@ pub mod decide;
 pub mod entity;
 pub mod instance;
 pub mod operation;
+pub mod placement;
 pub mod planner;
 pub mod projection;
 pub mod provider;

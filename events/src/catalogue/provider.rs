@@ -92,6 +92,8 @@ pub enum AllocationHold {
     UnconfirmedMigration,
     /// An instance that was evacuated elsewhere; the source allocation was never cleaned.
     EvacuationResidue,
+    /// Its consumer is gone (a deleted instance, a finished migration): an orphan.
+    Orphan,
 }
 
 /// One allocation that blocks a provider delete, and why it is there.

@@ -125,7 +125,27 @@ enum Command {
     },
     /// Check hash chains, position continuity, quarantined entries, the sled copy against
     /// the stream (with --nats) and the contract's invariants. Exit 1 on any violation.
-    Audit,
+    Audit {
+        /// Release the orphan allocations found (consumer or provider gone), only those,
+        /// each with its reason, then audit again.
+        #[arg(long)]
+        fix_orphans: bool,
+    },
+    /// Resource providers (compute nodes).
+    Provider {
+        #[command(subcommand)]
+        action: ProviderCommand,
+    },
+    /// Claim allocations for instances that have a host, no allocation and no task in
+    /// progress. Exit 0 healed, 4 nothing to do, 1 some could not be healed.
+    HealAllocations {
+        /// Say what would be claimed; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Only this instance.
+        #[arg(long)]
+        instance: Option<Uuid>,
+    },
     /// Run the seeded simulation: operations of every kind under injected faults, with the
     /// invariants checked after each seed. Exit 1 on a broken invariant, naming the seed.
     Simulate {
@@ -146,6 +166,21 @@ enum Command {
         endpoint: String,
         /// The JSON request (default {}).
         request: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ProviderCommand {
+    /// Delete a provider: refused while allocations exist (each listed with why and what
+    /// to do); --cascade releases them first, with reasons, then deletes.
+    Delete {
+        /// The provider; or --host for every provider of a compute service.
+        id: Option<Uuid>,
+        /// Every provider registered on this host, one by one.
+        #[arg(long)]
+        host: Option<String>,
+        #[arg(long)]
+        cascade: bool,
     },
 }
 
@@ -266,7 +301,36 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             })
             .await
         }
-        Command::Audit => commands::audit::run(&options, cli.json).await,
+        Command::Audit { fix_orphans } => {
+            if fix_orphans {
+                let json = cli.json;
+                with_ledger(&options, |ledger| async move {
+                    let result = commands::placement::release_orphans(&ledger, json)
+                        .await
+                        .map(|_| ());
+                    (ledger, result)
+                })
+                .await?;
+            }
+            commands::audit::run(&options, cli.json).await
+        }
+        Command::Provider {
+            action: ProviderCommand::Delete { id, host, cascade },
+        } => {
+            with_ledger(&options, |ledger| async move {
+                let result =
+                    commands::placement::delete(&ledger, id, host, cascade, cli.json).await;
+                (ledger, result)
+            })
+            .await
+        }
+        Command::HealAllocations { dry_run, instance } => {
+            with_ledger(&options, |ledger| async move {
+                let result = commands::placement::heal(&ledger, instance, dry_run, cli.json).await;
+                (ledger, result)
+            })
+            .await
+        }
         Command::Simulate {
             seeds,
             seed,

@@ -15,6 +15,8 @@
 //!   `deleted`), and [`CancelNotices`], the cancel notices on NATS or in process;
 //! - the executor port: [`Infrastructure`] (forward actions) and [`CompensationExecutor`]
 //!   (compensations), with [`NatsExecutors`], the NATS transport of compensations;
+//! - [`placement`]: deleting a resource provider without orphaning an allocation (refusal
+//!   listing each consumer, or a crash-safe cascade), heal-allocations and orphan release;
 //! - [`Stamper`]: the injected clock and id source every draft is stamped with.
 //!
 //! It never depends on the simulator (`provledger-sim`), the projection store or the CLI,
@@ -28,6 +30,7 @@ pub mod deletion;
 mod driver;
 mod executors;
 mod ledger;
+pub mod placement;
 mod port;
 mod runner;
 pub mod write;

@@ -5,6 +5,7 @@ pub mod append;
 pub mod audit;
 pub mod demo;
 pub mod history;
+pub mod placement;
 pub mod query;
 pub mod replay;
 pub mod rollback;
@@ -28,6 +29,9 @@ pub enum CommandError {
     /// NATS unreachable, data dir locked, storage failing.
     #[error("{0}")]
     Infrastructure(String),
+    /// The command ran and there was nothing to do (heal-allocations, as nova-manage).
+    #[error("{0}")]
+    NothingToDo(String),
 }
 
 impl CommandError {
@@ -36,6 +40,7 @@ impl CommandError {
             CommandError::Problem(_) => 1,
             CommandError::BadInput(_) => 2,
             CommandError::Infrastructure(_) => 3,
+            CommandError::NothingToDo(_) => 4,
         }
     }
 }

@@ -1,0 +1,185 @@
+//! Placement's pure decisions over the folded state (Nova seed "compute service delete"):
+//! why each allocation pins its provider and what to do about it, which allocations are
+//! orphans, and which instances heal-allocations would claim for.
+//!
+//! Consumers: an instance holds the allocation on the provider it runs on; a migration
+//! (consumer kind `migration`, the consumer id is the migrating operation's id) holds the
+//! source while the instance holds the destination, until it is confirmed (the source is
+//! released) or reverted (the destination is released); an instance evacuated elsewhere
+//! whose source allocation was never cleaned leaves evacuation residue.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use provledger_events::catalogue::{AllocationHold, ConsumerKind, VmState};
+use provledger_events::AggregateId;
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::provider::{ProviderState, ProviderStatus};
+use crate::{Entity, Projection};
+
+/// One allocation on a provider, why it is there, and what an operator does about it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Hold {
+    pub consumer: Uuid,
+    pub consumer_kind: ConsumerKind,
+    pub hold: AllocationHold,
+    pub resources: BTreeMap<String, u64>,
+    pub why: String,
+    pub what_to_do: String,
+}
+
+/// Why `consumer`'s allocation is on `provider`.
+pub fn classify(
+    projection: &Projection,
+    provider: Uuid,
+    consumer: Uuid,
+    kind: ConsumerKind,
+) -> (AllocationHold, String, String) {
+    match kind {
+        ConsumerKind::Migration => {
+            match projection.get(&AggregateId::operation(consumer)) {
+                Some(Entity::Operation(op)) if op.is_closed() => (
+                    AllocationHold::Orphan,
+                    format!("migration {consumer} finished ({:?}) but its allocation stayed", op.status),
+                    "release it: `provledger audit --fix-orphans`".into(),
+                ),
+                _ => (
+                    AllocationHold::UnconfirmedMigration,
+                    format!("migration {consumer} is not confirmed or reverted: it holds the source"),
+                    "confirm the migration (releases this source allocation) or revert it".into(),
+                ),
+            }
+        }
+        ConsumerKind::Instance => match projection.get(&AggregateId::instance(consumer)) {
+            None => (
+                AllocationHold::Orphan,
+                format!("instance {consumer} was never recorded"),
+                "release it: `provledger audit --fix-orphans`".into(),
+            ),
+            Some(Entity::Instance(i)) if i.vm_state == Some(VmState::Deleted) => (
+                AllocationHold::Orphan,
+                format!("instance {consumer} is deleted"),
+                "release it: `provledger audit --fix-orphans`".into(),
+            ),
+            Some(Entity::Instance(i)) if i.provider_id.is_some_and(|p| p != provider) => (
+                AllocationHold::EvacuationResidue,
+                format!(
+                    "instance {consumer} runs on provider {} now (evacuated); this source allocation was never cleaned",
+                    i.provider_id.map(|p| p.to_string()).unwrap_or_default()
+                ),
+                "release it: `provledger provider delete --cascade` does, with this reason".into(),
+            ),
+            _ => (
+                AllocationHold::Instance,
+                format!("instance {consumer} runs here"),
+                "migrate the instance elsewhere or delete it first".into(),
+            ),
+        },
+    }
+}
+
+/// Every allocation on `provider`, in consumer order, with why it is there.
+pub fn holds(projection: &Projection, provider: &ProviderState) -> Vec<Hold> {
+    let id = provider.header.id.id;
+    provider
+        .allocations
+        .iter()
+        .map(|(consumer, allocation)| {
+            let (hold, why, what_to_do) =
+                classify(projection, id, *consumer, allocation.consumer_kind);
+            Hold {
+                consumer: *consumer,
+                consumer_kind: allocation.consumer_kind,
+                hold,
+                resources: allocation.resources.clone(),
+                why,
+                what_to_do,
+            }
+        })
+        .collect()
+}
+
+/// The orphan allocations of the whole state: (provider, hold). A provider that is gone
+/// orphans all it holds.
+pub fn orphans(projection: &Projection) -> Vec<(Uuid, Hold)> {
+    let mut providers: Vec<&ProviderState> = projection
+        .entities
+        .values()
+        .filter_map(|e| match e {
+            Entity::Provider(p) => Some(p),
+            _ => None,
+        })
+        .collect();
+    providers.sort_by_key(|p| p.header.id.id);
+    let mut out = Vec::new();
+    for p in providers {
+        let gone = p.status == Some(ProviderStatus::Deleted);
+        for mut hold in holds(projection, p) {
+            if gone {
+                hold.hold = AllocationHold::Orphan;
+                hold.why = format!("its provider {} is deleted", p.header.id.id);
+            }
+            if hold.hold == AllocationHold::Orphan {
+                out.push((p.header.id.id, hold));
+            }
+        }
+    }
+    out
+}
+
+/// What heal-allocations would do.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct HealPlan {
+    /// (instance, provider, resources) to claim.
+    pub claims: Vec<(Uuid, Uuid, BTreeMap<String, u64>)>,
+    /// (instance, why it is left alone).
+    pub skipped: Vec<(Uuid, String)>,
+}
+
+/// Instances that have a host, no allocation anywhere and no task in progress get their
+/// allocation claimed on their host; the others are listed with why (Nova's
+/// `heal_allocations`). `only`: one instance.
+pub fn plan_heal(projection: &Projection, only: Option<Uuid>) -> HealPlan {
+    let mut consumers: BTreeSet<Uuid> = BTreeSet::new();
+    for e in projection.entities.values() {
+        if let Entity::Provider(p) = e {
+            consumers.extend(p.allocations.keys().copied());
+        }
+    }
+    let mut instances: Vec<_> = projection
+        .entities
+        .values()
+        .filter_map(|e| match e {
+            Entity::Instance(i) => Some(i),
+            _ => None,
+        })
+        .filter(|i| only.is_none_or(|o| o == i.header.id.id))
+        .collect();
+    instances.sort_by_key(|i| i.header.id.id);
+    let mut plan = HealPlan::default();
+    for i in instances {
+        let id = i.header.id.id;
+        let skip = if consumers.contains(&id) {
+            None // has its allocation: nothing to heal, not worth listing
+        } else if matches!(i.vm_state, Some(VmState::Deleted) | None) || i.delete_requested {
+            Some("deleted or being deleted".to_string())
+        } else if let Some(task) = i.task_state {
+            Some(format!(
+                "task {task:?} in progress; heal it once the task ends"
+            ))
+        } else if i.provider_id.is_none() {
+            Some("no host: it was never scheduled".to_string())
+        } else if i.resources.is_empty() {
+            Some("its flavor records no resources to claim".to_string())
+        } else {
+            let provider = i.provider_id.unwrap_or_default();
+            plan.claims.push((id, provider, i.resources.clone()));
+            continue;
+        };
+        if let Some(reason) = skip {
+            plan.skipped.push((id, reason));
+        }
+    }
+    plan
+}

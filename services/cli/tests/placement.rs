@@ -1,0 +1,296 @@
+//! Placement through the `provledger` binary, embedded on real sled files and against a
+//! private nats-server: a provider delete refused and naming each consumer with why it is
+//! there, the cascade, heal-allocations and its dry run, and the orphan fix.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use provledger_tests::NatsServer;
+use serde_json::{json, Value};
+
+fn provledger(args: &[String], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_provledger"))
+        .args(args)
+        .env_remove("PROVLEDGER_NATS_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Err(e) = child.stdin.take().unwrap().write_all(stdin.as_bytes()) {
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+const P: &str = "0190c0de-0000-7000-8000-00000000aa01";
+const Q: &str = "0190c0de-0000-7000-8000-00000000aa02";
+/// An instance running on P.
+const I1: &str = "0190c0de-0000-7000-8000-00000000bb01";
+/// An instance evacuated from P to Q, whose source allocation on P stayed.
+const I2: &str = "0190c0de-0000-7000-8000-00000000bb02";
+/// An instance on P whose allocation is missing (heal-allocations' case).
+const I3: &str = "0190c0de-0000-7000-8000-00000000bb03";
+/// A migration in progress, holding its source on P.
+const M: &str = "0190c0de-0000-7000-8000-00000000cc01";
+
+struct Ledger {
+    global: Vec<String>,
+}
+
+impl Ledger {
+    fn run(&self, args: &[&str], stdin: &str) -> Output {
+        let all: Vec<String> = self
+            .global
+            .iter()
+            .cloned()
+            .chain(args.iter().map(|s| s.to_string()))
+            .collect();
+        provledger(&all, stdin)
+    }
+
+    fn append(&self, aggregate: &str, events: Value) {
+        let out = self.run(
+            &["append", aggregate, "--expect", "any", "--events", "-"],
+            &events.to_string(),
+        );
+        assert_eq!(out.status.code(), Some(0), "{aggregate}: {}", text(&out));
+    }
+
+    fn json(&self, args: &[&str]) -> (Option<i32>, Value) {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let out = self.run(&all, "");
+        let value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (out.status.code(), value)
+    }
+
+    fn version(&self, aggregate: &str) -> u64 {
+        let (code, v) = self.json(&["state", aggregate]);
+        assert_eq!(code, Some(0), "{v}");
+        v["state"]["version"].as_u64().unwrap()
+    }
+}
+
+fn vcpus(total: u64) -> Value {
+    json!({"inventory_set": {"resource_class": "VCPU", "inventory": {
+        "total": total, "reserved": 0, "allocation_ratio": 1.0,
+        "min_unit": 1, "max_unit": total, "step_size": 1}}})
+}
+
+fn claim(consumer: &str, kind: &str, n: u64) -> Value {
+    json!([{"allocation_claimed": {"consumer": consumer, "consumer_kind": kind, "resources": {"VCPU": n}}}])
+}
+
+fn instance_on(name: &str, provider: &str) -> Value {
+    json!([
+        {"instance_create_requested": {"name": name, "cluster_id": null, "node_group": null,
+            "flavor": "m1", "resources": {"VCPU": 2}, "image": "img"}},
+        {"host_assigned": {"host": "cn-p", "provider_id": provider}},
+        {"task_finished": {"task_state": "scheduling", "outcome": "succeeded", "reason": ""}},
+        {"vm_state_changed": {"vm_state": "active", "reason": ""}}
+    ])
+}
+
+/// Given: P holds an instance's allocation, an unconfirmed migration's source and an
+/// evacuated instance's residue; Q holds the evacuated instance; I3 runs on P without an
+/// allocation.
+fn given_a_compute_node_with_every_kind_of_consumer(ledger: &Ledger) {
+    for (id, host) in [(P, "cn-p"), (Q, "cn-q")] {
+        ledger.append(
+            &format!("provider/{id}"),
+            json!([{"provider_registered": {"name": host, "host": host}}, vcpus(16)]),
+        );
+    }
+    ledger.append(&format!("instance/{I1}"), instance_on("i1", P));
+    ledger.append(&format!("instance/{I2}"), instance_on("i2", Q));
+    ledger.append(&format!("instance/{I3}"), instance_on("i3", P));
+    ledger.append(&format!("provider/{P}"), claim(I1, "instance", 2));
+    ledger.append(&format!("provider/{P}"), claim(M, "migration", 2));
+    ledger.append(&format!("provider/{P}"), claim(I2, "instance", 2));
+    ledger.append(&format!("provider/{Q}"), claim(I2, "instance", 2));
+}
+
+fn delete_is_refused_naming_each_consumer_then_cascades(ledger: &Ledger) {
+    given_a_compute_node_with_every_kind_of_consumer(ledger);
+    let before = ledger.version(&format!("provider/{P}"));
+
+    // When the provider is deleted without --cascade, it is refused (exit 1), each
+    // consumer named with why it is there, and nothing is written.
+    let out = ledger.run(&["provider", "delete", P], "");
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("NOT deleted"), "{said}");
+    assert!(
+        said.contains(&format!("instance {I1} (instance)")),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!("migration {M} (unconfirmed_migration)")),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!("instance {I2} (evacuation_residue)")),
+        "{said}"
+    );
+    assert!(said.contains("nothing was written"), "{said}");
+    assert_eq!(ledger.version(&format!("provider/{P}")), before);
+
+    // With --cascade: every allocation released with its reason, then the provider goes.
+    let (code, v) = ledger.json(&["provider", "delete", P, "--cascade"]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["providers"][0]["outcome"], "deleted", "{v}");
+    assert_eq!(v["providers"][0]["released"].as_array().unwrap().len(), 3);
+    let (_, state) = ledger.json(&["state", &format!("provider/{P}")]);
+    assert_eq!(state["state"]["status"], "deleted", "{state}");
+    assert_eq!(state["state"]["allocations"], json!([]));
+    // The evacuated instance keeps its allocation on Q.
+    let (_, q) = ledger.json(&["state", &format!("provider/{Q}")]);
+    assert_eq!(
+        q["state"]["allocations"].as_array().unwrap().len(),
+        1,
+        "{q}"
+    );
+    // A re-run says so and writes nothing.
+    let (code, v) = ledger.json(&["provider", "delete", P, "--cascade"]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["providers"][0]["outcome"], "already_deleted");
+}
+
+#[test]
+fn provider_delete_embedded() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger {
+        global: vec!["--data-dir".into(), dir.path().to_str().unwrap().into()],
+    };
+    delete_is_refused_naming_each_consumer_then_cascades(&ledger);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_delete_against_nats() {
+    let server = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger {
+        global: vec![
+            "--nats".into(),
+            server.url(),
+            "--data-dir".into(),
+            dir.path().to_str().unwrap().into(),
+        ],
+    };
+    tokio::task::spawn_blocking(move || {
+        delete_is_refused_naming_each_consumer_then_cascades(&ledger)
+    })
+    .await
+    .unwrap();
+}
+
+#[test]
+fn heal_allocations_dry_run_writes_nothing_then_heals_with_nova_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger {
+        global: vec!["--data-dir".into(), dir.path().to_str().unwrap().into()],
+    };
+    given_a_compute_node_with_every_kind_of_consumer(&ledger);
+    let before = ledger.version(&format!("provider/{P}"));
+
+    // Given I3 on P with no allocation: the dry run says it would claim, and writes nothing.
+    let (code, v) = ledger.json(&["heal-allocations", "--dry-run"]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["healed"], json!([[I3, P]]), "{v}");
+    assert_eq!(
+        ledger.version(&format!("provider/{P}")),
+        before,
+        "dry run wrote"
+    );
+
+    // The real run claims it (exit 0); the next finds nothing to do (exit 4).
+    let (code, v) = ledger.json(&["heal-allocations", "--instance", I3]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(ledger.version(&format!("provider/{P}")), before + 1);
+    let (code, v) = ledger.json(&["heal-allocations"]);
+    assert_eq!(code, Some(4), "{v}");
+
+    // An instance whose host is full cannot be healed: exit 1, named.
+    const I4: &str = "0190c0de-0000-7000-8000-00000000bb04";
+    ledger.append(
+        &format!("provider/{Q}"),
+        json!([{"allocation_claimed": {"consumer": "0190c0de-0000-7000-8000-00000000dd01",
+            "consumer_kind": "instance", "resources": {"VCPU": 14}}}]),
+    );
+    ledger.append(&format!("instance/{I4}"), instance_on("i4", Q));
+    let out = ledger.run(&["heal-allocations", "--instance", I4], "");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!("instance {I4}: NOT healed")),
+        "{}",
+        text(&out)
+    );
+    assert!(text(&out).contains("over capacity"), "{}", text(&out));
+}
+
+#[test]
+fn audit_fix_orphans_releases_only_the_orphans() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger {
+        global: vec!["--data-dir".into(), dir.path().to_str().unwrap().into()],
+    };
+    given_a_compute_node_with_every_kind_of_consumer(&ledger);
+    // Given I1 deleted while its allocation stayed (an orphan), and an allocation of an
+    // instance that was never recorded (another)...
+    ledger.append(
+        &format!("instance/{I1}"),
+        json!([{"instance_delete_requested": {"reason": "user"}}, {"instance_deleted": {}}]),
+    );
+    ledger.append(
+        &format!("provider/{Q}"),
+        claim("0190c0de-0000-7000-8000-00000000ee01", "instance", 1),
+    );
+    let (code, v) = ledger.json(&["audit"]);
+    assert_eq!(code, Some(1), "{v}");
+    let orphans = v["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["check"] == "orphan_allocation")
+        .count();
+    assert_eq!(orphans, 2, "{v}");
+
+    // ...when fixed, only those two go: the migration, the residue and I2 on Q stay.
+    let out = ledger.run(&["audit", "--fix-orphans"], "");
+    let said = text(&out);
+    assert!(said.contains(&format!("instance {I1}")), "{said}");
+    let (_, p) = ledger.json(&["state", &format!("provider/{P}")]);
+    let left: Vec<&str> = p["state"]["allocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["consumer"].as_str().unwrap())
+        .collect();
+    assert_eq!(left.len(), 2, "{p}");
+    assert!(left.contains(&M) && left.contains(&I2), "{left:?}");
+    let (_, q) = ledger.json(&["state", &format!("provider/{Q}")]);
+    assert_eq!(
+        q["state"]["allocations"].as_array().unwrap().len(),
+        1,
+        "{q}"
+    );
+    let (code, v) = ledger.json(&["audit"]);
+    assert!(
+        v["violations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x["check"] != "orphan_allocation"),
+        "{v}"
+    );
+    let _ = code;
+}

@@ -1,0 +1,171 @@
+//! The provider cascade against a real sled log, with the process "crashing" between the
+//! releases and the delete: nothing is orphaned, a claim cannot slip in, and a re-run
+//! finishes the job.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use provledger_client::placement::{delete_provider, ProviderDeletion};
+use provledger_client::write::{record, RecordError};
+use provledger_client::Stamper;
+use provledger_events::catalogue::{ConsumerKind, Inventory, Ratio};
+use provledger_events::{
+    AggregateId, AppendError, AppendOutcome, Commit, CommitDraft, CommitStream, Event, EventLog,
+    Expectation, ReadError, SledLog,
+};
+use provledger_projections::Entity;
+use uuid::Uuid;
+
+/// A log whose process dies before it can append `provider_deleted`: every such append
+/// fails, as long as `dead` is set.
+#[derive(Clone)]
+struct DiesBeforeDelete {
+    inner: SledLog,
+    dead: Arc<AtomicBool>,
+}
+
+impl EventLog for DiesBeforeDelete {
+    async fn append(
+        &self,
+        aggregate: AggregateId,
+        expect: Expectation,
+        draft: CommitDraft,
+    ) -> Result<AppendOutcome, AppendError> {
+        let deleting = draft
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::ProviderDeleted {}));
+        if deleting && self.dead.load(Ordering::SeqCst) {
+            return Err(AppendError::Unavailable {
+                reason: "the process died".into(),
+            });
+        }
+        self.inner.append(aggregate, expect, draft).await
+    }
+    async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {
+        self.inner.read_aggregate(aggregate).await
+    }
+    async fn read_all(&self, from: u64) -> Result<CommitStream, ReadError> {
+        self.inner.read_all(from).await
+    }
+    async fn subscribe(&self, from: u64) -> Result<CommitStream, ReadError> {
+        self.inner.subscribe(from).await
+    }
+    async fn last_position(&self) -> Result<u64, ReadError> {
+        self.inner.last_position().await
+    }
+}
+
+fn claim(consumer: Uuid, n: u64) -> Vec<Event> {
+    vec![Event::AllocationClaimed {
+        consumer,
+        consumer_kind: ConsumerKind::Instance,
+        resources: BTreeMap::from([("VCPU".to_string(), n)]),
+    }]
+}
+
+async fn provider_state(
+    log: &DiesBeforeDelete,
+    p: AggregateId,
+) -> provledger_projections::provider::ProviderState {
+    match Entity::fold(p, &log.read_aggregate(p).await.unwrap()) {
+        Some(Entity::Provider(s)) => s,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_cascade_that_crashes_before_the_delete_orphans_nothing_and_a_rerun_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = DiesBeforeDelete {
+        inner: SledLog::open(dir.path()).unwrap(),
+        dead: Arc::new(AtomicBool::new(true)),
+    };
+    let stamper = Stamper::system();
+    let provider = Uuid::now_v7();
+    let p = AggregateId::provider(provider);
+    let register = vec![
+        Event::ProviderRegistered {
+            name: "cn".into(),
+            host: "cn".into(),
+        },
+        Event::InventorySet {
+            resource_class: "VCPU".into(),
+            inventory: Inventory {
+                total: 8,
+                reserved: 0,
+                allocation_ratio: Ratio::ONE,
+                min_unit: 1,
+                max_unit: 8,
+                step_size: 1,
+            },
+        },
+    ];
+    record(&log, p, Expectation::NoStream, stamper.draft("t", register))
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        record(
+            &log,
+            p,
+            Expectation::Any,
+            stamper.draft("t", claim(Uuid::now_v7(), 2)),
+        )
+        .await
+        .unwrap();
+    }
+
+    // Given a cascade whose process dies between the releases and the delete...
+    let crashed = delete_provider(&log, provider, true, "t", &stamper).await;
+    assert!(crashed.is_err(), "{crashed:?}");
+    // ...then nothing is orphaned: every allocation was released with its reason, the
+    // provider is deleting, not deleted, and it refuses a new claim meanwhile.
+    let state = provider_state(&log, p).await;
+    assert!(state.allocations.is_empty(), "{:?}", state.allocations);
+    assert_eq!(
+        state.status,
+        Some(provledger_projections::provider::ProviderStatus::Deleting)
+    );
+    let late = record(
+        &log,
+        p,
+        Expectation::Any,
+        stamper.draft("t", claim(Uuid::now_v7(), 1)),
+    )
+    .await;
+    assert!(matches!(late, Err(RecordError::Rejected(_))), "{late:?}");
+    let released: Vec<String> = log
+        .read_aggregate(p)
+        .await
+        .unwrap()
+        .iter()
+        .flat_map(|c| c.events.clone())
+        .filter_map(|e| match e {
+            Event::AllocationReleased { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(released.len(), 3);
+    assert!(
+        released.iter().all(|r| r.contains("--cascade")),
+        "{released:?}"
+    );
+
+    // When it is run again after the restart, it finishes: deleted, nothing released twice.
+    log.dead.store(false, Ordering::SeqCst);
+    let rerun = delete_provider(&log, provider, true, "t", &stamper)
+        .await
+        .unwrap();
+    assert_eq!(rerun, ProviderDeletion::Deleted { released: vec![] });
+    let state = provider_state(&log, p).await;
+    assert_eq!(
+        state.status,
+        Some(provledger_projections::provider::ProviderStatus::Deleted)
+    );
+    assert_eq!(
+        state.header.anomaly_count, 0,
+        "{:?}",
+        state.header.anomalies
+    );
+}
