@@ -72,6 +72,14 @@ pub enum AppendRejection {
         consumer: Uuid,
         refusal: ClaimRefusal,
     },
+    #[error("{target}: event #{index} would set the {resource_class} capacity to {capacity}, below the {usage} in use; release allocations first, or force it (it is then reported as over capacity)")]
+    InventoryBelowUsage {
+        target: AggregateId,
+        index: usize,
+        resource_class: String,
+        capacity: u64,
+        usage: u64,
+    },
     #[error("{target} cannot apply event #{index} ({event}) in its state: {problem}")]
     NotApplicable {
         target: AggregateId,
@@ -94,6 +102,7 @@ impl AppendRejection {
                 .first()
                 .map(|c| c.reason.as_str())
                 .unwrap_or("not_applicable"),
+            AppendRejection::InventoryBelowUsage { .. } => "below_usage",
             AppendRejection::NotApplicable { .. } => "not_applicable",
         }
     }
@@ -130,12 +139,30 @@ fn revives(event: &Event) -> bool {
     }
 }
 
+/// What a writer may ask of the decider beyond the commit itself.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecideOptions {
+    /// Accept an inventory below current usage (hardware that really shrank); the
+    /// provider is then reported as over capacity until it fits again.
+    pub force: bool,
+}
+
 /// Decides `draft` against `entity`, the state of `target` at the version the caller will
 /// append with (`None`: nothing recorded yet). Pure: the same inputs give the same answer.
 pub fn decide_append(
     target: AggregateId,
     entity: Option<&Entity>,
     draft: &CommitDraft,
+) -> Result<Admission, AppendRejection> {
+    decide_append_with(target, entity, draft, DecideOptions::default())
+}
+
+/// [`decide_append`] with options.
+pub fn decide_append_with(
+    target: AggregateId,
+    entity: Option<&Entity>,
+    draft: &CommitDraft,
+    options: DecideOptions,
 ) -> Result<Admission, AppendRejection> {
     let events = &draft.events;
     let exists = entity.is_some_and(Entity::is_created);
@@ -173,7 +200,7 @@ pub fn decide_append(
             }
         }
     }
-    trial_fold(target, entity, draft)?;
+    trial_fold(target, entity, draft, options)?;
     Ok(Admission::Append)
 }
 
@@ -183,6 +210,7 @@ fn trial_fold(
     target: AggregateId,
     entity: Option<&Entity>,
     draft: &CommitDraft,
+    options: DecideOptions,
 ) -> Result<(), AppendRejection> {
     let mut trial = entity.cloned().unwrap_or_else(|| Entity::new(target));
     let ctx = EventContext {
@@ -210,6 +238,25 @@ fn trial_fold(
                         consumer: *consumer,
                         refusal,
                     })?;
+            }
+        }
+        if let (
+            Entity::Provider(provider),
+            Event::InventorySet {
+                resource_class,
+                inventory,
+            },
+        ) = (&trial, event)
+        {
+            let usage = provider.usage.get(resource_class).copied().unwrap_or(0);
+            if usage > inventory.capacity() && !options.force {
+                return Err(AppendRejection::InventoryBelowUsage {
+                    target,
+                    index,
+                    resource_class: resource_class.clone(),
+                    capacity: inventory.capacity(),
+                    usage,
+                });
             }
         }
         let created = trial.is_created();

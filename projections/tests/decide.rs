@@ -337,3 +337,26 @@ fn an_impossible_transition_is_refused_as_not_applicable() {
         "{rejection:?}"
     );
 }
+
+#[test]
+fn an_inventory_below_usage_is_refused_unless_forced() {
+    use provledger_projections::decide::{decide_append_with, DecideOptions};
+    let state = provider_holding(20);
+    // Capacity (8 - 2) * 2 = 12 is below the 20 in use.
+    let shrink = vec![inventory(8, 2, 2, 1, 24, 1)];
+    let rejection = refused(provider(), state.as_ref(), shrink.clone());
+    assert_eq!(rejection.reason(), "below_usage");
+    assert!(
+        rejection.to_string().contains("12, below the 20"),
+        "{rejection}"
+    );
+    assert_eq!(
+        decide_append_with(
+            provider(),
+            state.as_ref(),
+            &propose(shrink),
+            DecideOptions { force: true }
+        ),
+        Ok(Admission::Append)
+    );
+}

@@ -80,6 +80,10 @@ enum Command {
         causation_id: Option<Uuid>,
         #[arg(long, default_value = "cli")]
         actor: String,
+        /// Accept an inventory below current usage (hardware that really shrank); the
+        /// provider is then reported as over capacity until it fits again.
+        #[arg(long)]
+        force: bool,
     },
     /// An aggregate's commits, oldest first, decoded, with a hash-chain check.
     History {
@@ -226,6 +230,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             operation_id,
             causation_id,
             actor,
+            force,
         } => {
             let events = commands::append::read_events_source(&events)?;
             // Parse before opening the ledger so bad input never waits on infrastructure.
@@ -239,6 +244,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                 operation_id,
                 causation_id,
                 actor,
+                force,
             };
             let result = commands::append::run(&ledger, args, cli.json).await;
             ledger.close();

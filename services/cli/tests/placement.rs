@@ -294,3 +294,57 @@ fn audit_fix_orphans_releases_only_the_orphans() {
     );
     let _ = code;
 }
+
+#[test]
+fn an_inventory_below_usage_is_refused_unless_forced_and_then_audited_over_capacity() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger {
+        global: vec!["--data-dir".into(), dir.path().to_str().unwrap().into()],
+    };
+    given_a_compute_node_with_every_kind_of_consumer(&ledger);
+    let before = ledger.version(&format!("provider/{P}"));
+    // P holds 6 VCPU; shrinking it to 4 is refused, nothing written...
+    let shrink = json!([vcpus(4)]).to_string();
+    let out = ledger.run(
+        &[
+            "append",
+            &format!("provider/{P}"),
+            "--expect",
+            "any",
+            "--events",
+            "-",
+        ],
+        &shrink,
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("below the 6 in use"), "{}", text(&out));
+    assert_eq!(ledger.version(&format!("provider/{P}")), before);
+    // ...unless forced, and then the audit reports it over capacity.
+    let out = ledger.run(
+        &[
+            "append",
+            &format!("provider/{P}"),
+            "--expect",
+            "any",
+            "--force",
+            "--events",
+            "-",
+        ],
+        &shrink,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let (code, v) = ledger.json(&["audit"]);
+    assert_eq!(code, Some(1), "{v}");
+    assert!(
+        v["violations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["check"] == "provider_capacity"
+                && x["problem"]
+                    .as_str()
+                    .unwrap()
+                    .contains("used 6 > capacity 4")),
+        "{v}"
+    );
+}

@@ -9,7 +9,9 @@ use provledger_events::{
     AggregateId, AppendError, AppendOutcome, AppendStatus, CommitDraft, EventLog, Expectation,
     ReadError,
 };
-use provledger_projections::decide::{decide_append, Admission, AlreadyDone, AppendRejection};
+use provledger_projections::decide::{
+    decide_append_with, Admission, AlreadyDone, AppendRejection, DecideOptions,
+};
 use provledger_projections::Entity;
 
 /// How many times a write with `expect any` re-reads and re-decides after another writer
@@ -112,7 +114,26 @@ pub async fn record<L: EventLog>(
     expect: Expectation,
     draft: CommitDraft,
 ) -> Result<Recorded, RecordError> {
-    record_inner(log, aggregate, expect, draft, false).await
+    record_inner(
+        log,
+        aggregate,
+        expect,
+        draft,
+        false,
+        DecideOptions::default(),
+    )
+    .await
+}
+
+/// [`record`] with decider options (`force`: an inventory below usage).
+pub async fn record_with<L: EventLog>(
+    log: &L,
+    aggregate: AggregateId,
+    expect: Expectation,
+    draft: CommitDraft,
+    options: DecideOptions,
+) -> Result<Recorded, RecordError> {
+    record_inner(log, aggregate, expect, draft, false, options).await
 }
 
 /// Writes a fact whose commit id is derived from what it records (a driver's or a
@@ -125,7 +146,15 @@ pub async fn record_fact<L: EventLog>(
     aggregate: AggregateId,
     draft: CommitDraft,
 ) -> Result<Recorded, RecordError> {
-    record_inner(log, aggregate, Expectation::Any, draft, true).await
+    record_inner(
+        log,
+        aggregate,
+        Expectation::Any,
+        draft,
+        true,
+        DecideOptions::default(),
+    )
+    .await
 }
 
 async fn record_inner<L: EventLog>(
@@ -134,6 +163,7 @@ async fn record_inner<L: EventLog>(
     expect: Expectation,
     draft: CommitDraft,
     id_names_the_fact: bool,
+    options: DecideOptions,
 ) -> Result<Recorded, RecordError> {
     draft.validate(&aggregate).map_err(AppendError::from)?;
     let mut unavailable = 0;
@@ -177,7 +207,8 @@ async fn record_inner<L: EventLog>(
             });
         }
         let entity = Entity::fold(aggregate, &commits);
-        if let Admission::AlreadyDone(outcome) = decide_append(aggregate, entity.as_ref(), &draft)?
+        if let Admission::AlreadyDone(outcome) =
+            decide_append_with(aggregate, entity.as_ref(), &draft, options)?
         {
             let position = commits.last().map_or(0, |c| c.position);
             return Ok(Recorded::AlreadyDone {

@@ -6,8 +6,9 @@ use provledger_events::{AggregateId, AppendStatus, CommitDraft, Event, Expectati
 use uuid::Uuid;
 
 use super::{print_json, CommandError};
-use provledger_client::write::Recorded;
+use provledger_client::write::{record_with, Recorded};
 use provledger_client::Ledger;
+use provledger_projections::decide::DecideOptions;
 
 pub struct AppendArgs {
     pub aggregate: AggregateId,
@@ -17,6 +18,8 @@ pub struct AppendArgs {
     pub operation_id: Option<Uuid>,
     pub causation_id: Option<Uuid>,
     pub actor: String,
+    /// Accept an inventory below current usage (reported as over capacity afterwards).
+    pub force: bool,
 }
 
 /// Reads the events' JSON: a list of events in the catalogue's JSON form, or one event.
@@ -78,7 +81,14 @@ pub async fn run(ledger: &Ledger, args: AppendArgs, json: bool) -> Result<(), Co
         events: args.events,
     };
     let commit_id = draft.commit_id;
-    let recorded = ledger.record(args.aggregate, args.expect, draft).await?;
+    let recorded = record_with(
+        ledger,
+        args.aggregate,
+        args.expect,
+        draft,
+        DecideOptions { force: args.force },
+    )
+    .await?;
     let (position, version, status) = match recorded {
         Recorded::Appended(o) if o.status == AppendStatus::AlreadyAppended => {
             (o.position, o.version, "already_appended")

@@ -1,9 +1,9 @@
 //! `cmd.append` for publishers not written in Rust: validated against the catalogue and
 //! the target's state, then appended like any other writer would.
 
-use provledger_client::write::{record, RecordError, Recorded};
+use provledger_client::write::{record_with, RecordError, Recorded};
 use provledger_events::{AppendError, AppendStatus, CommitDraft, Event, Expectation, ReadError};
-use provledger_projections::decide::AppendRejection;
+use provledger_projections::decide::{AppendRejection, DecideOptions};
 use serde_json::{json, Value};
 
 use super::error::{bad, ErrorCode, QueryError};
@@ -22,6 +22,7 @@ pub(crate) async fn append(ctx: &QueryContext, payload: &[u8]) -> Result<Value, 
             "causation_id",
             "actor",
             "events",
+            "force",
         ],
     )?;
     let aggregate = req_aggregate(&req)?;
@@ -48,7 +49,12 @@ pub(crate) async fn append(ctx: &QueryContext, payload: &[u8]) -> Result<Value, 
         .map_err(|e| bad("events", e.to_string()))?;
     // Decided against the log itself at the version appended, never against this
     // replica's projection, which may not have applied the last acknowledged commit yet.
-    match record(&ctx.log, aggregate, expect, draft).await {
+    let force = match req.get("force") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => return Err(bad("force", format!("must be true or false, not {other}"))),
+    };
+    match record_with(&ctx.log, aggregate, expect, draft, DecideOptions { force }).await {
         Ok(Recorded::Appended(outcome)) => Ok(json!({
             "position": outcome.position,
             "version": outcome.version,
@@ -89,9 +95,9 @@ fn rejected(rejection: AppendRejection) -> QueryError {
     let code = match rejection {
         AppendRejection::TargetDeleted { .. } => ErrorCode::TargetDeleted,
         AppendRejection::NotFound { .. } => ErrorCode::NotFound,
-        AppendRejection::ClaimRefused { .. } | AppendRejection::NotApplicable { .. } => {
-            ErrorCode::Rejected
-        }
+        AppendRejection::ClaimRefused { .. }
+        | AppendRejection::InventoryBelowUsage { .. }
+        | AppendRejection::NotApplicable { .. } => ErrorCode::Rejected,
     };
     let mut error =
         QueryError::new(code, rejection.to_string()).with("reason", rejection.reason().into());
