@@ -348,3 +348,89 @@ fn an_inventory_below_usage_is_refused_unless_forced_and_then_audited_over_capac
         "{v}"
     );
 }
+
+mod common;
+
+async fn ask(client: &async_nats::Client, subject: &str, body: Value) -> Value {
+    let reply = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        client.request(subject.to_string(), body.to_string().into()),
+    )
+    .await
+    .expect("reply in time")
+    .expect("request");
+    serde_json::from_slice(&reply.payload).expect("JSON reply")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placement_over_nats_for_services_not_written_in_rust() {
+    let server = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let _serve = common::Serve::start(&server, &dir.path().join("serve"));
+    let client = server.client().await;
+    common::wait_ready(&client).await;
+    let url = server.url();
+    let data = dir.path().join("cli");
+    tokio::task::spawn_blocking(move || {
+        let ledger = Ledger {
+            global: vec![
+                "--nats".into(),
+                url,
+                "--data-dir".into(),
+                data.to_str().unwrap().into(),
+            ],
+        };
+        given_a_compute_node_with_every_kind_of_consumer(&ledger);
+    })
+    .await
+    .unwrap();
+
+    // A plain delete is refused with every hold, named and explained.
+    let refused = ask(&client, "provledger.cmd.provider.delete", json!({"id": P})).await;
+    assert_eq!(refused["error"]["code"], "conflict", "{refused}");
+    assert_eq!(refused["error"]["reason"], "allocations_remain");
+    let kinds: Vec<&str> = refused["error"]["holds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["hold"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds.len(), 3, "{refused}");
+    for kind in ["instance", "unconfirmed_migration", "evacuation_residue"] {
+        assert!(kinds.contains(&kind), "{kind} missing: {refused}");
+    }
+    // heal-allocations, dry: I3 would be claimed on P.
+    let healed = ask(
+        &client,
+        "provledger.cmd.heal_allocations",
+        json!({"dry_run": true}),
+    )
+    .await;
+    assert_eq!(healed["data"]["healed"], json!([[I3, P]]), "{healed}");
+    // No orphans yet; providers listed.
+    let orphans = ask(
+        &client,
+        "provledger.cmd.fix_orphans",
+        json!({"dry_run": true}),
+    )
+    .await;
+    assert_eq!(orphans["data"]["orphans"], json!([]), "{orphans}");
+    let mut listed = json!(null);
+    for _ in 0..100 {
+        listed = ask(&client, "provledger.q.provider.list", json!({})).await;
+        if listed["data"].as_array().is_some_and(|a| a.len() == 2) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(listed["data"].as_array().map(Vec::len), Some(2), "{listed}");
+    // The cascade deletes it.
+    let deleted = ask(
+        &client,
+        "provledger.cmd.provider.delete",
+        json!({"id": P, "cascade": true}),
+    )
+    .await;
+    assert_eq!(deleted["data"]["outcome"], "deleted", "{deleted}");
+    assert_eq!(deleted["data"]["released"].as_array().unwrap().len(), 3);
+}

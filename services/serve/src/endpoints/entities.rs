@@ -63,7 +63,7 @@ pub(crate) fn instance_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value,
 }
 
 /// Up to `limit` entities of `kind` that `keep` accepts, in id order after `after`.
-fn list(
+pub(super) fn list(
     ctx: &QueryContext,
     req: &Map<String, Value>,
     kind: AggregateKind,

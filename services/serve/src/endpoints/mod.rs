@@ -9,6 +9,7 @@ mod entities;
 pub(crate) mod error;
 mod health;
 mod history;
+mod placement;
 mod request;
 
 use std::time::Duration;
@@ -34,6 +35,10 @@ pub(crate) enum Endpoint {
     History,
     StateAt,
     CmdAppend,
+    ProviderList,
+    ProviderDelete,
+    HealAllocations,
+    FixOrphans,
 }
 
 /// Every subject the service answers, below the prefix (`q.health`, ..., `cmd.append`).
@@ -42,7 +47,7 @@ pub fn endpoint_subjects() -> Vec<&'static str> {
 }
 
 impl Endpoint {
-    pub(crate) const ALL: [Endpoint; 11] = [
+    pub(crate) const ALL: [Endpoint; 15] = [
         Endpoint::Health,
         Endpoint::ClusterGet,
         Endpoint::ClusterList,
@@ -54,6 +59,10 @@ impl Endpoint {
         Endpoint::History,
         Endpoint::StateAt,
         Endpoint::CmdAppend,
+        Endpoint::ProviderList,
+        Endpoint::ProviderDelete,
+        Endpoint::HealAllocations,
+        Endpoint::FixOrphans,
     ];
 
     /// The subject below the prefix, e.g. `q.cluster.get`.
@@ -70,6 +79,10 @@ impl Endpoint {
             Endpoint::History => "q.history",
             Endpoint::StateAt => "q.state_at",
             Endpoint::CmdAppend => "cmd.append",
+            Endpoint::ProviderList => "q.provider.list",
+            Endpoint::ProviderDelete => "cmd.provider.delete",
+            Endpoint::HealAllocations => "cmd.heal_allocations",
+            Endpoint::FixOrphans => "cmd.fix_orphans",
         }
     }
 
@@ -153,6 +166,10 @@ impl QueryContext {
             Endpoint::History => history::history(self, payload).await,
             Endpoint::StateAt => history::state_at(self, payload),
             Endpoint::CmdAppend => append::append(self, payload).await,
+            Endpoint::ProviderList => placement::provider_list(self, payload),
+            Endpoint::ProviderDelete => placement::provider_delete(self, payload).await,
+            Endpoint::HealAllocations => placement::heal(self, payload).await,
+            Endpoint::FixOrphans => placement::orphans(self, payload).await,
         }
     }
 }
