@@ -434,3 +434,38 @@ async fn placement_over_nats_for_services_not_written_in_rust() {
     assert_eq!(deleted["data"]["outcome"], "deleted", "{deleted}");
     assert_eq!(deleted["data"]["released"].as_array().unwrap().len(), 3);
 }
+
+#[test]
+fn a_compute_service_with_many_providers_is_deleted_provider_by_provider() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger {
+        global: vec!["--data-dir".into(), dir.path().to_str().unwrap().into()],
+    };
+    // Given three ironic nodes on one host, two of them holding an allocation...
+    let nodes = [
+        "0190c0de-0000-7000-8000-0000000ff001",
+        "0190c0de-0000-7000-8000-0000000ff002",
+        "0190c0de-0000-7000-8000-0000000ff003",
+    ];
+    for (i, node) in nodes.iter().enumerate() {
+        ledger.append(
+            &format!("provider/{node}"),
+            json!([{"provider_registered": {"name": format!("node{i}"), "host": "ironic-1"}}, vcpus(4)]),
+        );
+    }
+    ledger.append(&format!("provider/{}", nodes[0]), claim(I1, "instance", 4));
+    ledger.append(&format!("provider/{}", nodes[2]), claim(I2, "instance", 4));
+    // ...without --cascade the nodes holding one are refused (exit 1; the empty one goes)...
+    let out = ledger.run(&["provider", "delete", "--host", "ironic-1"], "");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    // ...with it, every node goes, each released then deleted, none orphaned.
+    let (code, v) = ledger.json(&["provider", "delete", "--host", "ironic-1", "--cascade"]);
+    assert_eq!(code, Some(0), "{v}");
+    for node in nodes {
+        let (_, state) = ledger.json(&["state", &format!("provider/{node}")]);
+        assert_eq!(state["state"]["status"], "deleted", "{node}: {state}");
+        assert_eq!(state["state"]["allocations"], json!([]));
+    }
+    let (code, v) = ledger.json(&["audit"]);
+    assert_eq!(code, Some(0), "{v}");
+}

@@ -169,3 +169,85 @@ async fn a_cascade_that_crashes_before_the_delete_orphans_nothing_and_a_rerun_fi
         state.header.anomalies
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_racing_claims_never_deletes_a_provider_that_gained_an_allocation() {
+    for round in 0..10 {
+        let dir = tempfile::tempdir().unwrap();
+        let log = DiesBeforeDelete {
+            inner: SledLog::open(dir.path()).unwrap(),
+            dead: Arc::new(AtomicBool::new(false)),
+        };
+        let stamper = Stamper::system();
+        let provider = Uuid::now_v7();
+        let p = AggregateId::provider(provider);
+        let register = vec![
+            Event::ProviderRegistered {
+                name: "cn".into(),
+                host: "cn".into(),
+            },
+            Event::InventorySet {
+                resource_class: "VCPU".into(),
+                inventory: Inventory {
+                    total: 64,
+                    reserved: 0,
+                    allocation_ratio: Ratio::ONE,
+                    min_unit: 1,
+                    max_unit: 64,
+                    step_size: 1,
+                },
+            },
+        ];
+        record(&log, p, Expectation::NoStream, stamper.draft("t", register))
+            .await
+            .unwrap();
+        // Given a plain delete and eight claims racing...
+        let claims = (0..8).map(|_| {
+            let (log, stamper) = (log.clone(), stamper.clone());
+            tokio::spawn(async move {
+                record(
+                    &log,
+                    p,
+                    Expectation::Any,
+                    stamper.draft("t", claim(Uuid::now_v7(), 1)),
+                )
+                .await
+                .is_ok()
+            })
+        });
+        let delete = {
+            let (log, stamper) = (log.clone(), stamper.clone());
+            tokio::spawn(async move { delete_provider(&log, provider, false, "t", &stamper).await })
+        };
+        let acknowledged = futures::future::join_all(claims)
+            .await
+            .into_iter()
+            .filter(|r| *r.as_ref().unwrap())
+            .count();
+        let deleted = delete.await.unwrap().unwrap();
+        // ...then either the delete won before any claim, or the claims are all held and
+        // the provider is not deleted: never an allocation on a deleted provider.
+        let state = provider_state(&log, p).await;
+        assert_eq!(state.allocations.len(), acknowledged, "round {round}");
+        match deleted {
+            ProviderDeletion::Deleted { .. } => {
+                assert_eq!(
+                    acknowledged, 0,
+                    "round {round}: claims acknowledged yet deleted"
+                );
+            }
+            ProviderDeletion::Refused { .. } => {
+                assert_ne!(
+                    state.status,
+                    Some(provledger_projections::provider::ProviderStatus::Deleted)
+                );
+            }
+            other => panic!("round {round}: {other:?}"),
+        }
+        assert_eq!(
+            state.header.anomaly_count, 0,
+            "{:?}",
+            state.header.anomalies
+        );
+    }
+}
