@@ -16,6 +16,7 @@ pub mod placement;
 pub mod planner;
 pub mod projection;
 pub mod provider;
+pub mod recovery;
 pub mod rollback;
 pub mod stages;
 pub mod timeline;

@@ -1,0 +1,194 @@
+//! Stuck-state recovery (Nova seed "recover stuck states", design 5): what to do with an
+//! instance whose task was interrupted. Pure: a function of the instance's folded events
+//! and the time, so every replica and every sweep decides the same.
+//!
+//! The seed's hard part, telling "still queued" from "started and interrupted", is made
+//! unambiguous by leases: a worker records `task_started` (worker, lease expiry) when it
+//! really starts and renews the lease while it works. So:
+//! - a lease not yet expired: the worker is alive; untouched;
+//! - a task started whose lease expired: interrupted; the rules below apply;
+//! - a task queued and never started: it may still be in a queue; left alone, except a
+//!   delete (always safe to re-drive) and tasks a recovery already re-queued (left to their
+//!   worker, so a second sweep writes nothing).
+//!
+//! | task | rule |
+//! |---|---|
+//! | deleting | re-drive the delete (if that fails: error, never dropped) |
+//! | building (scheduling, spawning, networking), started, lease expired | error, and release the build's claim |
+//! | building, never started | leave alone |
+//! | image uploading (snapshot) | clear the task |
+//! | powering on / off | re-issue (idempotent) |
+//! | reboot pending | retry |
+//! | reboot started, guest not running | hard reboot |
+//! | reboot started, guest running | clear the task |
+//! | rebuilding | error |
+//! | resize migrating | revert to the source |
+//! | live migrating | abort; the migration goes to error |
+
+use provledger_events::catalogue::{PowerState, TaskOutcome, TaskState, VmState};
+use provledger_events::{Event, Timestamp};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::instance::InstanceState;
+
+/// What the worker that owns the instance is asked to do again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reissue {
+    Delete,
+    PowerOn,
+    PowerOff,
+    Reboot,
+    HardReboot,
+    RevertResize,
+    AbortLiveMigration,
+}
+
+/// One instance's recovery: the rule that matched, the events recording it (with the
+/// reason), and what else the shell does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Recovery {
+    pub instance: Uuid,
+    pub rule: &'static str,
+    pub reason: String,
+    pub events: Vec<Event>,
+    /// Sent to the owning worker after the events are recorded.
+    pub reissue: Option<Reissue>,
+    /// The build's claim to release on this provider.
+    pub release_claim_on: Option<Uuid>,
+}
+
+fn building(task: TaskState) -> bool {
+    matches!(
+        task,
+        TaskState::Scheduling | TaskState::Spawning | TaskState::Networking
+    )
+}
+
+/// The recovery `instance` needs at `now`, if any.
+pub fn recover(instance: &InstanceState, now: Timestamp) -> Option<Recovery> {
+    let task = instance.task_state?;
+    if matches!(instance.vm_state, Some(VmState::Deleted) | None) {
+        return None;
+    }
+    let started = instance.task_worker.is_some();
+    if instance.task_lease_until.is_some_and(|until| until > now) {
+        return None; // the worker is alive
+    }
+    let requeued = !started && instance.last_task_outcome == Some(TaskOutcome::Recovered);
+    if requeued {
+        return None; // a previous sweep re-drove it; its worker picks it up
+    }
+    let worker = instance
+        .task_worker
+        .clone()
+        .unwrap_or_else(|| "unknown".into());
+    let id = instance.header.id.id;
+    let interrupted = format!(
+        "task {task:?} of worker {worker} interrupted (lease expired{})",
+        instance
+            .task_lease_until
+            .map(|t| format!(" at {t}"))
+            .unwrap_or_default()
+    );
+    let finished = |reason: &str| Event::TaskFinished {
+        task_state: task,
+        outcome: TaskOutcome::Recovered,
+        reason: reason.to_string(),
+    };
+    let requeue = |reason: String, reissue: Reissue, rule: &'static str| Recovery {
+        instance: id,
+        rule,
+        events: vec![finished(&reason), Event::TaskQueued { task_state: task }],
+        reason,
+        reissue: Some(reissue),
+        release_claim_on: None,
+    };
+    let error = |reason: String, rule: &'static str, release: Option<Uuid>| Recovery {
+        instance: id,
+        rule,
+        events: vec![
+            finished(&reason),
+            Event::VmStateChanged {
+                vm_state: VmState::Error,
+                reason: reason.clone(),
+            },
+        ],
+        reason,
+        reissue: None,
+        release_claim_on: release,
+    };
+    let clear = |reason: String, rule: &'static str| Recovery {
+        instance: id,
+        rule,
+        events: vec![finished(&reason)],
+        reason,
+        reissue: None,
+        release_claim_on: None,
+    };
+    Some(match task {
+        TaskState::Deleting => requeue(
+            format!("{interrupted}; the delete is re-driven"),
+            Reissue::Delete,
+            "deleting: re-drive the delete",
+        ),
+        t if building(t) && !started => return None,
+        t if building(t) => error(
+            format!("{interrupted}; the build is put in error and its claim released"),
+            "building, started, lease expired: error and release the claim",
+            instance.provider_id,
+        ),
+        _ if !started => return None,
+        TaskState::ImageUploading => clear(
+            format!("{interrupted}; the snapshot task is cleared"),
+            "image snapshot or upload: clear the task",
+        ),
+        TaskState::PoweringOn => requeue(
+            format!("{interrupted}; power on re-issued"),
+            Reissue::PowerOn,
+            "powering on: re-issue",
+        ),
+        TaskState::PoweringOff => requeue(
+            format!("{interrupted}; power off re-issued"),
+            Reissue::PowerOff,
+            "powering off: re-issue",
+        ),
+        TaskState::RebootPending => requeue(
+            format!("{interrupted}; the reboot is retried"),
+            Reissue::Reboot,
+            "reboot pending: retry",
+        ),
+        TaskState::RebootStarted if instance.power_state == PowerState::Running => clear(
+            format!("{interrupted}; the guest is running, so the reboot is done"),
+            "reboot started, guest running: clear the task",
+        ),
+        TaskState::RebootStarted => requeue(
+            format!("{interrupted}; the guest is not running: hard reboot"),
+            Reissue::HardReboot,
+            "reboot started, guest not running: hard reboot",
+        ),
+        TaskState::Rebuilding => error(
+            format!("{interrupted}; a half-done rebuild is put in error"),
+            "rebuild: error",
+            None,
+        ),
+        TaskState::ResizeMigrating => Recovery {
+            reissue: Some(Reissue::RevertResize),
+            ..clear(
+                format!("{interrupted}; the resize is reverted to the source"),
+                "resize migrating: revert to the source",
+            )
+        },
+        TaskState::Migrating => Recovery {
+            reissue: Some(Reissue::AbortLiveMigration),
+            ..clear(
+                format!("{interrupted}; the live migration is aborted and goes to error"),
+                "live migrating: abort, the migration goes to error",
+            )
+        },
+        // Cluster node tasks belong to a cluster operation, which its own rollback covers.
+        TaskState::Decommissioning | TaskState::Configuring => return None,
+        TaskState::Scheduling | TaskState::Spawning | TaskState::Networking => return None,
+    })
+}
