@@ -33,7 +33,7 @@ use uuid::Uuid;
 use crate::instance::InstanceState;
 
 /// What the worker that owns the instance is asked to do again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Reissue {
     Delete,

@@ -135,6 +135,13 @@ enum Command {
         #[arg(long)]
         fix_orphans: bool,
     },
+    /// Run the stuck-state recovery sweep once: interrupted tasks (lease expired) are
+    /// re-driven, cleared or put in error, each recorded with its reason.
+    Recover {
+        /// Say what would be recovered; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Resource providers (compute nodes).
     Provider {
         #[command(subcommand)]
@@ -326,6 +333,14 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             with_ledger(&options, |ledger| async move {
                 let result =
                     commands::placement::delete(&ledger, id, host, cascade, cli.json).await;
+                (ledger, result)
+            })
+            .await
+        }
+        Command::Recover { dry_run } => {
+            let opts = options.clone();
+            with_ledger(&options, |ledger| async move {
+                let result = commands::recover::run(&ledger, &opts, dry_run, cli.json).await;
                 (ledger, result)
             })
             .await

@@ -17,6 +17,8 @@
 //!   (compensations), with [`NatsExecutors`], the NATS transport of compensations;
 //! - [`placement`]: deleting a resource provider without orphaning an allocation (refusal
 //!   listing each consumer, or a crash-safe cascade), heal-allocations and orphan release;
+//! - [`recovery`]: the stuck-state recovery sweep (the pure rules applied, recorded once at
+//!   exact versions, re-issues to the owning worker over NATS);
 //! - [`Stamper`]: the injected clock and id source every draft is stamped with.
 //!
 //! It never depends on the simulator (`provledger-sim`), the projection store or the CLI,
@@ -32,6 +34,7 @@ mod executors;
 mod ledger;
 pub mod placement;
 mod port;
+pub mod recovery;
 mod runner;
 pub mod write;
 

@@ -7,6 +7,7 @@ pub mod demo;
 pub mod history;
 pub mod placement;
 pub mod query;
+pub mod recover;
 pub mod replay;
 pub mod rollback;
 pub mod serve;

@@ -1,0 +1,245 @@
+//! The stuck-state recovery sweep: the pure rules of `provledger_projections::recovery`
+//! applied to every instance of the log, each recovery recorded at the instance's exact
+//! version under a commit id derived from that version, then its action carried out: the
+//! build's claim released, the task re-issued to the worker that owns the instance.
+//!
+//! Racing sweeps (two `serve` replicas) derive the same commit id from the same version
+//! and write the same payload (actor `provledger-recovery`), so each recovery is recorded
+//! once and only the sweep that recorded it re-issues. A re-issued delete that cannot be
+//! delivered puts the instance in error: a delete is never dropped.
+//!
+//! Workers answer `<prefix>.worker.<worker_id>.reissue` requests (`ReissueRequest`, reply
+//! `{"ok": true}` or `{"ok": false, "error": "..."}`) and must be idempotent by
+//! `request_id`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use provledger_events::catalogue::VmState;
+use provledger_events::{AggregateId, AppendStatus, Event, EventLog, Expectation};
+use provledger_projections::recovery::{recover, Reissue};
+use provledger_projections::Entity;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::clock::Stamper;
+use crate::executors::CompensationReply;
+use crate::ledger::derived_commit_id;
+use crate::placement::{read_projection, PlacementError};
+use crate::write::{record, record_fact, RecordError, Recorded};
+
+/// The actor every sweep records with: racing replicas then write identical payloads.
+pub const RECOVERY_ACTOR: &str = "provledger-recovery";
+
+/// What a worker is asked to do again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReissueRequest {
+    /// Idempotency key: the same recovery always carries the same id.
+    pub request_id: Uuid,
+    pub instance_id: Uuid,
+    pub action: Reissue,
+    pub reason: String,
+}
+
+pub type ReissueFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
+
+/// Delivers re-issued tasks to the worker that owns the instance.
+pub trait Reissuer: Send + Sync {
+    fn reissue<'a>(&'a self, worker: &'a str, request: &'a ReissueRequest) -> ReissueFuture<'a>;
+}
+
+/// Over NATS: a request on `<prefix>.worker.<worker>.reissue`.
+pub struct NatsReissuer {
+    pub client: async_nats::Client,
+    pub subject_prefix: String,
+    pub reply_wait: Duration,
+}
+
+impl NatsReissuer {
+    pub fn subject(subject_prefix: &str, worker: &str) -> String {
+        format!("{subject_prefix}.worker.{worker}.reissue")
+    }
+}
+
+impl Reissuer for NatsReissuer {
+    fn reissue<'a>(&'a self, worker: &'a str, request: &'a ReissueRequest) -> ReissueFuture<'a> {
+        Box::pin(async move {
+            let subject = Self::subject(&self.subject_prefix, worker);
+            let body = serde_json::to_vec(request).map_err(|e| e.to_string())?;
+            let reply = tokio::time::timeout(
+                self.reply_wait,
+                self.client.request(subject.clone(), body.into()),
+            )
+            .await
+            .map_err(|_| format!("no reply from {subject} within {:?}", self.reply_wait))?
+            .map_err(|e| format!("request to {subject}: {e}"))?;
+            let reply: CompensationReply = serde_json::from_slice(&reply.payload)
+                .map_err(|e| format!("unreadable reply from {subject}: {e}"))?;
+            match (reply.ok, reply.error) {
+                (true, _) => Ok(()),
+                (false, e) => Err(e.unwrap_or_else(|| "refused without a reason".into())),
+            }
+        })
+    }
+}
+
+/// No worker reachable (embedded, no NATS): every re-issue fails with what to do.
+pub struct NoWorkers;
+
+impl Reissuer for NoWorkers {
+    fn reissue<'a>(&'a self, worker: &'a str, _request: &'a ReissueRequest) -> ReissueFuture<'a> {
+        Box::pin(async move {
+            Err(format!(
+                "worker {worker:?} is not reachable: run the sweep with --nats where it listens"
+            ))
+        })
+    }
+}
+
+/// One instance's recovery, as the sweep reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Recovered {
+    pub instance: Uuid,
+    pub rule: String,
+    pub reason: String,
+    pub reissue: Option<Reissue>,
+    /// "recorded", "already_recorded" (another sweep did), "raced" (the instance changed;
+    /// the next sweep decides again), "would_record" (dry run), or "failed: ...".
+    pub outcome: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SweepReport {
+    pub examined: usize,
+    pub recoveries: Vec<Recovered>,
+}
+
+impl SweepReport {
+    /// How many recoveries this sweep wrote.
+    pub fn written(&self) -> usize {
+        self.recoveries
+            .iter()
+            .filter(|r| r.outcome == "recorded")
+            .count()
+    }
+}
+
+/// One sweep over every instance. `dry_run` writes nothing and re-issues nothing.
+pub async fn sweep<L: EventLog>(
+    log: &L,
+    reissuer: &dyn Reissuer,
+    dry_run: bool,
+    stamper: &Stamper,
+) -> Result<SweepReport, PlacementError> {
+    let projection = read_projection(log).await?;
+    let now = stamper.now();
+    let mut instances: Vec<_> = projection
+        .entities
+        .values()
+        .filter_map(|e| match e {
+            Entity::Instance(i) => Some(i),
+            _ => None,
+        })
+        .collect();
+    instances.sort_by_key(|i| i.header.id.id);
+    let mut report = SweepReport {
+        examined: instances.len(),
+        ..Default::default()
+    };
+    for instance in instances {
+        let Some(decision) = recover(instance, now) else {
+            continue;
+        };
+        let id = instance.header.id;
+        let version = instance.header.version;
+        let mut entry = Recovered {
+            instance: id.id,
+            rule: decision.rule.to_string(),
+            reason: decision.reason.clone(),
+            reissue: decision.reissue,
+            outcome: "would_record".into(),
+        };
+        if dry_run {
+            report.recoveries.push(entry);
+            continue;
+        }
+        let commit_id = derived_commit_id(id.id, &format!("recovery/{version}"));
+        let mut draft = stamper.draft(RECOVERY_ACTOR, decision.events.clone());
+        draft.commit_id = commit_id;
+        entry.outcome = match record(log, id, Expectation::Exactly(version), draft).await {
+            Ok(Recorded::Appended(o)) if o.status == AppendStatus::AlreadyAppended => {
+                "already_recorded".into()
+            }
+            Ok(_) => {
+                let mut outcome = "recorded".to_string();
+                if let Some(provider) = decision.release_claim_on {
+                    if let Err(e) =
+                        release_build_claim(log, provider, id.id, &decision.reason, stamper).await
+                    {
+                        outcome = format!("failed: releasing the claim: {e}");
+                    }
+                }
+                let worker = instance.task_worker.as_deref().unwrap_or("unknown");
+                if let Some(action) = decision.reissue {
+                    let request = ReissueRequest {
+                        request_id: commit_id,
+                        instance_id: id.id,
+                        action,
+                        reason: decision.reason.clone(),
+                    };
+                    if let Err(e) = reissuer.reissue(worker, &request).await {
+                        outcome = format!("failed: re-issuing {action:?}: {e}");
+                        if action == Reissue::Delete {
+                            // Never dropped: a delete that cannot be re-driven is an error.
+                            put_in_error(
+                                log,
+                                id,
+                                &format!("the delete could not be re-driven: {e}"),
+                                stamper,
+                            )
+                            .await;
+                        }
+                    }
+                }
+                outcome
+            }
+            Err(RecordError::Conflict { .. }) => "raced".into(),
+            Err(e) => format!("failed: {e}"),
+        };
+        report.recoveries.push(entry);
+    }
+    Ok(report)
+}
+
+async fn release_build_claim<L: EventLog>(
+    log: &L,
+    provider: Uuid,
+    instance: Uuid,
+    reason: &str,
+    stamper: &Stamper,
+) -> Result<(), RecordError> {
+    let event = Event::AllocationReleased {
+        consumer: instance,
+        reason: format!("recovery: {reason}"),
+    };
+    let mut draft = stamper.draft(RECOVERY_ACTOR, vec![event]);
+    draft.commit_id = derived_commit_id(instance, &format!("recovery-release/{provider}"));
+    match record_fact(log, AggregateId::provider(provider), draft).await {
+        // No claim there (never made, or released already): nothing to release.
+        Err(RecordError::Rejected(_)) => Ok(()),
+        other => other.map(|_| ()),
+    }
+}
+
+async fn put_in_error<L: EventLog>(log: &L, id: AggregateId, reason: &str, stamper: &Stamper) {
+    let event = Event::VmStateChanged {
+        vm_state: VmState::Error,
+        reason: reason.to_string(),
+    };
+    let mut draft = stamper.draft(RECOVERY_ACTOR, vec![event]);
+    draft.commit_id = derived_commit_id(id.id, &format!("recovery-error/{reason}"));
+    if let Err(e) = record_fact(log, id, draft).await {
+        tracing::error!(instance = %id, error = %e, "could not record that a re-driven delete failed");
+    }
+}
