@@ -107,6 +107,9 @@ enum Command {
         /// How long a compensation request may go unanswered before it counts as lost.
         #[arg(long, default_value_t = 30_000)]
         compensation_reply_wait_ms: i64,
+        /// Seconds between stuck-state recovery sweeps (one runs on start; 0: never).
+        #[arg(long, default_value_t = 60)]
+        recovery_interval: u64,
     },
     /// An aggregate's projected state, now or at a past position or time.
     State {
@@ -269,6 +272,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             compensation_attempts_max,
             compensation_backoff_ms,
             compensation_reply_wait_ms,
+            recovery_interval,
         } => {
             let nats_url = cli.nats.clone().ok_or_else(|| {
                 CommandError::BadInput(
@@ -294,6 +298,8 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                 executor_reply_wait: Duration::from_millis(
                     compensation_reply_wait_ms.clamp(1, 30_000) as u64,
                 ),
+                recovery_interval: (recovery_interval > 0)
+                    .then(|| Duration::from_secs(recovery_interval)),
             };
             commands::serve::run(serve_options).await
         }

@@ -166,3 +166,122 @@ fn a_sweep_recovers_each_interrupted_task_once_and_leaves_live_ones() {
         .collect();
     assert_eq!(written, again);
 }
+
+mod common;
+
+use futures::StreamExt;
+use provledger_tests::NatsServer;
+
+async fn cmd(client: &async_nats::Client, body: Value) -> Value {
+    let reply = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        client.request("provledger.cmd.append", body.to_string().into()),
+    )
+    .await
+    .expect("reply in time")
+    .expect("request");
+    serde_json::from_slice(&reply.payload).expect("JSON")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_recover_a_dead_workers_instances_once_and_reissue_to_its_successor() {
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let client = nats.client().await;
+    // The successor of the dead worker answers re-issues, counting every request.
+    let mut requests = client
+        .subscribe("provledger.worker.compute-1.reissue")
+        .await
+        .unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    {
+        let (client, seen) = (client.clone(), seen.clone());
+        tokio::spawn(async move {
+            while let Some(msg) = requests.next().await {
+                let request: Value = serde_json::from_slice(&msg.payload).unwrap_or(Value::Null);
+                seen.lock().unwrap().push(request);
+                if let Some(reply) = msg.reply {
+                    let _ = client.publish(reply, r#"{"ok": true}"#.into()).await;
+                }
+            }
+        });
+    }
+    let first =
+        common::Serve::start_with(&nats, &dir.path().join("a"), &["--recovery-interval", "1"]);
+    common::wait_ready(&client).await;
+
+    // Given a worker that started powering off two instances with a one-second lease, and
+    // died (it never renews nor finishes)...
+    let lease = time_in(1);
+    let ids = [
+        "0190c0de-0000-7000-8000-00000000f001",
+        "0190c0de-0000-7000-8000-00000000f002",
+    ];
+    for id in ids {
+        let reply = cmd(
+            &client,
+            json!({"aggregate": format!("instance/{id}"), "expect": "none", "events": [
+                {"instance_create_requested": {"name": "vm", "cluster_id": null, "node_group": null,
+                    "flavor": "m1", "resources": {"VCPU": 1}, "image": "img"}},
+                {"task_finished": {"task_state": "scheduling", "outcome": "succeeded", "reason": ""}},
+                {"vm_state_changed": {"vm_state": "active", "reason": ""}},
+                {"task_started": {"task_state": "powering_off", "worker_id": "compute-1", "lease_until": lease}}
+            ]}),
+        )
+        .await;
+        assert!(reply["error"].is_null(), "{reply}");
+    }
+    // ...when two replicas sweep every second...
+    let second =
+        common::Serve::start_with(&nats, &dir.path().join("b"), &["--recovery-interval", "1"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while seen.lock().unwrap().len() < ids.len() {
+        assert!(std::time::Instant::now() < deadline, "never re-issued");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // Several more sweeps of both replicas run...
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+
+    // ...then each instance was recovered once, and its power off re-issued once.
+    let log = provledger_events::JetStreamLog::open(
+        nats.client().await,
+        provledger_events::JetStreamConfig::default(),
+    )
+    .await
+    .unwrap();
+    use provledger_events::EventLog;
+    for id in ids {
+        let commits = log
+            .read_aggregate(provledger_events::AggregateId::instance(
+                id.parse().unwrap(),
+            ))
+            .await
+            .unwrap();
+        let recovered = commits
+            .iter()
+            .flat_map(|c| c.events.iter())
+            .filter(|e| {
+                matches!(
+                    e,
+                    provledger_events::Event::TaskFinished {
+                        outcome: provledger_events::catalogue::TaskOutcome::Recovered,
+                        ..
+                    }
+                )
+            })
+            .count();
+        assert_eq!(recovered, 1, "{id}");
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), ids.len(), "{seen:?}");
+    for request in &seen {
+        assert_eq!(request["action"], "power_off", "{request}");
+    }
+    drop((first, second));
+}
+
+/// An RFC 3339 time `secs` from now.
+fn time_in(secs: i64) -> String {
+    let ms = provledger_events::Timestamp::now().unix_ms() + secs * 1000;
+    provledger_events::Timestamp::from_unix_ms(ms).to_string()
+}

@@ -20,6 +20,7 @@ use crate::endpoints::{Endpoint, QueryContext};
 use crate::projector::{OnChainViolation, Projector, ProjectorError};
 use crate::rollback_worker::RollbackWorker;
 use crate::store::{ProjectionStore, StoreError};
+use provledger_client::recovery::{sweep, NatsReissuer};
 use provledger_client::{
     open_jetstream, CancelNotices, Ledger, NatsExecutors, OpenLedgerError, RollbackDriver, Stamper,
 };
@@ -48,6 +49,8 @@ pub struct ServeOptions {
     pub retry: RetryPolicy,
     /// How long one executor request waits for its reply.
     pub executor_reply_wait: Duration,
+    /// The stuck-state recovery sweep runs on start and then this often (`None`: never).
+    pub recovery_interval: Option<Duration>,
 }
 
 /// Why the service could not start or stopped abnormally.
@@ -133,6 +136,31 @@ pub async fn run(
         stamper: Stamper::system(),
     };
     let (stop_worker, worker_shutdown) = watch::channel(false);
+    let recovery_task = options.recovery_interval.map(|interval| {
+        let ledger = Ledger::JetStream(log.clone());
+        let reissuer = NatsReissuer {
+            client: client.clone(),
+            subject_prefix: options.subject_prefix.clone(),
+            reply_wait: options.executor_reply_wait,
+        };
+        let mut shutdown = worker_shutdown.clone();
+        tokio::spawn(async move {
+            // On start, then every interval: racing replicas record each recovery once.
+            loop {
+                match sweep(&ledger, &reissuer, false, &Stamper::system()).await {
+                    Ok(report) if report.written() > 0 => {
+                        tracing::info!(written = report.written(), "stuck-state recovery sweep")
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "stuck-state recovery sweep failed"),
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(interval) => {}
+                    _ = shutdown.changed() => return,
+                }
+            }
+        })
+    });
     let worker_task = tokio::spawn(worker.run(worker_shutdown));
 
     let (stop_projector, projector_shutdown) = watch::channel(false);
@@ -212,6 +240,11 @@ pub async fn run(
     let _ = stop_worker.send(true);
     if let Err(e) = worker_task.await {
         tracing::warn!(error = %e, "rollback worker task");
+    }
+    if let Some(task) = recovery_task {
+        if let Err(e) = task.await {
+            tracing::warn!(error = %e, "recovery sweep task");
+        }
     }
     let _ = stop_projector.send(true);
     let joined = match projector_ended {
