@@ -183,3 +183,33 @@ pub fn plan_heal(projection: &Projection, only: Option<Uuid>) -> HealPlan {
     }
     plan
 }
+
+/// The migration of `instance` still holding a source allocation: (the migration's
+/// consumer id, which is its operation, the source provider, the resources held there).
+pub fn migration_source(
+    projection: &Projection,
+    instance: Uuid,
+) -> Option<(Uuid, Uuid, BTreeMap<String, u64>)> {
+    let mut found: Vec<(Uuid, Uuid, BTreeMap<String, u64>)> = projection
+        .entities
+        .values()
+        .filter_map(|e| match e {
+            Entity::Provider(p) => Some(p),
+            _ => None,
+        })
+        .flat_map(|p| {
+            p.allocations
+                .iter()
+                .filter(|(_, a)| a.consumer_kind == ConsumerKind::Migration)
+                .map(move |(consumer, a)| (*consumer, p.header.id.id, a.resources.clone()))
+        })
+        .filter(|(consumer, _, _)| {
+            matches!(
+                projection.get(&AggregateId::operation(*consumer)),
+                Some(Entity::Operation(op)) if op.target == Some(AggregateId::instance(instance))
+            )
+        })
+        .collect();
+    found.sort_by_key(|(consumer, provider, _)| (*consumer, *provider));
+    found.into_iter().next()
+}

@@ -285,3 +285,94 @@ fn time_in(secs: i64) -> String {
     let ms = provledger_events::Timestamp::now().unix_ms() + secs * 1000;
     provledger_events::Timestamp::from_unix_ms(ms).to_string()
 }
+
+#[test]
+fn an_interrupted_resize_is_reverted_and_its_allocations_follow_it_back_to_the_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    const SOURCE: &str = "0190c0de-0000-7000-8000-00000000e001";
+    const DEST: &str = "0190c0de-0000-7000-8000-00000000e002";
+    const VM: &str = "0190c0de-0000-7000-8000-00000000e003";
+    const MIGRATION: &str = "0190c0de-0000-7000-8000-00000000e004";
+    let append = |aggregate: String, expect: &str, events: Value| {
+        let out = provledger(
+            &[
+                "--data-dir",
+                d,
+                "append",
+                &aggregate,
+                "--expect",
+                expect,
+                "--events",
+                "-",
+            ],
+            &events.to_string(),
+        );
+        assert_eq!(out.status.code(), Some(0), "{aggregate}: {}", text(&out));
+    };
+    for (id, host) in [(SOURCE, "cn-src"), (DEST, "cn-dst")] {
+        append(
+            format!("provider/{id}"),
+            "none",
+            json!([{"provider_registered": {"name": host, "host": host}},
+                   {"inventory_set": {"resource_class": "VCPU", "inventory": {"total": 4, "reserved": 0,
+                     "allocation_ratio": 1.0, "min_unit": 1, "max_unit": 4, "step_size": 1}}}]),
+        );
+    }
+    // Given a resize of VM from SOURCE to DEST, interrupted: the migration (its operation)
+    // holds the source, the VM holds the destination, and the worker's lease expired.
+    append(
+        format!("operation/{MIGRATION}"),
+        "none",
+        json!([{"operation_started": {"kind": "resize_instance", "target": format!("instance/{VM}"),
+            "parent_id": null, "stages": [{"name": "schedule", "policy": "compensate"},
+            {"name": "act", "policy": "hold"}], "bundle_policy": null}},
+            {"stage_started": {"stage": "act"}}]),
+    );
+    instance(
+        d,
+        VM,
+        vec![
+            json!({"host_assigned": {"host": "cn-dst", "provider_id": DEST}}),
+            started("resize_migrating", "2020-01-01T00:00:00Z"),
+        ],
+    );
+    append(
+        format!("provider/{SOURCE}"),
+        "any",
+        json!([{"allocation_claimed": {"consumer": MIGRATION, "consumer_kind": "migration", "resources": {"VCPU": 4}}}]),
+    );
+    append(
+        format!("provider/{DEST}"),
+        "any",
+        json!([{"allocation_claimed": {"consumer": VM, "consumer_kind": "instance", "resources": {"VCPU": 4}}}]),
+    );
+
+    // When the sweep runs (no worker is reachable embedded: the revert's re-issue fails)...
+    let out = provledger(&["--data-dir", d, "recover"], "");
+    assert!(
+        text(&out).contains("resize migrating: revert to the source"),
+        "{}",
+        text(&out)
+    );
+
+    // ...then the allocations followed: the VM holds the source, the destination is free,
+    // the VM's host is the source again, and the migration went to error.
+    let state = |aggregate: String| -> Value {
+        let out = provledger(&["--data-dir", d, "--json", "state", &aggregate], "");
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()["state"].clone()
+    };
+    let source = state(format!("provider/{SOURCE}"));
+    assert_eq!(
+        source["allocations"].as_array().unwrap().len(),
+        1,
+        "{source}"
+    );
+    assert_eq!(source["allocations"][0]["consumer"], VM);
+    assert_eq!(source["allocations"][0]["consumer_kind"], "instance");
+    assert_eq!(state(format!("provider/{DEST}"))["allocations"], json!([]));
+    let vm = state(format!("instance/{VM}"));
+    assert_eq!(vm["host"], "cn-src", "{vm}");
+    assert_eq!(vm["task_state"], Value::Null);
+    assert_eq!(state(format!("operation/{MIGRATION}"))["status"], "failed");
+}

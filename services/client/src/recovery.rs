@@ -180,6 +180,17 @@ pub async fn sweep<L: EventLog>(
                         outcome = format!("failed: releasing the claim: {e}");
                     }
                 }
+                if matches!(
+                    decision.reissue,
+                    Some(Reissue::RevertResize | Reissue::AbortLiveMigration)
+                ) {
+                    if let Err(e) =
+                        return_to_source(log, &projection, instance, &decision.reason, stamper)
+                            .await
+                    {
+                        outcome = format!("failed: moving the allocations back: {e}");
+                    }
+                }
                 let worker = instance.task_worker.as_deref().unwrap_or("unknown");
                 if let Some(action) = decision.reissue {
                     let request = ReissueRequest {
@@ -210,6 +221,72 @@ pub async fn sweep<L: EventLog>(
         report.recoveries.push(entry);
     }
     Ok(report)
+}
+
+/// A reverted resize or an aborted live migration: the instance's allocation goes back to
+/// the source (the migration's source allocation becomes the instance's again, in one
+/// commit, so the capacity it frees cannot be taken in between), the destination's is
+/// released, the instance's host is the source again, and a migration operation still
+/// running goes to error.
+async fn return_to_source<L: EventLog>(
+    log: &L,
+    projection: &provledger_projections::Projection,
+    instance: &provledger_projections::instance::InstanceState,
+    reason: &str,
+    stamper: &Stamper,
+) -> Result<(), RecordError> {
+    let id = instance.header.id.id;
+    let Some((migration, source, resources)) =
+        provledger_projections::placement::migration_source(projection, id)
+    else {
+        return Ok(()); // nothing held for a migration: nothing to move back
+    };
+    let why = format!("recovery: back to the source: {reason}");
+    let back = vec![
+        Event::AllocationReleased {
+            consumer: migration,
+            reason: why.clone(),
+        },
+        Event::AllocationClaimed {
+            consumer: id,
+            consumer_kind: provledger_events::catalogue::ConsumerKind::Instance,
+            resources,
+        },
+    ];
+    let mut draft = stamper.draft(RECOVERY_ACTOR, back);
+    draft.commit_id = derived_commit_id(migration, "recovery-back-to-source");
+    record_fact(log, AggregateId::provider(source), draft).await?;
+    if let Some(destination) = instance.provider_id.filter(|d| *d != source) {
+        release_build_claim(log, destination, id, reason, stamper).await?;
+    }
+    let source_host = match projection.get(&AggregateId::provider(source)) {
+        Some(Entity::Provider(p)) => p.host.clone(),
+        _ => String::new(),
+    };
+    let mut draft = stamper.draft(
+        RECOVERY_ACTOR,
+        vec![Event::HostAssigned {
+            host: source_host,
+            provider_id: source,
+        }],
+    );
+    draft.commit_id = derived_commit_id(migration, "recovery-host-back");
+    record_fact(log, AggregateId::instance(id), draft).await?;
+    if let Some(Entity::Operation(op)) = projection.get(&AggregateId::operation(migration)) {
+        if op.status == Some(provledger_projections::operation::OperationStatus::Running) {
+            let failed = Event::OperationFailed {
+                stage: op.current_stage.clone().unwrap_or_else(|| "migrate".into()),
+                step: None,
+                error: why,
+            };
+            let mut draft = stamper
+                .draft(RECOVERY_ACTOR, vec![failed])
+                .with_operation(migration);
+            draft.commit_id = derived_commit_id(migration, "recovery-migration-error");
+            record_fact(log, AggregateId::operation(migration), draft).await?;
+        }
+    }
+    Ok(())
 }
 
 async fn release_build_claim<L: EventLog>(
