@@ -31,6 +31,7 @@ mod clock;
 pub mod deletion;
 mod driver;
 mod executors;
+mod lease;
 mod ledger;
 pub mod placement;
 mod port;
@@ -45,6 +46,7 @@ pub use driver::{plan_for, read_operation, DriveError, RollbackDriver};
 pub use executors::{
     CompensationExecutor, CompensationFuture, CompensationReply, CompensationRequest, NatsExecutors,
 };
+pub use lease::TaskLease;
 pub use ledger::{
     derived_commit_id, open_jetstream, parse_nats_urls, read_entity, Ledger, LedgerOptions,
     OpenLedgerError,
