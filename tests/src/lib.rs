@@ -173,3 +173,132 @@ impl Drop for NatsServer {
         self.stop();
     }
 }
+
+/// A private JetStream cluster of `n` servers rendered from `deploy/nats/cluster-node.conf`;
+/// every member killed when dropped.
+pub struct NatsCluster {
+    nodes: Vec<ClusterNode>,
+    binary: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+struct ClusterNode {
+    spec: ServerSpec,
+    conf: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl NatsCluster {
+    /// Starts `n` servers routed to each other and waits until JetStream answers on all.
+    pub async fn start(n: usize) -> NatsCluster {
+        let binary = nats_server_binary().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().expect("temporary cluster dir");
+        let specs: Vec<ServerSpec> = (0..n)
+            .map(|i| ServerSpec {
+                name: format!("n{i}-{}", std::process::id()),
+                host: "127.0.0.1".into(),
+                port: free_port(),
+                monitor_port: free_port(),
+                cluster_port: free_port(),
+            })
+            .collect();
+        let stores: Vec<PathBuf> = (0..n)
+            .map(|i| dir.path().join(format!("store{i}")))
+            .collect();
+        let store_refs: Vec<&std::path::Path> = stores.iter().map(|p| p.as_path()).collect();
+        let configs = provledger_deploy::cluster_configs(&specs, &store_refs);
+        let nodes = specs
+            .into_iter()
+            .zip(configs)
+            .enumerate()
+            .map(|(i, (spec, config))| {
+                let conf = dir.path().join(format!("n{i}.conf"));
+                std::fs::write(&conf, config).expect("writing a cluster config");
+                ClusterNode {
+                    spec,
+                    conf,
+                    log: dir.path().join(format!("n{i}.log")),
+                    child: None,
+                }
+            })
+            .collect();
+        let mut cluster = NatsCluster {
+            nodes,
+            binary,
+            _dir: dir,
+        };
+        for i in 0..n {
+            cluster.spawn(i);
+        }
+        for i in 0..n {
+            cluster.wait_ready(i).await;
+        }
+        cluster
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let node = &mut self.nodes[i];
+        let log = std::fs::File::create(&node.log).expect("cluster node log");
+        let child = Command::new(&self.binary)
+            .arg("-c")
+            .arg(&node.conf)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", self.binary.display()));
+        node.child = Some(child);
+    }
+
+    async fn wait_ready(&self, i: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(client) = async_nats::connect(self.url(i)).await {
+                let js = async_nats::jetstream::new(client);
+                if js.query_account().await.is_ok() {
+                    return;
+                }
+            }
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(&self.nodes[i].log).unwrap_or_default();
+                panic!("cluster node {i} did not become ready:\n{log}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub fn url(&self, i: usize) -> String {
+        format!("nats://127.0.0.1:{}", self.nodes[i].spec.port)
+    }
+
+    /// Every member's URL, comma-separated: the seed list a client is given.
+    pub fn seeds(&self) -> String {
+        (0..self.nodes.len())
+            .map(|i| self.url(i))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// SIGKILLs member `i`.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts member `i` again on its port and store, and waits until it answers.
+    pub async fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.spawn(i);
+        self.wait_ready(i).await;
+    }
+}
+
+impl Drop for NatsCluster {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
+    }
+}

@@ -291,6 +291,12 @@ impl JetStreamLog {
         mut config: JetStreamConfig,
     ) -> Result<Self, OpenJetStreamError> {
         let server_version = client.server_info().version;
+        if server_version.is_empty() {
+            // A client built to connect lazily has no server yet: that is not an old one.
+            return Err(OpenJetStreamError::Unavailable(
+                "the NATS client is not connected to any server yet".into(),
+            ));
+        }
         match parse_version(&server_version) {
             Some(v) if v >= SERVER_VERSION_MIN => {}
             _ => {

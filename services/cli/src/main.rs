@@ -50,6 +50,15 @@ struct Cli {
         default_value = "provledger"
     )]
     subject_prefix: String,
+    /// The stream's replicas: 1 on one server, 3 or 5 on a JetStream cluster (an existing
+    /// stream must have this many).
+    #[arg(
+        long,
+        global = true,
+        env = "PROVLEDGER_STREAM_REPLICAS",
+        default_value_t = 1
+    )]
+    stream_replicas: usize,
     /// Machine-readable output: one JSON document on stdout.
     #[arg(long, global = true)]
     json: bool,
@@ -229,6 +238,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
         data_dir: cli.data_dir.clone(),
         stream: cli.stream.clone(),
         subject_prefix: cli.subject_prefix.clone(),
+        stream_replicas: cli.stream_replicas,
     };
     match cli.command {
         Command::Demo => commands::demo::run(&cli.data_dir, cli.json).await,
@@ -285,6 +295,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                 data_dir: cli.data_dir.clone(),
                 stream: cli.stream.clone(),
                 subject_prefix: cli.subject_prefix.clone(),
+                stream_replicas: cli.stream_replicas,
                 min_position_wait: Duration::from_millis(min_position_wait_ms),
                 snapshot_every,
                 retry: RetryPolicy {

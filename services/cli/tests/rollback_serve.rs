@@ -49,7 +49,7 @@ struct Env {
 async fn env() -> Env {
     let nats = NatsServer::start().await;
     let (client, log) =
-        provledger_client::open_jetstream(&nats.url(), "test", "PROVLEDGER", "provledger")
+        provledger_client::open_jetstream(&nats.url(), "test", "PROVLEDGER", "provledger", 1)
             .await
             .expect("jetstream");
     let ledger = Ledger::JetStream(log);

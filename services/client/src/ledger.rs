@@ -18,6 +18,9 @@ pub struct LedgerOptions {
     pub data_dir: PathBuf,
     pub stream: String,
     pub subject_prefix: String,
+    /// The stream's replicas: 1 on one server, 3 or 5 on a JetStream cluster. An existing
+    /// stream must have this many.
+    pub stream_replicas: usize,
 }
 
 /// Why the ledger could not be opened.
@@ -71,6 +74,7 @@ pub async fn open_jetstream(
     name: &str,
     stream: &str,
     subject_prefix: &str,
+    stream_replicas: usize,
 ) -> Result<(async_nats::Client, JetStreamLog), OpenLedgerError> {
     let servers = parse_nats_urls(url)?;
     let client = async_nats::ConnectOptions::new()
@@ -85,6 +89,7 @@ pub async fn open_jetstream(
     let config = JetStreamConfig {
         stream: stream.to_string(),
         subject_prefix: subject_prefix.to_string(),
+        replicas: stream_replicas.max(1),
         ..Default::default()
     };
     let log = JetStreamLog::open(client.clone(), config).await?;
@@ -96,9 +101,14 @@ impl Ledger {
         match &options.nats_url {
             None => Ok(Ledger::Embedded(SledLog::open(&options.data_dir)?)),
             Some(url) => {
-                let (_, log) =
-                    open_jetstream(url, "provledger", &options.stream, &options.subject_prefix)
-                        .await?;
+                let (_, log) = open_jetstream(
+                    url,
+                    "provledger",
+                    &options.stream,
+                    &options.subject_prefix,
+                    options.stream_replicas,
+                )
+                .await?;
                 Ok(Ledger::JetStream(log))
             }
         }

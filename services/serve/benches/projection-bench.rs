@@ -325,6 +325,7 @@ async fn service_benches(quick: bool) {
         data_dir: dir.path().join("serve"),
         stream: "PROVLEDGER".into(),
         subject_prefix: "provledger".into(),
+        stream_replicas: 1,
         min_position_wait: Duration::from_secs(2),
         snapshot_every: 0,
         retry: Default::default(),

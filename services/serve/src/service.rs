@@ -42,6 +42,8 @@ pub struct ServeOptions {
     pub data_dir: PathBuf,
     pub stream: String,
     pub subject_prefix: String,
+    /// The stream's replicas (see `LedgerOptions::stream_replicas`).
+    pub stream_replicas: usize,
     /// Upper bound on a `min_position` wait before answering `stale`.
     pub min_position_wait: Duration,
     pub snapshot_every: u64,
@@ -87,6 +89,7 @@ pub async fn run(
         "provledger-serve",
         &options.stream,
         &options.subject_prefix,
+        options.stream_replicas,
     )
     .await?;
     let (data_dir, store) = open_service_store(&options.data_dir, &options.stream)?;
