@@ -67,6 +67,44 @@ pub fn parse_nats_urls(given: &str) -> Result<Vec<async_nats::ServerAddr>, OpenL
     Ok(servers)
 }
 
+/// `--nats` with any password replaced by `***`: what error messages and logs show.
+pub fn redacted_nats_url(given: &str) -> String {
+    given
+        .split(',')
+        .map(|s| match s.trim().parse::<async_nats::ServerAddr>() {
+            Ok(addr) if addr.password().is_some() => {
+                let mut url = addr.into_inner();
+                let _ = url.set_password(Some("***"));
+                url.to_string()
+            }
+            _ => s.trim().to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Connects to NATS (one URL or a seed list) under a client `name`. A user and password
+/// given in a URL are used to authenticate (async-nats does not take them from the URL).
+pub async fn connect_nats(given: &str, name: &str) -> Result<async_nats::Client, OpenLedgerError> {
+    let servers = parse_nats_urls(given)?;
+    let mut options = async_nats::ConnectOptions::new()
+        .name(name)
+        .connection_timeout(Duration::from_secs(5));
+    if let Some(addr) = servers.iter().find(|a| a.has_user_pass()) {
+        options = options.user_and_password(
+            addr.username().unwrap_or_default().to_string(),
+            addr.password().unwrap_or_default().to_string(),
+        );
+    }
+    options
+        .connect(servers)
+        .await
+        .map_err(|e| OpenLedgerError::NatsUnreachable {
+            url: redacted_nats_url(given),
+            reason: e.to_string(),
+        })
+}
+
 /// Connects to NATS under a client `name` and opens (ensuring and verifying) the stream:
 /// the one way both the client library and `serve` reach JetStream.
 pub async fn open_jetstream(
@@ -76,16 +114,7 @@ pub async fn open_jetstream(
     subject_prefix: &str,
     stream_replicas: usize,
 ) -> Result<(async_nats::Client, JetStreamLog), OpenLedgerError> {
-    let servers = parse_nats_urls(url)?;
-    let client = async_nats::ConnectOptions::new()
-        .name(name)
-        .connection_timeout(Duration::from_secs(5))
-        .connect(servers)
-        .await
-        .map_err(|e| OpenLedgerError::NatsUnreachable {
-            url: url.to_string(),
-            reason: e.to_string(),
-        })?;
+    let client = connect_nats(url, name).await?;
     let config = JetStreamConfig {
         stream: stream.to_string(),
         subject_prefix: subject_prefix.to_string(),

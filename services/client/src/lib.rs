@@ -48,8 +48,8 @@ pub use executors::{
 };
 pub use lease::TaskLease;
 pub use ledger::{
-    derived_commit_id, open_jetstream, parse_nats_urls, read_entity, Ledger, LedgerOptions,
-    OpenLedgerError,
+    connect_nats, derived_commit_id, open_jetstream, parse_nats_urls, read_entity,
+    redacted_nats_url, Ledger, LedgerOptions, OpenLedgerError,
 };
 pub use port::{ActionFuture, Infrastructure};
 pub use runner::{

@@ -36,27 +36,22 @@ pub async fn run(
     request: Option<String>,
 ) -> Result<(), CommandError> {
     let suffix = suffix_of(endpoint)?;
-    let servers = provledger_client::parse_nats_urls(nats_url)?;
+    provledger_client::parse_nats_urls(nats_url)?;
     let body = request.unwrap_or_else(|| "{}".to_string());
     if let Err(e) = serde_json::from_str::<serde_json::Value>(&body) {
         return Err(CommandError::BadInput(format!(
             "the request is not JSON: {e}"
         )));
     }
-    let client = async_nats::ConnectOptions::new()
-        .connection_timeout(Duration::from_secs(5))
-        .request_timeout(Some(QUERY_TIMEOUT))
-        .connect(servers)
-        .await
-        .map_err(|e| {
-            CommandError::Infrastructure(format!(
-                "NATS unreachable at {nats_url}: {e}; start nats-server or fix --nats"
-            ))
-        })?;
+    let client = provledger_client::connect_nats(nats_url, "provledger-query").await?;
     let subject = format!("{prefix}.{suffix}");
-    let reply = client
-        .request(subject.clone(), body.into())
+    let reply = tokio::time::timeout(QUERY_TIMEOUT, client.request(subject.clone(), body.into()))
         .await
+        .unwrap_or_else(|_| {
+            Err(async_nats::RequestError::new(
+                async_nats::RequestErrorKind::TimedOut,
+            ))
+        })
         .map_err(|e| {
             CommandError::Infrastructure(format!(
                 "no answer on {subject}: {e}; is `provledger serve` running against this NATS?"

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use provledger_client::recovery::{sweep, NatsReissuer, NoWorkers, Reissuer};
-use provledger_client::{parse_nats_urls, Ledger, LedgerOptions, Stamper};
+use provledger_client::{connect_nats, Ledger, LedgerOptions, Stamper};
 
 use super::{print_json, CommandError};
 
@@ -20,13 +20,7 @@ pub async fn run(
 ) -> Result<(), CommandError> {
     let reissuer: Box<dyn Reissuer> = match &options.nats_url {
         Some(url) if !dry_run => {
-            let client = async_nats::ConnectOptions::new()
-                .connection_timeout(Duration::from_secs(5))
-                .connect(parse_nats_urls(url)?)
-                .await
-                .map_err(|e| {
-                    CommandError::Infrastructure(format!("NATS unreachable at {url}: {e}"))
-                })?;
+            let client = connect_nats(url, "provledger-recover").await?;
             Box::new(NatsReissuer {
                 client,
                 subject_prefix: options.subject_prefix.clone(),

@@ -137,9 +137,7 @@ pub async fn run(
 ) -> Result<(), CommandError> {
     let executors: Arc<dyn CompensationExecutor> = match executors_url {
         Some(url) => {
-            let client = async_nats::connect(url).await.map_err(|e| {
-                CommandError::Infrastructure(format!("executors' NATS unreachable at {url}: {e}"))
-            })?;
+            let client = provledger_client::connect_nats(url, "provledger-rollback").await?;
             Arc::new(NatsExecutors {
                 client,
                 subject_prefix: subject_prefix.to_string(),
