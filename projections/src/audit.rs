@@ -156,9 +156,7 @@ impl Auditor {
     /// reported and not folded, so the invariants are checked on the valid history only.
     pub fn commit(&mut self, commit: &Commit) {
         self.advance(commit.position);
-        let known = self.projection.get(&commit.aggregate);
-        let fresh = Entity::new(commit.aggregate);
-        if let Err(violation) = known.unwrap_or(&fresh).check_next(commit) {
+        if let Err(violation) = self.projection.apply_checked(commit) {
             if self.quarantine_link_breaks {
                 let subject = commit.aggregate.to_string();
                 self.quarantine_at(commit.position, &subject, &violation.to_string());
@@ -178,7 +176,6 @@ impl Auditor {
         }
         self.report.commits += 1;
         self.report.events += commit.events.len() as u64;
-        self.projection.apply(commit);
     }
 
     /// One entry readers quarantine (garbage, or a commit outside its aggregate's chain).

@@ -266,6 +266,17 @@ impl Projection {
         self.position = self.position.max(commit.position);
     }
 
+    /// Folds `commit` only if it extends its aggregate's chain (see
+    /// [`Entity::check_next`]); otherwise says why and leaves the projection as it was.
+    pub fn apply_checked(&mut self, commit: &Commit) -> Result<(), ChainViolation> {
+        match self.entities.get(&commit.aggregate) {
+            Some(entity) => entity.check_next(commit)?,
+            None => Entity::new(commit.aggregate).check_next(commit)?,
+        }
+        self.apply(commit);
+        Ok(())
+    }
+
     /// Folds commits in order into a fresh projection.
     pub fn rebuild<'a>(commits: impl IntoIterator<Item = &'a Commit>) -> Self {
         let mut projection = Projection::new();

@@ -60,12 +60,8 @@ pub async fn read_projection<L: EventLog>(log: &L) -> Result<Projection, Placeme
     while let Some(entry) = stream.next().await {
         match entry {
             Ok(commit) => {
-                let known = projection.get(&commit.aggregate);
-                let fresh = Entity::new(commit.aggregate);
                 // What readers quarantine is not folded here either.
-                if known.unwrap_or(&fresh).check_next(&commit).is_ok() {
-                    projection.apply(&commit);
-                }
+                let _ = projection.apply_checked(&commit);
             }
             Err(e) if e.quarantine_parts().is_some() => {}
             Err(e) => return Err(PlacementError::Read(e.to_string())),

@@ -4,7 +4,7 @@
 
 use futures::StreamExt;
 use provledger_events::{EventLog, IntegrityError, JetStreamLog, SledLog};
-use provledger_projections::{Entity, Projection};
+use provledger_projections::Projection;
 
 use super::state::{open_local_store, progress_bar, LogPoint};
 use super::{print_json, CommandError};
@@ -48,12 +48,9 @@ pub async fn replay_local(
     for (n, commit) in store.commits(from, end).enumerate() {
         let commit = commit?;
         // The copy is what is folded: every commit must extend its aggregate's chain.
-        let known = projection.entities.get(&commit.aggregate);
-        let fresh = Entity::new(commit.aggregate);
-        known.unwrap_or(&fresh).check_next(&commit).map_err(|v| {
+        projection.apply_checked(&commit).map_err(|v| {
             CommandError::Problem(IntegrityError::from_violation(commit.aggregate, &v).to_string())
         })?;
-        projection.apply(&commit);
         if n % 4096 == 0 {
             bar.set_position(n as u64);
         }
@@ -95,13 +92,10 @@ pub async fn replay_remote(
                 }
                 // A commit published on a subject outside its aggregate's chain (replayed,
                 // forged) is quarantined, as `serve` does, never folded.
-                let known = projection.entities.get(&commit.aggregate);
-                let fresh = Entity::new(commit.aggregate);
-                if known.unwrap_or(&fresh).check_next(&commit).is_err() {
+                if projection.apply_checked(&commit).is_err() {
                     quarantined += 1;
                     continue;
                 }
-                projection.apply(&commit);
                 bar.set_position(commit.position);
             }
             Err(
