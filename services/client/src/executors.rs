@@ -78,21 +78,29 @@ impl CompensationExecutor for NatsExecutors {
     ) -> CompensationFuture<'a> {
         Box::pin(async move {
             let subject = Self::subject(&self.subject_prefix, executor);
-            let body = serde_json::to_vec(request).map_err(|e| e.to_string())?;
-            let reply = tokio::time::timeout(
-                self.reply_wait,
-                self.client.request(subject.clone(), body.into()),
-            )
-            .await
-            .map_err(|_| format!("no reply from {subject} within {:?}", self.reply_wait))?
-            .map_err(|e| format!("request to {subject}: {e}"))?;
-            let reply: CompensationReply = serde_json::from_slice(&reply.payload)
-                .map_err(|e| format!("unreadable reply from {subject}: {e}"))?;
-            match (reply.ok, reply.error) {
-                (true, _) => Ok(()),
-                (false, error) => Err(error.unwrap_or_else(|| "refused without a reason".into())),
-            }
+            request_ok(&self.client, subject, request, self.reply_wait).await
         })
+    }
+}
+
+/// One request to a service that answers `{"ok": true}` or `{"ok": false, "error": ...}`
+/// (executors, workers), bounded by `reply_wait`; `Err` holds the reason.
+pub(crate) async fn request_ok<T: Serialize>(
+    client: &async_nats::Client,
+    subject: String,
+    request: &T,
+    reply_wait: Duration,
+) -> Result<(), String> {
+    let body = serde_json::to_vec(request).map_err(|e| e.to_string())?;
+    let reply = tokio::time::timeout(reply_wait, client.request(subject.clone(), body.into()))
+        .await
+        .map_err(|_| format!("no reply from {subject} within {reply_wait:?}"))?
+        .map_err(|e| format!("request to {subject}: {e}"))?;
+    let reply: CompensationReply = serde_json::from_slice(&reply.payload)
+        .map_err(|e| format!("unreadable reply from {subject}: {e}"))?;
+    match (reply.ok, reply.error) {
+        (true, _) => Ok(()),
+        (false, error) => Err(error.unwrap_or_else(|| "refused without a reason".into())),
     }
 }
 

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::clock::Stamper;
-use crate::executors::CompensationReply;
+use crate::executors::request_ok;
 use crate::ledger::derived_commit_id;
 use crate::placement::{read_projection, PlacementError};
 use crate::write::{record, record_fact, RecordError, Recorded};
@@ -66,20 +66,7 @@ impl Reissuer for NatsReissuer {
     fn reissue<'a>(&'a self, worker: &'a str, request: &'a ReissueRequest) -> ReissueFuture<'a> {
         Box::pin(async move {
             let subject = Self::subject(&self.subject_prefix, worker);
-            let body = serde_json::to_vec(request).map_err(|e| e.to_string())?;
-            let reply = tokio::time::timeout(
-                self.reply_wait,
-                self.client.request(subject.clone(), body.into()),
-            )
-            .await
-            .map_err(|_| format!("no reply from {subject} within {:?}", self.reply_wait))?
-            .map_err(|e| format!("request to {subject}: {e}"))?;
-            let reply: CompensationReply = serde_json::from_slice(&reply.payload)
-                .map_err(|e| format!("unreadable reply from {subject}: {e}"))?;
-            match (reply.ok, reply.error) {
-                (true, _) => Ok(()),
-                (false, e) => Err(e.unwrap_or_else(|| "refused without a reason".into())),
-            }
+            request_ok(&self.client, subject, request, self.reply_wait).await
         })
     }
 }
