@@ -1,8 +1,11 @@
 //! A nats-server that requires a user and password: the user and password given in the
 //! `--nats` URL are used, and an error never shows the password.
 
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+mod common;
+use common::{provledger, text};
 
 struct AuthServer {
     child: Child,
@@ -40,30 +43,6 @@ fn start() -> AuthServer {
         port,
         _dir: dir,
     }
-}
-
-fn provledger(args: &[&str], stdin: &str) -> Output {
-    use std::io::Write;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_provledger"))
-        .args(args)
-        .env_remove("PROVLEDGER_NATS_URL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Err(e) = child.stdin.take().unwrap().write_all(stdin.as_bytes()) {
-        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 #[test]

@@ -1,37 +1,14 @@
 //! The `provledger` binary as a user runs it: exit codes, messages, and append/history
 //! round trips embedded (real sled files) and against a private nats-server.
 
-use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
 use provledger_tests::NatsServer;
 
+mod common;
+use common::{provledger, text};
+
 const CLUSTER: &str = "cluster/0190c0de-0000-7000-8000-000000000001";
-
-fn provledger(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_provledger"))
-        .args(args)
-        .env_remove("PROVLEDGER_NATS_URL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // A command that refuses its arguments exits before reading stdin: the pipe is then
-    // closed, which is not the test's concern.
-    if let Err(e) = child.stdin.take().unwrap().write_all(stdin.as_bytes()) {
-        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 #[test]
 fn demo_runs_embedded_and_ends_with_a_clean_audit() {

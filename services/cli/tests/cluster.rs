@@ -2,37 +2,14 @@
 //! with --stream-replicas 3 and then verified, a replica count that does not match refused
 //! by name, and serve answering across the loss of a member.
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use provledger_tests::NatsCluster;
 use serde_json::Value;
 
 mod common;
-
-fn provledger(args: &[&str], stdin: &str) -> Output {
-    use std::io::Write;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_provledger"))
-        .args(args)
-        .env_remove("PROVLEDGER_NATS_URL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Err(e) = child.stdin.take().unwrap().write_all(stdin.as_bytes()) {
-        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use common::{provledger, text};
 
 const CLUSTER: &str = "cluster/0190c0de-0000-7000-8000-0000000c1001";
 

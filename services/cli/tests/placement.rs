@@ -2,34 +2,13 @@
 //! private nats-server: a provider delete refused and naming each consumer with why it is
 //! there, the cascade, heal-allocations and its dry run, and the orphan fix.
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use provledger_tests::NatsServer;
 use serde_json::{json, Value};
 
-fn provledger(args: &[String], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_provledger"))
-        .args(args)
-        .env_remove("PROVLEDGER_NATS_URL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Err(e) = child.stdin.take().unwrap().write_all(stdin.as_bytes()) {
-        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+mod common;
+use common::{provledger, text};
 
 const P: &str = "0190c0de-0000-7000-8000-00000000aa01";
 const Q: &str = "0190c0de-0000-7000-8000-00000000aa02";
@@ -348,8 +327,6 @@ fn an_inventory_below_usage_is_refused_unless_forced_and_then_audited_over_capac
         "{v}"
     );
 }
-
-mod common;
 
 async fn ask(client: &async_nats::Client, subject: &str, body: Value) -> Value {
     let reply = tokio::time::timeout(

@@ -1,33 +1,12 @@
 //! `provledger recover` on real sled files: given instances whose workers died (leases in
 //! the past), when the sweep runs, then each is recovered by its rule, once.
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
-
+use futures::StreamExt;
+use provledger_tests::NatsServer;
 use serde_json::{json, Value};
 
-fn provledger(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_provledger"))
-        .args(args)
-        .env_remove("PROVLEDGER_NATS_URL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Err(e) = child.stdin.take().unwrap().write_all(stdin.as_bytes()) {
-        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+mod common;
+use common::{provledger, text};
 
 const UPLOADING: &str = "0190c0de-0000-7000-8000-00000000a001";
 const DELETING: &str = "0190c0de-0000-7000-8000-00000000a002";
@@ -166,11 +145,6 @@ fn a_sweep_recovers_each_interrupted_task_once_and_leaves_live_ones() {
         .collect();
     assert_eq!(written, again);
 }
-
-mod common;
-
-use futures::StreamExt;
-use provledger_tests::NatsServer;
 
 async fn cmd(client: &async_nats::Client, body: Value) -> Value {
     let reply = tokio::time::timeout(

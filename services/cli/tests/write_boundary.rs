@@ -299,14 +299,6 @@ async fn publish_raw(nats: &NatsServer, subject: String, payload: Vec<u8>) -> u6
         .sequence
 }
 
-fn provledger_cli(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_provledger"))
-        .args(args)
-        .env_remove("PROVLEDGER_NATS_URL")
-        .output()
-        .expect("run provledger")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_replayed_and_foreign_commits_on_a_subject_are_quarantined_and_appends_go_on() {
     let nats = NatsServer::start().await;
@@ -398,7 +390,7 @@ async fn garbage_replayed_and_foreign_commits_on_a_subject_are_quarantined_and_a
     assert!(quarantined[2].1.starts_with("foreign"), "{quarantined:?}");
 
     // `history` shows them in place; serve quarantined them and folded the rest.
-    let out = provledger_cli(&["--nats", &nats.url(), "history", &aggregate]);
+    let out = common::provledger(&["--nats", &nats.url(), "history", &aggregate], "");
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert_eq!(text.matches("QUARANTINED").count(), 3, "{text}");
@@ -417,14 +409,17 @@ async fn garbage_replayed_and_foreign_commits_on_a_subject_are_quarantined_and_a
 
     // `audit` reports the three quarantined entries, and nothing wrong with the chain.
     let nowhere = dir.path().join("no-copy");
-    let out = provledger_cli(&[
-        "--json",
-        "--nats",
-        &nats.url(),
-        "--data-dir",
-        nowhere.to_str().unwrap(),
-        "audit",
-    ]);
+    let out = common::provledger(
+        &[
+            "--json",
+            "--nats",
+            &nats.url(),
+            "--data-dir",
+            nowhere.to_str().unwrap(),
+            "audit",
+        ],
+        "",
+    );
     assert_eq!(
         out.status.code(),
         Some(1),
@@ -519,7 +514,7 @@ async fn a_flipped_byte_in_a_services_sled_copy_is_refused_by_serve_state_and_re
         vec!["--data-dir", data_arg, "state", aggregate.as_str()],
         vec!["--data-dir", data_arg, "replay"],
     ] {
-        let out = provledger_cli(&args);
+        let out = common::provledger(&args, "");
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),
@@ -531,14 +526,17 @@ async fn a_flipped_byte_in_a_services_sled_copy_is_refused_by_serve_state_and_re
     }
 
     // ...`audit` against the stream finds the copy altered, naming aggregate and version...
-    let out = provledger_cli(&[
-        "--json",
-        "--nats",
-        &nats.url(),
-        "--data-dir",
-        data_arg,
-        "audit",
-    ]);
+    let out = common::provledger(
+        &[
+            "--json",
+            "--nats",
+            &nats.url(),
+            "--data-dir",
+            data_arg,
+            "audit",
+        ],
+        "",
+    );
     assert_eq!(
         out.status.code(),
         Some(1),

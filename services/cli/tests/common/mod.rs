@@ -1,7 +1,8 @@
 //! Shared by the test binaries that run `provledger serve` as a child process.
 
+use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use provledger_tests::NatsServer;
@@ -102,4 +103,39 @@ pub async fn wait_ready(client: &async_nats::Client) {
         assert!(Instant::now() < deadline, "serve never became ready");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Runs the `provledger` binary with `args` and `stdin`, without `PROVLEDGER_NATS_URL` from
+/// the environment, and returns what it did.
+#[allow(dead_code)]
+pub fn provledger<S: AsRef<std::ffi::OsStr>>(args: &[S], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_provledger"))
+        .args(args)
+        .env_remove("PROVLEDGER_NATS_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn provledger");
+    // A command that refuses its arguments exits before reading stdin: the pipe is then
+    // closed, which is not the test's concern.
+    if let Err(e) = child
+        .stdin
+        .take()
+        .expect("stdin piped")
+        .write_all(stdin.as_bytes())
+    {
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
+    }
+    child.wait_with_output().expect("wait for provledger")
+}
+
+/// Everything a command printed, stdout then stderr.
+#[allow(dead_code)]
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
