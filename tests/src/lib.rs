@@ -7,6 +7,7 @@
 //! installs anything itself: when nothing fits it fails with the command that does.
 
 pub mod script;
+pub mod workload;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

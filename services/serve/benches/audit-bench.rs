@@ -9,17 +9,14 @@
 //!
 //! Usage: `cargo bench -p provledger-serve --bench audit-bench [-- --quick]`
 
-use std::collections::BTreeMap;
 use std::time::Instant;
 
 use futures::StreamExt;
-use provledger_events::catalogue::{
-    ConsumerKind, Inventory, PowerState, Ratio, TaskOutcome, TaskState, VmState,
-};
 use provledger_events::{
     AggregateId, CommitDraft, Event, EventLog, Expectation, SledLog, Timestamp,
 };
 use provledger_serve::{audit_log, OnChainViolation};
+use provledger_tests::workload::{compute_node, instance_claim, instance_lifecycle};
 use uuid::Uuid;
 
 const PROVIDERS: u128 = 2_000;
@@ -42,23 +39,7 @@ fn workload(events_target: u64) -> Vec<(AggregateId, Vec<Event>)> {
     for p in 0..PROVIDERS {
         out.push((
             AggregateId::provider(Uuid::from_u128(p + 1)),
-            vec![
-                Event::ProviderRegistered {
-                    name: format!("cn{p}"),
-                    host: format!("cn{p}"),
-                },
-                Event::InventorySet {
-                    resource_class: "VCPU".into(),
-                    inventory: Inventory {
-                        total: 4096,
-                        reserved: 0,
-                        allocation_ratio: Ratio::ONE,
-                        min_unit: 1,
-                        max_unit: 64,
-                        step_size: 1,
-                    },
-                },
-            ],
+            compute_node(p),
         ));
     }
     let instances = (events_target - 2 * PROVIDERS as u64) / 7;
@@ -67,46 +48,9 @@ fn workload(events_target: u64) -> Vec<(AggregateId, Vec<Event>)> {
         let provider = Uuid::from_u128(k % PROVIDERS + 1);
         out.push((
             AggregateId::instance(instance),
-            vec![
-                Event::InstanceCreateRequested {
-                    name: format!("vm{k}"),
-                    cluster_id: None,
-                    node_group: None,
-                    flavor: "m1.small".into(),
-                    resources: BTreeMap::from([("VCPU".to_string(), 1)]),
-                    image: "img".into(),
-                },
-                Event::HostAssigned {
-                    host: format!("cn{}", k % PROVIDERS),
-                    provider_id: provider,
-                },
-                Event::TaskStarted {
-                    task_state: TaskState::Spawning,
-                    worker_id: "w1".into(),
-                    lease_until: Timestamp::from_unix_ms(1_900_000_000_000),
-                },
-                Event::TaskFinished {
-                    task_state: TaskState::Spawning,
-                    outcome: TaskOutcome::Succeeded,
-                    reason: String::new(),
-                },
-                Event::VmStateChanged {
-                    vm_state: VmState::Active,
-                    reason: String::new(),
-                },
-                Event::PowerStateChanged {
-                    power_state: PowerState::Running,
-                },
-            ],
+            instance_lifecycle(k, k % PROVIDERS, provider),
         ));
-        out.push((
-            AggregateId::provider(provider),
-            vec![Event::AllocationClaimed {
-                consumer: instance,
-                consumer_kind: ConsumerKind::Instance,
-                resources: BTreeMap::from([("VCPU".to_string(), 1)]),
-            }],
-        ));
+        out.push((AggregateId::provider(provider), instance_claim(instance)));
     }
     out
 }

@@ -12,15 +12,12 @@
 //!
 //! Usage: `cargo bench -p provledger-serve --bench projection-bench [-- --quick]`
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use async_nats::service::ServiceExt;
 use futures::StreamExt;
 use hdrhistogram::Histogram;
-use provledger_events::catalogue::{
-    ClusterStatus, ConsumerKind, Inventory, PowerState, Ratio, TaskOutcome, TaskState, VmState,
-};
+use provledger_events::catalogue::ClusterStatus;
 use provledger_events::{
     codec, AggregateId, Commit, CommitDraft, Event, EventLog, Expectation, Hash, JetStreamConfig,
     JetStreamLog, Timestamp,
@@ -29,6 +26,7 @@ use provledger_projections::Projection;
 use provledger_serve::ProjectionStore;
 use provledger_serve::Projector;
 use provledger_serve::{self as serve, ServeOptions};
+use provledger_tests::workload::{compute_node, instance_claim, instance_lifecycle};
 use provledger_tests::NatsServer;
 use uuid::Uuid;
 
@@ -95,30 +93,7 @@ impl Iterator for Workload {
         if (n as u128) < PROVIDERS {
             let id = AggregateId::provider(Uuid::from_u128(n as u128 + 1));
             self.provider_versions[n as usize] = 1;
-            let inventory = Inventory {
-                total: 4096,
-                reserved: 0,
-                allocation_ratio: Ratio::ONE,
-                min_unit: 1,
-                max_unit: 64,
-                step_size: 1,
-            };
-            let commit = seal(
-                id,
-                1,
-                Hash::ZERO,
-                position,
-                vec![
-                    Event::ProviderRegistered {
-                        name: format!("cn{n}"),
-                        host: format!("cn{n}"),
-                    },
-                    Event::InventorySet {
-                        resource_class: "VCPU".into(),
-                        inventory,
-                    },
-                ],
-            );
+            let commit = seal(id, 1, Hash::ZERO, position, compute_node(n as u128));
             self.provider_hashes[n as usize] = commit.hash;
             return Some(commit);
         }
@@ -130,37 +105,7 @@ impl Iterator for Workload {
         let provider = (k % PROVIDERS) as usize;
         let provider_id = Uuid::from_u128(provider as u128 + 1);
         if (n as u128 - PROVIDERS).is_multiple_of(2) {
-            let events = vec![
-                Event::InstanceCreateRequested {
-                    name: format!("vm{k}"),
-                    cluster_id: None,
-                    node_group: None,
-                    flavor: "m1.small".into(),
-                    resources: BTreeMap::from([("VCPU".to_string(), 1)]),
-                    image: "img".into(),
-                },
-                Event::HostAssigned {
-                    host: format!("cn{provider}"),
-                    provider_id,
-                },
-                Event::TaskStarted {
-                    task_state: TaskState::Spawning,
-                    worker_id: "w1".into(),
-                    lease_until: Timestamp::from_unix_ms(1_900_000_000_000),
-                },
-                Event::TaskFinished {
-                    task_state: TaskState::Spawning,
-                    outcome: TaskOutcome::Succeeded,
-                    reason: String::new(),
-                },
-                Event::VmStateChanged {
-                    vm_state: VmState::Active,
-                    reason: String::new(),
-                },
-                Event::PowerStateChanged {
-                    power_state: PowerState::Running,
-                },
-            ];
+            let events = instance_lifecycle(k, provider as u128, provider_id);
             Some(seal(
                 AggregateId::instance(instance),
                 1,
@@ -170,18 +115,14 @@ impl Iterator for Workload {
             ))
         } else {
             self.provider_versions[provider] += 1;
-            let claim = Event::AllocationClaimed {
-                consumer: instance,
-                consumer_kind: ConsumerKind::Instance,
-                resources: BTreeMap::from([("VCPU".to_string(), 1)]),
-            };
+
             let id = AggregateId::provider(provider_id);
             let commit = seal(
                 id,
                 self.provider_versions[provider],
                 self.provider_hashes[provider],
                 position,
-                vec![claim],
+                instance_claim(instance),
             );
             self.provider_hashes[provider] = commit.hash;
             Some(commit)

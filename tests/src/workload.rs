@@ -1,0 +1,77 @@
+//! The events of the benchmarks' placement workload (a compute node with a VCPU inventory,
+//! an instance's lifecycle, its claim), shared so that every bench measures the same
+//! commits.
+
+use std::collections::BTreeMap;
+
+use provledger_events::catalogue::{
+    ConsumerKind, Inventory, PowerState, Ratio, TaskOutcome, TaskState, VmState,
+};
+use provledger_events::{Event, Timestamp};
+use uuid::Uuid;
+
+/// Compute node `n`: registered on host `cn<n>` with 4096 VCPU (units 1..=64).
+pub fn compute_node(n: u128) -> Vec<Event> {
+    vec![
+        Event::ProviderRegistered {
+            name: format!("cn{n}"),
+            host: format!("cn{n}"),
+        },
+        Event::InventorySet {
+            resource_class: "VCPU".into(),
+            inventory: Inventory {
+                total: 4096,
+                reserved: 0,
+                allocation_ratio: Ratio::ONE,
+                min_unit: 1,
+                max_unit: 64,
+                step_size: 1,
+            },
+        },
+    ]
+}
+
+/// Instance `k`'s lifecycle on compute node `node` (`provider`): created, placed, spawned,
+/// active and running (6 events).
+pub fn instance_lifecycle(k: u128, node: u128, provider: Uuid) -> Vec<Event> {
+    vec![
+        Event::InstanceCreateRequested {
+            name: format!("vm{k}"),
+            cluster_id: None,
+            node_group: None,
+            flavor: "m1.small".into(),
+            resources: BTreeMap::from([("VCPU".to_string(), 1)]),
+            image: "img".into(),
+        },
+        Event::HostAssigned {
+            host: format!("cn{node}"),
+            provider_id: provider,
+        },
+        Event::TaskStarted {
+            task_state: TaskState::Spawning,
+            worker_id: "w1".into(),
+            lease_until: Timestamp::from_unix_ms(1_900_000_000_000),
+        },
+        Event::TaskFinished {
+            task_state: TaskState::Spawning,
+            outcome: TaskOutcome::Succeeded,
+            reason: String::new(),
+        },
+        Event::VmStateChanged {
+            vm_state: VmState::Active,
+            reason: String::new(),
+        },
+        Event::PowerStateChanged {
+            power_state: PowerState::Running,
+        },
+    ]
+}
+
+/// The instance's claim of 1 VCPU.
+pub fn instance_claim(instance: Uuid) -> Vec<Event> {
+    vec![Event::AllocationClaimed {
+        consumer: instance,
+        consumer_kind: ConsumerKind::Instance,
+        resources: BTreeMap::from([("VCPU".to_string(), 1)]),
+    }]
+}
