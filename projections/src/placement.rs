@@ -103,17 +103,8 @@ pub fn holds(projection: &Projection, provider: &ProviderState) -> Vec<Hold> {
 /// The orphan allocations of the whole state: (provider, hold). A provider that is gone
 /// orphans all it holds.
 pub fn orphans(projection: &Projection) -> Vec<(Uuid, Hold)> {
-    let mut providers: Vec<&ProviderState> = projection
-        .entities
-        .values()
-        .filter_map(|e| match e {
-            Entity::Provider(p) => Some(p),
-            _ => None,
-        })
-        .collect();
-    providers.sort_by_key(|p| p.header.id.id);
     let mut out = Vec::new();
-    for p in providers {
+    for p in projection.providers() {
         let gone = p.status == Some(ProviderStatus::Deleted);
         for mut hold in holds(projection, p) {
             if gone {
@@ -141,24 +132,17 @@ pub struct HealPlan {
 /// allocation claimed on their host; the others are listed with why (Nova's
 /// `heal_allocations`). `only`: one instance.
 pub fn plan_heal(projection: &Projection, only: Option<Uuid>) -> HealPlan {
-    let mut consumers: BTreeSet<Uuid> = BTreeSet::new();
-    for e in projection.entities.values() {
-        if let Entity::Provider(p) = e {
-            consumers.extend(p.allocations.keys().copied());
-        }
-    }
-    let mut instances: Vec<_> = projection
-        .entities
-        .values()
-        .filter_map(|e| match e {
-            Entity::Instance(i) => Some(i),
-            _ => None,
-        })
-        .filter(|i| only.is_none_or(|o| o == i.header.id.id))
+    let consumers: BTreeSet<Uuid> = projection
+        .providers()
+        .iter()
+        .flat_map(|p| p.allocations.keys().copied())
         .collect();
-    instances.sort_by_key(|i| i.header.id.id);
     let mut plan = HealPlan::default();
-    for i in instances {
+    for i in projection
+        .instances()
+        .into_iter()
+        .filter(|i| only.is_none_or(|o| o == i.header.id.id))
+    {
         let id = i.header.id.id;
         let skip = if consumers.contains(&id) {
             None // has its allocation: nothing to heal, not worth listing
@@ -191,12 +175,8 @@ pub fn migration_source(
     instance: Uuid,
 ) -> Option<(Uuid, Uuid, BTreeMap<String, u64>)> {
     let mut found: Vec<(Uuid, Uuid, BTreeMap<String, u64>)> = projection
-        .entities
-        .values()
-        .filter_map(|e| match e {
-            Entity::Provider(p) => Some(p),
-            _ => None,
-        })
+        .providers()
+        .into_iter()
         .flat_map(|p| {
             p.allocations
                 .iter()

@@ -290,6 +290,34 @@ impl Projection {
         self.entities.get(id)
     }
 
+    /// Every provider, in id order (placement's decisions walk them deterministically).
+    pub fn providers(&self) -> Vec<&ProviderState> {
+        let mut out: Vec<&ProviderState> = self
+            .entities
+            .values()
+            .filter_map(|e| match e {
+                Entity::Provider(p) => Some(p),
+                _ => None,
+            })
+            .collect();
+        out.sort_by_key(|p| p.header.id.id);
+        out
+    }
+
+    /// Every instance, in id order.
+    pub fn instances(&self) -> Vec<&InstanceState> {
+        let mut out: Vec<&InstanceState> = self
+            .entities
+            .values()
+            .filter_map(|e| match e {
+                Entity::Instance(i) => Some(i),
+                _ => None,
+            })
+            .collect();
+        out.sort_by_key(|i| i.header.id.id);
+        out
+    }
+
     pub fn summary(&self) -> Summary {
         Summary::of(self.position, self.entities.values())
     }

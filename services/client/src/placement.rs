@@ -97,10 +97,12 @@ pub async fn delete_provider<L: EventLog>(
     if state.status == Some(ProviderStatus::Deleted) {
         return Ok(ProviderDeletion::AlreadyDeleted);
     }
-    let projection = read_projection(log).await?;
-    let current = holds(&projection, &state);
-    if !current.is_empty() && !cascade {
-        return Ok(ProviderDeletion::Refused { holds: current });
+    if !state.allocations.is_empty() && !cascade {
+        // The whole state is read only to say why each allocation is there.
+        let projection = read_projection(log).await?;
+        return Ok(ProviderDeletion::Refused {
+            holds: holds(&projection, &state),
+        });
     }
     if state.status != Some(ProviderStatus::Deleting) {
         // From here on claims are refused, so the releases below cannot be outrun.
@@ -117,26 +119,15 @@ pub async fn delete_provider<L: EventLog>(
         record_fact(log, aggregate, draft).await?;
     }
     let mut released = Vec::new();
-    for hold in current {
-        release(
-            log,
-            provider,
-            &hold,
-            "provider deleted with --cascade",
-            actor,
-            stamper,
-        )
-        .await?;
-        released.push(hold);
-    }
     for _ in 0..PLACEMENT_ATTEMPTS_MAX {
         let state = provider_state(log, provider).await?;
         if state.status == Some(ProviderStatus::Deleted) {
             return Ok(ProviderDeletion::Deleted { released });
         }
         if !state.allocations.is_empty() {
-            // Only a claim that raced the delete request can be here; with no cascade the
-            // provider stays as it is.
+            // With a cascade, what the provider holds now is released here (first round:
+            // every allocation; later ones: none, since claims are refused once the delete
+            // is requested). Without one, only a claim that raced the request can be here.
             let projection = read_projection(log).await?;
             let late = holds(&projection, &state);
             if !cascade {
@@ -297,16 +288,10 @@ pub async fn fix_orphans<L: EventLog>(
 /// The provider ids registered on `host` (a compute service with many providers, such as
 /// ironic nodes), in id order.
 pub fn providers_on_host(projection: &Projection, host: &str) -> Vec<Uuid> {
-    let mut ids: Vec<Uuid> = projection
-        .entities
-        .values()
-        .filter_map(|e| match e {
-            Entity::Provider(p) if p.host == host && p.status != Some(ProviderStatus::Deleted) => {
-                Some(p.header.id.id)
-            }
-            _ => None,
-        })
-        .collect();
-    ids.sort();
-    ids
+    projection
+        .providers()
+        .into_iter()
+        .filter(|p| p.host == host && p.status != Some(ProviderStatus::Deleted))
+        .map(|p| p.header.id.id)
+        .collect()
 }

@@ -121,15 +121,7 @@ pub async fn sweep<L: EventLog>(
 ) -> Result<SweepReport, PlacementError> {
     let projection = read_projection(log).await?;
     let now = stamper.now();
-    let mut instances: Vec<_> = projection
-        .entities
-        .values()
-        .filter_map(|e| match e {
-            Entity::Instance(i) => Some(i),
-            _ => None,
-        })
-        .collect();
-    instances.sort_by_key(|i| i.header.id.id);
+    let instances = projection.instances();
     let mut report = SweepReport {
         examined: instances.len(),
         ..Default::default()
