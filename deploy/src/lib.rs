@@ -1,5 +1,7 @@
 //! provledger-deploy owns the deployment artefacts: the nats-server configurations for one
-//! machine and for a JetStream cluster (in `deploy/nats/`), and the code that renders them.
+//! machine and for a JetStream cluster (in `deploy/nats/`), who may write what
+//! (`deploy/nats/accounts.conf`), TLS (`deploy/nats/tls.conf`, `deploy/tls/make-test-ca.sh`),
+//! the systemd units and the compose file, and the code that renders the configurations.
 //! The test harness renders the same files, so what is deployed is what is tested.
 //!
 //! It never starts processes or talks to NATS; rendering is pure.
@@ -8,6 +10,43 @@ use std::path::Path;
 
 const SINGLE: &str = include_str!("../nats/single.conf");
 const CLUSTER_NODE: &str = include_str!("../nats/cluster-node.conf");
+const ACCOUNTS: &str = include_str!("../nats/accounts.conf");
+const TLS: &str = include_str!("../nats/tls.conf");
+
+/// The users of `accounts.conf`, each with the environment variable nats-server reads its
+/// password from: (account, user, variable).
+pub const ACCOUNT_USERS: [(&str, &str, &str); 7] = [
+    ("LEDGER", "serve", "PROVLEDGER_SERVE_PASSWORD"),
+    ("LEDGER", "writer", "PROVLEDGER_WRITER_PASSWORD"),
+    ("LEDGER", "auditor", "PROVLEDGER_AUDITOR_PASSWORD"),
+    ("LEDGER", "executor-compute", "PROVLEDGER_EXECUTOR_PASSWORD"),
+    ("LEDGER", "worker-w1", "PROVLEDGER_WORKER_PASSWORD"),
+    ("SERVICES", "provisioner", "PROVLEDGER_SERVICE_PASSWORD"),
+    ("SERVICES", "reader", "PROVLEDGER_READER_PASSWORD"),
+];
+
+/// What is added to a plain configuration: the accounts and permissions, and TLS with
+/// verified client certificates from the files in `tls_dir` (as make-test-ca.sh names them).
+#[derive(Debug, Clone, Default)]
+pub struct Hardening {
+    pub accounts: bool,
+    pub tls_dir: Option<std::path::PathBuf>,
+}
+
+impl Hardening {
+    fn render(&self) -> String {
+        let mut out = String::new();
+        if let Some(dir) = &self.tls_dir {
+            out.push('\n');
+            out.push_str(&TLS.replace("{{tls_dir}}", &dir.display().to_string()));
+        }
+        if self.accounts {
+            out.push('\n');
+            out.push_str(ACCOUNTS);
+        }
+        out
+    }
+}
 
 /// Ports and paths for one server.
 #[derive(Debug, Clone)]
@@ -30,12 +69,16 @@ fn fill(template: &str, spec: &ServerSpec, store_dir: &Path) -> String {
 }
 
 /// The configuration of a single JetStream server.
-pub fn single_node_config(spec: &ServerSpec, store_dir: &Path) -> String {
-    fill(SINGLE, spec, store_dir)
+pub fn single_node_config(spec: &ServerSpec, store_dir: &Path, hardening: &Hardening) -> String {
+    fill(SINGLE, spec, store_dir) + &hardening.render()
 }
 
 /// One configuration per cluster member; each routes to all the others.
-pub fn cluster_configs(specs: &[ServerSpec], store_dirs: &[&Path]) -> Vec<String> {
+pub fn cluster_configs(
+    specs: &[ServerSpec],
+    store_dirs: &[&Path],
+    hardening: &Hardening,
+) -> Vec<String> {
     specs
         .iter()
         .zip(store_dirs)
@@ -46,6 +89,7 @@ pub fn cluster_configs(specs: &[ServerSpec], store_dirs: &[&Path]) -> Vec<String
                 .map(|other| format!("    nats-route://{}:{}", other.host, other.cluster_port))
                 .collect();
             fill(CLUSTER_NODE, spec, dir).replace("{{routes}}", &routes.join("\n"))
+                + &hardening.render()
         })
         .collect()
 }
@@ -66,7 +110,7 @@ mod tests {
 
     #[test]
     fn single_node_config_has_no_placeholder_left() {
-        let c = single_node_config(&spec(1), Path::new("/tmp/x"));
+        let c = single_node_config(&spec(1), Path::new("/tmp/x"), &Hardening::default());
         assert!(!c.contains("{{"), "{c}");
         assert!(c.contains("listen: 127.0.0.1:4001"));
         assert!(c.contains("store_dir: \"/tmp/x\""));
@@ -76,7 +120,7 @@ mod tests {
     fn each_cluster_member_routes_to_the_others_only() {
         let specs = [spec(1), spec(2), spec(3)];
         let dirs = [Path::new("/a"), Path::new("/b"), Path::new("/c")];
-        let configs = cluster_configs(&specs, &dirs);
+        let configs = cluster_configs(&specs, &dirs, &Hardening::default());
         assert_eq!(configs.len(), 3);
         assert!(
             !configs[0].contains("nats-route://127.0.0.1:6001"),
@@ -85,5 +129,23 @@ mod tests {
         assert!(configs[0].contains("nats-route://127.0.0.1:6002"));
         assert!(configs[0].contains("nats-route://127.0.0.1:6003"));
         assert!(!configs[1].contains("{{"));
+    }
+
+    #[test]
+    fn hardening_adds_tls_and_every_account_user_with_its_password_variable() {
+        let hardening = Hardening {
+            accounts: true,
+            tls_dir: Some("/etc/provledger/tls".into()),
+        };
+        let c = single_node_config(&spec(1), Path::new("/tmp/x"), &hardening);
+        assert!(!c.contains("{{"), "{c}");
+        assert!(c.contains("cert_file: \"/etc/provledger/tls/server.pem\""));
+        assert!(c.contains("verify: true"));
+        for (_, user, variable) in ACCOUNT_USERS {
+            assert!(
+                c.contains(&format!("user: {user}, password: ${variable}")),
+                "{user}"
+            );
+        }
     }
 }

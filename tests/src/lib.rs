@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use provledger_deploy::{single_node_config, ServerSpec};
+use provledger_deploy::{single_node_config, Hardening, ServerSpec, ACCOUNT_USERS};
 
 /// The exact command that installs the pinned nats-server into `.tools/`.
 pub const INSTALL_COMMAND: &str = "bash scripts/install-nats-server.sh";
@@ -81,17 +81,60 @@ pub fn free_port() -> u16 {
         .expect("binding 127.0.0.1:0 for a free port")
 }
 
+/// The password the harness gives `user` of `deploy/nats/accounts.conf`.
+pub fn test_password(user: &str) -> String {
+    format!("test-{user}-secret")
+}
+
+/// The TLS files `deploy/tls/make-test-ca.sh` writes.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Makes a test CA, a server and a client certificate in `dir` with the deploy script.
+pub fn make_test_ca(dir: &Path) -> TlsFiles {
+    let script = workspace_root().join("deploy/tls/make-test-ca.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} failed (it needs openssl): {}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    TlsFiles {
+        ca: dir.join("ca.pem"),
+        cert: dir.join("client.pem"),
+        key: dir.join("client-key.pem"),
+    }
+}
+
 /// A private JetStream server; killed when dropped.
 pub struct NatsServer {
     child: Option<Child>,
     spec: ServerSpec,
     dir: tempfile::TempDir,
     binary: PathBuf,
+    accounts: bool,
+    tls: Option<TlsFiles>,
 }
 
 impl NatsServer {
     /// Starts a server on a free port with a temporary store and waits until JetStream answers.
     pub async fn start() -> NatsServer {
+        NatsServer::start_hardened(false, false).await
+    }
+
+    /// Starts a server with `deploy/nats/accounts.conf` (users and permissions, passwords
+    /// from [`test_password`]) and/or `deploy/nats/tls.conf` (a fresh test CA, client
+    /// certificates required).
+    pub async fn start_hardened(accounts: bool, tls: bool) -> NatsServer {
         let binary = nats_server_binary().unwrap_or_else(|e| panic!("{e}"));
         let dir = tempfile::tempdir().expect("temporary store dir");
         let spec = ServerSpec {
@@ -101,11 +144,14 @@ impl NatsServer {
             monitor_port: free_port(),
             cluster_port: 0,
         };
+        let tls = tls.then(|| make_test_ca(&dir.path().join("tls")));
         let mut server = NatsServer {
             child: None,
             spec,
             dir,
             binary,
+            accounts,
+            tls,
         };
         server.spawn_and_wait().await;
         server
@@ -114,9 +160,18 @@ impl NatsServer {
     async fn spawn_and_wait(&mut self) {
         let store = self.dir.path().join("store");
         let conf = self.dir.path().join("nats.conf");
-        std::fs::write(&conf, single_node_config(&self.spec, &store)).expect("writing nats.conf");
+        let hardening = Hardening {
+            accounts: self.accounts,
+            tls_dir: self.tls.as_ref().map(|_| self.dir.path().join("tls")),
+        };
+        std::fs::write(&conf, single_node_config(&self.spec, &store, &hardening))
+            .expect("writing nats.conf");
         let log = std::fs::File::create(self.dir.path().join("server.log")).expect("server log");
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        for (_, user, variable) in ACCOUNT_USERS {
+            command.env(variable, test_password(user));
+        }
+        let child = command
             .arg("-c")
             .arg(&conf)
             .stdout(Stdio::null())
@@ -126,7 +181,7 @@ impl NatsServer {
         self.child = Some(child);
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if let Ok(client) = async_nats::connect(self.url()).await {
+            if let Ok(client) = self.options_as("serve").connect(self.url()).await {
                 let js = async_nats::jetstream::new(client);
                 if js.query_account().await.is_ok() {
                     return;
@@ -143,6 +198,49 @@ impl NatsServer {
 
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.spec.port)
+    }
+
+    /// The URL with `user`'s name and password in it (what the CLI is given).
+    pub fn url_as(&self, user: &str) -> String {
+        format!(
+            "nats://{user}:{}@127.0.0.1:{}",
+            test_password(user),
+            self.spec.port
+        )
+    }
+
+    /// The TLS files of a server started with TLS.
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
+    }
+
+    /// The server's log so far (permission violations show up here).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// Connect options for `user` (ignored without accounts), with the client
+    /// certificate when the server requires TLS.
+    pub fn options_as(&self, user: &str) -> async_nats::ConnectOptions {
+        let mut options = async_nats::ConnectOptions::new();
+        if self.accounts {
+            options = options.user_and_password(user.to_string(), test_password(user));
+        }
+        if let Some(tls) = &self.tls {
+            options = options
+                .require_tls(true)
+                .add_root_certificates(tls.ca.clone())
+                .add_client_certificate(tls.cert.clone(), tls.key.clone());
+        }
+        options
+    }
+
+    /// A client connected as `user`.
+    pub async fn client_as(&self, user: &str) -> async_nats::Client {
+        self.options_as(user)
+            .connect(self.url())
+            .await
+            .unwrap_or_else(|e| panic!("connecting as {user}: {e}"))
     }
 
     pub fn port(&self) -> u16 {
@@ -208,7 +306,8 @@ impl NatsCluster {
             .map(|i| dir.path().join(format!("store{i}")))
             .collect();
         let store_refs: Vec<&std::path::Path> = stores.iter().map(|p| p.as_path()).collect();
-        let configs = provledger_deploy::cluster_configs(&specs, &store_refs);
+        let configs =
+            provledger_deploy::cluster_configs(&specs, &store_refs, &Hardening::default());
         let nodes = specs
             .into_iter()
             .zip(configs)

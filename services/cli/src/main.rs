@@ -59,11 +59,66 @@ struct Cli {
         default_value_t = 1
     )]
     stream_replicas: usize,
+    #[command(flatten)]
+    auth: AuthArgs,
     /// Machine-readable output: one JSON document on stdout.
     #[arg(long, global = true)]
     json: bool,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How to authenticate to NATS and verify it; secrets are read from files, never given
+/// on the command line.
+#[derive(clap::Args)]
+struct AuthArgs {
+    /// A NATS credentials file (user JWT and nkey seed), for servers in operator mode.
+    #[arg(
+        long,
+        global = true,
+        env = "PROVLEDGER_NATS_CREDS",
+        value_name = "FILE"
+    )]
+    creds: Option<PathBuf>,
+    /// A file holding a user nkey seed (SU...), for servers that list nkey users.
+    #[arg(long, global = true, env = "PROVLEDGER_NATS_NKEY", value_name = "FILE")]
+    nkey: Option<PathBuf>,
+    /// The CA certificate (PEM) that signed the server's certificate; requires TLS.
+    #[arg(
+        long,
+        global = true,
+        env = "PROVLEDGER_NATS_TLS_CA",
+        value_name = "FILE"
+    )]
+    tls_ca: Option<PathBuf>,
+    /// This client's certificate (PEM), for servers that verify clients.
+    #[arg(
+        long,
+        global = true,
+        env = "PROVLEDGER_NATS_TLS_CERT",
+        value_name = "FILE"
+    )]
+    tls_cert: Option<PathBuf>,
+    /// The key (PEM) of --tls-cert.
+    #[arg(
+        long,
+        global = true,
+        env = "PROVLEDGER_NATS_TLS_KEY",
+        value_name = "FILE"
+    )]
+    tls_key: Option<PathBuf>,
+}
+
+impl AuthArgs {
+    fn nats_auth(&self) -> provledger_client::NatsAuth {
+        provledger_client::NatsAuth {
+            creds: self.creds.clone(),
+            nkey: self.nkey.clone(),
+            tls_ca: self.tls_ca.clone(),
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -239,6 +294,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
         stream: cli.stream.clone(),
         subject_prefix: cli.subject_prefix.clone(),
         stream_replicas: cli.stream_replicas,
+        nats_auth: cli.auth.nats_auth(),
     };
     match cli.command {
         Command::Demo => commands::demo::run(&cli.data_dir, cli.json).await,
@@ -296,6 +352,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                 stream: cli.stream.clone(),
                 subject_prefix: cli.subject_prefix.clone(),
                 stream_replicas: cli.stream_replicas,
+                nats_auth: options.nats_auth.clone(),
                 min_position_wait: Duration::from_millis(min_position_wait_ms),
                 snapshot_every,
                 retry: RetryPolicy {
@@ -405,6 +462,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             .await
         }
         Command::Rollback { action } => {
+            let auth = options.nats_auth.clone();
             with_ledger(&options, |ledger| async move {
                 let result = match action {
                     RollbackCommand::Plan { operation_id } => {
@@ -419,6 +477,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                             &ledger,
                             operation_id,
                             url.as_deref(),
+                            &auth,
                             &cli.subject_prefix,
                             cli.json,
                         )
@@ -433,7 +492,14 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             let nats_url = cli.nats.clone().ok_or_else(|| {
                 CommandError::BadInput("query needs --nats URL (or PROVLEDGER_NATS_URL)".into())
             })?;
-            commands::query::run(&nats_url, &cli.subject_prefix, &endpoint, request).await
+            commands::query::run(
+                &nats_url,
+                &options.nats_auth,
+                &cli.subject_prefix,
+                &endpoint,
+                request,
+            )
+            .await
         }
     }
 }

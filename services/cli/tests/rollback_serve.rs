@@ -48,10 +48,16 @@ struct Env {
 
 async fn env() -> Env {
     let nats = NatsServer::start().await;
-    let (client, log) =
-        provledger_client::open_jetstream(&nats.url(), "test", "PROVLEDGER", "provledger", 1)
-            .await
-            .expect("jetstream");
+    let (client, log) = provledger_client::open_jetstream(
+        &nats.url(),
+        "test",
+        "PROVLEDGER",
+        "provledger",
+        1,
+        &Default::default(),
+    )
+    .await
+    .expect("jetstream");
     let ledger = Ledger::JetStream(log);
     let infra = Arc::new(SimInfrastructure::default());
     infra

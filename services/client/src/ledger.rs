@@ -21,6 +21,26 @@ pub struct LedgerOptions {
     /// The stream's replicas: 1 on one server, 3 or 5 on a JetStream cluster. An existing
     /// stream must have this many.
     pub stream_replicas: usize,
+    /// How to authenticate to NATS and verify it (credentials, nkey, TLS).
+    pub nats_auth: NatsAuth,
+}
+
+/// How a client proves who it is to NATS and checks the server: the CLI's `--creds`,
+/// `--nkey`, `--tls-ca`, `--tls-cert` and `--tls-key`. Secrets are always read from files,
+/// never given on the command line, where `ps` would show them. A user and password in
+/// the `--nats` URL are honoured as well.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NatsAuth {
+    /// A NATS credentials file (`.creds`: a user JWT and its nkey seed; operator mode).
+    pub creds: Option<PathBuf>,
+    /// A file holding a user nkey seed (`SU...`), for servers that list nkey users.
+    pub nkey: Option<PathBuf>,
+    /// The CA that signed the server's certificate; setting it requires TLS.
+    pub tls_ca: Option<PathBuf>,
+    /// This client's certificate, for servers that verify clients (mutual TLS).
+    pub tls_cert: Option<PathBuf>,
+    /// The key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
 }
 
 /// Why the ledger could not be opened.
@@ -30,6 +50,12 @@ pub enum OpenLedgerError {
     NatsUnreachable { url: String, reason: String },
     #[error("--nats {given:?}: {reason}; give nats://host:port, or several separated by commas")]
     BadNatsUrl { given: String, reason: String },
+    #[error("{option} {path}: {reason}")]
+    BadNatsAuth {
+        option: &'static str,
+        path: String,
+        reason: String,
+    },
     #[error(transparent)]
     JetStream(#[from] OpenJetStreamError),
     #[error(transparent)]
@@ -83,9 +109,15 @@ pub fn redacted_nats_url(given: &str) -> String {
         .join(",")
 }
 
-/// Connects to NATS (one URL or a seed list) under a client `name`. A user and password
-/// given in a URL are used to authenticate (async-nats does not take them from the URL).
-pub async fn connect_nats(given: &str, name: &str) -> Result<async_nats::Client, OpenLedgerError> {
+/// Connects to NATS (one URL or a seed list) under a client `name`, authenticated as
+/// `auth` says. A user and password given in a URL are used to authenticate (async-nats
+/// does not take them from the URL). A file that cannot be read or parsed is bad input,
+/// told before any connection is tried.
+pub async fn connect_nats(
+    given: &str,
+    name: &str,
+    auth: &NatsAuth,
+) -> Result<async_nats::Client, OpenLedgerError> {
     let servers = parse_nats_urls(given)?;
     let mut options = async_nats::ConnectOptions::new()
         .name(name)
@@ -96,6 +128,20 @@ pub async fn connect_nats(given: &str, name: &str) -> Result<async_nats::Client,
             addr.password().unwrap_or_default().to_string(),
         );
     }
+    options = auth.apply(options).await?;
+    options = options.event_callback(|event| async move {
+        match event {
+            async_nats::Event::ServerError(e) => {
+                let text = e.to_string();
+                if crate::denials::record(&text) {
+                    tracing::error!(error = %text, "NATS refused this user: see the permissions in deploy/nats/accounts.conf");
+                } else {
+                    tracing::warn!(error = %text, "NATS server error");
+                }
+            }
+            other => tracing::debug!(event = %other, "NATS connection"),
+        }
+    });
     options
         .connect(servers)
         .await
@@ -103,6 +149,88 @@ pub async fn connect_nats(given: &str, name: &str) -> Result<async_nats::Client,
             url: redacted_nats_url(given),
             reason: e.to_string(),
         })
+}
+
+impl NatsAuth {
+    /// Adds these credentials and TLS settings to `options`, reading and checking each file.
+    pub async fn apply(
+        &self,
+        mut options: async_nats::ConnectOptions,
+    ) -> Result<async_nats::ConnectOptions, OpenLedgerError> {
+        let bad = |option: &'static str, path: &std::path::Path, reason: String| {
+            OpenLedgerError::BadNatsAuth {
+                option,
+                path: path.display().to_string(),
+                reason,
+            }
+        };
+        if self.creds.is_some() && self.nkey.is_some() {
+            return Err(OpenLedgerError::BadNatsAuth {
+                option: "--creds",
+                path: "and --nkey".into(),
+                reason: "give one of them: a creds file already holds its nkey seed".into(),
+            });
+        }
+        if let Some(path) = &self.creds {
+            options = options
+                .credentials_file(path)
+                .await
+                .map_err(|e| bad("--creds", path, format!("not a NATS credentials file: {e}")))?;
+        }
+        if let Some(path) = &self.nkey {
+            let seed = std::fs::read_to_string(path)
+                .map_err(|e| bad("--nkey", path, format!("cannot read: {e}")))?;
+            // The seed is the file's one non-comment line; `nk -gen user` writes it alone.
+            let seed = seed
+                .lines()
+                .map(str::trim)
+                .find(|l| l.starts_with("SU"))
+                .ok_or_else(|| {
+                    bad(
+                        "--nkey",
+                        path,
+                        "holds no user nkey seed (a line starting SU)".into(),
+                    )
+                })?;
+            options = options.nkey(seed.to_string());
+        }
+        for (option, file) in [
+            ("--tls-ca", &self.tls_ca),
+            ("--tls-cert", &self.tls_cert),
+            ("--tls-key", &self.tls_key),
+        ] {
+            if let Some(path) = file {
+                std::fs::metadata(path)
+                    .map_err(|e| bad(option, path, format!("cannot read: {e}")))?;
+            }
+        }
+        if let Some(ca) = &self.tls_ca {
+            options = options.require_tls(true).add_root_certificates(ca.clone());
+        }
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                options = options
+                    .require_tls(true)
+                    .add_client_certificate(cert.clone(), key.clone());
+            }
+            (Some(cert), None) => {
+                return Err(bad(
+                    "--tls-cert",
+                    cert,
+                    "needs --tls-key, the certificate's key".into(),
+                ))
+            }
+            (None, Some(key)) => {
+                return Err(bad(
+                    "--tls-key",
+                    key,
+                    "needs --tls-cert, the key's certificate".into(),
+                ))
+            }
+            (None, None) => {}
+        }
+        Ok(options)
+    }
 }
 
 /// Connects to NATS under a client `name` and opens (ensuring and verifying) the stream:
@@ -113,8 +241,9 @@ pub async fn open_jetstream(
     stream: &str,
     subject_prefix: &str,
     stream_replicas: usize,
+    auth: &NatsAuth,
 ) -> Result<(async_nats::Client, JetStreamLog), OpenLedgerError> {
-    let client = connect_nats(url, name).await?;
+    let client = connect_nats(url, name, auth).await?;
     let config = JetStreamConfig {
         stream: stream.to_string(),
         subject_prefix: subject_prefix.to_string(),
@@ -136,6 +265,7 @@ impl Ledger {
                     &options.stream,
                     &options.subject_prefix,
                     options.stream_replicas,
+                    &options.nats_auth,
                 )
                 .await?;
                 Ok(Ledger::JetStream(log))

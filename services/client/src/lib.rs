@@ -29,6 +29,7 @@ mod allocation;
 mod cancel;
 mod clock;
 pub mod deletion;
+pub mod denials;
 mod driver;
 mod executors;
 mod lease;
@@ -49,7 +50,7 @@ pub use executors::{
 pub use lease::TaskLease;
 pub use ledger::{
     connect_nats, derived_commit_id, open_jetstream, parse_nats_urls, read_entity,
-    redacted_nats_url, Ledger, LedgerOptions, OpenLedgerError,
+    redacted_nats_url, Ledger, LedgerOptions, NatsAuth, OpenLedgerError,
 };
 pub use port::{ActionFuture, Infrastructure};
 pub use runner::{

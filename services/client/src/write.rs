@@ -74,6 +74,12 @@ pub enum RecordError {
         aggregate: AggregateId,
         attempts: usize,
     },
+    /// NATS refused this user the aggregate's subject: retrying cannot help.
+    #[error("{aggregate}: NATS denied this user publishing its commit ({message}); write through cmd.append or connect as a designated writer")]
+    PermissionDenied {
+        aggregate: AggregateId,
+        message: String,
+    },
     #[error(transparent)]
     Append(AppendError),
     #[error(transparent)]
@@ -95,6 +101,12 @@ impl From<AppendError> for RecordError {
             other => RecordError::Append(other),
         }
     }
+}
+
+/// The permissions violation NATS reported for this aggregate's subject, if an
+/// unavailable append was in fact refused.
+fn denied_append(aggregate: AggregateId) -> Option<String> {
+    crate::denials::denied(&format!(".ev.{}.{}", aggregate.kind, aggregate.id))
 }
 
 fn backoff(draft: &CommitDraft, attempt: usize) -> Duration {
@@ -234,6 +246,9 @@ async fn record_inner<L: EventLog>(
             }
             // The append may have landed with its ack lost: read again and see.
             Err(e @ AppendError::Unavailable { .. }) => {
+                if let Some(message) = denied_append(aggregate) {
+                    return Err(RecordError::PermissionDenied { aggregate, message });
+                }
                 unavailable += 1;
                 if unavailable > UNAVAILABLE_RETRIES_MAX {
                     return Err(e.into());

@@ -267,6 +267,7 @@ async fn service_benches(quick: bool) {
         stream: "PROVLEDGER".into(),
         subject_prefix: "provledger".into(),
         stream_replicas: 1,
+        nats_auth: Default::default(),
         min_position_wait: Duration::from_secs(2),
         snapshot_every: 0,
         retry: Default::default(),

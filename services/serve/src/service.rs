@@ -15,6 +15,7 @@ use futures::StreamExt;
 use provledger_events::SledLog;
 use tokio::sync::{watch, Semaphore};
 
+use crate::endpoints::caller::Caller;
 use crate::endpoints::error::{bounded, ErrorCode, QueryError};
 use crate::endpoints::{Endpoint, QueryContext};
 use crate::projector::{OnChainViolation, Projector, ProjectorError};
@@ -44,6 +45,8 @@ pub struct ServeOptions {
     pub subject_prefix: String,
     /// The stream's replicas (see `LedgerOptions::stream_replicas`).
     pub stream_replicas: usize,
+    /// How to authenticate to NATS (see `LedgerOptions::nats_auth`).
+    pub nats_auth: provledger_client::NatsAuth,
     /// Upper bound on a `min_position` wait before answering `stale`.
     pub min_position_wait: Duration,
     pub snapshot_every: u64,
@@ -90,6 +93,7 @@ pub async fn run(
         &options.stream,
         &options.subject_prefix,
         options.stream_replicas,
+        &options.nats_auth,
     )
     .await?;
     let (data_dir, store) = open_service_store(&options.data_dir, &options.stream)?;
@@ -290,7 +294,13 @@ fn refusal(e: &QueryError) -> (async_nats::HeaderMap, Vec<u8>) {
 }
 
 async fn respond(ctx: &QueryContext, endpoint: Endpoint, request: async_nats::service::Request) {
-    let result = ctx.handle(endpoint, &request.message.payload).await;
+    let result = ctx
+        .handle(
+            endpoint,
+            &request.message.payload,
+            &Caller::from_headers(request.message.headers.as_ref()),
+        )
+        .await;
     let (headers, bytes) = match result {
         Ok(data) => {
             let body = serde_json::json!({

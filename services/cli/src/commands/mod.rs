@@ -52,7 +52,9 @@ impl From<OpenLedgerError> for CommandError {
             OpenLedgerError::JetStream(
                 provledger_events::log::OpenJetStreamError::StreamConfigMismatch { .. },
             ) => CommandError::Problem(e.to_string()),
-            OpenLedgerError::BadNatsUrl { .. } => CommandError::BadInput(e.to_string()),
+            OpenLedgerError::BadNatsUrl { .. } | OpenLedgerError::BadNatsAuth { .. } => {
+                CommandError::BadInput(e.to_string())
+            }
             other => CommandError::Infrastructure(other.to_string()),
         }
     }
@@ -77,9 +79,9 @@ impl From<RecordError> for CommandError {
     fn from(e: RecordError) -> Self {
         match e {
             // A refusal is the command finding a problem, like a conflict: exit 1.
-            RecordError::Rejected(_) | RecordError::Conflict { .. } => {
-                CommandError::Problem(e.to_string())
-            }
+            RecordError::Rejected(_)
+            | RecordError::Conflict { .. }
+            | RecordError::PermissionDenied { .. } => CommandError::Problem(e.to_string()),
             RecordError::Contended { .. } => CommandError::Infrastructure(e.to_string()),
             RecordError::Append(e) => e.into(),
             RecordError::Read(e) => e.into(),

@@ -31,6 +31,7 @@ fn suffix_of(endpoint: &str) -> Result<String, CommandError> {
 
 pub async fn run(
     nats_url: &str,
+    auth: &provledger_client::NatsAuth,
     prefix: &str,
     endpoint: &str,
     request: Option<String>,
@@ -43,7 +44,7 @@ pub async fn run(
             "the request is not JSON: {e}"
         )));
     }
-    let client = provledger_client::connect_nats(nats_url, "provledger-query").await?;
+    let client = provledger_client::connect_nats(nats_url, "provledger-query", auth).await?;
     let subject = format!("{prefix}.{suffix}");
     let reply = tokio::time::timeout(QUERY_TIMEOUT, client.request(subject.clone(), body.into()))
         .await

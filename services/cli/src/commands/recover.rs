@@ -20,7 +20,7 @@ pub async fn run(
 ) -> Result<(), CommandError> {
     let reissuer: Box<dyn Reissuer> = match &options.nats_url {
         Some(url) if !dry_run => {
-            let client = connect_nats(url, "provledger-recover").await?;
+            let client = connect_nats(url, "provledger-recover", &options.nats_auth).await?;
             Box::new(NatsReissuer {
                 client,
                 subject_prefix: options.subject_prefix.clone(),

@@ -132,12 +132,13 @@ pub async fn run(
     ledger: &Ledger,
     id: Uuid,
     executors_url: Option<&str>,
+    auth: &provledger_client::NatsAuth,
     subject_prefix: &str,
     json: bool,
 ) -> Result<(), CommandError> {
     let executors: Arc<dyn CompensationExecutor> = match executors_url {
         Some(url) => {
-            let client = provledger_client::connect_nats(url, "provledger-rollback").await?;
+            let client = provledger_client::connect_nats(url, "provledger-rollback", auth).await?;
             Arc::new(NatsExecutors {
                 client,
                 subject_prefix: subject_prefix.to_string(),

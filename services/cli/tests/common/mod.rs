@@ -18,7 +18,14 @@ impl Serve {
     }
 
     /// Starts serve with extra arguments (e.g. compensation retry bounds).
+    #[allow(dead_code)]
     pub fn start_with(nats: &NatsServer, dir: &Path, extra: &[&str]) -> Serve {
+        Self::start_at(&nats.url(), dir, extra)
+    }
+
+    /// Starts serve on a NATS URL of the caller's choosing (a user in it, say).
+    #[allow(dead_code)]
+    pub fn start_at(url: &str, dir: &Path, extra: &[&str]) -> Serve {
         let log = std::fs::File::create(dir.with_extension("log")).expect("serve log file");
         let child = Command::new(env!("CARGO_BIN_EXE_provledger"))
             .args([
@@ -30,7 +37,7 @@ impl Serve {
             ])
             .args(extra)
             .arg("--nats")
-            .arg(nats.url())
+            .arg(url)
             .arg("--data-dir")
             .arg(dir)
             .env("RUST_LOG", "info")

@@ -6,11 +6,16 @@ use provledger_events::{AppendError, AppendStatus, CommitDraft, Event, Expectati
 use provledger_projections::decide::{AppendRejection, DecideOptions};
 use serde_json::{json, Value};
 
+use super::caller::Caller;
 use super::error::{bad, ErrorCode, QueryError};
 use super::request::{check_fields, object, opt_str, opt_uuid, req_aggregate};
 use super::QueryContext;
 
-pub(crate) async fn append(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
+pub(crate) async fn append(
+    ctx: &QueryContext,
+    payload: &[u8],
+    caller: &Caller,
+) -> Result<Value, QueryError> {
     let req = object(payload)?;
     check_fields(
         &req,
@@ -38,7 +43,9 @@ pub(crate) async fn append(ctx: &QueryContext, payload: &[u8]) -> Result<Value, 
     let events_json = req.get("events").ok_or_else(|| bad("events", "missing"))?;
     let events: Vec<Event> = serde_json::from_value(events_json.clone())
         .map_err(|e| bad("events", format!("not catalogue events: {e}")))?;
-    let mut draft = CommitDraft::now(opt_str(&req, "actor")?.unwrap_or("nats:cmd.append"), events);
+    // The server-vouched identity, when there is one, rather than what the request claims.
+    let actor = caller.actor(opt_str(&req, "actor")?, "nats:cmd.append");
+    let mut draft = CommitDraft::now(&actor, events);
     if let Some(id) = opt_uuid(&req, "commit_id")? {
         draft.commit_id = id;
     }
@@ -63,6 +70,7 @@ pub(crate) async fn append(ctx: &QueryContext, payload: &[u8]) -> Result<Value, 
                 AppendStatus::AlreadyAppended => "already_appended",
             },
             "already_appended": matches!(outcome.status, AppendStatus::AlreadyAppended),
+            "actor": actor,
         })),
         Ok(Recorded::AlreadyDone {
             outcome,
@@ -73,6 +81,7 @@ pub(crate) async fn append(ctx: &QueryContext, payload: &[u8]) -> Result<Value, 
             "version": version,
             "outcome": outcome.as_str(),
             "already_appended": false,
+            "actor": actor,
         })),
         Err(RecordError::Rejected(rejection)) => Err(rejected(rejection)),
         Err(RecordError::Conflict { actual, .. }) => Err(QueryError::new(
@@ -83,6 +92,9 @@ pub(crate) async fn append(ctx: &QueryContext, payload: &[u8]) -> Result<Value, 
         .with("actual_version", actual.into())),
         Err(e @ RecordError::Contended { .. }) => {
             Err(QueryError::new(ErrorCode::Unavailable, e.to_string()))
+        }
+        Err(e @ RecordError::PermissionDenied { .. }) => {
+            Err(QueryError::new(ErrorCode::Internal, e.to_string()))
         }
         Err(RecordError::Append(e)) => Err(append_error(e)),
         Err(RecordError::Read(e)) => Err(read_error(e)),

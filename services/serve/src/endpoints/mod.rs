@@ -5,6 +5,7 @@
 
 mod allocation;
 mod append;
+pub(crate) mod caller;
 mod entities;
 pub(crate) mod error;
 mod health;
@@ -145,6 +146,7 @@ impl QueryContext {
         &self,
         endpoint: Endpoint,
         payload: &[u8],
+        caller: &caller::Caller,
     ) -> Result<Value, QueryError> {
         if let Some(reason) = self.projector_failed.get() {
             return Err(QueryError::new(
@@ -165,11 +167,11 @@ impl QueryContext {
             Endpoint::AllocationByConsumer => allocation::by_consumer(self, payload).await,
             Endpoint::History => history::history(self, payload).await,
             Endpoint::StateAt => history::state_at(self, payload),
-            Endpoint::CmdAppend => append::append(self, payload).await,
+            Endpoint::CmdAppend => append::append(self, payload, caller).await,
             Endpoint::ProviderList => placement::provider_list(self, payload),
-            Endpoint::ProviderDelete => placement::provider_delete(self, payload).await,
-            Endpoint::HealAllocations => placement::heal(self, payload).await,
-            Endpoint::FixOrphans => placement::orphans(self, payload).await,
+            Endpoint::ProviderDelete => placement::provider_delete(self, payload, caller).await,
+            Endpoint::HealAllocations => placement::heal(self, payload, caller).await,
+            Endpoint::FixOrphans => placement::orphans(self, payload, caller).await,
         }
     }
 }

@@ -10,6 +10,7 @@ use provledger_events::AggregateKind;
 use provledger_projections::Entity;
 use serde_json::{json, Map, Value};
 
+use super::caller::Caller;
 use super::error::{bad, ErrorCode, QueryError};
 use super::request::{check_fields, object, opt_str, opt_uuid, req_uuid};
 use super::QueryContext;
@@ -32,8 +33,8 @@ fn opt_bool(req: &Map<String, Value>, field: &str) -> Result<bool, QueryError> {
     }
 }
 
-fn actor(req: &Map<String, Value>, default: &str) -> Result<String, QueryError> {
-    Ok(opt_str(req, "actor")?.unwrap_or(default).to_string())
+fn actor(req: &Map<String, Value>, caller: &Caller, default: &str) -> Result<String, QueryError> {
+    Ok(caller.actor(opt_str(req, "actor")?, default))
 }
 
 /// Providers, optionally of one `status` or `host`, in id order after `after`.
@@ -54,12 +55,13 @@ pub(crate) fn provider_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value,
 pub(crate) async fn provider_delete(
     ctx: &QueryContext,
     payload: &[u8],
+    caller: &Caller,
 ) -> Result<Value, QueryError> {
     let req = object(payload)?;
     check_fields(&req, &["id", "cascade", "actor"])?;
     let id = req_uuid(&req, "id")?;
     let cascade = opt_bool(&req, "cascade")?;
-    let actor = actor(&req, "nats:cmd.provider.delete")?;
+    let actor = actor(&req, caller, "nats:cmd.provider.delete")?;
     match delete_provider(&ctx.log, id, cascade, &actor, &Stamper::system())
         .await
         .map_err(placement_error)?
@@ -81,12 +83,16 @@ pub(crate) async fn provider_delete(
 }
 
 /// heal-allocations: `{dry_run?, instance?}`.
-pub(crate) async fn heal(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
+pub(crate) async fn heal(
+    ctx: &QueryContext,
+    payload: &[u8],
+    caller: &Caller,
+) -> Result<Value, QueryError> {
     let req = object(payload)?;
     check_fields(&req, &["dry_run", "instance", "actor"])?;
     let dry_run = opt_bool(&req, "dry_run")?;
     let instance = opt_uuid(&req, "instance")?;
-    let actor = actor(&req, "nats:cmd.heal_allocations")?;
+    let actor = actor(&req, caller, "nats:cmd.heal_allocations")?;
     let report = heal_allocations(&ctx.log, instance, dry_run, &actor, &Stamper::system())
         .await
         .map_err(placement_error)?;
@@ -96,11 +102,15 @@ pub(crate) async fn heal(ctx: &QueryContext, payload: &[u8]) -> Result<Value, Qu
 }
 
 /// Releases the orphan allocations, only those: `{dry_run?}`.
-pub(crate) async fn orphans(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
+pub(crate) async fn orphans(
+    ctx: &QueryContext,
+    payload: &[u8],
+    caller: &Caller,
+) -> Result<Value, QueryError> {
     let req = object(payload)?;
     check_fields(&req, &["dry_run", "actor"])?;
     let dry_run = opt_bool(&req, "dry_run")?;
-    let actor = actor(&req, "nats:cmd.fix_orphans")?;
+    let actor = actor(&req, caller, "nats:cmd.fix_orphans")?;
     let found = fix_orphans(&ctx.log, dry_run, &actor, &Stamper::system())
         .await
         .map_err(placement_error)?;

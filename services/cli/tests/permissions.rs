@@ -1,0 +1,214 @@
+//! Who may write what, with `deploy/nats/accounts.conf` on a real nats-server: a client
+//! that is not a designated writer cannot put anything in the log, by raw publish, by the
+//! JetStream API or through cmd.append; and cmd.append records the identity the server
+//! vouches for, not the actor the request claims.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use provledger_tests::NatsServer;
+use serde_json::{json, Value};
+
+mod common;
+use common::{provledger, text, wait_ready, Serve};
+
+const CLUSTER: &str = "cluster/0190c0de-0000-7000-8000-00000000e001";
+const CLUSTER_ID: &str = "0190c0de-0000-7000-8000-00000000e001";
+
+/// A client connected as `user` that keeps every error the server sends it.
+async fn client_keeping_errors(
+    nats: &NatsServer,
+    user: &str,
+) -> (async_nats::Client, Arc<Mutex<Vec<String>>>) {
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let kept = Arc::clone(&errors);
+    let client = nats
+        .options_as(user)
+        .event_callback(move |event| {
+            let kept = Arc::clone(&kept);
+            async move {
+                if let async_nats::Event::ServerError(e) = event {
+                    kept.lock().unwrap().push(e.to_string());
+                }
+            }
+        })
+        .connect(nats.url())
+        .await
+        .unwrap();
+    (client, errors)
+}
+
+async fn stream_last_sequence(nats: &NatsServer) -> u64 {
+    let js = async_nats::jetstream::new(nats.client_as("auditor").await);
+    let mut stream = js.get_stream("PROVLEDGER").await.unwrap();
+    stream.info().await.unwrap().state.last_sequence
+}
+
+/// Waits (bounded) until the server has told `errors` about a violation on `subject`.
+async fn violation_on(errors: &Arc<Mutex<Vec<String>>>, subject: &str) -> String {
+    for _ in 0..100 {
+        if let Some(e) = errors.lock().unwrap().iter().find(|e| e.contains(subject)) {
+            return e.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "no violation on {subject}; errors: {:?}",
+        errors.lock().unwrap()
+    );
+}
+
+fn blocking<F: FnOnce() -> std::process::Output + Send + 'static>(
+    f: F,
+) -> tokio::task::JoinHandle<std::process::Output> {
+    tokio::task::spawn_blocking(f)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_designated_writers_reach_the_log_and_cmd_append_records_who_asked() {
+    let nats = NatsServer::start_hardened(true, false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+
+    // Given a cluster appended by the designated writer...
+    let (url, d) = (nats.url_as("writer"), data("writer"));
+    let out = blocking(move || {
+        provledger(
+            &["--nats", &url, "--data-dir", &d, "append", CLUSTER, "--expect", "none", "--events", "-"],
+            r#"[{"cluster_create_requested": {"name": "c1", "plugin": "vanilla", "node_groups": []}}]"#,
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(stream_last_sequence(&nats).await, 1);
+    // ...and serve running as `serve`.
+    let _serve = Serve::start_at(&nats.url_as("serve"), &dir.path().join("serve"), &[]);
+    wait_ready(&nats.client_as("serve").await).await;
+
+    // When a service user publishes raw bytes on the aggregate's subject, and an auditor
+    // does the same and tries to purge the stream...
+    let subject = format!("provledger.ev.cluster.{CLUSTER_ID}");
+    let (rogue, rogue_errors) = client_keeping_errors(&nats, "provisioner").await;
+    rogue
+        .publish(subject.clone(), "garbage".into())
+        .await
+        .unwrap();
+    rogue.flush().await.unwrap();
+    let (auditor, auditor_errors) = client_keeping_errors(&nats, "auditor").await;
+    auditor
+        .publish(subject.clone(), "garbage".into())
+        .await
+        .unwrap();
+    let purge = "$JS.API.STREAM.PURGE.PROVLEDGER";
+    auditor.publish(purge, "".into()).await.unwrap();
+    auditor.flush().await.unwrap();
+    // ...then the server refuses each by name...
+    let denial = violation_on(&rogue_errors, &subject).await;
+    assert!(
+        denial
+            .to_lowercase()
+            .contains("permissions violation for publish"),
+        "{denial}"
+    );
+    println!("a rogue publisher sees: {denial}");
+    violation_on(&auditor_errors, &subject).await;
+    violation_on(&auditor_errors, purge).await;
+
+    // When a reader (queries only) asks cmd.append, it is refused before serve sees it.
+    let (reader, reader_errors) = client_keeping_errors(&nats, "reader").await;
+    let request = json!({"aggregate": CLUSTER, "expect": "any", "actor": "admin",
+        "events": [{"cluster_status_changed": {"status": "active", "description": "rogue"}}]});
+    let answer = tokio::time::timeout(
+        Duration::from_secs(3),
+        reader.request("provledger.cmd.append", request.to_string().into()),
+    )
+    .await;
+    assert!(
+        !matches!(answer, Ok(Ok(_))),
+        "a reader got an answer from cmd.append"
+    );
+    violation_on(&reader_errors, "provledger.cmd.append").await;
+
+    // When the auditor runs `provledger append`, it fails as denied, not as unavailable.
+    let (url, d) = (nats.url_as("auditor"), data("auditor"));
+    let out = blocking(move || {
+        provledger(
+            &[
+                "--nats",
+                &url,
+                "--data-dir",
+                &d,
+                "append",
+                CLUSTER,
+                "--expect",
+                "any",
+                "--events",
+                "-",
+            ],
+            r#"[{"cluster_status_changed": {"status": "active", "description": "auditor"}}]"#,
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("NATS denied this user"),
+        "{}",
+        text(&out)
+    );
+
+    // Then the log holds only the writer's commit: nothing was appended or quarantined.
+    assert_eq!(stream_last_sequence(&nats).await, 1);
+    let (url, d) = (nats.url_as("auditor"), data("audit"));
+    let out = blocking(move || provledger(&["--nats", &url, "--data-dir", &d, "audit"], ""))
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+
+    // When the provisioning service appends through cmd.append claiming to be "admin"...
+    let service = nats.client_as("provisioner").await;
+    let request = json!({"aggregate": CLUSTER, "expect": 1, "actor": "admin",
+        "events": [{"cluster_status_changed": {"status": "active", "description": "built"}}]});
+    let reply = service
+        .request("provledger.cmd.append", request.to_string().into())
+        .await
+        .unwrap();
+    let reply: Value = serde_json::from_slice(&reply.payload).unwrap();
+    // ...then the commit records the user the server authenticated.
+    assert_eq!(reply["data"]["actor"], "provisioner@SERVICES", "{reply}");
+    assert_eq!(reply["data"]["version"], 2, "{reply}");
+    let (url, d) = (nats.url_as("auditor"), data("history"));
+    let out =
+        blocking(move || provledger(&["--nats", &url, "--data-dir", &d, "history", CLUSTER], ""))
+            .await
+            .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("by provisioner@SERVICES"),
+        "{}",
+        text(&out)
+    );
+    assert!(!text(&out).contains("by admin"), "{}", text(&out));
+
+    // An executor hears only its own requests: another executor's subject is refused.
+    let (executor, executor_errors) = client_keeping_errors(&nats, "executor-compute").await;
+    let _own = executor
+        .subscribe("provledger.exec.compute.>")
+        .await
+        .unwrap();
+    let _other = executor
+        .subscribe("provledger.exec.storage.>")
+        .await
+        .unwrap();
+    executor.flush().await.unwrap();
+    violation_on(&executor_errors, "provledger.exec.storage.>").await;
+    assert!(
+        !executor_errors
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e.contains("provledger.exec.compute.>")),
+        "its own subject was refused"
+    );
+}
