@@ -174,6 +174,10 @@ enum Command {
         /// Seconds between stuck-state recovery sweeps (one runs on start; 0: never).
         #[arg(long, default_value_t = 60)]
         recovery_interval: u64,
+        /// Created once this replica has caught up and joined the queue group, removed
+        /// when it stops (a per-replica readiness probe).
+        #[arg(long, value_name = "PATH")]
+        ready_file: Option<PathBuf>,
     },
     /// An aggregate's projected state, now or at a past position or time.
     State {
@@ -339,6 +343,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             compensation_backoff_ms,
             compensation_reply_wait_ms,
             recovery_interval,
+            ready_file,
         } => {
             let nats_url = cli.nats.clone().ok_or_else(|| {
                 CommandError::BadInput(
@@ -368,6 +373,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                 ),
                 recovery_interval: (recovery_interval > 0)
                     .then(|| Duration::from_secs(recovery_interval)),
+                ready_file,
             };
             commands::serve::run(serve_options).await
         }

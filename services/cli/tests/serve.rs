@@ -446,6 +446,68 @@ async fn two_replicas_share_the_queue_group_and_agree() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_joins_the_queue_group_only_once_caught_up() {
+    const COMMITS: u64 = 4000;
+    let nats = NatsServer::start().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let log = open_log(&nats).await;
+    let client = nats.client().await;
+    // Given a stream of a few thousand commits and replica A serving it...
+    let ids: Vec<Uuid> = (0..200).map(|_| Uuid::now_v7()).collect();
+    futures::stream::iter(0..COMMITS as usize)
+        .map(|n| {
+            let log = log.clone();
+            let id = ids[n % ids.len()];
+            let first = n < ids.len();
+            async move {
+                let event = if first {
+                    create_cluster()
+                } else {
+                    Event::ClusterStatusChanged {
+                        status: ClusterStatus::Active,
+                        description: format!("step {n}"),
+                    }
+                };
+                append(&log, AggregateId::cluster(id), vec![event]).await
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await;
+    let _a = Serve::start(&nats, &tmp.path().join("a"));
+    wait_position(&client, COMMITS).await;
+    let a_id = query(&client, "health", json!({})).await["served_by"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // When replica B starts from nothing...
+    let ready_file = tmp.path().join("b.ready");
+    let _b = Serve::start_with(
+        &nats,
+        &tmp.path().join("b"),
+        &["--ready-file", ready_file.to_str().unwrap()],
+    );
+    // ...then every answer B gives, from its first, is from caught-up state and says ready.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut from_b = 0;
+    while from_b < 5 {
+        assert!(Instant::now() < deadline, "replica B never answered");
+        let v = query(&client, "health", json!({})).await;
+        if v["served_by"] == a_id.as_str() {
+            continue;
+        }
+        from_b += 1;
+        assert!(
+            v["data"]["position"].as_u64().unwrap() >= COMMITS,
+            "B answered before it had caught up: {v}"
+        );
+        assert_eq!(v["data"]["ready"], true, "{v}");
+        assert!(ready_file.exists(), "B answers, so its ready file is there");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_during_a_load_loses_and_duplicates_nothing() {
     const ROUNDS: usize = 5;
     let nats = NatsServer::start().await;

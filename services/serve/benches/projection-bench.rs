@@ -268,6 +268,7 @@ async fn service_benches(quick: bool) {
         subject_prefix: "provledger".into(),
         stream_replicas: 1,
         nats_auth: Default::default(),
+        ready_file: None,
         min_position_wait: Duration::from_secs(2),
         snapshot_every: 0,
         retry: Default::default(),

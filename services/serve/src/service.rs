@@ -56,6 +56,9 @@ pub struct ServeOptions {
     pub executor_reply_wait: Duration,
     /// The stuck-state recovery sweep runs on start and then this often (`None`: never).
     pub recovery_interval: Option<Duration>,
+    /// Created once this replica has caught up and joined the queue group, removed when it
+    /// stops: a per-replica readiness probe for compose or Kubernetes.
+    pub ready_file: Option<PathBuf>,
 }
 
 /// Why the service could not start or stopped abnormally.
@@ -69,6 +72,8 @@ pub enum ServeError {
     Projector(#[from] ProjectorError),
     #[error("cannot start the NATS micro service: {0}")]
     Service(String),
+    #[error("cannot read the end of the stream to catch up to: {0}")]
+    StreamEnd(provledger_events::ReadError),
 }
 
 /// Opens the data dir for a JetStream-fed store: the lock, the sled database and the
@@ -116,6 +121,7 @@ pub async fn run(
         served_by: served_by.clone(),
         min_position_wait: options.min_position_wait,
         projector_failed: std::sync::OnceLock::new(),
+        caught_up_to: std::sync::OnceLock::new(),
         // What a reply may carry: the server's max payload, less room for headers.
         reply_bytes_max: client
             .server_info()
@@ -142,6 +148,45 @@ pub async fn run(
         applied: projector.applied(),
         stamper: Stamper::system(),
     };
+
+    let applied = projector.applied();
+    let (stop_projector, projector_shutdown) = watch::channel(false);
+    let projector_log = log.clone();
+    let mut projector_task = tokio::spawn(async move {
+        let result = projector.run(&projector_log, projector_shutdown).await;
+        (projector, result)
+    });
+
+    // A replica joins the queue group only once it has applied everything the stream held
+    // when it started: before that it would answer from state that is behind, without
+    // saying so. The rollback worker and the recovery sweep wait too.
+    let end = provledger_events::EventLog::last_position(&log)
+        .await
+        .map_err(ServeError::StreamEnd)?;
+    tokio::pin!(shutdown);
+    let mut projector_ended = None;
+    let caught_up = tokio::select! {
+        caught_up = catch_up(applied, end) => caught_up,
+        _ = &mut shutdown => false,
+        joined = &mut projector_task => {
+            projector_ended = Some(joined);
+            false
+        }
+    };
+    if !caught_up {
+        // Stopped before it was ready: nothing was served, nothing to drain.
+        let _ = stop_projector.send(true);
+        let joined = match projector_ended {
+            Some(joined) => joined,
+            None => projector_task.await,
+        };
+        let (projector, result) =
+            joined.map_err(|e| ServeError::Service(format!("projector task: {e}")))?;
+        result?;
+        projector.store().flush()?;
+        data_dir.close();
+        return Ok(());
+    }
     let (stop_worker, worker_shutdown) = watch::channel(false);
     let recovery_task = options.recovery_interval.map(|interval| {
         let ledger = Ledger::JetStream(log.clone());
@@ -170,13 +215,7 @@ pub async fn run(
     });
     let worker_task = tokio::spawn(worker.run(worker_shutdown));
 
-    let (stop_projector, projector_shutdown) = watch::channel(false);
-    let projector_log = log.clone();
-    let mut projector_task = tokio::spawn(async move {
-        let result = projector.run(&projector_log, projector_shutdown).await;
-        (projector, result)
-    });
-
+    let _ = ctx.caught_up_to.set(end);
     let service = client
         .service_builder()
         .description("provledger projection queries and cmd.append")
@@ -197,12 +236,16 @@ pub async fn run(
     }
     let mut requests = futures::stream::select_all(endpoints);
     let slots = Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_MAX));
-    tracing::info!(%served_by, "provledger serve ready");
+    tracing::info!(%served_by, caught_up_to = end, "provledger serve ready: caught up, in the queue group");
+    notify_systemd("READY=1\nSTATUS=caught up; answering queries");
+    if let Some(path) = &options.ready_file {
+        if let Err(e) = std::fs::write(path, format!("{served_by}\n")) {
+            tracing::warn!(error = %e, path = %path.display(), "cannot write the ready file");
+        }
+    }
 
-    tokio::pin!(shutdown);
     // The projector only returns before shutdown when it failed (an error or a panic):
     // this replica would then answer from a frozen state, so it says so and exits.
-    let mut projector_ended = None;
     loop {
         let next = tokio::select! {
             next = requests.next() => next,
@@ -233,6 +276,10 @@ pub async fn run(
     }
 
     tracing::info!("shutting down: draining requests in hand");
+    notify_systemd("STOPPING=1");
+    if let Some(path) = &options.ready_file {
+        let _ = std::fs::remove_file(path);
+    }
     drop(requests);
     if let Err(e) = service.stop().await {
         tracing::warn!(error = %e, "stopping the micro service");
@@ -276,6 +323,59 @@ pub async fn run(
     );
     data_dir.close();
     result.map_err(ServeError::from)
+}
+
+/// Waits until the projector has applied `end`, logging progress every few seconds; true
+/// once it has (false only if the projector's channel closed).
+async fn catch_up(mut applied: watch::Receiver<u64>, end: u64) -> bool {
+    const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+    let start = *applied.borrow();
+    if start >= end {
+        return true;
+    }
+    tracing::info!(
+        from = start,
+        to = end,
+        "catching up before joining the queue group"
+    );
+    loop {
+        let waited = tokio::time::timeout(PROGRESS_EVERY, applied.wait_for(|p| *p >= end))
+            .await
+            .map(|r| r.is_ok());
+        match waited {
+            Ok(true) => return true,
+            Ok(false) => return false,
+            Err(_) => {
+                let at = *applied.borrow();
+                tracing::info!(position = at, to = end, "catching up");
+                notify_systemd(&format!("STATUS=catching up: position {at} of {end}"));
+            }
+        }
+    }
+}
+
+/// Tells systemd (a `Type=notify` unit) about readiness and progress; nothing happens
+/// outside systemd. Best effort: a lost notification only delays what systemd reports.
+fn notify_systemd(state: &str) {
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let path = path.to_string_lossy().into_owned();
+    let address = match path.strip_prefix('@') {
+        Some(name) => {
+            use std::os::linux::net::SocketAddrExt;
+            SocketAddr::from_abstract_name(name.as_bytes())
+        }
+        None => SocketAddr::from_pathname(&path),
+    };
+    let sent = address.and_then(|address| {
+        let socket = UnixDatagram::unbound()?;
+        socket.send_to_addr(state.as_bytes(), &address)
+    });
+    if let Err(e) = sent {
+        tracing::debug!(error = %e, "cannot notify systemd");
+    }
 }
 
 /// A refusal as a reply: the contract's body and the micro-service error headers, both

@@ -104,6 +104,9 @@ pub(crate) struct QueryContext {
     /// Set when the projector stopped for good: from then on this replica's state is
     /// frozen, so every request is answered `unavailable` while serve drains and exits.
     pub(crate) projector_failed: std::sync::OnceLock<String>,
+    /// The stream's end when this replica started, set once it had applied it and joined
+    /// the queue group: `ready` in q.health.
+    pub(crate) caught_up_to: std::sync::OnceLock<u64>,
     /// The largest reply this service sends; lists fill pages up to half of it.
     pub(crate) reply_bytes_max: usize,
 }
