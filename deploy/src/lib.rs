@@ -94,6 +94,27 @@ pub fn cluster_configs(
         .collect()
 }
 
+/// The three members of `deploy/compose/compose.yaml`: hosts `nats-1`..`nats-3` (the
+/// compose service names), standard ports, the store in the container's `/data`, with
+/// the accounts. `deploy/compose/nats-N.conf` are these, committed (a test keeps them equal).
+pub fn compose_configs() -> Vec<String> {
+    let specs: Vec<ServerSpec> = (1..=3)
+        .map(|n| ServerSpec {
+            name: format!("nats-{n}"),
+            host: format!("nats-{n}"),
+            port: 4222,
+            monitor_port: 8222,
+            cluster_port: 6222,
+        })
+        .collect();
+    let store = Path::new("/data/jetstream");
+    let hardening = Hardening {
+        accounts: true,
+        tls_dir: None,
+    };
+    cluster_configs(&specs, &[store, store, store], &hardening)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,6 +150,24 @@ mod tests {
         assert!(configs[0].contains("nats-route://127.0.0.1:6002"));
         assert!(configs[0].contains("nats-route://127.0.0.1:6003"));
         assert!(!configs[1].contains("{{"));
+    }
+
+    #[test]
+    fn the_committed_compose_configs_are_the_rendered_ones() {
+        let committed = [
+            include_str!("../compose/nats-1.conf"),
+            include_str!("../compose/nats-2.conf"),
+            include_str!("../compose/nats-3.conf"),
+        ];
+        for (n, (rendered, committed)) in compose_configs().iter().zip(committed).enumerate() {
+            assert_eq!(
+                rendered,
+                committed,
+                "deploy/compose/nats-{}.conf is stale: regenerate it with \
+                 `cargo run -p provledger-deploy --example render-compose`",
+                n + 1
+            );
+        }
     }
 
     #[test]
