@@ -42,12 +42,16 @@ fn start_with(args: &[&str], config: Option<&str>) -> AuthServer {
         .arg("-sd")
         .arg(dir.path())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("server.log")).unwrap())
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nats-server did not listen");
+        assert!(
+            Instant::now() < deadline,
+            "nats-server did not listen: {}",
+            std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     AuthServer {
@@ -184,6 +188,7 @@ fn mutual_tls_with_the_deploy_test_ca() {
     // Without a client certificate the server refuses the connection (exit 3).
     let out = append_with(&server.url(), &["--tls-ca", ca], d);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(text(&out).contains("refused this client"), "{}", text(&out));
     // Without the CA, the server's certificate is not trusted (exit 3).
     let out = append_with(&server.url(), &["--tls-cert", cert, "--tls-key", key], d);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
@@ -191,4 +196,99 @@ fn mutual_tls_with_the_deploy_test_ca() {
     let out = append_with(&server.url(), &["--tls-ca", ca, "--tls-cert", cert], d);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("needs --tls-key"), "{}", text(&out));
+}
+
+/// A NATS JWT (v2: header `ed25519-nkey`, signature over `header.claims`) about `subject`,
+/// issued by `issuer`, with `nats` as its type-specific claims.
+fn jwt(issuer: &nkeys::KeyPair, subject: &str, name: &str, nats: serde_json::Value) -> String {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
+    let header = URL_SAFE_NO_PAD.encode(r#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let claims = serde_json::json!({
+        "jti": uuid::Uuid::now_v7().simple().to_string().to_uppercase(),
+        "iat": 1_700_000_000,
+        "iss": issuer.public_key(),
+        "name": name,
+        "sub": subject,
+        "nats": nats,
+    });
+    let claims = URL_SAFE_NO_PAD.encode(claims.to_string());
+    let signed = format!("{header}.{claims}");
+    let signature = URL_SAFE_NO_PAD.encode(issuer.sign(signed.as_bytes()).unwrap());
+    format!("{signed}.{signature}")
+}
+
+#[test]
+fn a_creds_file_authenticates_against_an_operator_mode_server() {
+    // Given an operator, an account with JetStream and a user of it, as `nsc` would make...
+    // (and the system account JetStream needs in operator mode).
+    let operator = nkeys::KeyPair::new_operator();
+    let system = nkeys::KeyPair::new_account();
+    let account = nkeys::KeyPair::new_account();
+    let user = nkeys::KeyPair::new_user();
+    let operator_jwt = jwt(
+        &operator,
+        &operator.public_key(),
+        "op",
+        serde_json::json!({"type": "operator", "version": 2,
+            "system_account": system.public_key()}),
+    );
+    let system_jwt = jwt(
+        &operator,
+        &system.public_key(),
+        "SYS",
+        serde_json::json!({"type": "account", "version": 2}),
+    );
+    let account_jwt = jwt(
+        &operator,
+        &account.public_key(),
+        "provledger",
+        serde_json::json!({"type": "account", "version": 2, "limits": {
+            "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+            "wildcards": true, "conn": -1, "leaf": -1,
+            "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1}}),
+    );
+    let user_jwt = jwt(
+        &account,
+        &user.public_key(),
+        "writer",
+        serde_json::json!({"type": "user", "version": 2, "pub": {}, "sub": {},
+            "subs": -1, "data": -1, "payload": -1}),
+    );
+    let config = format!(
+        "operator: {operator_jwt}\nsystem_account: {}\nresolver: MEMORY\n\
+         resolver_preload: {{\n  {}: {system_jwt}\n  {}: {account_jwt}\n}}\n",
+        system.public_key(),
+        system.public_key(),
+        account.public_key()
+    );
+    let server = start_with(&[], Some(&config));
+    let dir = tempfile::tempdir().unwrap();
+    let creds = dir.path().join("writer.creds");
+    std::fs::write(
+        &creds,
+        format!(
+            "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n\
+             -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+            user.seed().unwrap()
+        ),
+    )
+    .unwrap();
+    let url = format!("nats://127.0.0.1:{}", server.port);
+    let d = dir.path().join("data");
+    let d = d.to_str().unwrap();
+
+    // When the CLI appends with --creds, it lands; without, the server refuses (exit 3).
+    let out = append_with(&url, &["--creds", creds.to_str().unwrap()], d);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = append_with(&url, &[], d);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    // A file that is not a creds file is bad input (exit 2), naming the option.
+    let out = append_with(&url, &["--creds", "/nonexistent/writer.creds"], d);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("--creds /nonexistent/writer.creds"),
+        "{}",
+        text(&out)
+    );
 }

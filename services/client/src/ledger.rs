@@ -48,6 +48,8 @@ pub struct NatsAuth {
 pub enum OpenLedgerError {
     #[error("NATS unreachable at {url}: {reason}; start nats-server there, or drop --nats to run embedded")]
     NatsUnreachable { url: String, reason: String },
+    #[error("NATS at {url} refused this client: {reason}; check the credentials (--creds, --nkey, or user:password in the URL) and the TLS files (--tls-ca, --tls-cert, --tls-key); see docs/deploying.md")]
+    NatsRefused { url: String, reason: String },
     #[error("--nats {given:?}: {reason}; give nats://host:port, or several separated by commas")]
     BadNatsUrl { given: String, reason: String },
     #[error("{option} {path}: {reason}")]
@@ -142,13 +144,21 @@ pub async fn connect_nats(
             other => tracing::debug!(event = %other, "NATS connection"),
         }
     });
-    options
-        .connect(servers)
-        .await
-        .map_err(|e| OpenLedgerError::NatsUnreachable {
-            url: redacted_nats_url(given),
-            reason: e.to_string(),
-        })
+    options.connect(servers).await.map_err(|e| {
+        use async_nats::ConnectErrorKind as Kind;
+        let url = redacted_nats_url(given);
+        let reason = e.to_string();
+        // A TLS alert from the server (no or a wrong client certificate) arrives as IO.
+        let refused = matches!(
+            e.kind(),
+            Kind::AuthorizationViolation | Kind::Authentication | Kind::Tls
+        ) || reason.contains("alert")
+            || reason.contains("certificate");
+        match refused {
+            true => OpenLedgerError::NatsRefused { url, reason },
+            false => OpenLedgerError::NatsUnreachable { url, reason },
+        }
+    })
 }
 
 impl NatsAuth {
