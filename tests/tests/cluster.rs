@@ -1,16 +1,17 @@
 //! A real 3-node JetStream cluster rendered from `deploy/nats/cluster-node.conf`: an R3
 //! stream, appends going on while a member is SIGKILLed and restarted, and every
-//! acknowledged commit in the stream afterwards (none lost, none twice).
+//! acknowledged commit in the stream afterwards (none lost, none twice); and the stream
+//! leader moved under retried appends, which still land once at their first position.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use provledger_events::catalogue::ClusterStatus;
 use provledger_events::log::OpenJetStreamError;
 use provledger_events::{
-    AggregateId, AppendError, CommitDraft, Event, EventLog, Expectation, JetStreamConfig,
-    JetStreamLog,
+    AggregateId, AppendError, AppendOutcome, AppendStatus, CommitDraft, Event, EventLog,
+    Expectation, JetStreamConfig, JetStreamLog,
 };
 use provledger_tests::NatsCluster;
 use uuid::Uuid;
@@ -124,5 +125,289 @@ async fn appends_go_on_while_a_member_is_killed_and_every_acknowledged_commit_st
     for aggregate in &aggregates {
         let commits = log.read_aggregate(*aggregate).await.unwrap();
         assert!(provledger_events::verify_chain(aggregate, &commits).is_empty());
+    }
+}
+
+/// How long a writer waits for one append's answer before it gives up on it and retries
+/// with the same commit id (what a client whose ack was lost does). Below the log's own
+/// 10 s ack timeout, so that a publish sent into an election costs 2 s, not 10.
+const ATTEMPT_PATIENCE: Duration = Duration::from_secs(2);
+const ATTEMPTS_MAX: usize = 40;
+
+/// Appends `draft` until the log acknowledges it, retrying with the same commit id (and
+/// the same expectation) after `Unavailable` or a wait past [`ATTEMPT_PATIENCE`]. Any
+/// other answer fails the test: a conflict here means a retry was not recognised.
+async fn append_until_acknowledged(
+    log: &JetStreamLog,
+    aggregate: AggregateId,
+    expect: Expectation,
+    draft: &CommitDraft,
+) -> AppendOutcome {
+    for _ in 0..ATTEMPTS_MAX {
+        match tokio::time::timeout(
+            ATTEMPT_PATIENCE,
+            log.append(aggregate, expect, draft.clone()),
+        )
+        .await
+        {
+            Ok(Ok(outcome)) => return outcome,
+            Ok(Err(AppendError::Unavailable { .. })) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(_elapsed) => {}
+            Ok(Err(e)) => panic!("{aggregate} {} (expect {expect}): {e}", draft.commit_id),
+        }
+    }
+    panic!(
+        "{aggregate} {}: not acknowledged after {ATTEMPTS_MAX} attempts",
+        draft.commit_id
+    );
+}
+
+/// The stream's leader as `$JS.API.STREAM.INFO.<stream>` reports it (`cluster.leader`),
+/// `None` while there is none or the request goes unanswered (mid-election).
+async fn stream_leader(js: &async_nats::jetstream::Context, stream: &str) -> Option<String> {
+    let info = js.get_stream(stream).await.ok()?.get_info().await.ok()?;
+    info.cluster?.leader
+}
+
+/// Asks the stream's leader to step down, checks the server accepted, and waits until
+/// another member leads it. Returns the new leader.
+async fn move_leader(
+    client: &async_nats::Client,
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    old: &str,
+) -> String {
+    let reply = client
+        .request(
+            format!("$JS.API.STREAM.LEADER.STEPDOWN.{stream}"),
+            bytes::Bytes::new(),
+        )
+        .await
+        .expect("a stepdown reply");
+    // The server answers compact JSON (`{"type":..., "success":true}` or `{"error":...}`);
+    // this crate has no JSON parser of its own, and the flag is unambiguous as text.
+    let text = String::from_utf8_lossy(&reply.payload);
+    assert!(
+        text.contains("\"success\":true") && !text.contains("\"error\""),
+        "stepdown of {stream} refused: {text}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match stream_leader(js, stream).await {
+            Some(new) if new != old => return new,
+            _ if Instant::now() > deadline => panic!("{stream} still led by {old} after 10 s"),
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// One acknowledged append, as the writer that made it remembers it.
+struct Acknowledged {
+    aggregate: AggregateId,
+    expect: Expectation,
+    draft: CommitDraft,
+    position: u64,
+}
+
+/// Half the aggregates are written with `Exactly` (a retry is recognised by scanning the
+/// aggregate after the version check fails), half with `Any` (recognised by the stream's
+/// duplicate window, which the new leader must have inherited).
+fn expectation(aggregate_index: usize, version: u64) -> Expectation {
+    if aggregate_index.is_multiple_of(2) {
+        Expectation::Exactly(version)
+    } else {
+        Expectation::Any
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_leader_moving_does_not_break_idempotent_retries() {
+    // Given an R3 stream on a 3-node cluster, a plain client to move its leader with, and
+    // a JetStream context with a short timeout to watch the leader (requests sent while
+    // nobody leads go unanswered).
+    let cluster = NatsCluster::start(3).await;
+    let config = r3();
+    let stream = config.stream.clone();
+    let log = JetStreamLog::open(connect(&cluster).await, config)
+        .await
+        .expect("an R3 stream");
+    let admin = connect(&cluster).await;
+    let js = async_nats::jetstream::ContextBuilder::new()
+        .timeout(Duration::from_secs(1))
+        .build(admin.clone());
+    let aggregates: Vec<AggregateId> = (0..8)
+        .map(|_| AggregateId::cluster(Uuid::now_v7()))
+        .collect();
+    let mut versions = vec![0u64; aggregates.len()];
+    let mut acknowledged: Vec<Acknowledged> = Vec::new();
+    let mut step = 0;
+    let mut next_step = || {
+        step += 1;
+        status(step)
+    };
+
+    for round in 0..3 {
+        // Given one more acknowledged commit on every aggregate. After the first round
+        // these are (c): new appends after a leader moved, at the next version.
+        for (i, aggregate) in aggregates.iter().enumerate() {
+            let expect = expectation(i, versions[i]);
+            let draft = CommitDraft::now("leader-test", next_step());
+            let outcome = append_until_acknowledged(&log, *aggregate, expect, &draft).await;
+            assert_eq!(outcome.status, AppendStatus::Appended, "round {round}");
+            assert_eq!(
+                outcome.version,
+                versions[i] + 1,
+                "round {round}: {aggregate}"
+            );
+            versions[i] += 1;
+            acknowledged.push(Acknowledged {
+                aggregate: *aggregate,
+                expect,
+                draft,
+                position: outcome.position,
+            });
+        }
+        let old = stream_leader(&js, &stream)
+            .await
+            .expect("the stream has a leader between stepdowns");
+
+        // When the leader steps down while a first attempt per aggregate is on its way:
+        // staggered 5 ms apart, so that some land before the stepdown, some into it and
+        // some after. A first attempt gets ATTEMPT_PATIENCE, like any attempt.
+        let in_flight: Vec<(Expectation, CommitDraft)> = (0..aggregates.len())
+            .map(|i| {
+                let draft = CommitDraft::now("leader-test", next_step());
+                (expectation(i, versions[i]), draft)
+            })
+            .collect();
+        let first_attempts: Vec<_> = aggregates
+            .iter()
+            .zip(&in_flight)
+            .enumerate()
+            .map(|(i, (aggregate, (expect, draft)))| {
+                let (log, aggregate, expect, draft) =
+                    (log.clone(), *aggregate, *expect, draft.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(5 * i as u64)).await;
+                    tokio::time::timeout(ATTEMPT_PATIENCE, log.append(aggregate, expect, draft))
+                        .await
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let new = move_leader(&admin, &js, &stream, &old).await;
+
+        // Then (b): each in-flight draft, retried with its commit id until acknowledged,
+        // is acknowledged once: at the first attempt's position if that one was answered
+        // (the retry then writes nothing), at the next version either way.
+        let mut answered = 0;
+        for (i, ((aggregate, (expect, draft)), first)) in aggregates
+            .iter()
+            .zip(in_flight)
+            .zip(first_attempts)
+            .enumerate()
+        {
+            let first = first.await.expect("a first attempt task");
+            let outcome = append_until_acknowledged(&log, *aggregate, expect, &draft).await;
+            if let Ok(Ok(first)) = &first {
+                answered += 1;
+                assert_eq!(
+                    outcome.position, first.position,
+                    "{aggregate} round {round}"
+                );
+                assert_eq!(outcome.status, AppendStatus::AlreadyAppended);
+            }
+            assert_eq!(
+                outcome.version,
+                versions[i] + 1,
+                "{aggregate} round {round}"
+            );
+            versions[i] += 1;
+            acknowledged.push(Acknowledged {
+                aggregate: *aggregate,
+                expect,
+                draft,
+                position: outcome.position,
+            });
+        }
+
+        eprintln!(
+            "round {round}: leader moved {old} -> {new}; {answered} of {} first attempts \
+             answered, the rest retried",
+            aggregates.len()
+        );
+
+        // Then (a): every draft acknowledged so far, sent again as it was first sent,
+        // answers the position of its first acknowledgement, and nothing is written.
+        let end = log.last_position().await.expect("the stream's end");
+        for a in &acknowledged {
+            let outcome = append_until_acknowledged(&log, a.aggregate, a.expect, &a.draft).await;
+            assert_eq!(
+                (outcome.position, outcome.status),
+                (a.position, AppendStatus::AlreadyAppended),
+                "{} {} re-sent after the leader moved ({})",
+                a.aggregate,
+                a.draft.commit_id,
+                a.expect
+            );
+        }
+        assert_eq!(
+            log.last_position().await.expect("the stream's end"),
+            end,
+            "re-sending acknowledged drafts wrote something"
+        );
+    }
+
+    // Then (c): after the last move, new appends still go on at the next version.
+    for (i, aggregate) in aggregates.iter().enumerate() {
+        let expect = expectation(i, versions[i]);
+        let draft = CommitDraft::now("leader-test", next_step());
+        let outcome = append_until_acknowledged(&log, *aggregate, expect, &draft).await;
+        assert_eq!(
+            (outcome.status, outcome.version),
+            (AppendStatus::Appended, versions[i] + 1)
+        );
+        versions[i] += 1;
+        acknowledged.push(Acknowledged {
+            aggregate: *aggregate,
+            expect,
+            draft,
+            position: outcome.position,
+        });
+    }
+
+    // Then the stream holds exactly the acknowledged commits, each once at its
+    // acknowledged position (a first attempt that landed unanswered was acknowledged by
+    // its retry, so nothing else can be there), and every aggregate's chain verifies.
+    let mut stored: BTreeMap<Uuid, Vec<u64>> = BTreeMap::new();
+    let mut all = log.read_all(1).await.expect("reading the stream");
+    while let Some(commit) = all.next().await {
+        let commit = commit.expect("a commit");
+        stored
+            .entry(commit.commit_id)
+            .or_default()
+            .push(commit.position);
+    }
+    for a in &acknowledged {
+        assert_eq!(
+            stored.get(&a.draft.commit_id),
+            Some(&vec![a.position]),
+            "{} {}",
+            a.aggregate,
+            a.draft.commit_id
+        );
+    }
+    assert_eq!(
+        stored.len(),
+        acknowledged.len(),
+        "commits nobody acknowledged"
+    );
+    for (i, aggregate) in aggregates.iter().enumerate() {
+        let commits = log.read_aggregate(*aggregate).await.expect("an aggregate");
+        assert_eq!(commits.len() as u64, versions[i], "{aggregate}");
+        let violations = provledger_events::verify_chain(aggregate, &commits);
+        assert!(violations.is_empty(), "{aggregate}: {violations:?}");
     }
 }
