@@ -20,7 +20,7 @@ pub const ACCOUNT_USERS: [(&str, &str, &str); 7] = [
     ("LEDGER", "writer", "PROVLEDGER_WRITER_PASSWORD"),
     ("LEDGER", "auditor", "PROVLEDGER_AUDITOR_PASSWORD"),
     ("LEDGER", "executor-compute", "PROVLEDGER_EXECUTOR_PASSWORD"),
-    ("LEDGER", "worker-w1", "PROVLEDGER_WORKER_PASSWORD"),
+    ("SERVICES", "worker-w1", "PROVLEDGER_WORKER_PASSWORD"),
     ("SERVICES", "provisioner", "PROVLEDGER_SERVICE_PASSWORD"),
     ("SERVICES", "reader", "PROVLEDGER_READER_PASSWORD"),
 ];

@@ -657,6 +657,30 @@ async fn jetstream_refuses_a_stream_with_the_wrong_settings() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_refuses_a_stream_that_also_captures_other_subjects() {
+    // Given the stream with one more subject than the events'...
+    let server = NatsServer::start().await;
+    let js = async_nats::jetstream::new(server.client().await);
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "PROVLEDGER".into(),
+        subjects: vec!["provledger.ev.>".into(), "provledger.other.>".into()],
+        deny_delete: true,
+        deny_purge: true,
+        allow_direct: true,
+        storage: async_nats::jetstream::stream::StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // ...opening it is refused, naming the subjects.
+    let err = match JetStreamLog::open(server.client().await, JetStreamConfig::default()).await {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a stream capturing other subjects must be refused"),
+    };
+    assert!(err.contains("subjects"), "names the setting: {err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jetstream_garbage_on_an_event_subject_is_a_typed_error_and_the_read_goes_on() {
     let server = NatsServer::start().await;
     let client = server.client().await;

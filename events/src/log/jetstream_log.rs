@@ -231,7 +231,10 @@ fn verify_stream_config(
     if got.storage != want.storage {
         return mismatch("storage", "file".into(), format!("{:?}", got.storage));
     }
-    if !got.subjects.contains(&want.subjects[0]) {
+    // Exactly the event subjects: a message on any other subject would take a stream
+    // sequence that is no commit's position (a gap the audit reports), and the stream's
+    // end would be a position no projector ever reaches (serve would never be ready).
+    if got.subjects != want.subjects {
         return mismatch(
             "subjects",
             format!("{:?}", want.subjects),

@@ -4,6 +4,8 @@
 //! vouches for, not the actor the request claims.
 
 use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
 use std::time::Duration;
 
 use provledger_tests::NatsServer;
@@ -191,6 +193,55 @@ async fn only_designated_writers_reach_the_log_and_cmd_append_records_who_asked(
     );
     assert!(!text(&out).contains("by admin"), "{}", text(&out));
 
+    // A writer cannot create a stream of its own (one that captured or republished
+    // provledger subjects would bypass everything above).
+    let (writer, writer_errors) = client_keeping_errors(&nats, "writer").await;
+    let shadow = "$JS.API.STREAM.CREATE.SHADOW";
+    writer
+        .publish(
+            shadow,
+            r#"{"name":"SHADOW","subjects":["provledger.cmd.>"]}"#.into(),
+        )
+        .await
+        .unwrap();
+    writer.flush().await.unwrap();
+    violation_on(&writer_errors, shadow).await;
+
+    // A worker (SERVICES) records through cmd.append under its own name, and hears the
+    // re-issues serve sends to it across the accounts.
+    let worker = nats.client_as("worker-w1").await;
+    let request = json!({"aggregate": CLUSTER, "expect": "any",
+        "events": [{"cluster_status_changed": {"status": "active", "description": "by worker"}}]});
+    let reply = worker
+        .request("provledger.cmd.append", request.to_string().into())
+        .await
+        .unwrap();
+    let reply: Value = serde_json::from_slice(&reply.payload).unwrap();
+    assert_eq!(reply["data"]["actor"], "worker-w1@SERVICES", "{reply}");
+    let mut reissues = worker
+        .subscribe("provledger.worker.w1.reissue")
+        .await
+        .unwrap();
+    worker.flush().await.unwrap();
+    let answering = tokio::spawn(async move {
+        let request = reissues.next().await.unwrap();
+        worker
+            .publish(request.reply.unwrap(), r#"{"ok": true}"#.into())
+            .await
+            .unwrap();
+        worker.flush().await.unwrap();
+    });
+    let from_serve = nats.client_as("serve").await;
+    let answer = tokio::time::timeout(
+        Duration::from_secs(5),
+        from_serve.request("provledger.worker.w1.reissue", "{}".into()),
+    )
+    .await
+    .expect("the worker answers in time")
+    .unwrap();
+    assert_eq!(&answer.payload[..], br#"{"ok": true}"#);
+    answering.await.unwrap();
+
     // An executor hears only its own requests: another executor's subject is refused.
     let (executor, executor_errors) = client_keeping_errors(&nats, "executor-compute").await;
     let _own = executor
@@ -211,4 +262,16 @@ async fn only_designated_writers_reach_the_log_and_cmd_append_records_who_asked(
             .any(|e| e.contains("provledger.exec.compute.>")),
         "its own subject was refused"
     );
+
+    // Everything the trusted users did was allowed: the lists in accounts.conf are
+    // complete for serve and the writer (a missing JetStream subject shows up here).
+    let log = nats.log();
+    for user in ["serve", "writer"] {
+        let refused: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(&format!("user:{user}\"")) && l.contains("Violation"))
+            .filter(|l| !l.contains("SHADOW"))
+            .collect();
+        assert!(refused.is_empty(), "{user} was refused: {refused:#?}");
+    }
 }

@@ -105,8 +105,8 @@ impl From<AppendError> for RecordError {
 
 /// The permissions violation NATS reported for this aggregate's subject, if an
 /// unavailable append was in fact refused.
-fn denied_append(aggregate: AggregateId) -> Option<String> {
-    crate::denials::denied(&format!(".ev.{}.{}", aggregate.kind, aggregate.id))
+fn denied_append(aggregate: AggregateId, since: std::time::Instant) -> Option<String> {
+    crate::denials::denied(&format!(".ev.{}.{}", aggregate.kind, aggregate.id), since)
 }
 
 fn backoff(draft: &CommitDraft, attempt: usize) -> Duration {
@@ -229,6 +229,7 @@ async fn record_inner<L: EventLog>(
                 position,
             });
         }
+        let appending = std::time::Instant::now();
         match log
             .append(aggregate, Expectation::Exactly(version), draft.clone())
             .await
@@ -246,7 +247,7 @@ async fn record_inner<L: EventLog>(
             }
             // The append may have landed with its ack lost: read again and see.
             Err(e @ AppendError::Unavailable { .. }) => {
-                if let Some(message) = denied_append(aggregate) {
+                if let Some(message) = denied_append(aggregate, appending) {
                     return Err(RecordError::PermissionDenied { aggregate, message });
                 }
                 unavailable += 1;

@@ -101,6 +101,17 @@ pub async fn run(
         &options.nats_auth,
     )
     .await?;
+    // A ready file left by a replica that was killed would say "ready" while this one
+    // catches up: it goes before anything else.
+    if let Some(path) = &options.ready_file {
+        match std::fs::remove_file(path) {
+            Ok(()) => tracing::info!(path = %path.display(), "removed a stale ready file"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(error = %e, path = %path.display(), "cannot remove the ready file")
+            }
+        }
+    }
     let (data_dir, store) = open_service_store(&options.data_dir, &options.stream)?;
     let mut projector = Projector::new(store.clone(), options.snapshot_every)?
         .on_chain_violation(OnChainViolation::Quarantine);
