@@ -278,6 +278,7 @@ impl Drop for NatsServer {
 pub struct NatsCluster {
     nodes: Vec<ClusterNode>,
     binary: PathBuf,
+    accounts: bool,
     _dir: tempfile::TempDir,
 }
 
@@ -291,6 +292,12 @@ struct ClusterNode {
 impl NatsCluster {
     /// Starts `n` servers routed to each other and waits until JetStream answers on all.
     pub async fn start(n: usize) -> NatsCluster {
+        NatsCluster::start_with(n, false).await
+    }
+
+    /// Starts `n` servers, with `deploy/nats/accounts.conf` when `accounts` (passwords
+    /// from [`test_password`]; readiness is checked as `serve`).
+    pub async fn start_with(n: usize, accounts: bool) -> NatsCluster {
         let binary = nats_server_binary().unwrap_or_else(|e| panic!("{e}"));
         let dir = tempfile::tempdir().expect("temporary cluster dir");
         let specs: Vec<ServerSpec> = (0..n)
@@ -306,8 +313,14 @@ impl NatsCluster {
             .map(|i| dir.path().join(format!("store{i}")))
             .collect();
         let store_refs: Vec<&std::path::Path> = stores.iter().map(|p| p.as_path()).collect();
-        let configs =
-            provledger_deploy::cluster_configs(&specs, &store_refs, &Hardening::default());
+        let configs = provledger_deploy::cluster_configs(
+            &specs,
+            &store_refs,
+            &Hardening {
+                accounts,
+                tls_dir: None,
+            },
+        );
         let nodes = specs
             .into_iter()
             .zip(configs)
@@ -326,6 +339,7 @@ impl NatsCluster {
         let mut cluster = NatsCluster {
             nodes,
             binary,
+            accounts,
             _dir: dir,
         };
         for i in 0..n {
@@ -340,7 +354,11 @@ impl NatsCluster {
     fn spawn(&mut self, i: usize) {
         let node = &mut self.nodes[i];
         let log = std::fs::File::create(&node.log).expect("cluster node log");
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        for (_, user, variable) in ACCOUNT_USERS {
+            command.env(variable, test_password(user));
+        }
+        let child = command
             .arg("-c")
             .arg(&node.conf)
             .stdout(Stdio::null())
@@ -353,7 +371,7 @@ impl NatsCluster {
     async fn wait_ready(&self, i: usize) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if let Ok(client) = async_nats::connect(self.url(i)).await {
+            if let Ok(client) = self.options_as("serve").connect(self.url(i)).await {
                 let js = async_nats::jetstream::new(client);
                 if js.query_account().await.is_ok() {
                     return;
@@ -369,6 +387,15 @@ impl NatsCluster {
 
     pub fn url(&self, i: usize) -> String {
         format!("nats://127.0.0.1:{}", self.nodes[i].spec.port)
+    }
+
+    /// Connect options for `user` (ignored without accounts).
+    pub fn options_as(&self, user: &str) -> async_nats::ConnectOptions {
+        let options = async_nats::ConnectOptions::new();
+        match self.accounts {
+            true => options.user_and_password(user.to_string(), test_password(user)),
+            false => options,
+        }
     }
 
     /// Every member's URL, comma-separated: the seed list a client is given.

@@ -411,3 +411,49 @@ async fn the_stream_leader_moving_does_not_break_idempotent_retries() {
         assert!(violations.is_empty(), "{aggregate}: {violations:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_accounts_config_holds_on_a_cluster_with_an_r3_stream() {
+    // Given a 3-node cluster with deploy/nats/accounts.conf (as the compose file runs it)...
+    let cluster = NatsCluster::start_with(3, true).await;
+    let seeds: Vec<String> = cluster.seeds().split(',').map(str::to_string).collect();
+    // ...when the writer creates the R3 stream and appends...
+    let writer = cluster
+        .options_as("writer")
+        .connect(seeds.clone())
+        .await
+        .unwrap();
+    let log = JetStreamLog::open(writer, r3())
+        .await
+        .expect("the writer creates the R3 stream");
+    let aggregate = AggregateId::cluster(Uuid::now_v7());
+    for n in 0..5 {
+        log.append(
+            aggregate,
+            Expectation::Exactly(n),
+            CommitDraft::now("writer", status(n as usize)),
+        )
+        .await
+        .expect("the writer appends");
+    }
+    // ...then the auditor reads them all, and may not create a stream of its own.
+    let auditor = cluster.options_as("auditor").connect(seeds).await.unwrap();
+    let read = JetStreamLog::open(auditor.clone(), r3())
+        .await
+        .expect("the auditor opens the stream");
+    assert_eq!(read.read_aggregate(aggregate).await.unwrap().len(), 5);
+    let js = async_nats::jetstream::new(auditor);
+    let refused = tokio::time::timeout(
+        Duration::from_secs(5),
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: "SHADOW".into(),
+            subjects: vec!["shadow.>".into()],
+            ..Default::default()
+        }),
+    )
+    .await;
+    assert!(
+        !matches!(refused, Ok(Ok(_))),
+        "the auditor created a stream"
+    );
+}
