@@ -6,6 +6,7 @@
 //! workspace root, then `PATH`; candidates older than 2.10 are skipped. This crate never
 //! installs anything itself: when nothing fits it fails with the command that does.
 
+pub mod bench;
 pub mod script;
 pub mod workload;
 
@@ -396,6 +397,16 @@ impl NatsCluster {
             true => options.user_and_password(user.to_string(), test_password(user)),
             false => options,
         }
+    }
+
+    /// A client connected as `user` (ignored without accounts) to whichever member of the
+    /// seed list answers, as a service would connect.
+    pub async fn client_as(&self, user: &str) -> async_nats::Client {
+        let seeds: Vec<String> = (0..self.nodes.len()).map(|i| self.url(i)).collect();
+        self.options_as(user)
+            .connect(seeds)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to the cluster as {user}: {e}"))
     }
 
     /// Every member's URL, comma-separated: the seed list a client is given.

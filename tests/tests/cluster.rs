@@ -23,12 +23,18 @@ fn status(n: usize) -> Vec<Event> {
     }]
 }
 
-async fn connect(cluster: &NatsCluster) -> async_nats::Client {
-    let seeds: Vec<String> = cluster.seeds().split(',').map(str::to_string).collect();
-    async_nats::ConnectOptions::new()
-        .connect(seeds)
-        .await
-        .expect("connecting to the cluster")
+/// Every commit in the stream: its positions by commit id (more than one is a duplicate).
+async fn positions_by_commit(log: &JetStreamLog) -> BTreeMap<Uuid, Vec<u64>> {
+    let mut stored: BTreeMap<Uuid, Vec<u64>> = BTreeMap::new();
+    let mut all = log.read_all(1).await.expect("reading the stream");
+    while let Some(commit) = all.next().await {
+        let commit = commit.expect("a commit");
+        stored
+            .entry(commit.commit_id)
+            .or_default()
+            .push(commit.position);
+    }
+    stored
 }
 
 fn r3() -> JetStreamConfig {
@@ -41,15 +47,20 @@ fn r3() -> JetStreamConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_go_on_while_a_member_is_killed_and_every_acknowledged_commit_stays() {
     let mut cluster = NatsCluster::start(3).await;
-    let log = JetStreamLog::open(connect(&cluster).await, r3())
+    let log = JetStreamLog::open(cluster.client_as("writer").await, r3())
         .await
         .expect("an R3 stream");
     // An existing R3 stream is verified, not refused, when asked for with three replicas,
     // and a single-replica expectation is refused by name.
-    JetStreamLog::open(connect(&cluster).await, r3())
+    JetStreamLog::open(cluster.client_as("writer").await, r3())
         .await
         .expect("the same R3 stream again");
-    match JetStreamLog::open(connect(&cluster).await, JetStreamConfig::default()).await {
+    match JetStreamLog::open(
+        cluster.client_as("writer").await,
+        JetStreamConfig::default(),
+    )
+    .await
+    {
         Err(e @ OpenJetStreamError::StreamConfigMismatch { .. }) => {
             assert!(e.to_string().contains("num_replicas = 3"), "{e}");
         }
@@ -100,15 +111,7 @@ async fn appends_go_on_while_a_member_is_killed_and_every_acknowledged_commit_st
     );
 
     // Every acknowledged commit is in the stream, once, at the position acknowledged.
-    let mut stored: BTreeMap<Uuid, Vec<u64>> = BTreeMap::new();
-    let mut all = log.read_all(1).await.unwrap();
-    while let Some(commit) = all.next().await {
-        let commit = commit.expect("a commit");
-        stored
-            .entry(commit.commit_id)
-            .or_default()
-            .push(commit.position);
-    }
+    let stored = positions_by_commit(&log).await;
     let mut lost = 0;
     for (id, position) in &acknowledged {
         match stored.get(id) {
@@ -230,10 +233,10 @@ async fn the_stream_leader_moving_does_not_break_idempotent_retries() {
     let cluster = NatsCluster::start(3).await;
     let config = r3();
     let stream = config.stream.clone();
-    let log = JetStreamLog::open(connect(&cluster).await, config)
+    let log = JetStreamLog::open(cluster.client_as("writer").await, config)
         .await
         .expect("an R3 stream");
-    let admin = connect(&cluster).await;
+    let admin = cluster.client_as("writer").await;
     let js = async_nats::jetstream::ContextBuilder::new()
         .timeout(Duration::from_secs(1))
         .build(admin.clone());
@@ -381,15 +384,7 @@ async fn the_stream_leader_moving_does_not_break_idempotent_retries() {
     // Then the stream holds exactly the acknowledged commits, each once at its
     // acknowledged position (a first attempt that landed unanswered was acknowledged by
     // its retry, so nothing else can be there), and every aggregate's chain verifies.
-    let mut stored: BTreeMap<Uuid, Vec<u64>> = BTreeMap::new();
-    let mut all = log.read_all(1).await.expect("reading the stream");
-    while let Some(commit) = all.next().await {
-        let commit = commit.expect("a commit");
-        stored
-            .entry(commit.commit_id)
-            .or_default()
-            .push(commit.position);
-    }
+    let stored = positions_by_commit(&log).await;
     for a in &acknowledged {
         assert_eq!(
             stored.get(&a.draft.commit_id),
@@ -416,13 +411,8 @@ async fn the_stream_leader_moving_does_not_break_idempotent_retries() {
 async fn the_accounts_config_holds_on_a_cluster_with_an_r3_stream() {
     // Given a 3-node cluster with deploy/nats/accounts.conf (as the compose file runs it)...
     let cluster = NatsCluster::start_with(3, true).await;
-    let seeds: Vec<String> = cluster.seeds().split(',').map(str::to_string).collect();
     // ...when the writer creates the R3 stream and appends...
-    let writer = cluster
-        .options_as("writer")
-        .connect(seeds.clone())
-        .await
-        .unwrap();
+    let writer = cluster.client_as("writer").await;
     let log = JetStreamLog::open(writer, r3())
         .await
         .expect("the writer creates the R3 stream");
@@ -437,7 +427,7 @@ async fn the_accounts_config_holds_on_a_cluster_with_an_r3_stream() {
         .expect("the writer appends");
     }
     // ...then the auditor reads them all, and may not create a stream of its own.
-    let auditor = cluster.options_as("auditor").connect(seeds).await.unwrap();
+    let auditor = cluster.client_as("auditor").await;
     let read = JetStreamLog::open(auditor.clone(), r3())
         .await
         .expect("the auditor opens the stream");

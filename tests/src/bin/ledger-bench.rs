@@ -14,10 +14,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
-use provledger_events::catalogue::ClusterStatus;
 use provledger_events::{
-    AggregateId, Commit, CommitDraft, Event, EventLog, Expectation, Hash, JetStreamConfig,
-    JetStreamLog, SledLog, Timestamp,
+    AggregateId, Commit, EventLog, Hash, JetStreamConfig, JetStreamLog, SledLog,
+};
+use provledger_tests::bench::{
+    concurrent_appends, padded_draft, percentile, single_writer_latencies,
 };
 use provledger_tests::NatsServer;
 use tokio::sync::Semaphore;
@@ -27,39 +28,16 @@ const AGGREGATES: usize = 1000;
 const SLED_WRITERS: usize = 64;
 const WINDOW: usize = 1024;
 
-fn draft(n: usize) -> CommitDraft {
-    // The description pads the encoded commit to about 256 bytes.
-    CommitDraft {
-        commit_id: Uuid::now_v7(),
-        operation_id: Some(Uuid::now_v7()),
-        causation_id: None,
-        actor: "bench".into(),
-        recorded_at: Timestamp::now(),
-        events: vec![Event::ClusterStatusChanged {
-            status: ClusterStatus::Active,
-            description: format!("{n:>8} {}", "x".repeat(80)),
-        }],
-    }
-}
-
 fn encoded_size() -> usize {
     let c = Commit::seal(
         AggregateId::cluster(Uuid::now_v7()),
         1,
         Hash::ZERO,
-        draft(0),
+        padded_draft(0),
     );
     provledger_events::codec::encode(&c)
         .map(|b| b.len())
         .unwrap_or(0)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
 }
 
 async fn ledger_jetstream(server: &NatsServer, per_aggregate: usize) -> f64 {
@@ -72,28 +50,7 @@ async fn ledger_jetstream(server: &NatsServer, per_aggregate: usize) -> f64 {
     let log = JetStreamLog::open(server.client().await, config)
         .await
         .expect("open ledger stream");
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..AGGREGATES {
-        let log = log.clone();
-        tasks.push(tokio::spawn(async move {
-            let agg = AggregateId::cluster(Uuid::now_v7());
-            for v in 0..per_aggregate {
-                let expect = if v == 0 {
-                    Expectation::NoStream
-                } else {
-                    Expectation::Exactly(v as u64)
-                };
-                log.append(agg, expect, draft(v))
-                    .await
-                    .expect("ledger append");
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.expect("writer task");
-    }
-    (AGGREGATES * per_aggregate) as f64 / start.elapsed().as_secs_f64()
+    concurrent_appends(&log, AGGREGATES, per_aggregate).await
 }
 
 async fn raw_jetstream(server: &NatsServer, per_aggregate: usize, payload_bytes: usize) -> f64 {
@@ -143,24 +100,7 @@ async fn raw_jetstream(server: &NatsServer, per_aggregate: usize, payload_bytes:
 async fn ledger_sled(total: usize) -> (f64, u64) {
     let dir = tempfile::tempdir().expect("tempdir");
     let log = SledLog::open(dir.path()).expect("open sled log");
-    let per_writer = total / SLED_WRITERS;
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..SLED_WRITERS {
-        let log = log.clone();
-        tasks.push(tokio::spawn(async move {
-            let agg = AggregateId::cluster(Uuid::now_v7());
-            for v in 0..per_writer {
-                log.append(agg, Expectation::Exactly(v as u64), draft(v))
-                    .await
-                    .expect("sled append");
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.expect("writer task");
-    }
-    let rate = (per_writer * SLED_WRITERS) as f64 / start.elapsed().as_secs_f64();
+    let rate = concurrent_appends(&log, SLED_WRITERS, total / SLED_WRITERS).await;
     let flushes = log.flush_count();
     log.close();
     (rate, flushes)
@@ -194,16 +134,7 @@ fn raw_sled(total: usize, payload_bytes: usize) -> f64 {
 }
 
 async fn latency<L: EventLog>(log: &L, count: usize) -> (Duration, Duration) {
-    let agg = AggregateId::cluster(Uuid::now_v7());
-    let mut samples = Vec::with_capacity(count);
-    for v in 0..count {
-        let t = Instant::now();
-        log.append(agg, Expectation::Exactly(v as u64), draft(v))
-            .await
-            .expect("append");
-        samples.push(t.elapsed());
-    }
-    samples.sort();
+    let samples = single_writer_latencies(log, count).await;
     (percentile(&samples, 0.50), percentile(&samples, 0.99))
 }
 

@@ -14,15 +14,11 @@
 //!
 //! Usage: `cargo run --release -p provledger-tests --bin replication-bench [-- --quick]`
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use provledger_events::catalogue::ClusterStatus;
-use provledger_events::{
-    AggregateId, CommitDraft, Event, EventLog, Expectation, JetStreamConfig, JetStreamLog,
-    Timestamp,
-};
+use provledger_events::{JetStreamConfig, JetStreamLog};
+use provledger_tests::bench::{concurrent_appends, percentile, single_writer_latencies};
 use provledger_tests::{NatsCluster, NatsServer};
-use uuid::Uuid;
 
 /// Throughput and latency of one setup.
 struct Row {
@@ -42,62 +38,9 @@ struct Size {
     latency_samples: usize,
 }
 
-fn draft(n: usize) -> CommitDraft {
-    // The description pads the encoded commit to about 256 bytes, as in ledger-bench.
-    CommitDraft {
-        commit_id: Uuid::now_v7(),
-        operation_id: Some(Uuid::now_v7()),
-        causation_id: None,
-        actor: "bench".into(),
-        recorded_at: Timestamp::now(),
-        events: vec![Event::ClusterStatusChanged {
-            status: ClusterStatus::Active,
-            description: format!("{n:>8} {}", "x".repeat(80)),
-        }],
-    }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
-/// One writer task per aggregate, each appending `per_aggregate` commits in order.
-async fn throughput(log: &JetStreamLog, aggregates: usize, per_aggregate: usize) -> f64 {
-    let start = Instant::now();
-    let mut tasks = Vec::with_capacity(aggregates);
-    for _ in 0..aggregates {
-        let log = log.clone();
-        tasks.push(tokio::spawn(async move {
-            let agg = AggregateId::cluster(Uuid::now_v7());
-            for v in 0..per_aggregate {
-                log.append(agg, Expectation::Exactly(v as u64), draft(v))
-                    .await
-                    .expect("bench append");
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.expect("writer task");
-    }
-    (aggregates * per_aggregate) as f64 / start.elapsed().as_secs_f64()
-}
-
 /// One writer, one commit at a time: (p50, p99, max).
 async fn latency(log: &JetStreamLog, count: usize) -> (Duration, Duration, Duration) {
-    let agg = AggregateId::cluster(Uuid::now_v7());
-    let mut samples = Vec::with_capacity(count);
-    for v in 0..count {
-        let t = Instant::now();
-        log.append(agg, Expectation::Exactly(v as u64), draft(v))
-            .await
-            .expect("latency append");
-        samples.push(t.elapsed());
-    }
-    samples.sort();
+    let samples = single_writer_latencies(log, count).await;
     let max = samples.last().copied().unwrap_or(Duration::ZERO);
     (percentile(&samples, 0.50), percentile(&samples, 0.99), max)
 }
@@ -134,9 +77,9 @@ async fn measure(
     let placement = format!("client on {connected_to}, stream led by {leader}");
     eprintln!("{name}: {placement}; warming up ...");
     // The first appends pay for connections, consumers and the stream's first blocks.
-    throughput(&log, 100, 2).await;
+    concurrent_appends(&log, 100, 2).await;
     eprintln!("{name}: throughput ...");
-    let appends_per_s = throughput(&log, size.aggregates, size.per_aggregate).await;
+    let appends_per_s = concurrent_appends(&log, size.aggregates, size.per_aggregate).await;
     eprintln!("{name}: latency ...");
     let (p50, p99, max) = latency(&log, size.latency_samples).await;
     Row {
@@ -147,14 +90,6 @@ async fn measure(
         p99,
         max,
     }
-}
-
-async fn connect_seeds(cluster: &NatsCluster) -> async_nats::Client {
-    let seeds: Vec<String> = cluster.seeds().split(',').map(str::to_string).collect();
-    async_nats::ConnectOptions::new()
-        .connect(seeds)
-        .await
-        .expect("connecting to the cluster")
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -198,7 +133,7 @@ async fn main() {
     rows.push(
         measure(
             "R3, 3-node cluster",
-            connect_seeds(&cluster).await,
+            cluster.client_as("bench").await,
             "BENCH_R3",
             3,
             size,
@@ -208,7 +143,7 @@ async fn main() {
     rows.push(
         measure(
             "R1, 3-node cluster",
-            connect_seeds(&cluster).await,
+            cluster.client_as("bench").await,
             "BENCH_R1C",
             1,
             size,
