@@ -176,16 +176,21 @@ pub async fn run(
         .map_err(ServeError::StreamEnd)?;
     tokio::pin!(shutdown);
     let mut projector_ended = None;
+    let mut shutdown_asked = false;
     let caught_up = tokio::select! {
         caught_up = catch_up(applied, end) => caught_up,
-        _ = &mut shutdown => false,
+        _ = &mut shutdown => {
+            shutdown_asked = true;
+            false
+        }
         joined = &mut projector_task => {
             projector_ended = Some(joined);
             false
         }
     };
     if !caught_up {
-        // Stopped before it was ready: nothing was served, nothing to drain.
+        // Stopped before it was ready: nothing was served, nothing to drain. Unless a
+        // shutdown was asked for, the projector ended on its own: a failure, as below.
         let _ = stop_projector.send(true);
         let joined = match projector_ended {
             Some(joined) => joined,
@@ -196,7 +201,12 @@ pub async fn run(
         result?;
         projector.store().flush()?;
         data_dir.close();
-        return Ok(());
+        return match shutdown_asked {
+            true => Ok(()),
+            false => Err(ServeError::Service(
+                "the projector stopped before catching up with the stream".into(),
+            )),
+        };
     }
     let (stop_worker, worker_shutdown) = watch::channel(false);
     let recovery_task = options.recovery_interval.map(|interval| {
