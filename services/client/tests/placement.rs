@@ -75,6 +75,27 @@ async fn provider_state(
     }
 }
 
+/// A provider on host `cn` with `total` VCPU, claimable 1 to `total` at a time.
+fn provider_with_vcpus(total: u64) -> Vec<Event> {
+    vec![
+        Event::ProviderRegistered {
+            name: "cn".into(),
+            host: "cn".into(),
+        },
+        Event::InventorySet {
+            resource_class: "VCPU".into(),
+            inventory: Inventory {
+                total,
+                reserved: 0,
+                allocation_ratio: Ratio::ONE,
+                min_unit: 1,
+                max_unit: total,
+                step_size: 1,
+            },
+        },
+    ]
+}
+
 #[tokio::test]
 async fn a_cascade_that_crashes_before_the_delete_orphans_nothing_and_a_rerun_finishes() {
     let dir = tempfile::tempdir().unwrap();
@@ -85,23 +106,7 @@ async fn a_cascade_that_crashes_before_the_delete_orphans_nothing_and_a_rerun_fi
     let stamper = Stamper::system();
     let provider = Uuid::now_v7();
     let p = AggregateId::provider(provider);
-    let register = vec![
-        Event::ProviderRegistered {
-            name: "cn".into(),
-            host: "cn".into(),
-        },
-        Event::InventorySet {
-            resource_class: "VCPU".into(),
-            inventory: Inventory {
-                total: 8,
-                reserved: 0,
-                allocation_ratio: Ratio::ONE,
-                min_unit: 1,
-                max_unit: 8,
-                step_size: 1,
-            },
-        },
-    ];
+    let register = provider_with_vcpus(8);
     record(&log, p, Expectation::NoStream, stamper.draft("t", register))
         .await
         .unwrap();
@@ -181,23 +186,7 @@ async fn a_delete_racing_claims_never_deletes_a_provider_that_gained_an_allocati
         let stamper = Stamper::system();
         let provider = Uuid::now_v7();
         let p = AggregateId::provider(provider);
-        let register = vec![
-            Event::ProviderRegistered {
-                name: "cn".into(),
-                host: "cn".into(),
-            },
-            Event::InventorySet {
-                resource_class: "VCPU".into(),
-                inventory: Inventory {
-                    total: 64,
-                    reserved: 0,
-                    allocation_ratio: Ratio::ONE,
-                    min_unit: 1,
-                    max_unit: 64,
-                    step_size: 1,
-                },
-            },
-        ];
+        let register = provider_with_vcpus(64);
         record(&log, p, Expectation::NoStream, stamper.draft("t", register))
             .await
             .unwrap();
