@@ -18,6 +18,7 @@ pub use commit::{
 };
 pub use ids::{AggregateId, AggregateKind, Hash, Timestamp};
 pub use log::{
-    AppendError, AppendOutcome, AppendStatus, CommitStream, EventLog, Expectation, HistoryEntry,
-    JetStreamConfig, JetStreamLog, MemLog, ReadError, SledLog,
+    AppendError, AppendOutcome, AppendStatus, ChainTip, CommitStream, EventLog, Expectation,
+    HistoryEntry, JetStreamConfig, JetStreamLog, MemLog, ReadError, SledLog, WriteQueues,
+    WriteTurn,
 };

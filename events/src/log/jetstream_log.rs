@@ -12,7 +12,10 @@
 //! - Idempotency: inside the duplicate window JetStream drops a retried `Nats-Msg-Id`.
 //!   After it, a retry would conflict (its expectation is stale) or, with `Any`, be written
 //!   twice; so a conflicting append, and an `Any` append whose UUID v7 commit_id is older
-//!   than the window, first scan the aggregate's commits for that commit_id.
+//!   than the window, first scan the aggregate's commits since that commit_id was minted.
+//! - Reads use batch direct gets (`direct.rs`), never a consumer: reading an aggregate, its
+//!   tail, a retry scan or the whole stream creates nothing on the server. Only the live
+//!   tail (`subscribe`) holds a consumer, at most [`SUBSCRIPTIONS_MAX`] per log handle.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -21,10 +24,12 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer, context::PublishErrorKind, stream};
 use futures::StreamExt;
 use tokio::sync::Semaphore;
+use uuid::Uuid;
 
+use super::direct::{DirectReader, Start, DIRECT_BATCH_MESSAGES_MAX};
 use super::{
-    AppendError, AppendOutcome, AppendStatus, CommitStream, EventLog, Expectation, HistoryEntry,
-    ReadError,
+    AppendError, AppendOutcome, AppendStatus, ChainTip, CommitStream, EventLog, Expectation,
+    HistoryEntry, ReadError, WriteQueues,
 };
 use crate::codec::{self, ENCODED_COMMIT_BYTES_MAX};
 use crate::commit::{Commit, CommitDraft, InvalidCommit};
@@ -35,10 +40,16 @@ pub const MAX_ACK_INFLIGHT: usize = 5000;
 /// Our window of in-flight publishes; must stay below [`MAX_ACK_INFLIGHT`].
 pub const ACK_WINDOW_DEFAULT: usize = 1024;
 const _: () = assert!(ACK_WINDOW_DEFAULT < MAX_ACK_INFLIGHT);
-/// The oldest server that honours every stream setting we verify.
-pub const SERVER_VERSION_MIN: (u64, u64, u64) = (2, 10, 0);
-/// How often an `Any` append retries after losing a race.
-const ANY_APPEND_ATTEMPTS_MAX: usize = 16;
+/// The oldest server that honours every stream setting we verify and answers batch direct
+/// gets (2.11), which every read uses instead of a consumer.
+pub const SERVER_VERSION_MIN: (u64, u64, u64) = (2, 11, 0);
+/// How often an append retries after losing a race (`Any`), or after finding the subject
+/// moved by a message outside the chain while the version still admits it.
+const APPEND_ATTEMPTS_MAX: usize = 16;
+/// Live tails (`subscribe`, each one JetStream consumer) one log handle holds at once: the
+/// only consumers provledger creates, so a process's consumers stay bounded whatever its
+/// write rate.
+pub const SUBSCRIPTIONS_MAX: usize = 4;
 /// How many heads the cache keeps before it is cleared.
 const HEAD_CACHE_ENTRIES_MAX: usize = 200_000;
 /// Clock skew tolerated between writers when scanning for a late retry.
@@ -181,9 +192,12 @@ const EMPTY_HEAD: Head = Head {
 struct Inner {
     context: jetstream::Context,
     stream: stream::Stream,
+    direct: DirectReader,
     config: JetStreamConfig,
     heads: Mutex<HashMap<AggregateId, Head>>,
     window: Semaphore,
+    subscriptions: Arc<Semaphore>,
+    write_queues: WriteQueues,
     server_version: String,
 }
 
@@ -279,6 +293,39 @@ fn verify_stream_config(
     Ok(())
 }
 
+/// A stored message as a commit, or why it is not one. What can be told without the
+/// chain: whether it decodes, whose subject it is on, and whether it is intact; readers
+/// check the link to the tip.
+fn stored_commit(
+    prefix: &str,
+    subject: &str,
+    position: u64,
+    payload: &bytes::Bytes,
+) -> Result<Commit, ReadError> {
+    let outside = |reason: String| ReadError::OutsideChain {
+        position,
+        subject: subject.to_string(),
+        reason,
+        payload: payload.clone(),
+    };
+    match codec::decode(payload, position) {
+        Err(error) => Err(ReadError::Undecodable {
+            position,
+            subject: subject.to_string(),
+            error,
+            payload: payload.clone(),
+        }),
+        Ok(c) if subject_for(prefix, &c.aggregate) != subject => {
+            Err(outside(format!("foreign: a commit of {}", c.aggregate)))
+        }
+        Ok(c) if !c.hash_is_valid() => Err(outside(format!(
+            "modified: v{} does not match its hash",
+            c.version
+        ))),
+        Ok(c) => Ok(c),
+    }
+}
+
 fn is_stream_not_found(e: &jetstream::context::GetStreamError) -> bool {
     matches!(
         e.kind(),
@@ -312,7 +359,7 @@ impl JetStreamLog {
         let context = jetstream::ContextBuilder::new()
             .max_ack_inflight(MAX_ACK_INFLIGHT)
             .timeout(Duration::from_secs(10))
-            .build(client);
+            .build(client.clone());
         let want = config.stream_config();
         let stream = match context.get_stream(&config.stream).await {
             Ok(s) => s,
@@ -328,7 +375,10 @@ impl JetStreamLog {
             inner: Arc::new(Inner {
                 context,
                 stream,
+                direct: DirectReader::new(client, &config.stream),
                 window: Semaphore::new(config.ack_window),
+                subscriptions: Arc::new(Semaphore::new(SUBSCRIPTIONS_MAX)),
+                write_queues: WriteQueues::default(),
                 config,
                 heads: Mutex::new(HashMap::new()),
                 server_version,
@@ -348,6 +398,14 @@ impl JetStreamLog {
         &self.inner.context
     }
 
+    /// A commit_id minted longer ago than (most of) the duplicate window may be a late retry
+    /// that JetStream's dedupe no longer recognises (or one whose age is unknown).
+    fn maybe_late_retry(&self, commit_id: &Uuid) -> bool {
+        let window_ms =
+            i64::try_from(self.inner.config.duplicate_window.as_millis()).unwrap_or(i64::MAX);
+        uuid_v7_unix_ms(commit_id).is_none_or(|ms| Timestamp::now().unix_ms() - ms > window_ms / 2)
+    }
+
     fn cached_head(&self, aggregate: &AggregateId) -> Option<Head> {
         self.inner
             .heads
@@ -357,10 +415,15 @@ impl JetStreamLog {
             .copied()
     }
 
+    /// Caches a head read or written. Heads only move forward: a slow reader that read an
+    /// older head never replaces a newer one a concurrent append or read left.
     fn remember_head(&self, aggregate: AggregateId, head: Option<Head>) {
         let mut heads = self.inner.heads.lock().unwrap_or_else(|p| p.into_inner());
         match head {
             Some(h) => {
+                if heads.get(&aggregate).is_some_and(|old| old.sequence > h.sequence) {
+                    return;
+                }
                 if heads.len() >= HEAD_CACHE_ENTRIES_MAX {
                     heads.clear();
                 }
@@ -398,26 +461,18 @@ impl JetStreamLog {
             return Ok((entries, head));
         }
         let subject = self.inner.config.subject_for(aggregate);
-        let mut messages = self
-            .ordered(
-                subject.clone(),
-                consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: from,
-                },
-            )
+        let messages = self
+            .inner
+            .direct
+            .range(from, end, &subject)
             .await
-            .map_err(read_unavailable)?;
-        while let Some(msg) = messages.next().await {
-            let msg = msg.map_err(|e| read_unavailable(format!("reading {aggregate}: {e}")))?;
-            let sequence = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
-            let mut entry = classify(aggregate, &mut head, &msg.payload, sequence);
+            .map_err(|e| read_unavailable(format!("reading {aggregate}: {e}")))?;
+        for msg in messages {
+            let mut entry = classify(aggregate, &mut head, &msg.payload, msg.sequence);
             if let HistoryEntry::Quarantined { subject: s, .. } = &mut entry {
                 s.clone_from(&subject);
             }
             entries.push(entry);
-            if sequence >= end {
-                break;
-            }
         }
         Ok((entries, head))
     }
@@ -461,15 +516,50 @@ impl JetStreamLog {
     }
 
     /// Looks for `draft.commit_id` among the aggregate's commits recorded since the
-    /// commit_id was minted (UUID v7), or among all of them otherwise.
+    /// commit_id was minted (UUID v7, less the clock skew tolerated), or among all of them
+    /// otherwise.
     async fn find_retry(
         &self,
         aggregate: &AggregateId,
         draft: &CommitDraft,
     ) -> Result<Option<AppendOutcome>, AppendError> {
+        let since = uuid_v7_unix_ms(&draft.commit_id)
+            .map(|ms| Timestamp::from_unix_ms(ms.saturating_sub(RETRY_SCAN_SKEW_MS)));
+        let found = tokio::time::timeout(
+            RETRY_SCAN_TIMEOUT,
+            self.scan_for_commit(aggregate, draft.commit_id, since),
+        )
+        .await
+        .map_err(|_| {
+            unavailable(format!(
+                "scanning {aggregate} for a retry took over {RETRY_SCAN_TIMEOUT:?}"
+            ))
+        })?
+        .map_err(|e| unavailable(e.to_string()))?;
+        match found {
+            None => Ok(None),
+            Some(commit) if commit.same_payload_as(draft) => Ok(Some(AppendOutcome {
+                position: commit.position,
+                version: commit.version,
+                status: AppendStatus::AlreadyAppended,
+            })),
+            Some(commit) => Err(AppendError::CommitIdReused {
+                commit_id: draft.commit_id,
+                position: commit.position,
+            }),
+        }
+    }
+
+    /// The aggregate's own, intact commit with this id stored at or after `since` (the
+    /// server's clock), read in batches up to the subject's last message as read before
+    /// the scan starts (a scan that went on after it could wait for ever).
+    async fn scan_for_commit(
+        &self,
+        aggregate: &AggregateId,
+        commit_id: Uuid,
+        since: Option<Timestamp>,
+    ) -> Result<Option<Commit>, ReadError> {
         let subject = self.inner.config.subject_for(aggregate);
-        // The scan ends at the subject's last message, known before it starts; a scan that
-        // started after it would wait for a message that may never come.
         let last = match self
             .inner
             .stream
@@ -478,60 +568,50 @@ impl JetStreamLog {
         {
             Ok(msg) => msg,
             Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(unavailable(format!("reading head of {aggregate}: {e}"))),
+            Err(e) => return Err(read_unavailable(format!("reading head of {aggregate}: {e}"))),
         };
-        let start_time = uuid_v7_unix_ms(&draft.commit_id).and_then(|ms| {
-            let nanos = i128::from(ms.saturating_sub(RETRY_SCAN_SKEW_MS)) * 1_000_000;
-            time::OffsetDateTime::from_unix_timestamp_nanos(nanos).ok()
+        let since = since.and_then(|t| {
+            time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(t.unix_ms()) * 1_000_000)
+                .ok()
         });
-        let deliver_policy = match start_time {
-            // Nothing was recorded since the commit id was minted: it cannot be there.
-            Some(start_time) if last.time < start_time => return Ok(None),
-            Some(start_time) => consumer::DeliverPolicy::ByStartTime { start_time },
-            None => consumer::DeliverPolicy::All,
+        let mut start = match since {
+            // Nothing was recorded since then: it cannot be there.
+            Some(since) if last.time < since => return Ok(None),
+            Some(since) => Start::Time(since),
+            None => Start::Sequence(1),
         };
-        let scan = async {
-            let mut messages = self
-                .ordered(subject, deliver_policy)
+        loop {
+            let batch = self
+                .inner
+                .direct
+                .batch(start, &subject, DIRECT_BATCH_MESSAGES_MAX)
                 .await
-                .map_err(unavailable)?;
-            while let Some(msg) = messages.next().await {
-                let msg = msg.map_err(|e| unavailable(format!("scanning {aggregate}: {e}")))?;
-                let sequence = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
-                if let Ok(commit) = codec::decode(&msg.payload, sequence) {
+                .map_err(|e| read_unavailable(format!("scanning {aggregate}: {e}")))?;
+            let Some(tail) = batch.messages.last().map(|m| m.sequence) else {
+                return Ok(None);
+            };
+            for msg in batch.messages {
+                if msg.sequence > last.sequence {
+                    return Ok(None);
+                }
+                if let Ok(commit) = codec::decode(&msg.payload, msg.sequence) {
                     // Only this aggregate's own, intact commits count as an earlier append.
-                    let ours = commit.aggregate == *aggregate && commit.hash_is_valid();
-                    if ours && commit.commit_id == draft.commit_id {
-                        if commit.same_payload_as(draft) {
-                            return Ok(Some(AppendOutcome {
-                                position: sequence,
-                                version: commit.version,
-                                status: AppendStatus::AlreadyAppended,
-                            }));
-                        }
-                        return Err(AppendError::CommitIdReused {
-                            commit_id: draft.commit_id,
-                            position: sequence,
-                        });
+                    if commit.aggregate == *aggregate
+                        && commit.hash_is_valid()
+                        && commit.commit_id == commit_id
+                    {
+                        return Ok(Some(commit));
                     }
                 }
-                if sequence >= last.sequence {
-                    break;
-                }
             }
-            Ok(None)
-        };
-        // A backstop: a scan is bounded by the head above; a server that stops delivering
-        // must not pin the caller.
-        tokio::time::timeout(RETRY_SCAN_TIMEOUT, scan)
-            .await
-            .map_err(|_| {
-                unavailable(format!(
-                    "scanning {aggregate} for a retry took over {RETRY_SCAN_TIMEOUT:?}"
-                ))
-            })?
+            if tail >= last.sequence {
+                return Ok(None);
+            }
+            start = Start::Sequence(tail + 1);
+        }
     }
 
+    /// An ordered consumer for the live tail, counted against [`SUBSCRIPTIONS_MAX`].
     async fn ordered(
         &self,
         filter_subject: String,
@@ -568,61 +648,75 @@ impl JetStreamLog {
         }
     }
 
-    /// Decodes consumer messages into commits. With `end`, the stream stops right after the
-    /// message at that position, without polling the consumer again (it would wait forever).
-    fn commit_stream(&self, messages: consumer::pull::Ordered, end: Option<u64>) -> CommitStream {
+    /// The live tail: consumer messages decoded into commits. The permit (one of
+    /// [`SUBSCRIPTIONS_MAX`]) is held as long as the stream lives.
+    fn live_stream(
+        &self,
+        messages: consumer::pull::Ordered,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> CommitStream {
         let prefix = self.inner.config.subject_prefix.clone();
-        futures::stream::unfold((messages, false), move |(mut messages, done)| {
+        futures::stream::unfold(
+            (messages, permit, false),
+            move |(mut messages, permit, done)| {
+                let prefix = prefix.clone();
+                async move {
+                    if done {
+                        return None;
+                    }
+                    let (item, done) = match messages.next().await? {
+                        Ok(msg) => {
+                            let position = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
+                            let item = stored_commit(&prefix, &msg.subject, position, &msg.payload);
+                            (item, false)
+                        }
+                        // An unavailable tail ends the stream: its reader re-subscribes.
+                        Err(e) => (Err(read_unavailable(e)), true),
+                    };
+                    Some((item, (messages, permit, done)))
+                }
+            },
+        )
+        .boxed()
+    }
+
+    /// Every message from `from` to `end` (inclusive) on the event subjects, decoded, read
+    /// in batch direct gets: no consumer.
+    fn range_stream(&self, from: u64, end: u64) -> CommitStream {
+        let direct = self.inner.direct.clone();
+        let filter = self.inner.config.all_subjects();
+        let prefix = self.inner.config.subject_prefix.clone();
+        let batches = futures::stream::unfold(Some(from.max(1)), move |next| {
+            let direct = direct.clone();
+            let filter = filter.clone();
             let prefix = prefix.clone();
             async move {
-                if done {
-                    return None;
-                }
-                let item = match messages.next().await? {
-                    Ok(msg) => {
-                        let position = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
-                        let outside = |reason: String| ReadError::OutsideChain {
-                            position,
-                            subject: msg.subject.to_string(),
-                            reason,
-                            payload: msg.payload.clone(),
-                        };
-                        match codec::decode(&msg.payload, position) {
-                            Err(error) => Err(ReadError::Undecodable {
-                                position,
-                                subject: msg.subject.to_string(),
-                                error,
-                                payload: msg.payload.clone(),
-                            }),
-                            // What can be told without the chain: whose subject it is on, and
-                            // whether it is intact. Readers check the link to the tip.
-                            Ok(c) if subject_for(&prefix, &c.aggregate) != msg.subject.as_str() => {
-                                Err(outside(format!("foreign: a commit of {}", c.aggregate)))
-                            }
-                            Ok(c) if !c.hash_is_valid() => Err(outside(format!(
-                                "modified: v{} does not match its hash",
-                                c.version
-                            ))),
-                            Ok(c) => Ok(c),
-                        }
+                let next = next.filter(|n| *n <= end)?;
+                let batch = match direct
+                    .batch(Start::Sequence(next), &filter, DIRECT_BATCH_MESSAGES_MAX)
+                    .await
+                {
+                    Ok(batch) => batch,
+                    Err(e) => {
+                        let error = read_unavailable(format!("reading from position {next}: {e}"));
+                        return Some((vec![Err(error)], None));
                     }
-                    Err(e) => Err(read_unavailable(e)),
                 };
-                let position = match &item {
-                    Ok(c) => Some(c.position),
-                    Err(ReadError::Undecodable { position, .. })
-                    | Err(ReadError::OutsideChain { position, .. }) => Some(*position),
-                    Err(ReadError::Unavailable { .. }) => None,
-                };
-                let done = match (position, end) {
-                    (Some(p), Some(e)) => p >= e,
-                    (None, _) => true,
-                    _ => false,
-                };
-                Some((item, (messages, done)))
+                let following = batch
+                    .messages
+                    .last()
+                    .map(|m| m.sequence + 1)
+                    .filter(|n| *n <= end);
+                let items: Vec<_> = batch
+                    .messages
+                    .iter()
+                    .filter(|m| m.sequence <= end)
+                    .map(|m| stored_commit(&prefix, &m.subject, m.sequence, &m.payload))
+                    .collect();
+                Some((items, following))
             }
-        })
-        .boxed()
+        });
+        batches.flat_map(futures::stream::iter).boxed()
     }
 
     async fn stream_last_sequence(&self) -> Result<u64, ReadError> {
@@ -645,20 +739,13 @@ impl EventLog for JetStreamLog {
     ) -> Result<AppendOutcome, AppendError> {
         draft.validate(&aggregate)?;
         let subject = self.inner.config.subject_for(&aggregate);
-        let window_ms =
-            i64::try_from(self.inner.config.duplicate_window.as_millis()).unwrap_or(i64::MAX);
-        let minted_ms = uuid_v7_unix_ms(&draft.commit_id);
-        // A commit_id minted longer ago than (most of) the window may be a late retry that
-        // JetStream's dedupe no longer recognises.
-        let maybe_late_retry =
-            minted_ms.is_none_or(|ms| Timestamp::now().unix_ms() - ms > window_ms / 2);
-        if maybe_late_retry && expect == Expectation::Any {
+        if self.maybe_late_retry(&draft.commit_id) && expect == Expectation::Any {
             if let Some(outcome) = self.find_retry(&aggregate, &draft).await? {
                 return Ok(outcome);
             }
         }
 
-        for _ in 0..ANY_APPEND_ATTEMPTS_MAX {
+        for _ in 0..APPEND_ATTEMPTS_MAX {
             let mut head = match self.cached_head(&aggregate) {
                 Some(h) => h,
                 // A new aggregate needs no lookup: expected subject sequence 0 makes the
@@ -730,12 +817,15 @@ impl EventLog for JetStreamLog {
                         status: AppendStatus::Appended,
                     });
                 }
+                // The subject moved since the head we expected. Only the chain's version
+                // decides a conflict: a message outside the chain (garbage, a replay) moves
+                // the subject but not the version, and the append then goes on after it.
                 Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
                     self.remember_head(aggregate, None);
-                    if expect != Expectation::Any {
-                        let actual = self.fetch_head(&aggregate).await?.version;
+                    let fresh = self.fetch_head(&aggregate).await?;
+                    if !expect.admits(fresh.version) {
                         return self
-                            .conflict_or_retry(aggregate, expect, &draft, actual)
+                            .conflict_or_retry(aggregate, expect, &draft, fresh.version)
                             .await;
                     }
                 }
@@ -743,7 +833,7 @@ impl EventLog for JetStreamLog {
             }
         }
         Err(unavailable(format!(
-            "{aggregate}: lost the race {ANY_APPEND_ATTEMPTS_MAX} times in a row; retry later"
+            "{aggregate}: lost the race {APPEND_ATTEMPTS_MAX} times in a row; retry later"
         )))
     }
 
@@ -773,25 +863,98 @@ impl EventLog for JetStreamLog {
         Ok(entries)
     }
 
+    async fn read_aggregate_after(
+        &self,
+        aggregate: AggregateId,
+        after: ChainTip,
+    ) -> Result<Vec<Commit>, ReadError> {
+        // Start after what is known of the subject: the cached head if it is this tip (it
+        // may sit past quarantined messages), else the tip's own commit.
+        let start = match self.cached_head(&aggregate) {
+            Some(h) if h.version == after.version && h.hash == after.hash => h,
+            _ => Head {
+                version: after.version,
+                sequence: after.position,
+                hash: after.hash,
+            },
+        };
+        let subject = self.inner.config.subject_for(&aggregate);
+        let mut head = start;
+        let mut commits = Vec::new();
+        let mut next = start.sequence + 1;
+        loop {
+            let batch = self
+                .inner
+                .direct
+                .batch(Start::Sequence(next), &subject, DIRECT_BATCH_MESSAGES_MAX)
+                .await
+                .map_err(|e| read_unavailable(format!("reading {aggregate}: {e}")))?;
+            let full = batch.messages.len() == DIRECT_BATCH_MESSAGES_MAX;
+            let Some(tail) = batch.messages.last().map(|m| m.sequence) else {
+                break;
+            };
+            for msg in batch.messages {
+                if let HistoryEntry::Commit(c) =
+                    classify(&aggregate, &mut head, &msg.payload, msg.sequence)
+                {
+                    commits.push(c);
+                }
+            }
+            if !full {
+                break;
+            }
+            next = tail + 1;
+        }
+        self.remember_head(aggregate, Some(head));
+        Ok(commits)
+    }
+
+    async fn find_commit(
+        &self,
+        aggregate: AggregateId,
+        commit_id: Uuid,
+        since: Option<Timestamp>,
+    ) -> Result<Option<Commit>, ReadError> {
+        tokio::time::timeout(
+            RETRY_SCAN_TIMEOUT,
+            self.scan_for_commit(&aggregate, commit_id, since),
+        )
+        .await
+        .map_err(|_| {
+            read_unavailable(format!(
+                "scanning {aggregate} for commit {commit_id} took over {RETRY_SCAN_TIMEOUT:?}"
+            ))
+        })?
+    }
+
+    fn write_queues(&self) -> &WriteQueues {
+        &self.inner.write_queues
+    }
+
+    fn recognises_retry_on_append(&self, commit_id: &Uuid) -> bool {
+        !self.maybe_late_retry(commit_id)
+    }
+
     async fn read_all(&self, from: u64) -> Result<CommitStream, ReadError> {
         let last = self.stream_last_sequence().await?;
         let from = from.max(1);
         if from > last {
             return Ok(futures::stream::empty().boxed());
         }
-        let messages = self
-            .ordered(
-                self.inner.config.all_subjects(),
-                consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: from,
-                },
-            )
-            .await
-            .map_err(read_unavailable)?;
-        Ok(self.commit_stream(messages, Some(last)))
+        Ok(self.range_stream(from, last))
     }
 
     async fn subscribe(&self, from: u64) -> Result<CommitStream, ReadError> {
+        let permit = self
+            .inner
+            .subscriptions
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| {
+                read_unavailable(format!(
+                    "this process already follows the stream {SUBSCRIPTIONS_MAX} times (SUBSCRIPTIONS_MAX); drop a live tail first"
+                ))
+            })?;
         let messages = self
             .ordered(
                 self.inner.config.all_subjects(),
@@ -801,7 +964,7 @@ impl EventLog for JetStreamLog {
             )
             .await
             .map_err(read_unavailable)?;
-        Ok(self.commit_stream(messages, None))
+        Ok(self.live_stream(messages, permit))
     }
 
     async fn last_position(&self) -> Result<u64, ReadError> {
@@ -816,7 +979,8 @@ mod tests {
     #[test]
     fn server_versions_are_compared_numerically() {
         assert!(parse_version("2.9.10").unwrap() < SERVER_VERSION_MIN);
-        assert!(parse_version("2.10.0").unwrap() >= SERVER_VERSION_MIN);
+        assert!(parse_version("2.10.26").unwrap() < SERVER_VERSION_MIN);
+        assert!(parse_version("2.11.0").unwrap() >= SERVER_VERSION_MIN);
         assert!(parse_version("v2.14.6").unwrap() >= SERVER_VERSION_MIN);
         assert!(parse_version("2.11.0-beta.1").unwrap() >= SERVER_VERSION_MIN);
         assert_eq!(parse_version("garbage"), None);

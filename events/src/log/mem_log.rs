@@ -16,6 +16,7 @@ use uuid::Uuid;
 
 use super::{
     AppendError, AppendOutcome, AppendStatus, CommitStream, EventLog, Expectation, ReadError,
+    WriteQueues,
 };
 use crate::commit::{Commit, CommitDraft};
 use crate::ids::{AggregateId, Hash};
@@ -82,6 +83,7 @@ impl State {
 pub struct MemLog {
     state: Arc<Mutex<State>>,
     appended: watch::Sender<u64>,
+    write_queues: Arc<WriteQueues>,
 }
 
 impl Default for MemLog {
@@ -96,6 +98,7 @@ impl MemLog {
         MemLog {
             state: Arc::new(Mutex::new(State::default())),
             appended,
+            write_queues: Arc::default(),
         }
     }
 
@@ -204,6 +207,10 @@ impl EventLog for MemLog {
             .get(&aggregate)
             .map(|v| v.iter().map(|&i| s.commits[i].clone()).collect())
             .unwrap_or_default())
+    }
+
+    fn write_queues(&self) -> &WriteQueues {
+        &self.write_queues
     }
 
     async fn read_all(&self, from: u64) -> Result<CommitStream, ReadError> {

@@ -3,9 +3,11 @@
 //!
 //! Only this module writes to the log. Everything above it sees commits, never bytes.
 
+mod direct;
 pub mod jetstream_log;
 pub mod mem_log;
 pub mod sled_log;
+pub mod write_queue;
 
 use std::fmt;
 use std::future::Future;
@@ -21,6 +23,7 @@ use crate::ids::AggregateId;
 pub use jetstream_log::{JetStreamConfig, JetStreamLog, OpenJetStreamError};
 pub use mem_log::{FaultCounts, FaultPlan, MemLog};
 pub use sled_log::{OpenSledError, SledLog};
+pub use write_queue::{WriteQueues, WriteSlot, WriteTurn, WRITE_QUEUES_MAX};
 
 /// What the writer believes the aggregate's version to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,6 +168,34 @@ pub enum HistoryEntry {
     },
 }
 
+/// The tip of an aggregate's chain as a reader last saw it: its version, the position of
+/// its last commit and that commit's hash. Reading "after" a tip returns only what is newer,
+/// checked to link to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChainTip {
+    pub version: u64,
+    pub position: u64,
+    pub hash: crate::ids::Hash,
+}
+
+impl ChainTip {
+    /// The tip of an aggregate with no commit.
+    pub const EMPTY: ChainTip = ChainTip {
+        version: 0,
+        position: 0,
+        hash: crate::ids::Hash::ZERO,
+    };
+
+    /// The tip after `commit`.
+    pub fn of(commit: &Commit) -> ChainTip {
+        ChainTip {
+            version: commit.version,
+            position: commit.position,
+            hash: commit.hash,
+        }
+    }
+}
+
 /// A stream of commits in position order. `read_all` ends at the log's end as of the call;
 /// `subscribe` never ends. Neither skips nor reorders.
 pub type CommitStream = BoxStream<'static, Result<Commit, ReadError>>;
@@ -185,6 +216,53 @@ pub trait EventLog: Send + Sync {
         &self,
         aggregate: AggregateId,
     ) -> impl Future<Output = Result<Vec<Commit>, ReadError>> + Send;
+
+    /// The commits of one aggregate after `after` (a tip an earlier read returned), oldest
+    /// first. What the log holds after that tip is checked to extend it; anything else on
+    /// the aggregate's subject is skipped as in `read_aggregate`. Costs what is newer than
+    /// the tip, not the aggregate's length (the backends below override the default).
+    fn read_aggregate_after(
+        &self,
+        aggregate: AggregateId,
+        after: ChainTip,
+    ) -> impl Future<Output = Result<Vec<Commit>, ReadError>> + Send {
+        async move {
+            let mut commits = self.read_aggregate(aggregate).await?;
+            commits.retain(|c| c.version > after.version);
+            Ok(commits)
+        }
+    }
+
+    /// The commit of `aggregate` with this commit id, looking only at commits recorded
+    /// (by the log's clock) at or after `since` when given: how a late retry is
+    /// recognised without reading the whole aggregate.
+    fn find_commit(
+        &self,
+        aggregate: AggregateId,
+        commit_id: Uuid,
+        since: Option<crate::ids::Timestamp>,
+    ) -> impl Future<Output = Result<Option<Commit>, ReadError>> + Send {
+        let _ = since;
+        async move {
+            Ok(self
+                .read_aggregate(aggregate)
+                .await?
+                .into_iter()
+                .find(|c| c.commit_id == commit_id))
+        }
+    }
+
+    /// This log's per-aggregate write queues, shared by every clone of the handle.
+    fn write_queues(&self) -> &WriteQueues;
+
+    /// Whether an append of a draft with this commit id would itself recognise an earlier
+    /// commit with that id: always for sled (its commit-id index) and the in-memory log;
+    /// for JetStream only while the id is young enough for its duplicate window. A retry
+    /// the append would not recognise must be looked for before it is appended again.
+    fn recognises_retry_on_append(&self, commit_id: &Uuid) -> bool {
+        let _ = commit_id;
+        true
+    }
 
     /// The aggregate's history as stored, quarantined entries in place. A log where nothing
     /// but provledger writes (sled) has none.

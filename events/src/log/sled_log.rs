@@ -26,7 +26,8 @@ use futures::StreamExt;
 use tokio::sync::watch;
 
 use super::{
-    AppendError, AppendOutcome, AppendStatus, CommitStream, EventLog, Expectation, ReadError,
+    AppendError, AppendOutcome, AppendStatus, ChainTip, CommitStream, EventLog, Expectation,
+    ReadError, WriteQueues,
 };
 use crate::codec::{self, ENCODED_COMMIT_BYTES_MAX};
 use crate::commit::{Commit, CommitDraft, InvalidCommit};
@@ -155,6 +156,7 @@ struct Shared {
     flush_failure: Mutex<Option<String>>,
     /// Fault injection for tests: the next flush fails as if the disk had refused it.
     fail_next_flush: AtomicBool,
+    write_queues: WriteQueues,
 }
 
 impl Shared {
@@ -258,6 +260,7 @@ impl SledLog {
             dir: dir.clone(),
             append_lock: Mutex::new(()),
             last_assigned: AtomicU64::new(last),
+            write_queues: WriteQueues::default(),
             durable,
             flusher: Flusher {
                 requested: Mutex::new(false),
@@ -398,6 +401,43 @@ impl SledLog {
             version,
             status: AppendStatus::Appended,
         })
+    }
+
+    /// The aggregate's durable commits from version `from` on, through the version index:
+    /// the cost is what is read, not the aggregate's length.
+    fn read_versions_from(
+        &self,
+        aggregate: &AggregateId,
+        from: u64,
+    ) -> Result<Vec<Commit>, ReadError> {
+        let start = version_key(aggregate, from.max(1));
+        let end = version_key(aggregate, u64::MAX);
+        let durable = *self.shared.durable.borrow();
+        let mut out = Vec::new();
+        for item in self.shared.tree.range(start..=end) {
+            let (_, pos) = item.map_err(read_unavailable)?;
+            let position = be_u64(&pos).unwrap_or(0);
+            if position > durable {
+                break;
+            }
+            let bytes = self
+                .shared
+                .tree
+                .get(commit_key(position))
+                .map_err(read_unavailable)?;
+            let bytes = bytes.ok_or(ReadError::Unavailable {
+                reason: format!("index of {aggregate} points at missing position {position}"),
+            })?;
+            out.push(
+                codec::decode(&bytes, position).map_err(|error| ReadError::Undecodable {
+                    position,
+                    subject: aggregate.to_string(),
+                    error,
+                    payload: bytes::Bytes::copy_from_slice(&bytes),
+                })?,
+            );
+        }
+        Ok(out)
     }
 
     fn commit_at(&self, position: u64) -> Result<Commit, AppendError> {
@@ -604,34 +644,46 @@ impl EventLog for SledLog {
     }
 
     async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {
-        let mut prefix = vec![b'v'];
-        prefix.extend_from_slice(&aggregate.key_bytes());
-        let durable = *self.shared.durable.borrow();
-        let mut out = Vec::new();
-        for item in self.shared.tree.scan_prefix(prefix) {
-            let (_, pos) = item.map_err(read_unavailable)?;
-            let position = be_u64(&pos).unwrap_or(0);
-            if position > durable {
-                break;
-            }
-            let bytes = self
-                .shared
-                .tree
-                .get(commit_key(position))
-                .map_err(read_unavailable)?;
-            let bytes = bytes.ok_or(ReadError::Unavailable {
-                reason: format!("index of {aggregate} points at missing position {position}"),
-            })?;
-            out.push(
-                codec::decode(&bytes, position).map_err(|error| ReadError::Undecodable {
-                    position,
-                    subject: aggregate.to_string(),
-                    error,
-                    payload: bytes::Bytes::copy_from_slice(&bytes),
-                })?,
-            );
+        self.read_versions_from(&aggregate, 1)
+    }
+
+    async fn read_aggregate_after(
+        &self,
+        aggregate: AggregateId,
+        after: ChainTip,
+    ) -> Result<Vec<Commit>, ReadError> {
+        self.read_versions_from(&aggregate, after.version + 1)
+    }
+
+    async fn find_commit(
+        &self,
+        aggregate: AggregateId,
+        commit_id: uuid::Uuid,
+        _since: Option<crate::ids::Timestamp>,
+    ) -> Result<Option<Commit>, ReadError> {
+        // The permanent commit-id index answers at once, however old the commit.
+        let Some(pos) = self
+            .shared
+            .tree
+            .get(commit_id_key(&commit_id))
+            .map_err(read_unavailable)?
+        else {
+            return Ok(None);
+        };
+        let position = be_u64(&pos).unwrap_or(0);
+        if position > *self.shared.durable.borrow() {
+            return Ok(None);
         }
-        Ok(out)
+        let commit = self
+            .commit_at(position)
+            .map_err(|e| ReadError::Unavailable {
+                reason: e.to_string(),
+            })?;
+        Ok((commit.aggregate == aggregate).then_some(commit))
+    }
+
+    fn write_queues(&self) -> &WriteQueues {
+        &self.shared.write_queues
     }
 
     async fn read_all(&self, from: u64) -> Result<CommitStream, ReadError> {

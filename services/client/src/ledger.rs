@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use provledger_events::log::{OpenJetStreamError, OpenSledError};
 use provledger_events::{
-    AggregateId, AppendError, AppendOutcome, Commit, CommitDraft, CommitStream, EventLog,
-    Expectation, HistoryEntry, JetStreamConfig, JetStreamLog, MemLog, ReadError, SledLog,
+    AggregateId, AppendError, AppendOutcome, ChainTip, Commit, CommitDraft, CommitStream,
+    EventLog, Expectation, HistoryEntry, JetStreamConfig, JetStreamLog, MemLog, ReadError,
+    SledLog, Timestamp, WriteQueues,
 };
 use provledger_projections::Entity;
 
@@ -344,6 +345,47 @@ impl EventLog for Ledger {
         }
     }
 
+    async fn read_aggregate_after(
+        &self,
+        aggregate: AggregateId,
+        after: ChainTip,
+    ) -> Result<Vec<Commit>, ReadError> {
+        match self {
+            Ledger::Embedded(l) => l.read_aggregate_after(aggregate, after).await,
+            Ledger::JetStream(l) => l.read_aggregate_after(aggregate, after).await,
+            Ledger::Memory(l) => l.read_aggregate_after(aggregate, after).await,
+        }
+    }
+
+    async fn find_commit(
+        &self,
+        aggregate: AggregateId,
+        commit_id: uuid::Uuid,
+        since: Option<Timestamp>,
+    ) -> Result<Option<Commit>, ReadError> {
+        match self {
+            Ledger::Embedded(l) => l.find_commit(aggregate, commit_id, since).await,
+            Ledger::JetStream(l) => l.find_commit(aggregate, commit_id, since).await,
+            Ledger::Memory(l) => l.find_commit(aggregate, commit_id, since).await,
+        }
+    }
+
+    fn write_queues(&self) -> &WriteQueues {
+        match self {
+            Ledger::Embedded(l) => l.write_queues(),
+            Ledger::JetStream(l) => l.write_queues(),
+            Ledger::Memory(l) => l.write_queues(),
+        }
+    }
+
+    fn recognises_retry_on_append(&self, commit_id: &uuid::Uuid) -> bool {
+        match self {
+            Ledger::Embedded(l) => l.recognises_retry_on_append(commit_id),
+            Ledger::JetStream(l) => l.recognises_retry_on_append(commit_id),
+            Ledger::Memory(l) => l.recognises_retry_on_append(commit_id),
+        }
+    }
+
     async fn read_all(&self, from: u64) -> Result<CommitStream, ReadError> {
         match self {
             Ledger::Embedded(l) => l.read_all(from).await,
@@ -371,12 +413,14 @@ impl EventLog for Ledger {
 
 /// The current state of one aggregate, folded from the log (not from a projection, so it
 /// is as fresh as the log). `None` when the aggregate has no commit.
+///
+/// Reads only what is newer than what this process already knows of the aggregate (see
+/// [`crate::write::read_current`]), so reading it again and again costs what changed.
 pub async fn read_entity<L: EventLog>(
     log: &L,
     aggregate: AggregateId,
 ) -> Result<Option<Entity>, ReadError> {
-    let commits = log.read_aggregate(aggregate).await?;
-    Ok(Entity::fold(aggregate, &commits))
+    crate::write::read_current(log, aggregate).await
 }
 
 /// A deterministic commit id for a driver or deleter write, so that a retry or a racing

@@ -1,22 +1,34 @@
-//! The one write path: read the aggregate, decide, append at exactly the version decided
+//! The one write path: know the aggregate, decide, append at exactly the version decided
 //! on. `cmd.append`, `provledger append` and this library's own writes all go through
 //! [`record`], so a commit is acknowledged only if the fold applies it, and no decision is
 //! taken against a state older than the version the commit lands on.
+//!
+//! Writers of one process take turns per aggregate (the log's [`WriteQueues`]) and keep,
+//! in the aggregate's slot, what they know of it ([`Known`]: the folded entity, its chain
+//! tip and its last commits). A write decides on that state and appends with exactly its
+//! version; if another process wrote in between, the log refuses the expectation and the
+//! write reads only the commits after its tip, then decides again. So a write costs the
+//! same on an aggregate's 100,000th commit as on its first, hot aggregates queue inside a
+//! process instead of failing, and nothing is decided on a state the append does not
+//! check.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
+use provledger_events::ids::uuid_v7_unix_ms;
 use provledger_events::{
-    AggregateId, AppendError, AppendOutcome, AppendStatus, CommitDraft, EventLog, Expectation,
-    ReadError,
+    AggregateId, AppendError, AppendOutcome, AppendStatus, ChainTip, Commit, CommitDraft,
+    EventLog, Expectation, ReadError, Timestamp, WriteQueues, WriteTurn,
 };
 use provledger_projections::decide::{
     decide_append_with, Admission, AlreadyDone, AppendRejection, DecideOptions,
 };
 use provledger_projections::Entity;
 
-/// How many times a write with `expect any` re-reads and re-decides after another writer
-/// appended in between. Each round one racer wins, so this bounds the wait, not progress.
-pub const DECIDE_ATTEMPTS_MAX: usize = 16;
+/// How many times a write re-reads and re-decides after another process appended in
+/// between. Writers of one process never race each other (they take turns), so each
+/// round is lost only to another replica, and one racer wins every round.
+pub const DECIDE_ATTEMPTS_MAX: usize = 32;
 /// How many times a write whose read or append came back `Unavailable` (the ack may be lost
 /// while the commit is durable) is tried again with the same commit id. The re-read recognises
 /// a commit that did land, so nothing is written twice and nothing leaks.
@@ -24,6 +36,124 @@ pub const UNAVAILABLE_RETRIES_MAX: usize = 3;
 /// The longest pause between two rounds; the pause is spread by commit id so that racers
 /// do not collide again in lockstep.
 const DECIDE_BACKOFF_MAX: Duration = Duration::from_millis(20);
+/// The last commits of an aggregate a process keeps with its state: a retry of one of them
+/// is recognised without reading the log.
+pub const RECENT_COMMITS_MAX: usize = 16;
+/// Clock skew tolerated between the writer that minted a commit id and the log's clock,
+/// when deciding whether a retry could be older than what is known.
+const RETRY_SKEW_MS: i64 = 60_000;
+
+/// What this process knows of one aggregate, kept in its write-queue slot between writes.
+#[derive(Debug, Clone)]
+struct Known {
+    /// `None` while the aggregate has no commit.
+    entity: Option<Entity>,
+    tip: ChainTip,
+    /// The last commits folded, oldest first, at most [`RECENT_COMMITS_MAX`].
+    recent: VecDeque<Commit>,
+    /// Whether `recent` holds every commit since version 1, so a commit id not in it was
+    /// never written to this aggregate.
+    complete: bool,
+    /// Set when the log may hold commits this state has not folded (a lost ack, a
+    /// recognised duplicate, a lost race): the next write reads the tail first.
+    stale: bool,
+}
+
+impl Known {
+    fn from_commits(aggregate: AggregateId, commits: Vec<Commit>) -> Known {
+        let entity = Entity::fold(aggregate, &commits);
+        let tip = commits.last().map_or(ChainTip::EMPTY, ChainTip::of);
+        let complete = commits.len() <= RECENT_COMMITS_MAX;
+        let skip = commits.len().saturating_sub(RECENT_COMMITS_MAX);
+        Known {
+            entity,
+            tip,
+            recent: commits.into_iter().skip(skip).collect(),
+            complete,
+            stale: false,
+        }
+    }
+
+    /// Folds commits read after the tip. Returns false if one does not extend the chain
+    /// (the log changed under a stale tip): the caller then reads the aggregate whole.
+    fn fold(&mut self, aggregate: AggregateId, commits: Vec<Commit>) -> bool {
+        for commit in commits {
+            let entity = self.entity.get_or_insert_with(|| Entity::new(aggregate));
+            if entity.check_next(&commit).is_err() {
+                return false;
+            }
+            entity.apply(&commit);
+            self.tip = ChainTip::of(&commit);
+            if self.recent.len() == RECENT_COMMITS_MAX {
+                self.recent.pop_front();
+                self.complete = false;
+            }
+            self.recent.push_back(commit);
+        }
+        true
+    }
+
+    fn version(&self) -> u64 {
+        self.tip.version
+    }
+
+    fn recent_commit(&self, draft: &CommitDraft) -> Option<&Commit> {
+        self.recent.iter().find(|c| c.commit_id == draft.commit_id)
+    }
+
+    /// Whether a commit with `draft`'s id could be in the log without being among the
+    /// recent commits: only if it may be older than the oldest of them.
+    fn may_hold_older(&self, draft: &CommitDraft) -> bool {
+        if self.complete {
+            return false;
+        }
+        match (uuid_v7_unix_ms(&draft.commit_id), self.recent.front()) {
+            (Some(minted), Some(oldest)) => minted - RETRY_SKEW_MS < oldest.recorded_at.unix_ms(),
+            _ => true,
+        }
+    }
+}
+
+fn known_mut(turn: &mut WriteTurn) -> Option<&mut Known> {
+    turn.as_mut().and_then(|slot| slot.downcast_mut::<Known>())
+}
+
+/// Brings what the turn's slot knows of `aggregate` up to the log's head: the commits
+/// after its tip, or the whole aggregate when nothing is known yet.
+async fn refresh<L: EventLog>(
+    log: &L,
+    aggregate: AggregateId,
+    turn: &mut WriteTurn,
+) -> Result<(), ReadError> {
+    if let Some(known) = known_mut(turn) {
+        let newer = log.read_aggregate_after(aggregate, known.tip).await?;
+        if known.fold(aggregate, newer) {
+            known.stale = false;
+            return Ok(());
+        }
+        tracing::warn!(%aggregate, "the log does not extend the chain this process knew; reading it whole");
+    }
+    let commits = log.read_aggregate(aggregate).await?;
+    **turn = Some(Box::new(Known::from_commits(aggregate, commits)));
+    Ok(())
+}
+
+/// The current state of `aggregate`, as fresh as the log: what this process knows of it,
+/// plus the commits written since (read after its tip). `None` without commits.
+pub async fn read_current<L: EventLog>(
+    log: &L,
+    aggregate: AggregateId,
+) -> Result<Option<Entity>, ReadError> {
+    let mut turn = log.write_queues().turn(aggregate).await;
+    refresh(log, aggregate, &mut turn).await?;
+    Ok(known_mut(&mut turn).and_then(|k| k.entity.clone()))
+}
+
+/// How many aggregates this process keeps a write state for (bounded by
+/// `provledger_events::WRITE_QUEUES_MAX`).
+pub fn known_aggregates(queues: &WriteQueues) -> usize {
+    queues.len()
+}
 
 /// What a write did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,75 +308,111 @@ async fn record_inner<L: EventLog>(
     options: DecideOptions,
 ) -> Result<Recorded, RecordError> {
     draft.validate(&aggregate).map_err(AppendError::from)?;
+    let mut turn = log.write_queues().turn(aggregate).await;
     let mut unavailable = 0;
+    // Whether the state decided on was read from the log during this write: a refusal
+    // (conflict, rejection, nothing to do) is only answered from a fresh state, never
+    // from what the process remembered.
+    let mut fresh = false;
     for attempt in 0..DECIDE_ATTEMPTS_MAX {
-        if attempt > 0 {
+        if attempt > 0 && !fresh {
             tokio::time::sleep(backoff(&draft, attempt)).await;
         }
-        let commits = match log.read_aggregate(aggregate).await {
-            Ok(commits) => commits,
-            // The read is part of the write: an unavailable log is retried like an
-            // unavailable append, within the same bound.
-            Err(e @ ReadError::Unavailable { .. }) => {
-                unavailable += 1;
-                if unavailable > UNAVAILABLE_RETRIES_MAX {
-                    return Err(e.into());
+        let needs_read = known_mut(&mut turn).is_none_or(|k| k.stale);
+        if needs_read {
+            match refresh(log, aggregate, &mut turn).await {
+                Ok(()) => fresh = true,
+                // The read is part of the write: an unavailable log is retried like an
+                // unavailable append, within the same bound.
+                Err(e @ ReadError::Unavailable { .. }) => {
+                    unavailable += 1;
+                    if unavailable > UNAVAILABLE_RETRIES_MAX {
+                        return Err(e.into());
+                    }
+                    continue;
                 }
-                continue;
+                Err(e) => return Err(e.into()),
             }
-            Err(e) => return Err(e.into()),
-        };
-        if let Some(earlier) = commits.iter().find(|c| c.commit_id == draft.commit_id) {
-            if id_names_the_fact || earlier.same_payload_as(&draft) {
-                return Ok(Recorded::Appended(AppendOutcome {
-                    position: earlier.position,
-                    version: earlier.version,
-                    status: AppendStatus::AlreadyAppended,
-                }));
-            }
-            return Err(AppendError::CommitIdReused {
-                commit_id: draft.commit_id,
-                position: earlier.position,
-            }
-            .into());
         }
-        let version = commits.last().map_or(0, |c| c.version);
-        if !expect.admits(version) {
-            return Err(RecordError::Conflict {
+        let Some(known) = known_mut(&mut turn) else {
+            unreachable!("refresh leaves a known state in the slot");
+        };
+        if let Some(earlier) = known.recent_commit(&draft) {
+            return earlier_outcome(earlier, &draft, id_names_the_fact);
+        }
+        let version = known.version();
+        let position = known.tip.position;
+        let refusal = if !expect.admits(version) {
+            Some(Err(RecordError::Conflict {
                 aggregate,
                 expected: expect,
                 actual: version,
-            });
+            }))
+        } else {
+            match decide_append_with(aggregate, known.entity.as_ref(), &draft, options) {
+                Err(rejection) => Some(Err(RecordError::Rejected(rejection))),
+                Ok(Admission::AlreadyDone(outcome)) => Some(Ok(Recorded::AlreadyDone {
+                    outcome,
+                    version,
+                    position,
+                })),
+                Ok(_) => None,
+            }
+        };
+        if let Some(answer) = refusal {
+            if !fresh {
+                known.stale = true;
+                continue;
+            }
+            // The commit may be a retry of one that changed the state this refuses.
+            let older = known.may_hold_older(&draft);
+            if older {
+                if let Some(earlier) = find_earlier(log, aggregate, &draft).await? {
+                    return earlier_outcome(&earlier, &draft, id_names_the_fact);
+                }
+            }
+            return answer;
         }
-        let entity = Entity::fold(aggregate, &commits);
-        if let Admission::AlreadyDone(outcome) =
-            decide_append_with(aggregate, entity.as_ref(), &draft, options)?
-        {
-            let position = commits.last().map_or(0, |c| c.position);
-            return Ok(Recorded::AlreadyDone {
-                outcome,
-                version,
-                position,
-            });
+        // A retry older than the log's own duplicate detection would be written twice.
+        if known.may_hold_older(&draft) && !log.recognises_retry_on_append(&draft.commit_id) {
+            if let Some(earlier) = find_earlier(log, aggregate, &draft).await? {
+                return earlier_outcome(&earlier, &draft, id_names_the_fact);
+            }
         }
+        let tip = known.tip;
         let appending = std::time::Instant::now();
-        match log
+        let appended = log
             .append(aggregate, Expectation::Exactly(version), draft.clone())
-            .await
-        {
-            Ok(outcome) => return Ok(Recorded::Appended(outcome)),
-            // Someone appended after our read: with `any` we decide again on the new
-            // state; otherwise the caller's expectation is stale.
-            Err(AppendError::Conflict { .. }) if expect == Expectation::Any => continue,
-            Err(AppendError::Conflict { actual, .. }) => {
-                return Err(RecordError::Conflict {
-                    aggregate,
-                    expected: expect,
-                    actual,
-                })
+            .await;
+        let Some(known) = known_mut(&mut turn) else {
+            unreachable!("the slot is held for the whole write");
+        };
+        match appended {
+            Ok(outcome) => {
+                let sealed = (outcome.status == AppendStatus::Appended
+                    && outcome.version == version + 1)
+                    .then(|| {
+                        let mut commit = Commit::seal(aggregate, outcome.version, tip.hash, draft);
+                        commit.position = outcome.position;
+                        commit
+                    });
+                // A duplicate the log recognised, or a version other than decided: the state
+                // is re-read before the next write.
+                let folded = sealed.is_some_and(|commit| known.fold(aggregate, vec![commit]));
+                if !folded {
+                    known.stale = true;
+                }
+                return Ok(Recorded::Appended(outcome));
+            }
+            // Another process appended after what we knew: read what is new and decide
+            // again (the caller's own expectation is checked again on that state).
+            Err(AppendError::Conflict { .. }) => {
+                known.stale = true;
+                fresh = false;
             }
             // The append may have landed with its ack lost: read again and see.
             Err(e @ AppendError::Unavailable { .. }) => {
+                known.stale = true;
                 if let Some(message) = denied_append(aggregate, appending) {
                     return Err(RecordError::PermissionDenied { aggregate, message });
                 }
@@ -263,4 +429,36 @@ async fn record_inner<L: EventLog>(
         aggregate,
         attempts: DECIDE_ATTEMPTS_MAX,
     })
+}
+
+/// The answer to a draft whose commit id is already in the log.
+fn earlier_outcome(
+    earlier: &Commit,
+    draft: &CommitDraft,
+    id_names_the_fact: bool,
+) -> Result<Recorded, RecordError> {
+    if id_names_the_fact || earlier.same_payload_as(draft) {
+        return Ok(Recorded::Appended(AppendOutcome {
+            position: earlier.position,
+            version: earlier.version,
+            status: AppendStatus::AlreadyAppended,
+        }));
+    }
+    Err(AppendError::CommitIdReused {
+        commit_id: draft.commit_id,
+        position: earlier.position,
+    }
+    .into())
+}
+
+/// Looks the draft's commit id up in the log, among commits recorded since it was minted
+/// (less the tolerated skew): the bounded fallback when what is known cannot tell.
+async fn find_earlier<L: EventLog>(
+    log: &L,
+    aggregate: AggregateId,
+    draft: &CommitDraft,
+) -> Result<Option<Commit>, RecordError> {
+    let since = uuid_v7_unix_ms(&draft.commit_id)
+        .map(|ms| Timestamp::from_unix_ms(ms.saturating_sub(RETRY_SKEW_MS)));
+    Ok(log.find_commit(aggregate, draft.commit_id, since).await?)
 }

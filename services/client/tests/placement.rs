@@ -55,6 +55,9 @@ impl EventLog for DiesBeforeDelete {
     async fn last_position(&self) -> Result<u64, ReadError> {
         self.inner.last_position().await
     }
+    fn write_queues(&self) -> &provledger_events::WriteQueues {
+        self.inner.write_queues()
+    }
 }
 
 fn claim(consumer: Uuid, n: u64) -> Vec<Event> {

@@ -77,6 +77,10 @@ impl EventLog for LostAcks {
     async fn last_position(&self) -> Result<u64, ReadError> {
         self.inner.last_position().await
     }
+
+    fn write_queues(&self) -> &provledger_events::WriteQueues {
+        self.inner.write_queues()
+    }
 }
 
 fn draft(n: u128, events: Vec<Event>) -> CommitDraft {

@@ -1,0 +1,155 @@
+//! Reading the stream without consumers: JetStream's batch direct get (ADR-31, nats-server
+//! 2.11+). One request on `$JS.API.DIRECT.GET.<stream>` asks for up to a batch of messages
+//! from a sequence (or a time) on a subject filter; the server answers with the messages on
+//! the request's reply subject and ends with an end-of-batch status (204) that says how many
+//! remain. Nothing is created on the server, so nothing lingers and no account limit on
+//! consumers can be reached by reading, whatever the rate.
+
+use std::time::Duration;
+
+use async_nats::jetstream::message::StreamMessage;
+use futures::StreamExt;
+use serde::Serialize;
+
+/// Messages asked for in one request. Large enough that reading an aggregate of 100,000
+/// commits takes a few hundred round trips, small enough that one reply stays bounded.
+pub(crate) const DIRECT_BATCH_MESSAGES_MAX: usize = 256;
+/// Bytes asked for in one request (the server stops a batch once it has sent this much,
+/// always sending at least one message).
+const DIRECT_BATCH_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// How long to wait for the next message of a batch before the read is `unavailable`.
+const DIRECT_REPLY_WAIT: Duration = Duration::from_secs(10);
+
+/// Where a batch starts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Start {
+    Sequence(u64),
+    /// The first message stored at or after this time (the server's clock).
+    Time(time::OffsetDateTime),
+}
+
+#[derive(Serialize)]
+struct Request<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seq: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none", with = "time::serde::rfc3339::option")]
+    start_time: Option<time::OffsetDateTime>,
+    next_by_subj: &'a str,
+    batch: usize,
+    max_bytes: usize,
+}
+
+/// One batch: the messages, and how many more match after the last of them.
+pub(crate) struct Batch {
+    pub(crate) messages: Vec<StreamMessage>,
+    pub(crate) pending: u64,
+}
+
+/// Sends batch direct gets for one stream.
+#[derive(Clone)]
+pub(crate) struct DirectReader {
+    client: async_nats::Client,
+    api_subject: String,
+}
+
+impl DirectReader {
+    pub(crate) fn new(client: async_nats::Client, stream: &str) -> Self {
+        DirectReader {
+            client,
+            api_subject: format!("$JS.API.DIRECT.GET.{stream}"),
+        }
+    }
+
+    /// Up to `max` messages matching `filter` from `start`, in stream order. An empty
+    /// batch means nothing matches from there on.
+    pub(crate) async fn batch(
+        &self,
+        start: Start,
+        filter: &str,
+        max: usize,
+    ) -> Result<Batch, String> {
+        let (seq, start_time) = match start {
+            Start::Sequence(s) => (Some(s.max(1)), None),
+            Start::Time(t) => (None, Some(t)),
+        };
+        let body = serde_json::to_vec(&Request {
+            seq,
+            start_time,
+            next_by_subj: filter,
+            batch: max.clamp(1, DIRECT_BATCH_MESSAGES_MAX),
+            max_bytes: DIRECT_BATCH_BYTES_MAX,
+        })
+        .map_err(|e| format!("encoding a direct get: {e}"))?;
+        let inbox = self.client.new_inbox();
+        let mut replies = self
+            .client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| format!("subscribing for a direct get: {e}"))?;
+        self.client
+            .publish_with_reply(self.api_subject.clone(), inbox, body.into())
+            .await
+            .map_err(|e| format!("sending a direct get: {e}"))?;
+        let mut messages = Vec::new();
+        let pending = loop {
+            let reply = tokio::time::timeout(DIRECT_REPLY_WAIT, replies.next())
+                .await
+                .map_err(|_| format!("no direct get reply within {DIRECT_REPLY_WAIT:?}"))?
+                .ok_or("the direct get subscription ended")?;
+            match reply.status.map(|s| s.as_u16()) {
+                None => messages.push(
+                    StreamMessage::try_from(reply)
+                        .map_err(|e| format!("a direct get reply without its headers: {e}"))?,
+                ),
+                // End of batch: the server says how many more there are.
+                Some(204) => break pending_of(&reply),
+                // Nothing at or after the start.
+                Some(404) => break 0,
+                Some(code) => {
+                    return Err(format!(
+                        "direct get refused: {code} {}",
+                        reply.description.as_deref().unwrap_or("")
+                    ))
+                }
+            }
+        };
+        // The inbox is used once; unsubscribing is best effort (the connection may be gone).
+        let _ = replies.unsubscribe().await;
+        Ok(Batch { messages, pending })
+    }
+
+    /// Every message matching `filter` from sequence `from` to `end` (inclusive), in
+    /// batches; stops early at the end of what the stream holds.
+    pub(crate) async fn range(
+        &self,
+        from: u64,
+        end: u64,
+        filter: &str,
+    ) -> Result<Vec<StreamMessage>, String> {
+        let mut out = Vec::new();
+        let mut next = from.max(1);
+        while next <= end {
+            let batch = self
+                .batch(Start::Sequence(next), filter, DIRECT_BATCH_MESSAGES_MAX)
+                .await?;
+            let Some(last) = batch.messages.last().map(|m| m.sequence) else {
+                break;
+            };
+            out.extend(batch.messages.into_iter().filter(|m| m.sequence <= end));
+            if batch.pending == 0 || last >= end {
+                break;
+            }
+            next = last + 1;
+        }
+        Ok(out)
+    }
+}
+
+fn pending_of(reply: &async_nats::Message) -> u64 {
+    reply
+        .headers
+        .as_ref()
+        .and_then(|h| h.get("Nats-Num-Pending"))
+        .and_then(|v| v.as_str().parse().ok())
+        .unwrap_or(0)
+}
