@@ -39,7 +39,8 @@ struct Request<'a> {
     max_bytes: usize,
 }
 
-/// One batch: the messages, and how many more match after the last of them.
+/// One batch: the messages, and how many more match after the last of them (the
+/// end-of-batch status's `Nats-Num-Pending`, which counts what follows the batch).
 pub(crate) struct Batch {
     pub(crate) messages: Vec<StreamMessage>,
     pub(crate) pending: u64,

@@ -889,7 +889,8 @@ impl EventLog for JetStreamLog {
                 .batch(Start::Sequence(next), &subject, DIRECT_BATCH_MESSAGES_MAX)
                 .await
                 .map_err(|e| read_unavailable(format!("reading {aggregate}: {e}")))?;
-            let full = batch.messages.len() == DIRECT_BATCH_MESSAGES_MAX;
+            // The end-of-batch status says how many more match after this batch.
+            let more = batch.pending > 0;
             let Some(tail) = batch.messages.last().map(|m| m.sequence) else {
                 break;
             };
@@ -900,7 +901,7 @@ impl EventLog for JetStreamLog {
                     commits.push(c);
                 }
             }
-            if !full {
+            if !more {
                 break;
             }
             next = tail + 1;

@@ -32,6 +32,8 @@ pub const SERVICE_NAME: &str = "provledger";
 pub const QUEUE_GROUP: &str = "provledger";
 /// Requests handled at once; more wait for a slot, which pushes back on NATS.
 pub const REQUESTS_IN_FLIGHT_MAX: usize = 1024;
+/// Health checks handled at once, apart from the other requests.
+pub const HEALTH_IN_FLIGHT_MAX: usize = 64;
 /// How long shutdown waits for requests in hand.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Room left in a reply for its headers and framing below the server's max payload.
@@ -138,6 +140,7 @@ pub async fn run(
             .server_info()
             .max_payload
             .saturating_sub(REPLY_HEADROOM_BYTES),
+        min_position_waits: Default::default(),
     });
 
     let ledger = Ledger::JetStream(log.clone());
@@ -257,6 +260,7 @@ pub async fn run(
     }
     let mut requests = futures::stream::select_all(endpoints);
     let slots = Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_MAX));
+    let health_slots = Arc::new(Semaphore::new(HEALTH_IN_FLIGHT_MAX));
     tracing::info!(%served_by, caught_up_to = end, "provledger serve ready: caught up, in the queue group");
     notify_systemd("READY=1\nSTATUS=caught up; answering queries");
     if let Some(path) = &options.ready_file {
@@ -286,7 +290,13 @@ pub async fn run(
         let Some((endpoint, request)) = next else {
             break;
         };
-        let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
+        // Health has slots of its own: a replica whose request slots are all taken by
+        // slow requests still says how it is, at once.
+        let slots = match endpoint {
+            Endpoint::Health => &health_slots,
+            _ => &slots,
+        };
+        let Ok(permit) = Arc::clone(slots).acquire_owned().await else {
             break;
         };
         let ctx = Arc::clone(&ctx);

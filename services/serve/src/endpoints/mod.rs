@@ -13,6 +13,7 @@ mod history;
 mod placement;
 mod request;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use provledger_events::{AggregateKind, JetStreamLog};
@@ -109,6 +110,34 @@ pub(crate) struct QueryContext {
     pub(crate) caught_up_to: std::sync::OnceLock<u64>,
     /// The largest reply this service sends; lists fill pages up to half of it.
     pub(crate) reply_bytes_max: usize,
+    /// Queries waiting for a `min_position` right now (at most [`MIN_POSITION_WAITS_MAX`]).
+    pub(crate) min_position_waits: AtomicUsize,
+}
+
+/// Queries that may wait for a `min_position` at once. Well below serve's requests in
+/// flight, so that waiting queries can never take every slot from health checks and
+/// commands.
+pub const MIN_POSITION_WAITS_MAX: usize = 256;
+const _: () = assert!(MIN_POSITION_WAITS_MAX < crate::service::REQUESTS_IN_FLIGHT_MAX / 2);
+
+/// One of the [`MIN_POSITION_WAITS_MAX`] places to wait, given back on drop.
+struct WaitSlot<'a>(&'a AtomicUsize);
+
+impl<'a> WaitSlot<'a> {
+    fn take(waits: &'a AtomicUsize) -> Option<WaitSlot<'a>> {
+        waits
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < MIN_POSITION_WAITS_MAX).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| WaitSlot(waits))
+    }
+}
+
+impl Drop for WaitSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl QueryContext {
@@ -122,9 +151,25 @@ impl QueryContext {
         *self.applied.borrow()
     }
 
-    /// Read-your-writes: waits (bounded) until the projection has applied `min`.
+    /// Read-your-writes: waits (bounded in time, and in how many wait at once) until the
+    /// projection has applied `min`.
     async fn wait_for(&self, min: Option<u64>) -> Result<(), QueryError> {
         let Some(min) = min else { return Ok(()) };
+        if self.position() >= min {
+            return Ok(());
+        }
+        // Beyond the bound, a wait would only hold a request slot that others (health,
+        // commands) need: the answer is `stale` at once, as it would be after the wait.
+        let Some(_waiting) = WaitSlot::take(&self.min_position_waits) else {
+            let position = self.position();
+            return Err(QueryError::new(
+                ErrorCode::Stale,
+                format!(
+                    "applied up to position {position}, below min_position {min}; {MIN_POSITION_WAITS_MAX} queries already wait for a position (MIN_POSITION_WAITS_MAX); retry later"
+                ),
+            )
+            .with("position", position.into()));
+        };
         let mut applied = self.applied.clone();
         let reached = tokio::time::timeout(self.min_position_wait, applied.wait_for(|p| *p >= min))
             .await
