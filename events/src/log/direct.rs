@@ -32,7 +32,10 @@ pub(crate) enum Start {
 struct Request<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     seq: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none", with = "time::serde::rfc3339::option")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        with = "time::serde::rfc3339::option"
+    )]
     start_time: Option<time::OffsetDateTime>,
     next_by_subj: &'a str,
     batch: usize,

@@ -421,7 +421,10 @@ impl JetStreamLog {
         let mut heads = self.inner.heads.lock().unwrap_or_else(|p| p.into_inner());
         match head {
             Some(h) => {
-                if heads.get(&aggregate).is_some_and(|old| old.sequence > h.sequence) {
+                if heads
+                    .get(&aggregate)
+                    .is_some_and(|old| old.sequence > h.sequence)
+                {
                     return;
                 }
                 if heads.len() >= HEAD_CACHE_ENTRIES_MAX {
@@ -568,7 +571,11 @@ impl JetStreamLog {
         {
             Ok(msg) => msg,
             Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(read_unavailable(format!("reading head of {aggregate}: {e}"))),
+            Err(e) => {
+                return Err(read_unavailable(format!(
+                    "reading head of {aggregate}: {e}"
+                )))
+            }
         };
         let since = since.and_then(|t| {
             time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(t.unix_ms()) * 1_000_000)

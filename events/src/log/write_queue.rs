@@ -119,10 +119,16 @@ mod tests {
             queues.turn(provider(1)),
         )
         .await;
-        assert!(waiting.is_err(), "a second turn was given while the first was held");
+        assert!(
+            waiting.is_err(),
+            "a second turn was given while the first was held"
+        );
         drop(first);
         let second = queues.turn(provider(1)).await;
-        let seen = second.as_ref().and_then(|s| s.downcast_ref::<u64>()).copied();
+        let seen = second
+            .as_ref()
+            .and_then(|s| s.downcast_ref::<u64>())
+            .copied();
         assert_eq!(seen, Some(7));
     }
 
@@ -137,6 +143,9 @@ mod tests {
         assert!(queues.len() <= WRITE_QUEUES_MAX, "{} queues", queues.len());
         drop(held);
         let again = queues.turn(provider(0)).await;
-        assert!(again.is_some(), "the queue in use was dropped with its slot");
+        assert!(
+            again.is_some(),
+            "the queue in use was dropped with its slot"
+        );
     }
 }

@@ -38,8 +38,6 @@ const DRIVE_STEPS_MAX: usize = 1_000_000;
 /// Longest sleep inside `drive` before the operation is read again: another writer (the
 /// runner recording its stop, another driver) may have moved it on meanwhile.
 const RECHECK_MS_MAX: i64 = 500;
-/// Appends to a provider retried after a version conflict while releasing an allocation.
-const RELEASE_ATTEMPTS_MAX: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DriveError {
@@ -307,14 +305,9 @@ impl RollbackDriver {
                     "rollback of operation {operation} (compensation {})",
                     c.compensation_id
                 );
-                release_allocation(
-                    &self.ledger,
-                    provider,
-                    consumer,
-                    &reason,
-                    RELEASE_ATTEMPTS_MAX,
-                    |events| self.draft(operation, events),
-                )
+                release_allocation(&self.ledger, provider, consumer, &reason, |events| {
+                    self.draft(operation, events)
+                })
                 .await
             }
             ref other => Err(format!(

@@ -30,10 +30,7 @@ use provledger_client::{
 };
 
 use crate::executors::{DHCP, DNS, HYPERVISOR, IPAM, PLUGIN};
-
-/// Claims and releases retried after a version conflict on the provider (another scheduler
-/// claimed or released in between).
-const CLAIM_ATTEMPTS_MAX: usize = 16;
+use provledger_projections::decide::AppendRejection;
 
 /// A cluster to create.
 #[derive(Debug, Clone)]
@@ -202,8 +199,10 @@ pub async fn register_compute_node_stamped<L: EventLog>(
     .await
 }
 
-/// Claims `resources` for `consumer` on `provider`, with the provider's exact version so
-/// that concurrent schedulers never overcommit (a conflict re-reads and re-checks).
+/// Claims `resources` for `consumer` on `provider`. The decider checks that the claim fits
+/// the provider's state at exactly the version the claim is appended with, so concurrent
+/// schedulers never overcommit; claims on one provider from this process queue behind each
+/// other instead of racing.
 async fn claim(
     ctx: &OperationCtx,
     provider: Uuid,
@@ -211,55 +210,39 @@ async fn claim(
     resources: &BTreeMap<String, u64>,
 ) -> Result<StepOutput<()>, StepError> {
     let aggregate = AggregateId::provider(provider);
-    for _ in 0..CLAIM_ATTEMPTS_MAX {
-        let state = match read_entity(ctx.ledger(), aggregate).await {
-            Ok(Some(Entity::Provider(p))) => p,
-            Ok(_) => return Err(format!("provider {provider} does not exist").into()),
-            Err(e) => return Err(e.to_string().into()),
-        };
-        state
-            .check_claim(&consumer, resources)
-            .map_err(|e| format!("no valid host: {e}"))?;
-        let claimed = Event::AllocationClaimed {
-            consumer,
-            consumer_kind: ConsumerKind::Instance,
-            resources: resources.clone(),
-        };
-        match ctx
-            .append(
-                aggregate,
-                Expectation::Exactly(state.header.version),
-                vec![claimed],
-            )
-            .await
-        {
-            Ok(_) => {
-                let mut release = undo(
-                    CompensationAction::ReleaseAllocation,
-                    "ledger",
-                    &consumer.to_string(),
-                );
-                release.executor = Executor::Ledger;
-                release
-                    .args
-                    .insert("provider_id".into(), provider.to_string());
-                let mut done = effect(
-                    EffectKind::AllocationClaimed,
-                    &consumer.to_string(),
-                    "ledger",
-                );
-                done.detail
-                    .insert("provider_id".into(), provider.to_string());
-                return Ok(StepOutput::with_effect((), done, Some(release)));
-            }
-            Err(OperationError::Conflict { .. }) => continue,
-            Err(e) => return Err(e.to_string().into()),
+    let claimed = Event::AllocationClaimed {
+        consumer,
+        consumer_kind: ConsumerKind::Instance,
+        resources: resources.clone(),
+    };
+    match ctx.append(aggregate, Expectation::Any, vec![claimed]).await {
+        Ok(_) => {
+            let mut release = undo(
+                CompensationAction::ReleaseAllocation,
+                "ledger",
+                &consumer.to_string(),
+            );
+            release.executor = Executor::Ledger;
+            release
+                .args
+                .insert("provider_id".into(), provider.to_string());
+            let mut done = effect(
+                EffectKind::AllocationClaimed,
+                &consumer.to_string(),
+                "ledger",
+            );
+            done.detail
+                .insert("provider_id".into(), provider.to_string());
+            Ok(StepOutput::with_effect((), done, Some(release)))
         }
+        Err(OperationError::Rejected(AppendRejection::ClaimRefused { refusal, .. })) => {
+            Err(format!("no valid host: {refusal}").into())
+        }
+        Err(OperationError::Rejected(AppendRejection::NotFound { .. })) => {
+            Err(format!("provider {provider} does not exist").into())
+        }
+        Err(e) => Err(e.to_string().into()),
     }
-    Err(
-        format!("provider {provider}: {CLAIM_ATTEMPTS_MAX} claims in a row met a newer version")
-            .into(),
-    )
 }
 
 impl Provisioner {
@@ -744,14 +727,9 @@ impl Provisioner {
         reason: &str,
     ) -> Result<(), OperationError> {
         ctx.check_cancelled().await?;
-        release_allocation(
-            ctx.ledger(),
-            provider,
-            consumer,
-            reason,
-            CLAIM_ATTEMPTS_MAX,
-            |events| ctx.draft(events),
-        )
+        release_allocation(ctx.ledger(), provider, consumer, reason, |events| {
+            ctx.draft(events)
+        })
         .await
         .map_err(OperationError::Ledger)
     }
