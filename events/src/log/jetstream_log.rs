@@ -157,7 +157,12 @@ fn classify(
     };
     let commit = match codec::decode(payload, sequence) {
         Ok(c) => c,
-        Err(e) => return subject_reason(format!("undecodable: {e}")),
+        Err(e) => {
+            // Garbage moves the subject too: the next publish must expect it as the last
+            // message, or every append after it would fail its sequence check.
+            head.sequence = sequence;
+            return subject_reason(format!("undecodable: {e}"));
+        }
     };
     let reason = if commit.aggregate != *aggregate {
         format!("foreign: a commit of {}", commit.aggregate)

@@ -275,3 +275,83 @@ async fn only_designated_writers_reach_the_log_and_cmd_append_records_who_asked(
         assert!(refused.is_empty(), "{user} was refused: {refused:#?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_beyond_a_thousand_consumers_worth_never_answer_unavailable_under_the_accounts() {
+    // Given the deployed accounts, serve as `serve`, and an auditor that tries to take the
+    // consumers writers once needed (it may not: reading needs none),
+    let nats = NatsServer::start_hardened(true, false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let _serve = Serve::start_at(&nats.url_as("serve"), &dir.path().join("serve"), &[]);
+    wait_ready(&nats.client_as("serve").await).await;
+    let (auditor, errors) = client_keeping_errors(&nats, "auditor").await;
+    let js = async_nats::jetstream::new(auditor);
+    let create = tokio::time::timeout(
+        Duration::from_secs(3),
+        js.create_consumer_on_stream(
+            async_nats::jetstream::consumer::pull::Config {
+                durable_name: Some("hog-0".into()),
+                ..Default::default()
+            },
+            "PROVLEDGER",
+        ),
+    )
+    .await;
+    assert!(
+        !matches!(create, Ok(Ok(_))),
+        "the auditor created a consumer"
+    );
+    violation_on(&errors, "$JS.API.CONSUMER.CREATE").await;
+
+    // when a provisioning service registers 1,200 providers and claims on each, 20 at a time
+    // (the reads of 2,400 decided writes: once 2,400 consumers),
+    let service = nats.client_as("provisioner").await;
+    let providers: Vec<uuid::Uuid> = (0..1_200).map(|_| uuid::Uuid::now_v7()).collect();
+    let mut failures = Vec::new();
+    for (phase, expect) in [("register", "none"), ("claim", "any")] {
+        for chunk in providers.chunks(20) {
+            let writes = chunk.iter().map(|p| {
+                let events = match phase {
+                    "register" => json!([
+                        {"provider_registered": {"name": p.to_string(), "host": "h"}},
+                        {"inventory_set": {"resource_class": "VCPU", "inventory": {
+                            "total": 8, "reserved": 0, "allocation_ratio": 1.0,
+                            "min_unit": 1, "max_unit": 8, "step_size": 1}}}
+                    ]),
+                    _ => json!([{"allocation_claimed": {"consumer": uuid::Uuid::now_v7(),
+                        "consumer_kind": "instance", "resources": {"VCPU": 2}}}]),
+                };
+                let body = json!({"aggregate": format!("provider/{p}"), "expect": expect, "events": events});
+                let service = service.clone();
+                async move {
+                    let reply = service
+                        .request("provledger.cmd.append", body.to_string().into())
+                        .await
+                        .expect("a reply");
+                    serde_json::from_slice::<Value>(&reply.payload).expect("JSON")
+                }
+            });
+            for reply in futures::future::join_all(writes).await {
+                if reply.get("error").is_some() {
+                    failures.push(reply);
+                }
+            }
+        }
+    }
+    // then every write lands, and the stream holds no consumer but serve's live tail.
+    assert!(
+        failures.is_empty(),
+        "{} failed, e.g. {:?}",
+        failures.len(),
+        failures.first()
+    );
+    let js = async_nats::jetstream::new(nats.client_as("serve").await);
+    let mut stream = js.get_stream("PROVLEDGER").await.unwrap();
+    let info = stream.info().await.unwrap();
+    assert_eq!(info.state.messages, 2_400);
+    assert!(
+        info.state.consumer_count <= provledger_events::log::jetstream_log::SUBSCRIPTIONS_MAX,
+        "{} consumers",
+        info.state.consumer_count
+    );
+}

@@ -723,3 +723,145 @@ async fn oversized_requests_and_answers_always_get_a_reply() {
     }
     assert_eq!(versions, vec![1, 2, 3]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_on_a_subject_never_turns_a_right_expectation_into_a_conflict() {
+    // Given a cluster at version 1 that serve has just written (so it knows its head),
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_serve, client) = started(&nats, &dir).await;
+    let cluster = Uuid::now_v7();
+    let aggregate = format!("cluster/{cluster}");
+    let create = serde_json::to_value(vec![samples::all().remove(0)]).unwrap();
+    let reply = cmd(
+        &client,
+        json!({"aggregate": aggregate, "expect": "none", "events": create}),
+    )
+    .await;
+    assert!(error_code(&reply).is_none(), "{reply}");
+    let subject = format!("provledger.ev.cluster.{cluster}");
+    for version in 1..=3u64 {
+        // when garbage lands on its subject after that head (quarantined by readers),
+        publish_raw(&nats, subject.clone(), b"not a commit".to_vec()).await;
+        // then an append expecting the right version lands at the next one,
+        let reply = cmd(
+            &client,
+            json!({"aggregate": aggregate, "expect": version, "events":
+                [{"cluster_status_changed": {"status": "spawning", "description": format!("v{}", version + 1)}}]}),
+        )
+        .await;
+        assert!(error_code(&reply).is_none(), "expect {version}: {reply}");
+        assert_eq!(reply["data"]["version"], version + 1, "{reply}");
+    }
+    // and a wrong one is still a conflict naming the real version.
+    let reply = cmd(
+        &client,
+        json!({"aggregate": aggregate, "expect": 2, "events":
+            [{"cluster_status_changed": {"status": "spawning", "description": "stale"}}]}),
+    )
+    .await;
+    assert_eq!(error_code(&reply), Some("conflict"), "{reply}");
+    assert_eq!(reply["error"]["actual_version"], 4, "{reply}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_writers_racing_the_same_expectation_have_exactly_one_winner_each_round() {
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_serve, client) = started(&nats, &dir).await;
+    let cluster = Uuid::now_v7();
+    let aggregate = format!("cluster/{cluster}");
+    let create = serde_json::to_value(vec![samples::all().remove(0)]).unwrap();
+    let reply = cmd(
+        &client,
+        json!({"aggregate": aggregate, "expect": "none", "events": create}),
+    )
+    .await;
+    assert!(error_code(&reply).is_none(), "{reply}");
+    for round in 1..=10u64 {
+        // Given the cluster at version `round`, when 50 writers all expect it,
+        let writers = (0..50).map(|w| {
+            let client = client.clone();
+            let body = json!({"aggregate": aggregate, "expect": round, "events":
+                [{"cluster_status_changed": {"status": "spawning", "description": format!("round {round} writer {w}")}}]});
+            async move { cmd(&client, body).await }
+        });
+        let replies = futures::future::join_all(writers).await;
+        // then exactly one lands, at the next version, and every other one is a conflict
+        // that names that version (never `unavailable`, never a second winner).
+        let winners: Vec<&Value> = replies.iter().filter(|r| error_code(r).is_none()).collect();
+        assert_eq!(winners.len(), 1, "round {round}: {replies:?}");
+        assert_eq!(winners[0]["data"]["version"], round + 1, "{replies:?}");
+        for loser in replies.iter().filter(|r| error_code(r).is_some()) {
+            assert_eq!(
+                error_code(loser),
+                Some("conflict"),
+                "round {round}: {loser}"
+            );
+            assert_eq!(loser["error"]["actual_version"], round + 1, "{loser}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_the_duplicate_window_answers_its_first_position() {
+    use provledger_client::write::{record, Recorded};
+    use provledger_events::{AppendStatus, CommitDraft, Expectation};
+    // Given a stream whose duplicate window is one second, and a commit written by one
+    // process followed by 30 more commits,
+    let nats = NatsServer::start().await;
+    let config = JetStreamConfig {
+        stream: "SHORTDUP".into(),
+        subject_prefix: "sd".into(),
+        duplicate_window: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let first = JetStreamLog::open(nats.client().await, config.clone())
+        .await
+        .expect("open");
+    let cluster = AggregateId::cluster(Uuid::now_v7());
+    let create = CommitDraft::now("test", vec![samples::all().remove(0)]);
+    record(&first, cluster, Expectation::NoStream, create)
+        .await
+        .expect("create");
+    let status = |n: usize| Event::ClusterStatusChanged {
+        status: ClusterStatus::Spawning,
+        description: format!("step {n}"),
+    };
+    let retried = CommitDraft::now("test", vec![status(0)]);
+    let Recorded::Appended(original) = record(&first, cluster, Expectation::Any, retried.clone())
+        .await
+        .expect("the original")
+    else {
+        panic!("the original was not appended");
+    };
+    for n in 1..=30 {
+        let d = CommitDraft::now("test", vec![status(n)]);
+        record(&first, cluster, Expectation::Any, d)
+            .await
+            .expect("more");
+    }
+    // when another process retries it once the window has passed,
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let second = JetStreamLog::open(nats.client().await, config)
+        .await
+        .expect("open");
+    let again = record(&second, cluster, Expectation::Any, retried.clone())
+        .await
+        .expect("the retry");
+    // then it answers the first position and nothing was written twice.
+    let Recorded::Appended(outcome) = again else {
+        panic!("the retry was not recognised: {again:?}");
+    };
+    assert_eq!(outcome.status, AppendStatus::AlreadyAppended);
+    assert_eq!(outcome.position, original.position);
+    let commits = second.read_aggregate(cluster).await.unwrap();
+    assert_eq!(commits.len(), 32);
+    assert_eq!(
+        commits
+            .iter()
+            .filter(|c| c.commit_id == retried.commit_id)
+            .count(),
+        1
+    );
+}

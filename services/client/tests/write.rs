@@ -23,6 +23,8 @@ struct LostAcks {
     lose: Arc<AtomicUsize>,
     down: Arc<std::sync::atomic::AtomicBool>,
     attempts: Arc<AtomicUsize>,
+    /// Commits handed to readers (whole reads and tail reads).
+    commits_read: Arc<AtomicUsize>,
 }
 
 impl LostAcks {
@@ -32,6 +34,7 @@ impl LostAcks {
             lose: Arc::default(),
             down: Arc::default(),
             attempts: Arc::default(),
+            commits_read: Arc::default(),
         }
     }
 }
@@ -63,7 +66,19 @@ impl EventLog for LostAcks {
     }
 
     async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {
-        self.inner.read_aggregate(aggregate).await
+        let commits = self.inner.read_aggregate(aggregate).await?;
+        self.commits_read.fetch_add(commits.len(), Ordering::SeqCst);
+        Ok(commits)
+    }
+
+    async fn read_aggregate_after(
+        &self,
+        aggregate: AggregateId,
+        after: provledger_events::ChainTip,
+    ) -> Result<Vec<Commit>, ReadError> {
+        let commits = self.inner.read_aggregate_after(aggregate, after).await?;
+        self.commits_read.fetch_add(commits.len(), Ordering::SeqCst);
+        Ok(commits)
     }
 
     async fn read_all(&self, from: u64) -> Result<CommitStream, ReadError> {
@@ -189,4 +204,67 @@ async fn a_log_that_stays_unavailable_is_reported_after_the_named_bound() {
         UNAVAILABLE_RETRIES_MAX + 1
     );
     assert_eq!(log.read_aggregate(provider).await.unwrap().len(), 1);
+}
+
+fn inventory(total: u64) -> Event {
+    Event::InventorySet {
+        resource_class: "VCPU".into(),
+        inventory: Inventory {
+            total,
+            reserved: 0,
+            allocation_ratio: Ratio::ONE,
+            min_unit: 1,
+            max_unit: 8,
+            step_size: 1,
+        },
+    }
+}
+
+#[tokio::test]
+async fn a_write_reads_only_what_is_new_however_long_the_aggregate() {
+    // Given a provider with 500 commits, written through this process,
+    let dir = tempfile::tempdir().unwrap();
+    let log = LostAcks::open(dir.path());
+    let provider = AggregateId::provider(Uuid::now_v7());
+    provider_with_capacity(&log, provider).await;
+    for n in 0..500u128 {
+        let d = draft(1_000 + n, vec![inventory(8 + (n as u64 % 2))]);
+        record(&log, provider, Expectation::Any, d)
+            .await
+            .expect("deepen");
+    }
+    // when 100 more writes are decided, then none reads a commit: each decides on the
+    // state this process keeps and appends at exactly its version,
+    log.commits_read.store(0, Ordering::SeqCst);
+    for n in 0..100u64 {
+        let d = draft(2_000 + u128::from(n), vec![inventory(8 + n % 2)]);
+        let expect = match n % 2 {
+            0 => Expectation::Any,
+            _ => Expectation::Exactly(501 + n),
+        };
+        let recorded = record(&log, provider, expect, d).await.expect("write");
+        assert_eq!(recorded.version(), 502 + n);
+    }
+    assert_eq!(log.commits_read.load(Ordering::SeqCst), 0);
+    // and a commit another process appended is read alone (the tail), then decided on.
+    let version = log.inner.read_aggregate(provider).await.unwrap().len() as u64;
+    log.inner
+        .append(
+            provider,
+            Expectation::Exactly(version),
+            draft(3_000, vec![inventory(8)]),
+        )
+        .await
+        .expect("another writer");
+    log.commits_read.store(0, Ordering::SeqCst);
+    let recorded = record(
+        &log,
+        provider,
+        Expectation::Any,
+        draft(3_001, vec![inventory(9)]),
+    )
+    .await
+    .expect("decided after the other writer");
+    assert_eq!(recorded.version(), version + 2);
+    assert_eq!(log.commits_read.load(Ordering::SeqCst), 1);
 }
