@@ -14,12 +14,30 @@
 //!    fit (per resource class), an impossible transition. An event the fold applies
 //!    although it is out of place (a step's effect after a cancellation: a fact about the
 //!    world) is accepted, so nothing real is ever refused.
+//!
+//! Before each task event of an instance is folded, the lease protocol (docs/recovery.md,
+//! bounds in [`crate::lease`]) is checked against the state the commit's earlier events
+//! left, with the commit's `recorded_at` as the only time:
+//! - an authenticated worker ([`DecideOptions::caller_worker`]) names itself in
+//!   `task_started` and `task_lease_renewed` (`worker_mismatch`);
+//! - a task a worker holds is that worker's: a renewal must name the holder, and
+//!   `task_started` by another worker, `task_queued` and `task_finished` are refused while
+//!   the lease is live unless the holder records them (the authenticated worker, or else
+//!   the commit's actor); an authenticated worker may touch a held task only as its holder,
+//!   even after the lease expired, which the recovery sweep (no authenticated worker, lease
+//!   expired) releases (`not_lease_holder`);
+//! - a lease ends after its commit, at least `LEASE_MS_MIN` and at most `LEASE_MS_MAX`
+//!   later (`lease_in_past`, `lease_too_short`, `lease_too_long`);
+//! - a renewal extends the lease (`renewal_not_extending`) and comes no sooner than half
+//!   the current lease's length after it was granted (`renewal_too_soon`).
 
 use provledger_events::catalogue::{OperationKind, TaskState, VmState};
-use provledger_events::{AggregateId, CommitDraft, Event};
+use provledger_events::{AggregateId, CommitDraft, Event, Timestamp};
 use uuid::Uuid;
 
 use crate::entity::EventContext;
+use crate::instance::InstanceState;
+use crate::lease::{renewal_not_before, CallerWorker, LEASE_MS_MAX, LEASE_MS_MIN};
 use crate::provider::{ClaimRefusal, ProviderStatus};
 use crate::{DeletionState, Entity};
 
@@ -87,12 +105,87 @@ pub enum AppendRejection {
         event: String,
         problem: String,
     },
+    /// A task event names another worker than the authenticated one sending it.
+    #[error("{target}: event #{index} ({event}) names worker {named}, but the request is authenticated as worker {caller}; a worker records its own tasks only")]
+    WorkerMismatch {
+        target: AggregateId,
+        index: usize,
+        event: String,
+        named: String,
+        caller: String,
+    },
+    /// A task event by someone else than the worker holding the task's lease.
+    #[error("{target}: event #{index} ({event}) by {by} refused: {}", holder_text(holder.as_deref(), *lease_until))]
+    NotLeaseHolder {
+        target: AggregateId,
+        index: usize,
+        event: String,
+        /// The worker (or actor) the event came from.
+        by: String,
+        /// The worker holding the task, if a task is started.
+        holder: Option<String>,
+        lease_until: Option<Timestamp>,
+    },
+    #[error("{target}: event #{index} ({event}) has lease_until {lease_until}, not after the commit's time {recorded_at}")]
+    LeaseInPast {
+        target: AggregateId,
+        index: usize,
+        event: String,
+        lease_until: Timestamp,
+        recorded_at: Timestamp,
+    },
+    #[error("{target}: event #{index} ({event}) asks for a lease of {length_ms} ms (until {lease_until}), shorter than the {LEASE_MS_MIN} ms minimum")]
+    LeaseTooShort {
+        target: AggregateId,
+        index: usize,
+        event: String,
+        lease_until: Timestamp,
+        length_ms: i64,
+    },
+    #[error("{target}: event #{index} ({event}) asks for a lease of {length_ms} ms (until {lease_until}), longer than the {LEASE_MS_MAX} ms maximum; renew it instead")]
+    LeaseTooLong {
+        target: AggregateId,
+        index: usize,
+        event: String,
+        lease_until: Timestamp,
+        length_ms: i64,
+    },
+    #[error("{target}: event #{index} ({event}) renews the lease until {lease_until}, which does not extend the current one (until {current_until})")]
+    RenewalNotExtending {
+        target: AggregateId,
+        index: usize,
+        event: String,
+        lease_until: Timestamp,
+        current_until: Timestamp,
+    },
+    #[error("{target}: event #{index} ({event}) at {recorded_at} comes too soon: the lease granted at {since} until {until} may be renewed from {not_before} (at most once per half lease)")]
+    RenewalTooSoon {
+        target: AggregateId,
+        index: usize,
+        event: String,
+        recorded_at: Timestamp,
+        since: Timestamp,
+        until: Timestamp,
+        not_before: Timestamp,
+    },
+}
+
+fn holder_text(holder: Option<&str>, lease_until: Option<Timestamp>) -> String {
+    match (holder, lease_until) {
+        (Some(holder), Some(until)) => {
+            format!("the task is held by worker {holder} (lease until {until})")
+        }
+        (Some(holder), None) => format!("the task is held by worker {holder}"),
+        (None, _) => "no task is started (no worker holds a lease)".into(),
+    }
 }
 
 impl AppendRejection {
     /// The stable reason word: `target_deleted`, `not_found`, a claim's first refused
     /// class reason (`over_capacity`, `no_inventory`, `below_min_unit`, `above_max_unit`,
-    /// `step_size`), or `not_applicable`.
+    /// `step_size`), `below_usage`, `not_applicable`, or a lease refusal
+    /// (`worker_mismatch`, `not_lease_holder`, `lease_in_past`, `lease_too_short`,
+    /// `lease_too_long`, `renewal_not_extending`, `renewal_too_soon`).
     pub fn reason(&self) -> &'static str {
         match self {
             AppendRejection::TargetDeleted { .. } => "target_deleted",
@@ -104,6 +197,13 @@ impl AppendRejection {
                 .unwrap_or("not_applicable"),
             AppendRejection::InventoryBelowUsage { .. } => "below_usage",
             AppendRejection::NotApplicable { .. } => "not_applicable",
+            AppendRejection::WorkerMismatch { .. } => "worker_mismatch",
+            AppendRejection::NotLeaseHolder { .. } => "not_lease_holder",
+            AppendRejection::LeaseInPast { .. } => "lease_in_past",
+            AppendRejection::LeaseTooShort { .. } => "lease_too_short",
+            AppendRejection::LeaseTooLong { .. } => "lease_too_long",
+            AppendRejection::RenewalNotExtending { .. } => "renewal_not_extending",
+            AppendRejection::RenewalTooSoon { .. } => "renewal_too_soon",
         }
     }
 }
@@ -139,12 +239,18 @@ fn revives(event: &Event) -> bool {
     }
 }
 
-/// What a writer may ask of the decider beyond the commit itself.
+/// What a writer may ask of the decider beyond the commit itself, and who it is.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DecideOptions {
     /// Accept an inventory below current usage (hardware that really shrank); the
     /// provider is then reported as over capacity until it fits again.
     pub force: bool,
+    /// The worker the write boundary authenticated the sender as, if any
+    /// ([`CallerWorker::from_identity`] of the vouched NATS identity). When `Some`,
+    /// `task_started` and `task_lease_renewed` must name it, and it may renew, finish,
+    /// re-queue or re-start a held task only as the task's holder. `None` (library writes,
+    /// the recovery sweep, unauthenticated deployments): only the lease-holder rules.
+    pub caller_worker: Option<CallerWorker>,
 }
 
 /// Decides `draft` against `entity`, the state of `target` at the version the caller will
@@ -259,6 +365,12 @@ fn trial_fold(
                 });
             }
         }
+        if let Entity::Instance(instance) = &trial {
+            // On an instance that does not exist yet the fold answers `not_found`.
+            if instance.vm_state.is_some() {
+                check_task_event(target, index, instance, event, draft, options)?;
+            }
+        }
         let created = trial.is_created();
         let before = trial.clone();
         if let Err(problem) = trial.fold_event(event, &ctx) {
@@ -281,4 +393,136 @@ fn trial_fold(
         }
     }
     Ok(())
+}
+
+/// The lease protocol for one task event on `instance` (its state before the event).
+fn check_task_event(
+    target: AggregateId,
+    index: usize,
+    instance: &InstanceState,
+    event: &Event,
+    draft: &CommitDraft,
+    options: DecideOptions,
+) -> Result<(), AppendRejection> {
+    let now = draft.recorded_at;
+    let name = || event.name();
+    let live = instance.task_lease_until.is_some_and(|until| until > now);
+    let not_holder = |by: &str| AppendRejection::NotLeaseHolder {
+        target,
+        index,
+        event: name(),
+        by: by.to_string(),
+        holder: instance.task_worker.clone(),
+        lease_until: instance.task_lease_until,
+    };
+    let names_caller = |named: &str| match options.caller_worker {
+        Some(caller) if !caller.is(named) => Err(AppendRejection::WorkerMismatch {
+            target,
+            index,
+            event: name(),
+            named: named.to_string(),
+            caller: caller.to_string(),
+        }),
+        _ => Ok(()),
+    };
+    let bounded = |lease_until: Timestamp| {
+        let length_ms = i128::from(lease_until.unix_ms()) - i128::from(now.unix_ms());
+        let length_ms = length_ms.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
+        if length_ms <= 0 {
+            return Err(AppendRejection::LeaseInPast {
+                target,
+                index,
+                event: name(),
+                lease_until,
+                recorded_at: now,
+            });
+        }
+        if length_ms < LEASE_MS_MIN {
+            return Err(AppendRejection::LeaseTooShort {
+                target,
+                index,
+                event: name(),
+                lease_until,
+                length_ms,
+            });
+        }
+        if length_ms > LEASE_MS_MAX {
+            return Err(AppendRejection::LeaseTooLong {
+                target,
+                index,
+                event: name(),
+                lease_until,
+                length_ms,
+            });
+        }
+        Ok(())
+    };
+    // Who may end or replace the task: the authenticated worker, always as the holder;
+    // otherwise, while the lease is live, the holder as the commit's actor.
+    let by_holder = || {
+        let Some(holder) = instance.task_worker.as_deref() else {
+            return Ok(());
+        };
+        match options.caller_worker {
+            Some(caller) if !caller.is(holder) => Err(not_holder(&caller.to_string())),
+            Some(_) => Ok(()),
+            None if live && draft.actor != holder => Err(not_holder(&draft.actor)),
+            None => Ok(()),
+        }
+    };
+    match event {
+        Event::TaskStarted {
+            worker_id,
+            lease_until,
+            ..
+        } => {
+            names_caller(worker_id)?;
+            if let Some(holder) = instance.task_worker.as_deref() {
+                // Another worker's task: only once its lease expired, and never by an
+                // authenticated worker (the recovery sweep releases an expired task).
+                if holder != worker_id && (live || options.caller_worker.is_some()) {
+                    return Err(not_holder(worker_id));
+                }
+            }
+            bounded(*lease_until)
+        }
+        Event::TaskLeaseRenewed {
+            worker_id,
+            lease_until,
+        } => {
+            names_caller(worker_id)?;
+            if instance.task_worker.as_deref() != Some(worker_id.as_str()) {
+                return Err(not_holder(worker_id));
+            }
+            bounded(*lease_until)?;
+            let (Some(since), Some(until)) = (instance.task_lease_since, instance.task_lease_until)
+            else {
+                return Ok(());
+            };
+            if *lease_until <= until {
+                return Err(AppendRejection::RenewalNotExtending {
+                    target,
+                    index,
+                    event: name(),
+                    lease_until: *lease_until,
+                    current_until: until,
+                });
+            }
+            let not_before = renewal_not_before(since, until);
+            if now < not_before {
+                return Err(AppendRejection::RenewalTooSoon {
+                    target,
+                    index,
+                    event: name(),
+                    recorded_at: now,
+                    since,
+                    until,
+                    not_before,
+                });
+            }
+            Ok(())
+        }
+        Event::TaskFinished { .. } | Event::TaskQueued { .. } => by_holder(),
+        _ => Ok(()),
+    }
 }

@@ -29,6 +29,10 @@ pub struct InstanceState {
     pub provider_id: Option<Uuid>,
     /// Set by `TaskStarted`: tells "started and interrupted" apart from "still queued".
     pub task_worker: Option<String>,
+    /// The `recorded_at` of the commit that granted the current lease (`task_started` or
+    /// the last `task_lease_renewed`): the lease's length is `task_lease_until` minus this
+    /// (see `crate::lease`).
+    pub task_lease_since: Option<Timestamp>,
     pub task_lease_until: Option<Timestamp>,
     pub last_task_outcome: Option<TaskOutcome>,
     pub delete_requested: bool,
@@ -52,6 +56,7 @@ impl InstanceState {
             host: None,
             provider_id: None,
             task_worker: None,
+            task_lease_since: None,
             task_lease_until: None,
             last_task_outcome: None,
             delete_requested: false,
@@ -62,6 +67,7 @@ impl InstanceState {
     fn clear_task(&mut self) {
         self.task_state = None;
         self.task_worker = None;
+        self.task_lease_since = None;
         self.task_lease_until = None;
     }
 
@@ -140,6 +146,7 @@ impl InstanceState {
                 }
                 self.task_state = Some(*task_state);
                 self.task_worker = None;
+                self.task_lease_since = None;
                 self.task_lease_until = None;
             }
             Event::TaskStarted {
@@ -154,13 +161,17 @@ impl InstanceState {
                 }
                 self.task_state = Some(*task_state);
                 self.task_worker = Some(worker_id.clone());
+                self.task_lease_since = Some(ctx.recorded_at);
                 self.task_lease_until = Some(*lease_until);
             }
             Event::TaskLeaseRenewed {
                 worker_id,
                 lease_until,
             } => match &self.task_worker {
-                Some(current) if current == worker_id => self.task_lease_until = Some(*lease_until),
+                Some(current) if current == worker_id => {
+                    self.task_lease_since = Some(ctx.recorded_at);
+                    self.task_lease_until = Some(*lease_until);
+                }
                 Some(current) => {
                     return Err(format!(
                     "lease renewed by {worker_id} but the task belongs to {current}; not applied"
@@ -188,6 +199,7 @@ impl InstanceState {
                     self.delete_requested = true;
                     self.task_state = Some(TaskState::Deleting);
                     self.task_worker = None;
+                    self.task_lease_since = None;
                     self.task_lease_until = None;
                 }
             }
@@ -230,6 +242,10 @@ impl InstanceState {
         map.insert("host".into(), json_or_null(&self.host));
         map.insert("provider_id".into(), json_or_null(&self.provider_id));
         map.insert("task_worker".into(), json_or_null(&self.task_worker));
+        map.insert(
+            "task_lease_since".into(),
+            json_or_null(&self.task_lease_since),
+        );
         map.insert(
             "task_lease_until".into(),
             json_or_null(&self.task_lease_until),

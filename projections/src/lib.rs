@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod decide;
 pub mod entity;
 pub mod instance;
+pub mod lease;
 pub mod operation;
 pub mod placement;
 pub mod planner;

@@ -355,3 +355,77 @@ async fn writes_beyond_a_thousand_consumers_worth_never_answer_unavailable_under
         info.state.consumer_count
     );
 }
+
+/// One cmd.append request as `client`; the reply's JSON.
+async fn cmd_append(client: &async_nats::Client, request: Value) -> Value {
+    let reply = tokio::time::timeout(
+        Duration::from_secs(20),
+        client.request("provledger.cmd.append", request.to_string().into()),
+    )
+    .await
+    .expect("reply in time")
+    .unwrap();
+    serde_json::from_slice(&reply.payload).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_records_its_own_tasks_only_and_within_the_lease_bounds() {
+    let nats = NatsServer::start_hardened(true, false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let _serve = Serve::start_at(&nats.url_as("serve"), &dir.path().join("serve"), &[]);
+    wait_ready(&nats.client_as("serve").await).await;
+    let provisioner = nats.client_as("provisioner").await;
+    let worker = nats.client_as("worker-w1").await;
+    let vm = "instance/0190c0de-0000-7000-8000-00000000e101";
+    let created = cmd_append(
+        &provisioner,
+        json!({"aggregate": vm, "expect": "none", "events": [
+            {"instance_create_requested": {"name": "vm", "cluster_id": null, "node_group": null,
+                "flavor": "m1", "resources": {"VCPU": 1}, "image": "img"}},
+            {"task_finished": {"task_state": "scheduling", "outcome": "succeeded", "reason": ""}},
+            {"vm_state_changed": {"vm_state": "active", "reason": ""}}]}),
+    )
+    .await;
+    assert!(created["error"].is_null(), "{created}");
+    let in_secs = |secs: i64| {
+        provledger_events::Timestamp::from_unix_ms(
+            provledger_events::Timestamp::now().unix_ms() + secs * 1000,
+        )
+        .to_string()
+    };
+    let started = |worker_id: &str, until: &str| {
+        json!({"aggregate": vm, "expect": "any", "events": [{"task_started": {
+            "task_state": "powering_off", "worker_id": worker_id, "lease_until": until}}]})
+    };
+    let refused = |reply: &Value, reason: &str| {
+        assert_eq!(reply["error"]["code"], "rejected", "{reply}");
+        assert_eq!(reply["error"]["reason"], reason, "{reply}");
+    };
+
+    // Given worker-w1 (worker w1) on SERVICES: it cannot start a task in w2's name, nor
+    // with a lease ending in the year 9999...
+    refused(
+        &cmd_append(&worker, started("w2", &in_secs(60))).await,
+        "worker_mismatch",
+    );
+    refused(
+        &cmd_append(&worker, started("w1", "9999-12-31T23:59:59Z")).await,
+        "lease_too_long",
+    );
+    // ...it starts one in its own name with a minute's lease...
+    let reply = cmd_append(&worker, started("w1", &in_secs(60))).await;
+    assert!(reply["error"].is_null(), "{reply}");
+    // ...cannot renew it at once (at most once per half lease)...
+    let renew = json!({"aggregate": vm, "expect": "any", "events": [{"task_lease_renewed": {
+        "worker_id": "w1", "lease_until": in_secs(90)}}]});
+    refused(&cmd_append(&worker, renew).await, "renewal_too_soon");
+    // ...and another user cannot finish it, whatever actor it claims.
+    let finish = json!({"aggregate": vm, "expect": "any", "actor": "w1", "events": [
+        {"task_finished": {"task_state": "powering_off", "outcome": "succeeded", "reason": ""}}]});
+    refused(
+        &cmd_append(&provisioner, finish.clone()).await,
+        "not_lease_holder",
+    );
+    let reply = cmd_append(&worker, finish).await;
+    assert!(reply["error"].is_null(), "{reply}");
+}

@@ -1,5 +1,5 @@
-//! `provledger recover` on real sled files: given instances whose workers died (leases in
-//! the past), when the sweep runs, then each is recovered by its rule, once.
+//! `provledger recover` on real sled files: given instances whose workers died (their
+//! leases ran out), when the sweep runs, then each is recovered by its rule, once.
 
 use futures::StreamExt;
 use provledger_tests::NatsServer;
@@ -59,26 +59,21 @@ fn version(dir: &str, id: &str) -> u64 {
 fn a_sweep_recovers_each_interrupted_task_once_and_leaves_live_ones() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    // Given a snapshot upload and a delete whose worker died long ago, and a task whose
-    // lease runs until 2100...
-    instance(
-        d,
-        UPLOADING,
-        vec![started("image_uploading", "2020-01-01T00:00:00Z")],
-    );
+    // Given a snapshot upload and a delete whose worker died after starting them with a
+    // 2 s lease, and a task whose lease runs 10 minutes (a lease is recorded for at least
+    // 1 s and at most 15 minutes: the decider refuses one already over or in 2100)...
+    instance(d, UPLOADING, vec![started("image_uploading", &time_in(2))]);
     instance(
         d,
         DELETING,
         vec![
             json!({"instance_delete_requested": {"reason": "user"}}),
-            started("deleting", "2020-01-01T00:00:00Z"),
+            started("deleting", &time_in(2)),
         ],
     );
-    instance(
-        d,
-        ALIVE,
-        vec![started("powering_off", "2100-01-01T00:00:00Z")],
-    );
+    instance(d, ALIVE, vec![started("powering_off", &time_in(600))]);
+    // ...once the short leases ran out...
+    std::thread::sleep(std::time::Duration::from_millis(2_500));
     let before: Vec<u64> = [UPLOADING, DELETING, ALIVE]
         .iter()
         .map(|i| version(d, i))
@@ -184,9 +179,10 @@ async fn two_replicas_recover_a_dead_workers_instances_once_and_reissue_to_its_s
         common::Serve::start_with(&nats, &dir.path().join("a"), &["--recovery-interval", "1"]);
     common::wait_ready(&client).await;
 
-    // Given a worker that started powering off two instances with a one-second lease, and
-    // died (it never renews nor finishes)...
-    let lease = time_in(1);
+    // Given a worker that started powering off two instances with a two-second lease (at
+    // least the decider's 1 s minimum once serve records it), and died (it never renews
+    // nor finishes)...
+    let lease = time_in(2);
     let ids = [
         "0190c0de-0000-7000-8000-00000000f001",
         "0190c0de-0000-7000-8000-00000000f002",
@@ -294,7 +290,7 @@ fn an_interrupted_resize_is_reverted_and_its_allocations_follow_it_back_to_the_s
         );
     }
     // Given a resize of VM from SOURCE to DEST, interrupted: the migration (its operation)
-    // holds the source, the VM holds the destination, and the worker's lease expired.
+    // holds the source, the VM holds the destination, and the worker's 2 s lease expired.
     append(
         format!("operation/{MIGRATION}"),
         "none",
@@ -308,7 +304,7 @@ fn an_interrupted_resize_is_reverted_and_its_allocations_follow_it_back_to_the_s
         VM,
         vec![
             json!({"host_assigned": {"host": "cn-dst", "provider_id": DEST}}),
-            started("resize_migrating", "2020-01-01T00:00:00Z"),
+            started("resize_migrating", &time_in(2)),
         ],
     );
     append(
@@ -321,6 +317,8 @@ fn an_interrupted_resize_is_reverted_and_its_allocations_follow_it_back_to_the_s
         "any",
         json!([{"allocation_claimed": {"consumer": VM, "consumer_kind": "instance", "resources": {"VCPU": 4}}}]),
     );
+
+    std::thread::sleep(std::time::Duration::from_millis(2_500));
 
     // When the sweep runs (no worker is reachable embedded: the revert's re-issue fails)...
     let out = provledger(&["--data-dir", d, "recover"], "");

@@ -115,10 +115,16 @@ impl Stamper {
 
     /// A draft with a fresh commit id, recorded now.
     pub fn draft(&self, actor: &str, events: Vec<Event>) -> CommitDraft {
-        let now = self.clock.now();
+        self.draft_at(self.clock.now(), actor, events)
+    }
+
+    /// A draft with a fresh commit id minted at `at`, recorded at `at`: for a writer whose
+    /// events depend on the time they are recorded at (a lease), so that the time it
+    /// decided with is the time the decider sees.
+    pub fn draft_at(&self, at: Timestamp, actor: &str, events: Vec<Event>) -> CommitDraft {
         let mut draft = CommitDraft::now(actor, events);
-        draft.commit_id = self.ids.next_id(now);
-        draft.recorded_at = now;
+        draft.commit_id = self.ids.next_id(at);
+        draft.recorded_at = at;
         draft
     }
 }

@@ -2,11 +2,17 @@
 //! `task_started` with a lease when the task really starts, renew it while working, at
 //! most once per half lease (the heartbeat is bounded in rate however often the worker
 //! calls), and record `task_finished` at the end.
+//!
+//! The bounds are the decider's (`provledger_projections::lease`): a lease of
+//! `LEASE_MS_MIN` to `LEASE_MS_MAX`, and a renewal no sooner than
+//! [`renewal_not_before`] of the lease it renews. Each commit is recorded at the very
+//! time the lease was computed from, so what this side finds due the decider admits.
 
 use std::time::Duration;
 
 use provledger_events::catalogue::{TaskOutcome, TaskState};
 use provledger_events::{AggregateId, Event, EventLog, Expectation, Timestamp};
+use provledger_projections::lease::renewal_not_before;
 use uuid::Uuid;
 
 use crate::clock::Stamper;
@@ -19,11 +25,15 @@ pub struct TaskLease {
     task: TaskState,
     worker: String,
     lease: Duration,
+    /// When the current lease was granted: the `recorded_at` of its commit.
+    since: Timestamp,
     until: Timestamp,
 }
 
 impl TaskLease {
     /// Records `task_started` for `task` on `instance` with a lease of `lease` from now.
+    /// A lease outside `LEASE_MS_MIN..=LEASE_MS_MAX` is refused by the decider
+    /// (`lease_too_short`, `lease_too_long`).
     pub async fn start<L: EventLog>(
         log: &L,
         instance: Uuid,
@@ -32,7 +42,8 @@ impl TaskLease {
         lease: Duration,
         stamper: &Stamper,
     ) -> Result<TaskLease, RecordError> {
-        let until = stamper.now().plus_ms(lease.as_millis() as i64);
+        let since = stamper.now();
+        let until = since.plus_ms(lease_ms(lease));
         let event = Event::TaskStarted {
             task_state: task,
             worker_id: worker.to_string(),
@@ -43,7 +54,7 @@ impl TaskLease {
             log,
             aggregate,
             Expectation::Any,
-            stamper.draft(worker, vec![event]),
+            stamper.draft_at(since, worker, vec![event]),
         )
         .await?;
         Ok(TaskLease {
@@ -51,6 +62,7 @@ impl TaskLease {
             task,
             worker: worker.to_string(),
             lease,
+            since,
             until,
         })
     }
@@ -59,19 +71,24 @@ impl TaskLease {
         self.until
     }
 
-    /// Renews the lease if less than half of it is left; otherwise writes nothing.
-    /// Returns whether a renewal was recorded.
+    /// The earliest time the current lease may be renewed: half its length after it was
+    /// granted (the decider's rule).
+    pub fn renewal_due_at(&self) -> Timestamp {
+        renewal_not_before(self.since, self.until)
+    }
+
+    /// Renews the lease if half of it has passed since it was granted; otherwise writes
+    /// nothing. Returns whether a renewal was recorded.
     pub async fn renew_if_due<L: EventLog>(
         &mut self,
         log: &L,
         stamper: &Stamper,
     ) -> Result<bool, RecordError> {
         let now = stamper.now();
-        let half = (self.lease.as_millis() / 2) as i64;
-        if now.plus_ms(half) < self.until {
+        if now < self.renewal_due_at() {
             return Ok(false);
         }
-        let until = now.plus_ms(self.lease.as_millis() as i64);
+        let until = now.plus_ms(lease_ms(self.lease));
         let event = Event::TaskLeaseRenewed {
             worker_id: self.worker.clone(),
             lease_until: until,
@@ -80,9 +97,10 @@ impl TaskLease {
             log,
             self.instance,
             Expectation::Any,
-            stamper.draft(&self.worker, vec![event]),
+            stamper.draft_at(now, &self.worker, vec![event]),
         )
         .await?;
+        self.since = now;
         self.until = until;
         Ok(true)
     }
@@ -109,4 +127,8 @@ impl TaskLease {
         .await
         .map(|_| ())
     }
+}
+
+fn lease_ms(lease: Duration) -> i64 {
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
 }

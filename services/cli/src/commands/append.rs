@@ -86,7 +86,11 @@ pub async fn run(ledger: &Ledger, args: AppendArgs, json: bool) -> Result<(), Co
         args.aggregate,
         args.expect,
         draft,
-        DecideOptions { force: args.force },
+        // An operator's own append: no authenticated worker, the lease-holder rules only.
+        DecideOptions {
+            force: args.force,
+            caller_worker: None,
+        },
     )
     .await?;
     let (position, version, status) = match recorded {

@@ -61,7 +61,13 @@ pub(crate) async fn append(
         Some(Value::Bool(b)) => *b,
         Some(other) => return Err(bad("force", format!("must be true or false, not {other}"))),
     };
-    match record_with(&ctx.log, aggregate, expect, draft, DecideOptions { force }).await {
+    // Task events must come from the worker they name (its vouched identity, when there is
+    // one); the decider checks it along with the lease bounds.
+    let options = DecideOptions {
+        force,
+        caller_worker: caller.worker(),
+    };
+    match record_with(&ctx.log, aggregate, expect, draft, options).await {
         Ok(Recorded::Appended(outcome)) => Ok(json!({
             "position": outcome.position,
             "version": outcome.version,
@@ -109,7 +115,14 @@ fn rejected(rejection: AppendRejection) -> QueryError {
         AppendRejection::NotFound { .. } => ErrorCode::NotFound,
         AppendRejection::ClaimRefused { .. }
         | AppendRejection::InventoryBelowUsage { .. }
-        | AppendRejection::NotApplicable { .. } => ErrorCode::Rejected,
+        | AppendRejection::NotApplicable { .. }
+        | AppendRejection::WorkerMismatch { .. }
+        | AppendRejection::NotLeaseHolder { .. }
+        | AppendRejection::LeaseInPast { .. }
+        | AppendRejection::LeaseTooShort { .. }
+        | AppendRejection::LeaseTooLong { .. }
+        | AppendRejection::RenewalNotExtending { .. }
+        | AppendRejection::RenewalTooSoon { .. } => ErrorCode::Rejected,
     };
     let mut error =
         QueryError::new(code, rejection.to_string()).with("reason", rejection.reason().into());

@@ -5,6 +5,7 @@
 //! cmd.* record as the commit's actor, whatever `actor` the request names. A request
 //! without it (one account, or no authentication configured) is trusted as it says.
 
+use provledger_projections::lease::CallerWorker;
 use serde::Deserialize;
 
 /// The header nats-server adds to requests crossing a shared service import.
@@ -35,6 +36,16 @@ impl Caller {
             (true, false) => Some(format!("*@{}", i.acc)),
         });
         Caller { identity }
+    }
+
+    /// The worker the server vouches the caller is (`worker-w1@SERVICES` is worker `w1`,
+    /// `u@ACC` is `u`): what `cmd.append` passes to the decider as
+    /// `DecideOptions::caller_worker`. `None` without a vouched user (no header, or
+    /// `*@ACCOUNT`): the lease-holder rules apply alone.
+    pub(crate) fn worker(&self) -> Option<CallerWorker> {
+        self.identity
+            .as_deref()
+            .and_then(CallerWorker::from_identity)
     }
 
     /// The actor a command records: the authenticated identity when the server gave one,
@@ -69,6 +80,17 @@ mod tests {
     fn an_account_only_identity_is_recorded_as_the_account() {
         let caller = Caller::from_headers(Some(&headers(r#"{"acc":"SERVICES","rtt":1}"#)));
         assert_eq!(caller.actor(Some("admin"), "d"), "*@SERVICES");
+    }
+
+    #[test]
+    fn a_vouched_worker_user_is_its_worker_and_an_account_only_identity_no_worker() {
+        let worker = |info: &str| Caller::from_headers(Some(&headers(info))).worker();
+        let w1 = worker(r#"{"acc":"SERVICES","user":"worker-w1"}"#).expect("a worker");
+        assert!(w1.is("w1"), "{w1}");
+        let provisioner = worker(r#"{"acc":"SERVICES","user":"provisioner"}"#).expect("a user");
+        assert!(provisioner.is("provisioner"), "{provisioner}");
+        assert_eq!(worker(r#"{"acc":"SERVICES"}"#), None);
+        assert_eq!(Caller::from_headers(None).worker(), None);
     }
 
     #[test]
