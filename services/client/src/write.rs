@@ -118,13 +118,52 @@ fn known_mut(turn: &mut WriteTurn) -> Option<&mut Known> {
     turn.as_mut().and_then(|slot| slot.downcast_mut::<Known>())
 }
 
+/// Where a process may find an aggregate already folded from this very log (serve's
+/// projection store), to start what it keeps without reading the aggregate whole. What it
+/// returns is only a starting point: the commits after its tip are read from the log before
+/// anything is decided, and the log's expectation catches anything else.
+pub trait FoldedElsewhere: Send + Sync {
+    fn folded(&self, aggregate: AggregateId) -> Option<Entity>;
+}
+
+/// No state folded elsewhere: a process starts from the log.
+pub struct FromTheLog;
+
+impl FoldedElsewhere for FromTheLog {
+    fn folded(&self, _aggregate: AggregateId) -> Option<Entity> {
+        None
+    }
+}
+
 /// Brings what the turn's slot knows of `aggregate` up to the log's head: the commits
-/// after its tip, or the whole aggregate when nothing is known yet.
+/// after its tip, or, when nothing is known yet, after the tip of a state folded elsewhere,
+/// or the whole aggregate.
 async fn refresh<L: EventLog>(
     log: &L,
     aggregate: AggregateId,
     turn: &mut WriteTurn,
+    elsewhere: &dyn FoldedElsewhere,
 ) -> Result<(), ReadError> {
+    if known_mut(turn).is_none() {
+        if let Some(entity) = elsewhere
+            .folded(aggregate)
+            .filter(|e| e.header().version > 0)
+        {
+            let header = entity.header();
+            let tip = ChainTip {
+                version: header.version,
+                position: header.last_position,
+                hash: header.hash,
+            };
+            **turn = Some(Box::new(Known {
+                entity: Some(entity),
+                tip,
+                recent: VecDeque::new(),
+                complete: false,
+                stale: true,
+            }));
+        }
+    }
     if let Some(known) = known_mut(turn) {
         let newer = log.read_aggregate_after(aggregate, known.tip).await?;
         if known.fold(aggregate, newer) {
@@ -145,7 +184,7 @@ pub async fn read_current<L: EventLog>(
     aggregate: AggregateId,
 ) -> Result<Option<Entity>, ReadError> {
     let mut turn = log.write_queues().turn(aggregate).await;
-    refresh(log, aggregate, &mut turn).await?;
+    refresh(log, aggregate, &mut turn, &FromTheLog).await?;
     Ok(known_mut(&mut turn).and_then(|k| k.entity.clone()))
 }
 
@@ -263,6 +302,7 @@ pub async fn record<L: EventLog>(
         draft,
         false,
         DecideOptions::default(),
+        &FromTheLog,
     )
     .await
 }
@@ -275,7 +315,21 @@ pub async fn record_with<L: EventLog>(
     draft: CommitDraft,
     options: DecideOptions,
 ) -> Result<Recorded, RecordError> {
-    record_inner(log, aggregate, expect, draft, false, options).await
+    record_inner(log, aggregate, expect, draft, false, options, &FromTheLog).await
+}
+
+/// [`record_with`] for a process that holds the aggregate folded elsewhere (serve: its
+/// projection store), so that its first write to a long aggregate reads only the commits
+/// the store has not applied yet instead of the whole aggregate.
+pub async fn record_with_folded<L: EventLog>(
+    log: &L,
+    aggregate: AggregateId,
+    expect: Expectation,
+    draft: CommitDraft,
+    options: DecideOptions,
+    elsewhere: &dyn FoldedElsewhere,
+) -> Result<Recorded, RecordError> {
+    record_inner(log, aggregate, expect, draft, false, options, elsewhere).await
 }
 
 /// Writes a fact whose commit id is derived from what it records (a driver's or a
@@ -295,6 +349,7 @@ pub async fn record_fact<L: EventLog>(
         draft,
         true,
         DecideOptions::default(),
+        &FromTheLog,
     )
     .await
 }
@@ -306,6 +361,7 @@ async fn record_inner<L: EventLog>(
     draft: CommitDraft,
     id_names_the_fact: bool,
     options: DecideOptions,
+    elsewhere: &dyn FoldedElsewhere,
 ) -> Result<Recorded, RecordError> {
     draft.validate(&aggregate).map_err(AppendError::from)?;
     let mut turn = log.write_queues().turn(aggregate).await;
@@ -320,7 +376,7 @@ async fn record_inner<L: EventLog>(
         }
         let needs_read = known_mut(&mut turn).is_none_or(|k| k.stale);
         if needs_read {
-            match refresh(log, aggregate, &mut turn).await {
+            match refresh(log, aggregate, &mut turn, elsewhere).await {
                 Ok(()) => fresh = true,
                 // The read is part of the write: an unavailable log is retried like an
                 // unavailable append, within the same bound.

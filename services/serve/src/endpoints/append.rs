@@ -1,7 +1,7 @@
 //! `cmd.append` for publishers not written in Rust: validated against the catalogue and
 //! the target's state, then appended like any other writer would.
 
-use provledger_client::write::{record_with, RecordError, Recorded};
+use provledger_client::write::{record_with_folded, FoldedElsewhere, RecordError, Recorded};
 use provledger_events::{AppendError, AppendStatus, CommitDraft, Event, Expectation, ReadError};
 use provledger_projections::decide::{AppendRejection, DecideOptions};
 use serde_json::{json, Value};
@@ -55,7 +55,8 @@ pub(crate) async fn append(
         .validate(&aggregate)
         .map_err(|e| bad("events", e.to_string()))?;
     // Decided against the log itself at the version appended, never against this
-    // replica's projection, which may not have applied the last acknowledged commit yet.
+    // replica's projection, which may not have applied the last acknowledged commit yet
+    // (the store only spares reading what it already folded).
     let force = match req.get("force") {
         None => false,
         Some(Value::Bool(b)) => *b,
@@ -67,7 +68,8 @@ pub(crate) async fn append(
         force,
         caller_worker: caller.worker(),
     };
-    match record_with(&ctx.log, aggregate, expect, draft, options).await {
+    let store = StoreFolded(&ctx.store);
+    match record_with_folded(&ctx.log, aggregate, expect, draft, options, &store).await {
         Ok(Recorded::Appended(outcome)) => Ok(json!({
             "position": outcome.position,
             "version": outcome.version,
@@ -104,6 +106,26 @@ pub(crate) async fn append(
         }
         Err(RecordError::Append(e)) => Err(append_error(e)),
         Err(RecordError::Read(e)) => Err(read_error(e)),
+    }
+}
+
+/// This replica's projection store as a starting point for the write path: an aggregate
+/// it has folded is read from the log only after the store's tip (the decision itself is
+/// still taken on the log's head, at the version appended).
+struct StoreFolded<'a>(&'a crate::store::ProjectionStore);
+
+impl FoldedElsewhere for StoreFolded<'_> {
+    fn folded(
+        &self,
+        aggregate: provledger_events::AggregateId,
+    ) -> Option<provledger_projections::Entity> {
+        match self.0.entity(&aggregate) {
+            Ok(entity) => entity,
+            Err(e) => {
+                tracing::warn!(%aggregate, error = %e, "store entity unreadable; the write reads the log");
+                None
+            }
+        }
     }
 }
 
