@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use provledger_events::log::{OpenJetStreamError, OpenSledError};
 use provledger_events::{
-    AggregateId, AppendError, AppendOutcome, ChainTip, Commit, CommitDraft, CommitStream,
-    EventLog, Expectation, HistoryEntry, JetStreamConfig, JetStreamLog, MemLog, ReadError,
-    SledLog, Timestamp, WriteQueues,
+    AggregateId, AppendError, AppendOutcome, ChainTip, Commit, CommitDraft, CommitStream, EventLog,
+    Expectation, HistoryEntry, JetStreamConfig, JetStreamLog, MemLog, ReadError, SledLog,
+    Timestamp, WriteQueues,
 };
 use provledger_projections::Entity;
 

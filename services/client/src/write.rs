@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use provledger_events::ids::uuid_v7_unix_ms;
 use provledger_events::{
-    AggregateId, AppendError, AppendOutcome, AppendStatus, ChainTip, Commit, CommitDraft,
-    EventLog, Expectation, ReadError, Timestamp, WriteQueues, WriteTurn,
+    AggregateId, AppendError, AppendOutcome, AppendStatus, ChainTip, Commit, CommitDraft, EventLog,
+    Expectation, ReadError, Timestamp, WriteQueues, WriteTurn,
 };
 use provledger_projections::decide::{
     decide_append_with, Admission, AlreadyDone, AppendRejection, DecideOptions,
