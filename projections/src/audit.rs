@@ -270,7 +270,8 @@ fn consumer_gone(
     projection: &Projection,
     provider: Uuid,
 ) -> Option<String> {
-    let (hold, why, _) = crate::placement::classify(projection, provider, consumer, kind);
+    let (hold, why, _) =
+        crate::placement::classify(|id| projection.get(id), provider, consumer, kind);
     (hold == provledger_events::catalogue::AllocationHold::Orphan).then_some(why)
 }
 

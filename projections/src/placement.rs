@@ -7,6 +7,11 @@
 //! source while the instance holds the destination, until it is confirmed (the source is
 //! released) or reverted (the destination is released); an instance evacuated elsewhere
 //! whose source allocation was never cleaned leaves evacuation residue.
+//!
+//! Every function here takes only what it decides from: the providers or instances it
+//! walks and a `lookup` of the other entities by id (`|id| projection.get(id)` over a
+//! whole fold, or a few entities a projection store read by id). None of them needs the
+//! whole state, so a caller never has to fold the whole log to ask.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -15,8 +20,9 @@ use provledger_events::AggregateId;
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::instance::InstanceState;
 use crate::provider::{ProviderState, ProviderStatus};
-use crate::{Entity, Projection};
+use crate::Entity;
 
 /// One allocation on a provider, why it is there, and what an operator does about it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -29,16 +35,26 @@ pub struct Hold {
     pub what_to_do: String,
 }
 
-/// Why `consumer`'s allocation is on `provider`.
-pub fn classify(
-    projection: &Projection,
+/// The ids [`classify`] looks up for an allocation of `consumer`: its operation for a
+/// migration, the instance otherwise.
+pub fn consumer_entity(consumer: Uuid, kind: ConsumerKind) -> AggregateId {
+    match kind {
+        ConsumerKind::Migration => AggregateId::operation(consumer),
+        ConsumerKind::Instance => AggregateId::instance(consumer),
+    }
+}
+
+/// Why `consumer`'s allocation is on `provider`. `lookup` answers the consumer's entity
+/// ([`consumer_entity`]) by id; nothing else is looked up.
+pub fn classify<'a>(
+    lookup: impl Fn(&AggregateId) -> Option<&'a Entity>,
     provider: Uuid,
     consumer: Uuid,
     kind: ConsumerKind,
 ) -> (AllocationHold, String, String) {
     match kind {
         ConsumerKind::Migration => {
-            match projection.get(&AggregateId::operation(consumer)) {
+            match lookup(&AggregateId::operation(consumer)) {
                 Some(Entity::Operation(op)) if op.is_closed() => (
                     AllocationHold::Orphan,
                     format!("migration {consumer} finished ({:?}) but its allocation stayed", op.status),
@@ -51,7 +67,7 @@ pub fn classify(
                 ),
             }
         }
-        ConsumerKind::Instance => match projection.get(&AggregateId::instance(consumer)) {
+        ConsumerKind::Instance => match lookup(&AggregateId::instance(consumer)) {
             None => (
                 AllocationHold::Orphan,
                 format!("instance {consumer} was never recorded"),
@@ -79,15 +95,19 @@ pub fn classify(
     }
 }
 
-/// Every allocation on `provider`, in consumer order, with why it is there.
-pub fn holds(projection: &Projection, provider: &ProviderState) -> Vec<Hold> {
+/// Every allocation on `provider`, in consumer order, with why it is there (`lookup`: each
+/// consumer's entity, see [`consumer_entity`]).
+pub fn holds<'a>(
+    lookup: impl Fn(&AggregateId) -> Option<&'a Entity>,
+    provider: &ProviderState,
+) -> Vec<Hold> {
     let id = provider.header.id.id;
     provider
         .allocations
         .iter()
         .map(|(consumer, allocation)| {
             let (hold, why, what_to_do) =
-                classify(projection, id, *consumer, allocation.consumer_kind);
+                classify(&lookup, id, *consumer, allocation.consumer_kind);
             Hold {
                 consumer: *consumer,
                 consumer_kind: allocation.consumer_kind,
@@ -100,13 +120,16 @@ pub fn holds(projection: &Projection, provider: &ProviderState) -> Vec<Hold> {
         .collect()
 }
 
-/// The orphan allocations of the whole state: (provider, hold). A provider that is gone
-/// orphans all it holds.
-pub fn orphans(projection: &Projection) -> Vec<(Uuid, Hold)> {
+/// The orphan allocations on `providers` (every provider, for the whole state): (provider,
+/// hold). A provider that is gone orphans all it holds. `lookup`: the consumers' entities.
+pub fn orphans<'a, 'p>(
+    providers: impl IntoIterator<Item = &'p ProviderState>,
+    lookup: impl Fn(&AggregateId) -> Option<&'a Entity>,
+) -> Vec<(Uuid, Hold)> {
     let mut out = Vec::new();
-    for p in projection.providers() {
+    for p in providers {
         let gone = p.status == Some(ProviderStatus::Deleted);
-        for mut hold in holds(projection, p) {
+        for mut hold in holds(&lookup, p) {
             if gone {
                 hold.hold = AllocationHold::Orphan;
                 hold.why = format!("its provider {} is deleted", p.header.id.id);
@@ -130,52 +153,56 @@ pub struct HealPlan {
 
 /// Instances that have a host, no allocation anywhere and no task in progress get their
 /// allocation claimed on their host; the others are listed with why (Nova's
-/// `heal_allocations`). `only`: one instance.
-pub fn plan_heal(projection: &Projection, only: Option<Uuid>) -> HealPlan {
-    let consumers: BTreeSet<Uuid> = projection
-        .providers()
-        .iter()
-        .flat_map(|p| p.allocations.keys().copied())
-        .collect();
+/// `heal_allocations`). `instances`: those to look at (every one, or the one asked for);
+/// `has_allocation`: whether a consumer holds an allocation on any provider.
+pub fn plan_heal<'i>(
+    instances: impl IntoIterator<Item = &'i InstanceState>,
+    has_allocation: impl Fn(Uuid) -> bool,
+) -> HealPlan {
     let mut plan = HealPlan::default();
-    for i in projection
-        .instances()
-        .into_iter()
-        .filter(|i| only.is_none_or(|o| o == i.header.id.id))
-    {
+    for i in instances {
         let id = i.header.id.id;
-        let skip = if consumers.contains(&id) {
-            None // has its allocation: nothing to heal, not worth listing
-        } else if matches!(i.vm_state, Some(VmState::Deleted) | None) || i.delete_requested {
-            Some("deleted or being deleted".to_string())
-        } else if let Some(task) = i.task_state {
-            Some(format!(
-                "task {task:?} in progress; heal it once the task ends"
-            ))
-        } else if i.provider_id.is_none() {
-            Some("no host: it was never scheduled".to_string())
-        } else if i.resources.is_empty() {
-            Some("its flavor records no resources to claim".to_string())
-        } else {
-            let provider = i.provider_id.unwrap_or_default();
-            plan.claims.push((id, provider, i.resources.clone()));
-            continue;
-        };
-        if let Some(reason) = skip {
-            plan.skipped.push((id, reason));
+        if has_allocation(id) {
+            continue; // has its allocation: nothing to heal, not worth listing
+        }
+        match heal_claim(i) {
+            Ok(resources) => plan
+                .claims
+                .push((id, i.provider_id.unwrap_or_default(), resources)),
+            Err(reason) => plan.skipped.push((id, reason)),
         }
     }
     plan
 }
 
+/// For an instance that holds no allocation: the resources to claim on its host
+/// (`provider_id`), or why it is left alone.
+pub fn heal_claim(i: &InstanceState) -> Result<BTreeMap<String, u64>, String> {
+    if matches!(i.vm_state, Some(VmState::Deleted) | None) || i.delete_requested {
+        Err("deleted or being deleted".to_string())
+    } else if let Some(task) = i.task_state {
+        Err(format!(
+            "task {task:?} in progress; heal it once the task ends"
+        ))
+    } else if i.provider_id.is_none() {
+        Err("no host: it was never scheduled".to_string())
+    } else if i.resources.is_empty() {
+        Err("its flavor records no resources to claim".to_string())
+    } else {
+        Ok(i.resources.clone())
+    }
+}
+
 /// The migration of `instance` still holding a source allocation: (the migration's
 /// consumer id, which is its operation, the source provider, the resources held there).
-pub fn migration_source(
-    projection: &Projection,
+/// `providers`: every provider; `lookup`: the migrations' operations
+/// ([`migration_consumers`] names them).
+pub fn migration_source<'a, 'p>(
+    providers: impl IntoIterator<Item = &'p ProviderState>,
+    lookup: impl Fn(&AggregateId) -> Option<&'a Entity>,
     instance: Uuid,
 ) -> Option<(Uuid, Uuid, BTreeMap<String, u64>)> {
-    let mut found: Vec<(Uuid, Uuid, BTreeMap<String, u64>)> = projection
-        .providers()
+    let mut found: Vec<(Uuid, Uuid, BTreeMap<String, u64>)> = providers
         .into_iter()
         .flat_map(|p| {
             p.allocations
@@ -185,11 +212,24 @@ pub fn migration_source(
         })
         .filter(|(consumer, _, _)| {
             matches!(
-                projection.get(&AggregateId::operation(*consumer)),
+                lookup(&AggregateId::operation(*consumer)),
                 Some(Entity::Operation(op)) if op.target == Some(AggregateId::instance(instance))
             )
         })
         .collect();
     found.sort_by_key(|(consumer, provider, _)| (*consumer, *provider));
     found.into_iter().next()
+}
+
+/// The operations of the migrations holding allocations on `providers`: what
+/// [`migration_source`] looks up.
+pub fn migration_consumers<'p>(
+    providers: impl IntoIterator<Item = &'p ProviderState>,
+) -> BTreeSet<AggregateId> {
+    providers
+        .into_iter()
+        .flat_map(|p| p.allocations.iter())
+        .filter(|(_, a)| a.consumer_kind == ConsumerKind::Migration)
+        .map(|(consumer, _)| AggregateId::operation(*consumer))
+        .collect()
 }

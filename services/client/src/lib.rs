@@ -19,6 +19,9 @@
 //!   listing each consumer, or a crash-safe cascade), heal-allocations and orphan release;
 //! - [`recovery`]: the stuck-state recovery sweep (the pure rules applied, recorded once at
 //!   exact versions, re-issues to the owning worker over NATS);
+//! - [`view`]: [`view::StateView`], the current state placement and recovery decide from
+//!   (the log folded by [`view::LogView`], or a projection store), which only tells what to
+//!   try: writes are still decided against the log;
 //! - [`Stamper`]: the injected clock and id source every draft is stamped with.
 //!
 //! It never depends on the simulator (`provledger-sim`), the projection store or the CLI,
@@ -38,6 +41,7 @@ pub mod placement;
 mod port;
 pub mod recovery;
 mod runner;
+pub mod view;
 pub mod write;
 
 pub use allocation::release_allocation;

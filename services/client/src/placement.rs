@@ -4,20 +4,32 @@
 //! decided write path at the provider's exact version, so a racing claim is never lost
 //! and a provider that gained an allocation meanwhile is never deleted.
 //!
+//! What the decisions look at besides the provider (its consumers, the other providers,
+//! the instances) comes from a [`StateView`]: [`LogView`] folds the log, serve passes its
+//! projection store, so a refused delete costs its allocations and heal or orphans the
+//! entities of the kinds involved, never the log's length. The provider itself is always
+//! read from the log, and the view only tells what to try: each claim and release is
+//! written with `record`/`record_fact`, decided against the log at the provider's exact
+//! version, so a view that lags the log can make a write be refused, never wrong.
+//!
 //! A cascade is ordered so that a crash anywhere leaves no orphan and a re-run finishes:
 //! `provider_delete_requested` first (from then on claims are refused), then each
 //! allocation released with its reason, then `provider_deleted`.
 
 use provledger_events::catalogue::{AllocationHold, BlockingAllocation};
 use provledger_events::{AggregateId, Event, EventLog, Expectation};
-use provledger_projections::placement::{holds, orphans, plan_heal, Hold};
+use provledger_projections::placement::{consumer_entity, holds, orphans, plan_heal, Hold};
 use provledger_projections::provider::{ProviderState, ProviderStatus};
 use provledger_projections::{Entity, Projection};
 use uuid::Uuid;
 
 use crate::clock::Stamper;
 use crate::ledger::{derived_commit_id, read_entity};
+use crate::view::{entities, fold_log, StateView, ViewError};
 use crate::write::{record, record_fact, RecordError};
+
+#[doc(no_inline)]
+pub use crate::view::LogView;
 
 /// How many times a placement write re-reads and decides again after another writer
 /// changed the provider in between.
@@ -48,26 +60,33 @@ pub enum ProviderDeletion {
     },
 }
 
-/// The whole state folded from the log: placement decisions need instances and
-/// operations as well as the provider.
-pub async fn read_projection<L: EventLog>(log: &L) -> Result<Projection, PlacementError> {
-    use futures::StreamExt;
-    let mut projection = Projection::new();
-    let mut stream = log
-        .read_all(1)
-        .await
-        .map_err(|e| PlacementError::Read(e.to_string()))?;
-    while let Some(entry) = stream.next().await {
-        match entry {
-            Ok(commit) => {
-                // What readers quarantine is not folded here either.
-                let _ = projection.apply_checked(&commit);
-            }
-            Err(e) if e.quarantine_parts().is_some() => {}
-            Err(e) => return Err(PlacementError::Read(e.to_string())),
-        }
+impl From<ViewError> for PlacementError {
+    fn from(e: ViewError) -> Self {
+        PlacementError::Read(e.0)
     }
-    Ok(projection)
+}
+
+/// The whole state folded from the log (for the CLI's `--host` and tools; placement's
+/// decisions read a [`StateView`]).
+pub async fn read_projection<L: EventLog>(log: &L) -> Result<Projection, PlacementError> {
+    Ok(fold_log(log).await?)
+}
+
+/// Every allocation on `provider` with why it is there: the provider as given (read from
+/// the log), each consumer looked up in `view` by id. Costs the provider's allocations.
+pub async fn holds_on<V: StateView>(
+    view: &V,
+    provider: &ProviderState,
+) -> Result<Vec<Hold>, PlacementError> {
+    // Collected before the reads: an iterator with closures held across an await would
+    // make the future not `Send` for serve.
+    let ids: Vec<AggregateId> = provider
+        .allocations
+        .iter()
+        .map(|(consumer, a)| consumer_entity(*consumer, a.consumer_kind))
+        .collect();
+    let consumers = entities(view, ids).await?;
+    Ok(holds(|id| consumers.get(id), provider))
 }
 
 async fn provider_state<L: EventLog>(
@@ -84,9 +103,11 @@ async fn provider_state<L: EventLog>(
 /// Deletes `provider`. Without `cascade`, refused while any allocation exists, listing each
 /// with why it is there and what to do (nothing written). With `cascade`: the delete
 /// request, each allocation released with its reason, then the delete; re-running after a
-/// crash finishes the job.
-pub async fn delete_provider<L: EventLog>(
+/// crash finishes the job. `view` says why each allocation is there (each consumer read by
+/// id); the provider and every write are decided from the log.
+pub async fn delete_provider<L: EventLog, V: StateView>(
     log: &L,
+    view: &V,
     provider: Uuid,
     cascade: bool,
     actor: &str,
@@ -98,10 +119,9 @@ pub async fn delete_provider<L: EventLog>(
         return Ok(ProviderDeletion::AlreadyDeleted);
     }
     if !state.allocations.is_empty() && !cascade {
-        // The whole state is read only to say why each allocation is there.
-        let projection = read_projection(log).await?;
+        // The view is read only to say why each allocation is there: one consumer each.
         return Ok(ProviderDeletion::Refused {
-            holds: holds(&projection, &state),
+            holds: holds_on(view, &state).await?,
         });
     }
     if state.status != Some(ProviderStatus::Deleting) {
@@ -128,8 +148,7 @@ pub async fn delete_provider<L: EventLog>(
             // With a cascade, what the provider holds now is released here (first round:
             // every allocation; later ones: none, since claims are refused once the delete
             // is requested). Without one, only a claim that raced the request can be here.
-            let projection = read_projection(log).await?;
-            let late = holds(&projection, &state);
+            let late = holds_on(view, &state).await?;
             if !cascade {
                 // The provider goes back to active (claims accepted again), and the refusal
                 // names what blocked it.
@@ -223,16 +242,33 @@ pub struct HealReport {
 }
 
 /// Claims the missing allocation of every instance that has a host, none anywhere, and no
-/// task in progress (`only`: one instance). `dry_run` writes nothing.
-pub async fn heal_allocations<L: EventLog>(
+/// task in progress (`only`: one instance). `dry_run` writes nothing. The instances and
+/// who holds allocations come from `view` (the instances, or the one asked for, and each
+/// one's allocations by consumer); each claim is decided against the log by the write path
+/// (capacity at the provider's exact version).
+pub async fn heal_allocations<L: EventLog, V: StateView>(
     log: &L,
+    view: &V,
     only: Option<Uuid>,
     dry_run: bool,
     actor: &str,
     stamper: &Stamper,
 ) -> Result<HealReport, PlacementError> {
-    let projection = read_projection(log).await?;
-    let plan = plan_heal(&projection, only);
+    let instances = match only {
+        Some(id) => match view.entity(&AggregateId::instance(id)).await? {
+            Some(Entity::Instance(i)) => vec![i],
+            _ => Vec::new(),
+        },
+        None => view.instances().await?,
+    };
+    let mut held = std::collections::BTreeSet::new();
+    for i in &instances {
+        let id = i.header.id.id;
+        if !view.allocation_providers(id).await?.is_empty() {
+            held.insert(id);
+        }
+    }
+    let plan = plan_heal(&instances, |consumer| held.contains(&consumer));
     let mut report = HealReport {
         skipped: plan.skipped,
         ..Default::default()
@@ -259,15 +295,24 @@ pub async fn heal_allocations<L: EventLog>(
 }
 
 /// Releases the orphan allocations (consumer or provider gone), only those, each with its
-/// reason, on the provider it was found on. `dry_run` writes nothing.
-pub async fn fix_orphans<L: EventLog>(
+/// reason, on the provider it was found on. `dry_run` writes nothing. The providers and
+/// their consumers come from `view`; each release is written on the provider through the
+/// write path (a consumer released meanwhile is left as it is).
+pub async fn fix_orphans<L: EventLog, V: StateView>(
     log: &L,
+    view: &V,
     dry_run: bool,
     actor: &str,
     stamper: &Stamper,
 ) -> Result<Vec<(Uuid, Hold)>, PlacementError> {
-    let projection = read_projection(log).await?;
-    let found = orphans(&projection);
+    let providers = view.providers().await?;
+    let ids: Vec<AggregateId> = providers
+        .iter()
+        .flat_map(|p| p.allocations.iter())
+        .map(|(consumer, a)| consumer_entity(*consumer, a.consumer_kind))
+        .collect();
+    let consumers = entities(view, ids).await?;
+    let found = orphans(&providers, |id| consumers.get(id));
     if !dry_run {
         for (provider, hold) in &found {
             debug_assert_eq!(hold.hold, AllocationHold::Orphan);

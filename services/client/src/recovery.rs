@@ -8,6 +8,11 @@
 //! once and only the sweep that recorded it re-issues. A re-issued delete that cannot be
 //! delivered puts the instance in error: a delete is never dropped.
 //!
+//! The instances come from a [`StateView`] (serve's projection store: the sweep costs the
+//! instances, never the log's length). A recovery decided from a view that lags the log
+//! is still safe: it is recorded at the version the view saw, so if the instance moved on
+//! the write path refuses it (`raced`) and the next sweep decides again.
+//!
 //! Workers answer `<prefix>.worker.<worker_id>.reissue` requests (`ReissueRequest`, reply
 //! `{"ok": true}` or `{"ok": false, "error": "..."}`) and must be idempotent by
 //! `request_id`.
@@ -26,7 +31,8 @@ use uuid::Uuid;
 use crate::clock::Stamper;
 use crate::executors::request_ok;
 use crate::ledger::derived_commit_id;
-use crate::placement::{read_projection, PlacementError};
+use crate::placement::PlacementError;
+use crate::view::{entities, StateView};
 use crate::write::{record, record_fact, RecordError, Recorded};
 
 /// The actor every sweep records with: racing replicas then write identical payloads.
@@ -112,21 +118,21 @@ impl SweepReport {
     }
 }
 
-/// One sweep over every instance. `dry_run` writes nothing and re-issues nothing.
-pub async fn sweep<L: EventLog>(
+/// One sweep over every instance of `view`. `dry_run` writes nothing and re-issues nothing.
+pub async fn sweep<L: EventLog, V: StateView>(
     log: &L,
+    view: &V,
     reissuer: &dyn Reissuer,
     dry_run: bool,
     stamper: &Stamper,
 ) -> Result<SweepReport, PlacementError> {
-    let projection = read_projection(log).await?;
     let now = stamper.now();
-    let instances = projection.instances();
+    let instances = view.instances().await?;
     let mut report = SweepReport {
         examined: instances.len(),
         ..Default::default()
     };
-    for instance in instances {
+    for instance in &instances {
         let Some(decision) = recover(instance, now) else {
             continue;
         };
@@ -164,8 +170,7 @@ pub async fn sweep<L: EventLog>(
                     Some(Reissue::RevertResize | Reissue::AbortLiveMigration)
                 ) {
                     if let Err(e) =
-                        return_to_source(log, &projection, instance, &decision.reason, stamper)
-                            .await
+                        return_to_source(log, view, instance, &decision.reason, stamper).await
                     {
                         outcome = format!("failed: moving the allocations back: {e}");
                     }
@@ -206,17 +211,21 @@ pub async fn sweep<L: EventLog>(
 /// the source (the migration's source allocation becomes the instance's again, in one
 /// commit, so the capacity it frees cannot be taken in between), the destination's is
 /// released, the instance's host is the source again, and a migration operation still
-/// running goes to error.
-async fn return_to_source<L: EventLog>(
+/// running goes to error. Finding the migration walks the providers of `view` (only for
+/// an interrupted resize or live migration).
+async fn return_to_source<L: EventLog, V: StateView>(
     log: &L,
-    projection: &provledger_projections::Projection,
+    view: &V,
     instance: &provledger_projections::instance::InstanceState,
     reason: &str,
     stamper: &Stamper,
-) -> Result<(), RecordError> {
+) -> Result<(), ReturnError> {
+    use provledger_projections::placement::{migration_consumers, migration_source};
     let id = instance.header.id.id;
+    let providers = view.providers().await?;
+    let operations = entities(view, migration_consumers(&providers)).await?;
     let Some((migration, source, resources)) =
-        provledger_projections::placement::migration_source(projection, id)
+        migration_source(&providers, |op| operations.get(op), id)
     else {
         return Ok(()); // nothing held for a migration: nothing to move back
     };
@@ -238,10 +247,11 @@ async fn return_to_source<L: EventLog>(
     if let Some(destination) = instance.provider_id.filter(|d| *d != source) {
         release_build_claim(log, destination, id, reason, stamper).await?;
     }
-    let source_host = match projection.get(&AggregateId::provider(source)) {
-        Some(Entity::Provider(p)) => p.host.clone(),
-        _ => String::new(),
-    };
+    let source_host = providers
+        .iter()
+        .find(|p| p.header.id.id == source)
+        .map(|p| p.host.clone())
+        .unwrap_or_default();
     let mut draft = stamper.draft(
         RECOVERY_ACTOR,
         vec![Event::HostAssigned {
@@ -251,7 +261,7 @@ async fn return_to_source<L: EventLog>(
     );
     draft.commit_id = derived_commit_id(migration, "recovery-host-back");
     record_fact(log, AggregateId::instance(id), draft).await?;
-    if let Some(Entity::Operation(op)) = projection.get(&AggregateId::operation(migration)) {
+    if let Some(Entity::Operation(op)) = operations.get(&AggregateId::operation(migration)) {
         if op.status == Some(provledger_projections::operation::OperationStatus::Running) {
             let failed = Event::OperationFailed {
                 stage: op.current_stage.clone().unwrap_or_else(|| "migrate".into()),
@@ -266,6 +276,16 @@ async fn return_to_source<L: EventLog>(
         }
     }
     Ok(())
+}
+
+/// Why the allocations could not be moved back: the view could not be read, or a write
+/// failed.
+#[derive(Debug, thiserror::Error)]
+enum ReturnError {
+    #[error(transparent)]
+    View(#[from] crate::view::ViewError),
+    #[error(transparent)]
+    Write(#[from] RecordError),
 }
 
 async fn release_build_claim<L: EventLog>(

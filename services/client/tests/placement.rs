@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use provledger_client::placement::{delete_provider, ProviderDeletion};
+use provledger_client::placement::{delete_provider, LogView, ProviderDeletion};
 use provledger_client::write::{record, RecordError};
 use provledger_client::Stamper;
 use provledger_events::catalogue::{ConsumerKind, Inventory, Ratio};
@@ -125,7 +125,7 @@ async fn a_cascade_that_crashes_before_the_delete_orphans_nothing_and_a_rerun_fi
     }
 
     // Given a cascade whose process dies between the releases and the delete...
-    let crashed = delete_provider(&log, provider, true, "t", &stamper).await;
+    let crashed = delete_provider(&log, &LogView::new(&log), provider, true, "t", &stamper).await;
     assert!(crashed.is_err(), "{crashed:?}");
     // ...then nothing is orphaned: every allocation was released with its reason, the
     // provider is deleting, not deleted, and it refuses a new claim meanwhile.
@@ -162,7 +162,7 @@ async fn a_cascade_that_crashes_before_the_delete_orphans_nothing_and_a_rerun_fi
 
     // When it is run again after the restart, it finishes: deleted, nothing released twice.
     log.dead.store(false, Ordering::SeqCst);
-    let rerun = delete_provider(&log, provider, true, "t", &stamper)
+    let rerun = delete_provider(&log, &LogView::new(&log), provider, true, "t", &stamper)
         .await
         .unwrap();
     assert_eq!(rerun, ProviderDeletion::Deleted { released: vec![] });
@@ -209,7 +209,9 @@ async fn a_delete_racing_claims_never_deletes_a_provider_that_gained_an_allocati
         });
         let delete = {
             let (log, stamper) = (log.clone(), stamper.clone());
-            tokio::spawn(async move { delete_provider(&log, provider, false, "t", &stamper).await })
+            tokio::spawn(async move {
+                delete_provider(&log, &LogView::new(&log), provider, false, "t", &stamper).await
+            })
         };
         let acknowledged = futures::future::join_all(claims)
             .await

@@ -214,6 +214,10 @@ pub async fn run(
     let (stop_worker, worker_shutdown) = watch::channel(false);
     let recovery_task = options.recovery_interval.map(|interval| {
         let ledger = Ledger::JetStream(log.clone());
+        // The sweep walks the store's instances (never folds the log); each recovery is
+        // recorded at the instance's exact version in the log, so one decided from a store
+        // that lags is refused (`raced`) and decided again by the next sweep.
+        let store = ctx.store.clone();
         let reissuer = NatsReissuer {
             client: client.clone(),
             subject_prefix: options.subject_prefix.clone(),
@@ -223,7 +227,7 @@ pub async fn run(
         tokio::spawn(async move {
             // On start, then every interval: racing replicas record each recovery once.
             loop {
-                match sweep(&ledger, &reissuer, false, &Stamper::system()).await {
+                match sweep(&ledger, &store, &reissuer, false, &Stamper::system()).await {
                     Ok(report) if report.written() > 0 => {
                         tracing::info!(written = report.written(), "stuck-state recovery sweep")
                     }

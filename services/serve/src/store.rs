@@ -14,10 +14,13 @@
 //! - `s` + snapshot position + aggregate: an entity as of a snapshot.
 //! - `S` + snapshot position: the marker written last, once a snapshot is complete.
 
+use provledger_client::view::{StateView, ViewError};
 use provledger_events::codec::{self, DecodeError};
 use provledger_events::{
     check_chain, AggregateId, AggregateKind, Commit, IntegrityError, Timestamp,
 };
+use provledger_projections::instance::InstanceState;
+use provledger_projections::provider::ProviderState;
 use provledger_projections::{Entity, Projection};
 use uuid::Uuid;
 
@@ -561,6 +564,68 @@ impl ProjectionStore {
         }
         Ok(Some(projection))
     }
+}
+
+/// The store as placement's and recovery's [`StateView`]: each entity read from sled by id,
+/// providers and instances by kind (`e` + kind), a consumer's providers from the `b`
+/// index. A refused delete then costs its allocations, heal and orphans the entities of
+/// the kinds they walk, a recovery sweep the instances: never the log's length.
+///
+/// The store may lag the log by what the projector has not applied yet; it only tells what
+/// to try. Every write decided from it goes through the client's one decided write path
+/// (`record`/`record_fact`: the aggregate read from the log, appended at that exact
+/// version), so the decider checks each claim, release and recovery against the log.
+impl StateView for ProjectionStore {
+    async fn entity(&self, id: &AggregateId) -> Result<Option<Entity>, ViewError> {
+        ProjectionStore::entity(self, id).map_err(view_error)
+    }
+
+    async fn providers(&self) -> Result<Vec<ProviderState>, ViewError> {
+        self.of_kind(AggregateKind::Provider, |e| match e {
+            Entity::Provider(p) => Some(p),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn instances(&self) -> Result<Vec<InstanceState>, ViewError> {
+        self.of_kind(AggregateKind::Instance, |e| match e {
+            Entity::Instance(i) => Some(i),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn allocation_providers(&self, consumer: Uuid) -> Result<Vec<Uuid>, ViewError> {
+        self.providers_of_consumer(&consumer).map_err(view_error)
+    }
+}
+
+impl ProjectionStore {
+    /// Every entity of `kind`, decoded off the reactor: a scan of a whole kind takes long
+    /// enough to hold up the requests sharing its thread.
+    async fn of_kind<T: Send + 'static>(
+        &self,
+        kind: AggregateKind,
+        pick: fn(Entity) -> Option<T>,
+    ) -> Result<Vec<T>, ViewError> {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || {
+            store
+                .entities_of(kind, None)
+                .filter_map(|e| match e {
+                    Ok(e) => pick(e).map(Ok),
+                    Err(e) => Some(Err(view_error(e))),
+                })
+                .collect()
+        })
+        .await
+        .map_err(|e| ViewError(format!("reading the projection store: {e}")))?
+    }
+}
+
+fn view_error(e: StoreError) -> ViewError {
+    ViewError(format!("reading the projection store: {e}"))
 }
 
 #[cfg(test)]

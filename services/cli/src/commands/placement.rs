@@ -3,7 +3,7 @@
 //! --fix-orphans`: the client library's placement writes, printed for a person.
 
 use provledger_client::placement::{
-    delete_provider, fix_orphans, heal_allocations, providers_on_host, read_projection,
+    delete_provider, fix_orphans, heal_allocations, providers_on_host, read_projection, LogView,
     PlacementError, ProviderDeletion,
 };
 use provledger_client::{Ledger, Stamper};
@@ -77,7 +77,10 @@ pub async fn delete(
     let mut results = Vec::new();
     let mut refused = 0;
     for id in targets {
-        let outcome = delete_provider(ledger, id, cascade, "cli", &stamper).await?;
+        // A CLI run is not a request path: it decides from the log folded (a view per
+        // provider, so each sees what the previous deletes wrote).
+        let view = LogView::new(ledger);
+        let outcome = delete_provider(ledger, &view, id, cascade, "cli", &stamper).await?;
         match &outcome {
             ProviderDeletion::Deleted { released } => {
                 if !json {
@@ -140,7 +143,9 @@ pub async fn heal(
     dry_run: bool,
     json: bool,
 ) -> Result<(), CommandError> {
-    let report = heal_allocations(ledger, instance, dry_run, "cli", &Stamper::system()).await?;
+    let view = LogView::new(ledger);
+    let report =
+        heal_allocations(ledger, &view, instance, dry_run, "cli", &Stamper::system()).await?;
     if json {
         let mut v = serde_json::to_value(&report).unwrap_or_default();
         v["dry_run"] = dry_run.into();
@@ -176,7 +181,8 @@ pub async fn heal(
 
 /// `audit --fix-orphans`: releases the orphan allocations, only those, with reasons.
 pub async fn release_orphans(ledger: &Ledger, json: bool) -> Result<usize, CommandError> {
-    let released = fix_orphans(ledger, false, "cli", &Stamper::system()).await?;
+    let view = LogView::new(ledger);
+    let released = fix_orphans(ledger, &view, false, "cli", &Stamper::system()).await?;
     if !json {
         for (provider, hold) in &released {
             println!("released on provider {provider}:\n{}", describe(hold));

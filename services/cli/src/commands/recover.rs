@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use provledger_client::recovery::{sweep, NatsReissuer, NoWorkers, Reissuer};
+use provledger_client::view::LogView;
 use provledger_client::{connect_nats, Ledger, LedgerOptions, Stamper};
 
 use super::{print_json, CommandError};
@@ -29,7 +30,15 @@ pub async fn run(
         }
         _ => Box::new(NoWorkers),
     };
-    let report = sweep(ledger, reissuer.as_ref(), dry_run, &Stamper::system()).await?;
+    let view = LogView::new(ledger);
+    let report = sweep(
+        ledger,
+        &view,
+        reissuer.as_ref(),
+        dry_run,
+        &Stamper::system(),
+    )
+    .await?;
     let failed = report
         .recoveries
         .iter()

@@ -1,14 +1,25 @@
 //! `q.provider.list`, `cmd.provider.delete`, `cmd.heal_allocations` and
 //! `cmd.fix_orphans`: placement for services that are not written in Rust, through the
-//! client library's placement writes (decided from the log, at exact versions).
+//! client library's placement writes.
+//!
+//! What the decisions look at (a provider's consumers, the providers, the instances) is
+//! read from the projection store, never by folding the log, so a request costs what it
+//! looks at. First the store applies what the log held when the request came (bounded like
+//! a `min_position` wait, `stale` beyond), so a command sees every write acknowledged
+//! before it. The store only tells what to try: the provider is read from the log, and
+//! every claim and release goes through the one decided write path at the provider's exact
+//! version.
 
 use provledger_client::placement::{
     delete_provider, fix_orphans, heal_allocations, PlacementError, ProviderDeletion,
 };
 use provledger_client::Stamper;
-use provledger_events::AggregateKind;
+use provledger_events::{AggregateKind, EventLog};
 use provledger_projections::Entity;
 use serde_json::{json, Map, Value};
+use uuid::Uuid;
+
+use crate::store::ProjectionStore;
 
 use super::caller::Caller;
 use super::error::{bad, ErrorCode, QueryError};
@@ -37,6 +48,18 @@ fn actor(req: &Map<String, Value>, caller: &Caller, default: &str) -> Result<Str
     Ok(caller.actor(opt_str(req, "actor")?, default))
 }
 
+/// Waits until the store has applied the log's end as it is now: decisions read from the
+/// store then see every write acknowledged before the request.
+async fn caught_up_with_log(ctx: &QueryContext) -> Result<(), QueryError> {
+    let end = ctx.log.last_position().await.map_err(|e| {
+        QueryError::new(
+            ErrorCode::Unavailable,
+            format!("cannot read the log's end: {e}"),
+        )
+    })?;
+    ctx.wait_for(Some(end)).await
+}
+
 /// Providers, optionally of one `status` or `host`, in id order after `after`.
 pub(crate) fn provider_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
     let req = object(payload)?;
@@ -62,7 +85,20 @@ pub(crate) async fn provider_delete(
     let id = req_uuid(&req, "id")?;
     let cascade = opt_bool(&req, "cascade")?;
     let actor = actor(&req, caller, "nats:cmd.provider.delete")?;
-    match delete_provider(&ctx.log, id, cascade, &actor, &Stamper::system())
+    caught_up_with_log(ctx).await?;
+    delete_with(&ctx.log, &ctx.store, id, cascade, &actor).await
+}
+
+/// `provider_delete` once the request is read: the provider from `log`, why each
+/// allocation is there from `store` (each consumer by id).
+async fn delete_with<L: EventLog>(
+    log: &L,
+    store: &ProjectionStore,
+    id: Uuid,
+    cascade: bool,
+    actor: &str,
+) -> Result<Value, QueryError> {
+    match delete_provider(log, store, id, cascade, actor, &Stamper::system())
         .await
         .map_err(placement_error)?
     {
@@ -93,7 +129,20 @@ pub(crate) async fn heal(
     let dry_run = opt_bool(&req, "dry_run")?;
     let instance = opt_uuid(&req, "instance")?;
     let actor = actor(&req, caller, "nats:cmd.heal_allocations")?;
-    let report = heal_allocations(&ctx.log, instance, dry_run, &actor, &Stamper::system())
+    caught_up_with_log(ctx).await?;
+    heal_with(&ctx.log, &ctx.store, instance, dry_run, &actor).await
+}
+
+/// `heal` once the request is read: the instances and who holds allocations from `store`,
+/// each claim written to `log` through the write path.
+async fn heal_with<L: EventLog>(
+    log: &L,
+    store: &ProjectionStore,
+    instance: Option<Uuid>,
+    dry_run: bool,
+    actor: &str,
+) -> Result<Value, QueryError> {
+    let report = heal_allocations(log, store, instance, dry_run, actor, &Stamper::system())
         .await
         .map_err(placement_error)?;
     let mut v = serde_json::to_value(&report).unwrap_or_default();
@@ -111,7 +160,19 @@ pub(crate) async fn orphans(
     check_fields(&req, &["dry_run", "actor"])?;
     let dry_run = opt_bool(&req, "dry_run")?;
     let actor = actor(&req, caller, "nats:cmd.fix_orphans")?;
-    let found = fix_orphans(&ctx.log, dry_run, &actor, &Stamper::system())
+    caught_up_with_log(ctx).await?;
+    orphans_with(&ctx.log, &ctx.store, dry_run, &actor).await
+}
+
+/// `orphans` once the request is read: the providers and their consumers from `store`,
+/// each release written to `log` through the write path.
+async fn orphans_with<L: EventLog>(
+    log: &L,
+    store: &ProjectionStore,
+    dry_run: bool,
+    actor: &str,
+) -> Result<Value, QueryError> {
+    let found = fix_orphans(log, store, dry_run, actor, &Stamper::system())
         .await
         .map_err(placement_error)?;
     Ok(json!({
@@ -121,4 +182,307 @@ pub(crate) async fn orphans(
             .map(|(provider, hold)| json!({"provider": provider, "hold": hold}))
             .collect::<Vec<_>>(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use provledger_client::placement::LogView;
+    use provledger_client::recovery::{sweep, NoWorkers};
+    use provledger_client::write::record;
+    use provledger_events::catalogue::{
+        ConsumerKind, Inventory, Ratio, TaskOutcome, TaskState, VmState,
+    };
+    use provledger_events::{
+        AggregateId, AppendError, AppendOutcome, ChainTip, Commit, CommitDraft, CommitStream,
+        Event, Expectation, HistoryEntry, ReadError, SledLog, Timestamp, WriteQueues,
+    };
+
+    use super::*;
+    use crate::projector::Projector;
+
+    /// The log serve writes to, counting every read of the whole log: serve's placement
+    /// commands and recovery sweep must decide from the store and never ask for one.
+    #[derive(Clone)]
+    struct CountsFolds {
+        inner: SledLog,
+        folds: Arc<AtomicUsize>,
+    }
+
+    impl CountsFolds {
+        fn folds(&self) -> usize {
+            self.folds.load(Ordering::SeqCst)
+        }
+    }
+
+    impl EventLog for CountsFolds {
+        async fn append(
+            &self,
+            aggregate: AggregateId,
+            expect: Expectation,
+            draft: CommitDraft,
+        ) -> Result<AppendOutcome, AppendError> {
+            self.inner.append(aggregate, expect, draft).await
+        }
+        async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {
+            self.inner.read_aggregate(aggregate).await
+        }
+        async fn read_aggregate_after(
+            &self,
+            aggregate: AggregateId,
+            after: ChainTip,
+        ) -> Result<Vec<Commit>, ReadError> {
+            self.inner.read_aggregate_after(aggregate, after).await
+        }
+        async fn find_commit(
+            &self,
+            aggregate: AggregateId,
+            commit_id: Uuid,
+            since: Option<Timestamp>,
+        ) -> Result<Option<Commit>, ReadError> {
+            self.inner.find_commit(aggregate, commit_id, since).await
+        }
+        fn write_queues(&self) -> &WriteQueues {
+            self.inner.write_queues()
+        }
+        fn recognises_retry_on_append(&self, commit_id: &Uuid) -> bool {
+            self.inner.recognises_retry_on_append(commit_id)
+        }
+        async fn aggregate_history(
+            &self,
+            aggregate: AggregateId,
+        ) -> Result<Vec<HistoryEntry>, ReadError> {
+            self.inner.aggregate_history(aggregate).await
+        }
+        async fn read_all(&self, from: u64) -> Result<CommitStream, ReadError> {
+            self.folds.fetch_add(1, Ordering::SeqCst);
+            self.inner.read_all(from).await
+        }
+        async fn subscribe(&self, from: u64) -> Result<CommitStream, ReadError> {
+            self.folds.fetch_add(1, Ordering::SeqCst);
+            self.inner.subscribe(from).await
+        }
+        async fn last_position(&self) -> Result<u64, ReadError> {
+            self.inner.last_position().await
+        }
+    }
+
+    fn running_on(provider: Uuid) -> Vec<Event> {
+        vec![
+            Event::InstanceCreateRequested {
+                name: "vm".into(),
+                cluster_id: None,
+                node_group: None,
+                flavor: "m1".into(),
+                resources: BTreeMap::from([("VCPU".to_string(), 2)]),
+                image: "img".into(),
+            },
+            Event::HostAssigned {
+                host: "cn".into(),
+                provider_id: provider,
+            },
+            Event::TaskFinished {
+                task_state: TaskState::Scheduling,
+                outcome: TaskOutcome::Succeeded,
+                reason: String::new(),
+            },
+            Event::VmStateChanged {
+                vm_state: VmState::Active,
+                reason: String::new(),
+            },
+        ]
+    }
+
+    fn claim(consumer: Uuid) -> Vec<Event> {
+        vec![Event::AllocationClaimed {
+            consumer,
+            consumer_kind: ConsumerKind::Instance,
+            resources: BTreeMap::from([("VCPU".to_string(), 2)]),
+        }]
+    }
+
+    /// Given a provider holding a running instance's allocation and a deleted instance's,
+    /// an instance on it without one, and an instance whose worker died mid-task, projected
+    /// into a store: serve's refused delete, heal and orphan dry runs, recovery sweep, and
+    /// the writes that follow (heal, cascade) never read the whole log.
+    #[tokio::test]
+    async fn serve_decides_placement_and_recovery_from_the_store_without_folding_the_log() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sled = SledLog::open(dir.path()).expect("sled log");
+        let store = ProjectionStore::open(sled.db()).expect("store");
+        let log = CountsFolds {
+            inner: sled.clone(),
+            folds: Arc::default(),
+        };
+        let stamper = Stamper::system();
+        let (p, running, unallocated, deleted, stuck) = (
+            Uuid::now_v7(),
+            Uuid::now_v7(),
+            Uuid::now_v7(),
+            Uuid::now_v7(),
+            Uuid::now_v7(),
+        );
+        let mut stuck_events = running_on(p);
+        stuck_events.push(Event::TaskStarted {
+            task_state: TaskState::PoweringOff,
+            worker_id: "compute-1".into(),
+            lease_until: Timestamp::from_unix_ms(1),
+        });
+        let mut deleted_events = running_on(p);
+        deleted_events.push(Event::VmStateChanged {
+            vm_state: VmState::Deleted,
+            reason: "gone".into(),
+        });
+        let script = [
+            (
+                AggregateId::provider(p),
+                vec![
+                    Event::ProviderRegistered {
+                        name: "cn".into(),
+                        host: "cn".into(),
+                    },
+                    Event::InventorySet {
+                        resource_class: "VCPU".into(),
+                        inventory: Inventory {
+                            total: 16,
+                            reserved: 0,
+                            allocation_ratio: Ratio::ONE,
+                            min_unit: 1,
+                            max_unit: 16,
+                            step_size: 1,
+                        },
+                    },
+                ],
+            ),
+            (AggregateId::instance(running), running_on(p)),
+            (AggregateId::instance(unallocated), running_on(p)),
+            (AggregateId::instance(deleted), deleted_events),
+            (AggregateId::instance(stuck), stuck_events),
+            (AggregateId::provider(p), claim(running)),
+            (AggregateId::provider(p), claim(deleted)),
+            (AggregateId::provider(p), claim(stuck)),
+        ];
+        for (aggregate, events) in script {
+            record(
+                &log,
+                aggregate,
+                Expectation::Any,
+                stamper.draft("t", events),
+            )
+            .await
+            .expect("record");
+        }
+        let mut projector = Projector::new(store.clone(), 0).expect("projector");
+        projector
+            .catch_up(&sled, |_, _| {})
+            .await
+            .expect("catch up");
+
+        // A refused delete names each consumer, looked up in the store by id.
+        let refused = delete_with(&log, &store, p, false, "t")
+            .await
+            .expect_err("refused");
+        assert_eq!(refused.code, ErrorCode::Conflict, "{}", refused.message);
+        assert_eq!(refused.extra["holds"].as_array().map(Vec::len), Some(3));
+        assert_eq!(log.folds(), 0, "the refused delete folded the log");
+
+        let healed = heal_with(&log, &store, None, true, "t")
+            .await
+            .expect("heal");
+        assert_eq!(healed["healed"], json!([[unallocated, p]]), "{healed}");
+        assert_eq!(log.folds(), 0, "the heal dry run folded the log");
+
+        let found = orphans_with(&log, &store, true, "t")
+            .await
+            .expect("orphans");
+        assert_eq!(
+            found["orphans"].as_array().map(Vec::len),
+            Some(1),
+            "{found}"
+        );
+        assert_eq!(found["orphans"][0]["hold"]["consumer"], json!(deleted));
+        assert_eq!(log.folds(), 0, "the orphan dry run folded the log");
+
+        let swept = sweep(&log, &store, &NoWorkers, true, &stamper)
+            .await
+            .expect("sweep");
+        assert_eq!(swept.examined, 4);
+        assert_eq!(swept.recoveries.len(), 1, "{swept:?}");
+        assert_eq!(swept.recoveries[0].instance, stuck);
+        assert_eq!(log.folds(), 0, "the recovery sweep folded the log");
+
+        // The writes decided from the store go through the write path, still no fold.
+        let healed = heal_with(&log, &store, None, false, "t")
+            .await
+            .expect("heal");
+        assert_eq!(healed["healed"], json!([[unallocated, p]]), "{healed}");
+        projector
+            .catch_up(&sled, |_, _| {})
+            .await
+            .expect("catch up");
+        let deleted_reply = delete_with(&log, &store, p, true, "t")
+            .await
+            .expect("cascade");
+        assert_eq!(deleted_reply["outcome"], "deleted", "{deleted_reply}");
+        assert_eq!(
+            deleted_reply["released"].as_array().map(Vec::len),
+            Some(4),
+            "{deleted_reply}"
+        );
+        assert_eq!(log.folds(), 0, "a placement write folded the log");
+
+        // The counter does see a fold: the log itself as the view reads it whole.
+        let other = Uuid::now_v7();
+        record(
+            &log,
+            AggregateId::provider(other),
+            Expectation::Any,
+            stamper.draft(
+                "t",
+                vec![Event::ProviderRegistered {
+                    name: "cn2".into(),
+                    host: "cn2".into(),
+                }],
+            ),
+        )
+        .await
+        .expect("record");
+        record(&log, AggregateId::provider(other), Expectation::Any, {
+            stamper.draft(
+                "t",
+                vec![Event::InventorySet {
+                    resource_class: "VCPU".into(),
+                    inventory: Inventory {
+                        total: 4,
+                        reserved: 0,
+                        allocation_ratio: Ratio::ONE,
+                        min_unit: 1,
+                        max_unit: 4,
+                        step_size: 1,
+                    },
+                }],
+            )
+        })
+        .await
+        .expect("record");
+        record(
+            &log,
+            AggregateId::provider(other),
+            Expectation::Any,
+            stamper.draft("t", claim(running)),
+        )
+        .await
+        .expect("record");
+        let by_log = delete_provider(&log, &LogView::new(&log), other, false, "t", &stamper)
+            .await
+            .expect("delete");
+        assert!(
+            matches!(by_log, ProviderDeletion::Refused { ref holds } if holds.len() == 1),
+            "{by_log:?}"
+        );
+        assert_eq!(log.folds(), 1);
+    }
 }
