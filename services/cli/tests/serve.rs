@@ -618,3 +618,52 @@ async fn sigkill_during_a_load_loses_and_duplicates_nothing() {
     assert_eq!(kills, ROUNDS);
     assert!(serve.terminate().success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_for_a_far_min_position_are_bounded_and_health_still_answers() {
+    // Given a serve replica (waits bounded at 300 ms in the tests),
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let _serve = Serve::start(&nats, &dir.path().join("serve"));
+    let client = nats.client().await;
+    common::wait_ready(&client).await;
+    let cluster = Uuid::now_v7();
+    // when 600 queries wait for a position the log will not reach,
+    let waiting = (0..600).map(|_| {
+        let client = client.clone();
+        async move {
+            let (reply, _) = ask(
+                &client,
+                "provledger.q.cluster.get",
+                json!({"id": cluster, "min_position": 1_000_000}),
+            )
+            .await;
+            (reply, ())
+        }
+    });
+    let waiting = tokio::spawn(futures::future::join_all(waiting));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // then health answers while they wait,
+    let health = query(&client, "health", json!({})).await;
+    assert!(health["error"].is_null(), "{health}");
+    assert!(
+        !waiting.is_finished(),
+        "the waits ended before health was asked"
+    );
+    // every query answers `stale`, and those beyond the bound without waiting.
+    let replies = waiting.await.unwrap();
+    assert!(
+        replies.iter().all(|(r, _)| r["error"]["code"] == "stale"),
+        "{:?}",
+        replies.first()
+    );
+    let turned_away = replies
+        .iter()
+        .filter(|(r, _)| {
+            r["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("MIN_POSITION_WAITS_MAX"))
+        })
+        .count();
+    assert!(turned_away >= 600 - 256, "only {turned_away} turned away");
+}

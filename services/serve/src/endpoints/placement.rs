@@ -325,11 +325,13 @@ mod tests {
             Uuid::now_v7(),
             Uuid::now_v7(),
         );
+        // A task started ten minutes ago with a two-second lease: long expired.
+        let started_at = Timestamp::from_unix_ms(stamper.now().unix_ms() - 600_000);
         let mut stuck_events = running_on(p);
         stuck_events.push(Event::TaskStarted {
             task_state: TaskState::PoweringOff,
             worker_id: "compute-1".into(),
-            lease_until: Timestamp::from_unix_ms(1),
+            lease_until: Timestamp::from_unix_ms(started_at.unix_ms() + 2_000),
         });
         let mut deleted_events = running_on(p);
         deleted_events.push(Event::VmStateChanged {
@@ -366,14 +368,13 @@ mod tests {
             (AggregateId::provider(p), claim(stuck)),
         ];
         for (aggregate, events) in script {
-            record(
-                &log,
-                aggregate,
-                Expectation::Any,
-                stamper.draft("t", events),
-            )
-            .await
-            .expect("record");
+            let mut draft = stamper.draft("t", events);
+            if aggregate == AggregateId::instance(stuck) {
+                draft.recorded_at = started_at;
+            }
+            record(&log, aggregate, Expectation::Any, draft)
+                .await
+                .expect("record");
         }
         let mut projector = Projector::new(store.clone(), 0).expect("projector");
         projector
