@@ -372,8 +372,12 @@ fn trial_fold(
             }
         }
         let created = trial.is_created();
-        let before = trial.clone();
         if let Err(problem) = trial.fold_event(event, &ctx) {
+            // The fold said no. Whether it still applied something (a fact about the world
+            // is applied with an anomaly) is told by the state before this event, rebuilt
+            // only now: keeping a copy before every event would cost the whole state per
+            // event on every write, and refusals are the rare case.
+            let before = trial_before(target, entity, &draft.events[..index], &ctx);
             if trial == before {
                 return Err(if created {
                     AppendRejection::NotApplicable {
@@ -393,6 +397,21 @@ fn trial_fold(
         }
     }
     Ok(())
+}
+
+/// The trial state after `events`, folded again from the state decided on.
+fn trial_before(
+    target: AggregateId,
+    entity: Option<&Entity>,
+    events: &[Event],
+    ctx: &EventContext,
+) -> Entity {
+    let mut trial = entity.cloned().unwrap_or_else(|| Entity::new(target));
+    for event in events {
+        // Its outcome was seen the first time round; only the state matters here.
+        let _ = trial.fold_event(event, ctx);
+    }
+    trial
 }
 
 /// The lease protocol for one task event on `instance` (its state before the event).
