@@ -248,6 +248,12 @@ impl NatsServer {
         self.spec.port
     }
 
+    /// `host:port` of the server's HTTP monitoring endpoint (`/varz`, `/jsz`): every
+    /// configuration the harness renders has one.
+    pub fn monitor_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.spec.monitor_port)
+    }
+
     pub async fn client(&self) -> async_nats::Client {
         async_nats::connect(self.url())
             .await

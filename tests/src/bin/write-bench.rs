@@ -1,0 +1,1409 @@
+//! `write-bench`: the write path as a service outside Rust uses it: `provledger.cmd.append`
+//! (NATS request/reply, JSON) answered by a real `provledger serve` running in this process
+//! (`provledger_serve::run` on its own 2-thread runtime, a temp data dir, the CLI's defaults)
+//! against a private nats-server, each figure next to its reference from the same run:
+//!
+//! 1. Throughput: closed-loop clients (1, 16, 64, 256) each appending an `inventory_set`
+//!    with `expect: "any"` to its share of 1,000 providers for D seconds; next to raw
+//!    JetStream doing the same work on async-nats (direct get of the subject's last message,
+//!    then a publish with `Nats-Expected-Last-Subject-Sequence` and `Nats-Msg-Id`) and
+//!    PostgreSQL (one `INSERT ... SELECT coalesce(max(version), 0) + 1` per write); plus the
+//!    load generator's own ceiling against a trivial echo micro service.
+//! 2. Latency vs aggregate depth: 200 sequential cmd.append on providers of 10, 1,000 and
+//!    100,000 commits (built through `JetStreamLog` with `Exactly(v)` appends).
+//! 3. Hot aggregate: 64 clients writing one provider, next to PostgreSQL doing
+//!    `SELECT ... FOR UPDATE`, insert, update in one transaction on 64 connections.
+//! 4. Sustained: 64 clients for S seconds, per 5-second window, with nats-server's own
+//!    figures from its monitoring endpoint (consumers on the stream, memory); then again
+//!    under `deploy/nats/accounts.conf` (serve as `serve`, the clients as `provisioner`).
+//!
+//! Clients share one NATS connection per 16. Tables go to stdout, progress to stderr.
+//! PostgreSQL is 127.0.0.1:5432, user postgres, database test (trust auth); the bench
+//! creates and drops its own `wb_*` tables, and skips PostgreSQL if it is unreachable.
+//!
+//! Usage: `cargo run --release -p provledger-tests --bin write-bench -- [--quick]
+//! [--duration SECS] [--sustained SECS] [--only throughput|depth|hot|sustained]`
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::stream::DirectGetErrorKind;
+use bytes::Bytes;
+use futures::StreamExt;
+use provledger_events::{
+    AggregateId, Commit, CommitDraft, Event, EventLog, Expectation, Hash, JetStreamConfig,
+    JetStreamLog,
+};
+use provledger_serve::ServeOptions;
+use provledger_tests::bench::percentile;
+use provledger_tests::NatsServer;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+const USAGE: &str = "usage: write-bench [--quick] [--duration SECS] [--sustained SECS] \
+                     [--only throughput|depth|hot|sustained]";
+const AGGREGATES: usize = 1000;
+const CLIENT_COUNTS: [usize; 4] = [1, 16, 64, 256];
+const CLIENTS_PER_CONNECTION: usize = 16;
+const HOT_CLIENTS: usize = 64;
+const SUSTAINED_CLIENTS: usize = 64;
+const WINDOW: Duration = Duration::from_secs(5);
+const DEPTH_SAMPLES: usize = 200;
+/// Longer than anything serve should take, so a slow reply is measured, not dropped.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+const STREAM: &str = "PROVLEDGER";
+const APPEND_SUBJECT: &str = "provledger.cmd.append";
+const HEALTH_SUBJECT: &str = "provledger.q.health";
+const ECHO_SUBJECT: &str = "wb.echo";
+const RAW_STREAM: &str = "WB_RAW";
+const RAW_PREFIX: &str = "wbraw";
+const PG_CONFIG: &str = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=3";
+const PG_CONNECTIONS_CAP: usize = 64;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Throughput,
+    Depth,
+    Hot,
+    Sustained,
+}
+
+struct Options {
+    quick: bool,
+    duration: Duration,
+    sustained: Duration,
+    depths: Vec<usize>,
+    only: Option<Phase>,
+}
+
+impl Options {
+    fn runs(&self, phase: Phase) -> bool {
+        self.only.is_none_or(|p| p == phase)
+    }
+}
+
+fn parse_options() -> Options {
+    let fail = |message: String| -> ! {
+        eprintln!("{message}\n{USAGE}");
+        std::process::exit(2)
+    };
+    let seconds = |flag: &str, value: Option<String>| -> u64 {
+        match value.as_deref().map(str::parse::<u64>) {
+            Some(Ok(s)) if s > 0 => s,
+            _ => fail(format!("{flag} needs a number of seconds > 0")),
+        }
+    };
+    let (mut quick, mut duration, mut sustained, mut only) = (false, None, None, None);
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--duration" => duration = Some(seconds("--duration", args.next())),
+            "--sustained" => sustained = Some(seconds("--sustained", args.next())),
+            "--only" => {
+                only = Some(match args.next().as_deref() {
+                    Some("throughput") => Phase::Throughput,
+                    Some("depth") => Phase::Depth,
+                    Some("hot") => Phase::Hot,
+                    Some("sustained") => Phase::Sustained,
+                    other => fail(format!(
+                        "--only takes throughput, depth, hot or sustained, not {other:?}"
+                    )),
+                })
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0)
+            }
+            other => fail(format!("unknown argument {other}")),
+        }
+    }
+    let depths = match quick {
+        true => vec![10, 1_000, 10_000],
+        false => vec![10, 1_000, 100_000],
+    };
+    Options {
+        quick,
+        duration: Duration::from_secs(duration.unwrap_or(if quick { 2 } else { 10 })),
+        sustained: Duration::from_secs(sustained.unwrap_or(if quick { 10 } else { 60 })),
+        depths,
+        only,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Requests
+
+fn inventory(total: u64) -> Value {
+    json!({"inventory_set": {"resource_class": "VCPU", "inventory": {
+        "total": total, "reserved": 0, "allocation_ratio": 1.0,
+        "min_unit": 1, "max_unit": total, "step_size": 1}}})
+}
+
+fn registration(n: usize) -> Value {
+    json!([
+        {"provider_registered": {"name": format!("wb-{n}"), "host": format!("wb-{n}.example")}},
+        inventory(64)
+    ])
+}
+
+fn append_request(id: Uuid, expect: Value, events: Value) -> Bytes {
+    let request =
+        json!({"aggregate": format!("provider/{id}"), "expect": expect, "events": events});
+    Bytes::from(request.to_string())
+}
+
+/// The write every phase measures: an inventory that is always admitted, `expect: "any"`.
+fn bench_write(id: Uuid) -> Bytes {
+    append_request(id, json!("any"), json!([inventory(64)]))
+}
+
+/// The encoded size of the commit a bench write appends: the raw and PostgreSQL
+/// references store payloads of this size.
+fn commit_bytes() -> usize {
+    let events: Vec<Event> = serde_json::from_value(json!([inventory(64)]))
+        .expect("the bench's event is in the catalogue");
+    let commit = Commit::seal(
+        AggregateId::provider(Uuid::now_v7()),
+        2,
+        Hash::ZERO,
+        CommitDraft::now("nats:cmd.append", events),
+    );
+    provledger_events::codec::encode(&commit)
+        .map(|b| b.len())
+        .expect("encoding the bench commit")
+}
+
+/// The error of a micro-service reply, as its `Nats-Service-Error` header says it:
+/// `code: message`.
+fn reply_error(reply: &async_nats::Message) -> Option<String> {
+    let header = reply
+        .headers
+        .as_ref()?
+        .get(async_nats::service::NATS_SERVICE_ERROR)?;
+    Some(header.as_str().to_string())
+}
+
+fn request_error(e: &async_nats::RequestError) -> String {
+    let code = match e.kind() {
+        async_nats::RequestErrorKind::TimedOut => "timeout",
+        async_nats::RequestErrorKind::NoResponders => "no_responders",
+        _ => "request_failed",
+    };
+    format!("{code}: {e}")
+}
+
+/// The code of an error written `code: message`.
+fn code_of(error: &str) -> &str {
+    error.split(':').next().unwrap_or(error).trim()
+}
+
+async fn request(
+    client: &async_nats::Client,
+    subject: &'static str,
+    payload: Bytes,
+) -> Result<async_nats::Message, async_nats::RequestError> {
+    let request = async_nats::Request::new()
+        .payload(payload)
+        .timeout(Some(REQUEST_TIMEOUT));
+    client.send_request(subject, request).await
+}
+
+// ---------------------------------------------------------------------------------------
+// The closed loop
+
+/// One client's writes; an error is `code: message`.
+trait Writer: Send + 'static {
+    fn write(&mut self) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+/// What a closed-loop run saw, with every outcome's completion time from its start.
+#[derive(Default)]
+struct Run {
+    duration: Duration,
+    /// (completed at, latency) of every success.
+    ok: Vec<(Duration, Duration)>,
+    /// (completed at, `code: message`) of every error.
+    errors: Vec<(Duration, String)>,
+}
+
+impl Run {
+    /// Successes completed within the run's duration, per second.
+    fn rate(&self) -> f64 {
+        let done = self
+            .ok
+            .iter()
+            .filter(|(at, _)| *at <= self.duration)
+            .count();
+        done as f64 / self.duration.as_secs_f64()
+    }
+
+    fn latencies(&self, from: Duration, to: Duration) -> Vec<Duration> {
+        let mut l: Vec<Duration> = self
+            .ok
+            .iter()
+            .filter(|(at, _)| *at >= from && *at < to)
+            .map(|(_, l)| *l)
+            .collect();
+        l.sort();
+        l
+    }
+
+    fn all_latencies(&self) -> Vec<Duration> {
+        self.latencies(Duration::ZERO, Duration::MAX)
+    }
+
+    fn errors_by_code(&self) -> String {
+        by_code(self.errors.iter().map(|(_, c)| c.as_str()))
+    }
+}
+
+/// Counts errors (`code: message`) by code: `unavailable 3, timeout 1`, or `none`.
+fn by_code<'a>(errors: impl Iterator<Item = &'a str>) -> String {
+    let mut counts = BTreeMap::new();
+    for e in errors {
+        *counts.entry(code_of(e)).or_insert(0u64) += 1;
+    }
+    match counts.is_empty() {
+        true => "none".into(),
+        false => counts
+            .iter()
+            .map(|(c, n)| format!("{c} {n}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+/// Every writer writes, one write at a time, until `duration` has passed.
+async fn closed_loop<W: Writer>(writers: Vec<W>, duration: Duration) -> Run {
+    let start = Instant::now();
+    let deadline = start + duration;
+    let tasks: Vec<_> = writers
+        .into_iter()
+        .map(|mut writer| {
+            tokio::spawn(async move {
+                let (mut ok, mut errors) = (Vec::new(), Vec::new());
+                while Instant::now() < deadline {
+                    let sent = Instant::now();
+                    let result = writer.write().await;
+                    let done = Instant::now();
+                    match result {
+                        Ok(()) => ok.push((done - start, done - sent)),
+                        Err(error) => errors.push((done - start, error)),
+                    }
+                }
+                (ok, errors)
+            })
+        })
+        .collect();
+    let mut run = Run {
+        duration,
+        ..Default::default()
+    };
+    for task in tasks {
+        let (ok, errors) = task.await.expect("a bench client task");
+        run.ok.extend(ok);
+        run.errors.extend(errors);
+    }
+    run
+}
+
+/// A NATS request/reply client (cmd.append or the echo service), cycling over its payloads.
+struct Requester {
+    client: async_nats::Client,
+    subject: &'static str,
+    payloads: Vec<Bytes>,
+    next: usize,
+}
+
+impl Writer for Requester {
+    async fn write(&mut self) -> Result<(), String> {
+        let payload = self.payloads[self.next % self.payloads.len()].clone();
+        self.next += 1;
+        match request(&self.client, self.subject, payload).await {
+            Ok(reply) => reply_error(&reply).map_or(Ok(()), Err),
+            Err(e) => Err(request_error(&e)),
+        }
+    }
+}
+
+/// One connection per [`CLIENTS_PER_CONNECTION`] clients, as `user`.
+async fn connections(nats: &NatsServer, user: &str, clients: usize) -> Vec<async_nats::Client> {
+    let mut out = Vec::new();
+    for _ in 0..clients.div_ceil(CLIENTS_PER_CONNECTION) {
+        out.push(nats.client_as(user).await);
+    }
+    out
+}
+
+/// Client `i` of `clients` writes the aggregates `i`, `i + clients`, ...: no two clients
+/// share one, so nothing conflicts but the work itself.
+fn share<T: Clone>(items: &[T], clients: usize, i: usize) -> Vec<T> {
+    items
+        .iter()
+        .skip(i % items.len())
+        .step_by(clients)
+        .cloned()
+        .collect()
+}
+
+async fn requesters(
+    nats: &NatsServer,
+    user: &str,
+    clients: usize,
+    subject: &'static str,
+    payloads: &[Bytes],
+) -> Vec<Requester> {
+    let conns = connections(nats, user, clients).await;
+    (0..clients)
+        .map(|i| Requester {
+            client: conns[i / CLIENTS_PER_CONNECTION].clone(),
+            subject,
+            payloads: share(payloads, clients, i),
+            next: 0,
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// provledger serve, in process
+
+/// Runs `work` on a runtime of its own (2 threads) on a thread of its own, so that the
+/// service under test and the load generator do not share a scheduler.
+fn side_runtime<T: Send + 'static>(
+    name: &str,
+    work: impl Future<Output = T> + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let thread_name = name.to_string();
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name(thread_name)
+                .enable_all()
+                .build()
+                .expect("building a side runtime")
+                .block_on(work)
+        })
+        .expect("spawning a side runtime's thread")
+}
+
+/// A `provledger serve` with the CLI's defaults in a temp data dir.
+struct Serve {
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<(), String>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Serve {
+    fn start(nats_url: String) -> Serve {
+        let dir = tempfile::tempdir().expect("serve's data dir");
+        let options = ServeOptions {
+            nats_url,
+            data_dir: dir.path().join("serve"),
+            stream: STREAM.into(),
+            subject_prefix: "provledger".into(),
+            stream_replicas: 1,
+            nats_auth: Default::default(),
+            min_position_wait: Duration::from_secs(2),
+            snapshot_every: 100_000,
+            retry: Default::default(),
+            executor_reply_wait: Duration::from_secs(30),
+            recovery_interval: Some(Duration::from_secs(60)),
+            ready_file: None,
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let thread = side_runtime("serve", async move {
+            provledger_serve::run(options, async {
+                let _ = stopped.await;
+            })
+            .await
+            .map_err(|e| e.to_string())
+        });
+        Serve {
+            stop: Some(stop),
+            thread: Some(thread),
+            _dir: dir,
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let result = tokio::task::spawn_blocking(move || thread.join())
+                .await
+                .expect("joining serve's thread");
+            match result {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => eprintln!("serve stopped with an error: {e}"),
+                Err(_) => eprintln!("serve panicked"),
+            }
+        }
+    }
+}
+
+/// Waits until serve answers `q.health` ready with no lag: it has folded every commit.
+async fn wait_caught_up(client: &async_nats::Client) {
+    let deadline = Instant::now() + Duration::from_secs(900);
+    loop {
+        let answer = request(client, HEALTH_SUBJECT, Bytes::from_static(b"{}")).await;
+        if let Ok(reply) = answer {
+            let body: Value = serde_json::from_slice(&reply.payload).unwrap_or(Value::Null);
+            if body["data"]["ready"] == json!(true) && body["data"]["lag"] == json!(0) {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve did not catch up with the stream within 15 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Registers `count` fresh providers through cmd.append (one `provider_registered` +
+/// `inventory_set` commit each, 64 at a time); returns their ids and a reply's size.
+async fn register(client: &async_nats::Client, count: usize) -> (Vec<Uuid>, usize) {
+    let ids: Vec<Uuid> = (0..count).map(|_| Uuid::now_v7()).collect();
+    let replies: Vec<_> = futures::stream::iter(ids.iter().enumerate().map(|(n, id)| {
+        let payload = append_request(*id, json!("none"), registration(n));
+        async move { request(client, APPEND_SUBJECT, payload).await }
+    }))
+    .buffer_unordered(64)
+    .collect()
+    .await;
+    let mut reply_bytes = 0;
+    for reply in replies {
+        let reply = reply.expect("registering a provider through cmd.append");
+        if let Some(error) = reply_error(&reply) {
+            panic!("registering a provider through cmd.append: {error}");
+        }
+        reply_bytes = reply.payload.len();
+    }
+    (ids, reply_bytes)
+}
+
+// ---------------------------------------------------------------------------------------
+// Raw JetStream
+
+struct RawWriter {
+    js: jetstream::Context,
+    stream: jetstream::stream::Stream,
+    subjects: Vec<String>,
+    payload: Bytes,
+    next: usize,
+}
+
+fn publish_error(e: async_nats::jetstream::context::PublishError) -> String {
+    let code = match e.kind() {
+        PublishErrorKind::WrongLastSequence => "wrong_last_sequence",
+        PublishErrorKind::TimedOut => "ack_timeout",
+        _ => "publish_failed",
+    };
+    format!("{code}: {e}")
+}
+
+impl Writer for RawWriter {
+    async fn write(&mut self) -> Result<(), String> {
+        let subject = self.subjects[self.next % self.subjects.len()].clone();
+        self.next += 1;
+        let last = match self
+            .stream
+            .direct_get_last_for_subject(subject.clone())
+            .await
+        {
+            Ok(message) => message.sequence,
+            Err(e) if e.kind() == DirectGetErrorKind::NotFound => 0,
+            Err(e) => return Err(format!("direct_get_failed: {e}")),
+        };
+        let publish = jetstream::message::PublishMessage::build()
+            .payload(self.payload.clone())
+            .message_id(Uuid::now_v7().to_string())
+            .expected_last_subject_sequence(last);
+        let ack = self
+            .js
+            .send_publish(subject, publish)
+            .await
+            .map_err(publish_error)?;
+        ack.await.map(|_| ()).map_err(publish_error)
+    }
+}
+
+/// The raw stream (as PROVLEDGER: file storage, direct gets) and `clients` writers over
+/// 1,000 fresh subjects holding one message each, as the registered providers hold one
+/// commit.
+async fn raw_writers(nats: &NatsServer, clients: usize, payload: &Bytes) -> Vec<RawWriter> {
+    let js = jetstream::new(nats.client().await);
+    js.get_or_create_stream(jetstream::stream::Config {
+        name: RAW_STREAM.into(),
+        subjects: vec![format!("{RAW_PREFIX}.>")],
+        storage: jetstream::stream::StorageType::File,
+        allow_direct: true,
+        deny_delete: true,
+        deny_purge: true,
+        ..Default::default()
+    })
+    .await
+    .expect("creating the raw stream");
+    let subjects: Vec<String> = (0..AGGREGATES)
+        .map(|_| format!("{RAW_PREFIX}.ev.provider.{}", Uuid::now_v7()))
+        .collect();
+    let mut acks = Vec::new();
+    for subject in &subjects {
+        acks.push(
+            js.publish(subject.clone(), payload.clone())
+                .await
+                .expect("publishing a raw subject's first message"),
+        );
+    }
+    for ack in acks {
+        ack.await.expect("the ack of a raw subject's first message");
+    }
+    let mut writers = Vec::new();
+    for (i, conn) in connections(nats, "bench", clients)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        let js = jetstream::new(conn);
+        let stream = js
+            .get_stream(RAW_STREAM)
+            .await
+            .expect("the raw stream's handle");
+        let first = i * CLIENTS_PER_CONNECTION;
+        for c in first..clients.min(first + CLIENTS_PER_CONNECTION) {
+            writers.push(RawWriter {
+                js: js.clone(),
+                stream: stream.clone(),
+                subjects: share(&subjects, clients, c),
+                payload: payload.clone(),
+                next: 0,
+            });
+        }
+    }
+    writers
+}
+
+// ---------------------------------------------------------------------------------------
+// PostgreSQL
+
+struct Postgres {
+    version: String,
+    max_connections: usize,
+    synchronous_commit: String,
+}
+
+async fn pg_connect() -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let (client, connection) = tokio_postgres::connect(PG_CONFIG, tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            eprintln!("PostgreSQL connection: {e}");
+        }
+    });
+    Ok(client)
+}
+
+fn pg_error(e: tokio_postgres::Error) -> String {
+    use tokio_postgres::error::SqlState;
+    let code = match e.code() {
+        Some(c) if *c == SqlState::UNIQUE_VIOLATION => "unique_violation".into(),
+        Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED => "deadlock".into(),
+        Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE => "serialization_failure".into(),
+        Some(c) => format!("sqlstate_{}", c.code()),
+        None => "pg_connection".into(),
+    };
+    format!("{code}: {e}")
+}
+
+const PG_SCHEMA: &str = "
+    DROP TABLE IF EXISTS wb_events, wb_streams;
+    CREATE TABLE wb_events (
+        stream_id uuid NOT NULL,
+        version bigint NOT NULL,
+        payload bytea NOT NULL,
+        UNIQUE (stream_id, version)
+    );
+    CREATE TABLE wb_streams (id uuid PRIMARY KEY, version bigint NOT NULL);
+";
+const PG_APPEND: &str = "INSERT INTO wb_events (stream_id, version, payload) \
+     SELECT $1::uuid, coalesce(max(version), 0) + 1, $2::bytea FROM wb_events WHERE stream_id = $1::uuid";
+const PG_LOCK: &str = "SELECT version FROM wb_streams WHERE id = $1 FOR UPDATE";
+const PG_INSERT: &str = "INSERT INTO wb_events (stream_id, version, payload) VALUES ($1, $2, $3)";
+const PG_UPDATE: &str = "UPDATE wb_streams SET version = $2 WHERE id = $1";
+
+impl Postgres {
+    /// Connects, reads the settings that matter and creates the bench's tables; `None`
+    /// (and says so) when the server cannot be reached.
+    async fn open() -> Option<Postgres> {
+        let client = match pg_connect().await {
+            Ok(c) => c,
+            Err(e) => {
+                println!("PostgreSQL unreachable: skipped ({e})");
+                return None;
+            }
+        };
+        let show = |name: &'static str| {
+            let client = &client;
+            async move {
+                client
+                    .query_one(&format!("SHOW {name}"), &[])
+                    .await
+                    .map(|row| row.get::<_, String>(0))
+                    .unwrap_or_else(|e| format!("? ({e})"))
+            }
+        };
+        let pg = Postgres {
+            version: show("server_version").await,
+            max_connections: show("max_connections").await.parse().unwrap_or(100),
+            synchronous_commit: show("synchronous_commit").await,
+        };
+        client
+            .batch_execute(PG_SCHEMA)
+            .await
+            .expect("creating the PostgreSQL bench tables");
+        Some(pg)
+    }
+
+    /// How many connections a row of `clients` uses: all of them, or [`PG_CONNECTIONS_CAP`]
+    /// when they would exceed `max_connections`.
+    fn connections_for(&self, clients: usize) -> usize {
+        match clients > self.max_connections {
+            true => PG_CONNECTIONS_CAP,
+            false => clients,
+        }
+    }
+
+    async fn drop_tables(&self) {
+        if let Ok(client) = pg_connect().await {
+            let _ = client
+                .batch_execute("DROP TABLE IF EXISTS wb_events, wb_streams")
+                .await;
+        }
+    }
+}
+
+/// One write = `INSERT ... SELECT coalesce(max(version), 0) + 1`, autocommit (its own
+/// transaction), on a connection of its own.
+struct PgAppend {
+    client: tokio_postgres::Client,
+    statement: tokio_postgres::Statement,
+    ids: Vec<Uuid>,
+    payload: Vec<u8>,
+    next: usize,
+}
+
+impl Writer for PgAppend {
+    async fn write(&mut self) -> Result<(), String> {
+        let id = self.ids[self.next % self.ids.len()];
+        self.next += 1;
+        self.client
+            .execute(&self.statement, &[&id, &self.payload])
+            .await
+            .map(|_| ())
+            .map_err(pg_error)
+    }
+}
+
+/// `connections` writers over 1,000 fresh streams holding one event each.
+async fn pg_append_writers(connections: usize, payload_bytes: usize) -> Vec<PgAppend> {
+    let ids: Vec<Uuid> = (0..AGGREGATES).map(|_| Uuid::now_v7()).collect();
+    let payload = vec![7u8; payload_bytes];
+    let setup = pg_connect().await.expect("a PostgreSQL connection");
+    setup
+        .execute(
+            "INSERT INTO wb_events (stream_id, version, payload) \
+             SELECT id, 1, $2 FROM unnest($1::uuid[]) AS id",
+            &[&ids, &payload],
+        )
+        .await
+        .expect("the PostgreSQL streams' first events");
+    let mut writers = Vec::new();
+    for c in 0..connections {
+        let client = pg_connect().await.expect("a PostgreSQL connection");
+        let statement = client
+            .prepare(PG_APPEND)
+            .await
+            .expect("preparing the append");
+        writers.push(PgAppend {
+            client,
+            statement,
+            ids: share(&ids, connections, c),
+            payload: payload.clone(),
+            next: 0,
+        });
+    }
+    writers
+}
+
+/// One write = `BEGIN; SELECT ... FOR UPDATE; INSERT version + 1; UPDATE; COMMIT`.
+struct PgLocked {
+    client: tokio_postgres::Client,
+    lock: tokio_postgres::Statement,
+    insert: tokio_postgres::Statement,
+    update: tokio_postgres::Statement,
+    id: Uuid,
+    payload: Vec<u8>,
+}
+
+impl Writer for PgLocked {
+    async fn write(&mut self) -> Result<(), String> {
+        let tx = self.client.transaction().await.map_err(pg_error)?;
+        let row = tx
+            .query_one(&self.lock, &[&self.id])
+            .await
+            .map_err(pg_error)?;
+        let version = row.get::<_, i64>(0) + 1;
+        tx.execute(&self.insert, &[&self.id, &version, &self.payload])
+            .await
+            .map_err(pg_error)?;
+        tx.execute(&self.update, &[&self.id, &version])
+            .await
+            .map_err(pg_error)?;
+        tx.commit().await.map_err(pg_error)
+    }
+}
+
+async fn pg_locked_writers(connections: usize, payload_bytes: usize) -> Vec<PgLocked> {
+    let id = Uuid::now_v7();
+    let setup = pg_connect().await.expect("a PostgreSQL connection");
+    setup
+        .execute(
+            "INSERT INTO wb_streams (id, version) VALUES ($1, 0)",
+            &[&id],
+        )
+        .await
+        .expect("the hot PostgreSQL stream");
+    let mut writers = Vec::new();
+    for _ in 0..connections {
+        let client = pg_connect().await.expect("a PostgreSQL connection");
+        let lock = client.prepare(PG_LOCK).await.expect("preparing the lock");
+        let insert = client
+            .prepare(PG_INSERT)
+            .await
+            .expect("preparing the insert");
+        let update = client
+            .prepare(PG_UPDATE)
+            .await
+            .expect("preparing the update");
+        writers.push(PgLocked {
+            client,
+            lock,
+            insert,
+            update,
+            id,
+            payload: vec![7u8; payload_bytes],
+        });
+    }
+    writers
+}
+
+// ---------------------------------------------------------------------------------------
+// nats-server's own figures
+
+/// `GET path` on the monitoring endpoint, as JSON.
+async fn monitor_get(addr: &str, path: &str) -> Result<Value, String> {
+    let mut socket = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connecting to {addr}: {e}"))?;
+    socket
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| format!("sending GET {path}: {e}"))?;
+    let mut response = Vec::new();
+    socket
+        .read_to_end(&mut response)
+        .await
+        .map_err(|e| format!("reading GET {path}: {e}"))?;
+    let body = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|at| &response[at + 4..])
+        .ok_or_else(|| format!("GET {path}: no HTTP body"))?;
+    serde_json::from_slice(body).map_err(|e| format!("GET {path}: {e}"))
+}
+
+/// Consumers on the PROVLEDGER stream and the server's memory, at one moment.
+#[derive(Clone, Copy, Default)]
+struct Figures {
+    consumers: Option<u64>,
+    mem_bytes: Option<u64>,
+}
+
+async fn figures(addr: &str) -> Figures {
+    let consumers = monitor_get(addr, "/jsz?accounts=true&streams=true")
+        .await
+        .ok()
+        .and_then(|jsz| {
+            jsz["account_details"]
+                .as_array()?
+                .iter()
+                .flat_map(|a| a["stream_detail"].as_array().into_iter().flatten())
+                .find(|s| s["name"] == json!(STREAM))
+                .and_then(|s| s["state"]["consumer_count"].as_u64())
+        });
+    let mem_bytes = monitor_get(addr, "/varz")
+        .await
+        .ok()
+        .and_then(|v| v["mem"].as_u64());
+    Figures {
+        consumers,
+        mem_bytes,
+    }
+}
+
+fn show_consumers(f: Figures) -> String {
+    f.consumers.map_or("?".into(), |c| c.to_string())
+}
+
+fn show_mem(f: Figures) -> String {
+    f.mem_bytes
+        .map_or("?".into(), |b| format!("{:.0} MiB", b as f64 / 1048576.0))
+}
+
+/// The boundaries of the sustained run's windows: 0, 5 s, 10 s, ..., `total`.
+fn boundaries(total: Duration) -> Vec<Duration> {
+    let windows = total.as_millis().div_ceil(WINDOW.as_millis()) as u32;
+    (0..=windows).map(|k| (WINDOW * k).min(total)).collect()
+}
+
+/// Reads the figures at each window boundary of a run starting now.
+async fn watch_server(addr: String, total: Duration) -> Vec<Figures> {
+    let start = tokio::time::Instant::now();
+    let mut out = Vec::new();
+    for at in boundaries(total) {
+        tokio::time::sleep_until(start + at).await;
+        out.push(figures(&addr).await);
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// Phases
+
+fn row(clients: usize, system: &str, run: &Run, ratio: &str) {
+    let l = run.all_latencies();
+    println!(
+        "| {clients} | {system} | {:.0} | {} | {} | {} | {ratio} |",
+        run.rate(),
+        quantile(&l, 0.50),
+        quantile(&l, 0.99),
+        run.errors_by_code()
+    );
+}
+
+/// Prints the first error of each code seen, so that a table's codes say what happened.
+fn print_examples<'a>(errors: impl Iterator<Item = &'a str>) {
+    const SHOWN_CHARS_MAX: usize = 300;
+    let mut first = BTreeMap::new();
+    for e in errors {
+        first.entry(code_of(e)).or_insert(e);
+    }
+    for (code, e) in first {
+        let shown: String = e.chars().take(SHOWN_CHARS_MAX).collect();
+        let cut = if shown.len() < e.len() { " ..." } else { "" };
+        println!("- first `{code}` error: {shown}{cut}");
+    }
+}
+
+fn run_errors<'a>(runs: impl Iterator<Item = &'a Run>) -> impl Iterator<Item = &'a str> {
+    runs.flat_map(|r| r.errors.iter().map(|(_, e)| e.as_str()))
+}
+
+/// The `p` quantile of sorted latencies, or `-` when there are none.
+fn quantile(sorted: &[Duration], p: f64) -> String {
+    match sorted.is_empty() {
+        true => "-".into(),
+        false => format!("{:.2?}", percentile(sorted, p)),
+    }
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    match b > 0.0 {
+        true => format!("{:.2}x", a / b),
+        false => "-".into(),
+    }
+}
+
+async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, payload_bytes: usize) {
+    let client = nats.client().await;
+    let payload = Bytes::from(vec![7u8; payload_bytes]);
+
+    eprintln!("throughput: load generator ceiling (echo micro service) ...");
+    let (_, reply_bytes) = register(&client, 1).await;
+    let (stop_echo, echo_stopped) = oneshot::channel::<()>();
+    let echo_url = nats.url();
+    let echo = side_runtime("echo", async move {
+        let client = async_nats::connect(echo_url)
+            .await
+            .expect("the echo service's connection");
+        let service = async_nats::service::ServiceExt::service_builder(&client)
+            .start("wb-echo", "1.0.0")
+            .await
+            .expect("starting the echo service");
+        let mut endpoint = service
+            .endpoint(ECHO_SUBJECT)
+            .await
+            .expect("the echo endpoint");
+        let reply = Bytes::from(vec![b'x'; reply_bytes]);
+        tokio::pin!(echo_stopped);
+        loop {
+            tokio::select! {
+                next = endpoint.next() => match next {
+                    Some(request) => { let _ = request.respond(Ok(reply.clone())).await; }
+                    None => break,
+                },
+                _ = &mut echo_stopped => break,
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while request(&client, ECHO_SUBJECT, Bytes::new()).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the echo service did not answer within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let echo_clients = *CLIENT_COUNTS.last().unwrap_or(&256);
+    let echo_payloads = vec![bench_write(Uuid::now_v7())];
+    let writers = requesters(nats, "bench", echo_clients, ECHO_SUBJECT, &echo_payloads).await;
+    let echo_run = closed_loop(writers, o.duration).await;
+    let _ = stop_echo.send(());
+    tokio::task::spawn_blocking(move || echo.join())
+        .await
+        .expect("joining the echo service")
+        .expect("the echo service panicked");
+
+    let mut rows = Vec::new();
+    let mut notes = Vec::new();
+    for clients in CLIENT_COUNTS {
+        eprintln!("throughput: {clients} clients: provledger cmd.append ...");
+        let (ids, _) = register(&client, AGGREGATES).await;
+        wait_caught_up(&client).await;
+        let payloads: Vec<Bytes> = ids.iter().map(|id| bench_write(*id)).collect();
+        let writers = requesters(nats, "bench", clients, APPEND_SUBJECT, &payloads).await;
+        let ledger = closed_loop(writers, o.duration).await;
+        wait_caught_up(&client).await;
+
+        eprintln!("throughput: {clients} clients: raw JetStream ...");
+        let raw = closed_loop(raw_writers(nats, clients, &payload).await, o.duration).await;
+
+        let pg_run = match pg {
+            Some(pg) => {
+                let conns = pg.connections_for(clients);
+                if conns < clients {
+                    notes.push(format!(
+                        "PostgreSQL with {clients} clients: {clients} connections exceed max_connections = {}, so that row uses {conns} connections (one client each)",
+                        pg.max_connections
+                    ));
+                }
+                eprintln!("throughput: {clients} clients: PostgreSQL ({conns} connections) ...");
+                let run =
+                    closed_loop(pg_append_writers(conns, payload_bytes).await, o.duration).await;
+                Some((conns, run))
+            }
+            None => None,
+        };
+        rows.push((clients, ledger, raw, pg_run));
+    }
+
+    println!();
+    println!(
+        "## 1. Throughput: cmd.append vs raw JetStream and PostgreSQL ({} s per row, 1,000 providers, expect any)",
+        o.duration.as_secs()
+    );
+    println!();
+    println!("| clients | system | commits/s | p50 | p99 | errors by code | provledger ÷ this |");
+    println!("|---:|---|---:|---:|---:|---|---:|");
+    for (clients, ledger, raw, pg_run) in &rows {
+        row(*clients, "provledger cmd.append", ledger, "1.00x");
+        row(
+            *clients,
+            "raw JetStream: direct get last + publish (expected seq, msg id)",
+            raw,
+            &ratio(ledger.rate(), raw.rate()),
+        );
+        match pg_run {
+            Some((conns, run)) => row(
+                *conns,
+                "PostgreSQL: INSERT ... SELECT max(version)+1 (autocommit)",
+                run,
+                &ratio(ledger.rate(), run.rate()),
+            ),
+            None => println!("| {clients} | PostgreSQL | skipped (unreachable) | | | | |"),
+        }
+    }
+    row(
+        echo_clients,
+        &format!("load generator ceiling: echo micro service ({reply_bytes}-byte reply)"),
+        &echo_run,
+        &ratio(rows.last().map_or(0.0, |r| r.1.rate()), echo_run.rate()),
+    );
+    println!();
+    println!(
+        "- Clients share one NATS connection per {CLIENTS_PER_CONNECTION}; each client writes its own share of the providers (no two clients write one), one request at a time; a request times out after {} s.",
+        REQUEST_TIMEOUT.as_secs()
+    );
+    println!(
+        "- Every row starts on 1,000 fresh aggregates holding one commit; raw and PostgreSQL payloads are {payload_bytes} bytes, the size of the encoded commit."
+    );
+    for note in notes {
+        println!("- {note}");
+    }
+    let runs = rows
+        .iter()
+        .flat_map(|(_, l, r, p)| [Some(l), Some(r), p.as_ref().map(|p| &p.1)])
+        .flatten()
+        .chain([&echo_run]);
+    print_examples(run_errors(runs));
+}
+
+async fn depth(nats: &NatsServer, o: &Options) {
+    let client = nats.client().await;
+    let log = JetStreamLog::open(nats.client().await, JetStreamConfig::default())
+        .await
+        .expect("opening the PROVLEDGER stream");
+    let (mut ids, mut builds) = (Vec::new(), Vec::new());
+    for &depth in &o.depths {
+        eprintln!("depth: building a provider of {depth} commits through JetStreamLog ...");
+        let id = Uuid::now_v7();
+        let aggregate = AggregateId::provider(id);
+        let started = Instant::now();
+        let first: Vec<Event> =
+            serde_json::from_value(registration(0)).expect("registration events");
+        let next: Vec<Event> =
+            serde_json::from_value(json!([inventory(64)])).expect("inventory event");
+        log.append(
+            aggregate,
+            Expectation::Exactly(0),
+            CommitDraft::now("bench", first),
+        )
+        .await
+        .expect("the deep provider's registration");
+        for v in 1..depth as u64 {
+            log.append(
+                aggregate,
+                Expectation::Exactly(v),
+                CommitDraft::now("bench", next.clone()),
+            )
+            .await
+            .expect("building the deep provider");
+        }
+        let built = format!(
+            "{depth} commits in {:.1?} ({:.0}/s)",
+            started.elapsed(),
+            depth as f64 / started.elapsed().as_secs_f64()
+        );
+        eprintln!("depth: {built}");
+        builds.push(built);
+        ids.push((depth, id));
+    }
+    eprintln!("depth: waiting for serve to fold them ...");
+    wait_caught_up(&client).await;
+    let mut rows = Vec::new();
+    for (depth, id) in ids {
+        eprintln!("depth: {DEPTH_SAMPLES} sequential cmd.append on {depth} commits ...");
+        let mut writer = Requester {
+            client: client.clone(),
+            subject: APPEND_SUBJECT,
+            payloads: vec![bench_write(id)],
+            next: 0,
+        };
+        let (mut latencies, mut errors) = (Vec::new(), Vec::new());
+        for _ in 0..DEPTH_SAMPLES {
+            let sent = Instant::now();
+            match writer.write().await {
+                Ok(()) => latencies.push(sent.elapsed()),
+                Err(error) => errors.push(error),
+            }
+        }
+        latencies.sort();
+        rows.push((depth, latencies, errors));
+    }
+
+    println!();
+    println!(
+        "## 2. Latency vs aggregate depth: {DEPTH_SAMPLES} sequential cmd.append (expect any) on one provider"
+    );
+    println!();
+    println!(
+        "| depth (commits) | p50 | p99 | max | errors by code | p50 vs depth {} |",
+        o.depths[0]
+    );
+    println!("|---:|---:|---:|---:|---|---:|");
+    let base = rows
+        .first()
+        .map_or(Duration::ZERO, |r| percentile(&r.1, 0.5));
+    for (depth, latencies, errors) in &rows {
+        let p50 = percentile(latencies, 0.5);
+        println!(
+            "| {depth} | {} | {} | {} | {} | {} |",
+            quantile(latencies, 0.5),
+            quantile(latencies, 0.99),
+            quantile(latencies, 1.0),
+            by_code(errors.iter().map(String::as_str)),
+            ratio(p50.as_secs_f64(), base.as_secs_f64())
+        );
+    }
+    let p50s: Vec<f64> = rows
+        .iter()
+        .map(|r| percentile(&r.1, 0.5).as_secs_f64())
+        .collect();
+    let (min, max) = p50s
+        .iter()
+        .fold((f64::MAX, 0.0f64), |(lo, hi), &p| (lo.min(p), hi.max(p)));
+    println!();
+    println!("- p50 ratio max/min: {}", ratio(max, min));
+    print_examples(rows.iter().flat_map(|r| r.2.iter().map(String::as_str)));
+    println!(
+        "- The providers were built with `JetStreamLog` appends at `Exactly(v)`, one at a time: appends to one aggregate cannot be pipelined (each needs the previous ack's sequence and hash): {}.",
+        builds.join(", ")
+    );
+}
+
+async fn hot(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, payload_bytes: usize) {
+    let client = nats.client().await;
+    let (ids, _) = register(&client, 1).await;
+    wait_caught_up(&client).await;
+    eprintln!("hot: {HOT_CLIENTS} clients on one provider: provledger cmd.append ...");
+    let writers = requesters(
+        nats,
+        "bench",
+        HOT_CLIENTS,
+        APPEND_SUBJECT,
+        &[bench_write(ids[0])],
+    )
+    .await;
+    let ledger = closed_loop(writers, o.duration).await;
+    wait_caught_up(&client).await;
+    let pg_run = match pg {
+        Some(_) => {
+            eprintln!("hot: {HOT_CLIENTS} connections on one stream: PostgreSQL ...");
+            Some(
+                closed_loop(
+                    pg_locked_writers(HOT_CLIENTS, payload_bytes).await,
+                    o.duration,
+                )
+                .await,
+            )
+        }
+        None => None,
+    };
+
+    println!();
+    println!(
+        "## 3. Hot aggregate: {HOT_CLIENTS} clients writing one aggregate for {} s",
+        o.duration.as_secs()
+    );
+    println!();
+    println!("| clients | system | commits/s | p50 | p99 | errors by code | provledger ÷ this |");
+    println!("|---:|---|---:|---:|---:|---|---:|");
+    row(
+        HOT_CLIENTS,
+        "provledger cmd.append, expect any",
+        &ledger,
+        "1.00x",
+    );
+    match &pg_run {
+        Some(run) => row(
+            HOT_CLIENTS,
+            "PostgreSQL: SELECT ... FOR UPDATE, INSERT, UPDATE, COMMIT",
+            run,
+            &ratio(ledger.rate(), run.rate()),
+        ),
+        None => println!("| {HOT_CLIENTS} | PostgreSQL | skipped (unreachable) | | | | |"),
+    }
+    println!();
+    println!(
+        "- The provider ended at {} commits (each cmd.append re-reads it, and with `any` re-decides after losing a race, at most 16 times, then answers `unavailable`).",
+        1 + ledger.ok.len()
+    );
+    print_examples(run_errors([&ledger].into_iter().chain(pg_run.as_ref())));
+}
+
+/// 64 clients for `o.sustained` over 1,000 fresh providers, per 5-second window.
+async fn sustained(nats: &NatsServer, o: &Options, user: &str, title: &str) {
+    let client = nats.client_as(user).await;
+    let (ids, _) = register(&client, AGGREGATES).await;
+    wait_caught_up(&client).await;
+    let payloads: Vec<Bytes> = ids.iter().map(|id| bench_write(*id)).collect();
+    let writers = requesters(nats, user, SUSTAINED_CLIENTS, APPEND_SUBJECT, &payloads).await;
+    eprintln!(
+        "sustained ({title}): {SUSTAINED_CLIENTS} clients for {} s ...",
+        o.sustained.as_secs()
+    );
+    let watcher = tokio::spawn(watch_server(nats.monitor_addr(), o.sustained));
+    let run = closed_loop(writers, o.sustained).await;
+    let figures = watcher.await.expect("the monitoring task");
+    wait_caught_up(&client).await;
+
+    println!();
+    println!(
+        "## 4. Sustained, {title}: {SUSTAINED_CLIENTS} clients for {} s over 1,000 providers",
+        o.sustained.as_secs()
+    );
+    println!();
+    println!("| window | commits/s | p50 | p99 | errors by code | consumers on {STREAM} (start → end) | nats-server mem (start → end) |");
+    println!("|---|---:|---:|---:|---|---:|---:|");
+    let bounds = boundaries(o.sustained);
+    let mut rates = Vec::new();
+    for (k, pair) in bounds.windows(2).enumerate() {
+        let (from, to) = (pair[0], pair[1]);
+        let latencies = run.latencies(from, to);
+        let rate = latencies.len() as f64 / (to - from).as_secs_f64();
+        rates.push(rate);
+        let errors = by_code(
+            run.errors
+                .iter()
+                .filter(|(at, _)| *at >= from && *at < to)
+                .map(|(_, c)| c.as_str()),
+        );
+        let (start, end) = (figures[k], figures[k + 1]);
+        println!(
+            "| {}-{} s | {rate:.0} | {} | {} | {errors} | {} → {} | {} → {} |",
+            from.as_secs(),
+            to.as_secs(),
+            quantile(&latencies, 0.5),
+            quantile(&latencies, 0.99),
+            show_consumers(start),
+            show_consumers(end),
+            show_mem(start),
+            show_mem(end),
+        );
+    }
+    let all = run.all_latencies();
+    println!();
+    println!(
+        "- whole run: {:.0} commits/s, p50 {}, p99 {}, errors: {}",
+        run.rate(),
+        quantile(&all, 0.5),
+        quantile(&all, 0.99),
+        run.errors_by_code()
+    );
+    println!(
+        "- last window / first window: {}",
+        ratio(
+            rates.last().copied().unwrap_or(0.0),
+            rates.first().copied().unwrap_or(0.0)
+        )
+    );
+    println!(
+        "- nats-server's figures are read from its monitoring endpoint (`/jsz?accounts=true&streams=true`, `/varz` `mem`) at each window's bounds; they include what earlier phases on the same server left behind."
+    );
+    print_examples(run_errors([&run].into_iter()));
+}
+
+// ---------------------------------------------------------------------------------------
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "?".into());
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kib| kib.parse::<f64>().ok())
+        })
+        .map_or("?".into(), |kib| format!("{:.0} GiB", kib / 1048576.0));
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "?".into());
+    format!("{host}: {cores} cores ({cpu}), {mem_gib}")
+}
+
+fn date() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|d| !d.is_empty())
+        .unwrap_or_else(|| "?".into())
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let o = parse_options();
+    let binary = provledger_tests::nats_server_binary().unwrap_or_else(|e| panic!("{e}"));
+    let nats = NatsServer::start().await;
+    let probe = nats.client().await;
+    let payload_bytes = commit_bytes();
+    println!("# write-bench{}", if o.quick { " --quick" } else { "" });
+    println!();
+    println!("- machine: {}", machine());
+    println!(
+        "- nats-server {} ({}), JetStream file store with the server's default sync (every 2 min, not per write)",
+        probe.server_info().version,
+        binary.display()
+    );
+    println!("- date: {}", date());
+    println!(
+        "- provledger serve in process (own 2-thread runtime, CLI defaults), the load generator on another 2-thread runtime; D = {} s, sustained S = {} s, depths {:?}",
+        o.duration.as_secs(),
+        o.sustained.as_secs(),
+        o.depths
+    );
+    let pg = match o.runs(Phase::Throughput) || o.runs(Phase::Hot) {
+        true => Postgres::open().await,
+        false => None,
+    };
+    if let Some(pg) = &pg {
+        println!(
+            "- PostgreSQL {} on 127.0.0.1:5432: max_connections = {}, synchronous_commit = {} (each commit waits for its WAL flush)",
+            pg.version, pg.max_connections, pg.synchronous_commit
+        );
+    }
+
+    let serve = Serve::start(nats.url());
+    wait_caught_up(&probe).await;
+    if o.runs(Phase::Throughput) {
+        throughput(&nats, &o, pg.as_ref(), payload_bytes).await;
+    }
+    if o.runs(Phase::Depth) {
+        depth(&nats, &o).await;
+    }
+    if o.runs(Phase::Hot) {
+        hot(&nats, &o, pg.as_ref(), payload_bytes).await;
+    }
+    if o.runs(Phase::Sustained) {
+        sustained(&nats, &o, "bench", "no accounts").await;
+    }
+    serve.stop().await;
+    drop(nats);
+    if let Some(pg) = &pg {
+        pg.drop_tables().await;
+    }
+
+    if o.runs(Phase::Sustained) {
+        eprintln!("sustained: restarting with deploy/nats/accounts.conf ...");
+        let nats = NatsServer::start_hardened(true, false).await;
+        let serve = Serve::start(nats.url_as("serve"));
+        wait_caught_up(&nats.client_as("provisioner").await).await;
+        sustained(
+            &nats,
+            &o,
+            "provisioner",
+            "deploy/nats/accounts.conf (serve as `serve`, clients as `provisioner@SERVICES`)",
+        )
+        .await;
+        serve.stop().await;
+    }
+}
