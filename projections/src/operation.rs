@@ -2,6 +2,7 @@
 //! compensations, status, error, and the progress of a recorded rollback plan.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use provledger_events::catalogue::{
     BundlePolicy, Compensation, Effect, OperationKind, PlannedCompensation, RollbackOutcome,
@@ -121,7 +122,11 @@ pub struct OperationState {
     pub current_stage: Option<String>,
     pub children: Vec<Uuid>,
     pub status: Option<OperationStatus>,
-    pub steps: Vec<StepState>,
+    /// Each step behind its own `Arc`, like each compensation below: an operation's state
+    /// is copied on every decision about it (the decider's trial fold, a reader's copy),
+    /// and sharing what did not change keeps that copy cheap however many steps it has.
+    /// A fold that changes one step copies that step only (`Arc::make_mut`).
+    pub steps: Vec<Arc<StepState>>,
     pub error: Option<OperationError>,
     pub cancellation_reason: Option<String>,
     /// The target is being deleted by a user (`TargetDeletionNoticed`): the rollback then
@@ -130,9 +135,9 @@ pub struct OperationState {
     /// `OperationCancelled` was recorded: after its rollback the operation closes as
     /// `cancelled` rather than `rolled_back`.
     pub cancelled: bool,
-    pub rollback_plan: Option<RollbackPlan>,
+    pub rollback_plan: Option<Arc<RollbackPlan>>,
     /// The plan's compensations with their progress, in plan order.
-    pub compensations: Vec<CompensationState>,
+    pub compensations: Vec<Arc<CompensationState>>,
     pub rollback_outcome: Option<RollbackOutcome>,
     pub remaining: Vec<Uuid>,
 }
@@ -194,6 +199,7 @@ impl OperationState {
         self.compensations
             .iter_mut()
             .find(|c| c.planned.compensation_id == *id)
+            .map(Arc::make_mut)
             .ok_or_else(|| format!("compensation {id} is not in the recorded plan; not applied"))
     }
 
@@ -204,7 +210,7 @@ impl OperationState {
             .iter_mut()
             .find(|s| s.compensation_id.as_ref() == Some(id))
         {
-            step.progress = progress;
+            Arc::make_mut(step).progress = progress;
         }
     }
 
@@ -266,14 +272,14 @@ impl OperationState {
             } => {
                 // An effect that happened is a fact: it is recorded even when out of
                 // place, so the rollback planner can still undo it.
-                self.steps.push(StepState {
+                self.steps.push(Arc::new(StepState {
                     stage: stage.clone(),
                     name: step.clone(),
                     effect: effect.clone(),
                     compensation: compensation.clone(),
                     progress: StepProgress::Done,
                     compensation_id: None,
-                });
+                }));
                 if self.stage_progress.get(stage) != Some(&StageProgress::Started) {
                     return Err(format!(
                         "step {step:?} done outside its started stage {stage:?}"
@@ -339,10 +345,11 @@ impl OperationState {
                             && s.name == planned.step
                             && s.compensation_id.is_none()
                     }) {
+                        let step = Arc::make_mut(step);
                         step.compensation_id = Some(planned.compensation_id);
                         step.progress = StepProgress::CompensationPlanned;
                     }
-                    self.compensations.push(CompensationState {
+                    self.compensations.push(Arc::new(CompensationState {
                         planned: planned.clone(),
                         progress: CompensationProgress::Planned,
                         attempts: 0,
@@ -350,7 +357,7 @@ impl OperationState {
                         requested_at: None,
                         failed_at: None,
                         attempts_at_resume: 0,
-                    });
+                    }));
                 }
                 for retained in &plan.retained {
                     if let Some(step) = self.steps.iter_mut().find(|s| {
@@ -358,10 +365,10 @@ impl OperationState {
                             && s.name == retained.step
                             && s.progress == StepProgress::Done
                     }) {
-                        step.progress = StepProgress::Retained;
+                        Arc::make_mut(step).progress = StepProgress::Retained;
                     }
                 }
-                self.rollback_plan = Some(plan.clone());
+                self.rollback_plan = Some(Arc::new(plan.clone()));
                 self.status = Some(RollingBack);
             }
             Event::CompensationRequested {
@@ -421,6 +428,7 @@ impl OperationState {
                 self.require_status(&[NeedsAttention], "rollback resumed")?;
                 for c in &mut self.compensations {
                     if c.progress != CompensationProgress::Done {
+                        let c = Arc::make_mut(c);
                         c.attempts_at_resume = c.attempts;
                     }
                 }

@@ -345,7 +345,7 @@ impl OperationRunner {
             operation_id,
             result,
             status: state.as_ref().and_then(|s| s.status),
-            plan: state.and_then(|s| s.rollback_plan),
+            plan: state.and_then(|s| s.rollback_plan.map(std::sync::Arc::unwrap_or_clone)),
         }
     }
 

@@ -93,6 +93,21 @@ impl Known {
         true
     }
 
+    /// Folds the commit this process just appended: sealed here on the tip it knew and
+    /// accepted by the log at exactly the next version, so it extends the chain by
+    /// construction (checking its hash again would only cost a second hash per write).
+    fn fold_own(&mut self, aggregate: AggregateId, commit: Commit) {
+        debug_assert!(commit.version == self.tip.version + 1 && commit.prev_hash == self.tip.hash);
+        let entity = self.entity.get_or_insert_with(|| Entity::new(aggregate));
+        entity.apply(&commit);
+        self.tip = ChainTip::of(&commit);
+        if self.recent.len() == RECENT_COMMITS_MAX {
+            self.recent.pop_front();
+            self.complete = false;
+        }
+        self.recent.push_back(commit);
+    }
+
     fn version(&self) -> u64 {
         self.tip.version
     }
@@ -454,9 +469,9 @@ async fn record_inner<L: EventLog>(
                     });
                 // A duplicate the log recognised, or a version other than decided: the state
                 // is re-read before the next write.
-                let folded = sealed.is_some_and(|commit| known.fold(aggregate, vec![commit]));
-                if !folded {
-                    known.stale = true;
+                match sealed {
+                    Some(commit) => known.fold_own(aggregate, commit),
+                    None => known.stale = true,
                 }
                 return Ok(Recorded::Appended(outcome));
             }

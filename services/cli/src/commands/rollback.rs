@@ -36,7 +36,10 @@ fn command_error(e: DriveError) -> CommandError {
 pub async fn plan(ledger: &Ledger, id: Uuid, json: bool) -> Result<(), CommandError> {
     let op = read_operation(ledger, id).await.map_err(command_error)?;
     let (plan, recorded) = match &op.rollback_plan {
-        Some(plan) => (plan.clone(), true),
+        Some(plan) => (
+            provledger_events::catalogue::RollbackPlan::clone(plan),
+            true,
+        ),
         None => (plan_for(ledger, &op).await.map_err(command_error)?, false),
     };
     if json {

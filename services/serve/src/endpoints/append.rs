@@ -16,7 +16,7 @@ pub(crate) async fn append(
     payload: &[u8],
     caller: &Caller,
 ) -> Result<Value, QueryError> {
-    let req = object(payload)?;
+    let mut req = object(payload)?;
     check_fields(
         &req,
         &[
@@ -40,8 +40,10 @@ pub(crate) async fn append(
         Some(Value::String(s)) => s.parse().map_err(|e| bad("expect", e))?,
         Some(other) => return Err(bad("expect", format!("unexpected {other}"))),
     };
-    let events_json = req.get("events").ok_or_else(|| bad("events", "missing"))?;
-    let events: Vec<Event> = serde_json::from_value(events_json.clone())
+    let events_json = req
+        .remove("events")
+        .ok_or_else(|| bad("events", "missing"))?;
+    let events: Vec<Event> = serde_json::from_value(events_json)
         .map_err(|e| bad("events", format!("not catalogue events: {e}")))?;
     // The server-vouched identity, when there is one, rather than what the request claims.
     let actor = caller.actor(opt_str(&req, "actor")?, "nats:cmd.append");

@@ -175,7 +175,7 @@ impl World {
             label: super::short(&id),
             kind: view["kind"].as_str().unwrap_or("?").to_string(),
             status: view["status"].as_str().unwrap_or("?").to_string(),
-            plan: op.rollback_plan.as_ref().map(render_plan),
+            plan: op.rollback_plan.as_deref().map(render_plan),
         })
     }
 
