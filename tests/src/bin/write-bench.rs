@@ -1223,7 +1223,7 @@ async fn hot(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, payload_byte
     }
     println!();
     println!(
-        "- The provider ended at {} commits (each cmd.append re-reads it, and with `any` re-decides after losing a race, at most 16 times, then answers `unavailable`).",
+        "- The provider ended at {} commits. Inside serve, writes to one aggregate take turns and each decides on the state kept from the previous one (no re-read, no lost race); only another replica could make one decide again.",
         1 + ledger.ok.len()
     );
     print_examples(run_errors([&ledger].into_iter().chain(pg_run.as_ref())));
