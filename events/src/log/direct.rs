@@ -123,7 +123,9 @@ impl DirectReader {
     }
 
     /// Every message matching `filter` from sequence `from` to `end` (inclusive), in
-    /// batches; stops early at the end of what the stream holds.
+    /// batches. `end` must be a message matching `filter` that the stream holds: a reply
+    /// that stops before it comes from a replica behind the stream's leader (followers and
+    /// mirrors answer direct gets too), and is an error rather than a short read.
     pub(crate) async fn range(
         &self,
         from: u64,
@@ -136,17 +138,23 @@ impl DirectReader {
             let batch = self
                 .batch(Start::Sequence(next), filter, DIRECT_BATCH_MESSAGES_MAX)
                 .await?;
-            let Some(last) = batch.messages.last().map(|m| m.sequence) else {
-                break;
-            };
+            let last = batch.messages.last().map(|m| m.sequence);
             out.extend(batch.messages.into_iter().filter(|m| m.sequence <= end));
-            if batch.pending == 0 || last >= end {
-                break;
+            match last {
+                Some(last) if last >= end => return Ok(out),
+                Some(last) if batch.pending > 0 => next = last + 1,
+                _ => return Err(behind(next, end)),
             }
-            next = last + 1;
         }
         Ok(out)
     }
+}
+
+/// The error for a reply that ended before a message the stream's leader said it holds.
+pub(crate) fn behind(next: u64, end: u64) -> String {
+    format!(
+        "the replica that answered holds nothing from position {next} up to {end}: it is behind the stream's leader; retry"
+    )
 }
 
 fn pending_of(reply: &async_nats::Message) -> u64 {

@@ -404,11 +404,24 @@ impl JetStreamLog {
     }
 
     /// A commit_id minted longer ago than (most of) the duplicate window may be a late retry
-    /// that JetStream's dedupe no longer recognises (or one whose age is unknown).
+    /// that JetStream's dedupe no longer recognises; so may one whose age is unknown: not a
+    /// UUID v7, or minted ahead of this clock by more than the tolerated skew (its writer's
+    /// clock runs ahead, so its time says nothing about when it was stored).
     fn maybe_late_retry(&self, commit_id: &Uuid) -> bool {
         let window_ms =
             i64::try_from(self.inner.config.duplicate_window.as_millis()).unwrap_or(i64::MAX);
-        uuid_v7_unix_ms(commit_id).is_none_or(|ms| Timestamp::now().unix_ms() - ms > window_ms / 2)
+        let now = Timestamp::now().unix_ms();
+        uuid_v7_unix_ms(commit_id)
+            .is_none_or(|ms| now - ms > window_ms / 2 || ms - now > RETRY_SCAN_SKEW_MS)
+    }
+
+    /// Where a scan for a retry of `commit_id` may start: the id's mint time less the
+    /// tolerated skew, when the id tells its age; from the beginning otherwise.
+    fn retry_scan_since(commit_id: &Uuid) -> Option<Timestamp> {
+        let now = Timestamp::now().unix_ms();
+        uuid_v7_unix_ms(commit_id)
+            .filter(|ms| ms - now <= RETRY_SCAN_SKEW_MS)
+            .map(|ms| Timestamp::from_unix_ms(ms.saturating_sub(RETRY_SCAN_SKEW_MS)))
     }
 
     fn cached_head(&self, aggregate: &AggregateId) -> Option<Head> {
@@ -510,6 +523,18 @@ impl JetStreamLog {
         Ok(head)
     }
 
+    /// Whether the log holds `tip`'s commit as the caller says (its version and hash at its
+    /// position).
+    async fn tip_is_stored(&self, aggregate: &AggregateId, tip: ChainTip) -> bool {
+        if tip.version == 0 {
+            return tip.hash == Hash::ZERO;
+        }
+        matches!(
+            self.commit_at(tip.position).await,
+            Ok(c) if c.aggregate == *aggregate && c.version == tip.version && c.hash == tip.hash
+        )
+    }
+
     async fn commit_at(&self, sequence: u64) -> Result<Commit, AppendError> {
         let msg = self
             .inner
@@ -531,8 +556,7 @@ impl JetStreamLog {
         aggregate: &AggregateId,
         draft: &CommitDraft,
     ) -> Result<Option<AppendOutcome>, AppendError> {
-        let since = uuid_v7_unix_ms(&draft.commit_id)
-            .map(|ms| Timestamp::from_unix_ms(ms.saturating_sub(RETRY_SCAN_SKEW_MS)));
+        let since = Self::retry_scan_since(&draft.commit_id);
         let found = tokio::time::timeout(
             RETRY_SCAN_TIMEOUT,
             self.scan_for_commit(aggregate, draft.commit_id, since),
@@ -714,11 +738,12 @@ impl JetStreamLog {
                         return Some((vec![Err(error)], None));
                     }
                 };
-                let following = batch
-                    .messages
-                    .last()
-                    .map(|m| m.sequence + 1)
-                    .filter(|n| *n <= end);
+                let Some(last) = batch.messages.last().map(|m| m.sequence) else {
+                    // Nothing where the leader said there is: a lagging replica answered.
+                    let error = read_unavailable(super::direct::behind(next, end));
+                    return Some((vec![Err(error)], None));
+                };
+                let following = Some(last + 1).filter(|n| *n <= end);
                 let items: Vec<_> = batch
                     .messages
                     .iter()
@@ -833,7 +858,8 @@ impl EventLog for JetStreamLog {
                 // decides a conflict: a message outside the chain (garbage, a replay) moves
                 // the subject but not the version, and the append then goes on after it.
                 Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
-                    self.remember_head(aggregate, None);
+                    // The cached head is still a valid prefix of the subject: only what
+                    // follows it is read.
                     let fresh = self.fetch_head(&aggregate).await?;
                     if !expect.admits(fresh.version) {
                         return self
@@ -882,14 +908,14 @@ impl EventLog for JetStreamLog {
     ) -> Result<Vec<Commit>, ReadError> {
         // Start after what is known of the subject: the cached head if it is this tip (it
         // may sit past quarantined messages), else the tip's own commit.
-        let start = match self.cached_head(&aggregate) {
-            Some(h) if h.version == after.version && h.hash == after.hash => h,
-            _ => Head {
-                version: after.version,
-                sequence: after.position,
-                hash: after.hash,
-            },
-        };
+        let cached = self
+            .cached_head(&aggregate)
+            .filter(|h| h.version == after.version && h.hash == after.hash);
+        let start = cached.unwrap_or(Head {
+            version: after.version,
+            sequence: after.position,
+            hash: after.hash,
+        });
         let subject = self.inner.config.subject_for(&aggregate);
         let mut head = start;
         let mut commits = Vec::new();
@@ -918,16 +944,63 @@ impl EventLog for JetStreamLog {
             }
             next = tail + 1;
         }
-        self.remember_head(aggregate, Some(head));
+        // A tip the caller brought is cached only once the log has confirmed it (it was
+        // already cached, or a commit read here links to it): a wrong one must not become
+        // the head the next append expects.
+        let confirmed = cached.is_some()
+            || !commits.is_empty()
+            || (head.sequence > start.sequence && self.tip_is_stored(&aggregate, after).await);
+        if confirmed {
+            self.remember_head(aggregate, Some(head));
+        }
         Ok(commits)
+    }
+
+    async fn read_position(&self, position: u64) -> Result<Option<Commit>, ReadError> {
+        match self.commit_at(position).await {
+            Ok(c) => Ok(Some(c)),
+            Err(AppendError::Corrupt { .. }) => Ok(None),
+            Err(e) => Err(read_unavailable(e)),
+        }
+    }
+
+    async fn tip_is_current(
+        &self,
+        aggregate: AggregateId,
+        tip: ChainTip,
+    ) -> Result<bool, ReadError> {
+        // STREAM.MSG.GET is answered by the stream's leader only (a direct get may be
+        // answered by a follower or a mirror that lags behind).
+        let subject = self.inner.config.subject_for(&aggregate);
+        let leader_last = match self
+            .inner
+            .stream
+            .get_last_raw_message_by_subject(&subject)
+            .await
+        {
+            Ok(msg) => msg.sequence,
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => 0,
+            Err(e) => {
+                return Err(read_unavailable(format!(
+                    "reading head of {aggregate}: {e}"
+                )))
+            }
+        };
+        // The subject's last message is the tip, or a message outside the chain after it
+        // that this process has already read past.
+        let known = self
+            .cached_head(&aggregate)
+            .filter(|h| h.version == tip.version && h.hash == tip.hash)
+            .map_or(tip.position, |h| h.sequence);
+        Ok(leader_last == known)
     }
 
     async fn find_commit(
         &self,
         aggregate: AggregateId,
         commit_id: Uuid,
-        since: Option<Timestamp>,
     ) -> Result<Option<Commit>, ReadError> {
+        let since = Self::retry_scan_since(&commit_id);
         tokio::time::timeout(
             RETRY_SCAN_TIMEOUT,
             self.scan_for_commit(&aggregate, commit_id, since),

@@ -655,11 +655,22 @@ impl EventLog for SledLog {
         self.read_versions_from(&aggregate, after.version + 1)
     }
 
+    async fn read_position(&self, position: u64) -> Result<Option<Commit>, ReadError> {
+        if position > *self.shared.durable.borrow() {
+            return Ok(None);
+        }
+        match self.commit_at(position) {
+            Ok(c) => Ok(Some(c)),
+            Err(e) => Err(ReadError::Unavailable {
+                reason: e.to_string(),
+            }),
+        }
+    }
+
     async fn find_commit(
         &self,
         aggregate: AggregateId,
         commit_id: uuid::Uuid,
-        _since: Option<crate::ids::Timestamp>,
     ) -> Result<Option<Commit>, ReadError> {
         // The permanent commit-id index answers at once, however old the commit.
         let Some(pos) = self

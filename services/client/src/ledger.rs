@@ -8,7 +8,7 @@ use provledger_events::log::{OpenJetStreamError, OpenSledError};
 use provledger_events::{
     AggregateId, AppendError, AppendOutcome, ChainTip, Commit, CommitDraft, CommitStream, EventLog,
     Expectation, HistoryEntry, JetStreamConfig, JetStreamLog, MemLog, ReadError, SledLog,
-    Timestamp, WriteQueues,
+    WriteQueues,
 };
 use provledger_projections::Entity;
 
@@ -361,12 +361,31 @@ impl EventLog for Ledger {
         &self,
         aggregate: AggregateId,
         commit_id: uuid::Uuid,
-        since: Option<Timestamp>,
     ) -> Result<Option<Commit>, ReadError> {
         match self {
-            Ledger::Embedded(l) => l.find_commit(aggregate, commit_id, since).await,
-            Ledger::JetStream(l) => l.find_commit(aggregate, commit_id, since).await,
-            Ledger::Memory(l) => l.find_commit(aggregate, commit_id, since).await,
+            Ledger::Embedded(l) => l.find_commit(aggregate, commit_id).await,
+            Ledger::JetStream(l) => l.find_commit(aggregate, commit_id).await,
+            Ledger::Memory(l) => l.find_commit(aggregate, commit_id).await,
+        }
+    }
+
+    async fn read_position(&self, position: u64) -> Result<Option<Commit>, ReadError> {
+        match self {
+            Ledger::Embedded(l) => l.read_position(position).await,
+            Ledger::JetStream(l) => l.read_position(position).await,
+            Ledger::Memory(l) => l.read_position(position).await,
+        }
+    }
+
+    async fn tip_is_current(
+        &self,
+        aggregate: AggregateId,
+        tip: ChainTip,
+    ) -> Result<bool, ReadError> {
+        match self {
+            Ledger::Embedded(l) => l.tip_is_current(aggregate, tip).await,
+            Ledger::JetStream(l) => l.tip_is_current(aggregate, tip).await,
+            Ledger::Memory(l) => l.tip_is_current(aggregate, tip).await,
         }
     }
 

@@ -36,9 +36,10 @@ pub const UNAVAILABLE_RETRIES_MAX: usize = 3;
 /// The longest pause between two rounds; the pause is spread by commit id so that racers
 /// do not collide again in lockstep.
 const DECIDE_BACKOFF_MAX: Duration = Duration::from_millis(20);
-/// The last commits of an aggregate a process keeps with its state: a retry of one of them
-/// is recognised without reading the log.
-pub const RECENT_COMMITS_MAX: usize = 16;
+/// The last commits of an aggregate whose ids (not payloads) a process keeps with its
+/// state: a retry of one of them is recognised without scanning the log (its commit is then
+/// read by position to compare payloads). 256 ids cost 8 KiB per aggregate kept.
+pub const RECENT_COMMITS_MAX: usize = 256;
 /// Clock skew tolerated between the writer that minted a commit id and the log's clock,
 /// when deciding whether a retry could be older than what is known.
 const RETRY_SKEW_MS: i64 = 60_000;
@@ -50,13 +51,31 @@ struct Known {
     entity: Option<Entity>,
     tip: ChainTip,
     /// The last commits folded, oldest first, at most [`RECENT_COMMITS_MAX`].
-    recent: VecDeque<Commit>,
+    recent: VecDeque<RecentCommit>,
     /// Whether `recent` holds every commit since version 1, so a commit id not in it was
     /// never written to this aggregate.
     complete: bool,
     /// Set when the log may hold commits this state has not folded (a lost ack, a
     /// recognised duplicate, a lost race): the next write reads the tail first.
     stale: bool,
+}
+
+/// What is kept of a recent commit: enough to recognise a retry of it and find it again.
+#[derive(Debug, Clone, Copy)]
+struct RecentCommit {
+    commit_id: uuid::Uuid,
+    position: u64,
+    recorded_at: Timestamp,
+}
+
+impl RecentCommit {
+    fn of(commit: &Commit) -> Self {
+        RecentCommit {
+            commit_id: commit.commit_id,
+            position: commit.position,
+            recorded_at: commit.recorded_at,
+        }
+    }
 }
 
 impl Known {
@@ -68,7 +87,7 @@ impl Known {
         Known {
             entity,
             tip,
-            recent: commits.into_iter().skip(skip).collect(),
+            recent: commits.iter().skip(skip).map(RecentCommit::of).collect(),
             complete,
             stale: false,
         }
@@ -88,7 +107,7 @@ impl Known {
                 self.recent.pop_front();
                 self.complete = false;
             }
-            self.recent.push_back(commit);
+            self.recent.push_back(RecentCommit::of(&commit));
         }
         true
     }
@@ -105,25 +124,38 @@ impl Known {
             self.recent.pop_front();
             self.complete = false;
         }
-        self.recent.push_back(commit);
+        self.recent.push_back(RecentCommit::of(&commit));
     }
 
     fn version(&self) -> u64 {
         self.tip.version
     }
 
-    fn recent_commit(&self, draft: &CommitDraft) -> Option<&Commit> {
-        self.recent.iter().find(|c| c.commit_id == draft.commit_id)
+    fn recent_commit(&self, draft: &CommitDraft) -> Option<RecentCommit> {
+        self.recent
+            .iter()
+            .find(|c| c.commit_id == draft.commit_id)
+            .copied()
     }
 
     /// Whether a commit with `draft`'s id could be in the log without being among the
-    /// recent commits: only if it may be older than the oldest of them.
+    /// recent commits: unless they are every commit there is, only if the id may be older
+    /// than the oldest of them, or its age cannot be told (not a UUID v7, or minted ahead
+    /// of the newest commit by more than the tolerated skew: its writer's clock runs
+    /// ahead, so its time says nothing).
     fn may_hold_older(&self, draft: &CommitDraft) -> bool {
         if self.complete {
             return false;
         }
-        match (uuid_v7_unix_ms(&draft.commit_id), self.recent.front()) {
-            (Some(minted), Some(oldest)) => minted - RETRY_SKEW_MS < oldest.recorded_at.unix_ms(),
+        match (
+            uuid_v7_unix_ms(&draft.commit_id),
+            self.recent.front(),
+            self.recent.back(),
+        ) {
+            (Some(minted), Some(oldest), Some(newest)) => {
+                minted - RETRY_SKEW_MS < oldest.recorded_at.unix_ms()
+                    || minted - RETRY_SKEW_MS > newest.recorded_at.unix_ms()
+            }
             _ => true,
         }
     }
@@ -408,9 +440,24 @@ async fn record_inner<L: EventLog>(
         let Some(known) = known_mut(&mut turn) else {
             unreachable!("refresh leaves a known state in the slot");
         };
-        if let Some(earlier) = known.recent_commit(&draft) {
-            return earlier_outcome(earlier, &draft, id_names_the_fact);
+        if let Some(recent) = known.recent_commit(&draft) {
+            match log.read_position(recent.position).await? {
+                Some(earlier) if earlier.commit_id == draft.commit_id => {
+                    return earlier_outcome(&earlier, &draft, id_names_the_fact)
+                }
+                // The log does not hold it where it was seen: know the aggregate again.
+                _ => {
+                    if let Some(known) = known_mut(&mut turn) {
+                        known.stale = true;
+                    }
+                    fresh = false;
+                    continue;
+                }
+            }
         }
+        let Some(known) = known_mut(&mut turn) else {
+            unreachable!("refresh leaves a known state in the slot");
+        };
         let version = known.version();
         let position = known.tip.position;
         let refusal = if !expect.admits(version) {
@@ -435,6 +482,19 @@ async fn record_inner<L: EventLog>(
                 known.stale = true;
                 continue;
             }
+            // A read may come from a replica of the stream that lags behind its leader: a
+            // refusal is answered only on a tip the leader confirms.
+            let tip = known.tip;
+            if !log.tip_is_current(aggregate, tip).await? {
+                if let Some(known) = known_mut(&mut turn) {
+                    known.stale = true;
+                }
+                fresh = false;
+                continue;
+            }
+            let Some(known) = known_mut(&mut turn) else {
+                unreachable!("the slot is held for the whole write");
+            };
             // The commit may be a retry of one that changed the state this refuses.
             let older = known.may_hold_older(&draft);
             if older {
@@ -493,6 +553,21 @@ async fn record_inner<L: EventLog>(
                 }
                 tracing::warn!(%aggregate, commit_id = %draft.commit_id, error = %e, "append unavailable; retrying with the same commit id");
             }
+            // The id is taken by a commit this state may not know: for a fact, that
+            // commit is the fact recorded (in other words); otherwise a reused id.
+            Err(AppendError::CommitIdReused { position, .. }) => {
+                known.stale = true;
+                if let Some(earlier) = log.read_position(position).await? {
+                    if earlier.commit_id == draft.commit_id {
+                        return earlier_outcome(&earlier, &draft, id_names_the_fact);
+                    }
+                }
+                return Err(AppendError::CommitIdReused {
+                    commit_id: draft.commit_id,
+                    position,
+                }
+                .into());
+            }
             Err(e) => return Err(e.into()),
         }
     }
@@ -522,14 +597,12 @@ fn earlier_outcome(
     .into())
 }
 
-/// Looks the draft's commit id up in the log, among commits recorded since it was minted
-/// (less the tolerated skew): the bounded fallback when what is known cannot tell.
+/// Looks the draft's commit id up in the log (which bounds the search by the id's age
+/// where it can): the fallback when what is known cannot tell.
 async fn find_earlier<L: EventLog>(
     log: &L,
     aggregate: AggregateId,
     draft: &CommitDraft,
 ) -> Result<Option<Commit>, RecordError> {
-    let since = uuid_v7_unix_ms(&draft.commit_id)
-        .map(|ms| Timestamp::from_unix_ms(ms.saturating_sub(RETRY_SKEW_MS)));
-    Ok(log.find_commit(aggregate, draft.commit_id, since).await?)
+    Ok(log.find_commit(aggregate, draft.commit_id).await?)
 }

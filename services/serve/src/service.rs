@@ -300,8 +300,15 @@ pub async fn run(
             Endpoint::Health => &health_slots,
             _ => &slots,
         };
-        let Ok(permit) = Arc::clone(slots).acquire_owned().await else {
-            break;
+        // Never wait for a slot here: this loop also takes health checks and the
+        // shutdown; a replica with every slot taken answers `unavailable` at once.
+        let permit = match Arc::clone(slots).try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                tokio::spawn(respond_busy(endpoint, request));
+                continue;
+            }
+            Err(tokio::sync::TryAcquireError::Closed) => break,
         };
         let ctx = Arc::clone(&ctx);
         tokio::spawn(async move {
@@ -426,6 +433,22 @@ fn refusal(e: &QueryError) -> (async_nats::HeaderMap, Vec<u8>) {
         e.code.numeric().to_string().as_str(),
     );
     (headers, serde_json::to_vec(&e.body()).unwrap_or_default())
+}
+
+/// The answer of a replica whose request slots are all taken.
+async fn respond_busy(endpoint: Endpoint, request: async_nats::service::Request) {
+    let (headers, bytes) = refusal(&QueryError::new(
+        ErrorCode::Unavailable,
+        format!(
+            "this replica has {REQUESTS_IN_FLIGHT_MAX} requests in hand (REQUESTS_IN_FLIGHT_MAX); retry, or ask another replica"
+        ),
+    ));
+    if let Err(e) = request
+        .respond_with_headers(Ok(bytes.into()), headers)
+        .await
+    {
+        tracing::warn!(error = %e, endpoint = endpoint.suffix(), "cannot send a reply");
+    }
 }
 
 async fn respond(ctx: &QueryContext, endpoint: Endpoint, request: async_nats::service::Request) {

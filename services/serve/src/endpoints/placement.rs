@@ -241,9 +241,8 @@ mod tests {
             &self,
             aggregate: AggregateId,
             commit_id: Uuid,
-            since: Option<Timestamp>,
         ) -> Result<Option<Commit>, ReadError> {
-            self.inner.find_commit(aggregate, commit_id, since).await
+            self.inner.find_commit(aggregate, commit_id).await
         }
         fn write_queues(&self) -> &WriteQueues {
             self.inner.write_queues()
