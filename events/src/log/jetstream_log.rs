@@ -947,9 +947,11 @@ impl EventLog for JetStreamLog {
         // A tip the caller brought is cached only once the log has confirmed it (it was
         // already cached, or a commit read here links to it): a wrong one must not become
         // the head the next append expects.
+        // Checking the tip's own message costs one direct get, once per aggregate and
+        // process: without a cached head, the next append would read the whole subject.
         let confirmed = cached.is_some()
             || !commits.is_empty()
-            || (head.sequence > start.sequence && self.tip_is_stored(&aggregate, after).await);
+            || self.tip_is_stored(&aggregate, after).await;
         if confirmed {
             self.remember_head(aggregate, Some(head));
         }
