@@ -949,9 +949,8 @@ impl EventLog for JetStreamLog {
         // the head the next append expects.
         // Checking the tip's own message costs one direct get, once per aggregate and
         // process: without a cached head, the next append would read the whole subject.
-        let confirmed = cached.is_some()
-            || !commits.is_empty()
-            || self.tip_is_stored(&aggregate, after).await;
+        let confirmed =
+            cached.is_some() || !commits.is_empty() || self.tip_is_stored(&aggregate, after).await;
         if confirmed {
             self.remember_head(aggregate, Some(head));
         }
