@@ -724,21 +724,27 @@ async fn oversized_requests_and_answers_always_get_a_reply() {
     assert_eq!(versions, vec![1, 2, 3]);
 }
 
+/// A cluster created through cmd.append (version 1): its id and `cluster/<id>`.
+async fn created_cluster(client: &async_nats::Client) -> (Uuid, String) {
+    let cluster = Uuid::now_v7();
+    let aggregate = format!("cluster/{cluster}");
+    let create = serde_json::to_value(vec![samples::all().remove(0)]).unwrap();
+    let reply = cmd(
+        client,
+        json!({"aggregate": aggregate, "expect": "none", "events": create}),
+    )
+    .await;
+    assert!(error_code(&reply).is_none(), "{reply}");
+    (cluster, aggregate)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_on_a_subject_never_turns_a_right_expectation_into_a_conflict() {
     // Given a cluster at version 1 that serve has just written (so it knows its head),
     let nats = NatsServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let (_serve, client) = started(&nats, &dir).await;
-    let cluster = Uuid::now_v7();
-    let aggregate = format!("cluster/{cluster}");
-    let create = serde_json::to_value(vec![samples::all().remove(0)]).unwrap();
-    let reply = cmd(
-        &client,
-        json!({"aggregate": aggregate, "expect": "none", "events": create}),
-    )
-    .await;
-    assert!(error_code(&reply).is_none(), "{reply}");
+    let (cluster, aggregate) = created_cluster(&client).await;
     let subject = format!("provledger.ev.cluster.{cluster}");
     for version in 1..=3u64 {
         // when garbage lands on its subject after that head (quarantined by readers),
@@ -769,15 +775,7 @@ async fn fifty_writers_racing_the_same_expectation_have_exactly_one_winner_each_
     let nats = NatsServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let (_serve, client) = started(&nats, &dir).await;
-    let cluster = Uuid::now_v7();
-    let aggregate = format!("cluster/{cluster}");
-    let create = serde_json::to_value(vec![samples::all().remove(0)]).unwrap();
-    let reply = cmd(
-        &client,
-        json!({"aggregate": aggregate, "expect": "none", "events": create}),
-    )
-    .await;
-    assert!(error_code(&reply).is_none(), "{reply}");
+    let (_, aggregate) = created_cluster(&client).await;
     for round in 1..=10u64 {
         // Given the cluster at version `round`, when 50 writers all expect it,
         let writers = (0..50).map(|w| {

@@ -161,6 +161,15 @@ impl Known {
     }
 }
 
+/// Marks what the turn's slot knows as needing a read before the next decision; returns
+/// the write's new `fresh` (false: nothing read since).
+fn read_again(turn: &mut WriteTurn) -> bool {
+    if let Some(known) = known_mut(turn) {
+        known.stale = true;
+    }
+    false
+}
+
 fn known_mut(turn: &mut WriteTurn) -> Option<&mut Known> {
     turn.as_mut().and_then(|slot| slot.downcast_mut::<Known>())
 }
@@ -447,10 +456,7 @@ async fn record_inner<L: EventLog>(
                 }
                 // The log does not hold it where it was seen: know the aggregate again.
                 _ => {
-                    if let Some(known) = known_mut(&mut turn) {
-                        known.stale = true;
-                    }
-                    fresh = false;
+                    fresh = read_again(&mut turn);
                     continue;
                 }
             }
@@ -486,10 +492,7 @@ async fn record_inner<L: EventLog>(
             // refusal is answered only on a tip the leader confirms.
             let tip = known.tip;
             if !log.tip_is_current(aggregate, tip).await? {
-                if let Some(known) = known_mut(&mut turn) {
-                    known.stale = true;
-                }
-                fresh = false;
+                fresh = read_again(&mut turn);
                 continue;
             }
             let Some(known) = known_mut(&mut turn) else {
