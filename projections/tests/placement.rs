@@ -51,29 +51,7 @@ fn claim(consumer: Uuid, kind: ConsumerKind) -> Vec<Event> {
 
 /// An active instance running on `on`.
 fn running_on(on: AggregateId) -> Vec<Event> {
-    vec![
-        Event::InstanceCreateRequested {
-            name: "vm".into(),
-            cluster_id: None,
-            node_group: None,
-            flavor: "m1".into(),
-            resources: BTreeMap::from([("VCPU".to_string(), 2)]),
-            image: "img".into(),
-        },
-        Event::HostAssigned {
-            host: "cn".into(),
-            provider_id: on.id,
-        },
-        Event::TaskFinished {
-            task_state: provledger_events::catalogue::TaskState::Scheduling,
-            outcome: provledger_events::catalogue::TaskOutcome::Succeeded,
-            reason: String::new(),
-        },
-        Event::VmStateChanged {
-            vm_state: VmState::Active,
-            reason: String::new(),
-        },
-    ]
+    provledger_tests::workload::instance_running_on(on.id)
 }
 
 /// P holds: I1 running there, I2 evacuated to Q (residue), a migration M whose operation

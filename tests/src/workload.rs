@@ -1,6 +1,6 @@
 //! The events of the benchmarks' placement workload (a compute node with a VCPU inventory,
 //! an instance's lifecycle, its claim), shared so that every bench measures the same
-//! commits.
+//! commits; and the running instance placement's tests start from.
 
 use std::collections::BTreeMap;
 
@@ -63,6 +63,34 @@ pub fn instance_lifecycle(k: u128, node: u128, provider: Uuid) -> Vec<Event> {
         },
         Event::PowerStateChanged {
             power_state: PowerState::Running,
+        },
+    ]
+}
+
+/// An active instance of 2 VCPU placed on `provider` (host `cn`), its scheduling done: the
+/// instance placement's and recovery's tests reason about.
+pub fn instance_running_on(provider: Uuid) -> Vec<Event> {
+    vec![
+        Event::InstanceCreateRequested {
+            name: "vm".into(),
+            cluster_id: None,
+            node_group: None,
+            flavor: "m1".into(),
+            resources: BTreeMap::from([("VCPU".to_string(), 2)]),
+            image: "img".into(),
+        },
+        Event::HostAssigned {
+            host: "cn".into(),
+            provider_id: provider,
+        },
+        Event::TaskFinished {
+            task_state: TaskState::Scheduling,
+            outcome: TaskOutcome::Succeeded,
+            reason: String::new(),
+        },
+        Event::VmStateChanged {
+            vm_state: VmState::Active,
+            reason: String::new(),
         },
     ]
 }

@@ -193,13 +193,12 @@ mod tests {
     use provledger_client::placement::LogView;
     use provledger_client::recovery::{sweep, NoWorkers};
     use provledger_client::write::record;
-    use provledger_events::catalogue::{
-        ConsumerKind, Inventory, Ratio, TaskOutcome, TaskState, VmState,
-    };
+    use provledger_events::catalogue::{ConsumerKind, Inventory, Ratio, TaskState, VmState};
     use provledger_events::{
         AggregateId, AppendError, AppendOutcome, ChainTip, Commit, CommitDraft, CommitStream,
         Event, Expectation, HistoryEntry, ReadError, SledLog, Timestamp, WriteQueues,
     };
+    use provledger_tests::workload::instance_running_on as running_on;
 
     use super::*;
     use crate::projector::Projector;
@@ -267,32 +266,6 @@ mod tests {
         async fn last_position(&self) -> Result<u64, ReadError> {
             self.inner.last_position().await
         }
-    }
-
-    fn running_on(provider: Uuid) -> Vec<Event> {
-        vec![
-            Event::InstanceCreateRequested {
-                name: "vm".into(),
-                cluster_id: None,
-                node_group: None,
-                flavor: "m1".into(),
-                resources: BTreeMap::from([("VCPU".to_string(), 2)]),
-                image: "img".into(),
-            },
-            Event::HostAssigned {
-                host: "cn".into(),
-                provider_id: provider,
-            },
-            Event::TaskFinished {
-                task_state: TaskState::Scheduling,
-                outcome: TaskOutcome::Succeeded,
-                reason: String::new(),
-            },
-            Event::VmStateChanged {
-                vm_state: VmState::Active,
-                reason: String::new(),
-            },
-        ]
     }
 
     fn claim(consumer: Uuid) -> Vec<Event> {
