@@ -283,6 +283,11 @@ impl<'de> Deserialize<'de> for Hash {
     }
 }
 
+/// The clock skew tolerated between the writer that minted a commit id (its UUID v7 time)
+/// and the clock it is compared with (the log's, or other writers'), when telling whether a
+/// retry could be older than what is known.
+pub const CLOCK_SKEW_MS_MAX: i64 = 60_000;
+
 /// The millisecond timestamp embedded in a UUID v7, if it is one.
 pub fn uuid_v7_unix_ms(id: &Uuid) -> Option<i64> {
     if id.get_version_num() != 7 {

@@ -33,7 +33,7 @@ use super::{
 };
 use crate::codec::{self, ENCODED_COMMIT_BYTES_MAX};
 use crate::commit::{Commit, CommitDraft, InvalidCommit};
-use crate::ids::{uuid_v7_unix_ms, AggregateId, Hash, Timestamp};
+use crate::ids::{uuid_v7_unix_ms, AggregateId, Hash, Timestamp, CLOCK_SKEW_MS_MAX};
 
 /// async-nats' limit of unacknowledged publishes per context.
 pub const MAX_ACK_INFLIGHT: usize = 5000;
@@ -52,8 +52,6 @@ const APPEND_ATTEMPTS_MAX: usize = 16;
 pub const SUBSCRIPTIONS_MAX: usize = 4;
 /// How many heads the cache keeps before it is cleared.
 const HEAD_CACHE_ENTRIES_MAX: usize = 200_000;
-/// Clock skew tolerated between writers when scanning for a late retry.
-const RETRY_SCAN_SKEW_MS: i64 = 60_000;
 /// The longest a retry scan may take before the append answers `Unavailable`.
 const RETRY_SCAN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -412,7 +410,7 @@ impl JetStreamLog {
             i64::try_from(self.inner.config.duplicate_window.as_millis()).unwrap_or(i64::MAX);
         let now = Timestamp::now().unix_ms();
         uuid_v7_unix_ms(commit_id)
-            .is_none_or(|ms| now - ms > window_ms / 2 || ms - now > RETRY_SCAN_SKEW_MS)
+            .is_none_or(|ms| now - ms > window_ms / 2 || ms - now > CLOCK_SKEW_MS_MAX)
     }
 
     /// Where a scan for a retry of `commit_id` may start: the id's mint time less the
@@ -420,8 +418,8 @@ impl JetStreamLog {
     fn retry_scan_since(commit_id: &Uuid) -> Option<Timestamp> {
         let now = Timestamp::now().unix_ms();
         uuid_v7_unix_ms(commit_id)
-            .filter(|ms| ms - now <= RETRY_SCAN_SKEW_MS)
-            .map(|ms| Timestamp::from_unix_ms(ms.saturating_sub(RETRY_SCAN_SKEW_MS)))
+            .filter(|ms| ms - now <= CLOCK_SKEW_MS_MAX)
+            .map(|ms| Timestamp::from_unix_ms(ms.saturating_sub(CLOCK_SKEW_MS_MAX)))
     }
 
     fn cached_head(&self, aggregate: &AggregateId) -> Option<Head> {
@@ -435,25 +433,18 @@ impl JetStreamLog {
 
     /// Caches a head read or written. Heads only move forward: a slow reader that read an
     /// older head never replaces a newer one a concurrent append or read left.
-    fn remember_head(&self, aggregate: AggregateId, head: Option<Head>) {
+    fn remember_head(&self, aggregate: AggregateId, head: Head) {
         let mut heads = self.inner.heads.lock().unwrap_or_else(|p| p.into_inner());
-        match head {
-            Some(h) => {
-                if heads
-                    .get(&aggregate)
-                    .is_some_and(|old| old.sequence > h.sequence)
-                {
-                    return;
-                }
-                if heads.len() >= HEAD_CACHE_ENTRIES_MAX {
-                    heads.clear();
-                }
-                heads.insert(aggregate, h);
-            }
-            None => {
-                heads.remove(&aggregate);
-            }
+        if heads
+            .get(&aggregate)
+            .is_some_and(|old| old.sequence > head.sequence)
+        {
+            return;
         }
+        if heads.len() >= HEAD_CACHE_ENTRIES_MAX {
+            heads.clear();
+        }
+        heads.insert(aggregate, head);
     }
 
     /// The stream sequence of the last message on the aggregate's subject, 0 for none.
@@ -519,7 +510,7 @@ impl JetStreamLog {
             .scan_subject(aggregate, from, last, start)
             .await
             .map_err(|e| unavailable(e.to_string()))?;
-        self.remember_head(*aggregate, Some(head));
+        self.remember_head(*aggregate, head);
         Ok(head)
     }
 
@@ -548,26 +539,16 @@ impl JetStreamLog {
         })
     }
 
-    /// Looks for `draft.commit_id` among the aggregate's commits recorded since the
-    /// commit_id was minted (UUID v7, less the clock skew tolerated), or among all of them
-    /// otherwise.
+    /// An earlier append of `draft` ([`EventLog::find_commit`]) as this append's outcome.
     async fn find_retry(
         &self,
         aggregate: &AggregateId,
         draft: &CommitDraft,
     ) -> Result<Option<AppendOutcome>, AppendError> {
-        let since = Self::retry_scan_since(&draft.commit_id);
-        let found = tokio::time::timeout(
-            RETRY_SCAN_TIMEOUT,
-            self.scan_for_commit(aggregate, draft.commit_id, since),
-        )
-        .await
-        .map_err(|_| {
-            unavailable(format!(
-                "scanning {aggregate} for a retry took over {RETRY_SCAN_TIMEOUT:?}"
-            ))
-        })?
-        .map_err(|e| unavailable(e.to_string()))?;
+        let found = self
+            .find_commit(*aggregate, draft.commit_id)
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
         match found {
             None => Ok(None),
             Some(commit) if commit.same_payload_as(draft) => Ok(Some(AppendOutcome {
@@ -647,7 +628,8 @@ impl JetStreamLog {
         }
     }
 
-    /// An ordered consumer for the live tail, counted against [`SUBSCRIPTIONS_MAX`].
+    /// An ordered consumer for the live tail (`subscribe` holds its permit, one of
+    /// [`SUBSCRIPTIONS_MAX`]).
     async fn ordered(
         &self,
         filter_subject: String,
@@ -842,11 +824,11 @@ impl EventLog for JetStreamLog {
                 Ok(ack) => {
                     self.remember_head(
                         aggregate,
-                        Some(Head {
+                        Head {
                             version,
                             sequence: ack.sequence,
                             hash: commit.hash,
-                        }),
+                        },
                     );
                     return Ok(AppendOutcome {
                         position: ack.sequence,
@@ -897,7 +879,7 @@ impl EventLog for JetStreamLog {
         }
         let (entries, head) = self.scan_subject(&aggregate, 1, last, EMPTY_HEAD).await?;
         // A whole read is the freshest head there is: the next append needs no lookup.
-        self.remember_head(aggregate, Some(head));
+        self.remember_head(aggregate, head);
         Ok(entries)
     }
 
@@ -945,14 +927,14 @@ impl EventLog for JetStreamLog {
             next = tail + 1;
         }
         // A tip the caller brought is cached only once the log has confirmed it (it was
-        // already cached, or a commit read here links to it): a wrong one must not become
-        // the head the next append expects.
-        // Checking the tip's own message costs one direct get, once per aggregate and
-        // process: without a cached head, the next append would read the whole subject.
+        // already cached, a commit read here links to it, or its own message matches): a
+        // wrong one must not become the head the next append expects. Checking the message
+        // costs one direct get, once per aggregate and process; without a cached head the
+        // next append would read the whole subject.
         let confirmed =
             cached.is_some() || !commits.is_empty() || self.tip_is_stored(&aggregate, after).await;
         if confirmed {
-            self.remember_head(aggregate, Some(head));
+            self.remember_head(aggregate, head);
         }
         Ok(commits)
     }

@@ -15,7 +15,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use provledger_events::ids::uuid_v7_unix_ms;
+use provledger_events::ids::{uuid_v7_unix_ms, CLOCK_SKEW_MS_MAX};
 use provledger_events::{
     AggregateId, AppendError, AppendOutcome, AppendStatus, ChainTip, Commit, CommitDraft, EventLog,
     Expectation, ReadError, Timestamp, WriteQueues, WriteTurn,
@@ -40,9 +40,6 @@ const DECIDE_BACKOFF_MAX: Duration = Duration::from_millis(20);
 /// state: a retry of one of them is recognised without scanning the log (its commit is then
 /// read by position to compare payloads). 256 ids cost 8 KiB per aggregate kept.
 pub const RECENT_COMMITS_MAX: usize = 256;
-/// Clock skew tolerated between the writer that minted a commit id and the log's clock,
-/// when deciding whether a retry could be older than what is known.
-const RETRY_SKEW_MS: i64 = 60_000;
 
 /// What this process knows of one aggregate, kept in its write-queue slot between writes.
 #[derive(Debug, Clone)]
@@ -102,12 +99,7 @@ impl Known {
                 return false;
             }
             entity.apply(&commit);
-            self.tip = ChainTip::of(&commit);
-            if self.recent.len() == RECENT_COMMITS_MAX {
-                self.recent.pop_front();
-                self.complete = false;
-            }
-            self.recent.push_back(RecentCommit::of(&commit));
+            self.advance(&commit);
         }
         true
     }
@@ -119,12 +111,17 @@ impl Known {
         debug_assert!(commit.version == self.tip.version + 1 && commit.prev_hash == self.tip.hash);
         let entity = self.entity.get_or_insert_with(|| Entity::new(aggregate));
         entity.apply(&commit);
-        self.tip = ChainTip::of(&commit);
+        self.advance(&commit);
+    }
+
+    /// Moves the tip to `commit`, just folded, and keeps it among the recent commits.
+    fn advance(&mut self, commit: &Commit) {
+        self.tip = ChainTip::of(commit);
         if self.recent.len() == RECENT_COMMITS_MAX {
             self.recent.pop_front();
             self.complete = false;
         }
-        self.recent.push_back(RecentCommit::of(&commit));
+        self.recent.push_back(RecentCommit::of(commit));
     }
 
     fn version(&self) -> u64 {
@@ -153,8 +150,8 @@ impl Known {
             self.recent.back(),
         ) {
             (Some(minted), Some(oldest), Some(newest)) => {
-                minted - RETRY_SKEW_MS < oldest.recorded_at.unix_ms()
-                    || minted - RETRY_SKEW_MS > newest.recorded_at.unix_ms()
+                minted - CLOCK_SKEW_MS_MAX < oldest.recorded_at.unix_ms()
+                    || minted - CLOCK_SKEW_MS_MAX > newest.recorded_at.unix_ms()
             }
             _ => true,
         }

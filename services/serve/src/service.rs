@@ -443,6 +443,15 @@ async fn respond_busy(endpoint: Endpoint, request: async_nats::service::Request)
             "this replica has {REQUESTS_IN_FLIGHT_MAX} requests in hand (REQUESTS_IN_FLIGHT_MAX); retry, or ask another replica"
         ),
     ));
+    send_reply(endpoint, request, headers, bytes).await;
+}
+
+async fn send_reply(
+    endpoint: Endpoint,
+    request: async_nats::service::Request,
+    headers: async_nats::HeaderMap,
+    bytes: Vec<u8>,
+) {
     if let Err(e) = request
         .respond_with_headers(Ok(bytes.into()), headers)
         .await
@@ -486,10 +495,5 @@ async fn respond(ctx: &QueryContext, endpoint: Endpoint, request: async_nats::se
             refusal(&e)
         }
     };
-    if let Err(e) = request
-        .respond_with_headers(Ok(bytes.into()), headers)
-        .await
-    {
-        tracing::warn!(error = %e, endpoint = endpoint.suffix(), "cannot send a reply");
-    }
+    send_reply(endpoint, request, headers, bytes).await;
 }
