@@ -806,7 +806,8 @@ async fn a_retry_after_the_duplicate_window_answers_its_first_position() {
     use provledger_client::write::{record, Recorded};
     use provledger_events::{AppendStatus, CommitDraft, Expectation};
     // Given a stream whose duplicate window is one second, and a commit written by one
-    // process followed by 30 more commits,
+    // process followed by more commits than another process keeps the ids of (so that only
+    // the log can recognise the retry),
     let nats = NatsServer::start().await;
     let config = JetStreamConfig {
         stream: "SHORTDUP".into(),
@@ -833,7 +834,8 @@ async fn a_retry_after_the_duplicate_window_answers_its_first_position() {
     else {
         panic!("the original was not appended");
     };
-    for n in 1..=30 {
+    let more = provledger_client::write::RECENT_COMMITS_MAX + 30;
+    for n in 1..=more {
         let d = CommitDraft::now("test", vec![status(n)]);
         record(&first, cluster, Expectation::Any, d)
             .await
@@ -854,7 +856,7 @@ async fn a_retry_after_the_duplicate_window_answers_its_first_position() {
     assert_eq!(outcome.status, AppendStatus::AlreadyAppended);
     assert_eq!(outcome.position, original.position);
     let commits = second.read_aggregate(cluster).await.unwrap();
-    assert_eq!(commits.len(), 32);
+    assert_eq!(commits.len(), 2 + more);
     assert_eq!(
         commits
             .iter()
