@@ -92,6 +92,27 @@ pub fn encode(commit: &Commit) -> Result<Vec<u8>, EncodeError> {
     Ok(out)
 }
 
+/// The leading fields of [`WireCommit`], in its order: what a reader that only sorts
+/// commits by aggregate decodes, without the events.
+#[derive(Deserialize)]
+struct WireHead {
+    #[allow(dead_code)] // decoded only to reach the aggregate, which follows it
+    commit_id: Uuid,
+    aggregate: AggregateId,
+}
+
+/// The aggregate of an encoded commit, decoding only the fields before it (a scan that
+/// only needs to know which aggregates changed pays no event decoding).
+pub fn decode_aggregate(bytes: &[u8]) -> Result<AggregateId, DecodeError> {
+    let (&format, body) = bytes.split_first().ok_or(DecodeError::Empty)?;
+    if format != FORMAT_VERSION {
+        return Err(DecodeError::UnknownFormat { found: format });
+    }
+    let (head, _): (WireHead, usize) = bincode::serde::decode_from_slice(body, config())
+        .map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    Ok(head.aggregate)
+}
+
 /// Decodes a commit stored at `position`.
 pub fn decode(bytes: &[u8], position: u64) -> Result<Commit, DecodeError> {
     let (&format, body) = bytes.split_first().ok_or(DecodeError::Empty)?;

@@ -109,6 +109,24 @@ fn decode_refuses_empty_unknown_format_and_trailing_bytes() {
     );
 }
 
+#[test]
+fn the_aggregate_alone_decodes_as_the_whole_commit_does() {
+    for (i, event) in samples::all().into_iter().enumerate() {
+        let commit = sample_commit(i, event);
+        let bytes = codec::encode(&commit).unwrap();
+        assert_eq!(codec::decode_aggregate(&bytes), Ok(commit.aggregate));
+    }
+    assert_eq!(codec::decode_aggregate(&[]), Err(DecodeError::Empty));
+    assert_eq!(
+        codec::decode_aggregate(&[9, 1, 2]),
+        Err(DecodeError::UnknownFormat { found: 9 })
+    );
+    assert!(matches!(
+        codec::decode_aggregate(&[FORMAT_VERSION, 1, 2]),
+        Err(DecodeError::Malformed(_))
+    ));
+}
+
 fn valid_encodings() -> Vec<Vec<u8>> {
     samples::all()
         .into_iter()
@@ -126,6 +144,7 @@ proptest! {
         let mut with_version = vec![FORMAT_VERSION];
         with_version.extend_from_slice(&bytes);
         let _ = codec::decode(&with_version, 7);
+        let _ = codec::decode_aggregate(&with_version);
     }
 
     #[test]

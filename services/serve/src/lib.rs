@@ -29,8 +29,8 @@ mod store;
 pub use audit::{audit_log, AuditError};
 pub use endpoints::endpoint_subjects;
 pub use projector::{
-    BatchOutcome, OnChainViolation, Projector, ProjectorError, BATCH_ENTRIES_MAX,
-    SNAPSHOT_EVERY_POSITIONS_DEFAULT,
+    BatchOutcome, OnChainViolation, Projector, ProjectorError, Touched, BATCH_ENTRIES_MAX,
+    GROUP_COMMIT_LINGER, SNAPSHOT_EVERY_POSITIONS_DEFAULT, TOUCHED_MAX,
 };
 pub use service::{open_service_store, run, ServeError, ServeOptions, QUEUE_GROUP, SERVICE_NAME};
 pub use store::{ProjectionStore, QuarantineRecord, StoreError, ENTITY_FORMAT};

@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use uuid::Uuid;
 
+use crate::projector::Touched;
 use crate::store::ProjectionStore;
 use provledger_client::{deletion, CancelNotices, Ledger, RollbackDriver, Stamper};
 
@@ -44,6 +45,24 @@ pub(crate) fn needs_driving(op: &OperationState) -> bool {
         ) || op.cancellation_pending())
 }
 
+/// Keeps a changed aggregate in view: an operation may need driving, a cluster or
+/// instance may be being deleted (each is checked against the store before acting).
+fn note_changed(
+    aggregate: AggregateId,
+    open: &mut BTreeSet<Uuid>,
+    deleting: &mut BTreeSet<AggregateId>,
+) {
+    match aggregate.kind {
+        AggregateKind::Operation => {
+            open.insert(aggregate.id);
+        }
+        AggregateKind::Cluster | AggregateKind::Instance => {
+            deleting.insert(aggregate);
+        }
+        AggregateKind::Provider => {}
+    }
+}
+
 fn is_deleting(entity: &Entity) -> bool {
     entity.deletion_state() == Some(DeletionState::Deleting)
 }
@@ -54,6 +73,7 @@ pub(crate) struct RollbackWorker {
     pub(crate) driver: Arc<RollbackDriver>,
     pub(crate) notices: CancelNotices,
     pub(crate) applied: watch::Receiver<u64>,
+    pub(crate) touched: Arc<Touched>,
     pub(crate) stamper: Stamper,
 }
 
@@ -62,6 +82,7 @@ impl RollbackWorker {
         let mut open: BTreeSet<Uuid> = BTreeSet::new();
         let mut deleting: BTreeSet<AggregateId> = BTreeSet::new();
         let mut seen = *self.applied.borrow();
+        let mut scan_through = 0;
         self.initial_scan(&mut open, &mut deleting);
         tracing::info!(
             open_rollbacks = open.len(),
@@ -84,23 +105,28 @@ impl RollbackWorker {
             if *shutdown.borrow() {
                 break;
             }
-            let now = *self.applied.borrow();
-            let to = now.min(seen + COMMITS_PER_WAKE_MAX);
-            for commit in self.store.commits(seen + 1, to) {
-                match commit {
-                    Ok(c) => match c.aggregate.kind {
-                        AggregateKind::Operation => {
-                            open.insert(c.aggregate.id);
-                        }
-                        AggregateKind::Cluster | AggregateKind::Instance => {
-                            deleting.insert(c.aggregate);
-                        }
-                        AggregateKind::Provider => {}
-                    },
-                    Err(e) => tracing::warn!(error = %e, "unreadable commit in the copy"),
-                }
+            // What the projector saw change, and how far the copy must be read back
+            // for what did not fit in that set (positions up to `seen` were covered by
+            // the initial scan or an earlier wake).
+            let (changed, incomplete_through) = self.touched.take();
+            for aggregate in changed {
+                note_changed(aggregate, &mut open, &mut deleting);
             }
-            seen = to.max(seen);
+            scan_through = scan_through.max(incomplete_through);
+            let now = *self.applied.borrow();
+            let to = now.min(scan_through).min(seen + COMMITS_PER_WAKE_MAX);
+            if to > seen {
+                for aggregate in self.store.commit_aggregates(seen + 1, to) {
+                    match aggregate {
+                        Ok(aggregate) => note_changed(aggregate, &mut open, &mut deleting),
+                        Err(e) => tracing::warn!(error = %e, "unreadable commit in the copy"),
+                    }
+                }
+                seen = to;
+            }
+            if scan_through <= seen {
+                seen = seen.max(now);
+            }
             self.refresh_open(&mut open);
             for op in open.iter().copied() {
                 if driving.len() >= DRIVES_IN_FLIGHT_MAX {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use async_nats::service::ServiceExt;
 use futures::StreamExt;
-use provledger_events::SledLog;
+use provledger_events::{JetStreamLog, SledLog};
 use tokio::sync::{watch, Semaphore};
 
 use crate::endpoints::caller::Caller;
@@ -115,7 +115,7 @@ pub async fn run(
         }
     }
     let (data_dir, store) = open_service_store(&options.data_dir, &options.stream)?;
-    let mut projector = Projector::new(store.clone(), options.snapshot_every)?
+    let projector = Projector::new(store.clone(), options.snapshot_every)?
         .on_chain_violation(OnChainViolation::Quarantine);
     let served_by = uuid::Uuid::now_v7().to_string();
     tracing::info!(
@@ -160,16 +160,14 @@ pub async fn run(
         )),
         notices: CancelNotices::nats(client.clone(), &options.subject_prefix),
         applied: projector.applied(),
+        touched: projector.touched(),
         stamper: Stamper::system(),
     };
 
     let applied = projector.applied();
     let (stop_projector, projector_shutdown) = watch::channel(false);
     let projector_log = log.clone();
-    let mut projector_task = tokio::spawn(async move {
-        let result = projector.run(&projector_log, projector_shutdown).await;
-        (projector, result)
-    });
+    let mut projector_task = spawn_projector_thread(projector, projector_log, projector_shutdown)?;
 
     // A replica joins the queue group only once it has applied everything the stream held
     // when it started: before that it would answer from state that is behind, without
@@ -365,6 +363,35 @@ pub async fn run(
     );
     data_dir.close();
     result.map_err(ServeError::from)
+}
+
+/// The projector handed back when its thread ends, with why it ended.
+type ProjectorEnded = (Projector, Result<(), ProjectorError>);
+
+/// Runs the projector on a thread of its own, with a single-threaded runtime: its sled
+/// batches block that thread only, never one of the runtime's workers that answer
+/// requests. (Blocking in place on a worker hands the worker's queue to another thread on
+/// every batch: at live rates, thousands of hand-offs a second.) The receiver yields the
+/// projector back when it stops.
+fn spawn_projector_thread(
+    mut projector: Projector,
+    log: JetStreamLog,
+    shutdown: watch::Receiver<bool>,
+) -> Result<tokio::sync::oneshot::Receiver<ProjectorEnded>, ServeError> {
+    let (done, joined) = tokio::sync::oneshot::channel();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ServeError::Service(format!("the projector's runtime: {e}")))?;
+    std::thread::Builder::new()
+        .name("projector".into())
+        .spawn(move || {
+            let result = runtime.block_on(projector.run(&log, shutdown));
+            // The receiver is dropped only when serve itself is gone: nobody to tell.
+            let _ = done.send((projector, result));
+        })
+        .map_err(|e| ServeError::Service(format!("the projector's thread: {e}")))?;
+    Ok(joined)
 }
 
 /// Waits until the projector has applied `end`, logging progress every few seconds; true

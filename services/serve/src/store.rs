@@ -364,6 +364,19 @@ impl ProjectionStore {
         })
     }
 
+    /// The aggregate of each commit of the copy from `from` to `to` inclusive, decoding
+    /// only what precedes it in the encoding (for scans that only sort commits by kind).
+    pub fn commit_aggregates(
+        &self,
+        from: u64,
+        to: u64,
+    ) -> impl Iterator<Item = Result<AggregateId, StoreError>> + '_ {
+        self.raw_commits(from, to).map(|r| {
+            let (position, bytes) = r?;
+            codec::decode_aggregate(&bytes).map_err(|error| StoreError::Commit { position, error })
+        })
+    }
+
     /// Which aggregate and version the copy's commit at `position` is, from the history
     /// index. A scan: only for naming a damaged commit.
     fn locate(&self, position: u64) -> Option<(AggregateId, u64)> {

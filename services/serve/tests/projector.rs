@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
+use proptest::strategy::ValueTree;
 use provledger_events::codec::DecodeError;
 use provledger_events::{Commit, ReadError};
 use provledger_projections::{Entity, Projection};
@@ -104,4 +105,36 @@ fn pos(entry: &Result<Commit, ReadError>) -> u64 {
         Err(ReadError::Undecodable { position, .. }) => *position,
         Err(_) => 0,
     }
+}
+
+#[test]
+fn the_rollback_worker_learns_every_changed_operation_cluster_and_instance() {
+    // Given a script of commits applied in a few batches by one projector.
+    let dir = tempfile::tempdir().unwrap();
+    let db = sled::open(dir.path()).unwrap();
+    let steps = script::script(200)
+        .new_tree(&mut proptest::test_runner::TestRunner::deterministic())
+        .unwrap()
+        .current();
+    let commits = script::seal(&steps);
+    let mut projector = Projector::new(ProjectionStore::open(&db).unwrap(), 0).unwrap();
+    let touched = projector.touched();
+    let mut seen = std::collections::HashSet::new();
+    for chunk in commits.chunks(37) {
+        projector
+            .apply_batch(chunk.iter().cloned().map(Ok).collect())
+            .unwrap();
+        // When the worker takes what changed after each batch.
+        let (changed, incomplete_through) = touched.take();
+        assert_eq!(incomplete_through, 0, "a few hundred aggregates fit");
+        seen.extend(changed);
+    }
+    // Then it saw every aggregate but the providers, and nothing else.
+    let expected: std::collections::HashSet<_> = commits
+        .iter()
+        .map(|c| c.aggregate)
+        .filter(|a| a.kind != provledger_events::AggregateKind::Provider)
+        .collect();
+    assert!(expected.len() > 3, "the script touches several aggregates");
+    assert_eq!(seen, expected);
 }
