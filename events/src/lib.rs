@@ -18,7 +18,7 @@ pub use commit::{
 };
 pub use ids::{AggregateId, AggregateKind, Hash, Timestamp};
 pub use log::{
-    AppendError, AppendOutcome, AppendStatus, ChainTip, CommitStream, EventLog, Expectation,
-    HistoryEntry, JetStreamConfig, JetStreamLog, MemLog, ReadError, SledLog, WriteQueues,
-    WriteTurn,
+    AppendError, AppendOutcome, AppendStatus, AtomicItem, ChainTip, CommitStream, EventLog,
+    Expectation, HistoryEntry, InvalidBatch, JetStreamConfig, JetStreamLog, MemLog, ReadError,
+    SledLog, VersionConflict, WriteQueues, WriteTurn, ATOMIC_COMMITS_MAX,
 };

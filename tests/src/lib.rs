@@ -3,7 +3,7 @@
 //! drop. Tests that use it are hermetic and can run in parallel.
 //!
 //! The binary is found through `NATS_SERVER_BIN`, then `.tools/nats-server` at the
-//! workspace root, then `PATH`; candidates older than 2.11 are skipped (reads use batch direct gets). This crate never
+//! workspace root, then `PATH`; candidates older than 2.12 are skipped (reads use batch direct gets, facts on several aggregates atomic batches). This crate never
 //! installs anything itself: when nothing fits it fails with the command that does.
 
 pub mod bench;
@@ -19,7 +19,7 @@ use provledger_deploy::{single_node_config, Hardening, ServerSpec, ACCOUNT_USERS
 
 /// The exact command that installs the pinned nats-server into `.tools/`.
 pub const INSTALL_COMMAND: &str = "bash scripts/install-nats-server.sh";
-const SERVER_VERSION_MIN: (u64, u64, u64) = (2, 11, 0);
+const SERVER_VERSION_MIN: (u64, u64, u64) = (2, 12, 0);
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn workspace_root() -> PathBuf {
@@ -34,7 +34,7 @@ fn version_of(binary: &Path) -> Option<(u64, u64, u64)> {
     Some((parts.next()??, parts.next()??, parts.next()??))
 }
 
-/// Finds a nats-server of version 2.11 or later, or explains how to install one.
+/// Finds a nats-server of version 2.12 or later, or explains how to install one.
 pub fn nats_server_binary() -> Result<PathBuf, String> {
     let mut candidates = Vec::new();
     if let Ok(p) = std::env::var("NATS_SERVER_BIN") {
@@ -64,7 +64,7 @@ pub fn nats_server_binary() -> Result<PathBuf, String> {
         }
     }
     Err(format!(
-        "no nats-server >= 2.11 found (NATS_SERVER_BIN, .tools/nats-server, PATH; tried: {}). \
+        "no nats-server >= 2.12 found (NATS_SERVER_BIN, .tools/nats-server, PATH; tried: {}). \
          Install the pinned one with: {INSTALL_COMMAND}",
         if tried.is_empty() {
             "nothing".to_string()

@@ -7,9 +7,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use provledger_events::catalogue::ClusterStatus;
 use provledger_events::{
-    verify_chain, AggregateId, AppendError, AppendStatus, ChainViolation, Commit, CommitDraft,
-    Event, EventLog, Expectation, HistoryEntry, JetStreamConfig, JetStreamLog, MemLog, ReadError,
-    SledLog,
+    verify_chain, AggregateId, AppendError, AppendStatus, AtomicItem, ChainViolation, Commit,
+    CommitDraft, Event, EventLog, Expectation, HistoryEntry, JetStreamConfig, JetStreamLog, MemLog,
+    ReadError, SledLog, VersionConflict,
 };
 use provledger_tests::NatsServer;
 use uuid::Uuid;
@@ -373,6 +373,118 @@ fn assert_tampering_detected(agg: &AggregateId, history: &[Commit]) {
     );
 }
 
+fn item(aggregate: AggregateId, expect: Expectation, draft: CommitDraft) -> AtomicItem {
+    AtomicItem {
+        aggregate,
+        expect,
+        draft,
+    }
+}
+
+async fn atomic_appends_all_or_nothing<B: Backend>(mut b: B) {
+    // Given two aggregates, one at version 1 and one at version 2.
+    let log = b.open().await;
+    let (a, c) = (cluster(), cluster());
+    log.append(a, Expectation::NoStream, status(0))
+        .await
+        .unwrap();
+    log.append(c, Expectation::NoStream, status(1))
+        .await
+        .unwrap();
+    log.append(c, Expectation::Exactly(1), status(2))
+        .await
+        .unwrap();
+    let end = log.last_position().await.unwrap();
+
+    // When a batch expects both at stale versions and a third (new) one correctly.
+    let fresh = cluster();
+    let stale = vec![
+        item(a, Expectation::Exactly(0), status(3)),
+        item(fresh, Expectation::NoStream, status(4)),
+        item(c, Expectation::Exactly(1), status(5)),
+    ];
+    // Then nothing is written, and each stale aggregate is named with its actual version.
+    match log.append_atomic(stale).await {
+        Err(AppendError::Conflicts { conflicts }) => assert_eq!(
+            conflicts,
+            vec![
+                VersionConflict {
+                    aggregate: a,
+                    expected: Expectation::Exactly(0),
+                    actual: 1
+                },
+                VersionConflict {
+                    aggregate: c,
+                    expected: Expectation::Exactly(1),
+                    actual: 2
+                },
+            ]
+        ),
+        other => panic!("a batch with stale expectations must conflict, got {other:?}"),
+    }
+    assert_eq!(log.last_position().await.unwrap(), end);
+    assert!(log.read_aggregate(fresh).await.unwrap().is_empty());
+
+    // When the batch expects what is true.
+    let good = vec![
+        item(a, Expectation::Exactly(1), status(6)),
+        item(fresh, Expectation::NoStream, status(7)),
+        item(c, Expectation::Any, status(8)),
+    ];
+    let outcomes = log.append_atomic(good.clone()).await.unwrap();
+    // Then all three are written at consecutive positions, in order.
+    let positions: Vec<u64> = outcomes.iter().map(|o| o.position).collect();
+    assert_eq!(positions, vec![end + 1, end + 2, end + 3]);
+    let versions: Vec<u64> = outcomes.iter().map(|o| o.version).collect();
+    assert_eq!(versions, vec![2, 1, 3]);
+    assert!(outcomes.iter().all(|o| o.status == AppendStatus::Appended));
+    let all = read_all(&log, end + 1).await;
+    assert_eq!(
+        all.iter().map(|c| c.aggregate).collect::<Vec<_>>(),
+        vec![a, fresh, c]
+    );
+
+    // When the same batch is sent again (a lost ack): it is recognised, nothing is added.
+    let again = log.append_atomic(good.clone()).await.unwrap();
+    assert_eq!(
+        again
+            .iter()
+            .map(|o| (o.position, o.version))
+            .collect::<Vec<_>>(),
+        outcomes
+            .iter()
+            .map(|o| (o.position, o.version))
+            .collect::<Vec<_>>()
+    );
+    assert!(again
+        .iter()
+        .all(|o| o.status == AppendStatus::AlreadyAppended));
+    assert_eq!(log.last_position().await.unwrap(), end + 3);
+
+    // And a batch reusing one of those ids with another payload is refused.
+    let mut reused = good[0].clone();
+    reused.draft.events = status(99).events;
+    reused.expect = Expectation::Any;
+    assert!(matches!(
+        log.append_atomic(vec![
+            reused,
+            item(cluster(), Expectation::NoStream, status(9))
+        ])
+        .await,
+        Err(AppendError::CommitIdReused { .. })
+    ));
+    // And an aggregate twice in one batch is refused before anything is tried.
+    assert!(matches!(
+        log.append_atomic(vec![
+            item(a, Expectation::Any, status(10)),
+            item(a, Expectation::Any, status(11))
+        ])
+        .await,
+        Err(AppendError::InvalidBatch(_))
+    ));
+    assert_eq!(log.last_position().await.unwrap(), end + 3);
+}
+
 macro_rules! conformance {
     ($backend:ident, $module:ident) => {
         mod $module {
@@ -383,7 +495,8 @@ macro_rules! conformance {
                 concurrent_writers_one_winner_per_version,
                 idempotent_retry,
                 subscribe_from_the_middle_while_appending,
-                reopen_loses_nothing_acknowledged);
+                reopen_loses_nothing_acknowledged,
+                atomic_appends_all_or_nothing);
         }
     };
     (@tests $backend:ident, $($name:ident),*) => {

@@ -28,11 +28,12 @@ use uuid::Uuid;
 
 use super::direct::{DirectReader, Start, DIRECT_BATCH_MESSAGES_MAX};
 use super::{
-    AppendError, AppendOutcome, AppendStatus, ChainTip, CommitStream, EventLog, Expectation,
-    HistoryEntry, ReadError, WriteQueues,
+    encode_for_append, recognise_batch_retry, validate_batch, AppendError, AppendOutcome,
+    AppendStatus, AtomicItem, ChainTip, CommitStream, EventLog, Expectation, HistoryEntry,
+    ReadError, VersionConflict, WriteQueues,
 };
-use crate::codec::{self, ENCODED_COMMIT_BYTES_MAX};
-use crate::commit::{Commit, CommitDraft, InvalidCommit};
+use crate::codec;
+use crate::commit::{Commit, CommitDraft};
 use crate::ids::{uuid_v7_unix_ms, AggregateId, Hash, Timestamp, CLOCK_SKEW_MS_MAX};
 
 /// async-nats' limit of unacknowledged publishes per context.
@@ -41,8 +42,9 @@ pub const MAX_ACK_INFLIGHT: usize = 5000;
 pub const ACK_WINDOW_DEFAULT: usize = 1024;
 const _: () = assert!(ACK_WINDOW_DEFAULT < MAX_ACK_INFLIGHT);
 /// The oldest server that honours every stream setting we verify and answers batch direct
-/// gets (2.11), which every read uses instead of a consumer.
-pub const SERVER_VERSION_MIN: (u64, u64, u64) = (2, 11, 0);
+/// gets (2.11), which every read uses instead of a consumer, and atomic batch publish
+/// (2.12), which facts on several aggregates are written with.
+pub const SERVER_VERSION_MIN: (u64, u64, u64) = (2, 12, 0);
 /// How often an append retries after losing a race (`Any`), or after finding the subject
 /// moved by a message outside the chain while the version still admits it.
 const APPEND_ATTEMPTS_MAX: usize = 16;
@@ -103,6 +105,7 @@ impl JetStreamConfig {
             deny_delete: true,
             deny_purge: true,
             allow_direct: true,
+            allow_atomic_publish: true,
             allow_rollup: false,
             max_messages: -1,
             max_bytes: -1,
@@ -112,10 +115,85 @@ impl JetStreamConfig {
     }
 }
 
+/// JetStream's error code for a publish whose expected last subject sequence is not the
+/// subject's.
+const ERR_WRONG_LAST_SEQUENCE: u64 = 10071;
+/// JetStream's error code for an atomic batch holding a message id already in the
+/// duplicate window (the whole batch is refused).
+const ERR_BATCH_DUPLICATE_ID: u64 = 10201;
+/// How long an atomic batch's opening or commit waits for its answer.
+const BATCH_REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What an atomic batch came to.
+enum BatchAck {
+    Stored { last_sequence: u64 },
+    WrongLastSequence,
+    DuplicateId,
+    Unavailable(String),
+}
+
+/// The server's answer to one message of an atomic batch.
+#[derive(Debug)]
+enum BatchReply {
+    /// The empty answer to the batch's opening message.
+    Started,
+    Stored {
+        sequence: u64,
+    },
+    Refused {
+        err_code: u64,
+        description: String,
+    },
+    Unreadable(String),
+}
+
+impl BatchReply {
+    fn describe(&self) -> String {
+        match self {
+            BatchReply::Started => "the batch was only opened".into(),
+            BatchReply::Stored { sequence } => format!("stored early, at {sequence}"),
+            BatchReply::Refused {
+                err_code,
+                description,
+            } => format!("refused: {description} (error {err_code})"),
+            BatchReply::Unreadable(text) => format!("unreadable answer {text:?}"),
+        }
+    }
+}
+
+fn parse_batch_reply(payload: &[u8]) -> BatchReply {
+    if payload.is_empty() {
+        return BatchReply::Started;
+    }
+    #[derive(serde::Deserialize)]
+    struct ApiError {
+        #[serde(default)]
+        err_code: u64,
+        #[serde(default)]
+        description: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Reply {
+        error: Option<ApiError>,
+        #[serde(default)]
+        seq: u64,
+    }
+    match serde_json::from_slice::<Reply>(payload) {
+        Ok(Reply {
+            error: Some(error), ..
+        }) => BatchReply::Refused {
+            err_code: error.err_code,
+            description: error.description,
+        },
+        Ok(Reply { seq, .. }) if seq > 0 => BatchReply::Stored { sequence: seq },
+        _ => BatchReply::Unreadable(String::from_utf8_lossy(payload).into_owned()),
+    }
+}
+
 /// Why the JetStream log could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenJetStreamError {
-    #[error("nats-server {found} is too old: provledger needs {}.{}.{} or later (older servers silently ignore stream settings it relies on)", SERVER_VERSION_MIN.0, SERVER_VERSION_MIN.1, SERVER_VERSION_MIN.2)]
+    #[error("nats-server {found} is too old: provledger needs {}.{}.{} or later (batch direct get needs 2.11, atomic batch publish 2.12; older servers silently ignore stream settings it relies on)", SERVER_VERSION_MIN.0, SERVER_VERSION_MIN.1, SERVER_VERSION_MIN.2)]
     ServerTooOld { found: String },
     #[error("stream {stream} has {setting} = {found}, provledger needs {expected}; fix the stream or use another --stream")]
     StreamConfigMismatch {
@@ -262,6 +340,11 @@ fn verify_stream_config(
         ("deny_delete", want.deny_delete, got.deny_delete),
         ("deny_purge", want.deny_purge, got.deny_purge),
         ("allow_direct", want.allow_direct, got.allow_direct),
+        (
+            "allow_atomic",
+            want.allow_atomic_publish,
+            got.allow_atomic_publish,
+        ),
         ("allow_rollup", want.allow_rollup, got.allow_rollup),
     ];
     for (setting, expected, found) in flags {
@@ -371,6 +454,25 @@ impl JetStreamLog {
                 .await
                 .map_err(|e| OpenJetStreamError::Unavailable(format!("create stream: {e}")))?,
             Err(e) => return Err(OpenJetStreamError::Unavailable(format!("get stream: {e}"))),
+        };
+        // A stream created by an earlier provledger lacks atomic publish: turning it on
+        // changes nothing already stored, so it is done here rather than refused.
+        let stream = match stream.cached_info().config.clone() {
+            mut found if !found.allow_atomic_publish => {
+                found.allow_atomic_publish = true;
+                context.update_stream(found).await.map_err(|e| {
+                    OpenJetStreamError::Unavailable(format!(
+                        "turning on atomic publish (allow_atomic) on stream {}: {e}",
+                        config.stream
+                    ))
+                })?;
+                tracing::info!(stream = %config.stream, "atomic publish turned on");
+                context
+                    .get_stream(&config.stream)
+                    .await
+                    .map_err(|e| OpenJetStreamError::Unavailable(format!("get stream: {e}")))?
+            }
+            _ => stream,
         };
         verify_stream_config(&want, &stream.cached_info().config)?;
         tracing::info!(stream = %config.stream, server = %server_version, "jetstream log ready");
@@ -649,6 +751,119 @@ impl JetStreamLog {
             .map_err(|e| format!("starting ordered consumer: {e}"))
     }
 
+    /// Publishes sealed commits as one JetStream atomic batch (ADR-50): the first message
+    /// opens the batch (a request, acknowledged empty), the middle ones follow without a
+    /// reply (a lost one leaves a gap the server refuses the batch for), the last commits
+    /// it and is answered with the batch's pub ack. Each message carries its subject's
+    /// expected last sequence and its commit id as `Nats-Msg-Id`.
+    async fn publish_batch(&self, messages: Vec<(String, u64, Uuid, Vec<u8>)>) -> BatchAck {
+        let client = self.inner.context.client();
+        let batch_id = Uuid::new_v4().to_string();
+        let count = messages.len();
+        // One permit for the batch, like one append (see MAX_ACK_INFLIGHT).
+        let Ok(_permit) = self.inner.window.acquire().await else {
+            return BatchAck::Unavailable("the append window is closed".into());
+        };
+        for (i, (subject, expected_sequence, commit_id, bytes)) in messages.into_iter().enumerate()
+        {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Nats-Batch-Id", batch_id.as_str());
+            headers.insert("Nats-Batch-Sequence", (i + 1).to_string().as_str());
+            headers.insert(
+                "Nats-Expected-Last-Subject-Sequence",
+                expected_sequence.to_string().as_str(),
+            );
+            headers.insert("Nats-Msg-Id", commit_id.to_string().as_str());
+            let last = i + 1 == count;
+            if last {
+                headers.insert("Nats-Batch-Commit", "1");
+            }
+            if i == 0 || last {
+                let reply = tokio::time::timeout(
+                    BATCH_REPLY_TIMEOUT,
+                    client.request_with_headers(subject.clone(), headers, bytes.into()),
+                )
+                .await;
+                let reply = match reply {
+                    Ok(Ok(reply)) => reply,
+                    Ok(Err(e)) => return BatchAck::Unavailable(format!("batch to {subject}: {e}")),
+                    Err(_) => {
+                        return BatchAck::Unavailable(format!(
+                            "no answer to the atomic batch within {BATCH_REPLY_TIMEOUT:?}"
+                        ))
+                    }
+                };
+                match parse_batch_reply(&reply.payload) {
+                    BatchReply::Started if !last => {}
+                    BatchReply::Stored { sequence } if last => {
+                        return BatchAck::Stored {
+                            last_sequence: sequence,
+                        }
+                    }
+                    BatchReply::Refused { err_code, .. } if err_code == ERR_WRONG_LAST_SEQUENCE => {
+                        return BatchAck::WrongLastSequence
+                    }
+                    BatchReply::Refused { err_code, .. } if err_code == ERR_BATCH_DUPLICATE_ID => {
+                        return BatchAck::DuplicateId
+                    }
+                    other => {
+                        return BatchAck::Unavailable(format!(
+                            "atomic batch to {subject}: {}",
+                            other.describe()
+                        ))
+                    }
+                }
+            } else if let Err(e) = client
+                .publish_with_headers(subject.clone(), headers, bytes.into())
+                .await
+            {
+                return BatchAck::Unavailable(format!("batch to {subject}: {e}"));
+            }
+        }
+        BatchAck::Unavailable("an atomic batch needs at least one commit".into())
+    }
+
+    /// The heads of the batch's aggregates: cached, or read for those not known (a new
+    /// aggregate expected empty needs no read).
+    async fn batch_heads(&self, items: &[AtomicItem]) -> Result<Vec<Head>, AppendError> {
+        let mut heads = Vec::with_capacity(items.len());
+        for item in items {
+            heads.push(match self.cached_head(&item.aggregate) {
+                Some(h) => h,
+                None if item.expect == Expectation::NoStream => EMPTY_HEAD,
+                None => self.fetch_head(&item.aggregate).await?,
+            });
+        }
+        Ok(heads)
+    }
+
+    /// A batch refused for its expectations, unless it is a retry of one already written
+    /// (its ack lost): then each commit's earlier outcome.
+    async fn conflicts_or_retry(
+        &self,
+        items: &[AtomicItem],
+        conflicts: Vec<VersionConflict>,
+    ) -> Result<Vec<AppendOutcome>, AppendError> {
+        let found = self.find_batch(items).await?;
+        if found.iter().any(Option::is_some) {
+            return recognise_batch_retry(items, &found);
+        }
+        Err(AppendError::Conflicts { conflicts })
+    }
+
+    /// Each item's commit id looked up on its aggregate.
+    async fn find_batch(&self, items: &[AtomicItem]) -> Result<Vec<Option<Commit>>, AppendError> {
+        let mut found = Vec::with_capacity(items.len());
+        for item in items {
+            found.push(
+                self.find_commit(item.aggregate, item.draft.commit_id)
+                    .await
+                    .map_err(|e| unavailable(e.to_string()))?,
+            );
+        }
+        Ok(found)
+    }
+
     async fn conflict_or_retry(
         &self,
         aggregate: AggregateId,
@@ -783,14 +998,7 @@ impl EventLog for JetStreamLog {
             }
             let version = head.version + 1;
             let commit = Commit::seal(aggregate, version, head.hash, draft.clone());
-            let bytes = codec::encode(&commit)?;
-            if bytes.len() > ENCODED_COMMIT_BYTES_MAX {
-                return Err(InvalidCommit::TooLarge {
-                    size: bytes.len(),
-                    max: ENCODED_COMMIT_BYTES_MAX,
-                }
-                .into());
-            }
+            let bytes = encode_for_append(&commit)?;
             let publish = jetstream::message::PublishMessage::build()
                 .payload(bytes.into())
                 .message_id(draft.commit_id.to_string())
@@ -854,6 +1062,88 @@ impl EventLog for JetStreamLog {
         }
         Err(unavailable(format!(
             "{aggregate}: lost the race {APPEND_ATTEMPTS_MAX} times in a row; retry later"
+        )))
+    }
+
+    async fn append_atomic(
+        &self,
+        items: Vec<AtomicItem>,
+    ) -> Result<Vec<AppendOutcome>, AppendError> {
+        validate_batch(&items)?;
+        for _ in 0..APPEND_ATTEMPTS_MAX {
+            let mut heads = self.batch_heads(&items).await?;
+            let mut conflicts = Vec::new();
+            for (item, head) in items.iter().zip(heads.iter_mut()) {
+                if !item.expect.admits(head.version) {
+                    // The cache may be stale: only the server's view decides a conflict.
+                    *head = self.fetch_head(&item.aggregate).await?;
+                    if !item.expect.admits(head.version) {
+                        conflicts.push(VersionConflict {
+                            aggregate: item.aggregate,
+                            expected: item.expect,
+                            actual: head.version,
+                        });
+                    }
+                }
+            }
+            if !conflicts.is_empty() {
+                return self.conflicts_or_retry(&items, conflicts).await;
+            }
+            let mut sealed = Vec::with_capacity(items.len());
+            let mut messages = Vec::with_capacity(items.len());
+            for (item, head) in items.iter().zip(&heads) {
+                let commit = Commit::seal(
+                    item.aggregate,
+                    head.version + 1,
+                    head.hash,
+                    item.draft.clone(),
+                );
+                let bytes = encode_for_append(&commit)?;
+                let subject = self.inner.config.subject_for(&item.aggregate);
+                messages.push((subject, head.sequence, item.draft.commit_id, bytes));
+                sealed.push(commit);
+            }
+            match self.publish_batch(messages).await {
+                BatchAck::Stored { last_sequence } => {
+                    // The batch's messages take consecutive sequences ending at the ack's.
+                    let first = last_sequence + 1 - sealed.len() as u64;
+                    let mut outcomes = Vec::with_capacity(sealed.len());
+                    for (i, commit) in sealed.iter().enumerate() {
+                        let sequence = first + i as u64;
+                        self.remember_head(
+                            commit.aggregate,
+                            Head {
+                                version: commit.version,
+                                sequence,
+                                hash: commit.hash,
+                            },
+                        );
+                        outcomes.push(AppendOutcome {
+                            position: sequence,
+                            version: commit.version,
+                            status: AppendStatus::Appended,
+                        });
+                    }
+                    return Ok(outcomes);
+                }
+                // A subject moved since the heads used: read them again; the expectations
+                // are checked on what is read (a message outside a chain moves its subject
+                // but not its version, and the batch then goes on after it).
+                BatchAck::WrongLastSequence => {
+                    for item in &items {
+                        self.fetch_head(&item.aggregate).await?;
+                    }
+                }
+                BatchAck::DuplicateId => {
+                    let found = self.find_batch(&items).await?;
+                    return recognise_batch_retry(&items, &found);
+                }
+                BatchAck::Unavailable(reason) => return Err(AppendError::Unavailable { reason }),
+            }
+        }
+        Err(unavailable(format!(
+            "an atomic batch of {} commits lost the race {APPEND_ATTEMPTS_MAX} times in a row; retry later",
+            items.len()
         )))
     }
 
@@ -1049,9 +1339,10 @@ mod tests {
     fn server_versions_are_compared_numerically() {
         assert!(parse_version("2.9.10").unwrap() < SERVER_VERSION_MIN);
         assert!(parse_version("2.10.26").unwrap() < SERVER_VERSION_MIN);
-        assert!(parse_version("2.11.0").unwrap() >= SERVER_VERSION_MIN);
+        assert!(parse_version("2.11.4").unwrap() < SERVER_VERSION_MIN);
+        assert!(parse_version("2.12.0").unwrap() >= SERVER_VERSION_MIN);
         assert!(parse_version("v2.14.6").unwrap() >= SERVER_VERSION_MIN);
-        assert!(parse_version("2.11.0-beta.1").unwrap() >= SERVER_VERSION_MIN);
+        assert!(parse_version("2.12.0-beta.1").unwrap() >= SERVER_VERSION_MIN);
         assert_eq!(parse_version("garbage"), None);
     }
 

@@ -15,8 +15,8 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use super::{
-    AppendError, AppendOutcome, AppendStatus, CommitStream, EventLog, Expectation, ReadError,
-    WriteQueues,
+    recognise_batch_retry, validate_batch, AppendError, AppendOutcome, AppendStatus, AtomicItem,
+    CommitStream, EventLog, Expectation, ReadError, VersionConflict, WriteQueues,
 };
 use crate::commit::{Commit, CommitDraft};
 use crate::ids::{AggregateId, Hash};
@@ -66,6 +66,35 @@ impl State {
             return false;
         };
         self.roll() < per_mille(&plan)
+    }
+
+    /// Stores a sealed commit at the next position and indexes it.
+    fn push(&mut self, mut commit: Commit) -> AppendOutcome {
+        let index = self.commits.len();
+        commit.position = index as u64 + 1;
+        let outcome = AppendOutcome {
+            position: commit.position,
+            version: commit.version,
+            status: AppendStatus::Appended,
+        };
+        self.by_id.insert(commit.commit_id, index);
+        self.by_aggregate
+            .entry(commit.aggregate)
+            .or_default()
+            .push(index);
+        self.commits.push(commit);
+        outcome
+    }
+
+    /// The injected "log unavailable" fault, when the dice say so.
+    fn injected_unavailable(&mut self) -> Result<(), AppendError> {
+        if self.fault(|p| p.unavailable_per_mille) {
+            self.counts.unavailable += 1;
+            return Err(AppendError::Unavailable {
+                reason: "injected: the log is unavailable".into(),
+            });
+        }
+        Ok(())
     }
 
     fn head(&self, aggregate: &AggregateId) -> (u64, Hash) {
@@ -142,12 +171,7 @@ impl EventLog for MemLog {
         draft.validate(&aggregate)?;
         let position = {
             let mut s = self.lock();
-            if s.fault(|p| p.unavailable_per_mille) {
-                s.counts.unavailable += 1;
-                return Err(AppendError::Unavailable {
-                    reason: "injected: the log is unavailable".into(),
-                });
-            }
+            s.injected_unavailable()?;
             if let Some(&i) = s.by_id.get(&draft.commit_id) {
                 let earlier = &s.commits[i];
                 if earlier.aggregate == aggregate && earlier.same_payload_as(&draft) {
@@ -170,17 +194,8 @@ impl EventLog for MemLog {
                     actual: version,
                 });
             }
-            let mut commit = Commit::seal(aggregate, version + 1, hash, draft);
-            let index = s.commits.len();
-            commit.position = index as u64 + 1;
-            let outcome = AppendOutcome {
-                position: commit.position,
-                version: commit.version,
-                status: AppendStatus::Appended,
-            };
-            s.by_id.insert(commit.commit_id, index);
-            s.by_aggregate.entry(aggregate).or_default().push(index);
-            s.commits.push(commit);
+            let commit = Commit::seal(aggregate, version + 1, hash, draft);
+            let outcome = s.push(commit);
             if s.fault(|p| p.lost_ack_per_mille) {
                 s.counts.lost_acks += 1;
                 drop(s);
@@ -193,6 +208,63 @@ impl EventLog for MemLog {
         };
         self.appended.send_replace(position.position);
         Ok(position)
+    }
+
+    async fn append_atomic(
+        &self,
+        items: Vec<AtomicItem>,
+    ) -> Result<Vec<AppendOutcome>, AppendError> {
+        validate_batch(&items)?;
+        let outcomes = {
+            let mut s = self.lock();
+            s.injected_unavailable()?;
+            let found: Vec<Option<Commit>> = items
+                .iter()
+                .map(|i| {
+                    s.by_id
+                        .get(&i.draft.commit_id)
+                        .map(|&at| s.commits[at].clone())
+                })
+                .collect();
+            if found.iter().any(Option::is_some) {
+                return recognise_batch_retry(&items, &found);
+            }
+            let heads: Vec<(u64, Hash)> = items.iter().map(|i| s.head(&i.aggregate)).collect();
+            let conflicts: Vec<VersionConflict> = items
+                .iter()
+                .zip(&heads)
+                .filter(|(i, (version, _))| !i.expect.admits(*version))
+                .map(|(i, (version, _))| VersionConflict {
+                    aggregate: i.aggregate,
+                    expected: i.expect,
+                    actual: *version,
+                })
+                .collect();
+            if !conflicts.is_empty() {
+                return Err(AppendError::Conflicts { conflicts });
+            }
+            let mut outcomes = Vec::with_capacity(items.len());
+            for (item, (version, hash)) in items.into_iter().zip(heads) {
+                let aggregate = item.aggregate;
+                let commit = Commit::seal(aggregate, version + 1, hash, item.draft);
+                outcomes.push(s.push(commit));
+            }
+            // All were written at once; a lost ack loses the answer to all of them.
+            if s.fault(|p| p.lost_ack_per_mille) {
+                s.counts.lost_acks += 1;
+                let last = s.commits.len() as u64;
+                drop(s);
+                self.appended.send_replace(last);
+                return Err(AppendError::Unavailable {
+                    reason: "injected: the ack was lost".into(),
+                });
+            }
+            outcomes
+        };
+        if let Some(last) = outcomes.last() {
+            self.appended.send_replace(last.position);
+        }
+        Ok(outcomes)
     }
 
     async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {

@@ -85,6 +85,145 @@ pub struct AppendOutcome {
     pub status: AppendStatus,
 }
 
+/// Most commits one atomic append may carry. JetStream takes up to 1,000 messages in an
+/// atomic batch; facts that move together are a handful (a claim and its step, a
+/// migration's moves, a cascade), and a bound keeps one request's cost known.
+pub const ATOMIC_COMMITS_MAX: usize = 100;
+
+/// One commit of an atomic append: `draft` on `aggregate`, if `expect` admits the
+/// aggregate's version when the whole batch is written.
+#[derive(Debug, Clone)]
+pub struct AtomicItem {
+    pub aggregate: AggregateId,
+    pub expect: Expectation,
+    pub draft: CommitDraft,
+}
+
+/// One aggregate whose expectation an atomic append did not meet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VersionConflict {
+    pub aggregate: AggregateId,
+    pub expected: Expectation,
+    pub actual: u64,
+}
+
+impl fmt::Display for VersionConflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} expected version {}, actual version is {}",
+            self.aggregate, self.expected, self.actual
+        )
+    }
+}
+
+/// Why a set of commits cannot be one atomic append, before anything is tried.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidBatch {
+    #[error("an atomic append needs at least one commit")]
+    Empty,
+    #[error("an atomic append holds at most {max} commits, this one has {count}")]
+    TooManyCommits { count: usize, max: usize },
+    #[error(
+        "{aggregate} appears more than once in one atomic append (put its events in one commit)"
+    )]
+    AggregateTwice { aggregate: AggregateId },
+    #[error("commit id {commit_id} appears more than once in one atomic append")]
+    CommitIdTwice { commit_id: Uuid },
+}
+
+/// Checks what can be checked of an atomic batch without the log.
+pub fn validate_batch(items: &[AtomicItem]) -> Result<(), AppendError> {
+    if items.is_empty() {
+        return Err(InvalidBatch::Empty.into());
+    }
+    if items.len() > ATOMIC_COMMITS_MAX {
+        return Err(InvalidBatch::TooManyCommits {
+            count: items.len(),
+            max: ATOMIC_COMMITS_MAX,
+        }
+        .into());
+    }
+    let mut aggregates = std::collections::HashSet::new();
+    let mut ids = std::collections::HashSet::new();
+    for item in items {
+        item.draft.validate(&item.aggregate)?;
+        if !aggregates.insert(item.aggregate) {
+            return Err(InvalidBatch::AggregateTwice {
+                aggregate: item.aggregate,
+            }
+            .into());
+        }
+        if !ids.insert(item.draft.commit_id) {
+            return Err(InvalidBatch::CommitIdTwice {
+                commit_id: item.draft.commit_id,
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// The answer to an atomic batch some of whose commit ids are already in the log, from
+/// what each lookup found (`None`: not there). The same batch again is recognised, each
+/// commit `AlreadyAppended`; anything else reused an id.
+pub fn recognise_batch_retry(
+    items: &[AtomicItem],
+    found: &[Option<Commit>],
+) -> Result<Vec<AppendOutcome>, AppendError> {
+    let mut outcomes = Vec::with_capacity(items.len());
+    for (item, earlier) in items.iter().zip(found) {
+        match earlier {
+            Some(c) if c.aggregate == item.aggregate && c.same_payload_as(&item.draft) => outcomes
+                .push(AppendOutcome {
+                    position: c.position,
+                    version: c.version,
+                    status: AppendStatus::AlreadyAppended,
+                }),
+            Some(c) => {
+                return Err(AppendError::CommitIdReused {
+                    commit_id: item.draft.commit_id,
+                    position: c.position,
+                })
+            }
+            None => {
+                // Part of the batch is in the log and part is not: the ids found were
+                // written by another append, so this batch reuses them.
+                let position = found.iter().flatten().map(|c| c.position).next();
+                let commit_id = items
+                    .iter()
+                    .zip(found)
+                    .find(|(_, f)| f.is_some())
+                    .map(|(i, _)| i.draft.commit_id);
+                return match (commit_id, position) {
+                    (Some(commit_id), Some(position)) => Err(AppendError::CommitIdReused {
+                        commit_id,
+                        position,
+                    }),
+                    _ => Err(AppendError::Unavailable {
+                        reason: "the log reported a duplicate commit id that no read finds; retry"
+                            .into(),
+                    }),
+                };
+            }
+        }
+    }
+    Ok(outcomes)
+}
+
+/// A sealed commit's bytes, refused if they exceed what one stored message may hold.
+pub(crate) fn encode_for_append(commit: &Commit) -> Result<Vec<u8>, AppendError> {
+    let bytes = crate::codec::encode(commit)?;
+    if bytes.len() > crate::codec::ENCODED_COMMIT_BYTES_MAX {
+        return Err(InvalidCommit::TooLarge {
+            size: bytes.len(),
+            max: crate::codec::ENCODED_COMMIT_BYTES_MAX,
+        }
+        .into());
+    }
+    Ok(bytes)
+}
+
 /// Why an append did not happen. Nothing was written in any of these cases.
 #[derive(Debug, thiserror::Error)]
 pub enum AppendError {
@@ -94,6 +233,12 @@ pub enum AppendError {
         expected: Expectation,
         actual: u64,
     },
+    /// An atomic append whose expectations some aggregates did not meet: every one of
+    /// them, with its actual version.
+    #[error("conflict: {}", conflicts.iter().map(|c| c.to_string()).collect::<Vec<_>>().join("; "))]
+    Conflicts { conflicts: Vec<VersionConflict> },
+    #[error(transparent)]
+    InvalidBatch(#[from] InvalidBatch),
     #[error("commit_id {commit_id} is already used at position {position} by a commit with a different payload")]
     CommitIdReused { commit_id: Uuid, position: u64 },
     #[error("invalid commit: {0}")]
@@ -210,6 +355,24 @@ pub trait EventLog: Send + Sync {
         expect: Expectation,
         draft: CommitDraft,
     ) -> impl Future<Output = Result<AppendOutcome, AppendError>> + Send;
+
+    /// Appends several commits on distinct aggregates all or nothing, each only if its
+    /// expectation admits its aggregate's version when the batch is written (JetStream:
+    /// one atomic batch, nats-server 2.12+; sled: one batch under the append lock). Returns
+    /// only once all are durable, in the order given, at consecutive positions. A retry of
+    /// the same batch (same commit ids, same payloads) answers each `AlreadyAppended`; a
+    /// refusal names every aggregate whose expectation failed (`Conflicts`).
+    fn append_atomic(
+        &self,
+        items: Vec<AtomicItem>,
+    ) -> impl Future<Output = Result<Vec<AppendOutcome>, AppendError>> + Send {
+        async move {
+            validate_batch(&items)?;
+            Err(AppendError::Unavailable {
+                reason: "this log cannot append several aggregates atomically".into(),
+            })
+        }
+    }
 
     /// Every commit of one aggregate, oldest first.
     fn read_aggregate(

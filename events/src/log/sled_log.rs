@@ -26,11 +26,12 @@ use futures::StreamExt;
 use tokio::sync::watch;
 
 use super::{
-    AppendError, AppendOutcome, AppendStatus, ChainTip, CommitStream, EventLog, Expectation,
-    ReadError, WriteQueues,
+    encode_for_append, recognise_batch_retry, validate_batch, AppendError, AppendOutcome,
+    AppendStatus, AtomicItem, ChainTip, CommitStream, EventLog, Expectation, ReadError,
+    VersionConflict, WriteQueues,
 };
-use crate::codec::{self, ENCODED_COMMIT_BYTES_MAX};
-use crate::commit::{Commit, CommitDraft, InvalidCommit};
+use crate::codec;
+use crate::commit::{Commit, CommitDraft};
 use crate::ids::{AggregateId, Hash};
 
 const LOCK_FILE: &str = "LOCK";
@@ -323,17 +324,8 @@ impl SledLog {
         draft: CommitDraft,
     ) -> Result<AppendOutcome, AppendError> {
         draft.validate(&aggregate)?;
-        if let Some(refused) = self.shared.refused_after_flush_failure() {
-            return Err(refused);
-        }
+        let _serial = self.serialise()?;
         let tree = &self.shared.tree;
-        // Poisoning only happens if a holder panicked; the guarded data is `()`, so the
-        // lock is still a valid serialisation point.
-        let _serial = self
-            .shared
-            .append_lock
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
 
         if let Some(pos) = tree
             .get(commit_id_key(&draft.commit_id))
@@ -371,14 +363,7 @@ impl SledLog {
         let version = head.version + 1;
         let commit_id = draft.commit_id;
         let commit = Commit::seal(aggregate, version, head.hash, draft);
-        let bytes = codec::encode(&commit)?;
-        if bytes.len() > ENCODED_COMMIT_BYTES_MAX {
-            return Err(InvalidCommit::TooLarge {
-                size: bytes.len(),
-                max: ENCODED_COMMIT_BYTES_MAX,
-            }
-            .into());
-        }
+        let bytes = encode_for_append(&commit)?;
         let position = self.shared.last_assigned.load(Ordering::SeqCst) + 1;
         let new_head = Head {
             version,
@@ -401,6 +386,100 @@ impl SledLog {
             version,
             status: AppendStatus::Appended,
         })
+    }
+
+    /// Takes the append lock, unless a failed flush has made appending unsafe.
+    fn serialise(&self) -> Result<std::sync::MutexGuard<'_, ()>, AppendError> {
+        if let Some(refused) = self.shared.refused_after_flush_failure() {
+            return Err(refused);
+        }
+        // Poisoning only happens if a holder panicked; the guarded data is `()`, so the
+        // lock is still a valid serialisation point.
+        Ok(self
+            .shared
+            .append_lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// [`EventLog::append_atomic`] under the append lock: every check first, then one
+    /// sled batch for every commit, so a crash keeps all of them or none.
+    fn apply_atomic(&self, items: Vec<AtomicItem>) -> Result<Vec<AppendOutcome>, AppendError> {
+        validate_batch(&items)?;
+        let _serial = self.serialise()?;
+        let tree = &self.shared.tree;
+
+        let mut found = Vec::with_capacity(items.len());
+        for item in &items {
+            match tree
+                .get(commit_id_key(&item.draft.commit_id))
+                .map_err(unavailable)?
+            {
+                Some(pos) => found.push(Some(self.commit_at(be_u64(&pos).unwrap_or(0))?)),
+                None => found.push(None),
+            }
+        }
+        if found.iter().any(Option::is_some) {
+            return recognise_batch_retry(&items, &found);
+        }
+
+        let mut heads = Vec::with_capacity(items.len());
+        let mut conflicts = Vec::new();
+        for item in &items {
+            let head = match tree.get(head_key(&item.aggregate)).map_err(unavailable)? {
+                Some(b) => Head::from_bytes(&b).ok_or(AppendError::Unavailable {
+                    reason: format!(
+                        "head record of {} is corrupt; run `provledger audit`",
+                        item.aggregate
+                    ),
+                })?,
+                None => Head::EMPTY,
+            };
+            if !item.expect.admits(head.version) {
+                conflicts.push(VersionConflict {
+                    aggregate: item.aggregate,
+                    expected: item.expect,
+                    actual: head.version,
+                });
+            }
+            heads.push(head);
+        }
+        if !conflicts.is_empty() {
+            return Err(AppendError::Conflicts { conflicts });
+        }
+
+        let first = self.shared.last_assigned.load(Ordering::SeqCst) + 1;
+        let mut batch = sled::Batch::default();
+        let mut outcomes = Vec::with_capacity(items.len());
+        for (i, (item, head)) in items.into_iter().zip(heads).enumerate() {
+            let position = first + i as u64;
+            let version = head.version + 1;
+            let commit_id = item.draft.commit_id;
+            let commit = Commit::seal(item.aggregate, version, head.hash, item.draft);
+            let bytes = encode_for_append(&commit)?;
+            let new_head = Head {
+                version,
+                position,
+                hash: commit.hash,
+            };
+            batch.insert(&commit_key(position), bytes);
+            batch.insert(&head_key(&item.aggregate), &new_head.to_bytes()[..]);
+            batch.insert(
+                &version_key(&item.aggregate, version),
+                &position.to_be_bytes()[..],
+            );
+            batch.insert(&commit_id_key(&commit_id), &position.to_be_bytes()[..]);
+            outcomes.push(AppendOutcome {
+                position,
+                version,
+                status: AppendStatus::Appended,
+            });
+        }
+        tree.apply_batch(batch).map_err(unavailable)?;
+        self.shared
+            .last_assigned
+            .store(first + outcomes.len() as u64 - 1, Ordering::SeqCst);
+        Ok(outcomes)
     }
 
     /// The aggregate's durable commits from version `from` on, through the version index:
@@ -641,6 +720,24 @@ impl EventLog for SledLog {
         // A retry of a commit still waiting for its flush must not be acknowledged early.
         self.wait_durable(outcome.position).await?;
         Ok(outcome)
+    }
+
+    async fn append_atomic(
+        &self,
+        items: Vec<AtomicItem>,
+    ) -> Result<Vec<AppendOutcome>, AppendError> {
+        let log = self.clone();
+        let outcomes = tokio::task::spawn_blocking(move || log.apply_atomic(items))
+            .await
+            .map_err(|e| AppendError::Unavailable {
+                reason: format!("the sled append task failed: {e}"),
+            })??;
+        // Acknowledged once the last of them is flushed (a retry of a batch still waiting
+        // for its flush included).
+        if let Some(last) = outcomes.iter().map(|o| o.position).max() {
+            self.wait_durable(last).await?;
+        }
+        Ok(outcomes)
     }
 
     async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {

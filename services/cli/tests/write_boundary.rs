@@ -865,3 +865,74 @@ async fn a_retry_after_the_duplicate_window_answers_its_first_position() {
         1
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_on_several_aggregates_are_written_all_or_nothing_over_nats() {
+    // Given two clusters at version 1, written through serve.
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_serve, client) = started(&nats, &dir).await;
+    let (_, first) = created_cluster(&client).await;
+    let (_, second) = created_cluster(&client).await;
+    let status = |description: &str| json!([{"cluster_status_changed": {"status": "spawning", "description": description}}]);
+    let log = open_log(&nats).await;
+    let end = log.last_position().await.unwrap();
+
+    // When one request carries a commit on each, one of them with a stale expectation,
+    let reply = cmd(
+        &client,
+        json!({"commits": [
+            {"aggregate": first, "expect": 1, "events": status("a")},
+            {"aggregate": second, "expect": 0, "events": status("b")},
+        ]}),
+    )
+    .await;
+    // then nothing is written and the stale one is named with its actual version.
+    assert_eq!(error_code(&reply), Some("conflict"), "{reply}");
+    let conflicts = reply["error"]["conflicts"].as_array().expect("conflicts");
+    assert_eq!(conflicts.len(), 1, "{reply}");
+    assert_eq!(conflicts[0]["aggregate"], second, "{reply}");
+    assert_eq!(conflicts[0]["actual_version"], 1, "{reply}");
+    assert_eq!(log.last_position().await.unwrap(), end);
+
+    // When a commit that cannot be on its aggregate rides with a good one, nothing is
+    // written either, and the error says which commit.
+    let reply = cmd(
+        &client,
+        json!({"commits": [
+            {"aggregate": first, "expect": 1, "events": status("a")},
+            {"aggregate": second, "expect": "any", "events": [{"instance_deleted": {}}]},
+        ]}),
+    )
+    .await;
+    assert_eq!(error_code(&reply), Some("bad_request"), "{reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("commits[1].events"),
+        "{reply}"
+    );
+    assert_eq!(log.last_position().await.unwrap(), end);
+
+    // When both expectations hold, both land at consecutive positions; the same request
+    // again (same commit ids) is answered as already appended, writing nothing.
+    let request = json!({"commits": [
+        {"aggregate": first, "expect": 1, "commit_id": Uuid::now_v7(), "events": status("a")},
+        {"aggregate": second, "expect": 1, "commit_id": Uuid::now_v7(), "events": status("b")},
+    ]});
+    let reply = cmd(&client, request.clone()).await;
+    assert!(error_code(&reply).is_none(), "{reply}");
+    let commits = reply["data"]["commits"].as_array().expect("commits");
+    assert_eq!(commits[0]["position"], end + 1, "{reply}");
+    assert_eq!(commits[1]["position"], end + 2, "{reply}");
+    assert_eq!(commits[0]["version"], 2, "{reply}");
+    assert_eq!(commits[1]["outcome"], "appended", "{reply}");
+    let again = cmd(&client, request).await;
+    assert_eq!(
+        again["data"]["commits"][0]["outcome"], "already_appended",
+        "{again}"
+    );
+    assert_eq!(again["data"]["commits"][1]["position"], end + 2, "{again}");
+    assert_eq!(log.last_position().await.unwrap(), end + 2);
+}

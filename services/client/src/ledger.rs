@@ -326,6 +326,17 @@ impl EventLog for Ledger {
         }
     }
 
+    async fn append_atomic(
+        &self,
+        items: Vec<provledger_events::AtomicItem>,
+    ) -> Result<Vec<AppendOutcome>, AppendError> {
+        match self {
+            Ledger::Embedded(l) => l.append_atomic(items).await,
+            Ledger::JetStream(l) => l.append_atomic(items).await,
+            Ledger::Memory(l) => l.append_atomic(items).await,
+        }
+    }
+
     async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {
         match self {
             Ledger::Embedded(l) => l.read_aggregate(aggregate).await,

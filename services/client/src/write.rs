@@ -17,8 +17,9 @@ use std::time::Duration;
 
 use provledger_events::ids::{uuid_v7_unix_ms, CLOCK_SKEW_MS_MAX};
 use provledger_events::{
-    AggregateId, AppendError, AppendOutcome, AppendStatus, ChainTip, Commit, CommitDraft, EventLog,
-    Expectation, ReadError, Timestamp, WriteQueues, WriteTurn,
+    AggregateId, AppendError, AppendOutcome, AppendStatus, AtomicItem, ChainTip, Commit,
+    CommitDraft, EventLog, Expectation, ReadError, Timestamp, VersionConflict, WriteQueues,
+    WriteTurn,
 };
 use provledger_projections::decide::{
     decide_append_with, Admission, AlreadyDone, AppendRejection, DecideOptions,
@@ -230,6 +231,29 @@ async fn refresh<L: EventLog>(
     Ok(())
 }
 
+/// [`refresh`] as part of a write: an unavailable log counts against the write's bound
+/// ([`UNAVAILABLE_RETRIES_MAX`], like an unavailable append) and answers false, so the
+/// write tries again; past the bound, or for any other failure, the error.
+async fn refresh_counted<L: EventLog>(
+    log: &L,
+    aggregate: AggregateId,
+    turn: &mut WriteTurn,
+    elsewhere: &dyn FoldedElsewhere,
+    unavailable: &mut usize,
+) -> Result<bool, RecordError> {
+    match refresh(log, aggregate, turn, elsewhere).await {
+        Ok(()) => Ok(true),
+        Err(e @ ReadError::Unavailable { .. }) => {
+            *unavailable += 1;
+            match *unavailable > UNAVAILABLE_RETRIES_MAX {
+                true => Err(e.into()),
+                false => Ok(false),
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The current state of `aggregate`, as fresh as the log: what this process knows of it,
 /// plus the commits written since (read after its tip). `None` without commits.
 pub async fn read_current<L: EventLog>(
@@ -302,6 +326,14 @@ pub enum RecordError {
         aggregate: AggregateId,
         message: String,
     },
+    /// An atomic write some of whose aggregates were not at the version expected: each.
+    #[error("conflict: {}", conflicts.iter().map(|c| c.to_string()).collect::<Vec<_>>().join("; "))]
+    Conflicts { conflicts: Vec<VersionConflict> },
+    /// An atomic write some of whose commits the decider refused: each, on its aggregate.
+    #[error("refused: {}", rejections.iter().map(|(a, r)| format!("{a}: {r}")).collect::<Vec<_>>().join("; "))]
+    Rejections {
+        rejections: Vec<(AggregateId, AppendRejection)>,
+    },
     #[error(transparent)]
     Append(AppendError),
     #[error(transparent)]
@@ -320,6 +352,7 @@ impl From<AppendError> for RecordError {
                 expected,
                 actual,
             },
+            AppendError::Conflicts { conflicts } => RecordError::Conflicts { conflicts },
             other => RecordError::Append(other),
         }
     }
@@ -429,19 +462,10 @@ async fn record_inner<L: EventLog>(
         }
         let needs_read = known_mut(&mut turn).is_none_or(|k| k.stale);
         if needs_read {
-            match refresh(log, aggregate, &mut turn, elsewhere).await {
-                Ok(()) => fresh = true,
-                // The read is part of the write: an unavailable log is retried like an
-                // unavailable append, within the same bound.
-                Err(e @ ReadError::Unavailable { .. }) => {
-                    unavailable += 1;
-                    if unavailable > UNAVAILABLE_RETRIES_MAX {
-                        return Err(e.into());
-                    }
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
+            if !refresh_counted(log, aggregate, &mut turn, elsewhere, &mut unavailable).await? {
+                continue;
             }
+            fresh = true;
         }
         let Some(known) = known_mut(&mut turn) else {
             unreachable!("refresh leaves a known state in the slot");
@@ -605,4 +629,228 @@ async fn find_earlier<L: EventLog>(
     draft: &CommitDraft,
 ) -> Result<Option<Commit>, RecordError> {
     Ok(log.find_commit(aggregate, draft.commit_id).await?)
+}
+
+/// One commit of an atomic write: `draft` on `aggregate` if `expect` admits its version
+/// and the decider admits the commit in the aggregate's state at that version.
+#[derive(Debug, Clone)]
+pub struct Fact {
+    pub aggregate: AggregateId,
+    pub expect: Expectation,
+    pub draft: CommitDraft,
+}
+
+/// Writes several facts on distinct aggregates all or nothing: each decided on what this
+/// process knows of its aggregate (brought up to the log's head), each appended at exactly
+/// the version it was decided at, all in one atomic append. A lost race on any aggregate
+/// re-reads what is new there and decides again (a caller's own expectations are checked
+/// again on that state). A refusal names every aggregate refused; nothing is written then.
+/// A retry of the same facts (same commit ids and payloads) answers each as already
+/// appended. A fact the decider finds already true (a repeated delete) is not written
+/// and is answered `AlreadyDone`; the others are written together.
+pub async fn record_atomic<L: EventLog>(
+    log: &L,
+    facts: Vec<Fact>,
+    options: DecideOptions,
+    elsewhere: &dyn FoldedElsewhere,
+) -> Result<Vec<Recorded>, RecordError> {
+    let items: Vec<AtomicItem> = facts
+        .iter()
+        .map(|f| AtomicItem {
+            aggregate: f.aggregate,
+            expect: f.expect,
+            draft: f.draft.clone(),
+        })
+        .collect();
+    provledger_events::log::validate_batch(&items).map_err(RecordError::Append)?;
+    // Turns are taken in aggregate order, so two atomic writers never wait on each other
+    // in a cycle; a single-aggregate writer holds one turn only.
+    let mut order: Vec<usize> = (0..facts.len()).collect();
+    order.sort_by_key(|&i| facts[i].aggregate.to_string());
+    let mut turns: Vec<Option<WriteTurn>> = (0..facts.len()).map(|_| None).collect();
+    for &i in &order {
+        turns[i] = Some(log.write_queues().turn(facts[i].aggregate).await);
+    }
+    let mut turns: Vec<WriteTurn> = turns.into_iter().flatten().collect();
+    let mut unavailable = 0;
+    let mut fresh = false;
+    for attempt in 0..DECIDE_ATTEMPTS_MAX {
+        if attempt > 0 && !fresh {
+            tokio::time::sleep(backoff(&facts[0].draft, attempt)).await;
+        }
+        let mut all_known = true;
+        for (fact, turn) in facts.iter().zip(turns.iter_mut()) {
+            if known_mut(turn).is_none_or(|k| k.stale) {
+                if refresh_counted(log, fact.aggregate, turn, elsewhere, &mut unavailable).await? {
+                    fresh = true;
+                } else {
+                    all_known = false;
+                    break;
+                }
+            }
+        }
+        if !all_known {
+            continue;
+        }
+        // A retry of facts already written is recognised before anything is decided.
+        let may_be_retry = facts.iter().zip(turns.iter_mut()).any(|(f, t)| {
+            known_mut(t).is_some_and(|k| {
+                k.recent_commit(&f.draft).is_some()
+                    || (k.may_hold_older(&f.draft)
+                        && !log.recognises_retry_on_append(&f.draft.commit_id))
+            })
+        });
+        if may_be_retry {
+            let mut found = Vec::with_capacity(items.len());
+            for fact in &facts {
+                found.push(
+                    log.find_commit(fact.aggregate, fact.draft.commit_id)
+                        .await?,
+                );
+            }
+            if found.iter().any(Option::is_some) {
+                let outcomes = provledger_events::log::recognise_batch_retry(&items, &found)
+                    .map_err(RecordError::from)?;
+                for turn in turns.iter_mut() {
+                    read_again(turn);
+                }
+                return Ok(outcomes.into_iter().map(Recorded::Appended).collect());
+            }
+        }
+        // Decide every fact on its state; gather every refusal.
+        let mut conflicts = Vec::new();
+        let mut rejections = Vec::new();
+        let mut done = vec![None; facts.len()];
+        let mut versions = Vec::with_capacity(facts.len());
+        for (i, (fact, turn)) in facts.iter().zip(turns.iter_mut()).enumerate() {
+            let Some(known) = known_mut(turn) else {
+                unreachable!("refresh leaves a known state in the slot");
+            };
+            let version = known.version();
+            versions.push((version, known.tip));
+            if !fact.expect.admits(version) {
+                conflicts.push(VersionConflict {
+                    aggregate: fact.aggregate,
+                    expected: fact.expect,
+                    actual: version,
+                });
+                continue;
+            }
+            match decide_append_with(fact.aggregate, known.entity.as_ref(), &fact.draft, options) {
+                Err(rejection) => rejections.push((fact.aggregate, rejection)),
+                Ok(Admission::AlreadyDone(outcome)) => {
+                    done[i] = Some(Recorded::AlreadyDone {
+                        outcome,
+                        version,
+                        position: known.tip.position,
+                    })
+                }
+                Ok(_) => {}
+            }
+        }
+        let refused: Vec<AggregateId> = conflicts
+            .iter()
+            .map(|c| c.aggregate)
+            .chain(rejections.iter().map(|(a, _)| *a))
+            .chain(
+                facts
+                    .iter()
+                    .zip(&done)
+                    .filter(|(_, d)| d.is_some())
+                    .map(|(f, _)| f.aggregate),
+            )
+            .collect();
+        if !refused.is_empty() {
+            // As for one aggregate: a refusal is answered only on state read during this
+            // write and confirmed by the stream's leader.
+            let mut confirmed = fresh;
+            if confirmed {
+                for (fact, (_, tip)) in facts.iter().zip(&versions) {
+                    if refused.contains(&fact.aggregate)
+                        && !log.tip_is_current(fact.aggregate, *tip).await?
+                    {
+                        confirmed = false;
+                    }
+                }
+            }
+            if !confirmed {
+                for (fact, turn) in facts.iter().zip(turns.iter_mut()) {
+                    if refused.contains(&fact.aggregate) {
+                        read_again(turn);
+                    }
+                }
+                fresh = false;
+                continue;
+            }
+            if !conflicts.is_empty() {
+                return Err(RecordError::Conflicts { conflicts });
+            }
+            if !rejections.is_empty() {
+                return Err(RecordError::Rejections { rejections });
+            }
+        }
+        // Append what is not already true, each at exactly the version decided on.
+        let writing: Vec<usize> = (0..facts.len()).filter(|&i| done[i].is_none()).collect();
+        if writing.is_empty() {
+            return Ok(done.into_iter().flatten().collect());
+        }
+        let batch: Vec<AtomicItem> = writing
+            .iter()
+            .map(|&i| AtomicItem {
+                aggregate: facts[i].aggregate,
+                expect: Expectation::Exactly(versions[i].0),
+                draft: facts[i].draft.clone(),
+            })
+            .collect();
+        match log.append_atomic(batch).await {
+            Ok(outcomes) => {
+                let mut answers = done;
+                for (&i, outcome) in writing.iter().zip(outcomes) {
+                    let (version, tip) = versions[i];
+                    let Some(known) = known_mut(&mut turns[i]) else {
+                        unreachable!("the slot is held for the whole write");
+                    };
+                    if outcome.status == AppendStatus::Appended && outcome.version == version + 1 {
+                        let mut commit = Commit::seal(
+                            facts[i].aggregate,
+                            outcome.version,
+                            tip.hash,
+                            facts[i].draft.clone(),
+                        );
+                        commit.position = outcome.position;
+                        known.fold_own(facts[i].aggregate, commit);
+                    } else {
+                        known.stale = true;
+                    }
+                    answers[i] = Some(Recorded::Appended(outcome));
+                }
+                return Ok(answers.into_iter().flatten().collect());
+            }
+            Err(AppendError::Conflicts { conflicts }) => {
+                for turn in turns.iter_mut() {
+                    read_again(turn);
+                }
+                fresh = false;
+                tracing::debug!(
+                    conflicts = conflicts.len(),
+                    "atomic write lost a race; deciding again"
+                );
+            }
+            Err(e @ AppendError::Unavailable { .. }) => {
+                for turn in turns.iter_mut() {
+                    read_again(turn);
+                }
+                fresh = false;
+                unavailable += 1;
+                if unavailable > UNAVAILABLE_RETRIES_MAX {
+                    return Err(e.into());
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(RecordError::Contended {
+        aggregate: facts[0].aggregate,
+        attempts: DECIDE_ATTEMPTS_MAX,
+    })
 }

@@ -16,6 +16,8 @@
 //! 4. Sustained: 64 clients for S seconds, per 5-second window, with nats-server's own
 //!    figures from its monitoring endpoint (consumers on the stream, memory); then again
 //!    under `deploy/nats/accounts.conf` (serve as `serve`, the clients as `provisioner`).
+//! 5. Atomic: 16 and 64 clients writing two providers per request (`cmd.append` with
+//!    `commits`, one JetStream atomic batch) next to one provider per request.
 //!
 //! Clients share one NATS connection per 16. Tables go to stdout, progress to stderr.
 //! PostgreSQL is 127.0.0.1:5432, user postgres, database test (trust auth); the bench
@@ -46,7 +48,7 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 const USAGE: &str = "usage: write-bench [--quick] [--duration SECS] [--sustained SECS] \
-                     [--only throughput|depth|hot|sustained]";
+                     [--only throughput|depth|hot|sustained|atomic]";
 const AGGREGATES: usize = 1000;
 const CLIENT_COUNTS: [usize; 4] = [1, 16, 64, 256];
 const CLIENTS_PER_CONNECTION: usize = 16;
@@ -71,6 +73,7 @@ enum Phase {
     Depth,
     Hot,
     Sustained,
+    Atomic,
 }
 
 struct Options {
@@ -111,8 +114,9 @@ fn parse_options() -> Options {
                     Some("depth") => Phase::Depth,
                     Some("hot") => Phase::Hot,
                     Some("sustained") => Phase::Sustained,
+                    Some("atomic") => Phase::Atomic,
                     other => fail(format!(
-                        "--only takes throughput, depth, hot or sustained, not {other:?}"
+                        "--only takes throughput, depth, hot, sustained or atomic, not {other:?}"
                     )),
                 })
             }
@@ -1066,6 +1070,66 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
     print_examples(run_errors(runs));
 }
 
+/// Facts on two aggregates at once: `cmd.append` with `commits` (one JetStream atomic
+/// batch) next to single commits, in the same run, over the same 1,000 providers.
+async fn atomic(nats: &NatsServer, o: &Options) {
+    let client = nats.client().await;
+    let mut rows = Vec::new();
+    for clients in [16, 64] {
+        eprintln!("atomic: {clients} clients: single commits ...");
+        let (ids, _) = register(&client, AGGREGATES).await;
+        wait_caught_up(&client).await;
+        let singles: Vec<Bytes> = ids.iter().map(|id| bench_write(*id)).collect();
+        let writers = requesters(nats, "bench", clients, APPEND_SUBJECT, &singles).await;
+        let single = closed_loop(writers, o.duration).await;
+        wait_caught_up(&client).await;
+
+        eprintln!("atomic: {clients} clients: two providers per request ...");
+        let (ids, _) = register(&client, AGGREGATES).await;
+        wait_caught_up(&client).await;
+        let half = ids.len() / 2;
+        let pairs: Vec<Bytes> = (0..half)
+            .map(|i| {
+                let commit = |id: Uuid| {
+                    json!({"aggregate": format!("provider/{id}"), "expect": "any",
+                           "events": [inventory(64)]})
+                };
+                Bytes::from(json!({"commits": [commit(ids[i]), commit(ids[i + half])]}).to_string())
+            })
+            .collect();
+        let writers = requesters(nats, "bench", clients, APPEND_SUBJECT, &pairs).await;
+        let paired = closed_loop(writers, o.duration).await;
+        wait_caught_up(&client).await;
+        rows.push((clients, single, paired));
+    }
+    println!();
+    println!(
+        "## 5. Facts on several aggregates: cmd.append with `commits` (one atomic batch) vs single commits ({} s per row, 1,000 providers, expect any)",
+        o.duration.as_secs()
+    );
+    println!();
+    println!("| clients | form | requests/s | commits/s | p50 | p99 | errors by code | commits/s ÷ single |");
+    println!("|---:|---|---:|---:|---:|---:|---|---:|");
+    for (clients, single, paired) in &rows {
+        for (form, run, per_request) in [
+            ("one commit per request", single, 1.0),
+            ("two providers per request (`commits`)", paired, 2.0),
+        ] {
+            let l = run.all_latencies();
+            println!(
+                "| {clients} | {form} | {:.0} | {:.0} | {} | {} | {} | {} |",
+                run.rate(),
+                run.rate() * per_request,
+                quantile(&l, 0.50),
+                quantile(&l, 0.99),
+                run.errors_by_code(),
+                ratio(run.rate() * per_request, single.rate()),
+            );
+        }
+    }
+    print_examples(run_errors(rows.iter().flat_map(|(_, a, b)| [a, b])));
+}
+
 async fn depth(nats: &NatsServer, o: &Options) {
     let client = nats.client().await;
     let log = JetStreamLog::open(nats.client().await, JetStreamConfig::default())
@@ -1382,6 +1446,9 @@ async fn main() {
     }
     if o.runs(Phase::Hot) {
         hot(&nats, &o, pg.as_ref(), payload_bytes).await;
+    }
+    if o.runs(Phase::Atomic) {
+        atomic(&nats, &o).await;
     }
     if o.runs(Phase::Sustained) {
         sustained(&nats, &o, "bench", "no accounts").await;

@@ -63,10 +63,10 @@ impl From<OpenLedgerError> for CommandError {
 impl From<AppendError> for CommandError {
     fn from(e: AppendError) -> Self {
         match e {
-            AppendError::Conflict { .. } | AppendError::CommitIdReused { .. } => {
-                CommandError::Problem(e.to_string())
-            }
-            AppendError::Invalid(_) | AppendError::Encode(_) => {
+            AppendError::Conflict { .. }
+            | AppendError::Conflicts { .. }
+            | AppendError::CommitIdReused { .. } => CommandError::Problem(e.to_string()),
+            AppendError::Invalid(_) | AppendError::Encode(_) | AppendError::InvalidBatch(_) => {
                 CommandError::BadInput(e.to_string())
             }
             AppendError::Corrupt { .. } => CommandError::Problem(e.to_string()),
@@ -81,6 +81,8 @@ impl From<RecordError> for CommandError {
             // A refusal is the command finding a problem, like a conflict: exit 1.
             RecordError::Rejected(_)
             | RecordError::Conflict { .. }
+            | RecordError::Conflicts { .. }
+            | RecordError::Rejections { .. }
             | RecordError::PermissionDenied { .. } => CommandError::Problem(e.to_string()),
             RecordError::Contended { .. } => CommandError::Infrastructure(e.to_string()),
             RecordError::Append(e) => e.into(),

@@ -1,10 +1,15 @@
 //! `cmd.append` for publishers not written in Rust: validated against the catalogue and
 //! the target's state, then appended like any other writer would.
 
-use provledger_client::write::{record_with_folded, FoldedElsewhere, RecordError, Recorded};
-use provledger_events::{AppendError, AppendStatus, CommitDraft, Event, Expectation, ReadError};
+use provledger_client::write::{
+    record_atomic, record_with_folded, Fact, FoldedElsewhere, RecordError, Recorded,
+};
+use provledger_events::{
+    AggregateId, AppendError, AppendStatus, CommitDraft, Event, Expectation, ReadError,
+    ATOMIC_COMMITS_MAX,
+};
 use provledger_projections::decide::{AppendRejection, DecideOptions};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::caller::Caller;
 use super::error::{bad, ErrorCode, QueryError};
@@ -17,6 +22,9 @@ pub(crate) async fn append(
     caller: &Caller,
 ) -> Result<Value, QueryError> {
     let mut req = object(payload)?;
+    if req.contains_key("commits") {
+        return append_atomic(ctx, req, caller).await;
+    }
     check_fields(
         &req,
         &[
@@ -30,69 +38,16 @@ pub(crate) async fn append(
             "force",
         ],
     )?;
-    let aggregate = req_aggregate(&req)?;
-    let expect = match req.get("expect") {
-        None => return Err(bad("expect", "missing")),
-        Some(Value::Number(n)) => n
-            .as_u64()
-            .map(Expectation::Exactly)
-            .ok_or_else(|| bad("expect", "must be \"any\", \"none\" or a version"))?,
-        Some(Value::String(s)) => s.parse().map_err(|e| bad("expect", e))?,
-        Some(other) => return Err(bad("expect", format!("unexpected {other}"))),
-    };
-    let events_json = req
-        .remove("events")
-        .ok_or_else(|| bad("events", "missing"))?;
-    let events: Vec<Event> = serde_json::from_value(events_json)
-        .map_err(|e| bad("events", format!("not catalogue events: {e}")))?;
     // The server-vouched identity, when there is one, rather than what the request claims.
     let actor = caller.actor(opt_str(&req, "actor")?, "nats:cmd.append");
-    let mut draft = CommitDraft::now(&actor, events);
-    if let Some(id) = opt_uuid(&req, "commit_id")? {
-        draft.commit_id = id;
-    }
-    draft.operation_id = opt_uuid(&req, "operation_id")?;
-    draft.causation_id = opt_uuid(&req, "causation_id")?;
-    draft
-        .validate(&aggregate)
-        .map_err(|e| bad("events", e.to_string()))?;
+    let (aggregate, expect, draft) = parse_commit(&mut req, &actor, "")?;
     // Decided against the log itself at the version appended, never against this
     // replica's projection, which may not have applied the last acknowledged commit yet
     // (the store only spares reading what it already folded).
-    let force = match req.get("force") {
-        None => false,
-        Some(Value::Bool(b)) => *b,
-        Some(other) => return Err(bad("force", format!("must be true or false, not {other}"))),
-    };
-    // Task events must come from the worker they name (its vouched identity, when there is
-    // one); the decider checks it along with the lease bounds.
-    let options = DecideOptions {
-        force,
-        caller_worker: caller.worker(),
-    };
+    let options = decide_options(&req, caller)?;
     let store = StoreFolded(&ctx.store);
     match record_with_folded(&ctx.log, aggregate, expect, draft, options, &store).await {
-        Ok(Recorded::Appended(outcome)) => Ok(json!({
-            "position": outcome.position,
-            "version": outcome.version,
-            "outcome": match outcome.status {
-                AppendStatus::Appended => "appended",
-                AppendStatus::AlreadyAppended => "already_appended",
-            },
-            "already_appended": matches!(outcome.status, AppendStatus::AlreadyAppended),
-            "actor": actor,
-        })),
-        Ok(Recorded::AlreadyDone {
-            outcome,
-            version,
-            position,
-        }) => Ok(json!({
-            "position": position,
-            "version": version,
-            "outcome": outcome.as_str(),
-            "already_appended": false,
-            "actor": actor,
-        })),
+        Ok(recorded) => Ok(with_actor(recorded_json(&recorded), &actor)),
         Err(RecordError::Rejected(rejection)) => Err(rejected(rejection)),
         Err(RecordError::Conflict { actual, .. }) => Err(QueryError::new(
             ErrorCode::Conflict,
@@ -100,14 +55,210 @@ pub(crate) async fn append(
         )
         .with("reason", "version".into())
         .with("actual_version", actual.into())),
-        Err(e @ RecordError::Contended { .. }) => {
-            Err(QueryError::new(ErrorCode::Unavailable, e.to_string()))
+        Err(e) => Err(record_error(e)),
+    }
+}
+
+/// `{"commits": [...]}`: several aggregates' commits written all or nothing.
+async fn append_atomic(
+    ctx: &QueryContext,
+    mut req: Map<String, Value>,
+    caller: &Caller,
+) -> Result<Value, QueryError> {
+    check_fields(&req, &["commits", "actor", "force"])?;
+    let actor = caller.actor(opt_str(&req, "actor")?, "nats:cmd.append");
+    let options = decide_options(&req, caller)?;
+    let Some(Value::Array(commits)) = req.remove("commits") else {
+        return Err(bad("commits", "must be an array of commits"));
+    };
+    if commits.is_empty() || commits.len() > ATOMIC_COMMITS_MAX {
+        return Err(bad(
+            "commits",
+            format!(
+                "holds {} commits; an atomic append takes 1 to {ATOMIC_COMMITS_MAX}",
+                commits.len()
+            ),
+        ));
+    }
+    let mut facts = Vec::with_capacity(commits.len());
+    for (i, commit) in commits.into_iter().enumerate() {
+        let prefix = format!("commits[{i}].");
+        let Value::Object(mut commit) = commit else {
+            return Err(bad(&format!("commits[{i}]"), "must be an object"));
+        };
+        check_fields(
+            &commit,
+            &[
+                "aggregate",
+                "expect",
+                "commit_id",
+                "operation_id",
+                "causation_id",
+                "events",
+            ],
+        )
+        .map_err(|e| e.prefixed(&prefix))?;
+        let (aggregate, expect, draft) = parse_commit(&mut commit, &actor, &prefix)?;
+        facts.push(Fact {
+            aggregate,
+            expect,
+            draft,
+        });
+    }
+    let store = StoreFolded(&ctx.store);
+    match record_atomic(&ctx.log, facts, options, &store).await {
+        Ok(recorded) => Ok(json!({
+            "commits": recorded.iter().map(recorded_json).collect::<Vec<_>>(),
+            "actor": actor,
+        })),
+        Err(RecordError::Conflicts { conflicts }) => Err(QueryError::new(
+            ErrorCode::Conflict,
+            format!(
+                "nothing written: {}; re-read and retry",
+                conflicts
+                    .iter()
+                    .map(|c| c.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        )
+        .with("reason", "version".into())
+        .with(
+            "conflicts",
+            conflicts
+                .iter()
+                .map(|c| {
+                    json!({
+                        "aggregate": c.aggregate.to_string(),
+                        "expected": c.expected.to_string(),
+                        "actual_version": c.actual,
+                    })
+                })
+                .collect(),
+        )),
+        Err(RecordError::Rejections { rejections }) => {
+            let each: Vec<Value> = rejections
+                .iter()
+                .map(|(aggregate, rejection)| {
+                    let mut fields = rejected(rejection.clone()).fields();
+                    fields.insert("aggregate".into(), aggregate.to_string().into());
+                    Value::Object(fields)
+                })
+                .collect();
+            // The first refusal's code (as a single commit would get it), every refusal
+            // in `rejections`.
+            let first = rejected(rejections[0].1.clone());
+            Err(QueryError::new(
+                first.code(),
+                format!(
+                    "nothing written: {}",
+                    rejections
+                        .iter()
+                        .map(|(a, r)| format!("{a}: {r}"))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ),
+            )
+            .with("rejections", each.into()))
         }
-        Err(e @ RecordError::PermissionDenied { .. }) => {
-            Err(QueryError::new(ErrorCode::Internal, e.to_string()))
+        Err(e) => Err(record_error(e)),
+    }
+}
+
+/// One commit's fields (`aggregate`, `expect`, `events`, the optional ids) as a draft;
+/// `prefix` names where it sits in the request for error messages.
+fn parse_commit(
+    req: &mut Map<String, Value>,
+    actor: &str,
+    prefix: &str,
+) -> Result<(AggregateId, Expectation, CommitDraft), QueryError> {
+    let named = |field: &str| format!("{prefix}{field}");
+    let aggregate = req_aggregate(req).map_err(|e| e.prefixed(prefix))?;
+    let expect = match req.get("expect") {
+        None => return Err(bad(&named("expect"), "missing")),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .map(Expectation::Exactly)
+            .ok_or_else(|| bad(&named("expect"), "must be \"any\", \"none\" or a version"))?,
+        Some(Value::String(s)) => s.parse().map_err(|e| bad(&named("expect"), e))?,
+        Some(other) => return Err(bad(&named("expect"), format!("unexpected {other}"))),
+    };
+    let events_json = req
+        .remove("events")
+        .ok_or_else(|| bad(&named("events"), "missing"))?;
+    let events: Vec<Event> = serde_json::from_value(events_json)
+        .map_err(|e| bad(&named("events"), format!("not catalogue events: {e}")))?;
+    let mut draft = CommitDraft::now(actor, events);
+    if let Some(id) = opt_uuid(req, "commit_id").map_err(|e| e.prefixed(prefix))? {
+        draft.commit_id = id;
+    }
+    draft.operation_id = opt_uuid(req, "operation_id").map_err(|e| e.prefixed(prefix))?;
+    draft.causation_id = opt_uuid(req, "causation_id").map_err(|e| e.prefixed(prefix))?;
+    draft
+        .validate(&aggregate)
+        .map_err(|e| bad(&named("events"), e.to_string()))?;
+    Ok((aggregate, expect, draft))
+}
+
+/// `force` and the caller's worker identity: task events must come from the worker they
+/// name (its vouched identity, when there is one); the decider checks it along with the
+/// lease bounds.
+fn decide_options(req: &Map<String, Value>, caller: &Caller) -> Result<DecideOptions, QueryError> {
+    let force = match req.get("force") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => return Err(bad("force", format!("must be true or false, not {other}"))),
+    };
+    Ok(DecideOptions {
+        force,
+        caller_worker: caller.worker(),
+    })
+}
+
+fn recorded_json(recorded: &Recorded) -> Value {
+    match recorded {
+        Recorded::Appended(outcome) => json!({
+            "position": outcome.position,
+            "version": outcome.version,
+            "outcome": match outcome.status {
+                AppendStatus::Appended => "appended",
+                AppendStatus::AlreadyAppended => "already_appended",
+            },
+            "already_appended": matches!(outcome.status, AppendStatus::AlreadyAppended),
+        }),
+        Recorded::AlreadyDone {
+            outcome,
+            version,
+            position,
+        } => json!({
+            "position": position,
+            "version": version,
+            "outcome": outcome.as_str(),
+            "already_appended": false,
+        }),
+    }
+}
+
+fn with_actor(mut body: Value, actor: &str) -> Value {
+    if let Value::Object(map) = &mut body {
+        map.insert("actor".into(), actor.into());
+    }
+    body
+}
+
+/// The errors both forms answer alike.
+fn record_error(e: RecordError) -> QueryError {
+    match e {
+        RecordError::Rejected(rejection) => rejected(rejection),
+        e @ (RecordError::Conflict { .. }
+        | RecordError::Conflicts { .. }
+        | RecordError::Rejections { .. }) => QueryError::new(ErrorCode::Conflict, e.to_string()),
+        e @ RecordError::Contended { .. } => QueryError::new(ErrorCode::Unavailable, e.to_string()),
+        e @ RecordError::PermissionDenied { .. } => {
+            QueryError::new(ErrorCode::Internal, e.to_string())
         }
-        Err(RecordError::Append(e)) => Err(append_error(e)),
-        Err(RecordError::Read(e)) => Err(read_error(e)),
+        RecordError::Append(e) => append_error(e),
+        RecordError::Read(e) => read_error(e),
     }
 }
 
@@ -167,12 +318,13 @@ fn append_error(e: AppendError) -> QueryError {
                 .with("reason", "commit_id_reused".into())
         }
         e @ (AppendError::Invalid(_) | AppendError::Encode(_)) => bad("events", e.to_string()),
+        e @ AppendError::InvalidBatch(_) => bad("commits", e.to_string()),
         e @ AppendError::Unavailable { .. } => {
             QueryError::new(ErrorCode::Unavailable, e.to_string())
         }
-        e @ (AppendError::Corrupt { .. } | AppendError::Conflict { .. }) => {
-            QueryError::new(ErrorCode::Internal, e.to_string())
-        }
+        e @ (AppendError::Corrupt { .. }
+        | AppendError::Conflict { .. }
+        | AppendError::Conflicts { .. }) => QueryError::new(ErrorCode::Internal, e.to_string()),
     }
 }
 

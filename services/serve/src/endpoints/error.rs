@@ -78,12 +78,29 @@ impl QueryError {
         self
     }
 
-    pub(crate) fn body(&self) -> Value {
+    pub(crate) fn code(&self) -> ErrorCode {
+        self.code
+    }
+
+    /// The error's own fields: `code`, `message` and whatever else it carries.
+    pub(crate) fn fields(&self) -> Map<String, Value> {
         let mut error = Map::new();
         error.insert("code".into(), self.code.as_str().into());
         error.insert("message".into(), bounded(&self.message).into());
         error.extend(self.extra.clone());
-        json!({ "error": error })
+        error
+    }
+
+    pub(crate) fn body(&self) -> Value {
+        json!({ "error": self.fields() })
+    }
+
+    /// A field error inside a list names where it sits (`commits[2].events`).
+    pub(crate) fn prefixed(mut self, prefix: &str) -> Self {
+        if !prefix.is_empty() {
+            self.message = self.message.replace("field `", &format!("field `{prefix}"));
+        }
+        self
     }
 }
 
