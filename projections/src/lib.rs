@@ -10,6 +10,7 @@ pub mod audit;
 pub mod cluster;
 pub mod decide;
 pub mod entity;
+pub mod facts;
 pub mod instance;
 pub mod lease;
 pub mod operation;

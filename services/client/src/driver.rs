@@ -12,12 +12,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use provledger_events::catalogue::{
-    ClusterStatus, CompensationAction, Executor, OperationKind, OperationOutcome,
-    PlannedCompensation, RollbackOutcome, RollbackPlan, TargetOutcome, VmState,
+    CompensationAction, Executor, OperationKind, PlannedCompensation, RollbackOutcome,
+    RollbackPlan, VmState,
 };
 use provledger_events::{
     AggregateId, AggregateKind, CommitDraft, Event, EventLog, Expectation, Timestamp,
 };
+use provledger_projections::facts::rollback_target_events;
 use provledger_projections::operation::OperationState;
 use provledger_projections::planner::{plan_rollback, PlanRefusal};
 use provledger_projections::rollback::{next_rollback_action, RetryPolicy, RollbackAction};
@@ -385,7 +386,8 @@ impl RollbackDriver {
         Ok(())
     }
 
-    /// Moves the target where the plan says and clears the operation's in-flight marker.
+    /// Moves the target where the plan says and clears the operation's in-flight marker
+    /// (the events are decided by `facts::rollback_target_events`).
     async fn apply_target_outcome(
         &self,
         op: &OperationState,
@@ -395,67 +397,11 @@ impl RollbackDriver {
             return Ok(());
         };
         let operation = op.header.id.id;
-        let op_outcome = match outcome {
-            RollbackOutcome::RolledBack if op.cancelled => OperationOutcome::Cancelled,
-            RollbackOutcome::RolledBack => OperationOutcome::RolledBack,
-            RollbackOutcome::Held => OperationOutcome::Held,
-            RollbackOutcome::NeedsAttention => OperationOutcome::NeedsAttention,
-        };
-        let attention = outcome == RollbackOutcome::NeedsAttention;
         let target = plan.target;
         let entity = read_entity(&self.ledger, target)
             .await
             .map_err(ledger_error)?;
-        let mut events = Vec::new();
-        let describe = |d: &str| {
-            if attention {
-                format!("{d}; rollback needs attention, see operation {operation}")
-            } else {
-                d.to_string()
-            }
-        };
-        match (&entity, &plan.target_outcome) {
-            (Some(Entity::Cluster(c)), outcome) if !c.is_deleting_or_deleted() => {
-                let next = match outcome {
-                    TargetOutcome::Error { description } => {
-                        Some((ClusterStatus::Error, describe(description)))
-                    }
-                    TargetOutcome::Active { description } if attention => {
-                        Some((ClusterStatus::Error, describe(description)))
-                    }
-                    TargetOutcome::Active { description } => {
-                        Some((ClusterStatus::Active, description.clone()))
-                    }
-                    TargetOutcome::Deleted => None,
-                };
-                if let Some((status, description)) = next {
-                    events.push(Event::ClusterStatusChanged {
-                        status,
-                        description,
-                    });
-                }
-            }
-            (Some(Entity::Instance(i)), TargetOutcome::Error { description })
-                if i.vm_state != Some(VmState::Deleted) =>
-            {
-                events.push(Event::VmStateChanged {
-                    vm_state: VmState::Error,
-                    reason: describe(description),
-                });
-            }
-            _ => {}
-        }
-        let holds = match &entity {
-            Some(Entity::Cluster(c)) => c.in_flight.as_ref().map(|f| f.operation_id),
-            Some(Entity::Instance(i)) => i.in_flight.as_ref().map(|f| f.operation_id),
-            _ => None,
-        };
-        if holds == Some(operation) {
-            events.push(Event::InFlightOperationCleared {
-                operation_id: operation,
-                outcome: op_outcome,
-            });
-        }
+        let events = rollback_target_events(op, entity.as_ref(), outcome);
         if events.is_empty()
             || !matches!(
                 target.kind,
