@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use provledger_events::catalogue::ConsumerKind;
 use provledger_events::{AggregateId, Commit, Timestamp};
 use serde::Serialize;
 use uuid::Uuid;
@@ -30,6 +31,10 @@ pub enum Check {
     Copy,
     ProviderCapacity,
     OrphanAllocation,
+    /// An instance's allocation on a provider it neither runs on nor migrates to or from
+    /// (Nova keeps a migrating instance's destination claim under the instance and its
+    /// source under the migration: anything else off its host is left behind).
+    MisplacedAllocation,
     DeletedTargetNotEmpty,
     RollbackUnfinished,
     TaskLeaseExpired,
@@ -249,6 +254,19 @@ fn provider_invariants(p: &ProviderState, projection: &Projection, out: &mut Vec
         } else {
             consumer_gone(*consumer, allocation.consumer_kind, projection, id.id)
         };
+        if gone.is_none() && allocation.consumer_kind == ConsumerKind::Instance {
+            if let Some(why) = misplaced(*consumer, projection, id.id) {
+                out.push(
+                    Violation::at(
+                        Check::MisplacedAllocation,
+                        Some(id),
+                        format!("allocation of instance {consumer}: {why}"),
+                        "release it on this provider (`provledger provider delete --cascade` does for evacuation residue), or finish the migration that should hold it",
+                    )
+                    .with_version(p.header.version),
+                );
+            }
+        }
         if let Some(why) = gone {
             out.push(
                 Violation::at(
@@ -260,6 +278,29 @@ fn provider_invariants(p: &ProviderState, projection: &Projection, out: &mut Vec
                 .with_version(p.header.version),
             );
         }
+    }
+}
+
+/// Why an instance's allocation on `provider` is misplaced, if it is: the instance runs on
+/// another provider and no migration of it is in flight (placement's evacuation residue,
+/// or a migration's destination claim left after it ended).
+fn misplaced(consumer: Uuid, projection: &Projection, provider: Uuid) -> Option<String> {
+    let (hold, why, _) = crate::placement::classify(
+        |id| projection.get(id),
+        provider,
+        consumer,
+        ConsumerKind::Instance,
+    );
+    if hold != provledger_events::catalogue::AllocationHold::EvacuationResidue {
+        return None;
+    }
+    match projection.get(&AggregateId::instance(consumer)) {
+        Some(crate::Entity::Instance(i))
+            if i.in_flight.as_ref().is_some_and(|f| f.kind.is_migration()) =>
+        {
+            None
+        }
+        _ => Some(why),
     }
 }
 

@@ -209,3 +209,51 @@ fn a_task_past_its_lease_is_found_and_one_within_it_is_not() {
         vec![Check::TaskLeaseExpired]
     );
 }
+
+#[test]
+fn an_instance_claim_where_it_neither_runs_nor_migrates_is_found() {
+    // Given an instance running on provider 3 that also holds a claim on provider 2.
+    let elsewhere = AggregateId::provider(Uuid::from_u128(3));
+    let on_elsewhere = Event::HostAssigned {
+        host: "cn2".into(),
+        provider_id: elsewhere.id,
+    };
+    let given = vec![
+        (provider(), vec![registered(), vcpu(8)]),
+        (elsewhere, vec![registered(), vcpu(8)]),
+        (instance(), vec![create_instance(), on_elsewhere]),
+        (elsewhere, vec![claim(instance(), 2)]),
+        (provider(), vec![claim(instance(), 2)]),
+    ];
+    // When audited with no migration of it in flight, then the claim on provider 2 is
+    // misplaced (and the one where it runs is not).
+    let report = audit(&script::seal(&given), LATER);
+    assert_eq!(checks(&report), vec![Check::MisplacedAllocation]);
+    assert_eq!(
+        report.violations[0].aggregate.as_deref(),
+        Some(provider().to_string().as_str())
+    );
+
+    // When a resize of it is in flight, the claim is its destination: nothing is found.
+    let mut migrating = given.clone();
+    migrating.push((
+        instance(),
+        vec![Event::InFlightOperationSet {
+            operation_id: Uuid::from_u128(77),
+            operation_kind: OperationKind::ResizeInstance,
+        }],
+    ));
+    let report = audit(&script::seal(&migrating), LATER);
+    assert_eq!(checks(&report), vec![]);
+
+    // When that resize ends and the claim stays, it is misplaced again.
+    migrating.push((
+        instance(),
+        vec![Event::InFlightOperationCleared {
+            operation_id: Uuid::from_u128(77),
+            outcome: provledger_events::catalogue::OperationOutcome::RolledBack,
+        }],
+    ));
+    let report = audit(&script::seal(&migrating), LATER);
+    assert_eq!(checks(&report), vec![Check::MisplacedAllocation]);
+}

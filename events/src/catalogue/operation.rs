@@ -24,6 +24,14 @@ pub enum OperationKind {
     Bundle,
 }
 
+impl OperationKind {
+    /// Whether the operation moves an instance between providers while it runs (the
+    /// destination claimed under the instance, the source held under the migration).
+    pub fn is_migration(self) -> bool {
+        matches!(self, OperationKind::ResizeInstance)
+    }
+}
+
 /// What the rollback planner does with a stage's completed steps when the operation fails
 /// inside that stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
