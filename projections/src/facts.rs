@@ -3,12 +3,16 @@
 //! records what it returns; it composes no event itself.
 
 use provledger_events::catalogue::{
-    ClusterStatus, NodeGroupTarget, OperationKind, OperationOutcome, RollbackOutcome,
+    ClusterStatus, ConsumerKind, NodeGroupTarget, OperationKind, OperationOutcome, RollbackOutcome,
     TargetOutcome, VmState,
 };
-use provledger_events::Event;
+use provledger_events::{AggregateId, Event};
 
-use crate::operation::OperationState;
+use crate::instance::InstanceState;
+use crate::operation::{OperationState, OperationStatus};
+use crate::placement::migration_source;
+use crate::provider::ProviderState;
+use crate::recovery::{Recovery, Reissue};
 use crate::Entity;
 
 /// The events that close a rollback on its target: the target's status as the plan says
@@ -67,6 +71,11 @@ pub fn rollback_target_events(
                 });
             }
         }
+        // A migration that failed (or was reverted or aborted) leaves its instance where
+        // it runs, as Nova does: only the migration is in error, unless its rollback
+        // itself needs attention.
+        (Some(Entity::Instance(_)), TargetOutcome::Error { .. })
+            if op.kind.is_some_and(|k| k.is_migration()) && !attention => {}
         (Some(Entity::Instance(i)), TargetOutcome::Error { description })
             if i.vm_state != Some(VmState::Deleted) =>
         {
@@ -94,4 +103,145 @@ pub fn rollback_target_events(
         });
     }
     events
+}
+
+/// One fact to record: `events` on `aggregate`, named so that whoever records it derives
+/// the same commit id from the same decision (racing replicas then write it once).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fact {
+    pub aggregate: AggregateId,
+    pub name: String,
+    pub events: Vec<Event>,
+}
+
+/// Everything one instance's recovery records, to be written as one atomic set so that a
+/// crash never leaves half of it (a recovered build whose claim is never released, a
+/// reverted resize still holding its destination):
+/// - on the instance, the recovery's own events (the task ended, what the rule decided);
+/// - a build put in error: its claim released where it is held;
+/// - an interrupted resize or live migration (Nova's revert / abort): the instance back on
+///   its source (the source allocation a migration held becomes the instance's again, in
+///   the same commit on that provider, so the capacity cannot be taken in between), every
+///   other claim of the instance released (the destination), its host the source again if
+///   it had moved, and the migration's operation failed if it still runs. The instance
+///   keeps its vm_state (it runs on the source; only the migration is in error).
+///
+/// `providers`: those holding an allocation of the instance or of a migration of it (or
+/// more); `lookup`: the operations of those migrations and of the instance's in-flight
+/// operation. The instance's fact comes first.
+pub fn recovery_facts<'a, 'p>(
+    recovery: &Recovery,
+    instance: &InstanceState,
+    providers: impl IntoIterator<Item = &'p ProviderState>,
+    lookup: impl Fn(&AggregateId) -> Option<&'a Entity>,
+) -> Vec<Fact> {
+    let id = instance.header.id.id;
+    let version = instance.header.version;
+    let name = |what: &str| format!("recovery/{version}/{what}");
+    let providers: Vec<&ProviderState> = providers.into_iter().collect();
+    let holds = |p: &ProviderState| {
+        p.allocations
+            .get(&id)
+            .is_some_and(|a| a.consumer_kind == ConsumerKind::Instance)
+    };
+    let mut on_instance = recovery.events.clone();
+    let mut facts = Vec::new();
+    if let Some(provider) = recovery.release_claim_on {
+        if providers
+            .iter()
+            .any(|p| p.header.id.id == provider && holds(p))
+        {
+            facts.push(Fact {
+                aggregate: AggregateId::provider(provider),
+                name: name(&format!("release/{provider}")),
+                events: vec![Event::AllocationReleased {
+                    consumer: id,
+                    reason: format!("recovery: {}", recovery.reason),
+                }],
+            });
+        }
+    }
+    if matches!(
+        recovery.reissue,
+        Some(Reissue::RevertResize | Reissue::AbortLiveMigration)
+    ) {
+        let why = format!("recovery: back to the source: {}", recovery.reason);
+        let migration = migration_source(providers.iter().copied(), &lookup, id);
+        let source = migration
+            .as_ref()
+            .map(|(_, s, _)| *s)
+            .or(instance.provider_id);
+        if let Some((migration, source, resources)) = &migration {
+            facts.push(Fact {
+                aggregate: AggregateId::provider(*source),
+                name: name(&format!("back-to-source/{source}")),
+                events: vec![
+                    Event::AllocationReleased {
+                        consumer: *migration,
+                        reason: why.clone(),
+                    },
+                    Event::AllocationClaimed {
+                        consumer: id,
+                        consumer_kind: ConsumerKind::Instance,
+                        resources: resources.clone(),
+                    },
+                ],
+            });
+        }
+        for p in providers.iter().filter(|p| Some(p.header.id.id) != source) {
+            if holds(p) {
+                let provider = p.header.id.id;
+                facts.push(Fact {
+                    aggregate: AggregateId::provider(provider),
+                    name: name(&format!("release/{provider}")),
+                    events: vec![Event::AllocationReleased {
+                        consumer: id,
+                        reason: why.clone(),
+                    }],
+                });
+            }
+        }
+        if let Some(source) = source.filter(|s| instance.provider_id != Some(*s)) {
+            let host = providers
+                .iter()
+                .find(|p| p.header.id.id == source)
+                .map(|p| p.host.clone())
+                .unwrap_or_default();
+            on_instance.push(Event::HostAssigned {
+                host,
+                provider_id: source,
+            });
+        }
+        let operation = migration.map(|(m, _, _)| m).or_else(|| {
+            instance
+                .in_flight
+                .as_ref()
+                .filter(|f| f.kind.is_migration())
+                .map(|f| f.operation_id)
+        });
+        if let Some(Entity::Operation(op)) =
+            operation.and_then(|m| lookup(&AggregateId::operation(m)))
+        {
+            if op.status == Some(OperationStatus::Running) {
+                facts.push(Fact {
+                    aggregate: op.header.id,
+                    name: name("migration-error"),
+                    events: vec![Event::OperationFailed {
+                        stage: op.current_stage.clone().unwrap_or_else(|| "migrate".into()),
+                        step: None,
+                        error: why,
+                    }],
+                });
+            }
+        }
+    }
+    facts.insert(
+        0,
+        Fact {
+            aggregate: instance.header.id,
+            name: name("instance"),
+            events: on_instance,
+        },
+    );
+    facts
 }

@@ -10,7 +10,7 @@ use provledger_events::{AggregateId, Event};
 use provledger_projections::facts::rollback_target_events;
 use provledger_projections::operation::OperationState;
 use provledger_projections::{Entity, Projection};
-use provledger_tests::script;
+use provledger_tests::{script, workload};
 use uuid::Uuid;
 
 fn cluster() -> AggregateId {
@@ -32,6 +32,16 @@ fn group(name: &str, count: u32) -> NodeGroupSpec {
         flavor: "m1.large".into(),
         resources: Default::default(),
         processes: vec!["datanode".into()],
+    }
+}
+
+fn started(kind: OperationKind, target: AggregateId) -> Event {
+    Event::OperationStarted {
+        kind,
+        target,
+        parent_id: None,
+        stages: vec![],
+        bundle_policy: None,
     }
 }
 
@@ -86,16 +96,7 @@ fn given(kind: OperationKind, since: Vec<Event>) -> (OperationState, Entity) {
     events.extend(since);
     let steps = vec![
         (cluster(), events),
-        (
-            operation(),
-            vec![Event::OperationStarted {
-                kind,
-                target: cluster(),
-                parent_id: None,
-                stages: vec![],
-                bundle_policy: None,
-            }],
-        ),
+        (operation(), vec![started(kind, cluster())]),
     ];
     let projection = Projection::rebuild(&script::seal(&steps));
     let Some(Entity::Operation(mut op)) = projection.get(&operation()).cloned() else {
@@ -189,4 +190,199 @@ fn a_create_rollback_never_rewrites_counts() {
     let (op, cluster) = given(OperationKind::CreateCluster, vec![left("compute", 1)]);
     let events = rollback_target_events(&op, Some(&cluster), RollbackOutcome::RolledBack);
     assert_eq!(counts(&events), None);
+}
+
+// ---- an interrupted migration's recovery (Nova: revert to the source) ----
+
+mod migration {
+    use provledger_events::catalogue::{ConsumerKind, OperationKind, TaskState};
+    use provledger_events::{AggregateId, Event, Timestamp};
+    use provledger_projections::facts::{recovery_facts, Fact};
+    use provledger_projections::recovery::recover;
+    use provledger_projections::{Entity, Projection};
+    use provledger_tests::{script, workload};
+    use uuid::Uuid;
+
+    const LEASE: i64 = 1_800_000_100_000;
+
+    fn vm() -> AggregateId {
+        AggregateId::instance(Uuid::from_u128(5))
+    }
+    fn source() -> AggregateId {
+        AggregateId::provider(Uuid::from_u128(21))
+    }
+    fn destination() -> AggregateId {
+        AggregateId::provider(Uuid::from_u128(22))
+    }
+    fn resize() -> AggregateId {
+        AggregateId::operation(Uuid::from_u128(31))
+    }
+
+    fn on(provider: AggregateId, host: &str) -> Event {
+        Event::HostAssigned {
+            host: host.into(),
+            provider_id: provider.id,
+        }
+    }
+
+    /// Given an active VM on `host_on` whose resize from the source to the destination was
+    /// interrupted (the worker's lease expired), with the source held by `source_holder`
+    /// (the migration, or the VM itself) and the destination by the VM.
+    fn given(host_on: (AggregateId, &str), source_holder: (Uuid, ConsumerKind)) -> Vec<Fact> {
+        let mut vm_events = workload::instance_running_on(source().id);
+        vm_events.extend([
+            Event::InFlightOperationSet {
+                operation_id: resize().id,
+                operation_kind: OperationKind::ResizeInstance,
+            },
+            on(host_on.0, host_on.1),
+            Event::TaskStarted {
+                task_state: TaskState::ResizeMigrating,
+                worker_id: "compute-1".into(),
+                lease_until: Timestamp::from_unix_ms(LEASE),
+            },
+        ]);
+        let steps = vec![
+            (source(), workload::compute_node(21)),
+            (destination(), workload::compute_node(22)),
+            (
+                resize(),
+                vec![super::started(OperationKind::ResizeInstance, vm())],
+            ),
+            (vm(), vm_events),
+            (
+                source(),
+                workload::vcpu_claim(source_holder.0, source_holder.1, 2),
+            ),
+            (
+                destination(),
+                workload::vcpu_claim(vm().id, ConsumerKind::Instance, 4),
+            ),
+        ];
+        let state = Projection::rebuild(&script::seal(&steps));
+        let Some(Entity::Instance(instance)) = state.get(&vm()) else {
+            panic!("the VM folds");
+        };
+        let recovery = recover(instance, Timestamp::from_unix_ms(LEASE + 1)).expect("recovered");
+        recovery_facts(&recovery, instance, state.providers(), |id| state.get(id))
+    }
+
+    fn on_aggregate(facts: &[Fact], aggregate: AggregateId) -> Vec<Event> {
+        facts
+            .iter()
+            .filter(|f| f.aggregate == aggregate)
+            .flat_map(|f| f.events.clone())
+            .collect()
+    }
+
+    fn released(events: &[Event], consumer: Uuid) -> bool {
+        events
+            .iter()
+            .any(|e| matches!(e, Event::AllocationReleased { consumer: c, .. } if *c == consumer))
+    }
+
+    #[test]
+    fn with_the_host_still_on_the_source_the_destination_claim_is_released() {
+        // When recovered with the host on the source and the source held by the migration.
+        let facts = given((source(), "cn21"), (resize().id, ConsumerKind::Migration));
+        // Then the source goes back to the VM in one commit, the destination is released,
+        // the host is not rewritten, the resize fails, and the VM is never put in error.
+        let src = on_aggregate(&facts, source());
+        assert!(released(&src, resize().id), "{src:?}");
+        assert!(src.iter().any(|e| matches!(e,
+            Event::AllocationClaimed { consumer, consumer_kind: ConsumerKind::Instance, .. } if *consumer == vm().id)));
+        assert!(released(&on_aggregate(&facts, destination()), vm().id));
+        let on_vm = on_aggregate(&facts, vm());
+        assert!(
+            !on_vm
+                .iter()
+                .any(|e| matches!(e, Event::HostAssigned { .. })),
+            "{on_vm:?}"
+        );
+        assert!(
+            !on_vm
+                .iter()
+                .any(|e| matches!(e, Event::VmStateChanged { .. })),
+            "{on_vm:?}"
+        );
+        assert!(matches!(
+            on_aggregate(&facts, resize()).as_slice(),
+            [Event::OperationFailed { .. }]
+        ));
+        assert_eq!(facts[0].aggregate, vm(), "the instance's fact comes first");
+    }
+
+    #[test]
+    fn with_the_host_already_moved_the_host_goes_back_to_the_source_too() {
+        let facts = given(
+            (destination(), "cn22"),
+            (resize().id, ConsumerKind::Migration),
+        );
+        assert!(released(&on_aggregate(&facts, destination()), vm().id));
+        assert!(on_aggregate(&facts, vm()).contains(&Event::HostAssigned {
+            host: "cn21".into(),
+            provider_id: source().id,
+        }));
+    }
+
+    #[test]
+    fn a_resize_claiming_the_destination_under_the_vm_itself_releases_only_the_destination() {
+        // Given the source held by the VM itself (no migration consumer): the claim on the
+        // destination is the only one released, and the resize (in flight) fails.
+        let facts = given((source(), "cn21"), (vm().id, ConsumerKind::Instance));
+        assert!(on_aggregate(&facts, source()).is_empty(), "{facts:?}");
+        assert!(released(&on_aggregate(&facts, destination()), vm().id));
+        assert!(matches!(
+            on_aggregate(&facts, resize()).as_slice(),
+            [Event::OperationFailed { .. }]
+        ));
+    }
+}
+
+#[test]
+fn a_failed_migration_leaves_its_instance_where_it_runs_unless_its_rollback_needs_attention() {
+    // Given a resize of an active VM that failed; its plan would put the target in error.
+    let vm = AggregateId::instance(Uuid::from_u128(5));
+    let mut running = workload::instance_running_on(Uuid::from_u128(2));
+    running.push(Event::InFlightOperationSet {
+        operation_id: operation().id,
+        operation_kind: OperationKind::ResizeInstance,
+    });
+    let steps = vec![
+        (vm, running),
+        (
+            operation(),
+            vec![started(OperationKind::ResizeInstance, vm)],
+        ),
+    ];
+    let projection = Projection::rebuild(&script::seal(&steps));
+    let Some(Entity::Operation(mut op)) = projection.get(&operation()).cloned() else {
+        panic!("the operation folds");
+    };
+    op.rollback_plan = Some(Arc::new(RollbackPlan {
+        rule: "act held".into(),
+        target: vm,
+        compensations: vec![],
+        retained: vec![],
+        target_outcome: TargetOutcome::Error {
+            description: "resize failed".into(),
+        },
+    }));
+    let target = projection.get(&vm).cloned();
+    let in_error = |events: &[Event]| {
+        events
+            .iter()
+            .any(|e| matches!(e, Event::VmStateChanged { .. }))
+    };
+    // When its rollback ends, then the VM is not put in error (only the migration is), and
+    // its in-flight marker is cleared.
+    let events = rollback_target_events(&op, target.as_ref(), RollbackOutcome::RolledBack);
+    assert!(!in_error(&events), "{events:?}");
+    assert!(matches!(
+        events.as_slice(),
+        [Event::InFlightOperationCleared { .. }]
+    ));
+    // When the rollback itself needs attention, then the VM is put in error, saying where.
+    let events = rollback_target_events(&op, target.as_ref(), RollbackOutcome::NeedsAttention);
+    assert!(in_error(&events), "{events:?}");
 }

@@ -97,9 +97,14 @@ pub fn instance_running_on(provider: Uuid) -> Vec<Event> {
 
 /// The instance's claim of 1 VCPU.
 pub fn instance_claim(instance: Uuid) -> Vec<Event> {
+    vcpu_claim(instance, ConsumerKind::Instance, 1)
+}
+
+/// A claim of `vcpu` VCPU by `consumer` (an instance, or a migration holding a source).
+pub fn vcpu_claim(consumer: Uuid, consumer_kind: ConsumerKind, vcpu: u64) -> Vec<Event> {
     vec![Event::AllocationClaimed {
-        consumer: instance,
-        consumer_kind: ConsumerKind::Instance,
-        resources: BTreeMap::from([("VCPU".to_string(), 1)]),
+        consumer,
+        consumer_kind,
+        resources: BTreeMap::from([("VCPU".to_string(), vcpu)]),
     }]
 }

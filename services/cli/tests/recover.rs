@@ -258,6 +258,18 @@ fn time_in(secs: i64) -> String {
 
 #[test]
 fn an_interrupted_resize_is_reverted_and_its_allocations_follow_it_back_to_the_source() {
+    interrupted_resize_goes_back_to_the_source(true);
+}
+
+#[test]
+fn an_interrupted_resize_with_the_host_still_on_the_source_releases_the_destination() {
+    interrupted_resize_goes_back_to_the_source(false);
+}
+
+/// Nova's revert: whether the host had moved to the destination or not, the VM ends on
+/// the source holding the source allocation, the destination free, the migration failed,
+/// and (once its rollback ran) the VM still active: only the migration is in error.
+fn interrupted_resize_goes_back_to_the_source(host_moved: bool) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     const SOURCE: &str = "0190c0de-0000-7000-8000-00000000e001";
@@ -303,7 +315,10 @@ fn an_interrupted_resize_is_reverted_and_its_allocations_follow_it_back_to_the_s
         d,
         VM,
         vec![
-            json!({"host_assigned": {"host": "cn-dst", "provider_id": DEST}}),
+            match host_moved {
+                true => json!({"host_assigned": {"host": "cn-dst", "provider_id": DEST}}),
+                false => json!({"host_assigned": {"host": "cn-src", "provider_id": SOURCE}}),
+            },
             started("resize_migrating", &time_in(2)),
         ],
     );
@@ -347,4 +362,12 @@ fn an_interrupted_resize_is_reverted_and_its_allocations_follow_it_back_to_the_s
     assert_eq!(vm["host"], "cn-src", "{vm}");
     assert_eq!(vm["task_state"], Value::Null);
     assert_eq!(state(format!("operation/{MIGRATION}"))["status"], "failed");
+
+    // And when the migration's rollback runs, the VM stays active on the source.
+    let out = provledger(&["--data-dir", d, "rollback", "run", MIGRATION], "");
+    assert!(out.status.code().is_some_and(|c| c <= 1), "{}", text(&out));
+    let vm = state(format!("instance/{VM}"));
+    assert_eq!(vm["vm_state"], "active", "{vm}");
+    assert_eq!(vm["host"], "cn-src", "{vm}");
+    assert_eq!(state(format!("provider/{DEST}"))["allocations"], json!([]));
 }

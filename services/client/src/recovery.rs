@@ -1,7 +1,9 @@
 //! The stuck-state recovery sweep: the pure rules of `provledger_projections::recovery`
-//! applied to every instance of the log, each recovery recorded at the instance's exact
-//! version under a commit id derived from that version, then its action carried out: the
-//! build's claim released, the task re-issued to the worker that owns the instance.
+//! applied to every instance of the log. Each recovery is written as one atomic set of
+//! facts (`provledger_projections::facts::recovery_facts`): the recovery on the instance at
+//! its exact version, the build's claim released, an interrupted migration's allocations
+//! moved back to the source and its operation failed, so a crash never leaves half of it.
+//! Then the task is re-issued to the worker that owns the instance.
 //!
 //! Racing sweeps (two `serve` replicas) derive the same commit id from the same version
 //! and write the same payload (actor `provledger-recovery`), so each recovery is recorded
@@ -22,7 +24,10 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use provledger_events::catalogue::VmState;
-use provledger_events::{AggregateId, AppendStatus, Event, EventLog, Expectation};
+use provledger_events::{AggregateId, AggregateKind, AppendStatus, Event, EventLog, Expectation};
+use provledger_projections::decide::DecideOptions;
+use provledger_projections::facts::recovery_facts;
+use provledger_projections::provider::ProviderState;
 use provledger_projections::recovery::{recover, Reissue};
 use provledger_projections::Entity;
 use serde::{Deserialize, Serialize};
@@ -33,7 +38,7 @@ use crate::executors::request_ok;
 use crate::ledger::derived_commit_id;
 use crate::placement::PlacementError;
 use crate::view::{entities, StateView};
-use crate::write::{record, record_fact, RecordError, Recorded};
+use crate::write::{record_atomic, record_fact, Fact, FromTheLog, RecordError};
 
 /// The actor every sweep records with: racing replicas then write identical payloads.
 pub const RECOVERY_ACTOR: &str = "provledger-recovery";
@@ -137,7 +142,6 @@ pub async fn sweep<L: EventLog, V: StateView>(
             continue;
         };
         let id = instance.header.id;
-        let version = instance.header.version;
         let mut entry = Recovered {
             instance: id.id,
             rule: decision.rule.to_string(),
@@ -149,36 +153,32 @@ pub async fn sweep<L: EventLog, V: StateView>(
             report.recoveries.push(entry);
             continue;
         }
-        let commit_id = derived_commit_id(id.id, &format!("recovery/{version}"));
-        let mut draft = stamper.draft(RECOVERY_ACTOR, decision.events.clone());
-        draft.commit_id = commit_id;
-        entry.outcome = match record(log, id, Expectation::Exactly(version), draft).await {
-            Ok(Recorded::Appended(o)) if o.status == AppendStatus::AlreadyAppended => {
+        let facts = match recovery_writes(view, instance, &decision, stamper).await {
+            Ok(facts) => facts,
+            Err(e) => {
+                entry.outcome = format!("failed: reading what the recovery moves: {e}");
+                report.recoveries.push(entry);
+                continue;
+            }
+        };
+        // The id of the recovery's own commit on the instance: the re-issue's key.
+        let request_id = facts[0].draft.commit_id;
+        entry.outcome = match record_atomic(log, facts, DecideOptions::default(), &FromTheLog).await
+        {
+            Ok(recorded)
+                if recorded.iter().all(|r| {
+                    r.appended()
+                        .is_some_and(|o| o.status == AppendStatus::AlreadyAppended)
+                }) =>
+            {
                 "already_recorded".into()
             }
             Ok(_) => {
                 let mut outcome = "recorded".to_string();
-                if let Some(provider) = decision.release_claim_on {
-                    if let Err(e) =
-                        release_build_claim(log, provider, id.id, &decision.reason, stamper).await
-                    {
-                        outcome = format!("failed: releasing the claim: {e}");
-                    }
-                }
-                if matches!(
-                    decision.reissue,
-                    Some(Reissue::RevertResize | Reissue::AbortLiveMigration)
-                ) {
-                    if let Err(e) =
-                        return_to_source(log, view, instance, &decision.reason, stamper).await
-                    {
-                        outcome = format!("failed: moving the allocations back: {e}");
-                    }
-                }
                 let worker = instance.task_worker.as_deref().unwrap_or("unknown");
                 if let Some(action) = decision.reissue {
                     let request = ReissueRequest {
-                        request_id: commit_id,
+                        request_id,
                         instance_id: id.id,
                         action,
                         reason: decision.reason.clone(),
@@ -199,7 +199,13 @@ pub async fn sweep<L: EventLog, V: StateView>(
                 }
                 outcome
             }
-            Err(RecordError::Conflict { .. }) => "raced".into(),
+            // The instance moved on, or what the view showed is no longer so in the log
+            // (a claim released meanwhile): nothing was written; the next sweep decides
+            // again on fresher state.
+            Err(RecordError::Conflict { .. })
+            | Err(RecordError::Conflicts { .. })
+            | Err(RecordError::Rejections { .. })
+            | Err(RecordError::Rejected(_)) => "raced".into(),
             Err(e) => format!("failed: {e}"),
         };
         report.recoveries.push(entry);
@@ -207,105 +213,59 @@ pub async fn sweep<L: EventLog, V: StateView>(
     Ok(report)
 }
 
-/// A reverted resize or an aborted live migration: the instance's allocation goes back to
-/// the source (the migration's source allocation becomes the instance's again, in one
-/// commit, so the capacity it frees cannot be taken in between), the destination's is
-/// released, the instance's host is the source again, and a migration operation still
-/// running goes to error. Finding the migration walks the providers of `view` (only for
-/// an interrupted resize or live migration).
-async fn return_to_source<L: EventLog, V: StateView>(
-    log: &L,
+/// The writes of one recovery, all or nothing (`facts::recovery_facts` decides them): the
+/// instance's at the version the view showed, the others wherever their aggregates are.
+/// For a build, the provider it claimed on is read; for an interrupted migration, the
+/// providers of `view` (to find where the instance and its migration hold allocations) and
+/// the operations involved.
+async fn recovery_writes<V: StateView>(
     view: &V,
     instance: &provledger_projections::instance::InstanceState,
-    reason: &str,
+    decision: &provledger_projections::recovery::Recovery,
     stamper: &Stamper,
-) -> Result<(), ReturnError> {
-    use provledger_projections::placement::{migration_consumers, migration_source};
-    let id = instance.header.id.id;
-    let providers = view.providers().await?;
-    let operations = entities(view, migration_consumers(&providers)).await?;
-    let Some((migration, source, resources)) =
-        migration_source(&providers, |op| operations.get(op), id)
-    else {
-        return Ok(()); // nothing held for a migration: nothing to move back
-    };
-    let why = format!("recovery: back to the source: {reason}");
-    let back = vec![
-        Event::AllocationReleased {
-            consumer: migration,
-            reason: why.clone(),
-        },
-        Event::AllocationClaimed {
-            consumer: id,
-            consumer_kind: provledger_events::catalogue::ConsumerKind::Instance,
-            resources,
-        },
-    ];
-    let mut draft = stamper.draft(RECOVERY_ACTOR, back);
-    draft.commit_id = derived_commit_id(migration, "recovery-back-to-source");
-    record_fact(log, AggregateId::provider(source), draft).await?;
-    if let Some(destination) = instance.provider_id.filter(|d| *d != source) {
-        release_build_claim(log, destination, id, reason, stamper).await?;
-    }
-    let source_host = providers
-        .iter()
-        .find(|p| p.header.id.id == source)
-        .map(|p| p.host.clone())
-        .unwrap_or_default();
-    let mut draft = stamper.draft(
-        RECOVERY_ACTOR,
-        vec![Event::HostAssigned {
-            host: source_host,
-            provider_id: source,
-        }],
+) -> Result<Vec<Fact>, crate::view::ViewError> {
+    use provledger_projections::placement::migration_consumers;
+    let migrating = matches!(
+        decision.reissue,
+        Some(Reissue::RevertResize | Reissue::AbortLiveMigration)
     );
-    draft.commit_id = derived_commit_id(migration, "recovery-host-back");
-    record_fact(log, AggregateId::instance(id), draft).await?;
-    if let Some(Entity::Operation(op)) = operations.get(&AggregateId::operation(migration)) {
-        if op.status == Some(provledger_projections::operation::OperationStatus::Running) {
-            let failed = Event::OperationFailed {
-                stage: op.current_stage.clone().unwrap_or_else(|| "migrate".into()),
-                step: None,
-                error: why,
-            };
-            let mut draft = stamper
-                .draft(RECOVERY_ACTOR, vec![failed])
-                .with_operation(migration);
-            draft.commit_id = derived_commit_id(migration, "recovery-migration-error");
-            record_fact(log, AggregateId::operation(migration), draft).await?;
-        }
-    }
-    Ok(())
-}
-
-/// Why the allocations could not be moved back: the view could not be read, or a write
-/// failed.
-#[derive(Debug, thiserror::Error)]
-enum ReturnError {
-    #[error(transparent)]
-    View(#[from] crate::view::ViewError),
-    #[error(transparent)]
-    Write(#[from] RecordError),
-}
-
-async fn release_build_claim<L: EventLog>(
-    log: &L,
-    provider: Uuid,
-    instance: Uuid,
-    reason: &str,
-    stamper: &Stamper,
-) -> Result<(), RecordError> {
-    let event = Event::AllocationReleased {
-        consumer: instance,
-        reason: format!("recovery: {reason}"),
+    let providers: Vec<ProviderState> = match (migrating, decision.release_claim_on) {
+        (true, _) => view.providers().await?,
+        (false, Some(provider)) => match view.entity(&AggregateId::provider(provider)).await? {
+            Some(Entity::Provider(p)) => vec![p],
+            _ => Vec::new(),
+        },
+        (false, None) => Vec::new(),
     };
-    let mut draft = stamper.draft(RECOVERY_ACTOR, vec![event]);
-    draft.commit_id = derived_commit_id(instance, &format!("recovery-release/{provider}"));
-    match record_fact(log, AggregateId::provider(provider), draft).await {
-        // No claim there (never made, or released already): nothing to release.
-        Err(RecordError::Rejected(_)) => Ok(()),
-        other => other.map(|_| ()),
+    let mut wanted = migration_consumers(&providers);
+    if let Some(f) = &instance.in_flight {
+        wanted.insert(AggregateId::operation(f.operation_id));
     }
+    let operations = match migrating {
+        true => entities(view, wanted).await?,
+        false => Default::default(),
+    };
+    let id = instance.header.id;
+    Ok(
+        recovery_facts(decision, instance, &providers, |a| operations.get(a))
+            .into_iter()
+            .map(|fact| {
+                let mut draft = stamper.draft(RECOVERY_ACTOR, fact.events);
+                draft.commit_id = derived_commit_id(id.id, &fact.name);
+                if fact.aggregate.kind == AggregateKind::Operation {
+                    draft = draft.with_operation(fact.aggregate.id);
+                }
+                Fact {
+                    aggregate: fact.aggregate,
+                    expect: match fact.aggregate == id {
+                        true => Expectation::Exactly(instance.header.version),
+                        false => Expectation::Any,
+                    },
+                    draft,
+                }
+            })
+            .collect(),
+    )
 }
 
 async fn put_in_error<L: EventLog>(log: &L, id: AggregateId, reason: &str, stamper: &Stamper) {
