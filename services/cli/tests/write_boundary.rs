@@ -936,3 +936,78 @@ async fn commits_on_several_aggregates_are_written_all_or_nothing_over_nats() {
     assert_eq!(again["data"]["commits"][1]["position"], end + 2, "{again}");
     assert_eq!(log.last_position().await.unwrap(), end + 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_and_the_step_that_accounts_for_it_are_one_atomic_batch() {
+    use provledger_sim::{register_compute_node, InstanceRequest, Provisioner, SimInfrastructure};
+    // Given a boot on a JetStream ledger.
+    let nats = NatsServer::start().await;
+    let log = open_log(&nats).await;
+    let ledger = provledger_client::Ledger::JetStream(log.clone());
+    let provider = Uuid::now_v7();
+    register_compute_node(&ledger, provider, "cn", 64, "test")
+        .await
+        .expect("provider");
+    let runner = provledger_client::OperationRunner::new(
+        ledger.clone(),
+        provledger_client::CancelNotices::local(),
+        None,
+        "test",
+    );
+    let prov = Provisioner::new(
+        runner,
+        std::sync::Arc::new(SimInfrastructure::default()),
+        "test",
+    );
+    let instance = Uuid::now_v7();
+    let report = prov
+        .boot_instance(
+            InstanceRequest {
+                instance_id: instance,
+                name: "vm".into(),
+                resources: [("VCPU".to_string(), 2)].into(),
+                provider,
+            },
+            None,
+        )
+        .await;
+    assert!(report.result.is_ok(), "{:?}", report.result);
+    // When the claim's and the step record's messages are read back from the stream,
+    let claim = log
+        .read_aggregate(AggregateId::provider(provider))
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|c| matches!(c.events[0], Event::AllocationClaimed { .. }))
+        .expect("the claim");
+    let step = log
+        .read_aggregate(AggregateId::operation(report.operation_id))
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|c| {
+            matches!(&c.events[0], Event::StepDone { step, .. } if step == &format!("claim:{instance}"))
+        })
+        .expect("the claim's step");
+    let client = nats.client().await;
+    let batch_of = |position: u64| {
+        let client = client.clone();
+        async move {
+            let reply = client
+                .request(
+                    "$JS.API.DIRECT.GET.PROVLEDGER",
+                    json!({ "seq": position }).to_string().into(),
+                )
+                .await
+                .expect("direct get");
+            reply
+                .headers
+                .and_then(|h| h.get("Nats-Batch-Id").map(|v| v.to_string()))
+        }
+    };
+    // then they sit side by side and carry the same atomic batch id.
+    assert_eq!(step.position, claim.position + 1);
+    let batch = batch_of(claim.position).await;
+    assert!(batch.is_some(), "the claim was written in an atomic batch");
+    assert_eq!(batch_of(step.position).await, batch);
+}

@@ -13,7 +13,7 @@ use provledger_events::catalogue::{
     BundlePolicy, Compensation, Effect, OperationKind, OperationOutcome, RollbackPlan,
 };
 use provledger_events::{AggregateId, AggregateKind, CommitDraft, Event, Expectation};
-use provledger_projections::decide::AppendRejection;
+use provledger_projections::decide::{AppendRejection, DecideOptions};
 use provledger_projections::operation::{OperationState, OperationStatus};
 use provledger_projections::stages::stages_of;
 use provledger_projections::Entity;
@@ -24,7 +24,7 @@ use crate::cancel::CancelNotices;
 use crate::clock::Stamper;
 use crate::driver::RollbackDriver;
 use crate::ledger::{read_entity, Ledger};
-use crate::write::{RecordError, Recorded};
+use crate::write::{record_atomic, Fact, FromTheLog, RecordError, Recorded};
 
 /// Appends to the operation retried after a version conflict (each conflict means another
 /// writer, a canceller or a deleter, got in between).
@@ -590,21 +590,7 @@ impl OperationCtx {
     where
         Fut: Future<Output = Result<StepOutput<T>, StepError>>,
     {
-        if let Some(hook) = &self.inner.step_hook {
-            let stage = self.lock().stage.clone().unwrap_or_default();
-            hook(self.inner.id, stage, name.to_string()).await;
-        }
-        self.check_cancelled().await?;
-        let stage = {
-            let mut s = self.lock();
-            s.step = Some(name.to_string());
-            s.stage.clone()
-        };
-        let Some(stage) = stage else {
-            return Err(OperationError::UnknownStage {
-                stage: format!("(none, for step {name})"),
-            });
-        };
+        let stage = self.begin_step(name).await?;
         let output = match AssertUnwindSafe(work).catch_unwind().await {
             Err(panic) => {
                 return Err(OperationError::Panicked {
@@ -633,6 +619,106 @@ impl OperationCtx {
         }
         self.check_cancelled().await?;
         Ok(output.value)
+    }
+
+    /// What every step does first: the simulation's hook, a cancellation check, and the
+    /// step noted as current. Returns the stage it runs in.
+    async fn begin_step(&self, name: &str) -> Result<String, OperationError> {
+        if let Some(hook) = &self.inner.step_hook {
+            let stage = self.lock().stage.clone().unwrap_or_default();
+            hook(self.inner.id, stage, name.to_string()).await;
+        }
+        self.check_cancelled().await?;
+        let stage = {
+            let mut s = self.lock();
+            s.step = Some(name.to_string());
+            s.stage.clone()
+        };
+        stage.ok_or_else(|| OperationError::UnknownStage {
+            stage: format!("(none, for step {name})"),
+        })
+    }
+
+    /// A step whose effect is itself a fact on another aggregate (a claim on a provider):
+    /// `events` on `aggregate` and the step's record (`effect`, `compensation`) on the
+    /// operation are written as one atomic commit set, so no crash can leave the claim
+    /// without the step that accounts for it (and its compensation), or the reverse. The
+    /// operation's record is decided at its exact version; a cancellation recorded in
+    /// between stops the step before anything is written.
+    pub async fn step_recording(
+        &self,
+        name: &str,
+        aggregate: AggregateId,
+        events: Vec<Event>,
+        effect: Effect,
+        compensation: Option<Compensation>,
+    ) -> Result<Recorded, OperationError> {
+        let stage = self.begin_step(name).await?;
+        let op = AggregateId::operation(self.inner.id);
+        let done = Event::StepDone {
+            stage,
+            step: name.into(),
+            effect,
+            compensation,
+        };
+        // Both drafts keep their commit ids across attempts: a lost answer is then
+        // recognised as the same facts, never written twice.
+        let fact = self.draft(events);
+        let record = self.draft(vec![done]);
+        for _ in 0..OPERATION_APPEND_ATTEMPTS_MAX {
+            let version = self.lock().version;
+            let facts = vec![
+                Fact {
+                    aggregate,
+                    expect: Expectation::Any,
+                    draft: fact.clone(),
+                },
+                Fact {
+                    aggregate: op,
+                    expect: Expectation::Exactly(version),
+                    draft: record.clone(),
+                },
+            ];
+            match record_atomic(
+                &self.inner.ledger,
+                facts,
+                DecideOptions::default(),
+                &FromTheLog,
+            )
+            .await
+            {
+                Ok(recorded) => {
+                    if let Some(on_op) = recorded.get(1) {
+                        self.lock().version = on_op.version();
+                    }
+                    let Some(first) = recorded.into_iter().next() else {
+                        unreachable!("an atomic write answers each of its facts");
+                    };
+                    return Ok(first);
+                }
+                // The operation moved (a cancellation, a notice): look again, and stop
+                // if it says so.
+                Err(RecordError::Conflicts { .. }) => {
+                    self.refresh().await?;
+                    self.check_cancelled().await?;
+                }
+                Err(RecordError::Rejections { rejections }) => {
+                    let Some((refused, rejection)) = rejections.into_iter().next() else {
+                        unreachable!("a refusal names at least one aggregate");
+                    };
+                    if let AppendRejection::TargetDeleted { state, .. } = &rejection {
+                        let stop = Stop::TargetDeleted(format!("{refused} is {state}"));
+                        self.lock().stop = Some(stop.clone());
+                        return Err(self.stop_error(&stop));
+                    }
+                    return Err(OperationError::Rejected(rejection));
+                }
+                Err(e) => return Err(ledger_error(e)),
+            }
+        }
+        Err(OperationError::Ledger(format!(
+            "operation {op}: {OPERATION_APPEND_ATTEMPTS_MAX} appends in a row met a newer version"
+        )))
     }
 
     /// Appends to another aggregate on behalf of this operation. A cluster or instance

@@ -26,7 +26,7 @@ use provledger_client::deletion::{self, DeleteError, DeleteRequestOutcome};
 use provledger_client::{
     derived_commit_id, read_entity, release_allocation, CompensationExecutor, CompensationRequest,
     Infrastructure, OperationCtx, OperationError, OperationRunner, OperationSpec, RunReport,
-    Stamper, StepError, StepOutput,
+    Stamper, StepOutput,
 };
 
 use crate::executors::{DHCP, DNS, HYPERVISOR, IPAM, PLUGIN};
@@ -199,49 +199,61 @@ pub async fn register_compute_node_stamped<L: EventLog>(
     .await
 }
 
-/// Claims `resources` for `consumer` on `provider`. The decider checks that the claim fits
-/// the provider's state at exactly the version the claim is appended with, so concurrent
-/// schedulers never overcommit; claims on one provider from this process queue behind each
-/// other instead of racing.
+/// Claims `resources` for `consumer` on `provider`, as one step whose record is written
+/// with the claim in one atomic commit set (no crash leaves a claim no step accounts for).
+/// The decider checks that the claim fits the provider's state at exactly the version it
+/// is appended with, so concurrent schedulers never overcommit; claims on one provider
+/// from this process queue behind each other instead of racing.
 async fn claim(
     ctx: &OperationCtx,
+    step: &str,
     provider: Uuid,
     consumer: Uuid,
     resources: &BTreeMap<String, u64>,
-) -> Result<StepOutput<()>, StepError> {
-    let aggregate = AggregateId::provider(provider);
+) -> Result<(), OperationError> {
     let claimed = Event::AllocationClaimed {
         consumer,
         consumer_kind: ConsumerKind::Instance,
         resources: resources.clone(),
     };
-    match ctx.append(aggregate, Expectation::Any, vec![claimed]).await {
-        Ok(_) => {
-            let mut release = undo(
-                CompensationAction::ReleaseAllocation,
-                "ledger",
-                &consumer.to_string(),
-            );
-            release.executor = Executor::Ledger;
-            release
-                .args
-                .insert("provider_id".into(), provider.to_string());
-            let mut done = effect(
-                EffectKind::AllocationClaimed,
-                &consumer.to_string(),
-                "ledger",
-            );
-            done.detail
-                .insert("provider_id".into(), provider.to_string());
-            Ok(StepOutput::with_effect((), done, Some(release)))
-        }
+    let mut release = undo(
+        CompensationAction::ReleaseAllocation,
+        "ledger",
+        &consumer.to_string(),
+    );
+    release.executor = Executor::Ledger;
+    release
+        .args
+        .insert("provider_id".into(), provider.to_string());
+    let mut done = effect(
+        EffectKind::AllocationClaimed,
+        &consumer.to_string(),
+        "ledger",
+    );
+    done.detail
+        .insert("provider_id".into(), provider.to_string());
+    let recorded = ctx
+        .step_recording(
+            step,
+            AggregateId::provider(provider),
+            vec![claimed],
+            done,
+            Some(release),
+        )
+        .await;
+    match recorded {
+        Ok(_) => Ok(()),
         Err(OperationError::Rejected(AppendRejection::ClaimRefused { refusal, .. })) => {
-            Err(format!("no valid host: {refusal}").into())
+            Err(ctx.step_failed(step, format!("no valid host: {refusal}")))
         }
         Err(OperationError::Rejected(AppendRejection::NotFound { .. })) => {
-            Err(format!("provider {provider} does not exist").into())
+            Err(ctx.step_failed(step, format!("provider {provider} does not exist")))
         }
-        Err(e) => Err(e.to_string().into()),
+        // A cancellation or a deleted target stops the operation as it would any step.
+        Err(e @ (OperationError::Cancelled { .. } | OperationError::TargetDeleted { .. })) => {
+            Err(e)
+        }
+        Err(e) => Err(ctx.step_failed(step, e.to_string())),
     }
 }
 
@@ -262,11 +274,7 @@ impl Provisioner {
         node: Uuid,
         resources: &BTreeMap<String, u64>,
     ) -> Result<(), OperationError> {
-        ctx.step(
-            &format!("claim:{node}"),
-            claim(ctx, provider, node, resources),
-        )
-        .await
+        claim(ctx, &format!("claim:{node}"), provider, node, resources).await
     }
 
     /// The step that creates a VM, recorded with its termination as the compensation
