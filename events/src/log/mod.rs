@@ -362,17 +362,12 @@ pub trait EventLog: Send + Sync {
     /// only once all are durable, in the order given, at consecutive positions. A retry of
     /// the same batch (same commit ids, same payloads) answers each `AlreadyAppended`; a
     /// refusal names every aggregate whose expectation failed (`Conflicts`).
+    /// Required of every log (a wrapper delegates it): a default that refused would turn
+    /// every fact written together into a failure at run time.
     fn append_atomic(
         &self,
         items: Vec<AtomicItem>,
-    ) -> impl Future<Output = Result<Vec<AppendOutcome>, AppendError>> + Send {
-        async move {
-            validate_batch(&items)?;
-            Err(AppendError::Unavailable {
-                reason: "this log cannot append several aggregates atomically".into(),
-            })
-        }
-    }
+    ) -> impl Future<Output = Result<Vec<AppendOutcome>, AppendError>> + Send;
 
     /// Every commit of one aggregate, oldest first.
     fn read_aggregate(

@@ -18,6 +18,7 @@
 
 use provledger_events::catalogue::{AllocationHold, BlockingAllocation};
 use provledger_events::{AggregateId, Event, EventLog, Expectation};
+use provledger_projections::decide::DecideOptions;
 use provledger_projections::placement::{consumer_entity, holds, orphans, plan_heal, Hold};
 use provledger_projections::provider::{ProviderState, ProviderStatus};
 use provledger_projections::{Entity, Projection};
@@ -26,7 +27,7 @@ use uuid::Uuid;
 use crate::clock::Stamper;
 use crate::ledger::{derived_commit_id, read_entity};
 use crate::view::{entities, fold_log, StateView, ViewError};
-use crate::write::{record, record_fact, RecordError};
+use crate::write::{record, record_atomic, record_fact, Fact, FromTheLog, RecordError};
 
 #[doc(no_inline)]
 pub use crate::view::LogView;
@@ -273,25 +274,83 @@ pub async fn heal_allocations<L: EventLog, V: StateView>(
         skipped: plan.skipped,
         ..Default::default()
     };
+    let versions: std::collections::BTreeMap<Uuid, (u64, Option<String>)> = instances
+        .iter()
+        .map(|i| (i.header.id.id, (i.header.version, i.host.clone())))
+        .collect();
     for (instance, provider, resources) in plan.claims {
         if dry_run {
             report.healed.push((instance, provider));
             continue;
         }
-        let claim = Event::AllocationClaimed {
-            consumer: instance,
-            consumer_kind: provledger_events::catalogue::ConsumerKind::Instance,
-            resources,
-        };
-        let mut draft = stamper.draft(actor, vec![claim]);
-        draft.commit_id = derived_commit_id(instance, &format!("healed-on/{provider}"));
-        match record_fact(log, AggregateId::provider(provider), draft).await {
+        let (version, host) = versions.get(&instance).cloned().unwrap_or_default();
+        let facts = heal_facts(instance, version, host, provider, resources, actor, stamper);
+        match record_atomic(log, facts, DecideOptions::default(), &FromTheLog).await {
             Ok(_) => report.healed.push((instance, provider)),
-            Err(RecordError::Rejected(r)) => report.failed.push((instance, r.to_string())),
+            Err(RecordError::Rejections { rejections }) => report.failed.push((
+                instance,
+                rejections
+                    .iter()
+                    .map(|(a, r)| format!("{a}: {r}"))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            )),
+            // The instance changed after the view was read (deleted, moved, claimed
+            // elsewhere): nothing was written; a later heal decides again.
+            Err(RecordError::Conflicts { .. }) => report.failed.push((
+                instance,
+                format!("instance {instance} changed since it was read; nothing claimed, run heal again"),
+            )),
             Err(e) => return Err(e.into()),
         }
     }
     Ok(report)
+}
+
+/// A heal's claim, written with the instance's host recorded again at the instance's exact
+/// version as the view saw it: one atomic set, so a claim is never recorded for an
+/// instance deleted, moved or changed after the view was read (the instance's expectation
+/// refuses both). Ids derive from the instance, the provider and that version: a retry is
+/// recognised.
+fn heal_facts(
+    instance: Uuid,
+    version: u64,
+    host: Option<String>,
+    provider: Uuid,
+    resources: std::collections::BTreeMap<String, u64>,
+    actor: &str,
+    stamper: &Stamper,
+) -> Vec<Fact> {
+    let mut on_instance = stamper.draft(
+        actor,
+        vec![Event::HostAssigned {
+            host: host.unwrap_or_default(),
+            provider_id: provider,
+        }],
+    );
+    on_instance.commit_id =
+        derived_commit_id(instance, &format!("healed-on/{provider}/host@{version}"));
+    let mut claim = stamper.draft(
+        actor,
+        vec![Event::AllocationClaimed {
+            consumer: instance,
+            consumer_kind: provledger_events::catalogue::ConsumerKind::Instance,
+            resources,
+        }],
+    );
+    claim.commit_id = derived_commit_id(instance, &format!("healed-on/{provider}@{version}"));
+    vec![
+        Fact {
+            aggregate: AggregateId::instance(instance),
+            expect: Expectation::Exactly(version),
+            draft: on_instance,
+        },
+        Fact {
+            aggregate: AggregateId::provider(provider),
+            expect: Expectation::Any,
+            draft: claim,
+        },
+    ]
 }
 
 /// Releases the orphan allocations (consumer or provider gone), only those, each with its

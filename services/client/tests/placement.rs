@@ -43,6 +43,23 @@ impl EventLog for DiesBeforeDelete {
         }
         self.inner.append(aggregate, expect, draft).await
     }
+    async fn append_atomic(
+        &self,
+        items: Vec<provledger_events::AtomicItem>,
+    ) -> Result<Vec<AppendOutcome>, AppendError> {
+        let deleting = items.iter().any(|i| {
+            i.draft
+                .events
+                .iter()
+                .any(|e| matches!(e, Event::ProviderDeleted {}))
+        });
+        if deleting && self.dead.load(Ordering::SeqCst) {
+            return Err(AppendError::Unavailable {
+                reason: "the process died".into(),
+            });
+        }
+        self.inner.append_atomic(items).await
+    }
     async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {
         self.inner.read_aggregate(aggregate).await
     }
@@ -244,4 +261,68 @@ async fn a_delete_racing_claims_never_deletes_a_provider_that_gained_an_allocati
             state.header.anomalies
         );
     }
+}
+
+#[tokio::test]
+async fn a_heal_decided_on_a_stale_view_never_claims_for_an_instance_deleted_since() {
+    use provledger_client::placement::heal_allocations;
+    use provledger_client::view::StateView;
+    // Given a provider and two active instances on it holding no allocation,
+    let dir = tempfile::tempdir().unwrap();
+    let log = SledLog::open(dir.path()).unwrap();
+    let provider = Uuid::now_v7();
+    let p = AggregateId::provider(provider);
+    let draft = |events| CommitDraft::now("test", events);
+    record(
+        &log,
+        p,
+        Expectation::NoStream,
+        draft(provider_with_vcpus(8)),
+    )
+    .await
+    .unwrap();
+    let (kept, deleted) = (Uuid::now_v7(), Uuid::now_v7());
+    for vm in [kept, deleted] {
+        record(
+            &log,
+            AggregateId::instance(vm),
+            Expectation::NoStream,
+            draft(provledger_tests::workload::instance_running_on(provider)),
+        )
+        .await
+        .unwrap();
+    }
+    // a view read now (a replica's store that will lag),
+    let view = LogView::new(&log);
+    assert_eq!(view.instances().await.unwrap().len(), 2);
+    // and one instance deleted after that read,
+    record(
+        &log,
+        AggregateId::instance(deleted),
+        Expectation::Any,
+        draft(vec![
+            Event::InstanceDeleteRequested {
+                reason: "user".into(),
+            },
+            Event::InstanceDeleted {},
+        ]),
+    )
+    .await
+    .unwrap();
+    // when heal-allocations runs from that view,
+    let report = heal_allocations(&log, &view, None, false, "test", &Stamper::system())
+        .await
+        .unwrap();
+    // then only the live instance is claimed for; nothing is claimed for the deleted one.
+    let state = match Entity::fold(p, &log.read_aggregate(p).await.unwrap()) {
+        Some(Entity::Provider(s)) => s,
+        other => panic!("{other:?}"),
+    };
+    assert!(state.allocations.contains_key(&kept), "{state:?}");
+    assert!(!state.allocations.contains_key(&deleted), "{state:?}");
+    assert_eq!(report.healed, vec![(kept, provider)]);
+    assert_eq!(
+        report.failed.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+        vec![deleted]
+    );
 }

@@ -39,20 +39,20 @@ impl LostAcks {
     }
 }
 
-impl EventLog for LostAcks {
-    async fn append(
-        &self,
-        aggregate: AggregateId,
-        expect: Expectation,
-        draft: CommitDraft,
-    ) -> Result<AppendOutcome, AppendError> {
+impl LostAcks {
+    /// Counts the attempt; refuses it while the log is down.
+    fn before_append(&self) -> Result<(), AppendError> {
         self.attempts.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {
             return Err(AppendError::Unavailable {
                 reason: "down".into(),
             });
         }
-        let outcome = self.inner.append(aggregate, expect, draft).await?;
+        Ok(())
+    }
+
+    /// Loses the answer to a write that landed, while acks are to be lost.
+    fn after_append(&self) -> Result<(), AppendError> {
         let lost = self
             .lose
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -62,7 +62,33 @@ impl EventLog for LostAcks {
                 reason: "ack lost".into(),
             });
         }
+        Ok(())
+    }
+}
+
+impl EventLog for LostAcks {
+    async fn append(
+        &self,
+        aggregate: AggregateId,
+        expect: Expectation,
+        draft: CommitDraft,
+    ) -> Result<AppendOutcome, AppendError> {
+        self.before_append()?;
+        let outcome = self.inner.append(aggregate, expect, draft).await?;
+        self.after_append()?;
         Ok(outcome)
+    }
+
+    /// The same faults for a set written together: down refuses it, a lost ack loses the
+    /// answer to all of it.
+    async fn append_atomic(
+        &self,
+        items: Vec<provledger_events::AtomicItem>,
+    ) -> Result<Vec<AppendOutcome>, AppendError> {
+        self.before_append()?;
+        let outcomes = self.inner.append_atomic(items).await?;
+        self.after_append()?;
+        Ok(outcomes)
     }
 
     async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {

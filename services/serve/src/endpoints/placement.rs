@@ -226,6 +226,12 @@ mod tests {
         ) -> Result<AppendOutcome, AppendError> {
             self.inner.append(aggregate, expect, draft).await
         }
+        async fn append_atomic(
+            &self,
+            items: Vec<provledger_events::AtomicItem>,
+        ) -> Result<Vec<AppendOutcome>, AppendError> {
+            self.inner.append_atomic(items).await
+        }
         async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {
             self.inner.read_aggregate(aggregate).await
         }
