@@ -24,8 +24,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use provledger_events::catalogue::{
-    BundlePolicy, Compensation, CompensationAction, EffectKind, Executor, OperationKind, Origin,
-    PlannedCompensation, RetainedResource, RollbackPlan, StagePolicy, TargetOutcome,
+    BundlePolicy, Compensation, CompensationAction, DetailKey, EffectKind, Executor, OperationKind,
+    Origin, PlannedCompensation, RetainedResource, RollbackPlan, StagePolicy, TargetOutcome,
 };
 use provledger_events::AggregateId;
 use uuid::Uuid;
@@ -45,11 +45,11 @@ pub const TERMINATE_EXECUTOR_DEFAULT: &str = "hypervisor";
 /// [`Compensation`]s that undo everything of the node except its VM and its allocation
 /// (its plugin record, DNS, DHCP, IP). A roll-forward plans them after the VM's
 /// termination, so that finishing a removal leaves nothing of the node at any executor.
-pub const REMOVAL_DETAIL: &str = "removal";
+pub const REMOVAL_DETAIL: &str = DetailKey::Removal.as_str();
 
 /// The effect detail key naming the node a resource belongs to (an IP, a DHCP or DNS entry
 /// is named in its executor's terms, not by the node), so its removal can be found later.
-pub const NODE_DETAIL: &str = "node";
+pub const NODE_DETAIL: &str = DetailKey::Node.as_str();
 
 /// The plugin's compensation of a configure step: forget the node.
 pub const REMOVE_NODE_ACTION: &str = "remove_node";
@@ -338,11 +338,17 @@ impl PlanBuilder {
             let executor = step
                 .effect
                 .detail
-                .get("terminate_executor")
+                .get(DetailKey::TerminateExecutor.as_str())
                 .cloned()
                 .unwrap_or_else(|| TERMINATE_EXECUTOR_DEFAULT.to_string());
             let mut args = BTreeMap::new();
-            for key in ["cluster_id", "node_group", "provider_id"] {
+            for key in [
+                DetailKey::ClusterId,
+                DetailKey::NodeGroup,
+                DetailKey::ProviderId,
+            ]
+            .map(DetailKey::as_str)
+            {
                 if let Some(v) = step.effect.detail.get(key) {
                     args.insert(key.to_string(), v.clone());
                 }
@@ -355,7 +361,7 @@ impl PlanBuilder {
             };
             self.plan(operation, index, &step.stage, &step.name, terminate);
             self.plan_removal_list(op, index, step);
-            if args.contains_key("provider_id") {
+            if args.contains_key(DetailKey::ProviderId.as_str()) {
                 let release = Compensation {
                     action: CompensationAction::ReleaseAllocation,
                     executor: Executor::Ledger,
@@ -379,7 +385,7 @@ fn removed_forward(op: &OperationState, c: &Compensation) -> bool {
         s.effect.kind == EffectKind::Custom(RESOURCE_REMOVED_EFFECT.into())
             && s.effect.resource == c.resource
             && s.effect.executor == *executor
-            && s.effect.detail.get("action") == Some(&action)
+            && s.effect.detail.get(DetailKey::Action.as_str()) == Some(&action)
     })
 }
 

@@ -7,6 +7,7 @@
 //! Every event is documented in `docs/events.md`.
 
 pub mod cluster;
+pub mod detail;
 pub mod instance;
 pub mod operation;
 pub mod provider;
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 pub use cluster::{ClusterStatus, NodeGroupSpec, NodeGroupTarget};
+pub use detail::DetailKey;
 pub use instance::{PowerState, TaskOutcome, TaskState, VmState};
 pub use operation::{
     BundlePolicy, Compensation, CompensationAction, Effect, EffectKind, Executor, OperationKind,

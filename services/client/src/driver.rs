@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use provledger_events::catalogue::{
-    CompensationAction, Executor, OperationKind, PlannedCompensation, RollbackOutcome,
+    CompensationAction, DetailKey, Executor, OperationKind, PlannedCompensation, RollbackOutcome,
     RollbackPlan, VmState,
 };
 use provledger_events::{
@@ -294,7 +294,7 @@ impl RollbackDriver {
                 let provider: Uuid = c
                     .compensation
                     .args
-                    .get("provider_id")
+                    .get(DetailKey::ProviderId.as_str())
                     .and_then(|p| p.parse().ok())
                     .ok_or("release_allocation needs a provider_id argument")?;
                 let consumer: Uuid =

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use provledger_events::catalogue::{
-    BundlePolicy, ClusterStatus, Compensation, CompensationAction, ConsumerKind, Effect,
+    BundlePolicy, ClusterStatus, Compensation, CompensationAction, ConsumerKind, DetailKey, Effect,
     EffectKind, Executor, Inventory, NodeGroupSpec, NodeGroupTarget, OperationKind, Origin,
     PowerState, Ratio, TaskOutcome, TaskState, VmState,
 };
@@ -224,14 +224,14 @@ async fn claim(
     release.executor = Executor::Ledger;
     release
         .args
-        .insert("provider_id".into(), provider.to_string());
+        .insert(DetailKey::ProviderId.to_string(), provider.to_string());
     let mut done = effect(
         EffectKind::AllocationClaimed,
         &consumer.to_string(),
         "ledger",
     );
     done.detail
-        .insert("provider_id".into(), provider.to_string());
+        .insert(DetailKey::ProviderId.to_string(), provider.to_string());
     let recorded = ctx
         .step_recording(
             step,
@@ -292,10 +292,11 @@ impl Provisioner {
             let mut done = effect(EffectKind::VmCreated, &vm, HYPERVISOR);
             let mut terminate = undo(CompensationAction::TerminateVm, HYPERVISOR, &vm);
             if let Some(cluster) = cluster {
-                done.detail.insert("cluster_id".into(), cluster.to_string());
+                done.detail
+                    .insert(DetailKey::ClusterId.to_string(), cluster.to_string());
                 terminate
                     .args
-                    .insert("cluster_id".into(), cluster.to_string());
+                    .insert(DetailKey::ClusterId.to_string(), cluster.to_string());
             }
             Ok(StepOutput::with_effect((), done, Some(terminate)))
         })
@@ -398,7 +399,7 @@ impl Provisioner {
         ctx.step(&format!("register_dhcp:{node}"), async {
             infra.act(DHCP, "register", &name).await?;
             let mut done = of_node(effect(EffectKind::DhcpRegistered, &name, DHCP));
-            done.detail.insert("ip".into(), ip.clone());
+            done.detail.insert(DetailKey::Ip.to_string(), ip.clone());
             let unregister = undo(CompensationAction::UnregisterDhcp, DHCP, &name);
             Ok(StepOutput::with_effect((), done, Some(unregister)))
         })
@@ -486,7 +487,8 @@ impl Provisioner {
                 &removal.resource,
                 executor,
             );
-            done.detail.insert("action".into(), word.clone());
+            done.detail
+                .insert(DetailKey::Action.to_string(), word.clone());
             done.detail.insert(NODE_DETAIL.into(), node.to_string());
             Ok(StepOutput::with_effect((), done, None))
         })
@@ -627,9 +629,9 @@ impl Provisioner {
                     let removal = serde_json::to_string(&removal)
                         .map_err(|e| OperationError::Ledger(e.to_string()))?;
                     let detail = BTreeMap::from([
-                        ("cluster_id".to_string(), cluster.to_string()),
-                        ("node_group".to_string(), group.clone()),
-                        ("provider_id".to_string(), provider.to_string()),
+                        (DetailKey::ClusterId.to_string(), cluster.to_string()),
+                        (DetailKey::NodeGroup.to_string(), group.clone()),
+                        (DetailKey::ProviderId.to_string(), provider.to_string()),
                         (REMOVAL_DETAIL.to_string(), removal),
                     ]);
                     self.plugin_step(
