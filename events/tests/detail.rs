@@ -13,7 +13,9 @@ fn every_detail_key_is_in_the_table_outside_services_read() {
     let start = doc
         .find("## 5. Effect details the ledger reads")
         .expect("section 5");
-    let end = doc[start..].find("\n## 6.").map_or(doc.len(), |e| start + e);
+    let end = doc[start..]
+        .find("\n## 6.")
+        .map_or(doc.len(), |e| start + e);
     let section = &doc[start..end];
     for key in DetailKey::ALL {
         assert!(

@@ -16,7 +16,7 @@
 //! `provider_delete_requested` first (from then on claims are refused), then each
 //! allocation released with its reason, then `provider_deleted`.
 
-use provledger_events::catalogue::{AllocationHold, BlockingAllocation};
+use provledger_events::catalogue::{AllocationHold, BlockingAllocation, Inventory};
 use provledger_events::{AggregateId, Event, EventLog, Expectation};
 use provledger_projections::decide::DecideOptions;
 use provledger_projections::placement::{consumer_entity, holds, orphans, plan_heal, Hold};
@@ -27,7 +27,9 @@ use uuid::Uuid;
 use crate::clock::Stamper;
 use crate::ledger::{derived_commit_id, read_entity};
 use crate::view::{entities, fold_log, StateView, ViewError};
-use crate::write::{record, record_atomic, record_fact, Fact, FromTheLog, RecordError};
+use crate::write::{
+    record, record_atomic, record_fact, record_with, Fact, FromTheLog, RecordError, Recorded,
+};
 
 #[doc(no_inline)]
 pub use crate::view::LogView;
@@ -65,6 +67,68 @@ impl From<ViewError> for PlacementError {
     fn from(e: ViewError) -> Self {
         PlacementError::Read(e.0)
     }
+}
+
+/// Registers a resource provider (a compute node) with its inventories in one commit, as a
+/// compute service does when a node comes up: `provider_registered` then one
+/// `inventory_set` per resource class, on a provider that must not exist yet.
+pub async fn register_provider<L: EventLog>(
+    log: &L,
+    provider: Uuid,
+    name: &str,
+    host: &str,
+    inventories: &std::collections::BTreeMap<String, Inventory>,
+    actor: &str,
+    stamper: &Stamper,
+) -> Result<Recorded, RecordError> {
+    let mut events = vec![Event::ProviderRegistered {
+        name: name.into(),
+        host: host.into(),
+    }];
+    events.extend(
+        inventories
+            .iter()
+            .map(|(class, inventory)| Event::InventorySet {
+                resource_class: class.clone(),
+                inventory: *inventory,
+            }),
+    );
+    record(
+        log,
+        AggregateId::provider(provider),
+        Expectation::NoStream,
+        stamper.draft(actor, events),
+    )
+    .await
+}
+
+/// Sets one inventory of a provider (the hardware changed), decided at the provider's
+/// exact version: an inventory below what is allocated is refused (`below_usage`) unless
+/// `force` says the hardware really shrank.
+pub async fn set_inventory<L: EventLog>(
+    log: &L,
+    provider: Uuid,
+    resource_class: &str,
+    inventory: Inventory,
+    force: bool,
+    actor: &str,
+    stamper: &Stamper,
+) -> Result<Recorded, RecordError> {
+    let event = Event::InventorySet {
+        resource_class: resource_class.into(),
+        inventory,
+    };
+    record_with(
+        log,
+        AggregateId::provider(provider),
+        Expectation::Any,
+        stamper.draft(actor, vec![event]),
+        DecideOptions {
+            force,
+            ..Default::default()
+        },
+    )
+    .await
 }
 
 /// The whole state folded from the log (for the CLI's `--host` and tools; placement's

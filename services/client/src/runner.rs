@@ -4,13 +4,15 @@
 //! place: it records the failure (stage, step, error) or the cancellation, then hands the
 //! operation to the rollback driver.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 
 use futures::FutureExt;
 use provledger_events::catalogue::{
-    BundlePolicy, Compensation, Effect, OperationKind, OperationOutcome, RollbackPlan,
+    BundlePolicy, Compensation, CompensationAction, ConsumerKind, DetailKey, Effect, EffectKind,
+    Executor, OperationKind, OperationOutcome, Origin, RollbackPlan,
 };
 use provledger_events::{AggregateId, AggregateKind, CommitDraft, Event, Expectation};
 use provledger_projections::decide::{AppendRejection, DecideOptions};
@@ -719,6 +721,65 @@ impl OperationCtx {
         Err(OperationError::Ledger(format!(
             "operation {op}: {OPERATION_APPEND_ATTEMPTS_MAX} appends in a row met a newer version"
         )))
+    }
+
+    /// The claim step a provisioning service runs: `resources` claimed for `consumer` on
+    /// `provider`, recorded with its step (effect `allocation_claimed` with the provider in
+    /// its detail, compensation `release_allocation` at the ledger) in one atomic set
+    /// ([`OperationCtx::step_recording`]). The decider checks the claim against the
+    /// provider's state at exactly the version it is appended with, so concurrent
+    /// schedulers never overcommit. A claim that does not fit fails the step ("no valid
+    /// host: ..."), as Nova's scheduler does; a cancellation stops the operation.
+    pub async fn claim(
+        &self,
+        step: &str,
+        provider: Uuid,
+        consumer: Uuid,
+        consumer_kind: ConsumerKind,
+        resources: &BTreeMap<String, u64>,
+    ) -> Result<(), OperationError> {
+        let claimed = Event::AllocationClaimed {
+            consumer,
+            consumer_kind,
+            resources: resources.clone(),
+        };
+        let provider_key = DetailKey::ProviderId.to_string();
+        let release = Compensation {
+            action: CompensationAction::ReleaseAllocation,
+            executor: Executor::Ledger,
+            resource: consumer.to_string(),
+            args: BTreeMap::from([(provider_key.clone(), provider.to_string())]),
+        };
+        let effect = Effect {
+            kind: EffectKind::AllocationClaimed,
+            resource: consumer.to_string(),
+            executor: "ledger".into(),
+            origin: Origin::Created,
+            detail: BTreeMap::from([(provider_key, provider.to_string())]),
+        };
+        let recorded = self
+            .step_recording(
+                step,
+                AggregateId::provider(provider),
+                vec![claimed],
+                effect,
+                Some(release),
+            )
+            .await;
+        match recorded {
+            Ok(_) => Ok(()),
+            Err(OperationError::Rejected(AppendRejection::ClaimRefused { refusal, .. })) => {
+                Err(self.step_failed(step, format!("no valid host: {refusal}")))
+            }
+            Err(OperationError::Rejected(AppendRejection::NotFound { .. })) => {
+                Err(self.step_failed(step, format!("provider {provider} does not exist")))
+            }
+            // A cancellation or a deleted target stops the operation as any step would.
+            Err(e @ (OperationError::Cancelled { .. } | OperationError::TargetDeleted { .. })) => {
+                Err(e)
+            }
+            Err(e) => Err(self.step_failed(step, e.to_string())),
+        }
     }
 
     /// Appends to another aggregate on behalf of this operation. A cluster or instance

@@ -95,7 +95,19 @@ async fn provider_state(
     }
 }
 
-/// A provider on host `cn` with `total` VCPU, claimable 1 to `total` at a time.
+/// `total` VCPU, claimable 1 to `total` at a time.
+fn vcpu(total: u64) -> Inventory {
+    Inventory {
+        total,
+        reserved: 0,
+        allocation_ratio: Ratio::ONE,
+        min_unit: 1,
+        max_unit: total,
+        step_size: 1,
+    }
+}
+
+/// A provider on host `cn` with `total` VCPU.
 fn provider_with_vcpus(total: u64) -> Vec<Event> {
     vec![
         Event::ProviderRegistered {
@@ -104,14 +116,7 @@ fn provider_with_vcpus(total: u64) -> Vec<Event> {
         },
         Event::InventorySet {
             resource_class: "VCPU".into(),
-            inventory: Inventory {
-                total,
-                reserved: 0,
-                allocation_ratio: Ratio::ONE,
-                min_unit: 1,
-                max_unit: total,
-                step_size: 1,
-            },
+            inventory: vcpu(total),
         },
     ]
 }
@@ -325,4 +330,41 @@ async fn a_heal_decided_on_a_stale_view_never_claims_for_an_instance_deleted_sin
         report.failed.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
         vec![deleted]
     );
+}
+
+#[tokio::test]
+async fn a_provider_registered_through_the_client_refuses_an_inventory_below_usage_unless_forced() {
+    use provledger_client::placement::{register_provider, set_inventory};
+    // Given a provider registered with 8 VCPU and a claim of 6 on it,
+    let dir = tempfile::tempdir().unwrap();
+    let log = SledLog::open(dir.path()).unwrap();
+    let stamper = Stamper::system();
+    let provider = Uuid::now_v7();
+    let inventories = BTreeMap::from([("VCPU".to_string(), vcpu(8))]);
+    register_provider(&log, provider, "cn", "cn", &inventories, "test", &stamper)
+        .await
+        .unwrap();
+    let p = AggregateId::provider(provider);
+    record(
+        &log,
+        p,
+        Expectation::Any,
+        CommitDraft::now("test", claim(Uuid::now_v7(), 6)),
+    )
+    .await
+    .unwrap();
+    // when the hardware is said to shrink to 4, it is refused (below usage)...
+    let refused = set_inventory(&log, provider, "VCPU", vcpu(4), false, "test", &stamper).await;
+    assert!(
+        matches!(&refused, Err(RecordError::Rejected(r)) if r.reason() == "below_usage"),
+        "{refused:?}"
+    );
+    // ...unless forced, and registering it again is a conflict.
+    set_inventory(&log, provider, "VCPU", vcpu(4), true, "test", &stamper)
+        .await
+        .unwrap();
+    assert!(matches!(
+        register_provider(&log, provider, "cn", "cn", &inventories, "test", &stamper).await,
+        Err(RecordError::Conflict { actual: 3, .. })
+    ));
 }

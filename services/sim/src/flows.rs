@@ -30,7 +30,6 @@ use provledger_client::{
 };
 
 use crate::executors::{DHCP, DNS, HYPERVISOR, IPAM, PLUGIN};
-use provledger_projections::decide::AppendRejection;
 
 /// A cluster to create.
 #[derive(Debug, Clone)]
@@ -181,80 +180,33 @@ pub async fn register_compute_node_stamped<L: EventLog>(
         max_unit: vcpus,
         step_size: 1,
     };
-    let events = vec![
-        Event::ProviderRegistered {
-            name: name.into(),
-            host: name.into(),
-        },
-        Event::InventorySet {
-            resource_class: "VCPU".into(),
-            inventory,
-        },
-    ];
-    log.append(
-        AggregateId::provider(provider),
-        Expectation::NoStream,
-        stamper.draft(actor, events),
+    let inventories = BTreeMap::from([("VCPU".to_string(), inventory)]);
+    let recorded = provledger_client::placement::register_provider(
+        log,
+        provider,
+        name,
+        name,
+        &inventories,
+        actor,
+        stamper,
     )
     .await
-}
-
-/// Claims `resources` for `consumer` on `provider`, as one step whose record is written
-/// with the claim in one atomic commit set (no crash leaves a claim no step accounts for).
-/// The decider checks that the claim fits the provider's state at exactly the version it
-/// is appended with, so concurrent schedulers never overcommit; claims on one provider
-/// from this process queue behind each other instead of racing.
-async fn claim(
-    ctx: &OperationCtx,
-    step: &str,
-    provider: Uuid,
-    consumer: Uuid,
-    resources: &BTreeMap<String, u64>,
-) -> Result<(), OperationError> {
-    let claimed = Event::AllocationClaimed {
-        consumer,
-        consumer_kind: ConsumerKind::Instance,
-        resources: resources.clone(),
-    };
-    let mut release = undo(
-        CompensationAction::ReleaseAllocation,
-        "ledger",
-        &consumer.to_string(),
-    );
-    release.executor = Executor::Ledger;
-    release
-        .args
-        .insert(DetailKey::ProviderId.to_string(), provider.to_string());
-    let mut done = effect(
-        EffectKind::AllocationClaimed,
-        &consumer.to_string(),
-        "ledger",
-    );
-    done.detail
-        .insert(DetailKey::ProviderId.to_string(), provider.to_string());
-    let recorded = ctx
-        .step_recording(
-            step,
-            AggregateId::provider(provider),
-            vec![claimed],
-            done,
-            Some(release),
-        )
-        .await;
-    match recorded {
-        Ok(_) => Ok(()),
-        Err(OperationError::Rejected(AppendRejection::ClaimRefused { refusal, .. })) => {
-            Err(ctx.step_failed(step, format!("no valid host: {refusal}")))
-        }
-        Err(OperationError::Rejected(AppendRejection::NotFound { .. })) => {
-            Err(ctx.step_failed(step, format!("provider {provider} does not exist")))
-        }
-        // A cancellation or a deleted target stops the operation as it would any step.
-        Err(e @ (OperationError::Cancelled { .. } | OperationError::TargetDeleted { .. })) => {
-            Err(e)
-        }
-        Err(e) => Err(ctx.step_failed(step, e.to_string())),
-    }
+    .map_err(|e| match e {
+        provledger_client::write::RecordError::Append(e) => e,
+        provledger_client::write::RecordError::Conflict {
+            aggregate, actual, ..
+        } => AppendError::Conflict {
+            aggregate,
+            expected: Expectation::NoStream,
+            actual,
+        },
+        other => AppendError::Unavailable {
+            reason: other.to_string(),
+        },
+    })?;
+    recorded.appended().ok_or_else(|| AppendError::Unavailable {
+        reason: format!("provider {provider}: registration found nothing to write"),
+    })
 }
 
 impl Provisioner {
@@ -274,7 +226,14 @@ impl Provisioner {
         node: Uuid,
         resources: &BTreeMap<String, u64>,
     ) -> Result<(), OperationError> {
-        claim(ctx, &format!("claim:{node}"), provider, node, resources).await
+        ctx.claim(
+            &format!("claim:{node}"),
+            provider,
+            node,
+            ConsumerKind::Instance,
+            resources,
+        )
+        .await
     }
 
     /// The step that creates a VM, recorded with its termination as the compensation
