@@ -74,12 +74,29 @@ pub fn nats_server_binary() -> Result<PathBuf, String> {
     ))
 }
 
-/// A free TCP port on loopback (the listener is dropped before the server binds it).
+/// Where [`free_port`] hands ports out: below Linux's ephemeral range (32768-60999), so
+/// that no client connection of a concurrent test can take a port between the moment it
+/// is found free and the moment nats-server binds it (a port from `bind(:0)` is an
+/// ephemeral one, and was seen taken that way: "address already in use").
+const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A free TCP port on loopback, never handed out twice by this process: ports are tried in
+/// turn from a point that depends on the process id (test binaries run one at a time, and
+/// tests within one share this counter), each checked free by binding it.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("binding 127.0.0.1:0 for a free port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let span = u32::from(TEST_PORTS.end - TEST_PORTS.start);
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        // `offset` < span, which fits in u16 by the range's definition.
+        let port = TEST_PORTS.start + offset as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {TEST_PORTS:?} on 127.0.0.1")
 }
 
 /// The password the harness gives `user` of `deploy/nats/accounts.conf`.

@@ -118,6 +118,9 @@ impl JetStreamConfig {
 /// JetStream's error code for a publish whose expected last subject sequence is not the
 /// subject's.
 const ERR_WRONG_LAST_SEQUENCE: u64 = 10071;
+/// JetStream's error code (replicated streams) for a batch whose expected last sequence
+/// names a subject with a publish still in flight: a lost race like 10071.
+const ERR_BATCH_SEQUENCE_IN_FLIGHT: u64 = 10164;
 /// JetStream's error code for an atomic batch holding a message id already in the
 /// duplicate window (the whole batch is refused).
 const ERR_BATCH_DUPLICATE_ID: u64 = 10201;
@@ -800,7 +803,10 @@ impl JetStreamLog {
                             last_sequence: sequence,
                         }
                     }
-                    BatchReply::Refused { err_code, .. } if err_code == ERR_WRONG_LAST_SEQUENCE => {
+                    BatchReply::Refused { err_code, .. }
+                        if err_code == ERR_WRONG_LAST_SEQUENCE
+                            || err_code == ERR_BATCH_SEQUENCE_IN_FLIGHT =>
+                    {
                         return BatchAck::WrongLastSequence
                     }
                     BatchReply::Refused { err_code, .. } if err_code == ERR_BATCH_DUPLICATE_ID => {
@@ -1136,6 +1142,22 @@ impl EventLog for JetStreamLog {
                 }
                 BatchAck::DuplicateId => {
                     let found = self.find_batch(&items).await?;
+                    // An atomic batch is stored whole or not at all: finding part of it,
+                    // each part the same commit, means a reader lagged (a follower
+                    // answered); a found commit that differs is a reused id.
+                    let same = items.iter().zip(&found).all(|(item, f)| {
+                        f.as_ref().is_none_or(|c| {
+                            c.aggregate == item.aggregate && c.same_payload_as(&item.draft)
+                        })
+                    });
+                    if same
+                        && found.iter().any(Option::is_none)
+                        && found.iter().any(Option::is_some)
+                    {
+                        return Err(unavailable(
+                            "part of an atomic batch found after a duplicate id; retry",
+                        ));
+                    }
                     return recognise_batch_retry(&items, &found);
                 }
                 BatchAck::Unavailable(reason) => return Err(AppendError::Unavailable { reason }),

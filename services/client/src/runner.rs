@@ -708,10 +708,14 @@ impl OperationCtx {
                     let Some((refused, rejection)) = rejections.into_iter().next() else {
                         unreachable!("a refusal names at least one aggregate");
                     };
+                    // Only the operation's own target being deleted stops it; a provider
+                    // being deleted refuses the claim like any other refusal.
                     if let AppendRejection::TargetDeleted { state, .. } = &rejection {
-                        let stop = Stop::TargetDeleted(format!("{refused} is {state}"));
-                        self.lock().stop = Some(stop.clone());
-                        return Err(self.stop_error(&stop));
+                        if refused == self.target() {
+                            let stop = Stop::TargetDeleted(format!("{refused} is {state}"));
+                            self.lock().stop = Some(stop.clone());
+                            return Err(self.stop_error(&stop));
+                        }
                     }
                     return Err(OperationError::Rejected(rejection));
                 }
@@ -773,6 +777,12 @@ impl OperationCtx {
             }
             Err(OperationError::Rejected(AppendRejection::NotFound { .. })) => {
                 Err(self.step_failed(step, format!("provider {provider} does not exist")))
+            }
+            Err(OperationError::Rejected(AppendRejection::TargetDeleted { state, .. })) => {
+                Err(self.step_failed(
+                    step,
+                    format!("no valid host: provider {provider} is {state}"),
+                ))
             }
             // A cancellation or a deleted target stops the operation as any step would.
             Err(e @ (OperationError::Cancelled { .. } | OperationError::TargetDeleted { .. })) => {

@@ -701,20 +701,8 @@ pub async fn record_atomic<L: EventLog>(
             })
         });
         if may_be_retry {
-            let mut found = Vec::with_capacity(items.len());
-            for fact in &facts {
-                found.push(
-                    log.find_commit(fact.aggregate, fact.draft.commit_id)
-                        .await?,
-                );
-            }
-            if found.iter().any(Option::is_some) {
-                let outcomes = provledger_events::log::recognise_batch_retry(&items, &found)
-                    .map_err(RecordError::from)?;
-                for turn in turns.iter_mut() {
-                    read_again(turn);
-                }
-                return Ok(outcomes.into_iter().map(Recorded::Appended).collect());
+            if let Some(answers) = earlier_facts(log, &facts, &mut turns, options).await? {
+                return Ok(answers);
             }
         }
         // Decide every fact on its state; gather every refusal.
@@ -781,6 +769,18 @@ pub async fn record_atomic<L: EventLog>(
                 }
                 fresh = false;
                 continue;
+            }
+            // The facts may be a retry of a set already written (its answer lost, asked
+            // again of another replica, or past the commits kept here), which the state
+            // they changed now refuses: looked up before a refusal is answered.
+            let older = facts
+                .iter()
+                .zip(turns.iter_mut())
+                .any(|(f, t)| known_mut(t).is_none_or(|k| k.may_hold_older(&f.draft)));
+            if older {
+                if let Some(answers) = earlier_facts(log, &facts, &mut turns, options).await? {
+                    return Ok(answers);
+                }
             }
             if !conflicts.is_empty() {
                 return Err(RecordError::Conflicts { conflicts });
@@ -853,4 +853,65 @@ pub async fn record_atomic<L: EventLog>(
         aggregate: facts[0].aggregate,
         attempts: DECIDE_ATTEMPTS_MAX,
     })
+}
+
+/// Each fact's commit id looked up in the log. `None` when none is there. Otherwise the
+/// earlier answer: a fact found is `AlreadyAppended` (its payload must be the same); a fact
+/// not found was left out of that set because it was already true (decided again here, it
+/// is still `AlreadyDone`); anything else means the ids were reused.
+async fn earlier_facts<L: EventLog>(
+    log: &L,
+    facts: &[Fact],
+    turns: &mut [WriteTurn],
+    options: DecideOptions,
+) -> Result<Option<Vec<Recorded>>, RecordError> {
+    let mut found = Vec::with_capacity(facts.len());
+    for fact in facts {
+        found.push(
+            log.find_commit(fact.aggregate, fact.draft.commit_id)
+                .await?,
+        );
+    }
+    let Some(reused) = found
+        .iter()
+        .flatten()
+        .next()
+        .map(|c| (c.commit_id, c.position))
+    else {
+        return Ok(None);
+    };
+    let mut answers = Vec::with_capacity(facts.len());
+    for ((fact, earlier), turn) in facts.iter().zip(&found).zip(turns.iter_mut()) {
+        match earlier {
+            Some(c) => answers.push(earlier_outcome(c, &fact.draft, false)?),
+            None => {
+                let Some(known) = known_mut(turn) else {
+                    unreachable!("refresh leaves a known state in the slot");
+                };
+                match decide_append_with(
+                    fact.aggregate,
+                    known.entity.as_ref(),
+                    &fact.draft,
+                    options,
+                ) {
+                    Ok(Admission::AlreadyDone(outcome)) => answers.push(Recorded::AlreadyDone {
+                        outcome,
+                        version: known.version(),
+                        position: known.tip.position,
+                    }),
+                    _ => {
+                        return Err(AppendError::CommitIdReused {
+                            commit_id: reused.0,
+                            position: reused.1,
+                        }
+                        .into())
+                    }
+                }
+            }
+        }
+    }
+    for turn in turns.iter_mut() {
+        read_again(turn);
+    }
+    Ok(Some(answers))
 }

@@ -5,8 +5,11 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use provledger_client::write::{record, RecordError, Recorded, UNAVAILABLE_RETRIES_MAX};
-use provledger_events::catalogue::{ConsumerKind, Inventory, Ratio};
+use provledger_client::write::{
+    record, record_atomic, Fact, FromTheLog, RecordError, Recorded, RECENT_COMMITS_MAX,
+    UNAVAILABLE_RETRIES_MAX,
+};
+use provledger_events::catalogue::{samples, ConsumerKind, Inventory, Ratio};
 use provledger_events::{
     AggregateId, AppendError, AppendOutcome, AppendStatus, Commit, CommitDraft, CommitStream,
     Event, EventLog, Expectation, ReadError, SledLog, Timestamp,
@@ -293,4 +296,102 @@ async fn a_write_reads_only_what_is_new_however_long_the_aggregate() {
     .expect("decided after the other writer");
     assert_eq!(recorded.version(), version + 2);
     assert_eq!(log.commits_read.load(Ordering::SeqCst), 1);
+}
+
+fn fact(aggregate: AggregateId, expect: Expectation, draft: CommitDraft) -> Fact {
+    Fact {
+        aggregate,
+        expect,
+        draft,
+    }
+}
+
+fn status(n: usize) -> Vec<Event> {
+    vec![Event::ClusterStatusChanged {
+        status: provledger_events::catalogue::ClusterStatus::Active,
+        description: format!("#{n}"),
+    }]
+}
+
+#[tokio::test]
+async fn an_atomic_retry_past_the_kept_commits_is_recognised_not_refused() {
+    // Given two clusters written together at versions 1,
+    let dir = tempfile::tempdir().unwrap();
+    let log = LostAcks::open(dir.path());
+    let (a, b) = (
+        AggregateId::cluster(Uuid::now_v7()),
+        AggregateId::cluster(Uuid::now_v7()),
+    );
+    let create = samples::all().remove(0);
+    let facts = vec![
+        fact(a, Expectation::NoStream, draft(10, vec![create.clone()])),
+        fact(b, Expectation::NoStream, draft(11, vec![create])),
+    ];
+    let first = record_atomic(&log, facts.clone(), Default::default(), &FromTheLog)
+        .await
+        .unwrap();
+    // and more commits on each than a process keeps the ids of,
+    for (k, aggregate) in [a, b].into_iter().enumerate() {
+        for n in 0..RECENT_COMMITS_MAX + 30 {
+            let id = 1_000 * (k as u128 + 1) + n as u128;
+            record(&log, aggregate, Expectation::Any, draft(id, status(n)))
+                .await
+                .unwrap();
+        }
+    }
+    // when the same set is sent again (its answer was lost), expecting what was true then,
+    let again = record_atomic(&log, facts, Default::default(), &FromTheLog)
+        .await
+        .expect("recognised, not a conflict");
+    // then each fact answers its first position, already appended.
+    for (then, now) in first.iter().zip(&again) {
+        let (then, now) = (then.appended().unwrap(), now.appended().unwrap());
+        assert_eq!(now.position, then.position);
+        assert_eq!(now.status, AppendStatus::AlreadyAppended);
+    }
+}
+
+#[tokio::test]
+async fn an_already_true_fact_beside_a_claim_whose_ack_is_lost_answers_already_done() {
+    // Given a provider and an instance already being deleted,
+    let dir = tempfile::tempdir().unwrap();
+    let log = LostAcks::open(dir.path());
+    let provider = AggregateId::provider(Uuid::now_v7());
+    provider_with_capacity(&log, provider).await;
+    let vm = AggregateId::instance(Uuid::now_v7());
+    let delete = Event::InstanceDeleteRequested {
+        reason: "user".into(),
+    };
+    let create = samples::all()
+        .into_iter()
+        .find(|e| matches!(e, Event::InstanceCreateRequested { .. }))
+        .unwrap();
+    record(&log, vm, Expectation::NoStream, draft(20, vec![create]))
+        .await
+        .unwrap();
+    record(&log, vm, Expectation::Any, draft(21, vec![delete.clone()]))
+        .await
+        .unwrap();
+    // when a set holding that delete request again and a claim loses its ack once,
+    log.lose.store(1, Ordering::SeqCst);
+    let facts = vec![
+        fact(vm, Expectation::Any, draft(22, vec![delete])),
+        fact(provider, Expectation::Any, draft(23, vec![claim(vm.id)])),
+    ];
+    let answers = record_atomic(&log, facts, Default::default(), &FromTheLog)
+        .await
+        .expect("no CommitIdReused for the fact left out");
+    // then the delete answers already done and the claim is written once.
+    assert!(
+        matches!(answers[0], Recorded::AlreadyDone { .. }),
+        "{answers:?}"
+    );
+    let claims = log
+        .read_aggregate(provider)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|c| matches!(c.events[0], Event::AllocationClaimed { .. }))
+        .count();
+    assert_eq!(claims, 1);
 }

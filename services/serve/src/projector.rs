@@ -399,6 +399,9 @@ impl Projector {
                 // written: under load, gather for a moment so that one sled batch carries
                 // many commits (group commit). A lone entry is applied at once, so an idle
                 // replica's read-your-writes stays immediate.
+                // A shutdown seen while gathering is remembered: `changed()` marks it seen,
+                // so the outer wait would never see it again.
+                let mut stopping = false;
                 if chunk.len() > 1 {
                     let until = tokio::time::Instant::now() + GROUP_COMMIT_LINGER;
                     while chunk.len() + BATCH_ENTRIES_MAX / 8 <= BATCH_ENTRIES_MAX {
@@ -407,11 +410,18 @@ impl Projector {
                                 Ok(Some(more)) => chunk.extend(more),
                                 _ => break,
                             },
-                            _ = shutdown.changed() => break,
+                            _ = shutdown.changed() => {
+                                stopping = true;
+                                break;
+                            }
                         }
                     }
                 }
-                match self.apply_batch_off_the_reactor(chunk) {
+                let applied = self.apply_batch_off_the_reactor(chunk);
+                if stopping && applied.is_ok() {
+                    return Ok(());
+                }
+                match applied {
                     Ok(outcome) => {
                         backoff = Duration::from_millis(100);
                         tracing::debug!(checkpoint = self.checkpoint, ?outcome, "batch applied");

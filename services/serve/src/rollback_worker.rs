@@ -108,12 +108,14 @@ impl RollbackWorker {
             // What the projector saw change, and how far the copy must be read back
             // for what did not fit in that set (positions up to `seen` were covered by
             // the initial scan or an earlier wake).
+            // `now` first: everything applied up to it was recorded in `touched` before it
+            // was announced, so the set taken next covers it (or marks it to read back).
+            let now = *self.applied.borrow();
             let (changed, incomplete_through) = self.touched.take();
             for aggregate in changed {
                 note_changed(aggregate, &mut open, &mut deleting);
             }
             scan_through = scan_through.max(incomplete_through);
-            let now = *self.applied.borrow();
             let to = now.min(scan_through).min(seen + COMMITS_PER_WAKE_MAX);
             if to > seen {
                 for aggregate in self.store.commit_aggregates(seen + 1, to) {
