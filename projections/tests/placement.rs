@@ -6,7 +6,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
-use provledger_events::catalogue::{AllocationHold, ConsumerKind, Inventory, Ratio, VmState};
+use provledger_events::catalogue::{AllocationHold, ConsumerKind, VmState};
 use provledger_events::{AggregateId, Event};
 use provledger_projections::placement::{consumer_entity, holds, orphans, plan_heal, Hold};
 use provledger_projections::{Entity, Projection};
@@ -22,23 +22,7 @@ fn instance(n: u128) -> AggregateId {
 }
 
 fn registered(host: &str) -> Vec<Event> {
-    vec![
-        Event::ProviderRegistered {
-            name: host.into(),
-            host: host.into(),
-        },
-        Event::InventorySet {
-            resource_class: "VCPU".into(),
-            inventory: Inventory {
-                total: 16,
-                reserved: 0,
-                allocation_ratio: Ratio::ONE,
-                min_unit: 1,
-                max_unit: 16,
-                step_size: 1,
-            },
-        },
-    ]
+    provledger_tests::workload::provider_on(host, 16)
 }
 
 fn claim(consumer: Uuid, kind: ConsumerKind) -> Vec<Event> {

@@ -2,15 +2,13 @@
 //! sweep looks at it, then this recovery (or none). And recovering is idempotent: after
 //! a recovery's events are folded, the next sweep finds nothing to do.
 
-use std::collections::BTreeMap;
-
 use proptest::prelude::*;
 use provledger_events::catalogue::{PowerState, TaskState, VmState};
 use provledger_events::{AggregateId, Event, Timestamp};
 use provledger_projections::instance::InstanceState;
 use provledger_projections::recovery::{recover, Recovery, Reissue};
 use provledger_projections::Entity;
-use provledger_tests::script;
+use provledger_tests::{script, workload};
 use uuid::Uuid;
 
 const LEASE: i64 = 1_800_000_100_000;
@@ -23,34 +21,18 @@ fn provider() -> Uuid {
     Uuid::from_u128(2)
 }
 
+/// Created and placed on [`provider`], still scheduling.
 fn created() -> Vec<Event> {
-    vec![
-        Event::InstanceCreateRequested {
-            name: "vm".into(),
-            cluster_id: None,
-            node_group: None,
-            flavor: "m1".into(),
-            resources: BTreeMap::from([("VCPU".to_string(), 2)]),
-            image: "img".into(),
-        },
-        Event::HostAssigned {
-            host: "cn".into(),
-            provider_id: provider(),
-        },
-    ]
+    // The running fixture's first two events: the create request and the host.
+    workload::instance_running_on(provider())
+        .into_iter()
+        .take(2)
+        .collect()
 }
 
+/// Active and running on [`provider`].
 fn active() -> Vec<Event> {
-    let mut e = created();
-    e.push(Event::TaskFinished {
-        task_state: TaskState::Scheduling,
-        outcome: provledger_events::catalogue::TaskOutcome::Succeeded,
-        reason: String::new(),
-    });
-    e.push(Event::VmStateChanged {
-        vm_state: VmState::Active,
-        reason: String::new(),
-    });
+    let mut e = workload::instance_running_on(provider());
     e.push(Event::PowerStateChanged {
         power_state: PowerState::Running,
     });

@@ -31,6 +31,33 @@ pub fn compute_node(n: u128) -> Vec<Event> {
     ]
 }
 
+/// `total` VCPU, claimable 1 to `total` at a time, nothing reserved, ratio 1.
+pub fn vcpu_inventory(total: u64) -> Inventory {
+    Inventory {
+        total,
+        reserved: 0,
+        allocation_ratio: Ratio::ONE,
+        min_unit: 1,
+        max_unit: total,
+        step_size: 1,
+    }
+}
+
+/// A provider registered on `host` (its name too) with `total` VCPU ([`vcpu_inventory`]):
+/// the small provider placement's and the write path's tests reason about.
+pub fn provider_on(host: &str, total: u64) -> Vec<Event> {
+    vec![
+        Event::ProviderRegistered {
+            name: host.into(),
+            host: host.into(),
+        },
+        Event::InventorySet {
+            resource_class: "VCPU".into(),
+            inventory: vcpu_inventory(total),
+        },
+    ]
+}
+
 /// Instance `k`'s lifecycle on compute node `node` (`provider`): created, placed, spawned,
 /// active and running (6 events).
 pub fn instance_lifecycle(k: u128, node: u128, provider: Uuid) -> Vec<Event> {

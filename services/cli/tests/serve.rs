@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use proptest::strategy::{Strategy, ValueTree};
 use provledger_events::catalogue::{samples, NodeGroupSpec};
-use provledger_events::catalogue::{ClusterStatus, ConsumerKind, Inventory, Ratio};
+use provledger_events::catalogue::{ClusterStatus, ConsumerKind};
 use provledger_events::{
     AggregateId, CommitDraft, Event, EventLog, Expectation, JetStreamConfig, JetStreamLog,
 };
@@ -105,14 +105,7 @@ async fn append(log: &JetStreamLog, agg: AggregateId, events: Vec<Event>) -> u64
 fn vcpu_inventory(total: u64) -> Event {
     Event::InventorySet {
         resource_class: "VCPU".into(),
-        inventory: Inventory {
-            total,
-            reserved: 0,
-            allocation_ratio: Ratio::ONE,
-            min_unit: 1,
-            max_unit: total,
-            step_size: 1,
-        },
+        inventory: provledger_tests::workload::vcpu_inventory(total),
     }
 }
 

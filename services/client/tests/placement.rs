@@ -9,7 +9,7 @@ use std::sync::Arc;
 use provledger_client::placement::{delete_provider, LogView, ProviderDeletion};
 use provledger_client::write::{record, RecordError};
 use provledger_client::Stamper;
-use provledger_events::catalogue::{ConsumerKind, Inventory, Ratio};
+use provledger_events::catalogue::ConsumerKind;
 use provledger_events::{
     AggregateId, AppendError, AppendOutcome, Commit, CommitDraft, CommitStream, Event, EventLog,
     Expectation, ReadError, SledLog,
@@ -95,30 +95,9 @@ async fn provider_state(
     }
 }
 
-/// `total` VCPU, claimable 1 to `total` at a time.
-fn vcpu(total: u64) -> Inventory {
-    Inventory {
-        total,
-        reserved: 0,
-        allocation_ratio: Ratio::ONE,
-        min_unit: 1,
-        max_unit: total,
-        step_size: 1,
-    }
-}
-
 /// A provider on host `cn` with `total` VCPU.
 fn provider_with_vcpus(total: u64) -> Vec<Event> {
-    vec![
-        Event::ProviderRegistered {
-            name: "cn".into(),
-            host: "cn".into(),
-        },
-        Event::InventorySet {
-            resource_class: "VCPU".into(),
-            inventory: vcpu(total),
-        },
-    ]
+    provledger_tests::workload::provider_on("cn", total)
 }
 
 #[tokio::test]
@@ -335,12 +314,13 @@ async fn a_heal_decided_on_a_stale_view_never_claims_for_an_instance_deleted_sin
 #[tokio::test]
 async fn a_provider_registered_through_the_client_refuses_an_inventory_below_usage_unless_forced() {
     use provledger_client::placement::{register_provider, set_inventory};
+    use provledger_tests::workload::vcpu_inventory;
     // Given a provider registered with 8 VCPU and a claim of 6 on it,
     let dir = tempfile::tempdir().unwrap();
     let log = SledLog::open(dir.path()).unwrap();
     let stamper = Stamper::system();
     let provider = Uuid::now_v7();
-    let inventories = BTreeMap::from([("VCPU".to_string(), vcpu(8))]);
+    let inventories = BTreeMap::from([("VCPU".to_string(), vcpu_inventory(8))]);
     register_provider(&log, provider, "cn", "cn", &inventories, "test", &stamper)
         .await
         .unwrap();
@@ -354,15 +334,32 @@ async fn a_provider_registered_through_the_client_refuses_an_inventory_below_usa
     .await
     .unwrap();
     // when the hardware is said to shrink to 4, it is refused (below usage)...
-    let refused = set_inventory(&log, provider, "VCPU", vcpu(4), false, "test", &stamper).await;
+    let refused = set_inventory(
+        &log,
+        provider,
+        "VCPU",
+        vcpu_inventory(4),
+        false,
+        "test",
+        &stamper,
+    )
+    .await;
     assert!(
         matches!(&refused, Err(RecordError::Rejected(r)) if r.reason() == "below_usage"),
         "{refused:?}"
     );
     // ...unless forced, and registering it again is a conflict.
-    set_inventory(&log, provider, "VCPU", vcpu(4), true, "test", &stamper)
-        .await
-        .unwrap();
+    set_inventory(
+        &log,
+        provider,
+        "VCPU",
+        vcpu_inventory(4),
+        true,
+        "test",
+        &stamper,
+    )
+    .await
+    .unwrap();
     assert!(matches!(
         register_provider(&log, provider, "cn", "cn", &inventories, "test", &stamper).await,
         Err(RecordError::Conflict { actual: 3, .. })

@@ -139,23 +139,7 @@ fn draft(n: u128, events: Vec<Event>) -> CommitDraft {
 }
 
 async fn provider_with_capacity(log: &LostAcks, provider: AggregateId) {
-    let events = vec![
-        Event::ProviderRegistered {
-            name: "cn1".into(),
-            host: "cn1".into(),
-        },
-        Event::InventorySet {
-            resource_class: "VCPU".into(),
-            inventory: Inventory {
-                total: 8,
-                reserved: 0,
-                allocation_ratio: Ratio::ONE,
-                min_unit: 1,
-                max_unit: 8,
-                step_size: 1,
-            },
-        },
-    ];
+    let events = provledger_tests::workload::provider_on("cn1", 8);
     record(log, provider, Expectation::NoStream, draft(1, events))
         .await
         .expect("provider");

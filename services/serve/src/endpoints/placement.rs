@@ -198,7 +198,7 @@ mod tests {
         AggregateId, AppendError, AppendOutcome, ChainTip, Commit, CommitDraft, CommitStream,
         Event, Expectation, HistoryEntry, ReadError, SledLog, Timestamp, WriteQueues,
     };
-    use provledger_tests::workload::instance_running_on as running_on;
+    use provledger_tests::workload::{instance_running_on as running_on, provider_on};
 
     use super::*;
     use crate::projector::Projector;
@@ -317,26 +317,7 @@ mod tests {
             reason: "gone".into(),
         });
         let script = [
-            (
-                AggregateId::provider(p),
-                vec![
-                    Event::ProviderRegistered {
-                        name: "cn".into(),
-                        host: "cn".into(),
-                    },
-                    Event::InventorySet {
-                        resource_class: "VCPU".into(),
-                        inventory: Inventory {
-                            total: 16,
-                            reserved: 0,
-                            allocation_ratio: Ratio::ONE,
-                            min_unit: 1,
-                            max_unit: 16,
-                            step_size: 1,
-                        },
-                    },
-                ],
-            ),
+            (AggregateId::provider(p), provider_on("cn", 16)),
             (AggregateId::instance(running), running_on(p)),
             (AggregateId::instance(unallocated), running_on(p)),
             (AggregateId::instance(deleted), deleted_events),
