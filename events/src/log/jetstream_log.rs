@@ -1075,7 +1075,7 @@ impl EventLog for JetStreamLog {
         &self,
         items: Vec<AtomicItem>,
     ) -> Result<Vec<AppendOutcome>, AppendError> {
-        validate_batch(&items)?;
+        validate_batch(items.iter().map(|i| (i.aggregate, &i.draft)))?;
         for _ in 0..APPEND_ATTEMPTS_MAX {
             let mut heads = self.batch_heads(&items).await?;
             let mut conflicts = Vec::new();

@@ -214,7 +214,7 @@ impl EventLog for MemLog {
         &self,
         items: Vec<AtomicItem>,
     ) -> Result<Vec<AppendOutcome>, AppendError> {
-        validate_batch(&items)?;
+        validate_batch(items.iter().map(|i| (i.aggregate, &i.draft)))?;
         let outcomes = {
             let mut s = self.lock();
             s.injected_unavailable()?;

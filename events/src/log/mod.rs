@@ -132,31 +132,33 @@ pub enum InvalidBatch {
     CommitIdTwice { commit_id: Uuid },
 }
 
-/// Checks what can be checked of an atomic batch without the log.
-pub fn validate_batch(items: &[AtomicItem]) -> Result<(), AppendError> {
-    if items.is_empty() {
+/// Checks what can be checked of an atomic batch without the log: each commit (its
+/// aggregate and draft) valid, 1 to [`ATOMIC_COMMITS_MAX`] of them, no aggregate and no
+/// commit id twice.
+pub fn validate_batch<'a>(
+    commits: impl ExactSizeIterator<Item = (AggregateId, &'a CommitDraft)>,
+) -> Result<(), AppendError> {
+    let count = commits.len();
+    if count == 0 {
         return Err(InvalidBatch::Empty.into());
     }
-    if items.len() > ATOMIC_COMMITS_MAX {
+    if count > ATOMIC_COMMITS_MAX {
         return Err(InvalidBatch::TooManyCommits {
-            count: items.len(),
+            count,
             max: ATOMIC_COMMITS_MAX,
         }
         .into());
     }
     let mut aggregates = std::collections::HashSet::new();
     let mut ids = std::collections::HashSet::new();
-    for item in items {
-        item.draft.validate(&item.aggregate)?;
-        if !aggregates.insert(item.aggregate) {
-            return Err(InvalidBatch::AggregateTwice {
-                aggregate: item.aggregate,
-            }
-            .into());
+    for (aggregate, draft) in commits {
+        draft.validate(&aggregate)?;
+        if !aggregates.insert(aggregate) {
+            return Err(InvalidBatch::AggregateTwice { aggregate }.into());
         }
-        if !ids.insert(item.draft.commit_id) {
+        if !ids.insert(draft.commit_id) {
             return Err(InvalidBatch::CommitIdTwice {
-                commit_id: item.draft.commit_id,
+                commit_id: draft.commit_id,
             }
             .into());
         }

@@ -346,12 +346,7 @@ impl SledLog {
             });
         }
 
-        let head = match tree.get(head_key(&aggregate)).map_err(unavailable)? {
-            Some(b) => Head::from_bytes(&b).ok_or(AppendError::Unavailable {
-                reason: format!("head record of {aggregate} is corrupt; run `provledger audit`"),
-            })?,
-            None => Head::EMPTY,
-        };
+        let head = self.head_of(&aggregate)?;
         if !expect.admits(head.version) {
             return Err(AppendError::Conflict {
                 aggregate,
@@ -388,6 +383,21 @@ impl SledLog {
         })
     }
 
+    /// The aggregate's head record (empty for an aggregate without commits).
+    fn head_of(&self, aggregate: &AggregateId) -> Result<Head, AppendError> {
+        match self
+            .shared
+            .tree
+            .get(head_key(aggregate))
+            .map_err(unavailable)?
+        {
+            Some(b) => Head::from_bytes(&b).ok_or(AppendError::Unavailable {
+                reason: format!("head record of {aggregate} is corrupt; run `provledger audit`"),
+            }),
+            None => Ok(Head::EMPTY),
+        }
+    }
+
     /// Takes the append lock, unless a failed flush has made appending unsafe.
     fn serialise(&self) -> Result<std::sync::MutexGuard<'_, ()>, AppendError> {
         if let Some(refused) = self.shared.refused_after_flush_failure() {
@@ -405,7 +415,7 @@ impl SledLog {
     /// [`EventLog::append_atomic`] under the append lock: every check first, then one
     /// sled batch for every commit, so a crash keeps all of them or none.
     fn apply_atomic(&self, items: Vec<AtomicItem>) -> Result<Vec<AppendOutcome>, AppendError> {
-        validate_batch(&items)?;
+        validate_batch(items.iter().map(|i| (i.aggregate, &i.draft)))?;
         let _serial = self.serialise()?;
         let tree = &self.shared.tree;
 
@@ -426,15 +436,7 @@ impl SledLog {
         let mut heads = Vec::with_capacity(items.len());
         let mut conflicts = Vec::new();
         for item in &items {
-            let head = match tree.get(head_key(&item.aggregate)).map_err(unavailable)? {
-                Some(b) => Head::from_bytes(&b).ok_or(AppendError::Unavailable {
-                    reason: format!(
-                        "head record of {} is corrupt; run `provledger audit`",
-                        item.aggregate
-                    ),
-                })?,
-                None => Head::EMPTY,
-            };
+            let head = self.head_of(&item.aggregate)?;
             if !item.expect.admits(head.version) {
                 conflicts.push(VersionConflict {
                     aggregate: item.aggregate,

@@ -237,12 +237,18 @@ async fn recovery_writes<V: StateView>(
         },
         (false, None) => Vec::new(),
     };
-    let mut wanted = migration_consumers(&providers);
-    if let Some(f) = &instance.in_flight {
-        wanted.insert(AggregateId::operation(f.operation_id));
-    }
+    // Only a migration's revert looks operations up: its own and the instance's in flight.
     let operations = match migrating {
-        true => entities(view, wanted).await?,
+        true => {
+            let mut wanted = migration_consumers(&providers);
+            wanted.extend(
+                instance
+                    .in_flight
+                    .as_ref()
+                    .map(|f| AggregateId::operation(f.operation_id)),
+            );
+            entities(view, wanted).await?
+        }
         false => Default::default(),
     };
     let id = instance.header.id;

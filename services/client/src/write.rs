@@ -654,19 +654,12 @@ pub async fn record_atomic<L: EventLog>(
     options: DecideOptions,
     elsewhere: &dyn FoldedElsewhere,
 ) -> Result<Vec<Recorded>, RecordError> {
-    let items: Vec<AtomicItem> = facts
-        .iter()
-        .map(|f| AtomicItem {
-            aggregate: f.aggregate,
-            expect: f.expect,
-            draft: f.draft.clone(),
-        })
-        .collect();
-    provledger_events::log::validate_batch(&items).map_err(RecordError::Append)?;
+    provledger_events::log::validate_batch(facts.iter().map(|f| (f.aggregate, &f.draft)))
+        .map_err(RecordError::Append)?;
     // Turns are taken in aggregate order, so two atomic writers never wait on each other
     // in a cycle; a single-aggregate writer holds one turn only.
     let mut order: Vec<usize> = (0..facts.len()).collect();
-    order.sort_by_key(|&i| facts[i].aggregate.to_string());
+    order.sort_by_key(|&i| facts[i].aggregate);
     let mut turns: Vec<Option<WriteTurn>> = (0..facts.len()).map(|_| None).collect();
     for &i in &order {
         turns[i] = Some(log.write_queues().turn(facts[i].aggregate).await);
@@ -777,7 +770,8 @@ pub async fn record_atomic<L: EventLog>(
                 .iter()
                 .zip(turns.iter_mut())
                 .any(|(f, t)| known_mut(t).is_none_or(|k| k.may_hold_older(&f.draft)));
-            if older {
+            // (Already looked up in this round if it may be a retry: the state is the same.)
+            if older && !may_be_retry {
                 if let Some(answers) = earlier_facts(log, &facts, &mut turns, options).await? {
                     return Ok(answers);
                 }

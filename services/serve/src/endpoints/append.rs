@@ -48,7 +48,6 @@ pub(crate) async fn append(
     let store = StoreFolded(&ctx.store);
     match record_with_folded(&ctx.log, aggregate, expect, draft, options, &store).await {
         Ok(recorded) => Ok(with_actor(recorded_json(&recorded), &actor)),
-        Err(RecordError::Rejected(rejection)) => Err(rejected(rejection)),
         Err(RecordError::Conflict { actual, .. }) => Err(QueryError::new(
             ErrorCode::Conflict,
             format!("{aggregate} is at version {actual}, not {expect}; re-read and retry"),
@@ -137,19 +136,20 @@ async fn append_atomic(
                 .collect(),
         )),
         Err(RecordError::Rejections { rejections }) => {
+            let errors: Vec<QueryError> = rejections.iter().map(|(_, r)| rejected(r)).collect();
             let each: Vec<Value> = rejections
                 .iter()
-                .map(|(aggregate, rejection)| {
-                    let mut fields = rejected(rejection.clone()).fields();
+                .zip(&errors)
+                .map(|((aggregate, _), error)| {
+                    let mut fields = error.fields();
                     fields.insert("aggregate".into(), aggregate.to_string().into());
                     Value::Object(fields)
                 })
                 .collect();
-            // The first refusal's code (as a single commit would get it), every refusal
-            // in `rejections`.
-            let first = rejected(rejections[0].1.clone());
+            // The first refusal's code (as a single commit would get it; a refusal names
+            // at least one aggregate), every refusal in `rejections`.
             Err(QueryError::new(
-                first.code(),
+                errors[0].code(),
                 format!(
                     "nothing written: {}",
                     rejections
@@ -249,7 +249,7 @@ fn with_actor(mut body: Value, actor: &str) -> Value {
 /// The errors both forms answer alike.
 fn record_error(e: RecordError) -> QueryError {
     match e {
-        RecordError::Rejected(rejection) => rejected(rejection),
+        RecordError::Rejected(rejection) => rejected(&rejection),
         e @ (RecordError::Conflict { .. }
         | RecordError::Conflicts { .. }
         | RecordError::Rejections { .. }) => QueryError::new(ErrorCode::Conflict, e.to_string()),
@@ -284,7 +284,7 @@ impl FoldedElsewhere for StoreFolded<'_> {
 
 /// A refusal by the decider: its own code for a deleted or unknown target, `rejected`
 /// otherwise; always with the stable `reason`, and a claim's refused classes.
-fn rejected(rejection: AppendRejection) -> QueryError {
+fn rejected(rejection: &AppendRejection) -> QueryError {
     let code = match rejection {
         AppendRejection::TargetDeleted { .. } => ErrorCode::TargetDeleted,
         AppendRejection::NotFound { .. } => ErrorCode::NotFound,
@@ -301,7 +301,7 @@ fn rejected(rejection: AppendRejection) -> QueryError {
     };
     let mut error =
         QueryError::new(code, rejection.to_string()).with("reason", rejection.reason().into());
-    if let AppendRejection::ClaimRefused { refusal, .. } = &rejection {
+    if let AppendRejection::ClaimRefused { refusal, .. } = rejection {
         error = error.with(
             "classes",
             serde_json::to_value(&refusal.classes).unwrap_or_default(),
