@@ -69,6 +69,18 @@ pub struct StepState {
     pub compensation_id: Option<Uuid>,
 }
 
+/// A step whose action was asked for (`StepStarted`, intent before effect) and whose
+/// outcome no `StepDone` has recorded: the executor may or may not have acted under its
+/// idempotency key, so a rollback undoes by that key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartedStep {
+    pub stage: String,
+    pub name: String,
+    pub executor: String,
+    pub idempotency_key: String,
+    pub compensation: Option<Compensation>,
+}
+
 /// Where one planned compensation stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -127,6 +139,8 @@ pub struct OperationState {
     /// and sharing what did not change keeps that copy cheap however many steps it has.
     /// A fold that changes one step copies that step only (`Arc::make_mut`).
     pub steps: Vec<Arc<StepState>>,
+    /// Steps started with an intent and no recorded outcome yet, in start order.
+    pub started: Vec<Arc<StartedStep>>,
     pub error: Option<OperationError>,
     pub cancellation_reason: Option<String>,
     /// The target is being deleted by a user (`TargetDeletionNoticed`): the rollback then
@@ -156,6 +170,7 @@ impl OperationState {
             children: Vec::new(),
             status: None,
             steps: Vec::new(),
+            started: Vec::new(),
             error: None,
             cancellation_reason: None,
             target_deleted: false,
@@ -271,7 +286,10 @@ impl OperationState {
                 compensation,
             } => {
                 // An effect that happened is a fact: it is recorded even when out of
-                // place, so the rollback planner can still undo it.
+                // place, so the rollback planner can still undo it. It settles the
+                // outcome of the intent of the same step, if one was recorded.
+                self.started
+                    .retain(|s| !(s.stage == *stage && s.name == *step));
                 self.steps.push(Arc::new(StepState {
                     stage: stage.clone(),
                     name: step.clone(),
@@ -292,6 +310,37 @@ impl OperationState {
                     ));
                 }
             }
+            Event::StepStarted {
+                stage,
+                step,
+                executor,
+                idempotency_key,
+                compensation,
+            } => {
+                // An intent is a decision, not a fact: nothing happened yet, so it is
+                // refused once the operation stopped (the runner must not act then).
+                self.require_status(&[Running], "step started")?;
+                if self.stage_progress.get(stage) != Some(&StageProgress::Started) {
+                    return Err(format!(
+                        "step {step:?} started outside its started stage {stage:?}; not applied"
+                    ));
+                }
+                let known = self.started.iter().any(|s| s.name == *step)
+                    || self.steps.iter().any(|s| s.name == *step);
+                if known {
+                    return Err(format!(
+                        "step {step:?} was already started or done; step names are unique \
+                         within an operation; not applied"
+                    ));
+                }
+                self.started.push(Arc::new(StartedStep {
+                    stage: stage.clone(),
+                    name: step.clone(),
+                    executor: executor.clone(),
+                    idempotency_key: idempotency_key.clone(),
+                    compensation: compensation.clone(),
+                }));
+            }
             Event::StageCompleted { stage } => {
                 self.require_status(&[Running], "stage completed")?;
                 if self.stage_progress.get(stage) != Some(&StageProgress::Started) {
@@ -302,6 +351,15 @@ impl OperationState {
             }
             Event::OperationSucceeded {} => {
                 self.require_status(&[Running], "succeeded")?;
+                if let Some(open) = self.started.first() {
+                    // An action asked for and never settled would be unknown to every
+                    // later reader: success is refused until its outcome is recorded.
+                    return Err(format!(
+                        "step {:?} was started and its outcome never recorded; record its \
+                         step_done (or fail the operation) first; not applied",
+                        open.name
+                    ));
+                }
                 self.status = Some(Succeeded);
             }
             Event::OperationFailed { stage, step, error } => {
@@ -470,6 +528,21 @@ impl OperationState {
             })
             .collect();
         map.insert("steps".into(), steps.into());
+        let started: Vec<serde_json::Value> = self
+            .started
+            .iter()
+            .map(|s| {
+                serde_json::json!({
+                    "stage": s.stage,
+                    "name": s.name,
+                    "executor": s.executor,
+                    "idempotency_key": s.idempotency_key,
+                    "compensation": s.compensation,
+                    "state": "outcome_unknown",
+                })
+            })
+            .collect();
+        map.insert("started".into(), started.into());
         map.insert("error".into(), json_or_null(&self.error));
         map.insert(
             "cancellation_reason".into(),

@@ -30,7 +30,7 @@ use provledger_events::catalogue::{
 use provledger_events::AggregateId;
 use uuid::Uuid;
 
-use crate::operation::{OperationState, OperationStatus, StepState};
+use crate::operation::{OperationState, OperationStatus, StartedStep, StepState};
 
 /// The namespace of compensation ids (UUID v5): a compensation's id is a function of the
 /// operation, the step and the action, so every planner computes the same one.
@@ -268,6 +268,9 @@ impl PlanBuilder {
     fn undo_steps(&mut self, op: &OperationState, mode: Mode, label: Option<&str>) {
         let facts = node_facts(op);
         let operation = op.header.id.id;
+        // The latest actions first: a step whose outcome is unknown was the last one the
+        // runner asked for (or one that failed at its executor, maybe half done).
+        self.undo_unknown_outcomes(op, mode, label);
         for (index, step) in op.steps.iter().enumerate().rev() {
             let stage_label = match label {
                 Some(l) => format!("{l}/{}", step.stage),
@@ -308,6 +311,62 @@ impl PlanBuilder {
                 &step.name,
                 compensation.clone(),
             );
+        }
+    }
+
+    /// Steps started with an intent (`StepStarted`) and no recorded outcome: the executor
+    /// may have acted under the step's idempotency key, so its compensation is planned
+    /// by that key, under the same stage rules as a done step's (a holding stage keeps
+    /// it for an operator). An executor that did nothing answers that there was nothing
+    /// to undo.
+    fn undo_unknown_outcomes(&mut self, op: &OperationState, mode: Mode, label: Option<&str>) {
+        let operation = op.header.id.id;
+        for (index, started) in op.started.iter().enumerate().rev() {
+            let Some(compensation) = &started.compensation else {
+                continue;
+            };
+            let stage_label = match label {
+                Some(l) => format!("{l}/{}", started.stage),
+                None => started.stage.clone(),
+            };
+            let hold = match mode {
+                Mode::TargetDeleted => false,
+                Mode::Policy(p) => {
+                    p == StagePolicy::Hold
+                        || op.stage_policy(&started.stage) == Some(StagePolicy::Hold)
+                }
+            };
+            if hold {
+                self.retained.push(RetainedResource {
+                    stage: stage_label,
+                    step: started.name.clone(),
+                    resource: unknown_resource(started),
+                    why: "outcome unknown, in a holding stage: kept for an operator (the \
+                          executor knows it by its idempotency key)"
+                        .into(),
+                });
+                continue;
+            }
+            let mut compensation = compensation.clone();
+            compensation
+                .args
+                .entry(DetailKey::IdempotencyKey.to_string())
+                .or_insert_with(|| started.idempotency_key.clone());
+            // Not the id of a done step's compensation: the name says "started", and a
+            // `StepDone` recorded later (a late runner) settles the intent before any plan.
+            let id_name = format!("started:{}", started.name);
+            self.compensations.push(PlannedCompensation {
+                compensation_id: compensation_id(
+                    operation,
+                    index,
+                    &stage_label,
+                    &id_name,
+                    &compensation.action,
+                ),
+                stage: stage_label,
+                step: started.name.clone(),
+                compensation,
+            });
         }
     }
 
@@ -376,6 +435,14 @@ impl PlanBuilder {
 
 /// Whether the operation already removed `c`'s resource forward: a step whose effect is
 /// `resource_removed` on the same resource, by the same executor, with the same action.
+/// How a plan names a resource it knows only by its step's idempotency key.
+fn unknown_resource(started: &StartedStep) -> String {
+    match started.compensation.as_ref().map(|c| c.resource.as_str()) {
+        Some(resource) if !resource.is_empty() => resource.to_string(),
+        _ => format!("{} key {}", started.executor, started.idempotency_key),
+    }
+}
+
 fn removed_forward(op: &OperationState, c: &Compensation) -> bool {
     let Executor::Service(executor) = &c.executor else {
         return false;

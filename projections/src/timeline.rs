@@ -121,6 +121,19 @@ pub fn summary(event: &Event) -> String {
             };
             format!("{step} {kind} {}{undo}", effect.resource)
         }
+        Event::StepStarted {
+            step,
+            executor,
+            idempotency_key,
+            compensation,
+            ..
+        } => {
+            let undo = match compensation {
+                Some(c) => format!(" undo={} by key", action_word(&c.action)),
+                None => String::new(),
+            };
+            format!("{step} asked of {executor} key={idempotency_key}{undo}")
+        }
         Event::OperationFailed { stage, step, error } => format!(
             "stage={stage} step={} {error:?}",
             step.as_deref().unwrap_or("-")

@@ -23,10 +23,13 @@ pub enum DetailKey {
     TerminateExecutor,
     /// An IP, for people and tools.
     Ip,
+    /// The key a step's action was asked for under (`StepStarted`): an executor undoes,
+    /// by this key, what it did for a step whose outcome the ledger never learnt.
+    IdempotencyKey,
 }
 
 impl DetailKey {
-    pub const ALL: [DetailKey; 8] = [
+    pub const ALL: [DetailKey; 9] = [
         DetailKey::ProviderId,
         DetailKey::ClusterId,
         DetailKey::NodeGroup,
@@ -35,6 +38,7 @@ impl DetailKey {
         DetailKey::Action,
         DetailKey::TerminateExecutor,
         DetailKey::Ip,
+        DetailKey::IdempotencyKey,
     ];
 
     /// The key as written in `detail` and `args`.
@@ -48,6 +52,7 @@ impl DetailKey {
             DetailKey::Action => "action",
             DetailKey::TerminateExecutor => "terminate_executor",
             DetailKey::Ip => "ip",
+            DetailKey::IdempotencyKey => "idempotency_key",
         }
     }
 }

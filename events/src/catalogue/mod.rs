@@ -221,6 +221,21 @@ pub enum Event {
     RollbackResumed {
         reason: String,
     },
+    /// Intent before effect: a step is about to ask an executor for an action, under this
+    /// idempotency key (the executor records what it does under it). Written before the
+    /// action, so that a runner dying between the action and its `StepDone` still leaves
+    /// the action known to the ledger: until a `StepDone` of the same stage and step
+    /// records its outcome, the step's outcome is unknown, and a rollback asks the
+    /// executor to undo whatever it did under the key (`compensation`, whose args carry
+    /// `idempotency_key`; an executor that did nothing answers that there was nothing to
+    /// undo).
+    StepStarted {
+        stage: String,
+        step: String,
+        executor: String,
+        idempotency_key: String,
+        compensation: Option<Compensation>,
+    },
 }
 
 impl Event {
@@ -281,7 +296,8 @@ impl Event {
             | Event::CompensationFailed { .. }
             | Event::RollbackFinished { .. }
             | Event::TargetDeletionNoticed { .. }
-            | Event::RollbackResumed { .. } => Operation,
+            | Event::RollbackResumed { .. }
+            | Event::StepStarted { .. } => Operation,
             Event::InFlightOperationSet { .. } | Event::InFlightOperationCleared { .. } => {
                 return None
             }

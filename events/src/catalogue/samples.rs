@@ -253,6 +253,18 @@ pub fn all() -> Vec<Event> {
         Event::RollbackResumed {
             reason: "the IPAM is back; resumed by an operator".into(),
         },
+        Event::StepStarted {
+            stage: "provision".into(),
+            step: "acquire_ip".into(),
+            executor: "ipam".into(),
+            idempotency_key: id(8).to_string(),
+            compensation: Some(Compensation {
+                action: CompensationAction::ReleaseIp,
+                executor: Executor::Service("ipam".into()),
+                resource: String::new(),
+                args: BTreeMap::from([(DetailKey::IdempotencyKey.to_string(), id(8).to_string())]),
+            }),
+        },
     ]
 }
 

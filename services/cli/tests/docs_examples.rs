@@ -301,6 +301,38 @@ fn the_document_marks_one_example_per_operation_kind() {
     }
 }
 
+/// An IPAM as section 4 of the document describes it, which never took an address: it
+/// answers every compensation by key with `nothing_to_undo` (and one without a key with a
+/// plain `ok`), and keeps the requests it received.
+async fn ipam_that_never_acted(
+    client: &async_nats::Client,
+) -> std::sync::Arc<std::sync::Mutex<Vec<Value>>> {
+    use futures::StreamExt;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut sub = client
+        .subscribe("provledger.exec.ipam.compensate")
+        .await
+        .expect("subscribe");
+    client.flush().await.expect("flush");
+    let (client, kept) = (client.clone(), seen.clone());
+    tokio::spawn(async move {
+        while let Some(msg) = sub.next().await {
+            let request: Value = serde_json::from_slice(&msg.payload).unwrap_or(Value::Null);
+            let by_key = request["args"]["idempotency_key"].is_string();
+            kept.lock().expect("ipam requests").push(request);
+            let reply = if by_key {
+                json!({"ok": true, "nothing_to_undo": true})
+            } else {
+                json!({"ok": true})
+            };
+            if let Some(to) = msg.reply {
+                let _ = client.publish(to, reply.to_string().into()).await;
+            }
+        }
+    });
+    seen
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_documented_example_is_accepted_and_ends_as_documented() {
     let doc = std::fs::read_to_string(doc_path()).expect("docs/writing-operations.md");
@@ -314,6 +346,7 @@ async fn every_documented_example_is_accepted_and_ends_as_documented() {
     let client = nats.client().await;
     let _serve = Serve::start(&nats, &tmp.path().join("serve"));
     wait_ready(&client).await;
+    let ipam = ipam_that_never_acted(&client).await;
     let mut last = 0;
     for example in &examples {
         let position = replay(&client, example).await;
@@ -322,6 +355,16 @@ async fn every_documented_example_is_accepted_and_ends_as_documented() {
         }
         last = last.max(position);
     }
+    // The failed boot's `acquire_ip` was started and never done: its rollback asked IPAM,
+    // by the documented key, to release whatever it took, and IPAM had nothing to undo.
+    let asked = ipam.lock().expect("ipam requests").clone();
+    assert_eq!(asked.len(), 1, "IPAM compensation requests: {asked:#?}");
+    assert_eq!(asked[0]["action"], "release_ip");
+    assert_eq!(asked[0]["resource"], "");
+    assert_eq!(
+        asked[0]["args"]["idempotency_key"],
+        "01900000-0000-7000-8000-0000000000a1"
+    );
     // A clean sequence: the fold applied every event of every aggregate written, none as
     // an anomaly (an out-of-place `step_done` is accepted, but recorded as one).
     let mut seen = HashSet::new();

@@ -233,7 +233,11 @@ async fn two_replicas_record_one_plan_and_carry_out_each_compensation_once() {
             }
         }
     }
-    assert_eq!(external, 5 * 8, "2 VMs with IP, DHCP and DNS per create");
+    assert_eq!(
+        external,
+        5 * 9,
+        "2 VMs with IP, DHCP and DNS per create, and the failed third VM undone by its key"
+    );
     assert!(
         env.infra.inventory().is_empty(),
         "{:?}",

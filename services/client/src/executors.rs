@@ -38,12 +38,41 @@ impl CompensationRequest {
     }
 }
 
-/// The JSON reply: `{"ok": true}` or `{"ok": false, "error": "..."}`.
+/// The JSON reply: `{"ok": true}` or `{"ok": false, "error": "..."}`. An executor asked to
+/// undo, by idempotency key, an action it never carried out answers `{"ok": true,
+/// "nothing_to_undo": true}`: the compensation is done, and the log says so.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CompensationReply {
     pub ok: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub nothing_to_undo: bool,
+}
+
+impl CompensationReply {
+    pub fn done() -> Self {
+        CompensationReply {
+            ok: true,
+            error: None,
+            nothing_to_undo: false,
+        }
+    }
+
+    pub fn nothing_to_undo() -> Self {
+        CompensationReply {
+            nothing_to_undo: true,
+            ..Self::done()
+        }
+    }
+
+    pub fn failed(error: String) -> Self {
+        CompensationReply {
+            ok: false,
+            error: Some(error),
+            nothing_to_undo: false,
+        }
+    }
 }
 
 pub type CompensationFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
@@ -98,6 +127,9 @@ pub(crate) async fn request_ok<T: Serialize>(
         .map_err(|e| format!("request to {subject}: {e}"))?;
     let reply: CompensationReply = serde_json::from_slice(&reply.payload)
         .map_err(|e| format!("unreadable reply from {subject}: {e}"))?;
+    if reply.ok && reply.nothing_to_undo {
+        tracing::info!(%subject, "the executor had nothing to undo (it never acted under the key)");
+    }
     match (reply.ok, reply.error) {
         (true, _) => Ok(()),
         (false, error) => Err(error.unwrap_or_else(|| "refused without a reason".into())),

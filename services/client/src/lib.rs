@@ -58,6 +58,6 @@ pub use ledger::{
 };
 pub use port::{ActionFuture, Infrastructure};
 pub use runner::{
-    OperationCtx, OperationError, OperationRunner, OperationSpec, RunReport, StepError, StepHook,
-    StepOutput,
+    idempotency_key, ActOutput, OperationCtx, OperationError, OperationRunner, OperationSpec,
+    RunReport, StepError, StepHook, StepOutput,
 };

@@ -12,7 +12,10 @@ use crate::executors::{CompensationExecutor, CompensationFuture};
 pub type ActionFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, String>> + Send + 'a>>;
 
 /// The infrastructure a provisioning flow acts on: forward actions by executor name, and
-/// compensations (through [`CompensationExecutor`]).
+/// compensations (through [`CompensationExecutor`]). Every forward action carries the
+/// idempotency key its step recorded before asking (`StepStarted`): the executor keeps
+/// what it does under that key, answers a repeated request with the same key with the
+/// same result, and can undo by the key a step whose outcome the ledger never learnt.
 pub trait Infrastructure: CompensationExecutor {
     /// Performs `action` on `resource` at `executor` (e.g. `hypervisor` `create_vm`).
     fn act<'a>(
@@ -20,7 +23,12 @@ pub trait Infrastructure: CompensationExecutor {
         executor: &'a str,
         action: &'a str,
         resource: &'a str,
+        idempotency_key: &'a str,
     ) -> CompensationFuture<'a>;
     /// Takes a free IP for `node` from IPAM.
-    fn acquire_ip<'a>(&'a self, node: &'a str) -> ActionFuture<'a, String>;
+    fn acquire_ip<'a>(
+        &'a self,
+        node: &'a str,
+        idempotency_key: &'a str,
+    ) -> ActionFuture<'a, String>;
 }

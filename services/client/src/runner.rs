@@ -158,6 +158,30 @@ impl<T> StepOutput<T> {
     }
 }
 
+/// What an executor's action produced ([`OperationCtx::act`]): its value, the effect,
+/// and the compensation that undoes it by resource (or `None`: nothing to undo).
+pub struct ActOutput<T> {
+    pub value: T,
+    pub effect: Effect,
+    pub compensation: Option<Compensation>,
+}
+
+impl<T> ActOutput<T> {
+    pub fn new(value: T, effect: Effect, compensation: Option<Compensation>) -> Self {
+        ActOutput {
+            value,
+            effect,
+            compensation,
+        }
+    }
+}
+
+/// The idempotency key of step `step` of `operation`: derived, so that the runner, a
+/// re-run and a reader of the log agree on it without storing anything else.
+pub fn idempotency_key(operation: Uuid, step: &str) -> String {
+    crate::ledger::derived_commit_id(operation, &format!("intent/{step}")).to_string()
+}
+
 /// How a run ended, with the operation's final state as folded from the log.
 #[derive(Debug)]
 pub struct RunReport<T> {
@@ -225,6 +249,27 @@ fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
         s.clone()
     } else {
         "a panic without a message".to_string()
+    }
+}
+
+/// Runs a step's own work, turning its error or panic into the typed stop of the step.
+async fn run_work<O>(
+    stage: &str,
+    step: &str,
+    work: impl Future<Output = Result<O, StepError>>,
+) -> Result<O, OperationError> {
+    match AssertUnwindSafe(work).catch_unwind().await {
+        Err(panic) => Err(OperationError::Panicked {
+            stage: stage.into(),
+            step: step.into(),
+            message: panic_message(panic),
+        }),
+        Ok(Err(StepError(error))) => Err(OperationError::StepFailed {
+            stage: stage.into(),
+            step: step.into(),
+            error,
+        }),
+        Ok(Ok(output)) => Ok(output),
     }
 }
 
@@ -508,16 +553,15 @@ impl OperationCtx {
         record_anyway: bool,
     ) -> Result<(), OperationError> {
         let op = AggregateId::operation(self.inner.id);
+        // One commit id across attempts: an attempt whose answer was lost is then
+        // recognised as the same commit, never written twice.
+        let draft = self.draft(events);
         for _ in 0..OPERATION_APPEND_ATTEMPTS_MAX {
             let version = self.lock().version;
             match self
                 .inner
                 .ledger
-                .record(
-                    op,
-                    Expectation::Exactly(version),
-                    self.draft(events.clone()),
-                )
+                .record(op, Expectation::Exactly(version), draft.clone())
                 .await
             {
                 Ok(outcome) => {
@@ -593,23 +637,7 @@ impl OperationCtx {
         Fut: Future<Output = Result<StepOutput<T>, StepError>>,
     {
         let stage = self.begin_step(name).await?;
-        let output = match AssertUnwindSafe(work).catch_unwind().await {
-            Err(panic) => {
-                return Err(OperationError::Panicked {
-                    stage,
-                    step: name.into(),
-                    message: panic_message(panic),
-                })
-            }
-            Ok(Err(StepError(error))) => {
-                return Err(OperationError::StepFailed {
-                    stage,
-                    step: name.into(),
-                    error,
-                })
-            }
-            Ok(Ok(output)) => output,
-        };
+        let output = run_work(&stage, name, work).await?;
         if let Some((effect, compensation)) = output.effect {
             let done = Event::StepDone {
                 stage,
@@ -619,6 +647,64 @@ impl OperationCtx {
             };
             self.append_op(vec![done], true).await?;
         }
+        self.check_cancelled().await?;
+        Ok(output.value)
+    }
+
+    /// Intent before effect: a step that asks an executor to act. Before `work` runs, the
+    /// step is recorded as started (`StepStarted`) with the idempotency key `work` must
+    /// pass to the executor and with `undo`, the compensation that undoes by that key
+    /// (its `resource` may be empty when the executor chooses the resource, e.g. an IP;
+    /// the key is added to its `args`). `work` returns its value, the effect and the
+    /// compensation that undoes it by resource, recorded as the step's `StepDone`.
+    ///
+    /// A runner dying between the executor's action and that record leaves the intent in
+    /// the log: the rollback asks `executor` to undo whatever it did under the key, and an
+    /// executor that did nothing answers that there was nothing to undo. The same holds
+    /// when `work` fails (the executor may have half acted before answering an error).
+    pub async fn act<T, F, Fut>(
+        &self,
+        name: &str,
+        executor: &str,
+        undo: Option<Compensation>,
+        work: F,
+    ) -> Result<T, OperationError>
+    where
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<ActOutput<T>, StepError>>,
+    {
+        let stage = self.begin_step(name).await?;
+        let key = idempotency_key(self.inner.id, name);
+        let undo = undo.map(|mut c| {
+            c.args
+                .insert(DetailKey::IdempotencyKey.to_string(), key.clone());
+            c
+        });
+        let started = Event::StepStarted {
+            stage: stage.clone(),
+            step: name.into(),
+            executor: executor.into(),
+            idempotency_key: key.clone(),
+            compensation: undo,
+        };
+        // A decision: refused if a cancellation got in first (nothing was asked yet).
+        self.append_op(vec![started], false).await?;
+        let output = run_work(&stage, name, work(key.clone())).await?;
+        // The compensation by resource carries the key too: the executor can tell its
+        // own resource from one handed to another request since (a reused IP).
+        let compensation = output.compensation.map(|mut c| {
+            c.args
+                .entry(DetailKey::IdempotencyKey.to_string())
+                .or_insert_with(|| key.clone());
+            c
+        });
+        let done = Event::StepDone {
+            stage,
+            step: name.into(),
+            effect: output.effect,
+            compensation,
+        };
+        self.append_op(vec![done], true).await?;
         self.check_cancelled().await?;
         Ok(output.value)
     }

@@ -27,7 +27,8 @@ use uuid::Uuid;
 /// The format byte in front of every stored entity. Bump it when entity state changes
 /// shape; an older store is then rebuilt from its sled copy of the log.
 /// 5: instances keep `task_lease_since`, when their current lease was granted.
-pub const ENTITY_FORMAT: u8 = 5;
+/// 6: operations keep `started`, the steps whose intent is recorded and outcome unknown.
+pub const ENTITY_FORMAT: u8 = 6;
 /// The time index's layout: 2 = an entry at every commit where the watermark rose.
 const TIME_INDEX_FORMAT: u8 = 2;
 /// How many snapshots are kept; older ones are removed once a new one is complete.

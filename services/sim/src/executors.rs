@@ -13,6 +13,7 @@ use provledger_client::{
     ActionFuture, CompensationExecutor, CompensationFuture, CompensationReply, CompensationRequest,
     Infrastructure, NatsExecutors,
 };
+use provledger_events::catalogue::DetailKey;
 use uuid::Uuid;
 
 pub const IPAM: &str = "ipam";
@@ -39,6 +40,17 @@ struct SimState {
     compensation_failures_left: u32,
     /// How many times each compensation took effect (at most once if idempotent).
     applied: BTreeMap<Uuid, u32>,
+    /// The idempotency key each held resource was made under (a step's `StepStarted`).
+    key_of: BTreeMap<String, String>,
+    /// What each key's action returned, so that a repeated request answers the same.
+    made_under: BTreeMap<String, String>,
+    /// Compensations by key that found nothing done under their key.
+    nothing_to_undo: u32,
+    /// Calls after which the runner "dies": the action takes effect, and its answer never
+    /// comes back (the caller's future stays pending, and the harness drops it).
+    crashes: Vec<Fault>,
+    /// Injected crashes that happened.
+    crashed: u32,
     /// How many requests arrived for each compensation, counted before deduplication, so
     /// that a driver sending one twice is seen even though it takes effect once.
     requests: BTreeMap<Uuid, u32>,
@@ -73,6 +85,38 @@ impl SimExecutor {
             action: action.to_string(),
             on_call: done + on_call,
         });
+    }
+
+    /// Makes call number `on_call` (1-based, counted from now on) of `action` take effect
+    /// and never answer: the runner's process dies between the executor's action and its
+    /// record.
+    pub fn crash_after_call(&self, action: &str, on_call: u32) {
+        let mut s = self.lock();
+        let done = s.calls.get(action).copied().unwrap_or(0);
+        s.crashes.push(Fault {
+            action: action.to_string(),
+            on_call: done + on_call,
+        });
+    }
+
+    /// Forgets the crashes planned and not yet happened (the operation they were meant
+    /// for ended before reaching them).
+    pub fn clear_crashes(&self) {
+        self.lock().crashes.clear();
+    }
+
+    /// Every held resource with the idempotency key it was made under, if any.
+    pub fn held_with_keys(&self) -> Vec<(String, Option<String>)> {
+        let s = self.lock();
+        s.resources
+            .keys()
+            .map(|r| (r.clone(), s.key_of.get(r).cloned()))
+            .collect()
+    }
+
+    /// Compensations by key that found nothing done under their key.
+    pub fn nothing_to_undo(&self) -> u32 {
+        self.lock().nothing_to_undo
     }
 
     /// Makes the next `times` compensation requests fail.
@@ -112,8 +156,13 @@ impl SimExecutor {
         self.lock().requests.get(&id).copied().unwrap_or(0)
     }
 
-    fn call(&self, action: &str, resource: &str) -> Result<(), String> {
+    /// Carries out `action` on `resource` under `key`. `Ok(true)`: the runner dies now
+    /// (an injected crash after the action took effect).
+    fn call(&self, action: &str, resource: &str, key: &str) -> Result<bool, String> {
         let mut s = self.lock();
+        if !key.is_empty() && s.made_under.contains_key(key) {
+            return Ok(false); // a repeated request under the same key: done once
+        }
         let n = {
             let n = s.calls.entry(action.to_string()).or_insert(0);
             *n += 1;
@@ -133,34 +182,72 @@ impl SimExecutor {
             // latest state (decommissioned, configured, started).
             "terminate_vm" | "unregister" | "release" => {
                 s.resources.remove(resource);
+                s.key_of.remove(resource);
             }
+            // A state change (the plugin starting or decommissioning a node) of a resource
+            // the executor does not hold changes nothing: it creates no record.
+            "start" | "decommission" if !s.resources.contains_key(resource) => {}
             _ => {
-                s.resources.insert(resource.to_string(), action.to_string());
+                let created = s
+                    .resources
+                    .insert(resource.to_string(), action.to_string())
+                    .is_none();
+                if !key.is_empty() {
+                    // A resource belongs to the key that created it; a later action on it
+                    // (start, decommission) changes its state, not its owner.
+                    if created {
+                        s.key_of.insert(resource.to_string(), key.to_string());
+                    }
+                    s.made_under.insert(key.to_string(), resource.to_string());
+                }
             }
         }
-        Ok(())
+        let crash = s
+            .crashes
+            .iter()
+            .any(|f| f.action == action && f.on_call == n);
+        if crash {
+            s.crashed += 1;
+        }
+        Ok(crash)
     }
 
-    fn take_ip(&self, node: &str) -> Result<String, String> {
-        self.call("acquire_ip", node)?;
+    /// How many injected crashes after an action happened here.
+    pub fn crashed(&self) -> u32 {
+        self.lock().crashed
+    }
+
+    /// Takes a free IP for `node` under `key` (the same IP again for a repeated key).
+    /// The second value: the runner dies now.
+    fn take_ip(&self, node: &str, key: &str) -> Result<(String, bool), String> {
+        if let Some(ip) = self.lock().made_under.get(key) {
+            return Ok((ip.clone(), false));
+        }
+        // `call` counts the call and applies faults; the node is not the resource.
+        let crash = self.call("acquire_ip", node, "")?;
         let mut s = self.lock();
-        s.resources.remove(node); // `call` recorded the node; the IP is the resource
+        s.resources.remove(node);
         for _ in 0..IP_POOL_MAX {
             s.next_ip = (s.next_ip + 1) % IP_POOL_MAX;
             let ip = format!("10.0.{}.{}", s.next_ip / 250, s.next_ip % 250 + 1);
             if !s.resources.contains_key(&ip) {
                 s.resources.insert(ip.clone(), node.to_string());
-                return Ok(ip);
+                if !key.is_empty() {
+                    s.key_of.insert(ip.clone(), key.to_string());
+                    s.made_under.insert(key.to_string(), ip.clone());
+                }
+                return Ok((ip, crash));
             }
         }
         Err(format!("{}: pool exhausted", self.name))
     }
 
-    fn compensate_now(&self, request: &CompensationRequest) -> Result<(), String> {
+    /// `Ok(false)`: asked to undo by key something never done under it (nothing to undo).
+    fn compensate_now(&self, request: &CompensationRequest) -> Result<bool, String> {
         let mut s = self.lock();
         *s.requests.entry(request.compensation_id).or_insert(0) += 1;
         if s.applied.contains_key(&request.compensation_id) {
-            return Ok(()); // already carried out: a retry or a racing driver
+            return Ok(true); // already carried out: a retry or a racing driver
         }
         if s.compensation_failures_left > 0 {
             s.compensation_failures_left -= 1;
@@ -169,10 +256,41 @@ impl SimExecutor {
                 self.name, request.action, request.resource
             ));
         }
-        // Gone already (removed by hand, or by an earlier removal) counts as done.
-        s.resources.remove(&request.resource);
+        let key = request.args.get(DetailKey::IdempotencyKey.as_str());
+        let mut undone = false;
+        if let Some(key) = key {
+            // By key: whatever is still held under it (the resource may have been
+            // handed to another key since, e.g. a reused IP: that one is not touched).
+            let under_key: Vec<String> = s
+                .key_of
+                .iter()
+                .filter(|(_, k)| *k == key)
+                .map(|(r, _)| r.clone())
+                .collect();
+            for r in under_key {
+                s.resources.remove(&r);
+                s.key_of.remove(&r);
+                undone = true;
+            }
+        }
+        if !request.resource.is_empty() {
+            // Gone already (removed by hand, or by an earlier removal) counts as done.
+            let held_by_other_key = key.is_some_and(|k| {
+                s.key_of
+                    .get(&request.resource)
+                    .is_some_and(|other| other != k)
+            });
+            if !held_by_other_key && s.resources.remove(&request.resource).is_some() {
+                s.key_of.remove(&request.resource);
+                undone = true;
+            }
+        }
         *s.applied.entry(request.compensation_id).or_insert(0) += 1;
-        Ok(())
+        let nothing = key.is_some() && !undone;
+        if nothing {
+            s.nothing_to_undo += 1;
+        }
+        Ok(!nothing)
     }
 }
 
@@ -274,20 +392,13 @@ impl SimInfrastructure {
                     .unwrap_or_default()
                     .to_string();
                 let reply = match serde_json::from_slice::<CompensationRequest>(&msg.payload) {
-                    Ok(request) => match self.compensate(&name, &request).await {
-                        Ok(()) => CompensationReply {
-                            ok: true,
-                            error: None,
-                        },
-                        Err(e) => CompensationReply {
-                            ok: false,
-                            error: Some(e),
-                        },
+                    Ok(request) => match self.named(&name).and_then(|e| e.compensate_now(&request))
+                    {
+                        Ok(true) => CompensationReply::done(),
+                        Ok(false) => CompensationReply::nothing_to_undo(),
+                        Err(e) => CompensationReply::failed(e),
                     },
-                    Err(e) => CompensationReply {
-                        ok: false,
-                        error: Some(format!("bad request: {e}")),
-                    },
+                    Err(e) => CompensationReply::failed(format!("bad request: {e}")),
                 };
                 if let (Some(to), Ok(body)) = (msg.reply, serde_json::to_vec(&reply)) {
                     let _ = client.publish(to, body.into()).await;
@@ -303,7 +414,7 @@ impl CompensationExecutor for SimInfrastructure {
         executor: &'a str,
         request: &'a CompensationRequest,
     ) -> CompensationFuture<'a> {
-        Box::pin(async move { self.named(executor)?.compensate_now(request) })
+        Box::pin(async move { self.named(executor)?.compensate_now(request).map(|_| ()) })
     }
 }
 
@@ -313,11 +424,31 @@ impl Infrastructure for SimInfrastructure {
         executor: &'a str,
         action: &'a str,
         resource: &'a str,
+        idempotency_key: &'a str,
     ) -> CompensationFuture<'a> {
-        Box::pin(async move { self.named(executor)?.call(action, resource) })
+        Box::pin(async move {
+            if self
+                .named(executor)?
+                .call(action, resource, idempotency_key)?
+            {
+                // The runner's process died after the action: no answer ever comes.
+                std::future::pending::<()>().await;
+            }
+            Ok(())
+        })
     }
 
-    fn acquire_ip<'a>(&'a self, node: &'a str) -> ActionFuture<'a, String> {
-        Box::pin(async move { self.ipam.take_ip(node) })
+    fn acquire_ip<'a>(
+        &'a self,
+        node: &'a str,
+        idempotency_key: &'a str,
+    ) -> ActionFuture<'a, String> {
+        Box::pin(async move {
+            let (ip, crash) = self.ipam.take_ip(node, idempotency_key)?;
+            if crash {
+                std::future::pending::<()>().await;
+            }
+            Ok(ip)
+        })
     }
 }

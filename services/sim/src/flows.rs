@@ -24,9 +24,9 @@ use uuid::Uuid;
 
 use provledger_client::deletion::{self, DeleteError, DeleteRequestOutcome};
 use provledger_client::{
-    derived_commit_id, read_entity, release_allocation, CompensationExecutor, CompensationRequest,
-    Infrastructure, OperationCtx, OperationError, OperationRunner, OperationSpec, RunReport,
-    Stamper, StepOutput,
+    derived_commit_id, read_entity, release_allocation, ActOutput, CompensationExecutor,
+    CompensationRequest, Infrastructure, OperationCtx, OperationError, OperationRunner,
+    OperationSpec, RunReport, Stamper, StepOutput,
 };
 
 use crate::executors::{DHCP, DNS, HYPERVISOR, IPAM, PLUGIN};
@@ -237,7 +237,9 @@ impl Provisioner {
     }
 
     /// The step that creates a VM, recorded with its termination as the compensation
-    /// (which names the cluster, if the VM is a cluster node).
+    /// (which names the cluster, if the VM is a cluster node). Intent before effect: the
+    /// termination is declared before the hypervisor is asked, so a runner dying between
+    /// the two still leaves the VM known to the ledger.
     async fn create_vm_step(
         &self,
         ctx: &OperationCtx,
@@ -246,19 +248,27 @@ impl Provisioner {
     ) -> Result<(), OperationError> {
         let infra = self.infra.clone();
         let vm = node.to_string();
-        ctx.step(&format!("create_vm:{node}"), async {
-            infra.act(HYPERVISOR, "create_vm", &vm).await?;
-            let mut done = effect(EffectKind::VmCreated, &vm, HYPERVISOR);
-            let mut terminate = undo(CompensationAction::TerminateVm, HYPERVISOR, &vm);
-            if let Some(cluster) = cluster {
-                done.detail
-                    .insert(DetailKey::ClusterId.to_string(), cluster.to_string());
-                terminate
-                    .args
-                    .insert(DetailKey::ClusterId.to_string(), cluster.to_string());
-            }
-            Ok(StepOutput::with_effect((), done, Some(terminate)))
-        })
+        let mut terminate = undo(CompensationAction::TerminateVm, HYPERVISOR, &vm);
+        if let Some(cluster) = cluster {
+            terminate
+                .args
+                .insert(DetailKey::ClusterId.to_string(), cluster.to_string());
+        }
+        let by_key = terminate.clone();
+        ctx.act(
+            &format!("create_vm:{node}"),
+            HYPERVISOR,
+            Some(by_key),
+            |key| async move {
+                infra.act(HYPERVISOR, "create_vm", &vm, &key).await?;
+                let mut done = effect(EffectKind::VmCreated, &vm, HYPERVISOR);
+                if let Some(cluster) = cluster {
+                    done.detail
+                        .insert(DetailKey::ClusterId.to_string(), cluster.to_string());
+                }
+                Ok(ActOutput::new((), done, Some(terminate)))
+            },
+        )
         .await
     }
 
@@ -270,14 +280,19 @@ impl Provisioner {
     ) -> Result<(), OperationError> {
         let infra = self.infra.clone();
         let vm = node.to_string();
-        ctx.step(&format!("terminate:{node}"), async {
-            infra.act(HYPERVISOR, "terminate_vm", &vm).await?;
-            Ok(StepOutput::with_effect(
-                (),
-                effect(EffectKind::NodeTerminated, &vm, HYPERVISOR),
-                None,
-            ))
-        })
+        ctx.act(
+            &format!("terminate:{node}"),
+            HYPERVISOR,
+            None,
+            |key| async move {
+                infra.act(HYPERVISOR, "terminate_vm", &vm, &key).await?;
+                Ok(ActOutput::new(
+                    (),
+                    effect(EffectKind::NodeTerminated, &vm, HYPERVISOR),
+                    None,
+                ))
+            },
+        )
         .await
     }
 
@@ -347,29 +362,51 @@ impl Provisioner {
             done.detail.insert(NODE_DETAIL.into(), node.to_string());
             done
         };
-        let ip = ctx
-            .step(&format!("acquire_ip:{node}"), async {
-                let ip = infra.acquire_ip(&name).await?;
-                let done = of_node(effect(EffectKind::IpAcquired, &ip, IPAM));
-                let release = undo(CompensationAction::ReleaseIp, IPAM, &ip);
-                Ok(StepOutput::with_effect(ip.clone(), done, Some(release)))
-            })
+        // The IP is IPAM's choice: its release is declared by key before asking.
+        let ip = {
+            let infra = infra.clone();
+            let name = name.clone();
+            ctx.act(
+                &format!("acquire_ip:{node}"),
+                IPAM,
+                Some(undo(CompensationAction::ReleaseIp, IPAM, "")),
+                |key| async move {
+                    let ip = infra.acquire_ip(&name, &key).await?;
+                    let done = of_node(effect(EffectKind::IpAcquired, &ip, IPAM));
+                    let release = undo(CompensationAction::ReleaseIp, IPAM, &ip);
+                    Ok(ActOutput::new(ip.clone(), done, Some(release)))
+                },
+            )
+            .await?
+        };
+        let unregister = undo(CompensationAction::UnregisterDhcp, DHCP, &name);
+        {
+            let (infra, name, ip) = (infra.clone(), name.clone(), ip.clone());
+            ctx.act(
+                &format!("register_dhcp:{node}"),
+                DHCP,
+                Some(unregister.clone()),
+                |key| async move {
+                    infra.act(DHCP, "register", &name, &key).await?;
+                    let mut done = of_node(effect(EffectKind::DhcpRegistered, &name, DHCP));
+                    done.detail.insert(DetailKey::Ip.to_string(), ip);
+                    Ok(ActOutput::new((), done, Some(unregister)))
+                },
+            )
             .await?;
-        ctx.step(&format!("register_dhcp:{node}"), async {
-            infra.act(DHCP, "register", &name).await?;
-            let mut done = of_node(effect(EffectKind::DhcpRegistered, &name, DHCP));
-            done.detail.insert(DetailKey::Ip.to_string(), ip.clone());
-            let unregister = undo(CompensationAction::UnregisterDhcp, DHCP, &name);
-            Ok(StepOutput::with_effect((), done, Some(unregister)))
-        })
-        .await?;
+        }
         let fqdn = format!("{name}.example");
-        ctx.step(&format!("register_dns:{node}"), async {
-            infra.act(DNS, "register", &fqdn).await?;
-            let done = of_node(effect(EffectKind::DnsRegistered, &fqdn, DNS));
-            let unregister = undo(CompensationAction::UnregisterDns, DNS, &fqdn);
-            Ok(StepOutput::with_effect((), done, Some(unregister)))
-        })
+        let unregister = undo(CompensationAction::UnregisterDns, DNS, &fqdn);
+        ctx.act(
+            &format!("register_dns:{node}"),
+            DNS,
+            Some(unregister.clone()),
+            |key| async move {
+                infra.act(DNS, "register", &fqdn, &key).await?;
+                let done = of_node(effect(EffectKind::DnsRegistered, &fqdn, DNS));
+                Ok(ActOutput::new((), done, Some(unregister)))
+            },
+        )
         .await
     }
 
@@ -388,12 +425,17 @@ impl Provisioner {
         let infra = self.infra.clone();
         let resource = node.to_string();
         let compensation = (kind == EffectKind::NodeConfigured).then(|| remove_node(node));
-        ctx.step(&format!("{action}:{node}"), async {
-            infra.act(PLUGIN, action, &resource).await?;
-            let mut done = effect(kind, &resource, PLUGIN);
-            done.detail = detail;
-            Ok(StepOutput::with_effect((), done, compensation))
-        })
+        ctx.act(
+            &format!("{action}:{node}"),
+            PLUGIN,
+            compensation.clone(),
+            |key| async move {
+                infra.act(PLUGIN, action, &resource, &key).await?;
+                let mut done = effect(kind, &resource, PLUGIN);
+                done.detail = detail;
+                Ok(ActOutput::new((), done, compensation))
+            },
+        )
         .await
     }
 

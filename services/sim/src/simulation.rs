@@ -6,14 +6,20 @@
 //!
 //! Each seed runs a series of operations of every kind against the reference flows, with
 //! a fault-injecting in-memory log, faulty executors, deletes racing creates, runners
-//! dying between two steps (their future dropped; a later delete cancels what they left),
-//! and two rollback drivers racing over every stopped operation. Then the log is healed, every
-//! operation is driven to its end, and these must hold:
+//! dying between two steps and between an executor's action and the record of its
+//! outcome (their future dropped, as kill -9 would), and two rollback drivers racing over
+//! every stopped operation. Then the log is healed, an operator cancels every operation
+//! whose runner died, every operation is driven to its end, and these must hold:
 //! - every compensation request an executor received is an attempt recorded in the log
 //!   (no double execution by racing drivers or retries);
-//! - nothing is left at any executor that the ledger does not know about;
+//! - nothing is left at any executor that the ledger does not know about: every held
+//!   resource is a recorded effect, or was made under the idempotency key of a recorded
+//!   step (done, or started with its outcome unknown);
+//! - nothing is left at any executor under the key of an operation that rolled back or
+//!   was cancelled with nothing retained;
 //! - no acknowledged fact was dropped by the fold (no "not applied" anomaly);
-//! - every stopped operation ends rolled back, held, cancelled or needs_attention.
+//! - every operation ends: succeeded, rolled back, held, cancelled or needs_attention
+//!   (none is left running).
 //!
 //! The caller runs it on a current-thread runtime with paused time
 //! ([`run_seed_blocking`]); the rebuild-versus-projector check lives with the projector
@@ -24,11 +30,12 @@ use std::sync::{Arc, Mutex};
 
 use provledger_client::deletion;
 use provledger_client::{
-    CancelNotices, Clock, Ledger, OperationRunner, RollbackDriver, SeededIds, Stamper, StepHook,
+    idempotency_key, CancelNotices, Clock, Ledger, OperationRunner, RollbackDriver, SeededIds,
+    Stamper, StepHook,
 };
 use provledger_events::catalogue::NodeGroupSpec;
 use provledger_events::log::{FaultCounts, FaultPlan, MemLog};
-use provledger_events::{AggregateId, AggregateKind, Commit, EventLog, Timestamp};
+use provledger_events::{AggregateId, AggregateKind, Commit, Event, EventLog, Timestamp};
 use provledger_projections::operation::OperationStatus;
 use provledger_projections::rollback::RetryPolicy;
 use provledger_projections::{Entity, Projection};
@@ -69,9 +76,11 @@ pub struct SeedReport {
     pub unavailable: u64,
     pub lost_acks: u64,
     pub read_unavailable: u64,
-    /// Runners that died between two steps (their operation stays running until a delete
-    /// cancels it; recovering the others is issue 13's).
+    /// Runners that died between two steps or between an action and its record (an
+    /// operator cancels what they left, at the end of the run).
     pub crashes: usize,
+    /// Of those, the ones that died right after an executor acted.
+    pub crashes_after_action: usize,
 }
 
 /// One seed's result: the report, the broken invariants (empty when all hold) and the log,
@@ -258,7 +267,17 @@ pub async fn run_seed(seed: u64, config: &SimulationConfig) -> SeedOutcome {
     let mut instances: Vec<Uuid> = Vec::new();
     let mut operations: BTreeSet<Uuid> = BTreeSet::new();
     let mut crashes = 0usize;
+    let mut crashes_after_action = 0usize;
     let stages = ["allocate", "spawn", "configure", "start"];
+    // Where a runner can die between an executor's action and its record.
+    let after_actions = [
+        ("hypervisor", "create_vm"),
+        ("ipam", "acquire_ip"),
+        ("dhcp", "register"),
+        ("dns", "register"),
+        ("plugin", "configure"),
+        ("plugin", "start"),
+    ];
     let faults = [
         ("hypervisor", "create_vm"),
         ("ipam", "acquire_ip"),
@@ -290,6 +309,13 @@ pub async fn run_seed(seed: u64, config: &SimulationConfig) -> SeedOutcome {
                     let stage = stages[choose.below(stages.len() as u64) as usize];
                     *crash_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(stage.into());
                 }
+                if choose.chance(150) {
+                    let (executor, action) =
+                        after_actions[choose.below(after_actions.len() as u64) as usize];
+                    if let Some(e) = infra.executor(executor) {
+                        e.crash_after_call(action, 1 + choose.below(2) as u32);
+                    }
+                }
                 let run = prov.create_cluster(ClusterRequest {
                     cluster_id: cluster,
                     name: format!("c{}", clusters.len()),
@@ -303,14 +329,22 @@ pub async fn run_seed(seed: u64, config: &SimulationConfig) -> SeedOutcome {
                     }],
                     provider,
                 });
+                let crashed_before: u32 = infra.all().iter().map(|e| e.crashed()).sum();
                 let op = match tokio::time::timeout(CRASH_DETECTED_AFTER, run).await {
                     Ok(report) => Some(report.operation_id),
                     Err(_) => {
                         // Crashed: its operation is the one marked on the cluster.
                         crashes += 1;
+                        let after: u32 = infra.all().iter().map(|e| e.crashed()).sum();
+                        if after > crashed_before {
+                            crashes_after_action += 1;
+                        }
                         in_flight_on(&ledger, AggregateId::cluster(cluster)).await
                     }
                 };
+                for e in infra.all() {
+                    e.clear_crashes();
+                }
                 *delete_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 *crash_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 clusters.push(cluster);
@@ -374,6 +408,11 @@ pub async fn run_seed(seed: u64, config: &SimulationConfig) -> SeedOutcome {
         e.fail_compensations(0);
     }
     let all_operations = operation_ids(&log).await;
+    // An operator cancels every operation whose runner died: the drivers, finding it
+    // silent past the runner stop wait, record the cancellation and roll it back.
+    for op in &all_operations {
+        cancel_if_running(&ledger, &stamper, *op).await;
+    }
     for op in &all_operations {
         for driver in &drivers {
             let _ = driver.drive(*op).await;
@@ -404,6 +443,7 @@ pub async fn run_seed(seed: u64, config: &SimulationConfig) -> SeedOutcome {
             lost_acks: counts.lost_acks,
             read_unavailable: counts.read_unavailable,
             crashes,
+            crashes_after_action,
         },
         violations,
         commits,
@@ -458,6 +498,29 @@ async fn operation_ids(log: &MemLog) -> Vec<Uuid> {
     ids
 }
 
+/// An operator's cancellation of an operation still running (its runner died), recorded
+/// once (a derived commit id).
+async fn cancel_if_running(ledger: &Ledger, stamper: &Stamper, op: Uuid) {
+    let id = AggregateId::operation(op);
+    let Ok(Some(Entity::Operation(state))) = provledger_client::read_entity(ledger, id).await
+    else {
+        return;
+    };
+    if state.status != Some(OperationStatus::Running) || state.cancellation_reason.is_some() {
+        return;
+    }
+    let mut draft = stamper
+        .draft(
+            "sim-operator",
+            vec![Event::CancellationRequested {
+                reason: "its runner died; cancelled by an operator".into(),
+            }],
+        )
+        .with_operation(op);
+    draft.commit_id = provledger_client::derived_commit_id(op, "sim-operator-cancel");
+    let _ = ledger.record_fact(id, draft).await;
+}
+
 /// The invariants of the module documentation, on the healed and driven log.
 fn check_invariants(
     projection: &Projection,
@@ -465,6 +528,8 @@ fn check_invariants(
     violations: &mut Vec<String>,
 ) {
     let mut known: BTreeSet<(String, String)> = BTreeSet::new();
+    // Idempotency key -> (operation, whether it ended undone with nothing retained).
+    let mut keys: BTreeMap<String, (Uuid, bool)> = BTreeMap::new();
     let mut attempts: BTreeMap<Uuid, u32> = BTreeMap::new();
     for entity in projection.entities.values() {
         let id = entity.id();
@@ -479,8 +544,20 @@ fn check_invariants(
         let Entity::Operation(o) = entity else {
             continue;
         };
+        let op = id.id;
+        let undone = matches!(
+            o.status,
+            Some(OperationStatus::RolledBack | OperationStatus::Cancelled)
+        ) && o.is_closed()
+            && o.rollback_plan
+                .as_ref()
+                .is_some_and(|p| p.retained.is_empty());
         for step in &o.steps {
             known.insert((step.effect.executor.clone(), step.effect.resource.clone()));
+            keys.insert(idempotency_key(op, &step.name), (op, undone));
+        }
+        for started in &o.started {
+            keys.insert(started.idempotency_key.clone(), (op, undone));
         }
         for c in &o.compensations {
             attempts.insert(c.planned.compensation_id, c.attempts);
@@ -493,9 +570,6 @@ fn check_invariants(
                 | OperationStatus::Cancelled
                 | OperationStatus::NeedsAttention,
             ) if o.is_closed() => {}
-            // A runner that died mid-operation leaves it running with no lease to expire:
-            // recovering those is issue 13's; the simulation counts them in the report.
-            Some(OperationStatus::Running) if !o.cancellation_pending() => {}
             other => violations.push(format!(
                 "{id}: stopped but not closed: {other:?} (rollback outcome {:?})",
                 o.rollback_outcome
@@ -503,9 +577,17 @@ fn check_invariants(
         }
     }
     for executor in infra.all() {
-        for resource in executor.resources() {
+        for (resource, key) in executor.held_with_keys() {
             let held_for = executor.held_by(&resource);
-            let known_here = known.contains(&(executor.name().to_string(), resource.clone()))
+            let by_key = key.as_ref().and_then(|k| keys.get(k));
+            if let Some((op, true)) = by_key {
+                violations.push(format!(
+                    "{}: holds {resource}, made for operation {op}, which was undone",
+                    executor.name()
+                ));
+            }
+            let known_here = by_key.is_some()
+                || known.contains(&(executor.name().to_string(), resource.clone()))
                 || held_for
                     .as_ref()
                     .is_some_and(|by| known.contains(&(executor.name().to_string(), by.clone())));

@@ -241,7 +241,10 @@ async fn create_failing_in_spawn_terminates_every_instance_and_keeps_the_record(
     assert_eq!(report.status, Some(OperationStatus::RolledBack));
     // Two VMs with IP, DHCP and DNS were created, and all of it is gone.
     assert!(w.infra.inventory().is_empty(), "{:?}", w.infra.inventory());
-    assert_eq!(w.infra.applied_total(), 8);
+    // The failed create_vm's outcome is unknown: undone by its key, which the
+    // hypervisor answers with nothing to undo.
+    assert_eq!(w.infra.applied_total(), 9);
+    assert_eq!(w.infra.hypervisor.nothing_to_undo(), 1);
     assert!(w.allocations().await.is_empty());
     let cluster = w.cluster(request.cluster_id).await;
     assert_eq!(cluster.status, Some(ClusterStatus::Error));
@@ -254,8 +257,8 @@ async fn create_failing_in_spawn_terminates_every_instance_and_keeps_the_record(
     let op = w.operation(report.operation_id).await;
     assert_eq!(
         op.compensations.len(),
-        11,
-        "8 external + 3 allocation releases"
+        12,
+        "8 external + 3 allocation releases + the failed create_vm by its key"
     );
 }
 
@@ -274,9 +277,10 @@ async fn create_failing_in_configure_keeps_the_instances_and_sets_error() {
         w.cluster(request.cluster_id).await.status,
         Some(ClusterStatus::Error)
     );
-    // Per node claim, VM, IP, DHCP, DNS; and node 1's configuration (its plugin record,
-    // whose `remove_node` compensation a holding stage keeps).
-    assert_eq!(report.plan.expect("plan").retained.len(), 11);
+    // Per node claim, VM, IP, DHCP, DNS; node 1's configuration (its plugin record,
+    // whose `remove_node` compensation a holding stage keeps); and node 2's failed
+    // configuration, whose outcome is unknown (kept for an operator, by its key).
+    assert_eq!(report.plan.expect("plan").retained.len(), 12);
 }
 
 #[tokio::test]
@@ -804,9 +808,10 @@ async fn boot_failing_in_network_releases_the_ip_and_the_dhcp_record() {
     boot_fails(&w, instance_request(&w, 2)).await;
     assert_eq!(
         w.infra.applied_total(),
-        2,
-        "DHCP and IP undone, in that order"
+        3,
+        "the failed DNS registration by its key, then DHCP and IP, in that order"
     );
+    assert_eq!(w.infra.dns.nothing_to_undo(), 1, "DNS never registered it");
 }
 
 #[tokio::test]
@@ -814,7 +819,8 @@ async fn boot_failing_in_spawn_undoes_the_network_and_the_claim() {
     let w = world(64).await;
     w.infra.hypervisor.fail_call("create_vm", 1);
     boot_fails(&w, instance_request(&w, 2)).await;
-    assert_eq!(w.infra.applied_total(), 3);
+    assert_eq!(w.infra.applied_total(), 4);
+    assert_eq!(w.infra.hypervisor.nothing_to_undo(), 1);
 }
 
 #[tokio::test]
@@ -893,7 +899,7 @@ async fn a_panicking_step_is_caught_recorded_and_rolled_back() {
         .run(spec, |ctx| async move {
             ctx.stage(stage::NETWORK).await?;
             ctx.step("acquire_ip", async {
-                let ip = provledger_client::Infrastructure::acquire_ip(&*infra, "p").await?;
+                let ip = provledger_client::Infrastructure::acquire_ip(&*infra, "p", "").await?;
                 Ok(StepOutput::with_effect(
                     (),
                     Effect {
@@ -996,7 +1002,7 @@ async fn a_cancellation_whose_runner_died_is_recorded_by_the_driver_and_rolled_b
     // asked it to stop,
     let w = world(64).await;
     let op = Uuid::now_v7();
-    let ip = provledger_client::Infrastructure::acquire_ip(&*w.infra, "orphan")
+    let ip = provledger_client::Infrastructure::acquire_ip(&*w.infra, "orphan", "")
         .await
         .expect("ip");
     let events = vec![
@@ -1108,4 +1114,97 @@ async fn a_rollback_whose_driver_crashed_after_the_target_outcome_is_finished_by
         .filter(|c| c.commit_id == provledger_client::derived_commit_id(op, "target_outcome"))
         .count();
     assert_eq!(outcome_commits, 1);
+}
+
+/// Every point at which a create's runner can die between an executor's action and the
+/// record of its outcome: (executor, action as the executor counts it, 1-based call).
+const CRASH_POINTS: [(&str, &str, u32); 12] = [
+    ("hypervisor", "create_vm", 1),
+    ("hypervisor", "create_vm", 2),
+    ("ipam", "acquire_ip", 1),
+    ("ipam", "acquire_ip", 2),
+    ("dhcp", "register", 1),
+    ("dhcp", "register", 2),
+    ("dns", "register", 1),
+    ("dns", "register", 2),
+    ("plugin", "configure", 1),
+    ("plugin", "configure", 2),
+    ("plugin", "start", 1),
+    ("plugin", "start", 2),
+];
+
+/// Given a two-node create whose runner dies (its future dropped, as kill -9 would)
+/// right after an executor acted and before the step's outcome was recorded, at each such
+/// point; when the user deletes the cluster and a driver, finding the runner silent,
+/// rolls the operation back; then nothing is left at any executor: the action whose
+/// outcome the ledger never learnt was undone by its idempotency key.
+#[tokio::test]
+async fn a_runner_dying_between_an_action_and_its_record_leaves_nothing_behind() {
+    for (executor, action, call) in CRASH_POINTS {
+        let w = world(64).await;
+        let at = w.infra.executor(executor).expect("executor");
+        at.crash_after_call(action, call);
+        let request = w.cluster_request(2);
+        let cluster = request.cluster_id;
+        let prov = w.prov.clone();
+        let run = tokio::spawn(async move { prov.create_cluster(request).await });
+        for _ in 0..5_000 {
+            if at.crashed() > 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        assert_eq!(at.crashed(), 1, "{executor} {action} #{call}: no crash");
+        run.abort(); // the runner's process is gone
+        let _ = run.await;
+        let held_before = w.infra.inventory();
+        assert!(!held_before.is_empty());
+
+        let op = match w.entity(AggregateId::cluster(cluster)).await {
+            Some(Entity::Cluster(c)) => c.in_flight.expect("the create is in flight").operation_id,
+            other => panic!("no cluster: {other:?}"),
+        };
+        let open = w.operation(op).await.started;
+        assert_eq!(
+            open.len(),
+            1,
+            "{executor} {action} #{call}: one outcome unknown"
+        );
+        deletion::request_delete(
+            &w.ledger,
+            &w.notices,
+            AggregateId::cluster(cluster),
+            "deleted by the user after the service died",
+            "test-user",
+            &provledger_client::Stamper::system(),
+        )
+        .await
+        .expect("delete request");
+        let driver = RollbackDriver::new(
+            w.ledger.clone(),
+            w.infra.clone(),
+            RetryPolicy {
+                runner_stop_wait_ms: 0,
+                ..fast_retries()
+            },
+            "restarted-driver",
+        );
+        let state = driver.drive(op).await.expect("drive");
+        assert_eq!(
+            state.status,
+            Some(OperationStatus::Cancelled),
+            "{executor} {action} #{call}"
+        );
+        assert!(
+            w.infra.inventory().is_empty(),
+            "{executor} {action} #{call}: left {:?} (held before: {held_before:?})",
+            w.infra.inventory()
+        );
+        assert_eq!(
+            at.nothing_to_undo(),
+            0,
+            "{executor} {action} #{call}: the undo by key found what was done"
+        );
+        assert!(w.allocations().await.is_empty());
+    }
 }

@@ -91,6 +91,7 @@ pub fn run(seeds: u64, first: u64, operations: usize, json: bool) -> Result<(), 
         }
     }
     let crashes: usize = reports.iter().map(|r| r.crashes).sum();
+    let after_action: usize = reports.iter().map(|r| r.crashes_after_action).sum();
     let faults: (u64, u64, u64) = reports.iter().fold((0, 0, 0), |acc, r| {
         (
             acc.0 + r.unavailable,
@@ -106,12 +107,12 @@ pub fn run(seeds: u64, first: u64, operations: usize, json: bool) -> Result<(), 
             "seeds_per_second": seeds as f64 / seconds.max(1e-9),
             "commits": commits,
             "outcomes": outcomes,
-            "faults": {"unavailable": faults.0, "lost_acks": faults.1, "read_unavailable": faults.2, "runner_crashes": crashes},
+            "faults": {"unavailable": faults.0, "lost_acks": faults.1, "read_unavailable": faults.2, "runner_crashes": crashes, "runner_crashes_after_an_action": after_action},
             "failures": failures.iter().map(|(s, v)| serde_json::json!({"seed": s, "violations": v})).collect::<Vec<_>>(),
         }));
     } else {
         println!(
-            "{seeds} seed(s) from {first} in {seconds:.2} s ({:.0} seeds/s): {commits} commits; operations {outcomes:?}; injected {} unavailable appends, {} lost acks, {} unavailable reads, {crashes} runner crashes (a crashed operation stays running until a delete cancels it; recovery is issue 13)",
+            "{seeds} seed(s) from {first} in {seconds:.2} s ({:.0} seeds/s): {commits} commits; operations {outcomes:?}; injected {} unavailable appends, {} lost acks, {} unavailable reads, {crashes} runner crashes ({after_action} right after an executor acted; an operator cancels each crashed operation at the end, and its rollback undoes by idempotency key what the runner never recorded)",
             seeds as f64 / seconds.max(1e-9),
             faults.0,
             faults.1,
