@@ -38,6 +38,9 @@ pub enum Check {
     DeletedTargetNotEmpty,
     RollbackUnfinished,
     TaskLeaseExpired,
+    /// A recovery's re-issue still not acknowledged by its worker past
+    /// `recovery::REISSUE_UNDELIVERED_AFTER_MS`.
+    ReissueUndelivered,
 }
 
 /// One finding.
@@ -346,6 +349,31 @@ fn cluster_invariants(c: &ClusterState, projection: &Projection, out: &mut Vec<V
 }
 
 fn instance_invariants(i: &InstanceState, now: Timestamp, out: &mut Vec<Violation>) {
+    for p in &i.pending_reissues {
+        let age_ms = now.unix_ms() - p.requested_at.unix_ms();
+        if age_ms > crate::recovery::REISSUE_UNDELIVERED_AFTER_MS {
+            out.push(
+                Violation::at(
+                    Check::ReissueUndelivered,
+                    Some(i.header.id),
+                    format!(
+                        "re-issue {} ({}) to worker {} pending for {} s after {} attempt(s){}",
+                        p.request_id,
+                        crate::planner::json_word(&p.action),
+                        p.worker,
+                        age_ms / 1000,
+                        p.attempts,
+                        p.last_error
+                            .as_ref()
+                            .map(|e| format!("; last error: {e}"))
+                            .unwrap_or_default()
+                    ),
+                    "start the worker (serve delivers its pending re-issues once it subscribes, at once if it sends provledger.cmd.worker.ready), or carry the task out by hand and record its outcome",
+                )
+                .with_version(i.header.version),
+            );
+        }
+    }
     if let (Some(task), Some(until)) = (i.task_state, i.task_lease_until) {
         if until < now {
             out.push(

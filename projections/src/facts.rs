@@ -7,6 +7,7 @@ use provledger_events::catalogue::{
     TargetOutcome, VmState,
 };
 use provledger_events::{AggregateId, Event};
+use uuid::Uuid;
 
 use crate::instance::InstanceState;
 use crate::operation::{OperationState, OperationStatus};
@@ -235,6 +236,25 @@ pub fn recovery_facts<'a, 'p>(
             }
         }
     }
+    if let Some(action) = recovery.reissue {
+        match &instance.task_worker {
+            // Pending until the worker acknowledges: delivered, not just sent.
+            Some(worker) => on_instance.push(Event::ReissueRequested {
+                request_id: reissue_request_id(id, version),
+                worker: worker.clone(),
+                action,
+                reason: recovery.reason.clone(),
+            }),
+            // A task no worker ever started (a queued delete): nobody to re-drive it.
+            None => on_instance.push(Event::VmStateChanged {
+                vm_state: VmState::Error,
+                reason: format!(
+                    "{}; but no worker owns the task, so it cannot be re-driven",
+                    recovery.reason
+                ),
+            }),
+        }
+    }
     facts.insert(
         0,
         Fact {
@@ -244,4 +264,10 @@ pub fn recovery_facts<'a, 'p>(
         },
     );
     facts
+}
+
+/// The id of the re-issue a recovery of `instance` at `version` records: the worker's
+/// idempotency key, the same for every replica and every retry of that recovery.
+pub fn reissue_request_id(instance: Uuid, version: u64) -> Uuid {
+    Uuid::new_v5(&instance, format!("recovery/{version}/instance").as_bytes())
 }

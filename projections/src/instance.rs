@@ -3,13 +3,31 @@
 
 use std::collections::BTreeMap;
 
-use provledger_events::catalogue::{Origin, PowerState, TaskOutcome, TaskState, VmState};
+use provledger_events::catalogue::{Origin, PowerState, Reissue, TaskOutcome, TaskState, VmState};
 use provledger_events::{AggregateId, Event, Timestamp};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::cluster::InFlight;
 use crate::entity::{json_or_null, not_created, EventContext, FoldResult, Header};
+
+/// A re-issue a recovery recorded and the worker has not acknowledged yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingReissue {
+    pub request_id: Uuid,
+    pub worker: String,
+    pub action: Reissue,
+    pub reason: String,
+    pub requested_at: Timestamp,
+    /// Attempts sent so far.
+    pub attempts: u32,
+    /// When the latest attempt was sent; with no outcome after the reply wait it counts
+    /// as lost (its sender died) and the next attempt may go.
+    pub attempted_at: Option<Timestamp>,
+    /// Whether the latest attempt has an outcome (failed) or is still in flight.
+    pub last_failed_at: Option<Timestamp>,
+    pub last_error: Option<String>,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstanceState {
@@ -37,6 +55,8 @@ pub struct InstanceState {
     pub last_task_outcome: Option<TaskOutcome>,
     pub delete_requested: bool,
     pub in_flight: Option<InFlight>,
+    /// Re-issues recorded by recoveries and not yet acknowledged by their worker.
+    pub pending_reissues: Vec<PendingReissue>,
 }
 
 impl InstanceState {
@@ -61,7 +81,15 @@ impl InstanceState {
             last_task_outcome: None,
             delete_requested: false,
             in_flight: None,
+            pending_reissues: Vec::new(),
         }
+    }
+
+    fn pending_mut(&mut self, request_id: &Uuid) -> Result<&mut PendingReissue, String> {
+        self.pending_reissues
+            .iter_mut()
+            .find(|p| p.request_id == *request_id)
+            .ok_or_else(|| format!("re-issue {request_id} is not pending; not applied"))
     }
 
     fn clear_task(&mut self) {
@@ -211,6 +239,67 @@ impl InstanceState {
                 self.power_state = PowerState::NoState;
                 self.clear_task();
                 self.in_flight = None;
+                // Nothing is left to re-drive on an instance that is gone.
+                self.pending_reissues.clear();
+            }
+            Event::ReissueRequested {
+                request_id,
+                worker,
+                action,
+                reason,
+            } => {
+                if self
+                    .pending_reissues
+                    .iter()
+                    .any(|p| p.request_id == *request_id)
+                {
+                    return Err(format!(
+                        "re-issue {request_id} is already pending; not applied"
+                    ));
+                }
+                self.pending_reissues.push(PendingReissue {
+                    request_id: *request_id,
+                    worker: worker.clone(),
+                    action: *action,
+                    reason: reason.clone(),
+                    requested_at: ctx.recorded_at,
+                    attempts: 0,
+                    attempted_at: None,
+                    last_failed_at: None,
+                    last_error: None,
+                });
+            }
+            Event::ReissueAttempted {
+                request_id,
+                attempt,
+            } => {
+                let pending = self.pending_mut(request_id)?;
+                if *attempt != pending.attempts + 1 {
+                    return Err(format!(
+                        "re-issue {request_id}: attempt {attempt} after {} attempt(s); not applied",
+                        pending.attempts
+                    ));
+                }
+                pending.attempts = *attempt;
+                pending.attempted_at = Some(ctx.recorded_at);
+                pending.last_failed_at = None;
+            }
+            Event::ReissueDelivered { request_id } => {
+                self.pending_mut(request_id)?;
+                self.pending_reissues
+                    .retain(|p| p.request_id != *request_id);
+            }
+            Event::ReissueFailed {
+                request_id,
+                attempt,
+                error,
+            } => {
+                let pending = self.pending_mut(request_id)?;
+                // A late failure of an earlier attempt says nothing about the current one.
+                if *attempt == pending.attempts {
+                    pending.last_failed_at = Some(ctx.recorded_at);
+                }
+                pending.last_error = Some(error.clone());
             }
             Event::InFlightOperationSet {
                 operation_id,
@@ -251,6 +340,10 @@ impl InstanceState {
             json_or_null(&self.task_lease_until),
         );
         map.insert("delete_requested".into(), self.delete_requested.into());
+        map.insert(
+            "pending_reissues".into(),
+            json_or_null(&self.pending_reissues),
+        );
         map.insert(
             "operation_id".into(),
             json_or_null(&self.in_flight.as_ref().map(|f| f.operation_id)),

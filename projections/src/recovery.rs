@@ -32,18 +32,7 @@ use uuid::Uuid;
 
 use crate::instance::InstanceState;
 
-/// What the worker that owns the instance is asked to do again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Reissue {
-    Delete,
-    PowerOn,
-    PowerOff,
-    Reboot,
-    HardReboot,
-    RevertResize,
-    AbortLiveMigration,
-}
+pub use provledger_events::catalogue::Reissue;
 
 /// One instance's recovery: the rule that matched, the events recording it (with the
 /// reason), and what else the shell does.
@@ -191,4 +180,62 @@ pub fn recover(instance: &InstanceState, now: Timestamp) -> Option<Recovery> {
         TaskState::Decommissioning | TaskState::Configuring => return None,
         TaskState::Scheduling | TaskState::Spawning | TaskState::Networking => return None,
     })
+}
+
+/// How pending re-issues are retried until their worker acknowledges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReissuePolicy {
+    /// Wait after the first failed attempt; doubled after each further one.
+    pub backoff_base_ms: i64,
+    /// Upper bound of one wait: an absent worker is tried at least this often, so it
+    /// receives its re-issues within this long of subscribing, even without saying so.
+    pub backoff_max_ms: i64,
+    /// How long an attempt may go without an outcome before it counts as lost (its sender
+    /// died) and the next one may go.
+    pub reply_wait_ms: i64,
+}
+
+/// Backoff of the first failed re-issue attempt.
+pub const REISSUE_BACKOFF_BASE_MS: i64 = 1_000;
+/// Longest wait between two attempts of a re-issue.
+pub const REISSUE_BACKOFF_MAX_MS: i64 = 30_000;
+/// A re-issue still pending this long after its recovery is reported by `audit`.
+pub const REISSUE_UNDELIVERED_AFTER_MS: i64 = 300_000;
+
+impl ReissuePolicy {
+    pub fn new(reply_wait_ms: i64) -> Self {
+        ReissuePolicy {
+            backoff_base_ms: REISSUE_BACKOFF_BASE_MS,
+            backoff_max_ms: REISSUE_BACKOFF_MAX_MS,
+            reply_wait_ms,
+        }
+    }
+
+    /// The wait after `failed_attempts` failures: base × 2^(n−1), capped.
+    pub fn backoff_ms(&self, failed_attempts: u32) -> i64 {
+        let exponent = failed_attempts.saturating_sub(1).min(30);
+        self.backoff_base_ms
+            .saturating_mul(1_i64 << exponent)
+            .min(self.backoff_max_ms)
+    }
+}
+
+/// The attempt of a pending re-issue that is due at `now`, if one is: the first at once;
+/// after a failure, once the backoff has passed (at once if the worker just said it is
+/// listening: `worker_ready`); after an attempt with no outcome, once it counts as lost.
+pub fn reissue_due(
+    pending: &crate::instance::PendingReissue,
+    now: Timestamp,
+    policy: &ReissuePolicy,
+    worker_ready: bool,
+) -> Option<u32> {
+    let next = pending.attempts + 1;
+    match (pending.attempted_at, pending.last_failed_at) {
+        (None, _) => Some(next),
+        (Some(_), Some(failed)) => {
+            let due = failed.plus_ms(policy.backoff_ms(pending.attempts));
+            (worker_ready || now >= due).then_some(next)
+        }
+        (Some(sent), None) => (now >= sent.plus_ms(policy.reply_wait_ms)).then_some(next),
+    }
 }

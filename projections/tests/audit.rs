@@ -257,3 +257,54 @@ fn an_instance_claim_where_it_neither_runs_nor_migrates_is_found() {
     let report = audit(&script::seal(&migrating), LATER);
     assert_eq!(checks(&report), vec![Check::MisplacedAllocation]);
 }
+
+/// Given a recovery's re-issue recorded at the script's second commit (1_800_000_001_000),
+/// when audited past `REISSUE_UNDELIVERED_AFTER_MS`, then it is reported while pending and
+/// not once its worker acknowledged it.
+#[test]
+fn a_reissue_pending_past_its_age_is_found_and_a_delivered_one_is_not() {
+    use provledger_events::catalogue::Reissue;
+    use provledger_projections::recovery::REISSUE_UNDELIVERED_AFTER_MS;
+    let request_id = Uuid::from_u128(77);
+    let requested = vec![
+        (instance(), vec![create_instance()]),
+        (
+            instance(),
+            vec![Event::ReissueRequested {
+                request_id,
+                worker: "compute-1".into(),
+                action: Reissue::PowerOff,
+                reason: "interrupted".into(),
+            }],
+        ),
+        (
+            instance(),
+            vec![Event::ReissueAttempted {
+                request_id,
+                attempt: 1,
+            }],
+        ),
+        (
+            instance(),
+            vec![Event::ReissueFailed {
+                request_id,
+                attempt: 1,
+                error: "no responders".into(),
+            }],
+        ),
+    ];
+    let at = 1_800_000_001_000 + REISSUE_UNDELIVERED_AFTER_MS;
+    let pending = script::seal(&requested);
+    assert_eq!(checks(&audit(&pending, at - 1)), vec![]);
+    let report = audit(&pending, at + 1);
+    assert_eq!(checks(&report), vec![Check::ReissueUndelivered]);
+    assert!(
+        report.violations[0].problem.contains("compute-1")
+            && report.violations[0].problem.contains("no responders"),
+        "{:?}",
+        report.violations[0]
+    );
+    let mut delivered = requested;
+    delivered.push((instance(), vec![Event::ReissueDelivered { request_id }]));
+    assert_eq!(checks(&audit(&script::seal(&delivered), at + 1)), vec![]);
+}

@@ -212,3 +212,40 @@ proptest! {
         prop_assert_eq!(again, None);
     }
 }
+
+/// Given a pending re-issue, when is its next attempt due: the first at once; after a
+/// failure, after the backoff (1 s, 2 s, ... capped), or at once when its worker said it is
+/// ready; an attempt in flight only once the reply wait has passed.
+#[test]
+fn a_pending_reissue_is_due_by_its_backoff_its_worker_or_a_lost_attempt() {
+    use provledger_projections::instance::PendingReissue;
+    use provledger_projections::recovery::{reissue_due, ReissuePolicy};
+    let t = |ms: i64| provledger_events::Timestamp::from_unix_ms(1_800_000_000_000 + ms);
+    let policy = ReissuePolicy::new(10_000);
+    let mut p = PendingReissue {
+        request_id: uuid::Uuid::from_u128(1),
+        worker: "w".into(),
+        action: Reissue::PowerOn,
+        reason: String::new(),
+        requested_at: t(0),
+        attempts: 0,
+        attempted_at: None,
+        last_failed_at: None,
+        last_error: None,
+    };
+    assert_eq!(reissue_due(&p, t(0), &policy, false), Some(1));
+    // Attempt 1 in flight: not again before the reply wait, then it counts as lost.
+    p.attempts = 1;
+    p.attempted_at = Some(t(0));
+    assert_eq!(reissue_due(&p, t(9_999), &policy, true), None);
+    assert_eq!(reissue_due(&p, t(10_000), &policy, false), Some(2));
+    // Attempt 3 failed at 5 s: the backoff is 4 s, skipped if the worker is ready.
+    p.attempts = 3;
+    p.last_failed_at = Some(t(5_000));
+    assert_eq!(reissue_due(&p, t(8_999), &policy, false), None);
+    assert_eq!(reissue_due(&p, t(8_999), &policy, true), Some(4));
+    assert_eq!(reissue_due(&p, t(9_000), &policy, false), Some(4));
+    // Capped: after 20 failures the wait is 30 s, not 2^19 s.
+    p.attempts = 20;
+    assert_eq!(reissue_due(&p, t(35_000), &policy, false), Some(21));
+}

@@ -55,3 +55,16 @@ pub enum TaskOutcome {
     /// Cleared or re-driven by the restart recovery sweep.
     Recovered,
 }
+
+/// What the worker that owns an instance is asked to do again by a recovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reissue {
+    Delete,
+    PowerOn,
+    PowerOff,
+    Reboot,
+    HardReboot,
+    RevertResize,
+    AbortLiveMigration,
+}

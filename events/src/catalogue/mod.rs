@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 pub use cluster::{ClusterStatus, NodeGroupSpec, NodeGroupTarget};
 pub use detail::DetailKey;
-pub use instance::{PowerState, TaskOutcome, TaskState, VmState};
+pub use instance::{PowerState, Reissue, TaskOutcome, TaskState, VmState};
 pub use operation::{
     BundlePolicy, Compensation, CompensationAction, Effect, EffectKind, Executor, OperationKind,
     OperationOutcome, Origin, PlannedCompensation, RetainedResource, RollbackOutcome, RollbackPlan,
@@ -236,6 +236,34 @@ pub enum Event {
         idempotency_key: String,
         compensation: Option<Compensation>,
     },
+
+    // ---- instance: re-issues delivered, not just sent (appended later) ----
+    /// A recovery asks the worker that owns the instance to do `action` again. Recorded
+    /// with the recovery, pending until a `ReissueDelivered`: serve retries it with backoff
+    /// until the worker acknowledges (idempotent by `request_id`).
+    ReissueRequested {
+        request_id: Uuid,
+        worker: String,
+        action: Reissue,
+        reason: String,
+    },
+    /// Attempt `attempt` of a pending re-issue is being sent. Decided at the instance's
+    /// exact version, so that racing replicas send each attempt once.
+    ReissueAttempted {
+        request_id: Uuid,
+        attempt: u32,
+    },
+    /// The worker acknowledged the re-issue: it is no longer pending.
+    ReissueDelivered {
+        request_id: Uuid,
+    },
+    /// Attempt `attempt` found no worker, timed out or was refused; the next waits for the
+    /// backoff.
+    ReissueFailed {
+        request_id: Uuid,
+        attempt: u32,
+        error: String,
+    },
 }
 
 impl Event {
@@ -272,7 +300,11 @@ impl Event {
             | Event::TaskLeaseRenewed { .. }
             | Event::TaskFinished { .. }
             | Event::InstanceDeleteRequested { .. }
-            | Event::InstanceDeleted {} => Instance,
+            | Event::InstanceDeleted {}
+            | Event::ReissueRequested { .. }
+            | Event::ReissueAttempted { .. }
+            | Event::ReissueDelivered { .. }
+            | Event::ReissueFailed { .. } => Instance,
             Event::ProviderRegistered { .. }
             | Event::InventorySet { .. }
             | Event::InventoryRemoved { .. }

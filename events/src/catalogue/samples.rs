@@ -265,6 +265,22 @@ pub fn all() -> Vec<Event> {
                 args: BTreeMap::from([(DetailKey::IdempotencyKey.to_string(), id(8).to_string())]),
             }),
         },
+        Event::ReissueRequested {
+            request_id: id(9),
+            worker: "compute-1".into(),
+            action: Reissue::PowerOff,
+            reason: "task powering_off of worker compute-1 interrupted; power off re-issued".into(),
+        },
+        Event::ReissueAttempted {
+            request_id: id(9),
+            attempt: 1,
+        },
+        Event::ReissueDelivered { request_id: id(9) },
+        Event::ReissueFailed {
+            request_id: id(9),
+            attempt: 1,
+            error: "no responders on provledger.worker.compute-1.reissue".into(),
+        },
     ]
 }
 

@@ -66,6 +66,34 @@ fn blocking<F: FnOnce() -> std::process::Output + Send + 'static>(
     tokio::task::spawn_blocking(f)
 }
 
+/// `worker` answers the first re-issue on `reissues` with `{"ok": true}`, and that
+/// answer reaches serve's request within 5 s.
+async fn reissue_answered(
+    worker: async_nats::Client,
+    mut reissues: async_nats::Subscriber,
+    from_serve: &async_nats::Client,
+    what: &str,
+) {
+    worker.flush().await.unwrap();
+    let answering = tokio::spawn(async move {
+        let request = reissues.next().await.unwrap();
+        worker
+            .publish(request.reply.unwrap(), r#"{"ok": true}"#.into())
+            .await
+            .unwrap();
+        worker.flush().await.unwrap();
+    });
+    let answer = tokio::time::timeout(
+        Duration::from_secs(5),
+        from_serve.request("provledger.worker.w1.reissue", "{}".into()),
+    )
+    .await
+    .expect(what)
+    .unwrap();
+    assert_eq!(&answer.payload[..], br#"{"ok": true}"#);
+    answering.await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_designated_writers_reach_the_log_and_cmd_append_records_who_asked() {
     let nats = NatsServer::start_hardened(true, false).await;
@@ -218,29 +246,39 @@ async fn only_designated_writers_reach_the_log_and_cmd_append_records_who_asked(
         .unwrap();
     let reply: Value = serde_json::from_slice(&reply.payload).unwrap();
     assert_eq!(reply["data"]["actor"], "worker-w1@SERVICES", "{reply}");
-    let mut reissues = worker
+    // It may say it listens again, so that its pending re-issues come at once.
+    let ready = worker
+        .request(
+            "provledger.cmd.worker.ready",
+            json!({"worker": "w1"}).to_string().into(),
+        )
+        .await
+        .unwrap();
+    let ready: Value = serde_json::from_slice(&ready.payload).unwrap();
+    assert_eq!(ready["data"]["worker"], "w1", "{ready}");
+    let reissues = worker
         .subscribe("provledger.worker.w1.reissue")
         .await
         .unwrap();
-    worker.flush().await.unwrap();
-    let answering = tokio::spawn(async move {
-        let request = reissues.next().await.unwrap();
-        worker
-            .publish(request.reply.unwrap(), r#"{"ok": true}"#.into())
-            .await
-            .unwrap();
-        worker.flush().await.unwrap();
-    });
     let from_serve = nats.client_as("serve").await;
-    let answer = tokio::time::timeout(
-        Duration::from_secs(5),
-        from_serve.request("provledger.worker.w1.reissue", "{}".into()),
+    reissue_answered(worker, reissues, &from_serve, "the worker answers in time").await;
+
+    // A worker connection with two subscriptions matching its re-issue subject (its own
+    // and a wildcard one, as a worker library may add) receives each request twice; its
+    // answer still reaches serve (the permission allows a reply per delivery).
+    let worker = nats.client_as("worker-w1").await;
+    let exact = worker
+        .subscribe("provledger.worker.w1.reissue")
+        .await
+        .unwrap();
+    let _wildcard = worker.subscribe("provledger.worker.w1.>").await.unwrap();
+    reissue_answered(
+        worker,
+        exact,
+        &from_serve,
+        "the worker with two subscriptions answers in time",
     )
-    .await
-    .expect("the worker answers in time")
-    .unwrap();
-    assert_eq!(&answer.payload[..], br#"{"ok": true}"#);
-    answering.await.unwrap();
+    .await;
 
     // An executor hears only its own requests: another executor's subject is refused.
     let (executor, executor_errors) = client_keeping_errors(&nats, "executor-compute").await;

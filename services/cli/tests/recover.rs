@@ -99,7 +99,7 @@ fn a_sweep_recovers_each_interrupted_task_once_and_leaves_live_ones() {
     assert_eq!(before, after, "the dry run wrote");
 
     // ...the sweep clears the upload, and the delete it cannot re-drive without a worker
-    // goes to error rather than being dropped (exit 1, named)...
+    // stays pending for serve to deliver rather than being dropped (exit 1, named)...
     let out = provledger(&["--data-dir", d, "recover"], "");
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains(DELETING), "{}", text(&out));
@@ -117,7 +117,14 @@ fn a_sweep_recovers_each_interrupted_task_once_and_leaves_live_ones() {
         serde_json::from_slice::<Value>(&out.stdout).unwrap()["state"].clone()
     };
     assert_eq!(state(UPLOADING)["task_state"], Value::Null);
-    assert_eq!(state(DELETING)["vm_state"], "error");
+    let pending = state(DELETING)["pending_reissues"].clone();
+    assert_eq!(pending.as_array().map(Vec::len), Some(1), "{pending}");
+    assert_eq!(pending[0]["action"], "delete");
+    assert_eq!(pending[0]["worker"], "compute-1");
+    assert_eq!(
+        pending[0]["attempts"], 0,
+        "nothing to deliver to without --nats"
+    );
     assert_eq!(
         state(ALIVE)["task_state"],
         "powering_off",
@@ -131,9 +138,10 @@ fn a_sweep_recovers_each_interrupted_task_once_and_leaves_live_ones() {
         .map(|i| version(d, i))
         .collect();
     let out = provledger(&["--data-dir", d, "--json", "recover"], "");
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(1), "still pending: {}", text(&out));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["written"], 0, "{v}");
+    assert_eq!(v["pending_reissues"][0]["instance"], DELETING, "{v}");
     let again: Vec<u64> = [UPLOADING, DELETING, ALIVE]
         .iter()
         .map(|i| version(d, i))
@@ -158,23 +166,7 @@ async fn two_replicas_recover_a_dead_workers_instances_once_and_reissue_to_its_s
     let dir = tempfile::tempdir().unwrap();
     let client = nats.client().await;
     // The successor of the dead worker answers re-issues, counting every request.
-    let mut requests = client
-        .subscribe("provledger.worker.compute-1.reissue")
-        .await
-        .unwrap();
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
-    {
-        let (client, seen) = (client.clone(), seen.clone());
-        tokio::spawn(async move {
-            while let Some(msg) = requests.next().await {
-                let request: Value = serde_json::from_slice(&msg.payload).unwrap_or(Value::Null);
-                seen.lock().unwrap().push(request);
-                if let Some(reply) = msg.reply {
-                    let _ = client.publish(reply, r#"{"ok": true}"#.into()).await;
-                }
-            }
-        });
-    }
+    let seen = answering_worker(&client, "compute-1").await;
     let first =
         common::Serve::start_with(&nats, &dir.path().join("a"), &["--recovery-interval", "1"]);
     common::wait_ready(&client).await;
@@ -370,4 +362,169 @@ fn interrupted_resize_goes_back_to_the_source(host_moved: bool) {
     assert_eq!(vm["vm_state"], "active", "{vm}");
     assert_eq!(vm["host"], "cn-src", "{vm}");
     assert_eq!(state(format!("provider/{DEST}"))["allocations"], json!([]));
+}
+
+/// A worker that answers every re-issue addressed to it with `{"ok": true}`, keeping the
+/// requests it received (duplicates included).
+async fn answering_worker(
+    client: &async_nats::Client,
+    worker: &str,
+) -> std::sync::Arc<std::sync::Mutex<Vec<Value>>> {
+    let mut requests = client
+        .subscribe(format!("provledger.worker.{worker}.reissue"))
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    let (client, kept) = (client.clone(), seen.clone());
+    tokio::spawn(async move {
+        while let Some(msg) = requests.next().await {
+            let request: Value = serde_json::from_slice(&msg.payload).unwrap_or(Value::Null);
+            kept.lock().unwrap().push(request);
+            if let Some(reply) = msg.reply {
+                let _ = client.publish(reply, r#"{"ok": true}"#.into()).await;
+            }
+        }
+    });
+    seen
+}
+
+/// An instance powering off under `worker`, whose lease runs out in two seconds.
+async fn powering_off_under(client: &async_nats::Client, id: &str, worker: &str) {
+    let reply = cmd(
+        client,
+        json!({"aggregate": format!("instance/{id}"), "expect": "none", "events": [
+            {"instance_create_requested": {"name": "vm", "cluster_id": null, "node_group": null,
+                "flavor": "m1", "resources": {"VCPU": 1}, "image": "img"}},
+            {"task_finished": {"task_state": "scheduling", "outcome": "succeeded", "reason": ""}},
+            {"vm_state_changed": {"vm_state": "active", "reason": ""}},
+            {"task_started": {"task_state": "powering_off", "worker_id": worker, "lease_until": time_in(2)}}
+        ]}),
+    )
+    .await;
+    assert!(reply["error"].is_null(), "{reply}");
+}
+
+async fn instance_view(client: &async_nats::Client, id: &str) -> Value {
+    let reply = client
+        .request(
+            "provledger.q.instance.get",
+            json!({"id": id}).to_string().into(),
+        )
+        .await
+        .unwrap();
+    serde_json::from_slice::<Value>(&reply.payload).unwrap()["data"].clone()
+}
+
+async fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not within {secs} s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Given three workers whose tasks were interrupted: `absent` not subscribed yet,
+/// `hung` subscribed but never answering, `present` answering; when serve recovers
+/// them, then `present` receives its re-issue without waiting behind `hung`, `absent`
+/// receives its own once it subscribes and says it is ready (the earlier attempts are
+/// recorded as failed, and it is still pending meanwhile), and each worker that answered
+/// received its re-issue once, acknowledged in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reissue_is_delivered_once_its_worker_listens_and_a_hung_worker_delays_no_other() {
+    const ABSENT: &str = "0190c0de-0000-7000-8000-00000000d001";
+    const HUNG: &str = "0190c0de-0000-7000-8000-00000000d002";
+    const PRESENT: &str = "0190c0de-0000-7000-8000-00000000d003";
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let client = nats.client().await;
+    // A worker that subscribes and never answers: each request to it waits the reply wait.
+    // (Workers are served in name order: `hung` comes before `present`.)
+    let _hung = client
+        .subscribe("provledger.worker.hung.reissue")
+        .await
+        .unwrap();
+    let present = answering_worker(&client, "present").await;
+    let _serve = common::Serve::start_with(
+        &nats,
+        &dir.path().join("serve"),
+        &[
+            "--recovery-interval",
+            "1",
+            "--compensation-reply-wait-ms",
+            "20000",
+        ],
+    );
+    common::wait_ready(&client).await;
+    powering_off_under(&client, ABSENT, "absent").await;
+    powering_off_under(&client, HUNG, "hung").await;
+    powering_off_under(&client, PRESENT, "present").await;
+
+    // `present` is served while `hung` holds its own request for the 20 s reply wait.
+    let asked = std::time::Instant::now();
+    wait_for("the present worker's re-issue", 10, || {
+        !present.lock().unwrap().is_empty()
+    })
+    .await;
+    assert!(asked.elapsed() < std::time::Duration::from_secs(10));
+
+    // `absent` has no subscriber: its attempts fail with backoff (1, 2, 4 s) and it stays
+    // pending; after the fourth failure the next attempt waits 8 s.
+    let mut absent_view = Value::Null;
+    for _ in 0..300 {
+        absent_view = instance_view(&client, ABSENT).await;
+        if absent_view["pending_reissues"][0]["attempts"].as_u64() >= Some(4)
+            && absent_view["pending_reissues"][0]["last_error"].is_string()
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        absent_view["pending_reissues"][0]["attempts"], 4,
+        "{absent_view}"
+    );
+    // When it subscribes and says so, it receives it at once, not after the 8 s backoff.
+    let absent = answering_worker(&client, "absent").await;
+    let ready = client
+        .request(
+            "provledger.cmd.worker.ready",
+            json!({"worker": "absent"}).to_string().into(),
+        )
+        .await
+        .unwrap();
+    let ready: Value = serde_json::from_slice(&ready.payload).unwrap();
+    assert_eq!(ready["data"]["delivering"], true, "{ready}");
+    wait_for(
+        "the absent worker's re-issue after it subscribed",
+        4,
+        || !absent.lock().unwrap().is_empty(),
+    )
+    .await;
+
+    // Each answered once, and the log says delivered: nothing pending for them.
+    for (id, seen) in [(ABSENT, &absent), (PRESENT, &present)] {
+        let mut view = Value::Null;
+        for _ in 0..100 {
+            view = instance_view(&client, id).await;
+            if view["pending_reissues"]
+                .as_array()
+                .is_some_and(Vec::is_empty)
+            {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert_eq!(view["pending_reissues"], json!([]), "{id}: {view}");
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 1, "{id}: {seen:?}");
+        assert_eq!(seen[0]["action"], "power_off");
+        assert_eq!(seen[0]["instance_id"], id);
+    }
+    // The hung worker's re-issue is still pending, its attempt 1 in flight.
+    let hung = instance_view(&client, HUNG).await;
+    assert_eq!(hung["pending_reissues"][0]["attempts"], 1, "{hung}");
 }

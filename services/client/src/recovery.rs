@@ -3,12 +3,21 @@
 //! facts (`provledger_projections::facts::recovery_facts`): the recovery on the instance at
 //! its exact version, the build's claim released, an interrupted migration's allocations
 //! moved back to the source and its operation failed, so a crash never leaves half of it.
-//! Then the task is re-issued to the worker that owns the instance.
+//! A task to do again is recorded in the same commit as a pending re-issue
+//! (`reissue_requested`).
+//!
+//! Re-issues are delivered, not just sent ([`deliver_reissues`]): each pending one is sent
+//! to its worker, attempt by attempt (each attempt decided at the instance's exact version,
+//! so racing replicas send it once), retried with backoff until the worker acknowledges
+//! (`reissue_delivered`), concurrently across workers and at most
+//! [`REISSUES_IN_FLIGHT_PER_WORKER`] at once per worker, so a worker that never answers
+//! delays only its own. A worker that (re)connects receives its pending re-issues within
+//! the backoff's bound, at once if it says so (`cmd.worker.ready`). `audit` reports a
+//! re-issue still pending past `REISSUE_UNDELIVERED_AFTER_MS`.
 //!
 //! Racing sweeps (two `serve` replicas) derive the same commit id from the same version
 //! and write the same payload (actor `provledger-recovery`), so each recovery is recorded
-//! once and only the sweep that recorded it re-issues. A re-issued delete that cannot be
-//! delivered puts the instance in error: a delete is never dropped.
+//! once.
 //!
 //! The instances come from a [`StateView`] (serve's projection store: the sweep costs the
 //! instances, never the log's length). A recovery decided from a view that lags the log
@@ -19,16 +28,17 @@
 //! `{"ok": true}` or `{"ok": false, "error": "..."}`) and must be idempotent by
 //! `request_id`.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use provledger_events::catalogue::VmState;
+use futures::StreamExt;
 use provledger_events::{AggregateId, AggregateKind, AppendStatus, Event, EventLog, Expectation};
 use provledger_projections::decide::DecideOptions;
 use provledger_projections::facts::recovery_facts;
 use provledger_projections::provider::ProviderState;
-use provledger_projections::recovery::{recover, Reissue};
+use provledger_projections::recovery::{recover, reissue_due, Reissue, ReissuePolicy};
 use provledger_projections::Entity;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -51,6 +61,9 @@ pub struct ReissueRequest {
     pub instance_id: Uuid,
     pub action: Reissue,
     pub reason: String,
+    /// Which attempt this is (1 for the first); a worker needs nothing but `request_id`.
+    #[serde(default)]
+    pub attempt: u32,
 }
 
 pub type ReissueFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
@@ -123,11 +136,11 @@ impl SweepReport {
     }
 }
 
-/// One sweep over every instance of `view`. `dry_run` writes nothing and re-issues nothing.
+/// One sweep over every instance of `view`. `dry_run` writes nothing. Re-issues are
+/// recorded as pending; [`deliver_reissues`] sends them.
 pub async fn sweep<L: EventLog, V: StateView>(
     log: &L,
     view: &V,
-    reissuer: &dyn Reissuer,
     dry_run: bool,
     stamper: &Stamper,
 ) -> Result<SweepReport, PlacementError> {
@@ -161,8 +174,6 @@ pub async fn sweep<L: EventLog, V: StateView>(
                 continue;
             }
         };
-        // The id of the recovery's own commit on the instance: the re-issue's key.
-        let request_id = facts[0].draft.commit_id;
         entry.outcome = match record_atomic(log, facts, DecideOptions::default(), &FromTheLog).await
         {
             Ok(recorded)
@@ -173,32 +184,7 @@ pub async fn sweep<L: EventLog, V: StateView>(
             {
                 "already_recorded".into()
             }
-            Ok(_) => {
-                let mut outcome = "recorded".to_string();
-                let worker = instance.task_worker.as_deref().unwrap_or("unknown");
-                if let Some(action) = decision.reissue {
-                    let request = ReissueRequest {
-                        request_id,
-                        instance_id: id.id,
-                        action,
-                        reason: decision.reason.clone(),
-                    };
-                    if let Err(e) = reissuer.reissue(worker, &request).await {
-                        outcome = format!("failed: re-issuing {action:?}: {e}");
-                        if action == Reissue::Delete {
-                            // Never dropped: a delete that cannot be re-driven is an error.
-                            put_in_error(
-                                log,
-                                id,
-                                &format!("the delete could not be re-driven: {e}"),
-                                stamper,
-                            )
-                            .await;
-                        }
-                    }
-                }
-                outcome
-            }
+            Ok(_) => "recorded".into(),
             // The instance moved on, or what the view showed is no longer so in the log
             // (a claim released meanwhile): nothing was written; the next sweep decides
             // again on fresher state.
@@ -211,6 +197,207 @@ pub async fn sweep<L: EventLog, V: StateView>(
         report.recoveries.push(entry);
     }
     Ok(report)
+}
+
+/// Re-issues sent to one worker at once: a worker that never answers holds only its own
+/// re-issues, each for at most the reply wait, and never another worker's.
+pub const REISSUES_IN_FLIGHT_PER_WORKER: usize = 4;
+
+/// What one delivery round did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DeliveryReport {
+    /// Re-issues pending when the round started.
+    pub pending: usize,
+    /// Attempts this round sent.
+    pub sent: usize,
+    pub delivered: usize,
+    pub failed: usize,
+    /// Attempts another replica took, or that met a newer version of the instance (the
+    /// next round decides again).
+    pub raced: usize,
+}
+
+/// One pending re-issue whose next attempt is due.
+pub struct Due {
+    instance: AggregateId,
+    version: u64,
+    request: ReissueRequest,
+    worker: String,
+}
+
+/// The pending re-issues of `view` whose next attempt is due at the stamper's time
+/// (`provledger_projections::recovery::reissue_due`; `ready`: workers that just said they
+/// listen, whose backoff is skipped), by worker, and how many are pending in all. One
+/// attempt per instance: each is decided at the instance's version.
+pub async fn due_reissues<V: StateView>(
+    view: &V,
+    policy: &ReissuePolicy,
+    ready: &BTreeSet<String>,
+    stamper: &Stamper,
+) -> Result<(BTreeMap<String, Vec<Due>>, usize), PlacementError> {
+    let now = stamper.now();
+    let mut pending_count = 0;
+    let mut by_worker: BTreeMap<String, Vec<Due>> = BTreeMap::new();
+    for instance in view.instances().await? {
+        let mut taken = false;
+        for pending in &instance.pending_reissues {
+            pending_count += 1;
+            if taken {
+                continue;
+            }
+            let ready = ready.contains(&pending.worker);
+            let Some(attempt) = reissue_due(pending, now, policy, ready) else {
+                continue;
+            };
+            taken = true;
+            by_worker
+                .entry(pending.worker.clone())
+                .or_default()
+                .push(Due {
+                    instance: instance.header.id,
+                    version: instance.header.version,
+                    worker: pending.worker.clone(),
+                    request: ReissueRequest {
+                        request_id: pending.request_id,
+                        instance_id: instance.header.id.id,
+                        action: pending.action,
+                        reason: pending.reason.clone(),
+                        attempt,
+                    },
+                });
+        }
+    }
+    Ok((by_worker, pending_count))
+}
+
+/// Sends one worker's due re-issues, at most [`REISSUES_IN_FLIGHT_PER_WORKER`] at once:
+/// each attempt recorded before it is sent, its outcome after.
+pub async fn deliver_to_worker<L: EventLog>(
+    log: &L,
+    reissuer: &dyn Reissuer,
+    dues: Vec<Due>,
+    stamper: &Stamper,
+) -> DeliveryReport {
+    let outcomes: Vec<Attempt> = futures::stream::iter(dues)
+        .map(|due| deliver_one(log, reissuer, due, stamper))
+        .buffer_unordered(REISSUES_IN_FLIGHT_PER_WORKER)
+        .collect()
+        .await;
+    let mut report = DeliveryReport::default();
+    for outcome in outcomes {
+        match outcome {
+            Attempt::Raced => report.raced += 1,
+            Attempt::Delivered => {
+                report.sent += 1;
+                report.delivered += 1;
+            }
+            Attempt::Failed => {
+                report.sent += 1;
+                report.failed += 1;
+            }
+        }
+    }
+    report
+}
+
+/// One delivery round, every worker at once, returning when each due attempt has its
+/// outcome (the CLI's round; serve runs each worker's on its own task, so that a worker
+/// that never answers holds no other's, nor the next round).
+pub async fn deliver_reissues<L: EventLog, V: StateView>(
+    log: &L,
+    view: &V,
+    reissuer: &dyn Reissuer,
+    policy: &ReissuePolicy,
+    ready: &BTreeSet<String>,
+    stamper: &Stamper,
+) -> Result<DeliveryReport, PlacementError> {
+    let (by_worker, pending) = due_reissues(view, policy, ready, stamper).await?;
+    let reports = futures::future::join_all(
+        by_worker
+            .into_values()
+            .map(|dues| deliver_to_worker(log, reissuer, dues, stamper)),
+    )
+    .await;
+    let mut report = DeliveryReport {
+        pending,
+        ..Default::default()
+    };
+    for r in reports {
+        report.sent += r.sent;
+        report.delivered += r.delivered;
+        report.failed += r.failed;
+        report.raced += r.raced;
+    }
+    Ok(report)
+}
+
+enum Attempt {
+    Raced,
+    Delivered,
+    Failed,
+}
+
+/// Records the attempt at the instance's version, sends it, records its outcome.
+async fn deliver_one<L: EventLog>(
+    log: &L,
+    reissuer: &dyn Reissuer,
+    due: Due,
+    stamper: &Stamper,
+) -> Attempt {
+    let request_id = due.request.request_id;
+    let attempt = due.request.attempt;
+    let mut draft = stamper.draft(
+        RECOVERY_ACTOR,
+        vec![Event::ReissueAttempted {
+            request_id,
+            attempt,
+        }],
+    );
+    draft.commit_id = derived_commit_id(request_id, &format!("attempt/{attempt}"));
+    let fact = Fact {
+        aggregate: due.instance,
+        expect: Expectation::Exactly(due.version),
+        draft,
+    };
+    match record_atomic(log, vec![fact], DecideOptions::default(), &FromTheLog).await {
+        // Only the writer whose append took the attempt sends it; a replica that finds it
+        // already appended (same derived id) leaves it to that one.
+        Ok(recorded)
+            if recorded.iter().all(|r| {
+                r.appended()
+                    .is_some_and(|o| o.status == AppendStatus::Appended)
+            }) => {}
+        Ok(_) | Err(_) => return Attempt::Raced,
+    }
+    let outcome = reissuer.reissue(&due.worker, &due.request).await;
+    let (event, what, attempt_outcome) = match outcome {
+        Ok(()) => (
+            Event::ReissueDelivered { request_id },
+            "delivered".to_string(),
+            Attempt::Delivered,
+        ),
+        Err(error) => {
+            tracing::warn!(instance = %due.instance, worker = %due.worker, %request_id, attempt, %error, "re-issue not delivered; retried after the backoff");
+            (
+                Event::ReissueFailed {
+                    request_id,
+                    attempt,
+                    error,
+                },
+                format!("failed/{attempt}"),
+                Attempt::Failed,
+            )
+        }
+    };
+    let mut draft = stamper.draft(RECOVERY_ACTOR, vec![event]);
+    draft.commit_id = derived_commit_id(request_id, &what);
+    if let Err(e) = record_fact(log, due.instance, draft).await {
+        // The instance was deleted meanwhile (nothing is pending on it any more), or the
+        // log is unavailable: an attempt without an outcome is sent again after the reply
+        // wait, and the worker is idempotent by request id.
+        tracing::info!(instance = %due.instance, %request_id, error = %e, "the re-issue's outcome was not recorded");
+    }
+    attempt_outcome
 }
 
 /// The writes of one recovery, all or nothing (`facts::recovery_facts` decides them): the
@@ -272,16 +459,4 @@ async fn recovery_writes<V: StateView>(
             })
             .collect(),
     )
-}
-
-async fn put_in_error<L: EventLog>(log: &L, id: AggregateId, reason: &str, stamper: &Stamper) {
-    let event = Event::VmStateChanged {
-        vm_state: VmState::Error,
-        reason: reason.to_string(),
-    };
-    let mut draft = stamper.draft(RECOVERY_ACTOR, vec![event]);
-    draft.commit_id = derived_commit_id(id.id, &format!("recovery-error/{reason}"));
-    if let Err(e) = record_fact(log, id, draft).await {
-        tracing::error!(instance = %id, error = %e, "could not record that a re-driven delete failed");
-    }
 }

@@ -21,10 +21,11 @@ use crate::endpoints::{Endpoint, QueryContext};
 use crate::projector::{OnChainViolation, Projector, ProjectorError};
 use crate::rollback_worker::RollbackWorker;
 use crate::store::{ProjectionStore, StoreError};
-use provledger_client::recovery::{sweep, NatsReissuer};
+use provledger_client::recovery::{deliver_to_worker, due_reissues, sweep, NatsReissuer};
 use provledger_client::{
     open_jetstream, CancelNotices, Ledger, NatsExecutors, OpenLedgerError, RollbackDriver, Stamper,
 };
+use provledger_projections::recovery::ReissuePolicy;
 use provledger_projections::rollback::RetryPolicy;
 
 /// The micro service's name and queue group, fixed by the contract.
@@ -38,6 +39,10 @@ pub const HEALTH_IN_FLIGHT_MAX: usize = 64;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Room left in a reply for its headers and framing below the server's max payload.
 const REPLY_HEADROOM_BYTES: usize = 8 * 1024;
+
+/// How often pending re-issues are looked at while some are pending (each is sent when
+/// its backoff allows).
+const REISSUE_ROUND_INTERVAL: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
@@ -141,6 +146,7 @@ pub async fn run(
             .max_payload
             .saturating_sub(REPLY_HEADROOM_BYTES),
         min_position_waits: Default::default(),
+        workers_ready: Default::default(),
     });
 
     let ledger = Ledger::JetStream(log.clone());
@@ -221,20 +227,76 @@ pub async fn run(
             subject_prefix: options.subject_prefix.clone(),
             reply_wait: options.executor_reply_wait,
         };
+        let policy = ReissuePolicy::new(
+            i64::try_from(options.executor_reply_wait.as_millis()).unwrap_or(i64::MAX),
+        );
+        let ctx = ctx.clone();
+        ctx.workers_ready.enable();
+        let reissuer = Arc::new(reissuer);
         let mut shutdown = worker_shutdown.clone();
         tokio::spawn(async move {
             // On start, then every interval: racing replicas record each recovery once.
+            // Between sweeps, pending re-issues are delivered: every second while some
+            // are pending, at once when a worker says it is ready. Each worker's attempts
+            // run on a task of their own: one that never answers holds only its own.
+            let mut next_sweep = tokio::time::Instant::now();
+            let mut busy: std::collections::BTreeMap<String, tokio::task::JoinHandle<()>> =
+                Default::default();
             loop {
-                match sweep(&ledger, &store, &reissuer, false, &Stamper::system()).await {
-                    Ok(report) if report.written() > 0 => {
-                        tracing::info!(written = report.written(), "stuck-state recovery sweep")
+                let stamper = Stamper::system();
+                if tokio::time::Instant::now() >= next_sweep {
+                    match sweep(&ledger, &store, false, &stamper).await {
+                        Ok(report) if report.written() > 0 => {
+                            tracing::info!(written = report.written(), "stuck-state recovery sweep")
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e, "stuck-state recovery sweep failed"),
                     }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "stuck-state recovery sweep failed"),
+                    next_sweep = tokio::time::Instant::now() + interval;
                 }
+                busy.retain(|_, task| !task.is_finished());
+                let ready = ctx.workers_ready.take();
+                let pending = match due_reissues(&store, &policy, &ready, &stamper).await {
+                    Ok((by_worker, pending)) => {
+                        for (worker, dues) in by_worker {
+                            if busy.contains_key(&worker) {
+                                continue; // its previous attempts are still out
+                            }
+                            let (ledger, reissuer, stamper) =
+                                (ledger.clone(), reissuer.clone(), stamper.clone());
+                            let name = worker.clone();
+                            busy.insert(
+                                worker,
+                                tokio::spawn(async move {
+                                    let report =
+                                        deliver_to_worker(&ledger, reissuer.as_ref(), dues, &stamper)
+                                            .await;
+                                    tracing::info!(worker = %name, sent = report.sent, delivered = report.delivered, failed = report.failed, "re-issues sent");
+                                }),
+                            );
+                        }
+                        pending
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading pending re-issues failed");
+                        1
+                    }
+                };
+                let wait = match pending {
+                    0 => next_sweep.saturating_duration_since(tokio::time::Instant::now()),
+                    _ => REISSUE_ROUND_INTERVAL.min(
+                        next_sweep.saturating_duration_since(tokio::time::Instant::now()),
+                    ),
+                };
                 tokio::select! {
-                    _ = tokio::time::sleep(interval) => {}
-                    _ = shutdown.changed() => return,
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = ctx.workers_ready.wake.notified() => {}
+                    _ = shutdown.changed() => {
+                        for task in busy.values() {
+                            task.abort();
+                        }
+                        return;
+                    }
                 }
             }
         })

@@ -1,13 +1,16 @@
-//! `provledger recover [--dry-run]`: one stuck-state recovery sweep (see
-//! `provledger_client::recovery`). Re-issues reach the owning workers over `--nats`;
-//! embedded there is no worker, so a re-issue fails (a re-driven delete then puts the
-//! instance in error, never drops it).
+//! `provledger recover [--dry-run]`: one stuck-state recovery sweep, then, over `--nats`,
+//! one round of re-issue delivery (see `provledger_client::recovery`). Embedded there is
+//! no worker to deliver to: a re-issue stays pending (serve delivers it, with backoff,
+//! until its worker acknowledges). Exit 1 while any re-issue is pending or a recovery
+//! failed, each named.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
-use provledger_client::recovery::{sweep, NatsReissuer, NoWorkers, Reissuer};
-use provledger_client::view::LogView;
+use provledger_client::recovery::{deliver_reissues, sweep, NatsReissuer};
+use provledger_client::view::{LogView, StateView};
 use provledger_client::{connect_nats, Ledger, LedgerOptions, Stamper};
+use provledger_projections::recovery::ReissuePolicy;
 
 use super::{print_json, CommandError};
 
@@ -19,26 +22,47 @@ pub async fn run(
     dry_run: bool,
     json: bool,
 ) -> Result<(), CommandError> {
-    let reissuer: Box<dyn Reissuer> = match &options.nats_url {
-        Some(url) if !dry_run => {
+    let view = LogView::new(ledger);
+    let stamper = Stamper::system();
+    let report = sweep(ledger, &view, dry_run, &stamper).await?;
+    let delivery = match (&options.nats_url, dry_run) {
+        (Some(url), false) => {
             let client = connect_nats(url, "provledger-recover", &options.nats_auth).await?;
-            Box::new(NatsReissuer {
+            let reissuer = NatsReissuer {
                 client,
                 subject_prefix: options.subject_prefix.clone(),
                 reply_wait: REISSUE_REPLY_WAIT,
-            })
+            };
+            let policy = ReissuePolicy::new(REISSUE_REPLY_WAIT.as_millis() as i64);
+            // A fresh view: the sweep's recoveries (and their re-issues) are in the log.
+            let view = LogView::new(ledger);
+            let ready = BTreeSet::new();
+            Some(deliver_reissues(ledger, &view, &reissuer, &policy, &ready, &stamper).await?)
         }
-        _ => Box::new(NoWorkers),
+        _ => None,
     };
-    let view = LogView::new(ledger);
-    let report = sweep(
-        ledger,
-        &view,
-        reissuer.as_ref(),
-        dry_run,
-        &Stamper::system(),
-    )
-    .await?;
+    // What is still pending once this command is done.
+    let pending: Vec<serde_json::Value> = match dry_run {
+        true => Vec::new(),
+        false => LogView::new(ledger)
+            .instances()
+            .await
+            .map_err(|e| CommandError::Problem(e.to_string()))?
+            .iter()
+            .flat_map(|i| {
+                i.pending_reissues.iter().map(|p| {
+                    serde_json::json!({
+                        "instance": i.header.id.id,
+                        "request_id": p.request_id,
+                        "worker": p.worker,
+                        "action": p.action,
+                        "attempts": p.attempts,
+                        "last_error": p.last_error,
+                    })
+                })
+            })
+            .collect(),
+    };
     let failed = report
         .recoveries
         .iter()
@@ -48,6 +72,8 @@ pub async fn run(
         let mut v = serde_json::to_value(&report).unwrap_or_default();
         v["dry_run"] = dry_run.into();
         v["written"] = report.written().into();
+        v["delivery"] = serde_json::to_value(&delivery).unwrap_or_default();
+        v["pending_reissues"] = pending.clone().into();
         print_json(&v);
     } else {
         for r in &report.recoveries {
@@ -70,10 +96,39 @@ pub async fn run(
                 "written"
             }
         );
+        if let Some(d) = &delivery {
+            println!(
+                "re-issues: {} sent, {} delivered, {} not delivered",
+                d.sent, d.delivered, d.failed
+            );
+        }
+        for p in &pending {
+            println!(
+                "instance {}: re-issue {} to worker {} pending ({} attempt(s){})",
+                p["instance"].as_str().unwrap_or_default(),
+                p["action"].as_str().unwrap_or_default(),
+                p["worker"].as_str().unwrap_or_default(),
+                p["attempts"],
+                p["last_error"]
+                    .as_str()
+                    .map(|e| format!("; last error: {e}"))
+                    .unwrap_or_default()
+            );
+        }
     }
     if failed > 0 {
         return Err(CommandError::Problem(format!(
             "{failed} recovery(ies) could not be carried out (listed above)"
+        )));
+    }
+    if !pending.is_empty() {
+        return Err(CommandError::Problem(format!(
+            "{} re-issue(s) not delivered yet (listed above): serve delivers them with backoff once their worker listens{}",
+            pending.len(),
+            match options.nats_url {
+                None => "; without --nats no worker is reachable",
+                Some(_) => "",
+            }
         )));
     }
     Ok(())

@@ -12,6 +12,7 @@ mod health;
 mod history;
 mod placement;
 mod request;
+mod worker;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -41,6 +42,7 @@ pub(crate) enum Endpoint {
     ProviderDelete,
     HealAllocations,
     FixOrphans,
+    WorkerReady,
 }
 
 /// Every subject the service answers, below the prefix (`q.health`, ..., `cmd.append`).
@@ -49,7 +51,7 @@ pub fn endpoint_subjects() -> Vec<&'static str> {
 }
 
 impl Endpoint {
-    pub(crate) const ALL: [Endpoint; 15] = [
+    pub(crate) const ALL: [Endpoint; 16] = [
         Endpoint::Health,
         Endpoint::ClusterGet,
         Endpoint::ClusterList,
@@ -65,6 +67,7 @@ impl Endpoint {
         Endpoint::ProviderDelete,
         Endpoint::HealAllocations,
         Endpoint::FixOrphans,
+        Endpoint::WorkerReady,
     ];
 
     /// The subject below the prefix, e.g. `q.cluster.get`.
@@ -85,6 +88,7 @@ impl Endpoint {
             Endpoint::ProviderDelete => "cmd.provider.delete",
             Endpoint::HealAllocations => "cmd.heal_allocations",
             Endpoint::FixOrphans => "cmd.fix_orphans",
+            Endpoint::WorkerReady => "cmd.worker.ready",
         }
     }
 
@@ -112,6 +116,48 @@ pub(crate) struct QueryContext {
     pub(crate) reply_bytes_max: usize,
     /// Queries waiting for a `min_position` right now (at most [`MIN_POSITION_WAITS_MAX`]).
     pub(crate) min_position_waits: AtomicUsize,
+    /// Workers that said they listen again, for the re-issue delivery to serve first.
+    pub(crate) workers_ready: WorkersReady,
+}
+
+/// Workers that said they are listening (`cmd.worker.ready`) since the delivery loop last
+/// looked, and the wake-up of that loop. Bounded: past [`WORKERS_READY_MAX`] names the
+/// newest are dropped (their re-issues still go within the backoff's bound).
+#[derive(Default)]
+pub(crate) struct WorkersReady {
+    /// `None` when this replica delivers no re-issues (recovery off).
+    names: std::sync::Mutex<Option<std::collections::BTreeSet<String>>>,
+    pub(crate) wake: tokio::sync::Notify,
+}
+
+/// Distinct ready workers remembered between two delivery rounds.
+pub const WORKERS_READY_MAX: usize = 4_096;
+
+impl WorkersReady {
+    /// Makes this replica deliver re-issues (its recovery runs).
+    pub(crate) fn enable(&self) {
+        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        names.get_or_insert_with(Default::default);
+    }
+
+    /// Notes `worker`; whether this replica delivers re-issues.
+    pub(crate) fn note(&self, worker: &str) -> bool {
+        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(names) = names.as_mut() else {
+            return false;
+        };
+        if names.len() < WORKERS_READY_MAX {
+            names.insert(worker.to_string());
+        }
+        self.wake.notify_one();
+        true
+    }
+
+    /// The workers noted since the last call.
+    pub(crate) fn take(&self) -> std::collections::BTreeSet<String> {
+        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        names.as_mut().map(std::mem::take).unwrap_or_default()
+    }
 }
 
 /// Queries that may wait for a `min_position` at once. Well below serve's requests in
@@ -220,6 +266,7 @@ impl QueryContext {
             Endpoint::ProviderDelete => placement::provider_delete(self, payload, caller).await,
             Endpoint::HealAllocations => placement::heal(self, payload, caller).await,
             Endpoint::FixOrphans => placement::orphans(self, payload, caller).await,
+            Endpoint::WorkerReady => worker::ready(self, payload),
         }
     }
 }

@@ -191,7 +191,7 @@ mod tests {
     use std::sync::Arc;
 
     use provledger_client::placement::LogView;
-    use provledger_client::recovery::{sweep, NoWorkers};
+    use provledger_client::recovery::sweep;
     use provledger_client::write::record;
     use provledger_events::catalogue::{ConsumerKind, Inventory, Ratio, TaskState, VmState};
     use provledger_events::{
@@ -366,9 +366,7 @@ mod tests {
         assert_eq!(found["orphans"][0]["hold"]["consumer"], json!(deleted));
         assert_eq!(log.folds(), 0, "the orphan dry run folded the log");
 
-        let swept = sweep(&log, &store, &NoWorkers, true, &stamper)
-            .await
-            .expect("sweep");
+        let swept = sweep(&log, &store, true, &stamper).await.expect("sweep");
         assert_eq!(swept.examined, 4);
         assert_eq!(swept.recoveries.len(), 1, "{swept:?}");
         assert_eq!(swept.recoveries[0].instance, stuck);

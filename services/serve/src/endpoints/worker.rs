@@ -1,0 +1,32 @@
+//! `cmd.worker.ready`: a worker that (re)connected says so, and the replica that answers
+//! delivers its pending re-issues at its next round without waiting for their backoff
+//! (`provledger_client::recovery::deliver_reissues`). Without it a worker still receives
+//! them, within the backoff's bound (`REISSUE_BACKOFF_MAX_MS`).
+
+use serde_json::{json, Value};
+
+use super::error::{ErrorCode, QueryError};
+use super::request::{check_fields, object, opt_str};
+use super::QueryContext;
+
+/// The longest worker id accepted: it is one token of a NATS subject.
+const WORKER_ID_BYTES_MAX: usize = 256;
+
+pub(crate) fn ready(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
+    let req = object(payload)?;
+    check_fields(&req, &["worker"])?;
+    let worker = opt_str(&req, "worker")?.unwrap_or_default();
+    let valid = !worker.is_empty()
+        && worker.len() <= WORKER_ID_BYTES_MAX
+        && !worker
+            .chars()
+            .any(|c| c.is_whitespace() || matches!(c, '.' | '*' | '>'));
+    if !valid {
+        return Err(QueryError::new(
+            ErrorCode::BadRequest,
+            "`worker` must be a worker id: one NATS subject token (no '.', '*', '>' or space), at most 256 bytes".to_string(),
+        ));
+    }
+    let delivering = ctx.workers_ready.note(worker);
+    Ok(json!({"worker": worker, "delivering": delivering}))
+}
