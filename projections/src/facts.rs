@@ -3,8 +3,8 @@
 //! records what it returns; it composes no event itself.
 
 use provledger_events::catalogue::{
-    ClusterStatus, ConsumerKind, NodeGroupTarget, OperationKind, OperationOutcome, RollbackOutcome,
-    TargetOutcome, VmState,
+    AllocationHold, BlockingAllocation, ClusterStatus, ConsumerKind, NodeGroupTarget,
+    OperationKind, OperationOutcome, RollbackOutcome, TargetOutcome, VmState,
 };
 use provledger_events::{AggregateId, Event};
 use uuid::Uuid;
@@ -270,4 +270,97 @@ pub fn recovery_facts<'a, 'p>(
 /// idempotency key, the same for every replica and every retry of that recovery.
 pub fn reissue_request_id(instance: Uuid, version: u64) -> Uuid {
     Uuid::new_v5(&instance, format!("recovery/{version}/instance").as_bytes())
+}
+
+/// Releases in one commit of a cascade delete. A provider holding more is emptied in
+/// several commits, each decided at the provider's exact version; the first also records
+/// the delete (claims are refused from then on), the last deletes the provider. One that
+/// stops half way is `deleting` with `deleting_cascade`, and whoever finds it finishes it
+/// (serve's sweep, or the same command again): nothing is orphaned, nothing released twice.
+pub const CASCADE_RELEASES_PER_COMMIT: usize = 256;
+
+/// What deleting a provider writes next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderDeleteStep {
+    AlreadyDeleted,
+    /// Allocations remain and no cascade is asked for (nor was one recorded): nothing is
+    /// written; the caller names each allocation.
+    Refused,
+    /// The next commit on the provider, at its exact version. `deletes`: it is the last.
+    Write {
+        events: Vec<Event>,
+        released: Vec<Uuid>,
+        deletes: bool,
+    },
+}
+
+/// The next commit of a provider's delete, from the provider as it is. `cascade`: the
+/// caller asks for every allocation to be released (a cascade already recorded on the
+/// provider goes on either way); `why`: why each consumer's allocation is there
+/// (`placement::classify`), for its release or the refusal.
+pub fn provider_delete_step(
+    provider: &ProviderState,
+    cascade: bool,
+    why: impl Fn(Uuid) -> (AllocationHold, String),
+) -> ProviderDeleteStep {
+    use crate::provider::ProviderStatus;
+    if provider.status == Some(ProviderStatus::Deleted) {
+        return ProviderDeleteStep::AlreadyDeleted;
+    }
+    let deleting = provider.status == Some(ProviderStatus::Deleting);
+    let cascade = cascade || (deleting && provider.deleting_cascade);
+    let mut events = Vec::new();
+    if !provider.allocations.is_empty() && !cascade {
+        if !deleting {
+            return ProviderDeleteStep::Refused;
+        }
+        // A plain delete recorded earlier met a claim that got in first: the provider goes
+        // back to active, and the refusal names what blocks it.
+        events.push(Event::ProviderDeleteRefused {
+            blocking: provider
+                .allocations
+                .iter()
+                .map(|(consumer, a)| BlockingAllocation {
+                    consumer: *consumer,
+                    consumer_kind: a.consumer_kind,
+                    hold: why(*consumer).0,
+                })
+                .collect(),
+        });
+        return ProviderDeleteStep::Write {
+            events,
+            released: Vec::new(),
+            deletes: false,
+        };
+    }
+    if !deleting {
+        events.push(Event::ProviderDeleteRequested {
+            cascade,
+            reason: match cascade {
+                true => "deleted with --cascade".into(),
+                false => "deleted".into(),
+            },
+        });
+    }
+    let released: Vec<Uuid> = provider
+        .allocations
+        .keys()
+        .take(CASCADE_RELEASES_PER_COMMIT)
+        .copied()
+        .collect();
+    for consumer in &released {
+        events.push(Event::AllocationReleased {
+            consumer: *consumer,
+            reason: format!("provider deleted with --cascade: {}", why(*consumer).1),
+        });
+    }
+    let deletes = released.len() == provider.allocations.len();
+    if deletes {
+        events.push(Event::ProviderDeleted {});
+    }
+    ProviderDeleteStep::Write {
+        events,
+        released,
+        deletes,
+    }
 }

@@ -75,6 +75,9 @@ pub struct ProviderState {
     pub usage: BTreeMap<String, u64>,
     pub allocations: BTreeMap<Uuid, Allocation>,
     pub last_delete_refusal: Option<Vec<BlockingAllocation>>,
+    /// The delete being carried out releases every allocation (`--cascade`): whoever finds
+    /// it half done (a crash between two of its commits) finishes it.
+    pub deleting_cascade: bool,
 }
 
 impl ProviderState {
@@ -88,6 +91,7 @@ impl ProviderState {
             usage: BTreeMap::new(),
             allocations: BTreeMap::new(),
             last_delete_refusal: None,
+            deleting_cascade: false,
         }
     }
 
@@ -261,11 +265,13 @@ impl ProviderState {
                     return Err(format!("consumer {consumer} holds no allocation here"));
                 }
             }
-            Event::ProviderDeleteRequested { .. } => {
+            Event::ProviderDeleteRequested { cascade, .. } => {
                 self.status = Some(ProviderStatus::Deleting);
+                self.deleting_cascade |= *cascade;
             }
             Event::ProviderDeleteRefused { blocking } => {
                 self.status = Some(ProviderStatus::Active);
+                self.deleting_cascade = false;
                 self.last_delete_refusal = Some(blocking.clone());
             }
             Event::ProviderDeleted {} => {

@@ -386,3 +386,139 @@ fn a_failed_migration_leaves_its_instance_where_it_runs_unless_its_rollback_need
     let events = rollback_target_events(&op, target.as_ref(), RollbackOutcome::NeedsAttention);
     assert!(in_error(&events), "{events:?}");
 }
+
+// ---- provider deletes ----
+
+const PROVIDER: u128 = 7;
+
+/// The commits of a provider holding `allocations` claims of 1 VCPU.
+fn provider_holding(allocations: usize) -> Vec<script::ScriptStep> {
+    use std::collections::BTreeMap;
+    let p = AggregateId::provider(Uuid::from_u128(PROVIDER));
+    let mut steps = vec![(p, workload::provider_on("cn", allocations as u64 + 1))];
+    for n in 0..allocations {
+        steps.push((
+            p,
+            vec![Event::AllocationClaimed {
+                consumer: Uuid::from_u128(1_000 + n as u128),
+                consumer_kind: provledger_events::catalogue::ConsumerKind::Instance,
+                resources: BTreeMap::from([("VCPU".to_string(), 1)]),
+            }],
+        ));
+    }
+    steps
+}
+
+fn provider_after(steps: &[script::ScriptStep]) -> provledger_projections::provider::ProviderState {
+    let p = AggregateId::provider(Uuid::from_u128(PROVIDER));
+    match Entity::fold(p, &script::seal(steps)) {
+        Some(Entity::Provider(s)) => s,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn instance_hold(_: Uuid) -> (provledger_events::catalogue::AllocationHold, String) {
+    (
+        provledger_events::catalogue::AllocationHold::Instance,
+        "instance runs here".into(),
+    )
+}
+
+#[test]
+fn a_plain_delete_of_a_provider_holding_allocations_is_refused_and_writes_nothing() {
+    use provledger_projections::facts::{provider_delete_step, ProviderDeleteStep};
+    let provider = provider_after(&provider_holding(2));
+    assert_eq!(
+        provider_delete_step(&provider, false, instance_hold),
+        ProviderDeleteStep::Refused
+    );
+}
+
+#[test]
+fn an_empty_provider_is_requested_and_deleted_in_one_commit() {
+    use provledger_projections::facts::{provider_delete_step, ProviderDeleteStep};
+    let provider = provider_after(&provider_holding(0));
+    let ProviderDeleteStep::Write {
+        events, deletes, ..
+    } = provider_delete_step(&provider, false, instance_hold)
+    else {
+        panic!("no write");
+    };
+    assert!(deletes);
+    assert!(matches!(
+        events.as_slice(),
+        [
+            Event::ProviderDeleteRequested { cascade: false, .. },
+            Event::ProviderDeleted {}
+        ]
+    ));
+}
+
+/// Given a provider holding more allocations than one commit releases; when its cascade
+/// is decided commit by commit, each applied before the next is decided; then the first
+/// records the delete, every allocation is released once with its reason, only the last
+/// deletes the provider, and a cascade found half done goes on even when the caller did
+/// not ask for one (the recorded intent wins).
+#[test]
+fn a_large_cascade_is_decided_commit_by_commit_and_goes_on_once_recorded() {
+    use provledger_projections::facts::{
+        provider_delete_step, ProviderDeleteStep, CASCADE_RELEASES_PER_COMMIT,
+    };
+    use provledger_projections::provider::ProviderStatus;
+    let many = 2 * CASCADE_RELEASES_PER_COMMIT + 3;
+    let mut steps = provider_holding(many);
+    let p = steps[0].0;
+    let mut released = std::collections::BTreeSet::new();
+    let mut commits = 0;
+    loop {
+        let provider = provider_after(&steps);
+        // After the first commit the caller "forgets" it asked for a cascade.
+        let ProviderDeleteStep::Write {
+            events,
+            released: freed,
+            deletes,
+        } = provider_delete_step(&provider, commits == 0, instance_hold)
+        else {
+            panic!("commit {commits}: no write");
+        };
+        commits += 1;
+        assert_eq!(
+            matches!(
+                events.first(),
+                Some(Event::ProviderDeleteRequested { cascade: true, .. })
+            ),
+            commits == 1
+        );
+        for e in &events {
+            if let Event::AllocationReleased { consumer, reason } = e {
+                assert!(released.insert(*consumer), "{consumer} released twice");
+                assert!(reason.contains("--cascade: instance runs here"), "{reason}");
+            }
+        }
+        assert_eq!(
+            freed.len(),
+            events
+                .iter()
+                .filter(|e| matches!(e, Event::AllocationReleased { .. }))
+                .count()
+        );
+        steps.push((p, events));
+        if deletes {
+            break;
+        }
+        assert!(commits < 10, "never ends");
+    }
+    assert_eq!(commits, 3);
+    assert_eq!(released.len(), many);
+    let provider = provider_after(&steps);
+    assert_eq!(provider.status, Some(ProviderStatus::Deleted));
+    assert_eq!(
+        provider.header.anomaly_count, 0,
+        "{:?}",
+        provider.header.anomalies
+    );
+    assert_eq!(
+        provider_delete_step(&provider, true, instance_hold),
+        ProviderDeleteStep::AlreadyDeleted
+    );
+}

@@ -446,3 +446,84 @@ fn a_compute_service_with_many_providers_is_deleted_provider_by_provider() {
     let (code, v) = ledger.json(&["audit"]);
     assert_eq!(code, Some(0), "{v}");
 }
+
+/// Given a provider whose cascade delete died after its first commit (the delete recorded,
+/// one of its three allocations released: what a kill -9 between two of a large cascade's
+/// commits leaves), when serve starts with its sweep on, then serve itself finishes it:
+/// the provider deleted, each allocation released exactly once, the log clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_finishes_a_cascade_delete_it_finds_half_done() {
+    const PROVIDER: &str = "0190c0de-0000-7000-8000-0000000ca5c0";
+    let server = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let client = server.client().await;
+    let _serve = common::Serve::start_with(
+        &server,
+        &dir.path().join("serve"),
+        &["--recovery-interval", "1"],
+    );
+    common::wait_ready(&client).await;
+    let consumers: Vec<String> = (1..=3)
+        .map(|i| format!("0190c0de-0000-7000-8000-00000000c00{i}"))
+        .collect();
+    let append = |events: Value| json!({"aggregate": format!("provider/{PROVIDER}"), "expect": "any", "events": events});
+    let mut events = vec![
+        json!({"provider_registered": {"name": "cn-9", "host": "cn-9"}}),
+        vcpus(8),
+    ];
+    for c in &consumers {
+        events.extend(
+            claim(c, "instance", 1)
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+        );
+    }
+    let reply = ask(
+        &client,
+        "provledger.cmd.append",
+        append(Value::Array(events)),
+    )
+    .await;
+    assert!(reply["error"].is_null(), "{reply}");
+    let reply = ask(
+        &client,
+        "provledger.cmd.append",
+        append(json!([
+            {"provider_delete_requested": {"cascade": true, "reason": "deleted with --cascade"}},
+            {"allocation_released": {"consumer": consumers[0], "reason": "provider deleted with --cascade: instance"}}
+        ])),
+    )
+    .await;
+    assert!(reply["error"].is_null(), "{reply}");
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let p = ask(
+            &client,
+            "provledger.q.provider.get",
+            json!({"id": PROVIDER}),
+        )
+        .await;
+        if p["data"]["status"] == "deleted" {
+            assert_eq!(p["data"]["anomaly_count"], 0, "{p}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not finished: {p}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let history = ask(
+        &client,
+        "provledger.q.history",
+        json!({"aggregate": format!("provider/{PROVIDER}")}),
+    )
+    .await;
+    let text = history["data"].to_string();
+    for c in &consumers {
+        assert_eq!(
+            text.matches(&format!("\"consumer\":\"{c}\"")).count(),
+            2,
+            "{c}: claimed once and released once: {history}"
+        );
+    }
+}

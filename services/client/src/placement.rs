@@ -12,13 +12,18 @@
 //! written with `record`/`record_fact`, decided against the log at the provider's exact
 //! version, so a view that lags the log can make a write be refused, never wrong.
 //!
-//! A cascade is ordered so that a crash anywhere leaves no orphan and a re-run finishes:
-//! `provider_delete_requested` first (from then on claims are refused), then each
-//! allocation released with its reason, then `provider_deleted`.
+//! A delete is decided in the pure core (`facts::provider_delete_step`) and written at the
+//! provider's exact version: with no allocation (or a cascade of at most
+//! `CASCADE_RELEASES_PER_COMMIT`) in one commit, `provider_delete_requested`, each release
+//! and `provider_deleted` together, so no crash can leave half of it. A larger cascade spans
+//! several commits, the first recording the delete (claims refused from then on); one
+//! stopped half way is finished by whoever finds it (`finish_provider_deletes`, run by
+//! serve's sweep), each allocation released once.
 
-use provledger_events::catalogue::{AllocationHold, BlockingAllocation, Inventory};
+use provledger_events::catalogue::{AllocationHold, Inventory};
 use provledger_events::{AggregateId, Event, EventLog, Expectation};
 use provledger_projections::decide::DecideOptions;
+use provledger_projections::facts::{provider_delete_step, ProviderDeleteStep};
 use provledger_projections::placement::{consumer_entity, holds, orphans, plan_heal, Hold};
 use provledger_projections::provider::{ProviderState, ProviderStatus};
 use provledger_projections::{Entity, Projection};
@@ -179,82 +184,39 @@ pub async fn delete_provider<L: EventLog, V: StateView>(
     stamper: &Stamper,
 ) -> Result<ProviderDeletion, PlacementError> {
     let aggregate = AggregateId::provider(provider);
-    let state = provider_state(log, provider).await?;
-    if state.status == Some(ProviderStatus::Deleted) {
-        return Ok(ProviderDeletion::AlreadyDeleted);
-    }
-    if !state.allocations.is_empty() && !cascade {
-        // The view is read only to say why each allocation is there: one consumer each.
-        return Ok(ProviderDeletion::Refused {
-            holds: holds_on(view, &state).await?,
-        });
-    }
-    if state.status != Some(ProviderStatus::Deleting) {
-        // From here on claims are refused, so the releases below cannot be outrun.
-        let request = Event::ProviderDeleteRequested {
-            cascade,
-            reason: if cascade {
-                "deleted with --cascade".into()
-            } else {
-                "deleted".into()
-            },
-        };
-        let mut draft = stamper.draft(actor, vec![request]);
-        draft.commit_id = derived_commit_id(provider, "delete_requested");
-        record_fact(log, aggregate, draft).await?;
-    }
-    let mut released = Vec::new();
-    for _ in 0..PLACEMENT_ATTEMPTS_MAX {
+    let mut released: Vec<Hold> = Vec::new();
+    let mut conflicts = 0;
+    loop {
         let state = provider_state(log, provider).await?;
-        if state.status == Some(ProviderStatus::Deleted) {
-            return Ok(ProviderDeletion::Deleted { released });
-        }
-        if !state.allocations.is_empty() {
-            // With a cascade, what the provider holds now is released here (first round:
-            // every allocation; later ones: none, since claims are refused once the delete
-            // is requested). Without one, only a claim that raced the request can be here.
-            let late = holds_on(view, &state).await?;
-            if !cascade {
-                // The provider goes back to active (claims accepted again), and the refusal
-                // names what blocked it.
-                let blocking = late
-                    .iter()
-                    .map(|h| BlockingAllocation {
-                        consumer: h.consumer,
-                        consumer_kind: h.consumer_kind,
-                        hold: h.hold,
-                    })
-                    .collect();
-                let draft = stamper.draft(actor, vec![Event::ProviderDeleteRefused { blocking }]);
-                match record(
-                    log,
-                    aggregate,
-                    Expectation::Exactly(state.header.version),
-                    draft,
-                )
-                .await
-                {
-                    Ok(_) => return Ok(ProviderDeletion::Refused { holds: late }),
-                    Err(RecordError::Conflict { .. }) => continue,
-                    Err(e) => return Err(e.into()),
-                }
+        // The view is read only to say why each allocation is there: one consumer each.
+        let holds = match state.allocations.is_empty() {
+            true => Vec::new(),
+            false => holds_on(view, &state).await?,
+        };
+        let why = |consumer: Uuid| match holds.iter().find(|h| h.consumer == consumer) {
+            Some(h) => (h.hold, h.why.clone()),
+            None => (AllocationHold::Orphan, "no longer classified".to_string()),
+        };
+        let (events, deletes, freed) = match provider_delete_step(&state, cascade, why) {
+            ProviderDeleteStep::AlreadyDeleted if released.is_empty() => {
+                return Ok(ProviderDeletion::AlreadyDeleted)
             }
-            for hold in late {
-                release(
-                    log,
-                    provider,
-                    &hold,
-                    "provider deleted with --cascade",
-                    actor,
-                    stamper,
-                )
-                .await?;
-                released.push(hold);
+            ProviderDeleteStep::AlreadyDeleted => {
+                return Ok(ProviderDeletion::Deleted { released })
             }
-            continue;
-        }
-        let mut draft = stamper.draft(actor, vec![Event::ProviderDeleted {}]);
-        draft.commit_id = derived_commit_id(provider, "deleted");
+            ProviderDeleteStep::Refused => return Ok(ProviderDeletion::Refused { holds }),
+            ProviderDeleteStep::Write {
+                events,
+                released,
+                deletes,
+            } => (events, deletes, released),
+        };
+        let refusal = events
+            .iter()
+            .any(|e| matches!(e, Event::ProviderDeleteRefused { .. }));
+        // One commit id per version: a retry whose answer was lost is recognised.
+        let mut draft = stamper.draft(actor, events);
+        draft.commit_id = derived_commit_id(provider, &format!("delete/{}", state.header.version));
         match record(
             log,
             aggregate,
@@ -263,15 +225,55 @@ pub async fn delete_provider<L: EventLog, V: StateView>(
         )
         .await
         {
-            Ok(_) => return Ok(ProviderDeletion::Deleted { released }),
-            Err(RecordError::Conflict { .. }) => continue,
+            Ok(_) if refusal => return Ok(ProviderDeletion::Refused { holds }),
+            Ok(_) => {
+                released.extend(holds.into_iter().filter(|h| freed.contains(&h.consumer)));
+                if deletes {
+                    return Ok(ProviderDeletion::Deleted { released });
+                }
+            }
+            // A claim or another deleter got in: decide again on the newer provider.
+            Err(RecordError::Conflict { .. }) => {
+                conflicts += 1;
+                if conflicts >= PLACEMENT_ATTEMPTS_MAX {
+                    return Err(PlacementError::Contended {
+                        provider,
+                        attempts: PLACEMENT_ATTEMPTS_MAX,
+                    });
+                }
+            }
             Err(e) => return Err(e.into()),
         }
     }
-    Err(PlacementError::Contended {
-        provider,
-        attempts: PLACEMENT_ATTEMPTS_MAX,
-    })
+}
+
+/// Finishes every provider delete found half done in `view` (`deleting`: a cascade whose
+/// releases span several commits, or any delete, stopped by a crash): serve's sweep runs
+/// it, so a delete is never left in the middle. Returns the providers it finished.
+pub async fn finish_provider_deletes<L: EventLog, V: StateView>(
+    log: &L,
+    view: &V,
+    actor: &str,
+    stamper: &Stamper,
+) -> Result<Vec<Uuid>, PlacementError> {
+    let mut finished = Vec::new();
+    for p in view.providers().await? {
+        if p.status != Some(ProviderStatus::Deleting) {
+            continue;
+        }
+        let id = p.header.id.id;
+        match delete_provider(log, view, id, false, actor, stamper).await {
+            Ok(ProviderDeletion::Deleted { released }) => {
+                tracing::info!(provider = %id, released = released.len(), "a provider delete found half done was finished");
+                finished.push(id);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(provider = %id, error = %e, "finishing a provider delete failed; the next sweep tries again")
+            }
+        }
+    }
+    Ok(finished)
 }
 
 /// Releases one allocation with its reason, once (a derived commit id: a re-run after a

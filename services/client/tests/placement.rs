@@ -100,82 +100,113 @@ fn provider_with_vcpus(total: u64) -> Vec<Event> {
     provledger_tests::workload::provider_on("cn", total)
 }
 
+/// A provider on a dying log, with `allocations` claims of 1 VCPU.
+async fn provider_holding(
+    log: &DiesBeforeDelete,
+    allocations: usize,
+    stamper: &Stamper,
+) -> (Uuid, AggregateId) {
+    let provider = Uuid::now_v7();
+    let p = AggregateId::provider(provider);
+    let register = provider_with_vcpus(allocations as u64 + 8);
+    record(log, p, Expectation::NoStream, stamper.draft("t", register))
+        .await
+        .unwrap();
+    for _ in 0..allocations {
+        record(
+            log,
+            p,
+            Expectation::Any,
+            stamper.draft("t", claim(Uuid::now_v7(), 1)),
+        )
+        .await
+        .unwrap();
+    }
+    (provider, p)
+}
+
+/// Every release written on `p`, by consumer.
+async fn releases(log: &DiesBeforeDelete, p: AggregateId) -> BTreeMap<Uuid, Vec<String>> {
+    let mut by_consumer: BTreeMap<Uuid, Vec<String>> = BTreeMap::new();
+    for c in log.read_aggregate(p).await.unwrap() {
+        for e in c.events {
+            if let Event::AllocationReleased { consumer, reason } = e {
+                by_consumer.entry(consumer).or_default().push(reason);
+            }
+        }
+    }
+    by_consumer
+}
+
 #[tokio::test]
-async fn a_cascade_that_crashes_before_the_delete_orphans_nothing_and_a_rerun_finishes() {
+async fn a_cascade_that_dies_writes_all_of_a_commit_or_none_and_is_finished_by_whoever_finds_it() {
+    use provledger_client::placement::finish_provider_deletes;
+    use provledger_projections::facts::CASCADE_RELEASES_PER_COMMIT;
+    use provledger_projections::provider::ProviderStatus;
     let dir = tempfile::tempdir().unwrap();
     let log = DiesBeforeDelete {
         inner: SledLog::open(dir.path()).unwrap(),
         dead: Arc::new(AtomicBool::new(true)),
     };
     let stamper = Stamper::system();
-    let provider = Uuid::now_v7();
-    let p = AggregateId::provider(provider);
-    let register = provider_with_vcpus(8);
-    record(&log, p, Expectation::NoStream, stamper.draft("t", register))
-        .await
-        .unwrap();
-    for _ in 0..3 {
-        record(
-            &log,
-            p,
-            Expectation::Any,
-            stamper.draft("t", claim(Uuid::now_v7(), 2)),
-        )
-        .await
-        .unwrap();
-    }
 
-    // Given a cascade whose process dies between the releases and the delete...
-    let crashed = delete_provider(&log, &LogView::new(&log), provider, true, "t", &stamper).await;
-    assert!(crashed.is_err(), "{crashed:?}");
-    // ...then nothing is orphaned: every allocation was released with its reason, the
-    // provider is deleting, not deleted, and it refuses a new claim meanwhile.
-    let state = provider_state(&log, p).await;
-    assert!(state.allocations.is_empty(), "{:?}", state.allocations);
-    assert_eq!(
-        state.status,
-        Some(provledger_projections::provider::ProviderStatus::Deleting)
-    );
+    // Given a cascade of a few allocations (one commit) whose process dies writing it...
+    let (small, s) = provider_holding(&log, 3, &stamper).await;
+    let died = delete_provider(&log, &LogView::new(&log), small, true, "t", &stamper).await;
+    assert!(died.is_err(), "{died:?}");
+    // ...then nothing of it was written: still active, holding its three allocations.
+    let state = provider_state(&log, s).await;
+    assert_eq!(state.status, Some(ProviderStatus::Active));
+    assert_eq!(state.allocations.len(), 3);
+
+    // Given a cascade of more allocations than one commit releases, dying before the
+    // commit that deletes the provider...
+    let many = CASCADE_RELEASES_PER_COMMIT + 44;
+    let (large, l) = provider_holding(&log, many, &stamper).await;
+    let died = delete_provider(&log, &LogView::new(&log), large, true, "t", &stamper).await;
+    assert!(died.is_err(), "{died:?}");
+    // ...then nothing is orphaned: the delete is recorded (claims refused), the first
+    // commit's allocations released with their reason, the rest still held.
+    let state = provider_state(&log, l).await;
+    assert_eq!(state.status, Some(ProviderStatus::Deleting));
+    assert!(state.deleting_cascade);
+    assert_eq!(state.allocations.len(), 44);
     let late = record(
         &log,
-        p,
+        l,
         Expectation::Any,
         stamper.draft("t", claim(Uuid::now_v7(), 1)),
     )
     .await;
     assert!(matches!(late, Err(RecordError::Rejected(_))), "{late:?}");
-    let released: Vec<String> = log
-        .read_aggregate(p)
-        .await
-        .unwrap()
-        .iter()
-        .flat_map(|c| c.events.clone())
-        .filter_map(|e| match e {
-            Event::AllocationReleased { reason, .. } => Some(reason),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(released.len(), 3);
-    assert!(
-        released.iter().all(|r| r.contains("--cascade")),
-        "{released:?}"
-    );
+    let first = releases(&log, l).await;
+    assert_eq!(first.len(), CASCADE_RELEASES_PER_COMMIT);
+    assert!(first.values().flatten().all(|r| r.contains("--cascade")));
 
-    // When it is run again after the restart, it finishes: deleted, nothing released twice.
+    // When, after the restart, serve's sweep finds it half done (no one re-runs it), it
+    // finishes it: deleted, every allocation released exactly once.
     log.dead.store(false, Ordering::SeqCst);
-    let rerun = delete_provider(&log, &LogView::new(&log), provider, true, "t", &stamper)
+    let finished = finish_provider_deletes(&log, &LogView::new(&log), "sweep", &stamper)
         .await
         .unwrap();
-    assert_eq!(rerun, ProviderDeletion::Deleted { released: vec![] });
-    let state = provider_state(&log, p).await;
-    assert_eq!(
-        state.status,
-        Some(provledger_projections::provider::ProviderStatus::Deleted)
-    );
+    assert_eq!(finished, vec![large]);
+    let state = provider_state(&log, l).await;
+    assert_eq!(state.status, Some(ProviderStatus::Deleted));
     assert_eq!(
         state.header.anomaly_count, 0,
         "{:?}",
         state.header.anomalies
+    );
+    let all = releases(&log, l).await;
+    assert_eq!(all.len(), many);
+    assert!(
+        all.values().all(|r| r.len() == 1),
+        "a release written twice"
+    );
+    // The small one, never recorded as deleting, is left alone by the sweep.
+    assert_eq!(
+        provider_state(&log, s).await.status,
+        Some(ProviderStatus::Active)
     );
 }
 

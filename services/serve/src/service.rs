@@ -21,7 +21,10 @@ use crate::endpoints::{Endpoint, QueryContext};
 use crate::projector::{OnChainViolation, Projector, ProjectorError};
 use crate::rollback_worker::RollbackWorker;
 use crate::store::{ProjectionStore, StoreError};
-use provledger_client::recovery::{deliver_to_worker, due_reissues, sweep, NatsReissuer};
+use provledger_client::placement::finish_provider_deletes;
+use provledger_client::recovery::{
+    deliver_to_worker, due_reissues, sweep, NatsReissuer, RECOVERY_ACTOR,
+};
 use provledger_client::{
     open_jetstream, CancelNotices, Ledger, NatsExecutors, OpenLedgerError, RollbackDriver, Stamper,
 };
@@ -251,6 +254,13 @@ pub async fn run(
                         }
                         Ok(_) => {}
                         Err(e) => tracing::warn!(error = %e, "stuck-state recovery sweep failed"),
+                    }
+                    // A provider delete a crash left half done (a cascade spanning several
+                    // commits) is finished here: nobody has to run it again.
+                    if let Err(e) =
+                        finish_provider_deletes(&ledger, &store, RECOVERY_ACTOR, &stamper).await
+                    {
+                        tracing::warn!(error = %e, "finishing provider deletes failed");
                     }
                     next_sweep = tokio::time::Instant::now() + interval;
                 }

@@ -1,4 +1,5 @@
-//! `provledger recover [--dry-run]`: one stuck-state recovery sweep, then, over `--nats`,
+//! `provledger recover [--dry-run]`: one stuck-state recovery sweep (and the provider
+//! deletes a crash left half done, finished), then, over `--nats`,
 //! one round of re-issue delivery (see `provledger_client::recovery`). Embedded there is
 //! no worker to deliver to: a re-issue stays pending (serve delivers it, with backoff,
 //! until its worker acknowledges). Exit 1 while any re-issue is pending or a recovery
@@ -7,7 +8,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use provledger_client::recovery::{deliver_reissues, sweep, NatsReissuer};
+use provledger_client::placement::finish_provider_deletes;
+use provledger_client::recovery::{deliver_reissues, sweep, NatsReissuer, RECOVERY_ACTOR};
 use provledger_client::view::{LogView, StateView};
 use provledger_client::{connect_nats, Ledger, LedgerOptions, Stamper};
 use provledger_projections::recovery::ReissuePolicy;
@@ -25,6 +27,11 @@ pub async fn run(
     let view = LogView::new(ledger);
     let stamper = Stamper::system();
     let report = sweep(ledger, &view, dry_run, &stamper).await?;
+    // Provider deletes a crash left half done are finished too (not in a dry run).
+    let providers_finished = match dry_run {
+        true => Vec::new(),
+        false => finish_provider_deletes(ledger, &view, RECOVERY_ACTOR, &stamper).await?,
+    };
     let delivery = match (&options.nats_url, dry_run) {
         (Some(url), false) => {
             let client = connect_nats(url, "provledger-recover", &options.nats_auth).await?;
@@ -74,6 +81,8 @@ pub async fn run(
         v["written"] = report.written().into();
         v["delivery"] = serde_json::to_value(&delivery).unwrap_or_default();
         v["pending_reissues"] = pending.clone().into();
+        v["provider_deletes_finished"] =
+            serde_json::to_value(&providers_finished).unwrap_or_default();
         print_json(&v);
     } else {
         for r in &report.recoveries {
@@ -96,6 +105,9 @@ pub async fn run(
                 "written"
             }
         );
+        for p in &providers_finished {
+            println!("provider {p}: a delete left half done was finished");
+        }
         if let Some(d) = &delivery {
             println!(
                 "re-issues: {} sent, {} delivered, {} not delivered",
