@@ -35,6 +35,8 @@ pub mod stage {
     pub const CHILDREN: &str = "children";
     /// A single-step instance action (reboot, snapshot).
     pub const ACT: &str = "act";
+    /// Move a running instance's guest to the destination (live migration).
+    pub const MIGRATE: &str = "migrate";
 }
 
 fn spec(name: &str, policy: StagePolicy) -> StageSpec {
@@ -76,6 +78,11 @@ pub fn stages_of(kind: OperationKind) -> Vec<StageSpec> {
             spec(SPAWN, Compensate),
         ],
         OperationKind::ResizeInstance => vec![spec(SCHEDULE, Compensate), spec(ACT, Hold)],
+        // Nova's live migration: a failure while migrating rolls back (the destination's
+        // claim released, the source given back to the instance); the guest never stopped.
+        OperationKind::LiveMigrateInstance => {
+            vec![spec(SCHEDULE, Compensate), spec(MIGRATE, Compensate)]
+        }
         OperationKind::RebootInstance | OperationKind::SnapshotInstance => {
             vec![spec(ACT, Hold)]
         }

@@ -229,15 +229,29 @@ mod migration {
     /// interrupted (the worker's lease expired), with the source held by `source_holder`
     /// (the migration, or the VM itself) and the destination by the VM.
     fn given(host_on: (AggregateId, &str), source_holder: (Uuid, ConsumerKind)) -> Vec<Fact> {
+        given_migration(
+            OperationKind::ResizeInstance,
+            TaskState::ResizeMigrating,
+            host_on,
+            source_holder,
+        )
+    }
+
+    fn given_migration(
+        kind: OperationKind,
+        task: TaskState,
+        host_on: (AggregateId, &str),
+        source_holder: (Uuid, ConsumerKind),
+    ) -> Vec<Fact> {
         let mut vm_events = workload::instance_running_on(source().id);
         vm_events.extend([
             Event::InFlightOperationSet {
                 operation_id: resize().id,
-                operation_kind: OperationKind::ResizeInstance,
+                operation_kind: kind,
             },
             on(host_on.0, host_on.1),
             Event::TaskStarted {
-                task_state: TaskState::ResizeMigrating,
+                task_state: task,
                 worker_id: "compute-1".into(),
                 lease_until: Timestamp::from_unix_ms(LEASE),
             },
@@ -245,10 +259,7 @@ mod migration {
         let steps = vec![
             (source(), workload::compute_node(21)),
             (destination(), workload::compute_node(22)),
-            (
-                resize(),
-                vec![super::started(OperationKind::ResizeInstance, vm())],
-            ),
+            (resize(), vec![super::started(kind, vm())]),
             (vm(), vm_events),
             (
                 source(),
@@ -313,6 +324,48 @@ mod migration {
     }
 
     #[test]
+    fn an_interrupted_live_migration_is_aborted_to_the_source_and_only_the_migration_fails() {
+        use provledger_projections::recovery::Reissue;
+        for host_on in [(source(), "cn21"), (destination(), "cn22")] {
+            // Given a live migration interrupted with the host on either side...
+            let facts = given_migration(
+                OperationKind::LiveMigrateInstance,
+                TaskState::Migrating,
+                host_on,
+                (resize().id, ConsumerKind::Migration),
+            );
+            // ...then the source goes back to the VM, the destination is released, the
+            // migration fails, the VM is never put in error, and the abort is re-issued.
+            let src = on_aggregate(&facts, source());
+            assert!(released(&src, resize().id), "{src:?}");
+            assert!(released(&on_aggregate(&facts, destination()), vm().id));
+            let on_vm = on_aggregate(&facts, vm());
+            assert!(
+                !on_vm
+                    .iter()
+                    .any(|e| matches!(e, Event::VmStateChanged { .. })),
+                "{on_vm:?}"
+            );
+            assert!(on_vm.iter().any(|e| matches!(
+                e,
+                Event::ReissueRequested {
+                    action: Reissue::AbortLiveMigration,
+                    ..
+                }
+            )));
+            let moved_back = on_vm.contains(&Event::HostAssigned {
+                host: "cn21".into(),
+                provider_id: source().id,
+            });
+            assert_eq!(moved_back, host_on.0 == destination(), "{on_vm:?}");
+            assert!(matches!(
+                on_aggregate(&facts, resize()).as_slice(),
+                [Event::OperationFailed { .. }]
+            ));
+        }
+    }
+
+    #[test]
     fn with_the_host_already_moved_the_host_goes_back_to_the_source_too() {
         let facts = given(
             (destination(), "cn22"),
@@ -341,20 +394,23 @@ mod migration {
 
 #[test]
 fn a_failed_migration_leaves_its_instance_where_it_runs_unless_its_rollback_needs_attention() {
-    // Given a resize of an active VM that failed; its plan would put the target in error.
+    for kind in [
+        OperationKind::ResizeInstance,
+        OperationKind::LiveMigrateInstance,
+    ] {
+        a_failed_migration_of_kind(kind);
+    }
+}
+
+fn a_failed_migration_of_kind(kind: OperationKind) {
+    // Given a migration of an active VM that failed; its plan would put the target in error.
     let vm = AggregateId::instance(Uuid::from_u128(5));
     let mut running = workload::instance_running_on(Uuid::from_u128(2));
     running.push(Event::InFlightOperationSet {
         operation_id: operation().id,
-        operation_kind: OperationKind::ResizeInstance,
+        operation_kind: kind,
     });
-    let steps = vec![
-        (vm, running),
-        (
-            operation(),
-            vec![started(OperationKind::ResizeInstance, vm)],
-        ),
-    ];
+    let steps = vec![(vm, running), (operation(), vec![started(kind, vm)])];
     let projection = Projection::rebuild(&script::seal(&steps));
     let Some(Entity::Operation(mut op)) = projection.get(&operation()).cloned() else {
         panic!("the operation folds");
@@ -377,14 +433,14 @@ fn a_failed_migration_leaves_its_instance_where_it_runs_unless_its_rollback_need
     // When its rollback ends, then the VM is not put in error (only the migration is), and
     // its in-flight marker is cleared.
     let events = rollback_target_events(&op, target.as_ref(), RollbackOutcome::RolledBack);
-    assert!(!in_error(&events), "{events:?}");
+    assert!(!in_error(&events), "{kind:?}: {events:?}");
     assert!(matches!(
         events.as_slice(),
         [Event::InFlightOperationCleared { .. }]
     ));
     // When the rollback itself needs attention, then the VM is put in error, saying where.
     let events = rollback_target_events(&op, target.as_ref(), RollbackOutcome::NeedsAttention);
-    assert!(in_error(&events), "{events:?}");
+    assert!(in_error(&events), "{kind:?}: {events:?}");
 }
 
 // ---- provider deletes ----

@@ -22,13 +22,21 @@ pub enum OperationKind {
     ResizeInstance,
     /// A service bundle of child operations.
     Bundle,
+    /// Moves a running instance to another host without stopping it (Nova's live
+    /// migration): the destination claimed under the instance, the source held under the
+    /// migration (this operation's id) until it completes; on failure the instance stays
+    /// on the source, ACTIVE, and only the migration is in error.
+    LiveMigrateInstance,
 }
 
 impl OperationKind {
     /// Whether the operation moves an instance between providers while it runs (the
     /// destination claimed under the instance, the source held under the migration).
     pub fn is_migration(self) -> bool {
-        matches!(self, OperationKind::ResizeInstance)
+        matches!(
+            self,
+            OperationKind::ResizeInstance | OperationKind::LiveMigrateInstance
+        )
     }
 }
 
