@@ -4,7 +4,8 @@
 
 use provledger_events::catalogue::{
     AllocationHold, BlockingAllocation, ClusterStatus, ConsumerKind, NodeGroupTarget,
-    OperationKind, OperationOutcome, RollbackOutcome, TargetOutcome, VmState,
+    OperationKind, OperationOutcome, RollbackOutcome, TargetOutcome, TaskOutcome, TaskState,
+    VmState,
 };
 use provledger_events::{AggregateId, Event};
 use uuid::Uuid;
@@ -86,6 +87,23 @@ pub fn rollback_target_events(
             });
         }
         _ => {}
+    }
+    // A migration's task that no worker started (queued, or its worker gone) ends with
+    // the migration: the instance is not left "migrating" for good.
+    if let Some(Entity::Instance(i)) = target {
+        let migrating = matches!(
+            i.task_state,
+            Some(TaskState::ResizeMigrating | TaskState::Migrating)
+        );
+        if op.kind.is_some_and(|k| k.is_migration()) && migrating && i.task_worker.is_none() {
+            if let Some(task_state) = i.task_state {
+                events.push(Event::TaskFinished {
+                    task_state,
+                    outcome: TaskOutcome::Failed,
+                    reason: format!("migration {operation} rolled back"),
+                });
+            }
+        }
     }
     let holds = match target {
         Some(Entity::Cluster(c)) => c.in_flight.as_ref().map(|f| f.operation_id),
@@ -172,22 +190,18 @@ pub fn recovery_facts<'a, 'p>(
             .as_ref()
             .map(|(_, s, _)| *s)
             .or(instance.provider_id);
-        if let Some((migration, source, resources)) = &migration {
-            facts.push(Fact {
-                aggregate: AggregateId::provider(*source),
-                name: name(&format!("back-to-source/{source}")),
-                events: vec![
-                    Event::AllocationReleased {
-                        consumer: *migration,
-                        reason: why.clone(),
-                    },
-                    Event::AllocationClaimed {
-                        consumer: id,
-                        consumer_kind: ConsumerKind::Instance,
-                        resources: resources.clone(),
-                    },
-                ],
-            });
+        if let Some((migration, source, _)) = &migration {
+            let events = providers
+                .iter()
+                .find(|p| p.header.id.id == *source)
+                .and_then(|p| return_to_source_events(p, id, *migration, &why));
+            if let Some(events) = events {
+                facts.push(Fact {
+                    aggregate: AggregateId::provider(*source),
+                    name: name(&format!("back-to-source/{source}")),
+                    events,
+                });
+            }
         }
         for p in providers.iter().filter(|p| Some(p.header.id.id) != source) {
             if holds(p) {
@@ -363,4 +377,32 @@ pub fn provider_delete_step(
         released,
         deletes,
     }
+}
+
+/// A migration's source given back to its instance (a revert, an abort, a migration's
+/// rollback: Nova's rule): on the source provider, the migration's allocation released and
+/// the instance's claimed with the same resources, in one commit, so that the capacity
+/// cannot be taken in between. `None`: the migration holds nothing there (it was confirmed,
+/// or the source was given back already): nothing to do.
+pub fn return_to_source_events(
+    source: &ProviderState,
+    instance: Uuid,
+    migration: Uuid,
+    why: &str,
+) -> Option<Vec<Event>> {
+    let held = source
+        .allocations
+        .get(&migration)
+        .filter(|a| a.consumer_kind == ConsumerKind::Migration)?;
+    Some(vec![
+        Event::AllocationReleased {
+            consumer: migration,
+            reason: why.to_string(),
+        },
+        Event::AllocationClaimed {
+            consumer: instance,
+            consumer_kind: ConsumerKind::Instance,
+            resources: held.resources.clone(),
+        },
+    ])
 }

@@ -578,3 +578,41 @@ fn a_large_cascade_is_decided_commit_by_commit_and_goes_on_once_recorded() {
         ProviderDeleteStep::AlreadyDeleted
     );
 }
+
+/// Given a source holding a migration's allocation, when it is given back, then the
+/// migration's is released and the instance claims the same resources, in one commit;
+/// given it back already (or confirmed), nothing is left to do.
+#[test]
+fn a_source_given_back_moves_the_migrations_allocation_to_the_instance_once() {
+    use provledger_events::catalogue::ConsumerKind;
+    use provledger_projections::facts::return_to_source_events;
+    let source = AggregateId::provider(Uuid::from_u128(PROVIDER));
+    let (instance, migration) = (Uuid::from_u128(5), Uuid::from_u128(31));
+    let mut steps = vec![
+        (source, workload::provider_on("cn", 8)),
+        (
+            source,
+            workload::vcpu_claim(migration, ConsumerKind::Migration, 2),
+        ),
+    ];
+    let events = return_to_source_events(&provider_after(&steps), instance, migration, "revert")
+        .expect("something to give back");
+    assert!(matches!(
+        events.as_slice(),
+        [
+            Event::AllocationReleased { consumer: m, .. },
+            Event::AllocationClaimed { consumer: i, consumer_kind: ConsumerKind::Instance, resources }
+        ] if *m == migration && *i == instance && resources.get("VCPU") == Some(&2)
+    ));
+    steps.push((source, events));
+    let after = provider_after(&steps);
+    assert_eq!(
+        after.header.anomaly_count, 0,
+        "{:?}",
+        after.header.anomalies
+    );
+    assert_eq!(
+        return_to_source_events(&after, instance, migration, "revert again"),
+        None
+    );
+}

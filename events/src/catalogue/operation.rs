@@ -114,6 +114,10 @@ pub enum CompensationAction {
     TerminateVm,
     ReleaseAllocation,
     Custom(String),
+    /// Gives a migration's source back to the instance (executor `ledger`; `resource`: the
+    /// instance, `args.provider_id`: the source): the migration's allocation released and
+    /// the instance's claimed there in one commit (Nova's revert and abort).
+    ReturnToSource,
 }
 
 /// Who carries out a compensation.

@@ -23,7 +23,7 @@ mod common;
 use common::{wait_ready, Serve};
 
 /// Every operation kind the document must show, one example each.
-const KINDS: [&str; 9] = [
+const KINDS: [&str; 10] = [
     "create_cluster",
     "scale_cluster",
     "delete_cluster",
@@ -33,6 +33,7 @@ const KINDS: [&str; 9] = [
     "reboot_instance",
     "snapshot_instance",
     "bundle",
+    "live_migrate_instance",
 ];
 /// How long an operation (a rollback driven by serve included) may take to settle.
 const SETTLE_WAIT: Duration = Duration::from_secs(15);
@@ -140,9 +141,14 @@ fn parse(doc: &str) -> Vec<Example> {
             };
             let body: Value = serde_json::from_str(&text)
                 .unwrap_or_else(|e| panic!("line {n}: the request is not JSON: {e}"));
+            let one = |c: &Value| c["aggregate"].is_string() && c["events"].is_array();
+            let well_formed = match body["commits"].as_array() {
+                Some(commits) => !commits.is_empty() && commits.iter().all(one),
+                None => one(&body),
+            };
             assert!(
-                body["aggregate"].is_string() && body["events"].is_array(),
-                "line {n}: a request needs `aggregate` and `events`"
+                well_formed,
+                "line {n}: a request needs `aggregate` and `events` (each of its `commits`)"
             );
             example.requests.push(Request {
                 line: n,
@@ -212,11 +218,18 @@ async fn replay(client: &async_nats::Client, example: &Example) -> u64 {
             reply["error"],
             request.body
         );
-        assert_eq!(
-            reply["data"]["outcome"], request.outcome,
-            "{at}: unexpected outcome in {reply}"
-        );
-        position = position.max(reply["data"]["position"].as_u64().expect("position"));
+        // A `commits` request answers one entry per commit, each with its own outcome.
+        let answers = match reply["data"]["commits"].as_array() {
+            Some(commits) => commits.clone(),
+            None => vec![reply["data"].clone()],
+        };
+        for answer in answers {
+            assert_eq!(
+                answer["outcome"], request.outcome,
+                "{at}: unexpected outcome in {reply}"
+            );
+            position = position.max(answer["position"].as_u64().expect("position"));
+        }
     }
     position
 }
@@ -301,25 +314,31 @@ fn the_document_marks_one_example_per_operation_kind() {
     }
 }
 
-/// An IPAM as section 4 of the document describes it, which never took an address: it
-/// answers every compensation by key with `nothing_to_undo` (and one without a key with a
-/// plain `ok`), and keeps the requests it received.
-async fn ipam_that_never_acted(
+/// Executors as section 4 of the document describes them, which never acted: every
+/// compensation by key is answered with `nothing_to_undo` (one without a key with a plain
+/// `ok`); the requests received are kept with the executor they were addressed to.
+async fn executors_that_never_acted(
     client: &async_nats::Client,
-) -> std::sync::Arc<std::sync::Mutex<Vec<Value>>> {
+) -> std::sync::Arc<std::sync::Mutex<Vec<(String, Value)>>> {
     use futures::StreamExt;
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut sub = client
-        .subscribe("provledger.exec.ipam.compensate")
+        .subscribe("provledger.exec.*.compensate")
         .await
         .expect("subscribe");
     client.flush().await.expect("flush");
     let (client, kept) = (client.clone(), seen.clone());
     tokio::spawn(async move {
         while let Some(msg) = sub.next().await {
+            let executor = msg
+                .subject
+                .split('.')
+                .nth(2)
+                .unwrap_or_default()
+                .to_string();
             let request: Value = serde_json::from_slice(&msg.payload).unwrap_or(Value::Null);
             let by_key = request["args"]["idempotency_key"].is_string();
-            kept.lock().expect("ipam requests").push(request);
+            kept.lock().expect("requests").push((executor, request));
             let reply = if by_key {
                 json!({"ok": true, "nothing_to_undo": true})
             } else {
@@ -346,7 +365,7 @@ async fn every_documented_example_is_accepted_and_ends_as_documented() {
     let client = nats.client().await;
     let _serve = Serve::start(&nats, &tmp.path().join("serve"));
     wait_ready(&client).await;
-    let ipam = ipam_that_never_acted(&client).await;
+    let executors = executors_that_never_acted(&client).await;
     let mut last = 0;
     for example in &examples {
         let position = replay(&client, example).await;
@@ -355,21 +374,74 @@ async fn every_documented_example_is_accepted_and_ends_as_documented() {
         }
         last = last.max(position);
     }
-    // The failed boot's `acquire_ip` was started and never done: its rollback asked IPAM,
-    // by the documented key, to release whatever it took, and IPAM had nothing to undo.
-    let asked = ipam.lock().expect("ipam requests").clone();
-    assert_eq!(asked.len(), 1, "IPAM compensation requests: {asked:#?}");
-    assert_eq!(asked[0]["action"], "release_ip");
-    assert_eq!(asked[0]["resource"], "");
+    // The failed boot's `acquire_ip` and the failed live migration's `migrate` were
+    // started and never done: their rollbacks asked IPAM and the hypervisor, by the
+    // documented keys, to undo whatever they did, and neither had anything to undo.
+    let asked = executors.lock().expect("requests").clone();
+    assert_eq!(asked.len(), 2, "compensation requests: {asked:#?}");
+    let (ipam, hypervisor) = (&asked[0], &asked[1]);
+    assert_eq!(ipam.0, "ipam");
+    assert_eq!(ipam.1["action"], "release_ip");
+    assert_eq!(ipam.1["resource"], "");
     assert_eq!(
-        asked[0]["args"]["idempotency_key"],
+        ipam.1["args"]["idempotency_key"],
         "01900000-0000-7000-8000-0000000000a1"
+    );
+    assert_eq!(hypervisor.0, "hypervisor");
+    assert_eq!(
+        hypervisor.1["action"],
+        json!({"custom": "abort_live_migration"})
+    );
+    assert_eq!(
+        hypervisor.1["args"]["idempotency_key"],
+        "01900000-0000-7000-8000-0000000000a2"
+    );
+    // The failed live migration left the instance where it ran, holding its source again
+    // and nothing on the destination (Nova's rule), and its task ended.
+    let vm = ask(
+        &client,
+        "provledger.q.instance.get",
+        &json!({"id": "01900000-0000-7000-8000-0000000000b2", "min_position": last}),
+    )
+    .await;
+    assert_eq!(vm["data"]["vm_state"], "active", "{vm}");
+    assert_eq!(vm["data"]["host"], "cmp-2", "{vm}");
+    assert_eq!(vm["data"]["task_state"], Value::Null, "{vm}");
+    let held = ask(
+        &client,
+        "provledger.q.allocation.by_consumer",
+        &json!({"consumer": "01900000-0000-7000-8000-0000000000b2", "min_position": last}),
+    )
+    .await;
+    let held = held["data"].to_string();
+    assert!(
+        held.contains("01900000-0000-7000-8000-0000000000f2")
+            && !held.contains("01900000-0000-7000-8000-0000000000f1"),
+        "{held}"
+    );
+    let migration = ask(
+        &client,
+        "provledger.q.allocation.by_consumer",
+        &json!({"consumer": "01900000-0000-7000-8000-000000000e0c", "min_position": last}),
+    )
+    .await;
+    assert!(
+        !migration["data"].to_string().contains("0000000000f2"),
+        "the migration still holds the source: {migration}"
     );
     // A clean sequence: the fold applied every event of every aggregate written, none as
     // an anomaly (an out-of-place `step_done` is accepted, but recorded as one).
     let mut seen = HashSet::new();
-    for request in examples.iter().flat_map(|e| &e.requests) {
-        let aggregate = request.body["aggregate"].as_str().expect("aggregate");
+    let commits = examples
+        .iter()
+        .flat_map(|e| &e.requests)
+        .flat_map(|r| match r.body["commits"].as_array() {
+            Some(commits) => commits.clone(),
+            None => vec![r.body.clone()],
+        })
+        .collect::<Vec<_>>();
+    for commit in &commits {
+        let aggregate = commit["aggregate"].as_str().expect("aggregate");
         if !seen.insert(aggregate) {
             continue;
         }

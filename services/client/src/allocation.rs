@@ -1,5 +1,6 @@
-//! Releasing an allocation with the provider's exact version: shared by the rollback
-//! driver's ledger-internal compensation and the provisioning flows' terminations.
+//! Releasing an allocation with the provider's exact version, and giving a migration's
+//! source back to its instance: the rollback driver's ledger-internal compensations, also
+//! used by the provisioning flows' terminations.
 
 use provledger_events::{AggregateId, CommitDraft, Event, EventLog, Expectation};
 use provledger_projections::Entity;
@@ -43,4 +44,49 @@ pub async fn release_allocation<L: EventLog>(
         }
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// Appends to a provider attempted again after another writer changed it in between.
+const RETURN_TO_SOURCE_ATTEMPTS_MAX: usize = 8;
+
+/// Gives migration `migration`'s source on `provider` back to `instance`
+/// (`facts::return_to_source_events`, decided at the provider's exact version; nothing to
+/// do when the migration holds nothing there). Idempotent.
+pub async fn return_to_source<L: EventLog>(
+    log: &L,
+    provider: uuid::Uuid,
+    instance: uuid::Uuid,
+    migration: uuid::Uuid,
+    reason: &str,
+    draft: impl Fn(Vec<Event>) -> CommitDraft,
+) -> Result<(), String> {
+    let aggregate = AggregateId::provider(provider);
+    for _ in 0..RETURN_TO_SOURCE_ATTEMPTS_MAX {
+        let Some(Entity::Provider(source)) = read_entity(log, aggregate)
+            .await
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(()); // no such provider: nothing is held there
+        };
+        let Some(events) = provledger_projections::facts::return_to_source_events(
+            &source, instance, migration, reason,
+        ) else {
+            return Ok(());
+        };
+        match record(
+            log,
+            aggregate,
+            Expectation::Exactly(source.header.version),
+            draft(events),
+        )
+        .await
+        {
+            Ok(_) => return Ok(()),
+            Err(RecordError::Conflict { .. }) => continue,
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Err(format!(
+        "{aggregate}: {RETURN_TO_SOURCE_ATTEMPTS_MAX} attempts in a row met a newer version"
+    ))
 }

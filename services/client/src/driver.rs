@@ -25,7 +25,7 @@ use provledger_projections::rollback::{next_rollback_action, RetryPolicy, Rollba
 use provledger_projections::Entity;
 use uuid::Uuid;
 
-use crate::allocation::release_allocation;
+use crate::allocation::{release_allocation, return_to_source};
 use crate::clock::Stamper;
 use crate::executors::{CompensationExecutor, CompensationRequest};
 use crate::ledger::{derived_commit_id, read_entity, Ledger};
@@ -289,26 +289,47 @@ impl RollbackDriver {
         op: &OperationState,
         c: &PlannedCompensation,
     ) -> Result<(), String> {
+        // Both ledger compensations name a provider in `args.provider_id` and a consumer
+        // (the instance) as the resource.
+        let word = provledger_projections::planner::action_word(&c.compensation.action);
+        let provider = || -> Result<Uuid, String> {
+            c.compensation
+                .args
+                .get(DetailKey::ProviderId.as_str())
+                .and_then(|p| p.parse().ok())
+                .ok_or_else(|| format!("{word} needs a provider_id argument"))
+        };
+        let consumer = || -> Result<Uuid, String> {
+            c.compensation
+                .resource
+                .parse()
+                .map_err(|_| format!("consumer {:?} is not a UUID", c.compensation.resource))
+        };
+        let operation = op.header.id.id;
+        let draft = |events| self.draft(operation, events);
         match c.compensation.action {
             CompensationAction::ReleaseAllocation => {
-                let provider: Uuid = c
-                    .compensation
-                    .args
-                    .get(DetailKey::ProviderId.as_str())
-                    .and_then(|p| p.parse().ok())
-                    .ok_or("release_allocation needs a provider_id argument")?;
-                let consumer: Uuid =
-                    c.compensation.resource.parse().map_err(|_| {
-                        format!("consumer {:?} is not a UUID", c.compensation.resource)
-                    })?;
-                let operation = op.header.id.id;
                 let reason = format!(
                     "rollback of operation {operation} (compensation {})",
                     c.compensation_id
                 );
-                release_allocation(&self.ledger, provider, consumer, &reason, |events| {
-                    self.draft(operation, events)
-                })
+                release_allocation(&self.ledger, provider()?, consumer()?, &reason, draft).await
+            }
+            // The migration is the operation being rolled back: its id is the consumer
+            // holding the source.
+            CompensationAction::ReturnToSource => {
+                let reason = format!(
+                    "rollback of migration {operation}: back to the source (compensation {})",
+                    c.compensation_id
+                );
+                return_to_source(
+                    &self.ledger,
+                    provider()?,
+                    consumer()?,
+                    operation,
+                    &reason,
+                    draft,
+                )
                 .await
             }
             ref other => Err(format!(
