@@ -10,6 +10,7 @@ use provledger_events::catalogue::{
 use provledger_events::{AggregateId, Event};
 use uuid::Uuid;
 
+use crate::cluster::ClusterState;
 use crate::instance::InstanceState;
 use crate::operation::{OperationState, OperationStatus};
 use crate::placement::migration_source;
@@ -405,4 +406,90 @@ pub fn return_to_source_events(
             resources: held.resources.clone(),
         },
     ])
+}
+
+/// After the executor confirmed a VM's termination during a rollback: the instance record
+/// closed (`instance_delete_requested` if not asked yet, `instance_deleted`), unless it is
+/// the operation's own target, which keeps its record (the target outcome moves it); and
+/// the instance out of its node group (`instance_left`). Both together, or neither: a
+/// deleted instance still listed in its cluster, or the reverse, is never left behind.
+pub fn vm_gone_facts(
+    op: &OperationState,
+    instance: &InstanceState,
+    cluster: Option<&ClusterState>,
+) -> Vec<Fact> {
+    let operation = op.header.id.id;
+    let id = instance.header.id;
+    let reason = format!("terminated by the rollback of operation {operation}");
+    let mut facts = Vec::new();
+    if op.target != Some(id) && instance.vm_state != Some(VmState::Deleted) {
+        let mut events = Vec::new();
+        if !instance.delete_requested {
+            events.push(Event::InstanceDeleteRequested {
+                reason: reason.clone(),
+            });
+        }
+        events.push(Event::InstanceDeleted {});
+        facts.push(Fact {
+            aggregate: id,
+            name: "instance_deleted".into(),
+            events,
+        });
+    }
+    let group = cluster.and_then(|c| {
+        c.node_groups
+            .iter()
+            .find(|g| g.instance_ids.contains(&id.id))
+            .map(|g| (c.header.id, g.spec.name.clone()))
+    });
+    if let Some((cluster, node_group)) = group {
+        facts.push(Fact {
+            aggregate: cluster,
+            name: "instance_left".into(),
+            events: vec![Event::InstanceLeft {
+                node_group,
+                instance_id: id.id,
+                reason,
+            }],
+        });
+    }
+    facts
+}
+
+/// Whether a deleting target can be recorded deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeletionCompletion {
+    AlreadyDeleted,
+    /// Something of it remains (an instance in a node group, an operation in flight, an
+    /// allocation), or it is not being deleted.
+    NotYet,
+    /// Nothing of it remains: record this.
+    Record(Box<Event>),
+}
+
+/// `target` (a cluster or an instance) once nothing of it remains: a cluster with no
+/// instance in its node groups and no operation in flight; an instance whose delete was
+/// asked for, with no operation in flight and no allocation on `runs_on` (the provider it
+/// runs on, if it has one).
+pub fn deletion_completion(target: &Entity, runs_on: Option<&ProviderState>) -> DeletionCompletion {
+    match target {
+        Entity::Cluster(c) => match c.status {
+            Some(ClusterStatus::Deleted) => DeletionCompletion::AlreadyDeleted,
+            Some(ClusterStatus::Deleting) if c.instance_count() == 0 && c.in_flight.is_none() => {
+                DeletionCompletion::Record(Box::new(Event::ClusterDeleted {}))
+            }
+            _ => DeletionCompletion::NotYet,
+        },
+        Entity::Instance(i) => {
+            if i.vm_state == Some(VmState::Deleted) {
+                return DeletionCompletion::AlreadyDeleted;
+            }
+            let holds = runs_on.is_some_and(|p| p.allocations.contains_key(&i.header.id.id));
+            if !i.delete_requested || i.in_flight.is_some() || holds {
+                return DeletionCompletion::NotYet;
+            }
+            DeletionCompletion::Record(Box::new(Event::InstanceDeleted {}))
+        }
+        _ => DeletionCompletion::NotYet,
+    }
 }

@@ -616,3 +616,120 @@ fn a_source_given_back_moves_the_migrations_allocation_to_the_instance_once() {
         None
     );
 }
+
+// ---- a terminated VM, a deletion completed ----
+
+/// Given node 2 of the `data` group (on provider 7, holding 2 VCPU there) and the scale
+/// operation of `given`.
+fn node_two_in_cluster() -> (OperationState, Projection) {
+    let (op, _) = given(OperationKind::ScaleCluster, vec![]);
+    let vm = AggregateId::instance(node(2));
+    let provider = AggregateId::provider(Uuid::from_u128(PROVIDER));
+    let mut vm_events = workload::instance_running_on(provider.id);
+    if let Event::InstanceCreateRequested {
+        cluster_id,
+        node_group,
+        ..
+    } = &mut vm_events[0]
+    {
+        *cluster_id = Some(cluster().id);
+        *node_group = Some("data".into());
+    }
+    let steps = vec![
+        (
+            cluster(),
+            vec![
+                Event::ClusterCreateRequested {
+                    name: "analytics".into(),
+                    plugin: "vanilla".into(),
+                    node_groups: vec![group("data", 2)],
+                },
+                joined("data", 2),
+            ],
+        ),
+        (vm, vm_events),
+        (provider, workload::provider_on("cn", 8)),
+        (
+            provider,
+            workload::vcpu_claim(
+                vm.id,
+                provledger_events::catalogue::ConsumerKind::Instance,
+                2,
+            ),
+        ),
+    ];
+    (op, Projection::rebuild(&script::seal(&steps)))
+}
+
+#[test]
+fn a_terminated_vm_is_closed_and_leaves_its_group_together() {
+    use provledger_projections::facts::vm_gone_facts;
+    let (op, state) = node_two_in_cluster();
+    let vm = AggregateId::instance(node(2));
+    let (Some(Entity::Instance(i)), Some(Entity::Cluster(c))) =
+        (state.get(&vm), state.get(&cluster()))
+    else {
+        panic!("folds");
+    };
+    // When its VM is gone, then its record closes and it leaves `data`, as two facts.
+    let facts = vm_gone_facts(&op, i, Some(c));
+    assert_eq!(facts.len(), 2, "{facts:?}");
+    assert_eq!(facts[0].aggregate, vm);
+    assert!(matches!(
+        facts[0].events.as_slice(),
+        [
+            Event::InstanceDeleteRequested { .. },
+            Event::InstanceDeleted {}
+        ]
+    ));
+    assert_eq!(facts[1].aggregate, cluster());
+    assert!(matches!(
+        facts[1].events.as_slice(),
+        [Event::InstanceLeft { node_group, instance_id, .. }] if node_group == "data" && *instance_id == node(2)
+    ));
+    // When the VM is the operation's own target, its record stays (only the group changes).
+    let mut own = op.clone();
+    own.target = Some(vm);
+    let facts = vm_gone_facts(&own, i, Some(c));
+    assert_eq!(facts.len(), 1);
+    assert_eq!(facts[0].aggregate, cluster());
+}
+
+#[test]
+fn an_instance_is_deleted_only_once_nothing_of_it_remains() {
+    use provledger_projections::facts::{deletion_completion, DeletionCompletion};
+    let (_, state) = node_two_in_cluster();
+    let vm = AggregateId::instance(node(2));
+    let provider = AggregateId::provider(Uuid::from_u128(PROVIDER));
+    let Some(Entity::Provider(p)) = state.get(&provider) else {
+        panic!("folds");
+    };
+    let entity = state.get(&vm).cloned().expect("folds");
+    // Not being deleted: not yet.
+    assert_eq!(
+        deletion_completion(&entity, Some(p)),
+        DeletionCompletion::NotYet
+    );
+    let Entity::Instance(mut deleting) = entity else {
+        panic!("an instance");
+    };
+    deleting.delete_requested = true;
+    let deleting = Entity::Instance(deleting);
+    // Still holding its allocation: not yet; once released: deleted.
+    assert_eq!(
+        deletion_completion(&deleting, Some(p)),
+        DeletionCompletion::NotYet
+    );
+    let mut released = p.clone();
+    released.allocations.clear();
+    assert_eq!(
+        deletion_completion(&deleting, Some(&released)),
+        DeletionCompletion::Record(Box::new(Event::InstanceDeleted {}))
+    );
+    // A cluster with a member left is not deleted either.
+    let cluster_entity = state.get(&cluster()).cloned().expect("folds");
+    assert_eq!(
+        deletion_completion(&cluster_entity, None),
+        DeletionCompletion::NotYet
+    );
+}

@@ -122,10 +122,14 @@ impl Stamper {
     /// events depend on the time they are recorded at (a lease), so that the time it
     /// decided with is the time the decider sees.
     pub fn draft_at(&self, at: Timestamp, actor: &str, events: Vec<Event>) -> CommitDraft {
-        let mut draft = CommitDraft::now(actor, events);
-        draft.commit_id = self.ids.next_id(at);
-        draft.recorded_at = at;
-        draft
+        CommitDraft {
+            commit_id: self.ids.next_id(at),
+            operation_id: None,
+            causation_id: None,
+            actor: actor.to_string(),
+            recorded_at: at,
+            events,
+        }
     }
 }
 

@@ -8,9 +8,10 @@
 //! reference one is `provledger-sim`'s `delete_cluster`),
 //! and `serve` re-runs the idempotent ones it can (noticing, completing) from the log.
 
-use provledger_events::catalogue::{ClusterStatus, OperationKind, VmState};
+use provledger_events::catalogue::OperationKind;
 use provledger_events::{AggregateId, AggregateKind, Event, Expectation};
 use provledger_projections::decide::{AlreadyDone, AppendRejection};
+use provledger_projections::facts::{deletion_completion, DeletionCompletion};
 use provledger_projections::Entity;
 use uuid::Uuid;
 
@@ -157,39 +158,28 @@ pub async fn complete_deletion(
     actor: &str,
     stamper: &Stamper,
 ) -> Result<bool, DeleteError> {
-    let entity = read_entity(ledger, target).await.map_err(ledger_error)?;
-    let event = match &entity {
-        Some(Entity::Cluster(c)) => match c.status {
-            Some(ClusterStatus::Deleted) => return Ok(true),
-            Some(ClusterStatus::Deleting) if c.instance_count() == 0 && c.in_flight.is_none() => {
-                Event::ClusterDeleted {}
-            }
-            _ => return Ok(false),
-        },
-        Some(Entity::Instance(i)) => {
-            if i.vm_state == Some(VmState::Deleted) {
-                return Ok(true);
-            }
-            if !i.delete_requested || i.in_flight.is_some() {
-                return Ok(false);
-            }
-            if let Some(provider) = i.provider_id {
-                let holds = match read_entity(ledger, AggregateId::provider(provider))
-                    .await
-                    .map_err(ledger_error)?
-                {
-                    Some(Entity::Provider(p)) => p.allocations.contains_key(&target.id),
-                    _ => false,
-                };
-                if holds {
-                    return Ok(false);
-                }
-            }
-            Event::InstanceDeleted {}
-        }
-        _ => return Ok(false),
+    let Some(entity) = read_entity(ledger, target).await.map_err(ledger_error)? else {
+        return Ok(false);
     };
-    let mut draft = stamper.draft(actor, vec![event]);
+    let runs_on = match &entity {
+        Entity::Instance(i) => match i.provider_id {
+            Some(provider) => match read_entity(ledger, AggregateId::provider(provider))
+                .await
+                .map_err(ledger_error)?
+            {
+                Some(Entity::Provider(p)) => Some(p),
+                _ => None,
+            },
+            None => None,
+        },
+        _ => None,
+    };
+    let event = match deletion_completion(&entity, runs_on.as_ref()) {
+        DeletionCompletion::AlreadyDeleted => return Ok(true),
+        DeletionCompletion::NotYet => return Ok(false),
+        DeletionCompletion::Record(event) => event,
+    };
+    let mut draft = stamper.draft(actor, vec![*event]);
     draft.commit_id = derived_commit_id(target.id, "deleted");
     ledger
         .record_fact(target, draft)

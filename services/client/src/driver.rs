@@ -13,12 +13,13 @@ use std::time::Duration;
 
 use provledger_events::catalogue::{
     CompensationAction, DetailKey, Executor, OperationKind, PlannedCompensation, RollbackOutcome,
-    RollbackPlan, VmState,
+    RollbackPlan,
 };
 use provledger_events::{
     AggregateId, AggregateKind, CommitDraft, Event, EventLog, Expectation, Timestamp,
 };
-use provledger_projections::facts::rollback_target_events;
+use provledger_projections::decide::DecideOptions;
+use provledger_projections::facts::{rollback_target_events, vm_gone_facts};
 use provledger_projections::operation::OperationState;
 use provledger_projections::planner::{plan_rollback, PlanRefusal};
 use provledger_projections::rollback::{next_rollback_action, RetryPolicy, RollbackAction};
@@ -29,7 +30,7 @@ use crate::allocation::{release_allocation, return_to_source};
 use crate::clock::Stamper;
 use crate::executors::{CompensationExecutor, CompensationRequest};
 use crate::ledger::{derived_commit_id, read_entity, Ledger};
-use crate::write::RecordError;
+use crate::write::{record_atomic, Fact, FromTheLog, RecordError};
 
 /// Driver steps per `drive` call. Each step records something or waits at most
 /// `RECHECK_MS_MAX`; a plan has at most a few thousand compensations with a bounded number
@@ -39,6 +40,8 @@ const DRIVE_STEPS_MAX: usize = 1_000_000;
 /// Longest sleep inside `drive` before the operation is read again: another writer (the
 /// runner recording its stop, another driver) may have moved it on meanwhile.
 const RECHECK_MS_MAX: i64 = 500;
+/// Attempts to record a terminated VM's facts when its instance or cluster keeps changing.
+const VM_GONE_ATTEMPTS_MAX: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DriveError {
@@ -338,8 +341,9 @@ impl RollbackDriver {
         }
     }
 
-    /// After the hypervisor confirmed a termination: the instance record is closed and it
-    /// leaves its cluster. The operation's own target keeps its record (it goes to Error).
+    /// After the hypervisor confirmed a termination: the instance record closed and the
+    /// instance out of its cluster, both in one atomic write (`facts::vm_gone_facts`
+    /// decides them from the instance and its cluster as they are now).
     async fn record_vm_gone(
         &self,
         op: &OperationState,
@@ -348,63 +352,50 @@ impl RollbackDriver {
         let Ok(instance_id) = c.compensation.resource.parse::<Uuid>() else {
             return Ok(());
         };
-        let instance = AggregateId::instance(instance_id);
-        let Some(Entity::Instance(state)) = read_entity(&self.ledger, instance)
-            .await
-            .map_err(|e| e.to_string())?
-        else {
-            return Ok(());
-        };
         let operation = op.header.id.id;
-        let reason = format!("terminated by the rollback of operation {operation}");
-        if op.target != Some(instance) && state.vm_state != Some(VmState::Deleted) {
-            let mut events = Vec::new();
-            if !state.delete_requested {
-                events.push(Event::InstanceDeleteRequested {
-                    reason: reason.clone(),
-                });
-            }
-            events.push(Event::InstanceDeleted {});
-            let draft = self.fact(
-                operation,
-                derived_commit_id(c.compensation_id, "instance_deleted"),
-                events,
-            );
-            self.ledger
-                .record_fact(instance, draft)
-                .await
-                .map_err(|e| e.to_string())?;
-        }
-        let Some(cluster_id) = state.cluster_id else {
-            return Ok(());
-        };
-        let cluster = AggregateId::cluster(cluster_id);
-        if let Some(Entity::Cluster(cs)) = read_entity(&self.ledger, cluster)
-            .await
-            .map_err(|e| e.to_string())?
-        {
-            if let Some(group) = cs
-                .node_groups
-                .iter()
-                .find(|g| g.instance_ids.contains(&instance_id))
-            {
-                let left = Event::InstanceLeft {
-                    node_group: group.spec.name.clone(),
-                    instance_id,
-                    reason,
-                };
-                let draft = self.fact(
-                    operation,
-                    derived_commit_id(c.compensation_id, "instance_left"),
-                    vec![left],
-                );
-                self.ledger
-                    .record_fact(cluster, draft)
+        for _ in 0..VM_GONE_ATTEMPTS_MAX {
+            let Some(Entity::Instance(state)) =
+                read_entity(&self.ledger, AggregateId::instance(instance_id))
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| e.to_string())?
+            else {
+                return Ok(());
+            };
+            let cluster = match state.cluster_id {
+                Some(id) => match read_entity(&self.ledger, AggregateId::cluster(id))
+                    .await
+                    .map_err(|e| e.to_string())?
+                {
+                    Some(Entity::Cluster(c)) => Some(c),
+                    _ => None,
+                },
+                None => None,
+            };
+            let facts: Vec<Fact> = vm_gone_facts(op, &state, cluster.as_ref())
+                .into_iter()
+                .map(|f| Fact {
+                    aggregate: f.aggregate,
+                    expect: Expectation::Any,
+                    draft: self.fact(
+                        operation,
+                        derived_commit_id(c.compensation_id, &f.name),
+                        f.events,
+                    ),
+                })
+                .collect();
+            if facts.is_empty() {
+                return Ok(());
+            }
+            match record_atomic(&self.ledger, facts, DecideOptions::default(), &FromTheLog).await {
+                Ok(_) => return Ok(()),
+                // The instance or its cluster moved on in between: decide again.
+                Err(RecordError::Rejections { .. }) | Err(RecordError::Conflicts { .. }) => {}
+                Err(e) => return Err(e.to_string()),
             }
         }
-        Ok(())
+        Err(format!(
+            "instance {instance_id}: {VM_GONE_ATTEMPTS_MAX} attempts in a row met a change"
+        ))
     }
 
     /// Moves the target where the plan says and clears the operation's in-flight marker

@@ -249,6 +249,15 @@ impl ProjectionStore {
     }
 
     /// Which log this store copies: `embedded`, or `jetstream:<stream>`.
+    /// Refuses an embedded write into a service's data dir: the directory copies a
+    /// JetStream stream (its store's source is not `embedded`), and an embedded append
+    /// there would invent positions that collide with the stream's. `Ok(None)`: writable;
+    /// `Ok(Some(source))`: the stream it copies.
+    pub fn copied_stream(db: &sled::Db) -> Result<Option<String>, StoreError> {
+        let store = ProjectionStore::open(db)?;
+        Ok(store.source()?.filter(|s| s != "embedded"))
+    }
+
     pub fn source(&self) -> Result<Option<String>, StoreError> {
         Ok(self
             .tree

@@ -62,10 +62,7 @@ pub fn read_events_source(source: &str) -> Result<String, CommandError> {
 
 pub async fn run(ledger: &Ledger, args: AppendArgs, json: bool) -> Result<(), CommandError> {
     if let Ledger::Embedded(log) = ledger {
-        // A service's data dir copies a JetStream stream; embedded appends there would
-        // invent positions that collide with the stream's.
-        let store = provledger_serve::ProjectionStore::open(log.db())?;
-        if let Some(source) = store.source()?.filter(|s| s != "embedded") {
+        if let Some(source) = provledger_serve::ProjectionStore::copied_stream(log.db())? {
             return Err(CommandError::BadInput(format!(
                 "{} holds the projection copy of {source}; append with --nats instead",
                 log.dir().display()
