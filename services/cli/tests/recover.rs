@@ -528,3 +528,136 @@ async fn a_reissue_is_delivered_once_its_worker_listens_and_a_hung_worker_delays
     let hung = instance_view(&client, HUNG).await;
     assert_eq!(hung["pending_reissues"][0]["attempts"], 1, "{hung}");
 }
+
+/// Given 300 builds whose worker died (leases run out), each holding a claim on one
+/// provider; when serve, sweeping every second, is killed with SIGKILL as soon as its
+/// sweep has started recording, and started again on the same data dir; then every build
+/// is recovered exactly once (one `task_finished` recovered, in error), every claim is
+/// released exactly once, nothing is orphaned, and `audit` is clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_killed_during_a_recovery_sweep_recovers_everything_once_after_restart() {
+    const BUILDS: usize = 300;
+    const PROVIDER: &str = "0190c0de-0000-7000-8000-00000000e500";
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("serve");
+    let client = nats.client().await;
+    // The builds are written through a replica that does not sweep, so that no recovery
+    // starts before all of them are there.
+    let mut setup = common::Serve::start_with(&nats, &data, &["--recovery-interval", "0"]);
+    common::wait_ready(&client).await;
+    let reply = cmd(
+        &client,
+        json!({"aggregate": format!("provider/{PROVIDER}"), "expect": "none", "events": [
+            {"provider_registered": {"name": "cn-5", "host": "cn-5"}},
+            {"inventory_set": {"resource_class": "VCPU", "inventory": {"total": 1000, "reserved": 0,
+                "allocation_ratio": 1.0, "min_unit": 1, "max_unit": 1000, "step_size": 1}}}
+        ]}),
+    )
+    .await;
+    assert!(reply["error"].is_null(), "{reply}");
+    let ids: Vec<String> = (0..BUILDS)
+        .map(|i| format!("0190c0de-0000-7000-8000-0000000e{i:04x}"))
+        .collect();
+    for id in &ids {
+        let request = json!({"commits": [
+            {"aggregate": format!("provider/{PROVIDER}"), "expect": "any", "events": [
+                {"allocation_claimed": {"consumer": id, "consumer_kind": "instance", "resources": {"VCPU": 1}}}]},
+            {"aggregate": format!("instance/{id}"), "expect": "none", "events": [
+                {"instance_create_requested": {"name": "vm", "cluster_id": null, "node_group": null,
+                    "flavor": "m1", "resources": {"VCPU": 1}, "image": "img"}},
+                {"host_assigned": {"host": "cn-5", "provider_id": PROVIDER}},
+                {"task_started": {"task_state": "spawning", "worker_id": "compute-1", "lease_until": time_in(2)}}]}
+        ]});
+        let reply = cmd(&client, request).await;
+        assert!(reply["error"].is_null(), "{reply}");
+    }
+    setup.terminate();
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await; // every lease ran out
+    let log = provledger_events::JetStreamLog::open(
+        nats.client().await,
+        provledger_events::JetStreamConfig::default(),
+    )
+    .await
+    .unwrap();
+    use provledger_events::EventLog;
+    let provider = provledger_events::AggregateId::provider(PROVIDER.parse().unwrap());
+    // Kill serve (SIGKILL) as soon as its sweep has released the first claim in the log.
+    let mut serve = common::Serve::start_with(&nats, &data, &["--recovery-interval", "1"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while released_by_consumer(&log, provider).await.is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no recovery started");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    serve.kill();
+    let _ = serve.wait_for_exit(std::time::Duration::from_secs(10));
+    let released_at_kill = released_by_consumer(&log, provider).await.len();
+    eprintln!("{released_at_kill} of {BUILDS} builds recovered when serve was killed");
+
+    // Restarted on the same data dir, it finishes what the killed one left.
+    let _serve = common::Serve::start_with(&nats, &data, &["--recovery-interval", "1"]);
+    common::wait_ready(&client).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if released_by_consumer(&log, provider).await.len() == BUILDS {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not every build recovered"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // A few more sweeps run: none may do anything twice.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let released = released_by_consumer(&log, provider).await;
+    assert_eq!(released.len(), BUILDS);
+    assert!(released.values().all(|n| *n == 1), "a claim released twice");
+    for id in &ids {
+        let commits = log
+            .read_aggregate(provledger_events::AggregateId::instance(
+                id.parse().unwrap(),
+            ))
+            .await
+            .unwrap();
+        let recovered = commits
+            .iter()
+            .flat_map(|c| c.events.iter())
+            .filter(|e| {
+                matches!(
+                    e,
+                    provledger_events::Event::TaskFinished {
+                        outcome: provledger_events::catalogue::TaskOutcome::Recovered,
+                        ..
+                    }
+                )
+            })
+            .count();
+        assert_eq!(recovered, 1, "{id}");
+    }
+    let audit_dir = dir.path().join("audit");
+    let (url, d) = (nats.url(), audit_dir.to_str().unwrap().to_string());
+    let out = tokio::task::spawn_blocking(move || {
+        provledger(&["--nats", &url, "--data-dir", &d, "--json", "audit"], "")
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+/// How many times each consumer's allocation was released on `provider`.
+async fn released_by_consumer(
+    log: &provledger_events::JetStreamLog,
+    provider: provledger_events::AggregateId,
+) -> std::collections::BTreeMap<uuid::Uuid, usize> {
+    use provledger_events::EventLog;
+    let mut released = std::collections::BTreeMap::new();
+    for c in log.read_aggregate(provider).await.unwrap() {
+        for e in &c.events {
+            if let provledger_events::Event::AllocationReleased { consumer, .. } = e {
+                *released.entry(*consumer).or_insert(0) += 1;
+            }
+        }
+    }
+    released
+}
