@@ -527,3 +527,134 @@ async fn serve_finishes_a_cascade_delete_it_finds_half_done() {
         );
     }
 }
+
+/// Given a provider holding 2,048 allocations (eight commits of a cascade) and serve
+/// sweeping every second; when `provider delete --cascade` is killed with SIGKILL as soon
+/// as its first commit is in the log; then serve finishes the cascade by itself: the
+/// provider deleted, each allocation released exactly once, audit clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cascade_killed_half_way_is_finished_by_serve_with_each_release_once() {
+    use provledger_events::EventLog;
+    const PROVIDER: &str = "0190c0de-0000-7000-8000-0000000ca5c1";
+    const ALLOCATIONS: usize = 2_048;
+    let server = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let client = server.client().await;
+    let _serve = common::Serve::start_with(
+        &server,
+        &dir.path().join("serve"),
+        &["--recovery-interval", "1"],
+    );
+    common::wait_ready(&client).await;
+    let aggregate = format!("provider/{PROVIDER}");
+    let reply = ask(
+        &client,
+        "provledger.cmd.append",
+        json!({"aggregate": aggregate, "expect": "none", "events": [
+            {"provider_registered": {"name": "cn-8", "host": "cn-8"}}, vcpus(4096)]}),
+    )
+    .await;
+    assert!(reply["error"].is_null(), "{reply}");
+    let consumers: Vec<String> = (0..ALLOCATIONS)
+        .map(|i| format!("0190c0de-0000-7000-8000-00000c{i:06x}"))
+        .collect();
+    for chunk in consumers.chunks(64) {
+        let events: Vec<Value> = chunk
+            .iter()
+            .flat_map(|c| {
+                claim(c, "instance", 1)
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .collect();
+        let reply = ask(
+            &client,
+            "provledger.cmd.append",
+            json!({"aggregate": aggregate, "expect": "any", "events": events}),
+        )
+        .await;
+        assert!(reply["error"].is_null(), "{reply}");
+    }
+    let log = provledger_events::JetStreamLog::open(
+        server.client().await,
+        provledger_events::JetStreamConfig::default(),
+    )
+    .await
+    .unwrap();
+    let provider = provledger_events::AggregateId::provider(PROVIDER.parse().unwrap());
+    let released = |commits: &[provledger_events::Commit]| {
+        let mut by: std::collections::BTreeMap<uuid::Uuid, usize> = Default::default();
+        for e in commits.iter().flat_map(|c| c.events.iter()) {
+            if let provledger_events::Event::AllocationReleased { consumer, .. } = e {
+                *by.entry(*consumer).or_insert(0) += 1;
+            }
+        }
+        by
+    };
+
+    let cli_dir = dir.path().join("cli");
+    let mut cascade = std::process::Command::new(env!("CARGO_BIN_EXE_provledger"))
+        .args(["--nats", &server.url(), "--data-dir"])
+        .arg(&cli_dir)
+        .args(["provider", "delete", PROVIDER, "--cascade"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn provledger provider delete");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while released(&log.read_aggregate(provider).await.unwrap()).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cascade never started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let _ = cascade.kill(); // SIGKILL
+    let _ = cascade.wait();
+    let at_kill = released(&log.read_aggregate(provider).await.unwrap()).len();
+    eprintln!("{at_kill} of {ALLOCATIONS} allocations released when the cascade was killed");
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let p = ask(
+            &client,
+            "provledger.q.provider.get",
+            json!({"id": PROVIDER}),
+        )
+        .await;
+        if p["data"]["status"] == "deleted" {
+            assert_eq!(p["data"]["anomaly_count"], 0, "{p}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not finished: {}",
+            p["data"]["status"]
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let all = released(&log.read_aggregate(provider).await.unwrap());
+    assert_eq!(all.len(), ALLOCATIONS);
+    assert!(
+        all.values().all(|n| *n == 1),
+        "an allocation released twice"
+    );
+    let (url, d) = (server.url(), dir.path().join("audit"));
+    let out = tokio::task::spawn_blocking(move || {
+        provledger(
+            &[
+                "--nats",
+                &url,
+                "--data-dir",
+                d.to_str().unwrap(),
+                "--json",
+                "audit",
+            ],
+            "",
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
