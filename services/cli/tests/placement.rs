@@ -497,21 +497,7 @@ async fn serve_finishes_a_cascade_delete_it_finds_half_done() {
     .await;
     assert!(reply["error"].is_null(), "{reply}");
 
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let p = ask(
-            &client,
-            "provledger.q.provider.get",
-            json!({"id": PROVIDER}),
-        )
-        .await;
-        if p["data"]["status"] == "deleted" {
-            assert_eq!(p["data"]["anomaly_count"], 0, "{p}");
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "not finished: {p}");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    provider_deleted_within(&client, PROVIDER, 20).await;
     let history = ask(
         &client,
         "provledger.q.history",
@@ -615,25 +601,7 @@ async fn a_cascade_killed_half_way_is_finished_by_serve_with_each_release_once()
     let at_kill = released(&log.read_aggregate(provider).await.unwrap()).len();
     eprintln!("{at_kill} of {ALLOCATIONS} allocations released when the cascade was killed");
 
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let p = ask(
-            &client,
-            "provledger.q.provider.get",
-            json!({"id": PROVIDER}),
-        )
-        .await;
-        if p["data"]["status"] == "deleted" {
-            assert_eq!(p["data"]["anomaly_count"], 0, "{p}");
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not finished: {}",
-            p["data"]["status"]
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    provider_deleted_within(&client, PROVIDER, 60).await;
     let all = released(&log.read_aggregate(provider).await.unwrap());
     assert_eq!(all.len(), ALLOCATIONS);
     assert!(
@@ -657,4 +625,22 @@ async fn a_cascade_killed_half_way_is_finished_by_serve_with_each_release_once()
     .await
     .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+/// Waits until serve shows `provider` deleted, with no anomaly, within `secs` seconds.
+async fn provider_deleted_within(client: &async_nats::Client, provider: &str, secs: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let p = ask(client, "provledger.q.provider.get", json!({"id": provider})).await;
+        if p["data"]["status"] == "deleted" {
+            assert_eq!(p["data"]["anomaly_count"], 0, "{p}");
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not deleted within {secs} s: {}",
+            p["data"]["status"]
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
