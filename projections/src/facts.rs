@@ -493,3 +493,51 @@ pub fn deletion_completion(target: &Entity, runs_on: Option<&ProviderState>) -> 
         _ => DeletionCompletion::NotYet,
     }
 }
+
+/// A heal's claim (an instance with a host and no allocation anywhere): the claim on the
+/// provider it runs on, with the instance's host recorded again, to be written together at
+/// the instance's exact version as it was read, so that no claim is recorded for an
+/// instance deleted, moved or changed since (the instance's expectation refuses both).
+/// Names derive from the provider and that version: a retry is recognised.
+pub fn heal_facts(
+    instance: &InstanceState,
+    provider: Uuid,
+    resources: std::collections::BTreeMap<String, u64>,
+) -> Vec<Fact> {
+    let id = instance.header.id;
+    let version = instance.header.version;
+    vec![
+        Fact {
+            aggregate: id,
+            name: format!("healed-on/{provider}/host@{version}"),
+            events: vec![Event::HostAssigned {
+                host: instance.host.clone().unwrap_or_default(),
+                provider_id: provider,
+            }],
+        },
+        Fact {
+            aggregate: AggregateId::provider(provider),
+            name: format!("healed-on/{provider}@{version}"),
+            events: vec![Event::AllocationClaimed {
+                consumer: id.id,
+                consumer_kind: ConsumerKind::Instance,
+                resources,
+            }],
+        },
+    ]
+}
+
+/// A user's delete request on a cluster or an instance (`None` for any other kind: only
+/// those are deleted this way).
+pub fn delete_request(kind: provledger_events::AggregateKind, reason: &str) -> Option<Event> {
+    use provledger_events::AggregateKind;
+    match kind {
+        AggregateKind::Cluster => Some(Event::ClusterDeleteRequested {
+            reason: reason.into(),
+        }),
+        AggregateKind::Instance => Some(Event::InstanceDeleteRequested {
+            reason: reason.into(),
+        }),
+        _ => None,
+    }
+}

@@ -9,7 +9,7 @@
 //! forever and no step is dropped silently.
 
 use provledger_events::catalogue::{PlannedCompensation, RollbackOutcome};
-use provledger_events::Timestamp;
+use provledger_events::{Event, Timestamp};
 use uuid::Uuid;
 
 use crate::operation::{CompensationProgress, OperationState, OperationStatus};
@@ -60,8 +60,9 @@ impl RetryPolicy {
 pub enum RollbackAction {
     /// Nothing: the operation runs, succeeded, or its rollback finished.
     Nothing,
-    /// Still running with a cancellation pending: its runner must stop it first.
-    AwaitRunnerStop,
+    /// Still running with a cancellation pending, and quiet for the runner stop wait: its
+    /// runner died, so the driver records the cancellation itself (this event).
+    CancelForSilentRunner(Box<Event>),
     /// Failed or cancelled with no plan: compute and record one.
     Plan,
     /// Request this attempt of this compensation now.
@@ -89,7 +90,20 @@ pub fn next_rollback_action(
     }
     match op.status {
         Some(OperationStatus::Running) if op.cancellation_pending() => {
-            return RollbackAction::AwaitRunnerStop
+            // The runner stops at its next step. If it died, nobody will: once the
+            // operation has been quiet for the runner stop wait, the driver records it.
+            let quiet_since = op.header.updated_at.unwrap_or(now);
+            let give_up_at = quiet_since.plus_ms(policy.runner_stop_wait_ms);
+            if now < give_up_at {
+                return RollbackAction::WaitUntil(give_up_at);
+            }
+            return RollbackAction::CancelForSilentRunner(Box::new(Event::OperationCancelled {
+                reason: format!(
+                    "{}; the runner did not stop within {} ms",
+                    op.cancellation_reason.clone().unwrap_or_default(),
+                    policy.runner_stop_wait_ms
+                ),
+            }));
         }
         Some(OperationStatus::Failed) | Some(OperationStatus::Cancelled)
             if op.rollback_plan.is_none() =>
@@ -152,5 +166,28 @@ pub fn next_rollback_action(
             RollbackOutcome::RolledBack
         },
         remaining: Vec::new(),
+    }
+}
+
+/// The record of a compensation attempt's outcome: done, or failed with the executor's
+/// reason (each written once: its commit id derives from the returned name).
+pub fn attempt_outcome(
+    compensation_id: Uuid,
+    attempt: u32,
+    outcome: Result<(), String>,
+) -> (String, Event) {
+    match outcome {
+        Ok(()) => (
+            "done".to_string(),
+            Event::CompensationDone { compensation_id },
+        ),
+        Err(error) => (
+            format!("failed/{attempt}"),
+            Event::CompensationFailed {
+                compensation_id,
+                attempt,
+                error,
+            },
+        ),
     }
 }

@@ -1231,3 +1231,30 @@ proptest! {
         }
     }
 }
+
+/// Given a running operation with a cancellation pending, when its runner stays silent,
+/// then the decider waits for the runner stop wait from the operation's last commit, and
+/// after it records the cancellation itself (the runner died), saying why.
+#[test]
+fn the_decider_cancels_for_a_runner_silent_past_the_stop_wait() {
+    let mut given = boot_network();
+    given.event(Event::CancellationRequested {
+        reason: "cancelled by an operator".into(),
+    });
+    let op = given.fold();
+    let quiet_since = op.header.updated_at.expect("updated").unix_ms();
+    assert_eq!(
+        next_rollback_action(&op, at(quiet_since + 9_999), &policy()),
+        RollbackAction::WaitUntil(at(quiet_since + 10_000))
+    );
+    let RollbackAction::CancelForSilentRunner(cancelled) =
+        next_rollback_action(&op, at(quiet_since + 10_000), &policy())
+    else {
+        panic!("no cancellation");
+    };
+    assert!(matches!(
+        *cancelled,
+        Event::OperationCancelled { ref reason }
+            if reason == "cancelled by an operator; the runner did not stop within 10000 ms"
+    ));
+}

@@ -9,9 +9,9 @@
 //! and `serve` re-runs the idempotent ones it can (noticing, completing) from the log.
 
 use provledger_events::catalogue::OperationKind;
-use provledger_events::{AggregateId, AggregateKind, Event, Expectation};
+use provledger_events::{AggregateId, Event, Expectation};
 use provledger_projections::decide::{AlreadyDone, AppendRejection};
-use provledger_projections::facts::{deletion_completion, DeletionCompletion};
+use provledger_projections::facts::{delete_request, deletion_completion, DeletionCompletion};
 use provledger_projections::Entity;
 use uuid::Uuid;
 
@@ -69,14 +69,8 @@ pub async fn request_delete(
     let Some(entity) = entity else {
         return Ok((DeleteRequestOutcome::Unknown, None));
     };
-    let request = match target.kind {
-        AggregateKind::Cluster => Event::ClusterDeleteRequested {
-            reason: reason.into(),
-        },
-        AggregateKind::Instance => Event::InstanceDeleteRequested {
-            reason: reason.into(),
-        },
-        _ => return Err(DeleteError::WrongKind(target)),
+    let Some(request) = delete_request(target.kind, reason) else {
+        return Err(DeleteError::WrongKind(target));
     };
     // Decided at the exact version appended: a delete racing another one is recorded once,
     // and the loser learns it is already deleting.

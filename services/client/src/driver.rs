@@ -22,7 +22,9 @@ use provledger_projections::decide::DecideOptions;
 use provledger_projections::facts::{rollback_target_events, vm_gone_facts};
 use provledger_projections::operation::OperationState;
 use provledger_projections::planner::{plan_rollback, PlanRefusal};
-use provledger_projections::rollback::{next_rollback_action, RetryPolicy, RollbackAction};
+use provledger_projections::rollback::{
+    attempt_outcome, next_rollback_action, RetryPolicy, RollbackAction,
+};
 use provledger_projections::Entity;
 use uuid::Uuid;
 
@@ -186,21 +188,8 @@ impl RollbackDriver {
         let now = self.stamper.now();
         match next_rollback_action(&op, now, &self.policy) {
             RollbackAction::Nothing => Ok(DriveStep::Idle(Box::new(op))),
-            RollbackAction::AwaitRunnerStop => {
-                // The runner stops at its next step. If it died, nobody will: once the
-                // operation has been quiet for the runner stop wait, record the stop here.
-                let quiet_since = op.header.updated_at.unwrap_or(now);
-                let give_up_at = quiet_since.plus_ms(self.policy.runner_stop_wait_ms);
-                if now < give_up_at {
-                    return Ok(DriveStep::Wait(give_up_at));
-                }
-                let reason = format!(
-                    "{}; the runner did not stop within {} ms",
-                    op.cancellation_reason.clone().unwrap_or_default(),
-                    self.policy.runner_stop_wait_ms
-                );
-                self.append_decision(&op, vec![Event::OperationCancelled { reason }])
-                    .await?;
+            RollbackAction::CancelForSilentRunner(cancelled) => {
+                self.append_decision(&op, vec![*cancelled]).await?;
                 Ok(DriveStep::Progressed)
             }
             RollbackAction::Plan => {
@@ -226,23 +215,10 @@ impl RollbackDriver {
                 }
                 let outcome = self.execute(&op, &compensation, attempt).await;
                 let c = compensation.compensation_id;
-                let (what, event) = match outcome {
-                    Ok(()) => (
-                        "done".to_string(),
-                        Event::CompensationDone { compensation_id: c },
-                    ),
-                    Err(error) => {
-                        tracing::warn!(operation = %id, compensation = %c, attempt, %error, "compensation failed");
-                        (
-                            format!("failed/{attempt}"),
-                            Event::CompensationFailed {
-                                compensation_id: c,
-                                attempt,
-                                error,
-                            },
-                        )
-                    }
-                };
+                if let Err(error) = &outcome {
+                    tracing::warn!(operation = %id, compensation = %c, attempt, %error, "compensation failed");
+                }
+                let (what, event) = attempt_outcome(c, attempt, outcome);
                 let draft = self.fact(id, derived_commit_id(c, &what), vec![event]);
                 self.ledger
                     .record_fact(op.header.id, draft)

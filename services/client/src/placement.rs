@@ -23,7 +23,8 @@
 use provledger_events::catalogue::{AllocationHold, Inventory};
 use provledger_events::{AggregateId, Event, EventLog, Expectation};
 use provledger_projections::decide::DecideOptions;
-use provledger_projections::facts::{provider_delete_step, ProviderDeleteStep};
+use provledger_projections::facts::{heal_facts, provider_delete_step, ProviderDeleteStep};
+use provledger_projections::instance::InstanceState;
 use provledger_projections::placement::{consumer_entity, holds, orphans, plan_heal, Hold};
 use provledger_projections::provider::{ProviderState, ProviderStatus};
 use provledger_projections::{Entity, Projection};
@@ -340,17 +341,35 @@ pub async fn heal_allocations<L: EventLog, V: StateView>(
         skipped: plan.skipped,
         ..Default::default()
     };
-    let versions: std::collections::BTreeMap<Uuid, (u64, Option<String>)> = instances
-        .iter()
-        .map(|i| (i.header.id.id, (i.header.version, i.host.clone())))
-        .collect();
+    let by_id: std::collections::BTreeMap<Uuid, &InstanceState> =
+        instances.iter().map(|i| (i.header.id.id, i)).collect();
     for (instance, provider, resources) in plan.claims {
         if dry_run {
             report.healed.push((instance, provider));
             continue;
         }
-        let (version, host) = versions.get(&instance).cloned().unwrap_or_default();
-        let facts = heal_facts(instance, version, host, provider, resources, actor, stamper);
+        let Some(state) = by_id.get(&instance) else {
+            continue; // the plan names only instances it was given
+        };
+        // The instance's fact at the version the view saw; the claim wherever the provider
+        // is (the write path decides it at the provider's exact version).
+        let facts = heal_facts(state, provider, resources)
+            .into_iter()
+            .map(|f| {
+                let mut draft = stamper.draft(actor, f.events);
+                draft.commit_id = derived_commit_id(instance, &f.name);
+                Fact {
+                    aggregate: f.aggregate,
+                    expect: match f.aggregate.kind {
+                        provledger_events::AggregateKind::Instance => {
+                            Expectation::Exactly(state.header.version)
+                        }
+                        _ => Expectation::Any,
+                    },
+                    draft,
+                }
+            })
+            .collect();
         match record_atomic(log, facts, DecideOptions::default(), &FromTheLog).await {
             Ok(_) => report.healed.push((instance, provider)),
             Err(RecordError::Rejections { rejections }) => report.failed.push((
@@ -371,52 +390,6 @@ pub async fn heal_allocations<L: EventLog, V: StateView>(
         }
     }
     Ok(report)
-}
-
-/// A heal's claim, written with the instance's host recorded again at the instance's exact
-/// version as the view saw it: one atomic set, so a claim is never recorded for an
-/// instance deleted, moved or changed after the view was read (the instance's expectation
-/// refuses both). Ids derive from the instance, the provider and that version: a retry is
-/// recognised.
-fn heal_facts(
-    instance: Uuid,
-    version: u64,
-    host: Option<String>,
-    provider: Uuid,
-    resources: std::collections::BTreeMap<String, u64>,
-    actor: &str,
-    stamper: &Stamper,
-) -> Vec<Fact> {
-    let mut on_instance = stamper.draft(
-        actor,
-        vec![Event::HostAssigned {
-            host: host.unwrap_or_default(),
-            provider_id: provider,
-        }],
-    );
-    on_instance.commit_id =
-        derived_commit_id(instance, &format!("healed-on/{provider}/host@{version}"));
-    let mut claim = stamper.draft(
-        actor,
-        vec![Event::AllocationClaimed {
-            consumer: instance,
-            consumer_kind: provledger_events::catalogue::ConsumerKind::Instance,
-            resources,
-        }],
-    );
-    claim.commit_id = derived_commit_id(instance, &format!("healed-on/{provider}@{version}"));
-    vec![
-        Fact {
-            aggregate: AggregateId::instance(instance),
-            expect: Expectation::Exactly(version),
-            draft: on_instance,
-        },
-        Fact {
-            aggregate: AggregateId::provider(provider),
-            expect: Expectation::Any,
-            draft: claim,
-        },
-    ]
 }
 
 /// Releases the orphan allocations (consumer or provider gone), only those, each with its
