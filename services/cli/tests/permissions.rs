@@ -188,6 +188,63 @@ async fn only_designated_writers_reach_the_log_and_cmd_append_records_who_asked(
         text(&out)
     );
 
+    // When a library writer connected as the auditor records two facts atomically (one
+    // JetStream batch), it is refused as denied too, not as unavailable.
+    {
+        use provledger_client::write::{record_atomic, Fact, FromTheLog, RecordError};
+        let (_client, log) = provledger_client::open_jetstream(
+            &nats.url_as("auditor"),
+            "auditor-library",
+            "PROVLEDGER",
+            "provledger",
+            1,
+            &provledger_client::NatsAuth::default(),
+        )
+        .await
+        .expect("the auditor opens the stream");
+        let cluster: provledger_events::AggregateId = CLUSTER.parse().unwrap();
+        let other = provledger_events::AggregateId::cluster(uuid::Uuid::now_v7());
+        let draft = |d: &str| {
+            provledger_client::Stamper::system().draft(
+                "auditor",
+                vec![provledger_events::Event::ClusterStatusChanged {
+                    status: provledger_events::catalogue::ClusterStatus::Active,
+                    description: d.into(),
+                }],
+            )
+        };
+        let facts = vec![
+            Fact {
+                aggregate: cluster,
+                expect: provledger_events::Expectation::Any,
+                draft: draft("auditor, atomically"),
+            },
+            Fact {
+                aggregate: other,
+                expect: provledger_events::Expectation::NoStream,
+                draft: provledger_client::Stamper::system().draft(
+                    "auditor",
+                    vec![provledger_events::Event::ClusterCreateRequested {
+                        name: "x".into(),
+                        plugin: "vanilla".into(),
+                        node_groups: vec![],
+                    }],
+                ),
+            },
+        ];
+        let refused = record_atomic(
+            &log,
+            facts,
+            provledger_projections::decide::DecideOptions::default(),
+            &FromTheLog,
+        )
+        .await;
+        assert!(
+            matches!(refused, Err(RecordError::PermissionDenied { .. })),
+            "{refused:?}"
+        );
+    }
+
     // Then the log holds only the writer's commit: nothing was appended or quarantined.
     assert_eq!(stream_last_sequence(&nats).await, 1);
     let (url, d) = (nats.url_as("auditor"), data("audit"));

@@ -796,6 +796,7 @@ pub async fn record_atomic<L: EventLog>(
                 draft: facts[i].draft.clone(),
             })
             .collect();
+        let appending = std::time::Instant::now();
         match log.append_atomic(batch).await {
             Ok(outcomes) => {
                 let mut answers = done;
@@ -831,6 +832,15 @@ pub async fn record_atomic<L: EventLog>(
                 );
             }
             Err(e @ AppendError::Unavailable { .. }) => {
+                // A batch to a subject this user may not publish to only times out: the
+                // server's violation names the subject, and makes it a typed refusal.
+                let denied = writing.iter().find_map(|&i| {
+                    denied_append(facts[i].aggregate, appending)
+                        .map(|message| (facts[i].aggregate, message))
+                });
+                if let Some((aggregate, message)) = denied {
+                    return Err(RecordError::PermissionDenied { aggregate, message });
+                }
                 for turn in turns.iter_mut() {
                     read_again(turn);
                 }
