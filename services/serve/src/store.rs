@@ -27,7 +27,8 @@ use uuid::Uuid;
 /// The format byte in front of every stored entity. Bump it when entity state changes
 /// shape; an older store is then rebuilt from its sled copy of the log.
 /// 5: instances keep `task_lease_since`, when their current lease was granted.
-/// 6: operations keep `started`, the steps whose intent is recorded and outcome unknown.
+/// 6: operations keep `started` (steps whose intent is recorded and outcome unknown),
+/// instances their pending re-issues, providers whether their delete is a cascade.
 pub const ENTITY_FORMAT: u8 = 6;
 /// The time index's layout: 2 = an entry at every commit where the watermark rose.
 const TIME_INDEX_FORMAT: u8 = 2;
