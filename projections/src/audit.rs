@@ -41,6 +41,8 @@ pub enum Check {
     /// A recovery's re-issue still not acknowledged by its worker past
     /// `recovery::REISSUE_UNDELIVERED_AFTER_MS`.
     ReissueUndelivered,
+    /// An effect recorded after its operation's rollback was planned: nothing undoes it.
+    LateEffect,
 }
 
 /// One finding.
@@ -357,7 +359,7 @@ fn instance_invariants(i: &InstanceState, now: Timestamp, out: &mut Vec<Violatio
                     Check::ReissueUndelivered,
                     Some(i.header.id),
                     format!(
-                        "re-issue {} ({}) to worker {} pending for {} s after {} attempt(s){}",
+                        "re-issue {} ({}) to worker {} pending for {} s after {} attempt(s){}{}",
                         p.request_id,
                         crate::planner::json_word(&p.action),
                         p.worker,
@@ -366,7 +368,11 @@ fn instance_invariants(i: &InstanceState, now: Timestamp, out: &mut Vec<Violatio
                         p.last_error
                             .as_ref()
                             .map(|e| format!("; last error: {e}"))
-                            .unwrap_or_default()
+                            .unwrap_or_default(),
+                        match p.attempts >= crate::recovery::REISSUE_ATTEMPTS_MAX {
+                            true => "; no longer retried until the worker says it listens",
+                            false => "",
+                        }
                     ),
                     "start the worker (serve delivers its pending re-issues once it subscribes, at once if it sends provledger.cmd.worker.ready), or carry the task out by hand and record its outcome",
                 )
@@ -393,6 +399,37 @@ fn instance_invariants(i: &InstanceState, now: Timestamp, out: &mut Vec<Violatio
 }
 
 fn operation_invariants(o: &OperationState, out: &mut Vec<Violation>) {
+    for step in &o.late_effects {
+        let undo = o
+            .steps
+            .iter()
+            .rev()
+            .find(|s| s.name == *step)
+            .and_then(|s| s.compensation.as_ref())
+            .map(|c| {
+                format!(
+                    "{} {} at {}",
+                    crate::planner::action_word(&c.action),
+                    c.resource,
+                    match &c.executor {
+                        provledger_events::catalogue::Executor::Ledger => "the ledger".to_string(),
+                        provledger_events::catalogue::Executor::Service(s) => s.clone(),
+                    }
+                )
+            })
+            .unwrap_or_default();
+        out.push(
+            Violation::at(
+                Check::LateEffect,
+                Some(o.header.id),
+                format!(
+                    "step {step:?} recorded its effect after the rollback was planned; the plan does not undo it ({undo})"
+                ),
+                "undo it by hand at its executor (its compensation above), or have the executor refuse actions under an idempotency key it has undone",
+            )
+            .with_version(o.header.version),
+        );
+    }
     let unfinished = match o.status {
         Some(OperationStatus::Failed | OperationStatus::RollingBack) => true,
         Some(OperationStatus::Cancelled) => !o.is_closed(),

@@ -160,6 +160,9 @@ impl InstanceState {
                     ));
                 }
                 self.vm_state = Some(*next);
+                if *next == VmState::Deleted {
+                    self.pending_reissues.clear(); // nothing is left to re-drive
+                }
             }
             Event::PowerStateChanged { power_state } => self.power_state = *power_state,
             Event::HostAssigned { host, provider_id } => {
@@ -176,6 +179,9 @@ impl InstanceState {
                 self.task_worker = None;
                 self.task_lease_since = None;
                 self.task_lease_until = None;
+                // A task queued anew supersedes what a recovery asked to re-drive (the
+                // recovery's own re-queue comes before its re-issue in one commit).
+                self.pending_reissues.clear();
             }
             Event::TaskStarted {
                 task_state,
@@ -191,6 +197,8 @@ impl InstanceState {
                 self.task_worker = Some(worker_id.clone());
                 self.task_lease_since = Some(ctx.recorded_at);
                 self.task_lease_until = Some(*lease_until);
+                // A worker took the task up: the re-issue reached it, or no longer matters.
+                self.pending_reissues.clear();
             }
             Event::TaskLeaseRenewed {
                 worker_id,
@@ -220,6 +228,9 @@ impl InstanceState {
                 }
                 self.clear_task();
                 self.last_task_outcome = Some(*outcome);
+                // The task ended (by its worker, or by hand): nothing is left to re-issue.
+                // A recovery that ends a task and re-issues writes its re-issue after this.
+                self.pending_reissues.clear();
             }
             Event::InstanceDeleteRequested { .. } => {
                 // Idempotent: a repeated request changes nothing.

@@ -141,6 +141,10 @@ pub struct OperationState {
     pub steps: Vec<Arc<StepState>>,
     /// Steps started with an intent and no recorded outcome yet, in start order.
     pub started: Vec<Arc<StartedStep>>,
+    /// Steps whose effect, with a compensation, was recorded after the rollback plan: the
+    /// plan does not undo them (a runner presumed dead finished an action late). `audit`
+    /// reports each.
+    pub late_effects: Vec<String>,
     pub error: Option<OperationError>,
     pub cancellation_reason: Option<String>,
     /// The target is being deleted by a user (`TargetDeletionNoticed`): the rollback then
@@ -171,6 +175,7 @@ impl OperationState {
             status: None,
             steps: Vec::new(),
             started: Vec::new(),
+            late_effects: Vec::new(),
             error: None,
             cancellation_reason: None,
             target_deleted: false,
@@ -290,6 +295,9 @@ impl OperationState {
                 // outcome of the intent of the same step, if one was recorded.
                 self.started
                     .retain(|s| !(s.stage == *stage && s.name == *step));
+                if self.rollback_plan.is_some() && compensation.is_some() {
+                    self.late_effects.push(step.clone());
+                }
                 self.steps.push(Arc::new(StepState {
                     stage: stage.clone(),
                     name: step.clone(),

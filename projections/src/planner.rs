@@ -146,6 +146,7 @@ pub fn plan_rollback(
         }
         builder.undo_steps(op, mode, None);
     }
+    builder.keep_same_host_releases();
     let stage = failed_stage.as_deref().unwrap_or("(before any stage)");
     Ok(RollbackPlan {
         rule: rule_text(kind, mode, stage, op.bundle_policy),
@@ -304,13 +305,63 @@ impl PlanBuilder {
                 self.retain(&stage_label, step, why);
                 continue;
             }
-            self.plan(
-                operation,
-                index,
-                &stage_label,
-                &step.name,
-                compensation.clone(),
-            );
+            let mut compensation = compensation.clone();
+            if compensation.action == CompensationAction::ReturnToSource && label.is_some() {
+                // Undone from a bundle's plan: the migration is the child, not the bundle
+                // the driver rolls back.
+                compensation
+                    .args
+                    .entry(DetailKey::MigrationId.to_string())
+                    .or_insert_with(|| operation.to_string());
+            }
+            self.plan(operation, index, &stage_label, &step.name, compensation);
+        }
+    }
+
+    /// A migration to the same host (Nova's resize to the same host): the source given
+    /// back is the instance's allocation there, so the release of its "destination" on
+    /// that same provider, planned after it, must not run; it is kept, and the plan says
+    /// why.
+    fn keep_same_host_releases(&mut self) {
+        let returned: Vec<(String, Option<String>)> = self
+            .compensations
+            .iter()
+            .filter(|p| p.compensation.action == CompensationAction::ReturnToSource)
+            .map(|p| {
+                (
+                    p.compensation.resource.clone(),
+                    p.compensation
+                        .args
+                        .get(DetailKey::ProviderId.as_str())
+                        .cloned(),
+                )
+            })
+            .collect();
+        let same_host = |p: &PlannedCompensation| {
+            p.compensation.action == CompensationAction::ReleaseAllocation
+                && returned.iter().any(|(resource, provider)| {
+                    *resource == p.compensation.resource
+                        && provider.is_some()
+                        && *provider
+                            == p.compensation
+                                .args
+                                .get(DetailKey::ProviderId.as_str())
+                                .cloned()
+                })
+        };
+        let (kept, planned): (Vec<_>, Vec<_>) = std::mem::take(&mut self.compensations)
+            .into_iter()
+            .partition(same_host);
+        self.compensations = planned;
+        for p in kept {
+            self.retained.push(RetainedResource {
+                stage: p.stage,
+                step: p.step,
+                resource: p.compensation.resource,
+                why: "the migration's source is this same provider: the source given back is \
+                      this allocation"
+                    .into(),
+            });
         }
     }
 

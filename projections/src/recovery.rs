@@ -201,6 +201,11 @@ pub const REISSUE_BACKOFF_BASE_MS: i64 = 1_000;
 pub const REISSUE_BACKOFF_MAX_MS: i64 = 30_000;
 /// A re-issue still pending this long after its recovery is reported by `audit`.
 pub const REISSUE_UNDELIVERED_AFTER_MS: i64 = 300_000;
+/// Attempts after which a re-issue is no longer retried on its own (about 10 minutes at
+/// the longest backoff): it stays pending and reported by `audit`, and is sent again
+/// only when its worker says it listens (`cmd.worker.ready`). A retired worker's
+/// re-issues then stop writing two commits a minute each, for ever.
+pub const REISSUE_ATTEMPTS_MAX: u32 = 20;
 
 impl ReissuePolicy {
     pub fn new(reply_wait_ms: i64) -> Self {
@@ -222,7 +227,8 @@ impl ReissuePolicy {
 
 /// The attempt of a pending re-issue that is due at `now`, if one is: the first at once;
 /// after a failure, once the backoff has passed (at once if the worker just said it is
-/// listening: `worker_ready`); after an attempt with no outcome, once it counts as lost.
+/// listening: `worker_ready`); after an attempt with no outcome, once it counts as lost;
+/// after [`REISSUE_ATTEMPTS_MAX`] attempts, only when the worker says it listens.
 pub fn reissue_due(
     pending: &crate::instance::PendingReissue,
     now: Timestamp,
@@ -230,6 +236,9 @@ pub fn reissue_due(
     worker_ready: bool,
 ) -> Option<u32> {
     let next = pending.attempts + 1;
+    if pending.attempts >= REISSUE_ATTEMPTS_MAX && !worker_ready {
+        return None; // given up until the worker says it listens
+    }
     match (pending.attempted_at, pending.last_failed_at) {
         (None, _) => Some(next),
         (Some(_), Some(failed)) => {

@@ -304,7 +304,97 @@ fn a_reissue_pending_past_its_age_is_found_and_a_delivered_one_is_not() {
         "{:?}",
         report.violations[0]
     );
-    let mut delivered = requested;
+    let mut delivered = requested.clone();
     delivered.push((instance(), vec![Event::ReissueDelivered { request_id }]));
     assert_eq!(checks(&audit(&script::seal(&delivered), at + 1)), vec![]);
+    // An operator who carried the task out by hand records its end: nothing is pending.
+    let mut by_hand = requested;
+    by_hand.push((
+        instance(),
+        vec![Event::TaskFinished {
+            task_state: TaskState::Scheduling,
+            outcome: provledger_events::catalogue::TaskOutcome::Succeeded,
+            reason: "done by hand".into(),
+        }],
+    ));
+    assert_eq!(checks(&audit(&script::seal(&by_hand), at + 1)), vec![]);
+}
+
+/// Given an operation whose rollback was planned and finished, when a runner presumed
+/// dead records a step's effect (with its compensation) after the plan, then audit reports
+/// it as a late effect nothing undoes, naming its compensation.
+#[test]
+fn an_effect_recorded_after_its_rollback_was_planned_is_found() {
+    use provledger_events::catalogue::{
+        Compensation, CompensationAction, Effect, EffectKind, Executor, Origin, RollbackOutcome,
+        RollbackPlan, TargetOutcome,
+    };
+    let op = AggregateId::operation(Uuid::from_u128(3));
+    let target = AggregateId::cluster(Uuid::from_u128(1));
+    let done = Event::StepDone {
+        stage: "spawn".into(),
+        step: "create_vm:n1".into(),
+        effect: Effect {
+            kind: EffectKind::VmCreated,
+            resource: "n1".into(),
+            executor: "hypervisor".into(),
+            origin: Origin::Created,
+            detail: Default::default(),
+        },
+        compensation: Some(Compensation {
+            action: CompensationAction::TerminateVm,
+            executor: Executor::Service("hypervisor".into()),
+            resource: "n1".into(),
+            args: Default::default(),
+        }),
+    };
+    let mut steps: Vec<ScriptStep> = vec![(
+        op,
+        vec![
+            Event::OperationStarted {
+                kind: OperationKind::CreateCluster,
+                target,
+                parent_id: None,
+                stages: vec![StageSpec {
+                    name: "spawn".into(),
+                    policy: StagePolicy::Compensate,
+                }],
+                bundle_policy: None,
+            },
+            Event::StageStarted {
+                stage: "spawn".into(),
+            },
+            Event::OperationFailed {
+                stage: "spawn".into(),
+                step: None,
+                error: "cancelled; the runner did not stop".into(),
+            },
+            Event::RollbackPlanned {
+                plan: RollbackPlan {
+                    rule: "compensate".into(),
+                    target,
+                    compensations: vec![],
+                    retained: vec![],
+                    target_outcome: TargetOutcome::Error {
+                        description: "failed".into(),
+                    },
+                },
+            },
+            Event::RollbackFinished {
+                outcome: RollbackOutcome::RolledBack,
+                remaining: vec![],
+            },
+        ],
+    )];
+    assert_eq!(checks(&audit(&script::seal(&steps), LATER)), vec![]);
+    steps.push((op, vec![done]));
+    let report = audit(&script::seal(&steps), LATER);
+    assert_eq!(checks(&report), vec![Check::LateEffect]);
+    assert!(
+        report.violations[0]
+            .problem
+            .contains("terminate_vm n1 at hypervisor"),
+        "{:?}",
+        report.violations[0]
+    );
 }

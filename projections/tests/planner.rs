@@ -1258,3 +1258,62 @@ fn the_decider_cancels_for_a_runner_silent_past_the_stop_wait() {
             if reason == "cancelled by an operator; the runner did not stop within 10000 ms"
     ));
 }
+
+/// A live migration of "vm" whose destination claim is on `destination` and whose source
+/// (given back by `return_to_source`) is on `source`, failed in `migrate`.
+fn failed_migration(destination: &str, source: &str) -> GivenOperation {
+    let with_provider = |action: CompensationAction, provider: &str| {
+        let mut c = GivenOperation::undo(action, Executor::Ledger, "vm");
+        c.args.insert("provider_id".into(), provider.into());
+        c
+    };
+    GivenOperation::start(OperationKind::LiveMigrateInstance)
+        .stage(stage::SCHEDULE)
+        .step(
+            stage::SCHEDULE,
+            "claim:vm",
+            GivenOperation::effect(EffectKind::AllocationClaimed, "vm", "ledger"),
+            Some(with_provider(
+                CompensationAction::ReleaseAllocation,
+                destination,
+            )),
+        )
+        .step(
+            stage::SCHEDULE,
+            "source:vm",
+            GivenOperation::effect(
+                EffectKind::Custom("allocation_moved".into()),
+                "vm",
+                "ledger",
+            ),
+            Some(with_provider(CompensationAction::ReturnToSource, source)),
+        )
+        .complete(stage::SCHEDULE)
+        .stage(stage::MIGRATE)
+        .fail(stage::MIGRATE, "the guest refused")
+}
+
+/// Given a live migration to the same host (its source and its destination the same
+/// provider) that failed in `migrate`; when planned, then the source is given back and the
+/// destination's release on that same provider is kept, not planned (it would take back
+/// the allocation just given back), and the plan says why.
+#[test]
+fn a_same_host_migration_keeps_the_release_that_would_undo_the_source_given_back() {
+    let (host, other) = (
+        "0190c0de-0000-7000-8000-0000000000f1",
+        "0190c0de-0000-7000-8000-0000000000f2",
+    );
+    let plan = plan_rollback(&failed_migration(host, host).fold(), &[]).expect("a plan");
+    let actions: Vec<&CompensationAction> = plan
+        .compensations
+        .iter()
+        .map(|p| &p.compensation.action)
+        .collect();
+    assert_eq!(actions, vec![&CompensationAction::ReturnToSource]);
+    assert_eq!(plan.retained.len(), 1, "{:?}", plan.retained);
+    assert!(plan.retained[0].why.contains("same provider"));
+    // On another host, both run: the source given back, then the destination released.
+    let plan = plan_rollback(&failed_migration(other, host).fold(), &[]).expect("a plan");
+    assert_eq!(plan.compensations.len(), 2);
+    assert!(plan.retained.is_empty());
+}

@@ -245,7 +245,12 @@ fn a_pending_reissue_is_due_by_its_backoff_its_worker_or_a_lost_attempt() {
     assert_eq!(reissue_due(&p, t(8_999), &policy, false), None);
     assert_eq!(reissue_due(&p, t(8_999), &policy, true), Some(4));
     assert_eq!(reissue_due(&p, t(9_000), &policy, false), Some(4));
-    // Capped: after 20 failures the wait is 30 s, not 2^19 s.
-    p.attempts = 20;
-    assert_eq!(reissue_due(&p, t(35_000), &policy, false), Some(21));
+    // Capped: after 19 failures the wait is 30 s, not 2^18 s.
+    p.attempts = 19;
+    assert_eq!(reissue_due(&p, t(34_999), &policy, false), None);
+    assert_eq!(reissue_due(&p, t(35_000), &policy, false), Some(20));
+    // Given up after REISSUE_ATTEMPTS_MAX attempts: only its worker's "ready" sends it.
+    p.attempts = provledger_projections::recovery::REISSUE_ATTEMPTS_MAX;
+    assert_eq!(reissue_due(&p, t(3_600_000), &policy, false), None);
+    assert_eq!(reissue_due(&p, t(3_600_000), &policy, true), Some(21));
 }

@@ -26,10 +26,13 @@ pub enum DetailKey {
     /// The key a step's action was asked for under (`StepStarted`): an executor undoes,
     /// by this key, what it did for a step whose outcome the ledger never learnt.
     IdempotencyKey,
+    /// The migration (its operation's id) whose source a `return_to_source` gives back;
+    /// by default the operation rolled back.
+    MigrationId,
 }
 
 impl DetailKey {
-    pub const ALL: [DetailKey; 9] = [
+    pub const ALL: [DetailKey; 10] = [
         DetailKey::ProviderId,
         DetailKey::ClusterId,
         DetailKey::NodeGroup,
@@ -39,6 +42,7 @@ impl DetailKey {
         DetailKey::TerminateExecutor,
         DetailKey::Ip,
         DetailKey::IdempotencyKey,
+        DetailKey::MigrationId,
     ];
 
     /// The key as written in `detail` and `args`.
@@ -53,6 +57,7 @@ impl DetailKey {
             DetailKey::TerminateExecutor => "terminate_executor",
             DetailKey::Ip => "ip",
             DetailKey::IdempotencyKey => "idempotency_key",
+            DetailKey::MigrationId => "migration_id",
         }
     }
 }

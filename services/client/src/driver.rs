@@ -294,18 +294,24 @@ impl RollbackDriver {
                 );
                 release_allocation(&self.ledger, provider()?, consumer()?, &reason, draft).await
             }
-            // The migration is the operation being rolled back: its id is the consumer
-            // holding the source.
+            // The migration (its operation's id) is the consumer holding the source:
+            // `args.migration_id`, or the operation being rolled back.
             CompensationAction::ReturnToSource => {
+                let migration = match c.compensation.args.get(DetailKey::MigrationId.as_str()) {
+                    Some(id) => id
+                        .parse()
+                        .map_err(|_| format!("migration_id {id:?} is not a UUID"))?,
+                    None => operation,
+                };
                 let reason = format!(
-                    "rollback of migration {operation}: back to the source (compensation {})",
+                    "rollback of migration {migration}: back to the source (compensation {})",
                     c.compensation_id
                 );
                 return_to_source(
                     &self.ledger,
                     provider()?,
                     consumer()?,
-                    operation,
+                    migration,
                     &reason,
                     draft,
                 )

@@ -38,7 +38,9 @@ use provledger_events::{AggregateId, AggregateKind, AppendStatus, Event, EventLo
 use provledger_projections::decide::DecideOptions;
 use provledger_projections::facts::recovery_facts;
 use provledger_projections::provider::ProviderState;
-use provledger_projections::recovery::{recover, reissue_due, Reissue, ReissuePolicy};
+use provledger_projections::recovery::{
+    recover, reissue_due, Reissue, ReissuePolicy, REISSUE_ATTEMPTS_MAX,
+};
 use provledger_projections::Entity;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -227,8 +229,9 @@ pub struct Due {
 
 /// The pending re-issues of `view` whose next attempt is due at the stamper's time
 /// (`provledger_projections::recovery::reissue_due`; `ready`: workers that just said they
-/// listen, whose backoff is skipped), by worker, and how many are pending in all. One
-/// attempt per instance: each is decided at the instance's version.
+/// listen, whose backoff is skipped), by worker, and how many are still retried on their
+/// own (not given up after `REISSUE_ATTEMPTS_MAX`). One attempt per instance: each is
+/// decided at the instance's version.
 pub async fn due_reissues<V: StateView>(
     view: &V,
     policy: &ReissuePolicy,
@@ -241,7 +244,10 @@ pub async fn due_reissues<V: StateView>(
     for instance in view.instances().await? {
         let mut taken = false;
         for pending in &instance.pending_reissues {
-            pending_count += 1;
+            // Counted while retried on its own: the caller looks again soon only then.
+            if pending.attempts < REISSUE_ATTEMPTS_MAX {
+                pending_count += 1;
+            }
             if taken {
                 continue;
             }

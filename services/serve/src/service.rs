@@ -245,6 +245,7 @@ pub async fn run(
             let mut next_sweep = tokio::time::Instant::now();
             let mut busy: std::collections::BTreeMap<String, tokio::task::JoinHandle<()>> =
                 Default::default();
+            let mut carried = std::collections::BTreeSet::new();
             loop {
                 let stamper = Stamper::system();
                 if tokio::time::Instant::now() >= next_sweep {
@@ -265,12 +266,18 @@ pub async fn run(
                     next_sweep = tokio::time::Instant::now() + interval;
                 }
                 busy.retain(|_, task| !task.is_finished());
-                let ready = ctx.workers_ready.take();
+                let mut ready = ctx.workers_ready.take();
+                ready.append(&mut carried);
                 let pending = match due_reissues(&store, &policy, &ready, &stamper).await {
                     Ok((by_worker, pending)) => {
                         for (worker, dues) in by_worker {
                             if busy.contains_key(&worker) {
-                                continue; // its previous attempts are still out
+                                // Its previous attempts are still out; a "ready" it sent
+                                // meanwhile counts for the next round.
+                                if ready.contains(&worker) {
+                                    carried.insert(worker);
+                                }
+                                continue;
                             }
                             let (ledger, reissuer, stamper) =
                                 (ledger.clone(), reissuer.clone(), stamper.clone());

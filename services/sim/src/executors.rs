@@ -51,6 +51,10 @@ struct SimState {
     crashes: Vec<Fault>,
     /// Injected crashes that happened.
     crashed: u32,
+    /// Keys a compensation undid (or found nothing under): an action asked under one of
+    /// them later (a runner presumed dead, acting late) is refused, so nothing can appear
+    /// after its rollback.
+    fenced: std::collections::BTreeSet<String>,
     /// How many requests arrived for each compensation, counted before deduplication, so
     /// that a driver sending one twice is seen even though it takes effect once.
     requests: BTreeMap<Uuid, u32>,
@@ -160,6 +164,12 @@ impl SimExecutor {
     /// (an injected crash after the action took effect).
     fn call(&self, action: &str, resource: &str, key: &str) -> Result<bool, String> {
         let mut s = self.lock();
+        if s.fenced.contains(key) {
+            return Err(format!(
+                "{}: {action} {resource} refused: its idempotency key {key} was undone",
+                self.name
+            ));
+        }
         if !key.is_empty() && s.made_under.contains_key(key) {
             return Ok(false); // a repeated request under the same key: done once
         }
@@ -220,8 +230,17 @@ impl SimExecutor {
     /// Takes a free IP for `node` under `key` (the same IP again for a repeated key).
     /// The second value: the runner dies now.
     fn take_ip(&self, node: &str, key: &str) -> Result<(String, bool), String> {
-        if let Some(ip) = self.lock().made_under.get(key) {
-            return Ok((ip.clone(), false));
+        {
+            let s = self.lock();
+            if s.fenced.contains(key) {
+                return Err(format!(
+                    "{}: acquire_ip {node} refused: its idempotency key {key} was undone",
+                    self.name
+                ));
+            }
+            if let Some(ip) = s.made_under.get(key) {
+                return Ok((ip.clone(), false));
+            }
         }
         // `call` counts the call and applies faults; the node is not the resource.
         let crash = self.call("acquire_ip", node, "")?;
@@ -259,6 +278,7 @@ impl SimExecutor {
         let key = request.args.get(DetailKey::IdempotencyKey.as_str());
         let mut undone = false;
         if let Some(key) = key {
+            s.fenced.insert(key.clone());
             // By key: whatever is still held under it (the resource may have been
             // handed to another key since, e.g. a reused IP: that one is not touched).
             let under_key: Vec<String> = s

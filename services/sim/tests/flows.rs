@@ -1208,3 +1208,31 @@ async fn a_runner_dying_between_an_action_and_its_record_leaves_nothing_behind()
         assert!(w.allocations().await.is_empty());
     }
 }
+
+/// Given an executor asked to undo by key an action it never carried out (the runner was
+/// presumed dead), when that runner's late action under the same key arrives, then the
+/// executor refuses it: nothing appears after the rollback that nothing would undo.
+#[tokio::test]
+async fn an_action_under_an_idempotency_key_already_undone_is_refused() {
+    use provledger_client::{CompensationExecutor, CompensationRequest, Infrastructure};
+    let infra = SimInfrastructure::default();
+    let key = "6f9d2c4e-0000-4000-8000-000000000001";
+    let request = CompensationRequest {
+        operation_id: Uuid::now_v7(),
+        compensation_id: Uuid::now_v7(),
+        attempt: 1,
+        action: CompensationAction::TerminateVm,
+        resource: "vm-late".into(),
+        args: BTreeMap::from([("idempotency_key".to_string(), key.to_string())]),
+    };
+    infra
+        .compensate("hypervisor", &request)
+        .await
+        .expect("nothing to undo is done");
+    assert_eq!(infra.hypervisor.nothing_to_undo(), 1);
+    let late = infra.act("hypervisor", "create_vm", "vm-late", key).await;
+    assert!(late.is_err(), "{late:?}");
+    assert!(!infra.hypervisor.has("vm-late"));
+    // The fence is the executor's own: IPAM, never asked, still acts under that key.
+    assert!(infra.acquire_ip("node-late", key).await.is_ok());
+}
