@@ -7,6 +7,7 @@
 //! Every event is documented in `docs/events.md`.
 
 pub mod cluster;
+mod constructors;
 pub mod detail;
 pub mod instance;
 pub mod operation;

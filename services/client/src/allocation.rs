@@ -23,10 +23,7 @@ pub async fn release_allocation<L: EventLog>(
     draft: impl Fn(Vec<Event>) -> CommitDraft,
 ) -> Result<(), String> {
     let provider = AggregateId::provider(provider);
-    let released = Event::AllocationReleased {
-        consumer,
-        reason: reason.to_string(),
-    };
+    let released = Event::allocation_released(consumer, reason);
     match record(log, provider, Expectation::Any, draft(vec![released])).await {
         Ok(_) => Ok(()),
         // Refused: fine if there is nothing to release (no provider, no such allocation:

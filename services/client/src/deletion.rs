@@ -126,12 +126,7 @@ pub async fn notice_target_deletion(
         return Ok(false);
     }
     let mut draft = stamper
-        .draft(
-            actor,
-            vec![Event::TargetDeletionNoticed {
-                reason: reason.into(),
-            }],
-        )
+        .draft(actor, vec![Event::target_deletion_noticed(reason)])
         .with_operation(op);
     draft.commit_id = derived_commit_id(op, "target_deletion_noticed");
     ledger

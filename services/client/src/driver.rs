@@ -72,6 +72,35 @@ pub async fn read_operation<L: EventLog>(log: &L, id: Uuid) -> Result<OperationS
     }
 }
 
+/// Resumes a rollback that ended `needs_attention` (an operator fixed what made its
+/// compensations fail): `rollback_resumed`, decided at the operation's exact version, gives
+/// every compensation not done a fresh budget of attempts; a driver then goes on from where
+/// it stopped. `Ok(false)`: the operation does not need attention (nothing written).
+pub async fn resume_needs_attention(
+    ledger: &Ledger,
+    id: Uuid,
+    reason: &str,
+    actor: &str,
+    stamper: &Stamper,
+) -> Result<bool, DriveError> {
+    let op = read_operation(ledger, id).await?;
+    if op.status != Some(provledger_projections::operation::OperationStatus::NeedsAttention) {
+        return Ok(false);
+    }
+    let draft = stamper
+        .draft(actor, vec![Event::rollback_resumed(reason)])
+        .with_operation(id);
+    ledger
+        .record(
+            AggregateId::operation(id),
+            Expectation::Exactly(op.header.version),
+            draft,
+        )
+        .await
+        .map_err(ledger_error)?;
+    Ok(true)
+}
+
 /// The plan the planner gives for `op` now, with a bundle's children read from the log.
 pub async fn plan_for<L: EventLog>(
     log: &L,
@@ -195,7 +224,7 @@ impl RollbackDriver {
             RollbackAction::Plan => {
                 let plan = plan_for(&self.ledger, &op).await?;
                 if self
-                    .append_decision(&op, vec![Event::RollbackPlanned { plan: plan.clone() }])
+                    .append_decision(&op, vec![Event::rollback_planned(plan.clone())])
                     .await?
                 {
                     tracing::info!(operation = %id, rule = %plan.rule, compensations = plan.compensations.len(), "rollback planned");
@@ -206,10 +235,8 @@ impl RollbackDriver {
                 compensation,
                 attempt,
             } => {
-                let requested = Event::CompensationRequested {
-                    compensation_id: compensation.compensation_id,
-                    attempt,
-                };
+                let requested =
+                    Event::compensation_requested(compensation.compensation_id, attempt);
                 if !self.append_decision(&op, vec![requested]).await? {
                     return Ok(DriveStep::Progressed); // another driver took this attempt
                 }
@@ -229,10 +256,7 @@ impl RollbackDriver {
             RollbackAction::WaitUntil(until) => Ok(DriveStep::Wait(until)),
             RollbackAction::Finish { outcome, remaining } => {
                 self.apply_target_outcome(&op, outcome).await?;
-                let finished = Event::RollbackFinished {
-                    outcome,
-                    remaining: remaining.clone(),
-                };
+                let finished = Event::rollback_finished(outcome, remaining.clone());
                 if self.append_decision(&op, vec![finished]).await? {
                     tracing::info!(operation = %id, ?outcome, remaining = remaining.len(), "rollback finished");
                 }

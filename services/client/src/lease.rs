@@ -44,11 +44,7 @@ impl TaskLease {
     ) -> Result<TaskLease, RecordError> {
         let since = stamper.now();
         let until = since.plus_ms(lease_ms(lease));
-        let event = Event::TaskStarted {
-            task_state: task,
-            worker_id: worker.to_string(),
-            lease_until: until,
-        };
+        let event = Event::task_started(task, worker, until);
         let aggregate = AggregateId::instance(instance);
         record(
             log,
@@ -89,10 +85,7 @@ impl TaskLease {
             return Ok(false);
         }
         let until = now.plus_ms(lease_ms(self.lease));
-        let event = Event::TaskLeaseRenewed {
-            worker_id: self.worker.clone(),
-            lease_until: until,
-        };
+        let event = Event::task_lease_renewed(&self.worker, until);
         record(
             log,
             self.instance,
@@ -113,11 +106,7 @@ impl TaskLease {
         reason: &str,
         stamper: &Stamper,
     ) -> Result<(), RecordError> {
-        let event = Event::TaskFinished {
-            task_state: self.task,
-            outcome,
-            reason: reason.to_string(),
-        };
+        let event = Event::task_finished(self.task, outcome, reason);
         record(
             log,
             self.instance,

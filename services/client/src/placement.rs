@@ -87,17 +87,11 @@ pub async fn register_provider<L: EventLog>(
     actor: &str,
     stamper: &Stamper,
 ) -> Result<Recorded, RecordError> {
-    let mut events = vec![Event::ProviderRegistered {
-        name: name.into(),
-        host: host.into(),
-    }];
+    let mut events = vec![Event::provider_registered(name, host)];
     events.extend(
         inventories
             .iter()
-            .map(|(class, inventory)| Event::InventorySet {
-                resource_class: class.clone(),
-                inventory: *inventory,
-            }),
+            .map(|(class, inventory)| Event::inventory_set(class.clone(), *inventory)),
     );
     record(
         log,
@@ -120,10 +114,7 @@ pub async fn set_inventory<L: EventLog>(
     actor: &str,
     stamper: &Stamper,
 ) -> Result<Recorded, RecordError> {
-    let event = Event::InventorySet {
-        resource_class: resource_class.into(),
-        inventory,
-    };
+    let event = Event::inventory_set(resource_class, inventory);
     record_with(
         log,
         AggregateId::provider(provider),
@@ -287,10 +278,7 @@ async fn release<L: EventLog>(
     actor: &str,
     stamper: &Stamper,
 ) -> Result<(), PlacementError> {
-    let event = Event::AllocationReleased {
-        consumer: hold.consumer,
-        reason: format!("{why}: {}", hold.why),
-    };
+    let event = Event::allocation_released(hold.consumer, format!("{why}: {}", hold.why));
     let mut draft = stamper.draft(actor, vec![event]);
     draft.commit_id = derived_commit_id(provider, &format!("release/{}/{}", hold.consumer, why));
     match record_fact(log, AggregateId::provider(provider), draft).await {

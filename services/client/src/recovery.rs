@@ -354,10 +354,7 @@ async fn deliver_one<L: EventLog>(
     let attempt = due.request.attempt;
     let mut draft = stamper.draft(
         RECOVERY_ACTOR,
-        vec![Event::ReissueAttempted {
-            request_id,
-            attempt,
-        }],
+        vec![Event::reissue_attempted(request_id, attempt)],
     );
     draft.commit_id = derived_commit_id(request_id, &format!("attempt/{attempt}"));
     let fact = Fact {
@@ -378,18 +375,14 @@ async fn deliver_one<L: EventLog>(
     let outcome = reissuer.reissue(&due.worker, &due.request).await;
     let (event, what, attempt_outcome) = match outcome {
         Ok(()) => (
-            Event::ReissueDelivered { request_id },
+            Event::reissue_delivered(request_id),
             "delivered".to_string(),
             Attempt::Delivered,
         ),
         Err(error) => {
             tracing::warn!(instance = %due.instance, worker = %due.worker, %request_id, attempt, %error, "re-issue not delivered; retried after the backoff");
             (
-                Event::ReissueFailed {
-                    request_id,
-                    attempt,
-                    error,
-                },
+                Event::reissue_failed(request_id, attempt, error),
                 format!("failed/{attempt}"),
                 Attempt::Failed,
             )

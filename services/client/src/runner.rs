@@ -398,13 +398,13 @@ impl OperationRunner {
 
     async fn start(&self, spec: &OperationSpec) -> Result<OperationCtx, OperationError> {
         let op = AggregateId::operation(spec.id);
-        let started = Event::OperationStarted {
-            kind: spec.kind,
-            target: spec.target,
-            parent_id: spec.parent_id,
-            stages: stages_of(spec.kind),
-            bundle_policy: spec.bundle_policy,
-        };
+        let started = Event::operation_started(
+            spec.kind,
+            spec.target,
+            spec.parent_id,
+            stages_of(spec.kind),
+            spec.bundle_policy,
+        );
         let draft = self
             .stamper
             .draft(&self.actor, vec![started])
@@ -583,10 +583,7 @@ impl OperationCtx {
     }
 
     async fn mark_target(&self, spec: &OperationSpec) -> Result<(), OperationError> {
-        let marker = Event::InFlightOperationSet {
-            operation_id: spec.id,
-            operation_kind: spec.kind,
-        };
+        let marker = Event::in_flight_operation_set(spec.id, spec.kind);
         if spec.target.kind == AggregateKind::Operation {
             return Ok(()); // a bundle is its own target
         }
@@ -619,9 +616,9 @@ impl OperationCtx {
         self.check_cancelled().await?;
         let mut events = Vec::new();
         if let Some(current) = self.lock().stage.clone() {
-            events.push(Event::StageCompleted { stage: current });
+            events.push(Event::stage_completed(current));
         }
-        events.push(Event::StageStarted { stage: name.into() });
+        events.push(Event::stage_started(name));
         self.append_op(events, false).await?;
         let mut s = self.lock();
         s.stage = Some(name.to_string());
@@ -639,12 +636,7 @@ impl OperationCtx {
         let stage = self.begin_step(name).await?;
         let output = run_work(&stage, name, work).await?;
         if let Some((effect, compensation)) = output.effect {
-            let done = Event::StepDone {
-                stage,
-                step: name.into(),
-                effect,
-                compensation,
-            };
+            let done = Event::step_done(stage, name, effect, compensation);
             self.append_op(vec![done], true).await?;
         }
         self.check_cancelled().await?;
@@ -680,13 +672,7 @@ impl OperationCtx {
                 .insert(DetailKey::IdempotencyKey.to_string(), key.clone());
             c
         });
-        let started = Event::StepStarted {
-            stage: stage.clone(),
-            step: name.into(),
-            executor: executor.into(),
-            idempotency_key: key.clone(),
-            compensation: undo,
-        };
+        let started = Event::step_started(stage.clone(), name, executor, key.clone(), undo);
         // A decision: refused if a cancellation got in first (nothing was asked yet).
         self.append_op(vec![started], false).await?;
         let output = run_work(&stage, name, work(key.clone())).await?;
@@ -698,12 +684,7 @@ impl OperationCtx {
                 .or_insert_with(|| key.clone());
             c
         });
-        let done = Event::StepDone {
-            stage,
-            step: name.into(),
-            effect: output.effect,
-            compensation,
-        };
+        let done = Event::step_done(stage, name, output.effect, compensation);
         self.append_op(vec![done], true).await?;
         self.check_cancelled().await?;
         Ok(output.value)
@@ -743,12 +724,7 @@ impl OperationCtx {
     ) -> Result<Recorded, OperationError> {
         let stage = self.begin_step(name).await?;
         let op = AggregateId::operation(self.inner.id);
-        let done = Event::StepDone {
-            stage,
-            step: name.into(),
-            effect,
-            compensation,
-        };
+        let done = Event::step_done(stage, name, effect, compensation);
         // Both drafts keep their commit ids across attempts: a lost answer is then
         // recognised as the same facts, never written twice.
         let fact = self.draft(events);
@@ -828,11 +804,7 @@ impl OperationCtx {
         consumer_kind: ConsumerKind,
         resources: &BTreeMap<String, u64>,
     ) -> Result<(), OperationError> {
-        let claimed = Event::AllocationClaimed {
-            consumer,
-            consumer_kind,
-            resources: resources.clone(),
-        };
+        let claimed = Event::allocation_claimed(consumer, consumer_kind, resources.clone());
         let provider_key = DetailKey::ProviderId.to_string();
         let release = Compensation {
             action: CompensationAction::ReleaseAllocation,
@@ -910,22 +882,20 @@ impl OperationCtx {
 
     /// Records a child operation of this one (a bundle's).
     pub async fn add_child(&self, child: Uuid) -> Result<(), OperationError> {
-        self.append_op(vec![Event::ChildOperationAdded { child_id: child }], true)
+        self.append_op(vec![Event::child_operation_added(child)], true)
             .await
     }
 
     async fn finish_succeeded(&self) -> Result<(), OperationError> {
         let mut events = Vec::new();
         if let Some(stage) = self.lock().stage.clone() {
-            events.push(Event::StageCompleted { stage });
+            events.push(Event::stage_completed(stage));
         }
-        events.push(Event::OperationSucceeded {});
+        events.push(Event::operation_succeeded());
         self.append_op(events, true).await?;
         if self.inner.target.kind != AggregateKind::Operation {
-            let cleared = Event::InFlightOperationCleared {
-                operation_id: self.inner.id,
-                outcome: OperationOutcome::Succeeded,
-            };
+            let cleared =
+                Event::in_flight_operation_cleared(self.inner.id, OperationOutcome::Succeeded);
             self.inner
                 .ledger
                 .record(
@@ -947,9 +917,7 @@ impl OperationCtx {
             (s.stage.clone(), s.step.clone())
         };
         let event = if error.is_cancellation() {
-            Event::OperationCancelled {
-                reason: error.to_string(),
-            }
+            Event::operation_cancelled(error.to_string())
         } else {
             let step = match error {
                 OperationError::StepFailed { step, .. } | OperationError::Panicked { step, .. } => {
@@ -963,11 +931,7 @@ impl OperationCtx {
                 OperationError::Panicked { message, .. } => format!("panicked: {message}"),
                 other => other.to_string(),
             };
-            Event::OperationFailed {
-                stage: stage.unwrap_or_else(|| "start".into()),
-                step,
-                error: message,
-            }
+            Event::operation_failed(stage.unwrap_or_else(|| "start".into()), step, message)
         };
         tracing::info!(operation = %self.inner.id, error = %error, "operation stopped");
         self.append_op(vec![event], true).await

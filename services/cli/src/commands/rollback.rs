@@ -7,16 +7,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use provledger_events::{AggregateId, Event, Expectation};
-use provledger_projections::operation::{CompensationProgress, OperationStatus};
+use provledger_projections::operation::CompensationProgress;
 use provledger_projections::planner::render_plan;
 use provledger_projections::rollback::RetryPolicy;
 use uuid::Uuid;
 
 use super::{print_json, CommandError};
 use provledger_client::{
-    plan_for, read_operation, CompensationExecutor, CompensationFuture, CompensationRequest,
-    DriveError, Ledger, NatsExecutors, RollbackDriver, Stamper,
+    plan_for, read_operation, resume_needs_attention, CompensationExecutor, CompensationFuture,
+    CompensationRequest, DriveError, Ledger, NatsExecutors, RollbackDriver, Stamper,
 };
 
 /// How long `rollback run` waits for one executor's reply.
@@ -106,26 +105,16 @@ async fn resume_if_needs_attention(
     id: Uuid,
     json: bool,
 ) -> Result<(), CommandError> {
-    let op = read_operation(ledger, id).await.map_err(command_error)?;
-    if op.status != Some(OperationStatus::NeedsAttention) {
-        return Ok(());
-    }
-    let draft = Stamper::system()
-        .draft(
-            "cli",
-            vec![Event::RollbackResumed {
-                reason: "resumed by `provledger rollback run`".into(),
-            }],
-        )
-        .with_operation(id);
-    ledger
-        .record(
-            AggregateId::operation(id),
-            Expectation::Exactly(op.header.version),
-            draft,
-        )
-        .await?;
-    if !json {
+    let resumed = resume_needs_attention(
+        ledger,
+        id,
+        "resumed by `provledger rollback run`",
+        "cli",
+        &Stamper::system(),
+    )
+    .await
+    .map_err(command_error)?;
+    if resumed && !json {
         println!("operation {id} needed attention: rollback resumed");
     }
     Ok(())
