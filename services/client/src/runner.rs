@@ -880,6 +880,59 @@ impl OperationCtx {
         }
     }
 
+    /// Writes facts on several aggregates (other than the operation) all or nothing, each
+    /// at its expectation: facts that move together (a node's instance record and its
+    /// membership of the cluster) are never left half written by a crash. A target being
+    /// deleted refuses what would revive it, as [`OperationCtx::append`] does.
+    pub async fn append_together(
+        &self,
+        facts: Vec<(AggregateId, Expectation, Vec<Event>)>,
+    ) -> Result<Vec<Recorded>, OperationError> {
+        self.check_cancelled().await?;
+        // Drafts made once: a retry after a lost answer is recognised as the same facts.
+        let facts: Vec<Fact> = facts
+            .into_iter()
+            .map(|(aggregate, expect, events)| Fact {
+                aggregate,
+                expect,
+                draft: self.draft(events),
+            })
+            .collect();
+        match record_atomic(
+            &self.inner.ledger,
+            facts,
+            DecideOptions::default(),
+            &FromTheLog,
+        )
+        .await
+        {
+            Ok(recorded) => Ok(recorded),
+            Err(RecordError::Conflicts { conflicts }) => {
+                let first = conflicts.first().map(|c| (c.aggregate, c.actual));
+                let (aggregate, actual) = first.unwrap_or((self.inner.target, 0));
+                Err(OperationError::Conflict { aggregate, actual })
+            }
+            Err(RecordError::Rejections { rejections }) => {
+                let deleted = rejections.iter().find_map(|(aggregate, r)| match r {
+                    AppendRejection::TargetDeleted { state, .. } => {
+                        Some(format!("{aggregate} is {state}"))
+                    }
+                    _ => None,
+                });
+                if let Some(reason) = deleted {
+                    let stop = Stop::TargetDeleted(reason);
+                    self.lock().stop = Some(stop.clone());
+                    return Err(self.stop_error(&stop));
+                }
+                match rejections.into_iter().next() {
+                    Some((_, rejection)) => Err(OperationError::Rejected(rejection)),
+                    None => Err(OperationError::Ledger("refused without a reason".into())),
+                }
+            }
+            Err(e) => Err(ledger_error(e)),
+        }
+    }
+
     /// Records a child operation of this one (a bundle's).
     pub async fn add_child(&self, child: Uuid) -> Result<(), OperationError> {
         self.append_op(vec![Event::child_operation_added(child)], true)

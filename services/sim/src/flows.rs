@@ -308,45 +308,47 @@ impl Provisioner {
         self.create_vm_step(ctx, node, Some(cluster)).await?;
         let vm = node.to_string();
         let host = host_of(provider);
-        ctx.append(
-            AggregateId::instance(node),
-            Expectation::NoStream,
-            vec![
-                Event::InstanceCreateRequested {
-                    name: format!("{}-{}", group.name, &vm[vm.len() - 12..]),
-                    cluster_id: Some(cluster),
-                    node_group: Some(group.name.clone()),
-                    flavor: group.flavor.clone(),
-                    resources: group.resources.clone(),
-                    image: "sahara-image".into(),
-                },
-                Event::HostAssigned {
-                    host,
-                    provider_id: provider,
-                },
-                Event::VmStateChanged {
-                    vm_state: VmState::Active,
-                    reason: "booted".into(),
-                },
-                Event::PowerStateChanged {
-                    power_state: PowerState::Running,
-                },
-                Event::TaskFinished {
-                    task_state: TaskState::Scheduling,
-                    outcome: TaskOutcome::Succeeded,
-                    reason: "spawned".into(),
-                },
-            ],
-        )
-        .await?;
-        ctx.append(
-            AggregateId::cluster(cluster),
-            Expectation::Any,
-            vec![Event::InstanceJoined {
-                node_group: group.name.clone(),
-                instance_id: node,
-            }],
-        )
+        // The node's record and its membership of the cluster, together.
+        ctx.append_together(vec![
+            (
+                AggregateId::instance(node),
+                Expectation::NoStream,
+                vec![
+                    Event::InstanceCreateRequested {
+                        name: format!("{}-{}", group.name, &vm[vm.len() - 12..]),
+                        cluster_id: Some(cluster),
+                        node_group: Some(group.name.clone()),
+                        flavor: group.flavor.clone(),
+                        resources: group.resources.clone(),
+                        image: "sahara-image".into(),
+                    },
+                    Event::HostAssigned {
+                        host,
+                        provider_id: provider,
+                    },
+                    Event::VmStateChanged {
+                        vm_state: VmState::Active,
+                        reason: "booted".into(),
+                    },
+                    Event::PowerStateChanged {
+                        power_state: PowerState::Running,
+                    },
+                    Event::TaskFinished {
+                        task_state: TaskState::Scheduling,
+                        outcome: TaskOutcome::Succeeded,
+                        reason: "spawned".into(),
+                    },
+                ],
+            ),
+            (
+                AggregateId::cluster(cluster),
+                Expectation::Any,
+                vec![Event::InstanceJoined {
+                    node_group: group.name.clone(),
+                    instance_id: node,
+                }],
+            ),
+        ])
         .await?;
         self.network(ctx, node).await
     }
@@ -702,7 +704,9 @@ impl Provisioner {
         }
         // Termination records go straight to the log: they record a removal, which a
         // deleting cluster accepts.
+        // The instance record closed and its membership ended, together.
         let instance = AggregateId::instance(node);
+        let mut facts = Vec::new();
         if let Ok(Some(Entity::Instance(i))) = read_entity(ctx.ledger(), instance).await {
             if i.vm_state != Some(VmState::Deleted) {
                 let mut events = Vec::new();
@@ -712,10 +716,10 @@ impl Provisioner {
                     });
                 }
                 events.push(Event::InstanceDeleted {});
-                ctx.append(instance, Expectation::Any, events).await?;
+                facts.push((instance, Expectation::Any, events));
             }
         }
-        ctx.append(
+        facts.push((
             AggregateId::cluster(cluster),
             Expectation::Any,
             vec![Event::InstanceLeft {
@@ -723,8 +727,8 @@ impl Provisioner {
                 instance_id: node,
                 reason,
             }],
-        )
-        .await?;
+        ));
+        ctx.append_together(facts).await?;
         Ok(())
     }
 
