@@ -743,14 +743,7 @@ impl OperationCtx {
                     draft: record.clone(),
                 },
             ];
-            match record_atomic(
-                &self.inner.ledger,
-                facts,
-                DecideOptions::default(),
-                &FromTheLog,
-            )
-            .await
-            {
+            match self.record_together(facts).await {
                 Ok(recorded) => {
                     if let Some(on_op) = recorded.get(1) {
                         self.lock().version = on_op.version();
@@ -898,14 +891,7 @@ impl OperationCtx {
                 draft: self.draft(events),
             })
             .collect();
-        match record_atomic(
-            &self.inner.ledger,
-            facts,
-            DecideOptions::default(),
-            &FromTheLog,
-        )
-        .await
-        {
+        match self.record_together(facts).await {
             Ok(recorded) => Ok(recorded),
             Err(RecordError::Conflicts { conflicts }) => {
                 let first = conflicts.first().map(|c| (c.aggregate, c.actual));
@@ -931,6 +917,17 @@ impl OperationCtx {
             }
             Err(e) => Err(ledger_error(e)),
         }
+    }
+
+    /// One atomic set through the write path, each fact decided against the log.
+    async fn record_together(&self, facts: Vec<Fact>) -> Result<Vec<Recorded>, RecordError> {
+        record_atomic(
+            &self.inner.ledger,
+            facts,
+            DecideOptions::default(),
+            &FromTheLog,
+        )
+        .await
     }
 
     /// Records a child operation of this one (a bundle's).
