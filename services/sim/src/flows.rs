@@ -824,10 +824,13 @@ impl Provisioner {
                 .run(spec, |ctx| async move {
                     ctx.stage(stage::TERMINATE).await?;
                     for (group, node) in &members {
+                        // A read that fails is the step's failure, never "no provider":
+                        // that would leave the node's allocation behind for good.
                         let provider =
                             match read_entity(ctx.ledger(), AggregateId::instance(*node)).await {
                                 Ok(Some(Entity::Instance(i))) => i.provider_id,
-                                _ => None,
+                                Ok(_) => None,
+                                Err(e) => return Err(OperationError::Ledger(e.to_string())),
                             };
                         self.terminate_node(&ctx, cluster, group, *node, provider)
                             .await?;
@@ -870,7 +873,8 @@ impl Provisioner {
                 self.terminate_vm_step(&ctx, instance).await?;
                 let provider = match read_entity(ctx.ledger(), target).await {
                     Ok(Some(Entity::Instance(i))) => i.provider_id,
-                    _ => None,
+                    Ok(_) => None,
+                    Err(e) => return Err(OperationError::Ledger(e.to_string())),
                 };
                 if let Some(provider) = provider {
                     let reason = format!("instance deleted by operation {}", ctx.id());

@@ -9,7 +9,8 @@
 //! dying between two steps and between an executor's action and the record of its
 //! outcome (their future dropped, as kill -9 would), and two rollback drivers racing over
 //! every stopped operation. Then the log is healed, an operator cancels every operation
-//! whose runner died, every operation is driven to its end, and these must hold:
+//! whose runner died, every operation is driven to its end (an operator resuming the
+//! rollbacks that needed attention), and these must hold:
 //! - every compensation request an executor received is an attempt recorded in the log
 //!   (no double execution by racing drivers or retries);
 //! - nothing is left at any executor that the ledger does not know about: every held
@@ -18,6 +19,8 @@
 //! - nothing is left at any executor under the key of an operation that rolled back or
 //!   was cancelled with nothing retained;
 //! - no acknowledged fact was dropped by the fold (no "not applied" anomaly);
+//! - the audit's invariants hold: no allocation unaccounted for (orphaned, misplaced, over
+//!   capacity), no rollback unfinished, no effect recorded after its rollback's plan;
 //! - every operation ends: succeeded, rolled back, held, cancelled or needs_attention
 //!   (none is left running).
 //!
@@ -418,10 +421,37 @@ pub async fn run_seed(seed: u64, config: &SimulationConfig) -> SeedOutcome {
             let _ = driver.drive(*op).await;
         }
     }
+    // An operator then resumes every rollback that needed attention (the executors work
+    // again), as `provledger rollback run` does, and the drivers finish them.
+    for op in &all_operations {
+        let resumed = provledger_client::resume_needs_attention(
+            &ledger,
+            *op,
+            "the executors are back; resumed by an operator",
+            "sim-operator",
+            &stamper,
+        )
+        .await;
+        if matches!(resumed, Ok(true)) {
+            for driver in &drivers {
+                let _ = driver.drive(*op).await;
+            }
+        }
+    }
 
     let commits = read_log(&log).await;
     let projection = Projection::rebuild(&commits);
     check_invariants(&projection, &infra, &mut violations);
+    // The audit's invariants too: no allocation unaccounted for (orphaned, misplaced, over
+    // capacity), no rollback left unfinished, no late effect.
+    for v in provledger_projections::audit::check_invariants(&projection, stamper.now()) {
+        violations.push(format!(
+            "audit {:?} on {}: {}",
+            v.check,
+            v.aggregate.as_deref().unwrap_or("-"),
+            v.problem
+        ));
+    }
     let counts: FaultCounts = log.fault_counts();
     let mut outcomes = BTreeMap::new();
     for op in &all_operations {
