@@ -69,9 +69,12 @@ pub struct Provisioner {
     pub actor: String,
 }
 
-/// The simulated host name of a compute node.
+/// The simulated host name of a compute node: the tail of its provider's id (UUID v7 ids
+/// minted in the same second share their first digits, so the head would name every host
+/// alike).
 fn host_of(provider: Uuid) -> String {
-    format!("host-{}", &provider.to_string()[..8])
+    let hex = provider.simple().to_string();
+    format!("host-{}", &hex[hex.len() - 8..])
 }
 
 fn effect(kind: EffectKind, resource: &str, executor: &str) -> Effect {
