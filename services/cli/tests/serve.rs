@@ -230,6 +230,21 @@ async fn serve_answers_every_endpoint_and_drains_on_sigterm() {
     let list = query(&client, "cluster.list", json!({"status": "active"})).await;
     assert_eq!(list["data"], json!([]));
 
+    // Operations by status: the one started is running; none needs attention.
+    let running = query(&client, "operation.list", json!({"status": "running"})).await;
+    assert_eq!(running["data"].as_array().unwrap().len(), 1, "{running}");
+    assert_eq!(running["data"][0]["id"], json!(op.to_string()));
+    let kind = running["data"][0]["kind"].clone();
+    let by_kind = query(&client, "operation.list", json!({"kind": kind})).await;
+    assert_eq!(by_kind["data"].as_array().unwrap().len(), 1, "{by_kind}");
+    let stuck = query(
+        &client,
+        "operation.list",
+        json!({"status": "needs_attention"}),
+    )
+    .await;
+    assert_eq!(stuck["data"], json!([]));
+
     let inst = query(&client, "instance.get", json!({"id": i1})).await["data"].clone();
     assert_eq!(inst["host"], "cn1");
     assert_eq!(inst["vm_state"], "building");

@@ -42,6 +42,24 @@ pub(crate) fn cluster_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, 
     })
 }
 
+/// Operations, optionally in one status (`needs_attention`: the rollbacks an operator must
+/// look at) or of one kind.
+pub(crate) fn operation_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
+    let req = object(payload)?;
+    check_fields(&req, &["status", "kind", "limit", "after"])?;
+    let status = opt_str(&req, "status")?.map(str::to_string);
+    let kind = opt_str(&req, "kind")?.map(str::to_string);
+    list(ctx, &req, AggregateKind::Operation, |e| {
+        let Entity::Operation(o) = e else {
+            return false;
+        };
+        status.as_deref().is_none_or(|s| e.status_word() == s)
+            && kind.as_deref().is_none_or(|k| {
+                serde_json::to_value(o.kind).ok() == Some(Value::String(k.to_string()))
+            })
+    })
+}
+
 /// Instances, optionally of one cluster, on one host or in one task state.
 pub(crate) fn instance_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
     let req = object(payload)?;

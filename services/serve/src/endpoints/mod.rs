@@ -43,6 +43,7 @@ pub(crate) enum Endpoint {
     HealAllocations,
     FixOrphans,
     WorkerReady,
+    OperationList,
 }
 
 /// Every subject the service answers, below the prefix (`q.health`, ..., `cmd.append`).
@@ -51,7 +52,7 @@ pub fn endpoint_subjects() -> Vec<&'static str> {
 }
 
 impl Endpoint {
-    pub(crate) const ALL: [Endpoint; 16] = [
+    pub(crate) const ALL: [Endpoint; 17] = [
         Endpoint::Health,
         Endpoint::ClusterGet,
         Endpoint::ClusterList,
@@ -68,6 +69,7 @@ impl Endpoint {
         Endpoint::HealAllocations,
         Endpoint::FixOrphans,
         Endpoint::WorkerReady,
+        Endpoint::OperationList,
     ];
 
     /// The subject below the prefix, e.g. `q.cluster.get`.
@@ -89,6 +91,7 @@ impl Endpoint {
             Endpoint::HealAllocations => "cmd.heal_allocations",
             Endpoint::FixOrphans => "cmd.fix_orphans",
             Endpoint::WorkerReady => "cmd.worker.ready",
+            Endpoint::OperationList => "q.operation.list",
         }
     }
 
@@ -267,6 +270,7 @@ impl QueryContext {
             Endpoint::HealAllocations => placement::heal(self, payload, caller).await,
             Endpoint::FixOrphans => placement::orphans(self, payload, caller).await,
             Endpoint::WorkerReady => worker::ready(self, payload),
+            Endpoint::OperationList => entities::operation_list(self, payload),
         }
     }
 }
