@@ -457,11 +457,7 @@ async fn serve_finishes_a_cascade_delete_it_finds_half_done() {
     let server = NatsServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let client = server.client().await;
-    let _serve = common::Serve::start_with(
-        &server,
-        &dir.path().join("serve"),
-        &["--recovery-interval", "1"],
-    );
+    let _serve = common::Serve::start_sweeping(&server, &dir.path().join("serve"));
     common::wait_ready(&client).await;
     let consumers: Vec<String> = (1..=3)
         .map(|i| format!("0190c0de-0000-7000-8000-00000000c00{i}"))
@@ -520,17 +516,12 @@ async fn serve_finishes_a_cascade_delete_it_finds_half_done() {
 /// provider deleted, each allocation released exactly once, audit clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cascade_killed_half_way_is_finished_by_serve_with_each_release_once() {
-    use provledger_events::EventLog;
     const PROVIDER: &str = "0190c0de-0000-7000-8000-0000000ca5c1";
     const ALLOCATIONS: usize = 2_048;
     let server = NatsServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let client = server.client().await;
-    let _serve = common::Serve::start_with(
-        &server,
-        &dir.path().join("serve"),
-        &["--recovery-interval", "1"],
-    );
+    let _serve = common::Serve::start_sweeping(&server, &dir.path().join("serve"));
     common::wait_ready(&client).await;
     let aggregate = format!("provider/{PROVIDER}");
     let reply = ask(
@@ -562,22 +553,8 @@ async fn a_cascade_killed_half_way_is_finished_by_serve_with_each_release_once()
         .await;
         assert!(reply["error"].is_null(), "{reply}");
     }
-    let log = provledger_events::JetStreamLog::open(
-        server.client().await,
-        provledger_events::JetStreamConfig::default(),
-    )
-    .await
-    .unwrap();
+    let log = common::stream(&server).await;
     let provider = provledger_events::AggregateId::provider(PROVIDER.parse().unwrap());
-    let released = |commits: &[provledger_events::Commit]| {
-        let mut by: std::collections::BTreeMap<uuid::Uuid, usize> = Default::default();
-        for e in commits.iter().flat_map(|c| c.events.iter()) {
-            if let provledger_events::Event::AllocationReleased { consumer, .. } = e {
-                *by.entry(*consumer).or_insert(0) += 1;
-            }
-        }
-        by
-    };
 
     let cli_dir = dir.path().join("cli");
     let mut cascade = std::process::Command::new(env!("CARGO_BIN_EXE_provledger"))
@@ -589,7 +566,10 @@ async fn a_cascade_killed_half_way_is_finished_by_serve_with_each_release_once()
         .spawn()
         .expect("spawn provledger provider delete");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while released(&log.read_aggregate(provider).await.unwrap()).is_empty() {
+    while common::releases_by_consumer(&log, provider)
+        .await
+        .is_empty()
+    {
         assert!(
             std::time::Instant::now() < deadline,
             "the cascade never started"
@@ -598,11 +578,11 @@ async fn a_cascade_killed_half_way_is_finished_by_serve_with_each_release_once()
     }
     let _ = cascade.kill(); // SIGKILL
     let _ = cascade.wait();
-    let at_kill = released(&log.read_aggregate(provider).await.unwrap()).len();
+    let at_kill = common::releases_by_consumer(&log, provider).await.len();
     eprintln!("{at_kill} of {ALLOCATIONS} allocations released when the cascade was killed");
 
     provider_deleted_within(&client, PROVIDER, 60).await;
-    let all = released(&log.read_aggregate(provider).await.unwrap());
+    let all = common::releases_by_consumer(&log, provider).await;
     assert_eq!(all.len(), ALLOCATIONS);
     assert!(
         all.values().all(|n| *n == 1),

@@ -167,8 +167,7 @@ async fn two_replicas_recover_a_dead_workers_instances_once_and_reissue_to_its_s
     let client = nats.client().await;
     // The successor of the dead worker answers re-issues, counting every request.
     let seen = answering_worker(&client, "compute-1").await;
-    let first =
-        common::Serve::start_with(&nats, &dir.path().join("a"), &["--recovery-interval", "1"]);
+    let first = common::Serve::start_sweeping(&nats, &dir.path().join("a"));
     common::wait_ready(&client).await;
 
     // Given a worker that started powering off two instances with a two-second lease (at
@@ -194,8 +193,7 @@ async fn two_replicas_recover_a_dead_workers_instances_once_and_reissue_to_its_s
         assert!(reply["error"].is_null(), "{reply}");
     }
     // ...when two replicas sweep every second...
-    let second =
-        common::Serve::start_with(&nats, &dir.path().join("b"), &["--recovery-interval", "1"]);
+    let second = common::Serve::start_sweeping(&nats, &dir.path().join("b"));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while seen.lock().unwrap().len() < ids.len() {
         assert!(std::time::Instant::now() < deadline, "never re-issued");
@@ -205,34 +203,9 @@ async fn two_replicas_recover_a_dead_workers_instances_once_and_reissue_to_its_s
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
 
     // ...then each instance was recovered once, and its power off re-issued once.
-    let log = provledger_events::JetStreamLog::open(
-        nats.client().await,
-        provledger_events::JetStreamConfig::default(),
-    )
-    .await
-    .unwrap();
-    use provledger_events::EventLog;
+    let log = common::stream(&nats).await;
     for id in ids {
-        let commits = log
-            .read_aggregate(provledger_events::AggregateId::instance(
-                id.parse().unwrap(),
-            ))
-            .await
-            .unwrap();
-        let recovered = commits
-            .iter()
-            .flat_map(|c| c.events.iter())
-            .filter(|e| {
-                matches!(
-                    e,
-                    provledger_events::Event::TaskFinished {
-                        outcome: provledger_events::catalogue::TaskOutcome::Recovered,
-                        ..
-                    }
-                )
-            })
-            .count();
-        assert_eq!(recovered, 1, "{id}");
+        assert_eq!(common::recoveries_of(&log, id).await, 1, "{id}");
     }
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), ids.len(), "{seen:?}");
@@ -574,32 +547,29 @@ async fn serve_killed_during_a_recovery_sweep_recovers_everything_once_after_res
     }
     setup.terminate();
     tokio::time::sleep(std::time::Duration::from_secs(2)).await; // every lease ran out
-    let log = provledger_events::JetStreamLog::open(
-        nats.client().await,
-        provledger_events::JetStreamConfig::default(),
-    )
-    .await
-    .unwrap();
-    use provledger_events::EventLog;
+    let log = common::stream(&nats).await;
     let provider = provledger_events::AggregateId::provider(PROVIDER.parse().unwrap());
     // Kill serve (SIGKILL) as soon as its sweep has released the first claim in the log.
-    let mut serve = common::Serve::start_with(&nats, &data, &["--recovery-interval", "1"]);
+    let mut serve = common::Serve::start_sweeping(&nats, &data);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while released_by_consumer(&log, provider).await.is_empty() {
+    while common::releases_by_consumer(&log, provider)
+        .await
+        .is_empty()
+    {
         assert!(std::time::Instant::now() < deadline, "no recovery started");
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
     serve.kill();
     let _ = serve.wait_for_exit(std::time::Duration::from_secs(10));
-    let released_at_kill = released_by_consumer(&log, provider).await.len();
+    let released_at_kill = common::releases_by_consumer(&log, provider).await.len();
     eprintln!("{released_at_kill} of {BUILDS} builds recovered when serve was killed");
 
     // Restarted on the same data dir, it finishes what the killed one left.
-    let _serve = common::Serve::start_with(&nats, &data, &["--recovery-interval", "1"]);
+    let _serve = common::Serve::start_sweeping(&nats, &data);
     common::wait_ready(&client).await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        if released_by_consumer(&log, provider).await.len() == BUILDS {
+        if common::releases_by_consumer(&log, provider).await.len() == BUILDS {
             break;
         }
         assert!(
@@ -610,30 +580,11 @@ async fn serve_killed_during_a_recovery_sweep_recovers_everything_once_after_res
     }
     // A few more sweeps run: none may do anything twice.
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-    let released = released_by_consumer(&log, provider).await;
+    let released = common::releases_by_consumer(&log, provider).await;
     assert_eq!(released.len(), BUILDS);
     assert!(released.values().all(|n| *n == 1), "a claim released twice");
     for id in &ids {
-        let commits = log
-            .read_aggregate(provledger_events::AggregateId::instance(
-                id.parse().unwrap(),
-            ))
-            .await
-            .unwrap();
-        let recovered = commits
-            .iter()
-            .flat_map(|c| c.events.iter())
-            .filter(|e| {
-                matches!(
-                    e,
-                    provledger_events::Event::TaskFinished {
-                        outcome: provledger_events::catalogue::TaskOutcome::Recovered,
-                        ..
-                    }
-                )
-            })
-            .count();
-        assert_eq!(recovered, 1, "{id}");
+        assert_eq!(common::recoveries_of(&log, id).await, 1, "{id}");
     }
     let audit_dir = dir.path().join("audit");
     let (url, d) = (nats.url(), audit_dir.to_str().unwrap().to_string());
@@ -643,21 +594,4 @@ async fn serve_killed_during_a_recovery_sweep_recovers_everything_once_after_res
     .await
     .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-}
-
-/// How many times each consumer's allocation was released on `provider`.
-async fn released_by_consumer(
-    log: &provledger_events::JetStreamLog,
-    provider: provledger_events::AggregateId,
-) -> std::collections::BTreeMap<uuid::Uuid, usize> {
-    use provledger_events::EventLog;
-    let mut released = std::collections::BTreeMap::new();
-    for c in log.read_aggregate(provider).await.unwrap() {
-        for e in &c.events {
-            if let provledger_events::Event::AllocationReleased { consumer, .. } = e {
-                *released.entry(*consumer).or_insert(0) += 1;
-            }
-        }
-    }
-    released
 }

@@ -863,13 +863,21 @@ impl OperationCtx {
             Err(RecordError::Conflict { actual, .. }) => {
                 Err(OperationError::Conflict { aggregate, actual })
             }
-            Err(RecordError::Rejected(AppendRejection::TargetDeleted { state, .. })) => {
+            Err(RecordError::Rejected(rejection)) => Err(self.refused(aggregate, rejection)),
+            Err(e) => Err(ledger_error(e)),
+        }
+    }
+
+    /// A write the decider refused: a target being deleted stops the operation (noted, so
+    /// that its next step sees it); anything else is the refusal itself.
+    fn refused(&self, aggregate: AggregateId, rejection: AppendRejection) -> OperationError {
+        match rejection {
+            AppendRejection::TargetDeleted { state, .. } => {
                 let stop = Stop::TargetDeleted(format!("{aggregate} is {state}"));
                 self.lock().stop = Some(stop.clone());
-                Err(self.stop_error(&stop))
+                self.stop_error(&stop)
             }
-            Err(RecordError::Rejected(rejection)) => Err(OperationError::Rejected(rejection)),
-            Err(e) => Err(ledger_error(e)),
+            rejection => OperationError::Rejected(rejection),
         }
     }
 
@@ -898,22 +906,17 @@ impl OperationCtx {
                 let (aggregate, actual) = first.unwrap_or((self.inner.target, 0));
                 Err(OperationError::Conflict { aggregate, actual })
             }
-            Err(RecordError::Rejections { rejections }) => {
-                let deleted = rejections.iter().find_map(|(aggregate, r)| match r {
-                    AppendRejection::TargetDeleted { state, .. } => {
-                        Some(format!("{aggregate} is {state}"))
-                    }
-                    _ => None,
-                });
-                if let Some(reason) = deleted {
-                    let stop = Stop::TargetDeleted(reason);
-                    self.lock().stop = Some(stop.clone());
-                    return Err(self.stop_error(&stop));
+            Err(RecordError::Rejections { mut rejections }) => {
+                // A target being deleted is the answer, whichever fact met it.
+                let deleted = rejections
+                    .iter()
+                    .position(|(_, r)| matches!(r, AppendRejection::TargetDeleted { .. }));
+                let first = deleted.unwrap_or(0);
+                if first >= rejections.len() {
+                    return Err(OperationError::Ledger("refused without a reason".into()));
                 }
-                match rejections.into_iter().next() {
-                    Some((_, rejection)) => Err(OperationError::Rejected(rejection)),
-                    None => Err(OperationError::Ledger("refused without a reason".into())),
-                }
+                let (aggregate, rejection) = rejections.swap_remove(first);
+                Err(self.refused(aggregate, rejection))
             }
             Err(e) => Err(ledger_error(e)),
         }

@@ -31,6 +31,12 @@ struct Fault {
     on_call: u32,
 }
 
+impl Fault {
+    fn hits(&self, action: &str, call: u32) -> bool {
+        self.action == action && self.on_call == call
+    }
+}
+
 #[derive(Debug, Default)]
 struct SimState {
     /// Resource → the action that made it (or its state, for the plugin).
@@ -61,6 +67,17 @@ struct SimState {
     next_ip: u32,
 }
 
+impl SimState {
+    /// Call number `on_call` of `action`, counted from the calls made so far.
+    fn call_from_now(&self, action: &str, on_call: u32) -> Fault {
+        let done = self.calls.get(action).copied().unwrap_or(0);
+        Fault {
+            action: action.to_string(),
+            on_call: done + on_call,
+        }
+    }
+}
+
 /// One simulated executor.
 pub struct SimExecutor {
     name: String,
@@ -84,11 +101,8 @@ impl SimExecutor {
     /// Makes call number `on_call` (1-based, counted from now on) of `action` fail.
     pub fn fail_call(&self, action: &str, on_call: u32) {
         let mut s = self.lock();
-        let done = s.calls.get(action).copied().unwrap_or(0);
-        s.faults.push(Fault {
-            action: action.to_string(),
-            on_call: done + on_call,
-        });
+        let fault = s.call_from_now(action, on_call);
+        s.faults.push(fault);
     }
 
     /// Makes call number `on_call` (1-based, counted from now on) of `action` take effect
@@ -96,11 +110,8 @@ impl SimExecutor {
     /// record.
     pub fn crash_after_call(&self, action: &str, on_call: u32) {
         let mut s = self.lock();
-        let done = s.calls.get(action).copied().unwrap_or(0);
-        s.crashes.push(Fault {
-            action: action.to_string(),
-            on_call: done + on_call,
-        });
+        let crash = s.call_from_now(action, on_call);
+        s.crashes.push(crash);
     }
 
     /// Forgets the crashes planned and not yet happened (the operation they were meant
@@ -178,10 +189,7 @@ impl SimExecutor {
             *n += 1;
             *n
         };
-        if s.faults
-            .iter()
-            .any(|f| f.action == action && f.on_call == n)
-        {
+        if s.faults.iter().any(|f| f.hits(action, n)) {
             return Err(format!(
                 "{}: {action} {resource} failed (injected fault, call {n})",
                 self.name
@@ -212,10 +220,7 @@ impl SimExecutor {
                 }
             }
         }
-        let crash = s
-            .crashes
-            .iter()
-            .any(|f| f.action == action && f.on_call == n);
+        let crash = s.crashes.iter().any(|f| f.hits(action, n));
         if crash {
             s.crashed += 1;
         }

@@ -146,3 +146,66 @@ pub fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     )
 }
+
+impl Serve {
+    /// Starts serve sweeping for stuck tasks and half-done deletes every second.
+    #[allow(dead_code)]
+    pub fn start_sweeping(nats: &NatsServer, dir: &Path) -> Serve {
+        Self::start_with(nats, dir, &["--recovery-interval", "1"])
+    }
+}
+
+/// The test server's stream, read directly (not through serve).
+#[allow(dead_code)]
+pub async fn stream(nats: &NatsServer) -> provledger_events::JetStreamLog {
+    provledger_events::JetStreamLog::open(
+        nats.client().await,
+        provledger_events::JetStreamConfig::default(),
+    )
+    .await
+    .expect("the stream opens")
+}
+
+/// How many recoveries (`task_finished` recovered) instance `id` has in the log.
+#[allow(dead_code)]
+pub async fn recoveries_of(log: &provledger_events::JetStreamLog, id: &str) -> usize {
+    use provledger_events::EventLog;
+    let instance = provledger_events::AggregateId::instance(id.parse().expect("a uuid"));
+    log.read_aggregate(instance)
+        .await
+        .expect("read the instance")
+        .iter()
+        .flat_map(|c| c.events.iter())
+        .filter(|e| {
+            matches!(
+                e,
+                provledger_events::Event::TaskFinished {
+                    outcome: provledger_events::catalogue::TaskOutcome::Recovered,
+                    ..
+                }
+            )
+        })
+        .count()
+}
+
+/// How many times each consumer's allocation was released on `provider`, in the log.
+#[allow(dead_code)]
+pub async fn releases_by_consumer(
+    log: &provledger_events::JetStreamLog,
+    provider: provledger_events::AggregateId,
+) -> std::collections::BTreeMap<uuid::Uuid, usize> {
+    use provledger_events::EventLog;
+    let mut released = std::collections::BTreeMap::new();
+    for c in log
+        .read_aggregate(provider)
+        .await
+        .expect("read the provider")
+    {
+        for e in &c.events {
+            if let provledger_events::Event::AllocationReleased { consumer, .. } = e {
+                *released.entry(*consumer).or_insert(0) += 1;
+            }
+        }
+    }
+    released
+}
