@@ -43,6 +43,9 @@ pub enum Check {
     ReissueUndelivered,
     /// An effect recorded after its operation's rollback was planned: nothing undoes it.
     LateEffect,
+    /// A rollback that stopped after its compensations ran out of attempts: what it left
+    /// is still out there until an operator acts.
+    NeedsAttention,
 }
 
 /// One finding.
@@ -430,6 +433,9 @@ fn operation_invariants(o: &OperationState, out: &mut Vec<Violation>) {
             .with_version(o.header.version),
         );
     }
+    if o.status == Some(OperationStatus::NeedsAttention) {
+        out.push(needs_attention(o));
+    }
     let unfinished = match o.status {
         Some(OperationStatus::Failed | OperationStatus::RollingBack) => true,
         Some(OperationStatus::Cancelled) => !o.is_closed(),
@@ -453,6 +459,54 @@ fn operation_invariants(o: &OperationState, out: &mut Vec<Violation>) {
             .with_version(o.header.version),
         );
     }
+}
+
+/// An operation whose rollback stopped: which compensations are not done (each with its
+/// attempts and last error), and how an operator goes on.
+fn needs_attention(o: &OperationState) -> Violation {
+    let open: Vec<String> = o
+        .compensations
+        .iter()
+        .filter(|c| c.progress != crate::operation::CompensationProgress::Done)
+        .map(|c| {
+            let comp = &c.planned.compensation;
+            format!(
+                "{} {} at {} (step {}/{}, {} attempts, last error: {})",
+                crate::planner::action_word(&comp.action),
+                comp.resource,
+                match &comp.executor {
+                    provledger_events::catalogue::Executor::Ledger => "the ledger".to_string(),
+                    provledger_events::catalogue::Executor::Service(s) => s.clone(),
+                },
+                c.planned.stage,
+                c.planned.step,
+                c.attempts,
+                c.last_error.as_deref().unwrap_or("none recorded"),
+            )
+        })
+        .collect();
+    let kind = o
+        .kind
+        .and_then(|k| match serde_json::to_value(k) {
+            Ok(serde_json::Value::String(s)) => Some(s),
+            _ => None,
+        })
+        .unwrap_or_else(|| "operation".into());
+    let target = o.target.map(|t| format!(" on {t}")).unwrap_or_default();
+    Violation::at(
+        Check::NeedsAttention,
+        Some(o.header.id),
+        format!(
+            "{kind}{target}: its rollback stopped with {} compensation(s) not done: {}",
+            open.len(),
+            open.join("; ")
+        ),
+        &format!(
+            "fix what makes them fail (the executor, the resource), then `provledger rollback run {}` resumes the rollback with a fresh budget of attempts",
+            o.header.id.id
+        ),
+    )
+    .with_version(o.header.version)
 }
 
 /// Counts of violations by check, for summaries.

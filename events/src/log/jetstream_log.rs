@@ -502,6 +502,12 @@ impl JetStreamLog {
         &self.inner.server_version
     }
 
+    /// JetStream consumers this handle holds now (live tails; at most
+    /// [`SUBSCRIPTIONS_MAX`]).
+    pub fn consumers_held(&self) -> usize {
+        SUBSCRIPTIONS_MAX.saturating_sub(self.inner.subscriptions.available_permits())
+    }
+
     pub fn context(&self) -> &jetstream::Context {
         &self.inner.context
     }

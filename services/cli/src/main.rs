@@ -64,8 +64,24 @@ struct Cli {
     /// Machine-readable output: one JSON document on stdout.
     #[arg(long, global = true)]
     json: bool,
+    /// How logs (stderr) are written: `text` for people, `json` (one object per line,
+    /// with the span's fields, `trace_id` included) for log pipelines.
+    #[arg(
+        long,
+        global = true,
+        env = "PROVLEDGER_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 /// How to authenticate to NATS and verify it; secrets are read from files, never given
@@ -175,9 +191,13 @@ enum Command {
         #[arg(long, default_value_t = 60)]
         recovery_interval: u64,
         /// Created once this replica has caught up and joined the queue group, removed
-        /// when it stops (a per-replica readiness probe).
+        /// when it stops or loses NATS (a per-replica readiness probe).
         #[arg(long, value_name = "PATH")]
         ready_file: Option<PathBuf>,
+        /// Answer Prometheus scrapes on http://ADDR/metrics (and readiness on
+        /// http://ADDR/health), e.g. 127.0.0.1:9464. Off by default.
+        #[arg(long, env = "PROVLEDGER_METRICS_ADDR", value_name = "ADDR")]
+        metrics_addr: Option<std::net::SocketAddr>,
     },
     /// An aggregate's projected state, now or at a past position or time.
     State {
@@ -241,6 +261,12 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         operations: usize,
     },
+    /// The operator's worklist: operations by status (needs_attention: stopped rollbacks),
+    /// kind or target.
+    Operation {
+        #[command(subcommand)]
+        action: OperationCommand,
+    },
     /// Send one request to a running service and print the reply.
     Query {
         /// cluster.get, cluster.list, instance.get, instance.list, provider.get,
@@ -267,6 +293,29 @@ enum ProviderCommand {
 }
 
 #[derive(Subcommand)]
+enum OperationCommand {
+    /// Operations in id order (oldest first), read through the store's indexes.
+    List {
+        /// running, succeeded, failed, rolling_back, rolled_back, held, cancelled or
+        /// needs_attention.
+        #[arg(long)]
+        status: Option<String>,
+        /// The operation kind as JSON says it (create_cluster, scale_cluster, ...).
+        #[arg(long)]
+        kind: Option<String>,
+        /// The aggregate it works on, as KIND/ID.
+        #[arg(long)]
+        target: Option<AggregateId>,
+        /// At most this many (1 to 1000).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Go on after this operation id (the last one of the previous page).
+        #[arg(long)]
+        after: Option<Uuid>,
+    },
+}
+
+#[derive(Subcommand)]
 enum RollbackCommand {
     /// Print the recorded plan, or the plan the planner would record now (dry run).
     Plan { operation_id: Uuid },
@@ -281,14 +330,24 @@ enum RollbackCommand {
 }
 
 /// `RUST_LOG` wins; otherwise the service logs at info and one-shot commands at warn.
-fn init_tracing(default: &str) {
+fn init_tracing(default: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        // One JSON object per line; the current span and its parents are fields, so a
+        // request's `trace_id` is on every line logged while it is handled.
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
+    }
 }
 
 async fn run(cli: Cli) -> Result<(), CommandError> {
@@ -344,6 +403,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             compensation_reply_wait_ms,
             recovery_interval,
             ready_file,
+            metrics_addr,
         } => {
             let nats_url = cli.nats.clone().ok_or_else(|| {
                 CommandError::BadInput(
@@ -374,6 +434,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                 recovery_interval: (recovery_interval > 0)
                     .then(|| Duration::from_secs(recovery_interval)),
                 ready_file,
+                metrics_addr,
             };
             commands::serve::run(serve_options).await
         }
@@ -494,6 +555,57 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             })
             .await
         }
+        Command::Operation {
+            action:
+                OperationCommand::List {
+                    status,
+                    kind,
+                    target,
+                    limit,
+                    after,
+                },
+        } => {
+            if !(1..=1000).contains(&limit) {
+                return Err(CommandError::BadInput(format!(
+                    "--limit must be 1 to 1000, not {limit}"
+                )));
+            }
+            let req = commands::operation::ListRequest {
+                filter: provledger_serve::OperationFilter {
+                    status,
+                    kind,
+                    target,
+                },
+                limit,
+                after,
+            };
+            match &cli.nats {
+                Some(url) => {
+                    commands::operation::list_remote(
+                        url,
+                        &options.nats_auth,
+                        &cli.subject_prefix,
+                        req,
+                        cli.json,
+                    )
+                    .await
+                }
+                None => {
+                    with_ledger(&options, |ledger| async move {
+                        let result = match &ledger {
+                            Ledger::Embedded(log) => {
+                                commands::operation::list_local(log, req, cli.json).await
+                            }
+                            _ => Err(CommandError::BadInput(
+                                "operation list reads a data dir, or a service with --nats".into(),
+                            )),
+                        };
+                        (ledger, result)
+                    })
+                    .await
+                }
+            }
+        }
         Command::Query { endpoint, request } => {
             let nats_url = cli.nats.clone().ok_or_else(|| {
                 CommandError::BadInput("query needs --nats URL (or PROVLEDGER_NATS_URL)".into())
@@ -537,13 +649,16 @@ fn exit_quietly_on_a_closed_pipe() {
 fn main() -> ExitCode {
     exit_quietly_on_a_closed_pipe();
     let cli = Cli::parse();
-    init_tracing(match cli.command {
-        Command::Serve { .. } => "info",
-        // The simulation injects faults on purpose: the library's warnings about them are
-        // noise here; a broken invariant is reported as an error.
-        Command::Simulate { .. } => "error",
-        _ => "warn",
-    });
+    init_tracing(
+        match cli.command {
+            Command::Serve { .. } => "info",
+            // The simulation injects faults on purpose: the library's warnings about them
+            // are noise here; a broken invariant is reported as an error.
+            Command::Simulate { .. } => "error",
+            _ => "warn",
+        },
+        cli.log_format,
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -269,6 +269,7 @@ async fn service_benches(quick: bool) {
         stream_replicas: 1,
         nats_auth: Default::default(),
         ready_file: None,
+        metrics_addr: None,
         min_position_wait: Duration::from_secs(2),
         snapshot_every: 0,
         retry: Default::default(),

@@ -21,10 +21,12 @@
 
 mod audit;
 mod endpoints;
+mod metrics;
 mod projector;
 mod rollback_worker;
 mod service;
 mod store;
+mod trace;
 
 pub use audit::{audit_log, AuditError};
 pub use endpoints::endpoint_subjects;
@@ -33,4 +35,4 @@ pub use projector::{
     GROUP_COMMIT_LINGER, SNAPSHOT_EVERY_POSITIONS_DEFAULT, TOUCHED_MAX,
 };
 pub use service::{open_service_store, run, ServeError, ServeOptions, QUEUE_GROUP, SERVICE_NAME};
-pub use store::{ProjectionStore, QuarantineRecord, StoreError, ENTITY_FORMAT};
+pub use store::{OperationFilter, ProjectionStore, QuarantineRecord, StoreError, ENTITY_FORMAT};

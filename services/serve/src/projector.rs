@@ -19,7 +19,10 @@ use provledger_projections::Entity;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::store::{encode_entity, ProjectionStore, QuarantineRecord, StoreBatch, StoreError};
+use crate::metrics::FoldMetrics;
+use crate::store::{
+    encode_entity, OperationIndexEntry, ProjectionStore, QuarantineRecord, StoreBatch, StoreError,
+};
 
 /// Log entries folded per batch at most: bounds the memory of one batch and the work
 /// lost to a crash, while amortising the sled write across many commits.
@@ -126,6 +129,7 @@ pub struct Projector {
     applied: watch::Sender<u64>,
     touched: std::sync::Arc<Touched>,
     on_violation: OnChainViolation,
+    metrics: FoldMetrics,
 }
 
 impl Projector {
@@ -142,12 +146,19 @@ impl Projector {
             applied,
             touched: std::sync::Arc::default(),
             on_violation: OnChainViolation::Fail,
+            metrics: FoldMetrics::default(),
         })
     }
 
     /// Sets what a commit breaking its aggregate's chain does (default: fail).
     pub fn on_chain_violation(mut self, policy: OnChainViolation) -> Self {
         self.on_violation = policy;
+        self
+    }
+
+    /// Counts what it folds and quarantines into `metrics` (serve's `/metrics`).
+    pub fn with_metrics(mut self, metrics: FoldMetrics) -> Self {
+        self.metrics = metrics;
         self
     }
 
@@ -230,12 +241,14 @@ impl Projector {
                                     payload_head_hex: String::new(),
                                 });
                                 outcome.quarantined += 1;
+                                self.metrics.quarantined(true);
                                 checkpoint = commit.position;
                                 continue;
                             }
                         }
                     }
                     self.fold(&commit, &mut batch, &mut dirty)?;
+                    self.metrics.folded(&commit.events);
                     if watermark.is_none_or(|w| commit.recorded_at.unix_ms() > w) {
                         watermark = Some(commit.recorded_at.unix_ms());
                         // Every rise, not one per batch: `--at TIME` must resolve to the
@@ -265,6 +278,7 @@ impl Projector {
                             payload_head_hex: head.iter().map(|b| format!("{b:02x}")).collect(),
                         });
                         outcome.quarantined += 1;
+                        self.metrics.quarantined(false);
                         checkpoint = position;
                     }
                 },
@@ -274,6 +288,7 @@ impl Projector {
             for id in &dirty {
                 if let Some(entity) = self.cache.get(id) {
                     batch.entities.push((*id, encode_entity(entity)?));
+                    batch.operations.extend(OperationIndexEntry::of(entity));
                 }
             }
             batch.checkpoint = checkpoint;

@@ -18,9 +18,11 @@ use tokio::sync::{watch, Semaphore};
 use crate::endpoints::caller::Caller;
 use crate::endpoints::error::{bounded, ErrorCode, QueryError};
 use crate::endpoints::{Endpoint, QueryContext};
+use crate::metrics::{serve_metrics, Metrics};
 use crate::projector::{OnChainViolation, Projector, ProjectorError};
 use crate::rollback_worker::RollbackWorker;
 use crate::store::{ProjectionStore, StoreError};
+use crate::trace::TraceParent;
 use provledger_client::placement::finish_provider_deletes;
 use provledger_client::recovery::{
     deliver_to_worker, due_reissues, sweep, NatsReissuer, RECOVERY_ACTOR,
@@ -30,6 +32,7 @@ use provledger_client::{
 };
 use provledger_projections::recovery::ReissuePolicy;
 use provledger_projections::rollback::RetryPolicy;
+use tracing::Instrument;
 
 /// The micro service's name and queue group, fixed by the contract.
 pub const SERVICE_NAME: &str = "provledger";
@@ -67,8 +70,12 @@ pub struct ServeOptions {
     /// The stuck-state recovery sweep runs on start and then this often (`None`: never).
     pub recovery_interval: Option<Duration>,
     /// Created once this replica has caught up and joined the queue group, removed when it
-    /// stops: a per-replica readiness probe for compose or Kubernetes.
+    /// stops or loses NATS (and written again once NATS is back): a per-replica readiness
+    /// probe for compose or Kubernetes.
     pub ready_file: Option<PathBuf>,
+    /// Where to answer Prometheus scrapes (`/metrics`) and `/health` over HTTP (`None`: no
+    /// HTTP listener).
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Why the service could not start or stopped abnormally.
@@ -123,8 +130,10 @@ pub async fn run(
         }
     }
     let (data_dir, store) = open_service_store(&options.data_dir, &options.stream)?;
+    let metrics = Arc::new(Metrics::new());
     let projector = Projector::new(store.clone(), options.snapshot_every)?
-        .on_chain_violation(OnChainViolation::Quarantine);
+        .on_chain_violation(OnChainViolation::Quarantine)
+        .with_metrics(metrics.fold.clone());
     let served_by = uuid::Uuid::now_v7().to_string();
     tracing::info!(
         %served_by,
@@ -150,7 +159,22 @@ pub async fn run(
             .saturating_sub(REPLY_HEADROOM_BYTES),
         min_position_waits: Default::default(),
         workers_ready: Default::default(),
+        metrics,
+        client: client.clone(),
     });
+    let (stop_http, http_stopped) = watch::channel(false);
+    let metrics_task = match options.metrics_addr {
+        Some(addr) => {
+            let mut stopped = http_stopped.clone();
+            let task = serve_metrics(addr, ctx.clone(), async move {
+                let _ = stopped.changed().await;
+            })
+            .await
+            .map_err(|e| ServeError::Service(format!("--metrics-addr {addr}: {e}")))?;
+            Some(task)
+        }
+        None => None,
+    };
 
     let ledger = Ledger::JetStream(log.clone());
     let executors = Arc::new(NatsExecutors {
@@ -251,6 +275,11 @@ pub async fn run(
                 if tokio::time::Instant::now() >= next_sweep {
                     match sweep(&ledger, &store, false, &stamper).await {
                         Ok(report) if report.written() > 0 => {
+                            for recovered in &report.recoveries {
+                                if recovered.outcome == "recorded" {
+                                    ctx.metrics.recovered(&recovered.rule);
+                                }
+                            }
                             tracing::info!(written = report.written(), "stuck-state recovery sweep")
                         }
                         Ok(_) => {}
@@ -344,11 +373,12 @@ pub async fn run(
     let health_slots = Arc::new(Semaphore::new(HEALTH_IN_FLIGHT_MAX));
     tracing::info!(%served_by, caught_up_to = end, "provledger serve ready: caught up, in the queue group");
     notify_systemd("READY=1\nSTATUS=caught up; answering queries");
-    if let Some(path) = &options.ready_file {
-        if let Err(e) = std::fs::write(path, format!("{served_by}\n")) {
-            tracing::warn!(error = %e, path = %path.display(), "cannot write the ready file");
-        }
-    }
+    write_ready_file(options.ready_file.as_deref(), &served_by);
+    let connection_task = tokio::spawn(watch_connection(
+        ctx.clone(),
+        options.ready_file.clone(),
+        http_stopped.clone(),
+    ));
 
     // The projector only returns before shutdown when it failed (an error or a panic):
     // this replica would then answer from a frozen state, so it says so and exits.
@@ -396,6 +426,11 @@ pub async fn run(
 
     tracing::info!("shutting down: draining requests in hand");
     notify_systemd("STOPPING=1");
+    let _ = stop_http.send(true);
+    let _ = connection_task.await;
+    if let Some(task) = metrics_task {
+        let _ = task.await;
+    }
     if let Some(path) = &options.ready_file {
         let _ = std::fs::remove_file(path);
     }
@@ -567,6 +602,31 @@ async fn send_reply(
 }
 
 async fn respond(ctx: &QueryContext, endpoint: Endpoint, request: async_nats::service::Request) {
+    // A caller's W3C trace goes on the span of its request: every line logged while it is
+    // handled (the append's decisions, its commits) carries the caller's trace id.
+    let trace = TraceParent::of(request.message.headers.as_ref());
+    let span = tracing::info_span!(
+        "request",
+        endpoint = endpoint.suffix(),
+        trace_id = tracing::field::Empty,
+        parent_span_id = tracing::field::Empty,
+    );
+    if let Some(t) = &trace {
+        span.record("trace_id", t.trace_id.as_str());
+        span.record("parent_span_id", t.parent_id.as_str());
+    }
+    respond_in_span(ctx, endpoint, request, trace.is_some())
+        .instrument(span)
+        .await
+}
+
+async fn respond_in_span(
+    ctx: &QueryContext,
+    endpoint: Endpoint,
+    request: async_nats::service::Request,
+    traced: bool,
+) {
+    let started = std::time::Instant::now();
     let result = ctx
         .handle(
             endpoint,
@@ -574,6 +634,23 @@ async fn respond(ctx: &QueryContext, endpoint: Endpoint, request: async_nats::se
             &Caller::from_headers(request.message.headers.as_ref()),
         )
         .await;
+    // What the metrics count: the refusal's code and reason, or an append's outcome.
+    let outcome: Result<Option<&'static str>, (&'static str, Option<String>)> = match &result {
+        Ok(data) => Ok(append_outcome(data)),
+        Err(e) => Err((
+            e.code.as_str(),
+            e.extra
+                .get("reason")
+                .and_then(|r| r.as_str())
+                .map(str::to_string),
+        )),
+    };
+    if traced && endpoint == Endpoint::CmdAppend {
+        if let Ok(data) = &result {
+            // The commits this traced request produced, logged under its trace id.
+            tracing::info!(commits = %appended_positions(data), "commits appended");
+        }
+    }
     let (headers, bytes) = match result {
         Ok(data) => {
             let body = serde_json::json!({
@@ -602,4 +679,99 @@ async fn respond(ctx: &QueryContext, endpoint: Endpoint, request: async_nats::se
         }
     };
     send_reply(endpoint, request, headers, bytes).await;
+    ctx.metrics.answered(
+        endpoint.suffix(),
+        started.elapsed(),
+        outcome
+            .as_ref()
+            .err()
+            .map(|(code, reason)| (*code, reason.as_deref())),
+        outcome.as_ref().ok().copied().flatten(),
+    );
+}
+
+/// `v<version>@<position>` of each commit a `cmd.append` reply names.
+fn appended_positions(data: &serde_json::Value) -> String {
+    let one = |c: &serde_json::Value| {
+        format!(
+            "v{}@{}",
+            c.get("version").and_then(|v| v.as_u64()).unwrap_or(0),
+            c.get("position").and_then(|v| v.as_u64()).unwrap_or(0)
+        )
+    };
+    match data.get("commits").and_then(|c| c.as_array()) {
+        Some(commits) => commits.iter().map(one).collect::<Vec<_>>().join(","),
+        None => one(data),
+    }
+}
+
+/// The outcome a `cmd.append` reply names (`appended`, `already_appended`, ...), for the
+/// metrics; `None` for other replies.
+fn append_outcome(data: &serde_json::Value) -> Option<&'static str> {
+    let outcome = data
+        .get("outcome")
+        .or_else(|| data.get("commits")?.get(0)?.get("outcome"))?
+        .as_str()?;
+    // Label values come from a closed set, never from a reply's text.
+    [
+        "appended",
+        "already_appended",
+        "already_done",
+        "done",
+        "failed",
+    ]
+    .into_iter()
+    .find(|known| *known == outcome)
+    .or(Some("other"))
+}
+
+/// The ready file says "ready" only while this replica is: written once it has caught up,
+/// removed while NATS is lost and written again when it is back.
+fn write_ready_file(path: Option<&std::path::Path>, served_by: &str) {
+    if let Some(path) = path {
+        if let Err(e) = std::fs::write(path, format!("{served_by}\n")) {
+            tracing::warn!(error = %e, path = %path.display(), "cannot write the ready file");
+        }
+    }
+}
+
+/// How often the NATS connection's state is looked at.
+const CONNECTION_CHECK_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Follows the NATS connection: when it is lost, this replica is not ready (the ready
+/// file goes, `/health` and the metrics say why, a WARN is logged) until it is back.
+async fn watch_connection(
+    ctx: Arc<QueryContext>,
+    ready_file: Option<PathBuf>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut connected = true;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(CONNECTION_CHECK_INTERVAL) => {}
+            _ = stopped.changed() => return,
+        }
+        let now = matches!(
+            ctx.client.connection_state(),
+            async_nats::connection::State::Connected
+        );
+        if now == connected {
+            continue;
+        }
+        connected = now;
+        match now {
+            false => {
+                tracing::warn!("lost the NATS connection: not ready until it is back");
+                notify_systemd("STATUS=NATS connection lost; reconnecting");
+                if let Some(path) = &ready_file {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+            true => {
+                tracing::info!("the NATS connection is back: ready again");
+                notify_systemd("STATUS=caught up; answering queries");
+                write_ready_file(ready_file.as_deref(), &ctx.served_by);
+            }
+        }
+    }
 }

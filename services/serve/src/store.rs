@@ -13,6 +13,11 @@
 //! - `w` + time (ms) + position: where the time watermark rose, for `--at TIME`.
 //! - `s` + snapshot position + aggregate: an entity as of a snapshot.
 //! - `S` + snapshot position: the marker written last, once a snapshot is complete.
+//! - `o` + operation: the status the operation indexes below were written with.
+//! - `O` + status word + 0 + operation: operations by status (`operation list --status`).
+//! - `k` + kind word + 0 + operation: operations by kind.
+//! - `t` + target aggregate (17 bytes) + operation: operations by target.
+//! - `n` + status word: how many operations are in that status (the metrics' gauge).
 
 use provledger_client::view::{StateView, ViewError};
 use provledger_events::codec::{self, DecodeError};
@@ -37,6 +42,9 @@ pub const SNAPSHOTS_KEPT_MAX: usize = 3;
 /// Entities per sled batch while writing a snapshot, so memory stays bounded.
 const SNAPSHOT_CHUNK_ENTITIES: usize = 10_000;
 const TREE: &str = "projection";
+/// The operation indexes' layout (`o`, `O`, `k`, `t`, `n`); a store without it, or with
+/// another, has them rebuilt from its operation entities when it opens.
+const OPERATION_INDEX_FORMAT: u8 = 1;
 
 /// Why the store could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -78,7 +86,81 @@ pub struct StoreBatch {
     pub quarantine: Vec<QuarantineRecord>,
     /// (time ms, position) at every commit where the watermark rose, in position order
     pub watermark_rises: Vec<(i64, u64)>,
+    /// Every operation written in this batch, for the operation indexes.
+    pub operations: Vec<OperationIndexEntry>,
     pub checkpoint: u64,
+}
+
+/// What the operation indexes hold of one operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperationIndexEntry {
+    pub id: Uuid,
+    /// The status as JSON says it (`needs_attention`), `absent` before the first status.
+    pub status: String,
+    pub kind: Option<String>,
+    pub target: Option<AggregateId>,
+}
+
+impl OperationIndexEntry {
+    /// The index entry of `entity`, when it is an operation.
+    pub fn of(entity: &Entity) -> Option<Self> {
+        let Entity::Operation(o) = entity else {
+            return None;
+        };
+        Some(OperationIndexEntry {
+            id: o.header.id.id,
+            status: entity.status_word(),
+            kind: o.kind.and_then(|k| match serde_json::to_value(k) {
+                Ok(serde_json::Value::String(s)) => Some(s),
+                _ => None,
+            }),
+            target: o.target,
+        })
+    }
+}
+
+/// Which operation index a listing walks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OperationIndex {
+    Status(String),
+    Kind(String),
+    Target(AggregateId),
+}
+
+/// Which operations a listing wants (`operation list`, `q.operation.list`); `None` fields
+/// do not filter.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OperationFilter {
+    /// A status as JSON says it (`needs_attention`).
+    pub status: Option<String>,
+    /// A kind as JSON says it (`create_cluster`).
+    pub kind: Option<String>,
+    pub target: Option<AggregateId>,
+}
+
+impl OperationFilter {
+    fn accepts(&self, entity: &Entity) -> bool {
+        let Entity::Operation(o) = entity else {
+            return false;
+        };
+        self.status
+            .as_deref()
+            .is_none_or(|s| entity.status_word() == s)
+            && self.kind.as_deref().is_none_or(|k| {
+                serde_json::to_value(o.kind).ok() == Some(serde_json::Value::String(k.into()))
+            })
+            && self.target.is_none_or(|t| o.target == Some(t))
+    }
+
+    /// The most selective index the filter names: target, then status, then kind.
+    fn index(&self) -> Option<OperationIndex> {
+        match (&self.target, &self.status, &self.kind) {
+            (Some(t), _, _) => Some(OperationIndex::Target(*t)),
+            (None, Some(s), _) => Some(OperationIndex::Status(s.clone())),
+            (None, None, Some(k)) => Some(OperationIndex::Kind(k.clone())),
+            (None, None, None) => None,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -147,7 +229,8 @@ impl ProjectionStore {
             None if store.tree.scan_prefix([b'e']).next().is_some() => Some(1),
             None => None,
         };
-        if stored.is_some_and(|f| f != ENTITY_FORMAT) {
+        let refolded = stored.is_some_and(|f| f != ENTITY_FORMAT);
+        if refolded {
             store.refold_entities(stored.unwrap_or(0))?;
         }
         store.tree.insert(format_key, &[ENTITY_FORMAT][..])?;
@@ -157,7 +240,163 @@ impl ProjectionStore {
             store.rebuild_time_index()?;
             store.tree.insert(index_key, &[TIME_INDEX_FORMAT][..])?;
         }
+        let op_index_key = key(b'm', &[b"operation_index_format"]);
+        let op_indexed = store
+            .tree
+            .get(&op_index_key)?
+            .and_then(|v| v.first().copied());
+        // Re-folded entities may say another status than the one they were indexed under.
+        if refolded || op_indexed != Some(OPERATION_INDEX_FORMAT) {
+            store.rebuild_operation_indexes()?;
+            store
+                .tree
+                .insert(op_index_key, &[OPERATION_INDEX_FORMAT][..])?;
+        }
         Ok(store)
+    }
+
+    /// Rewrites the operation indexes and counts from the stored operation entities (a
+    /// store from before they existed).
+    fn rebuild_operation_indexes(&self) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for tag in [b'o', b'O', b'k', b't', b'n'] {
+            for k in self.tree.scan_prefix([tag]).keys() {
+                batch.remove(k?);
+            }
+        }
+        self.tree.apply_batch(batch)?;
+        let mut entries = Vec::new();
+        for entity in self.entities_of(AggregateKind::Operation, None) {
+            entries.extend(OperationIndexEntry::of(&entity?));
+            if entries.len() == SNAPSHOT_CHUNK_ENTITIES {
+                let mut batch = sled::Batch::default();
+                self.index_operations(&mut batch, std::mem::take(&mut entries), false)?;
+                self.tree.apply_batch(batch)?;
+            }
+        }
+        let mut batch = sled::Batch::default();
+        self.index_operations(&mut batch, entries, false)?;
+        self.tree.apply_batch(batch)?;
+        tracing::info!("operation indexes rebuilt");
+        Ok(())
+    }
+
+    /// Adds to `b` what moves each operation of `entries` to its index entries: its status
+    /// (leaving the one it was indexed under), its kind and target, and the counts.
+    /// Only the projector writes batches, so what it reads here is not raced.
+    /// `live` (a projector batch, not a rebuild) logs each operation that enters
+    /// `needs_attention` at WARN.
+    fn index_operations(
+        &self,
+        b: &mut sled::Batch,
+        entries: Vec<OperationIndexEntry>,
+        live: bool,
+    ) -> Result<(), StoreError> {
+        let mut deltas: std::collections::BTreeMap<String, i64> = Default::default();
+        // Within one batch an operation may appear once only (the projector writes each
+        // dirty entity once), but `seen` keeps the counts right if that ever changes.
+        let mut seen: std::collections::HashMap<Uuid, String> = Default::default();
+        for entry in entries {
+            let id = entry.id;
+            let old = match seen.get(&id) {
+                Some(status) => Some(status.clone()),
+                None => self
+                    .tree
+                    .get(key(b'o', &[id.as_bytes()]))?
+                    .map(|v| String::from_utf8_lossy(&v).into_owned()),
+            };
+            if old.as_deref() != Some(entry.status.as_str()) {
+                if let Some(old) = &old {
+                    b.remove(key(b'O', &[old.as_bytes(), &[0], id.as_bytes()]));
+                    *deltas.entry(old.clone()).or_default() -= 1;
+                }
+                b.insert(
+                    key(b'O', &[entry.status.as_bytes(), &[0], id.as_bytes()]),
+                    &[][..],
+                );
+                *deltas.entry(entry.status.clone()).or_default() += 1;
+                b.insert(key(b'o', &[id.as_bytes()]), entry.status.as_bytes());
+                if live && entry.status == "needs_attention" {
+                    tracing::warn!(operation = %id, kind = entry.kind.as_deref().unwrap_or("unknown"), "operation needs attention: its rollback stopped; see `provledger audit` and docs/recovery.md");
+                }
+            }
+            if old.is_none() {
+                if let Some(kind) = &entry.kind {
+                    b.insert(key(b'k', &[kind.as_bytes(), &[0], id.as_bytes()]), &[][..]);
+                }
+                if let Some(target) = &entry.target {
+                    b.insert(key(b't', &[&target.key_bytes(), id.as_bytes()]), &[][..]);
+                }
+            }
+            seen.insert(id, entry.status);
+        }
+        for (status, delta) in deltas {
+            let k = key(b'n', &[status.as_bytes()]);
+            let now = self.tree.get(&k)?.and_then(|v| be_u64(&v)).unwrap_or(0);
+            let next = now.saturating_add_signed(delta);
+            b.insert(k, &next.to_be_bytes()[..]);
+        }
+        Ok(())
+    }
+
+    /// How many operations are in each status, from the counts the projector keeps.
+    pub fn operation_counts(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        let mut out = Vec::new();
+        for r in self.tree.scan_prefix([b'n']) {
+            let (k, v) = r?;
+            let status = String::from_utf8_lossy(&k[1..]).into_owned();
+            out.push((status, be_u64(&v).unwrap_or(0)));
+        }
+        Ok(out)
+    }
+
+    /// The operations `filter` accepts, in id order after `after`: read through the most
+    /// selective index it names (never a scan of every operation when it names one).
+    pub fn operations<'a>(
+        &'a self,
+        filter: &'a OperationFilter,
+        after: Option<Uuid>,
+    ) -> Box<dyn Iterator<Item = Result<Entity, StoreError>> + 'a> {
+        let keep =
+            move |r: &Result<Entity, StoreError>| r.as_ref().map_or(true, |e| filter.accepts(e));
+        match filter.index() {
+            Some(index) => Box::new(self.operations_in(index, after).filter(keep)),
+            None => Box::new(
+                self.entities_of(AggregateKind::Operation, after)
+                    .filter(keep),
+            ),
+        }
+    }
+
+    /// Operations in `index` (in id order, after `after`), read through that index.
+    fn operations_in(
+        &self,
+        index: OperationIndex,
+        after: Option<Uuid>,
+    ) -> impl Iterator<Item = Result<Entity, StoreError>> + '_ {
+        let prefix = match &index {
+            OperationIndex::Status(s) => key(b'O', &[s.as_bytes(), &[0]]),
+            OperationIndex::Kind(k) => key(b'k', &[k.as_bytes(), &[0]]),
+            OperationIndex::Target(t) => key(b't', &[&t.key_bytes()]),
+        };
+        let mut start = prefix.clone();
+        if let Some(id) = after {
+            // Just past `after`: its key with one more byte sorts right after it.
+            start.extend_from_slice(id.as_bytes());
+            start.push(0);
+        }
+        self.tree
+            .range(start..)
+            .take_while(move |r| r.as_ref().map_or(true, |(k, _)| k.starts_with(&prefix)))
+            .filter_map(move |r| {
+                let (k, _) = match r {
+                    Ok(kv) => kv,
+                    Err(e) => return Some(Err(e.into())),
+                };
+                let id = Uuid::from_slice(k.get(k.len().checked_sub(16)?..)?).ok()?;
+                let aggregate = AggregateId::new(AggregateKind::Operation, id);
+                self.entity(&aggregate).transpose()
+            })
     }
 
     /// Rewrites the time index from the copy with an entry at every rise of the watermark
@@ -326,6 +565,7 @@ impl ProjectionStore {
         if let Some((ms, _)) = batch.watermark_rises.last() {
             b.insert(key(b'm', &[b"watermark"]), &(*ms as u64).to_be_bytes()[..]);
         }
+        self.index_operations(&mut b, batch.operations, true)?;
         b.insert(
             key(b'm', &[b"checkpoint"]),
             &batch.checkpoint.to_be_bytes()[..],
@@ -657,7 +897,100 @@ mod tests {
     use super::*;
     use crate::projector::Projector;
     use provledger_events::catalogue::samples;
-    use provledger_events::{CommitDraft, Hash};
+    use provledger_events::{CommitDraft, Event, Hash};
+
+    /// Given operations that start, then one succeeds, when the projector applies them,
+    /// then the status index and counts follow each one (no stale entry under its old
+    /// status), the kind and target indexes find them, and a store whose indexes are
+    /// dropped rebuilds the same ones when it opens.
+    #[test]
+    fn the_operation_indexes_follow_each_status_change_and_rebuild_on_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("sled");
+        let store = ProjectionStore::open(&db).expect("store");
+        let mut projector = Projector::new(store.clone(), 0).expect("projector");
+        let started = samples::all()
+            .into_iter()
+            .find(|e| matches!(e, Event::OperationStarted { .. }))
+            .expect("a sample start");
+        let Event::OperationStarted { target, .. } = &started else {
+            unreachable!("found above")
+        };
+        let target = *target;
+        let (a, b) = (
+            AggregateId::operation(Uuid::from_u128(1)),
+            AggregateId::operation(Uuid::from_u128(2)),
+        );
+        let mut position = 0;
+        let mut commit = |id: AggregateId, version: u64, prev: Hash, events: Vec<Event>| {
+            position += 1;
+            let mut c = Commit::seal(id, version, prev, CommitDraft::now("t", events));
+            c.position = position;
+            c
+        };
+        let a1 = commit(a, 1, Hash::ZERO, vec![started.clone()]);
+        let b1 = commit(b, 1, Hash::ZERO, vec![started.clone()]);
+        let a2 = commit(a, 2, a1.hash, vec![Event::OperationSucceeded {}]);
+        projector
+            .apply_batch(vec![Ok(a1), Ok(b1)])
+            .expect("batch 1");
+        let ids = |filter: &OperationFilter| -> Vec<Uuid> {
+            store
+                .operations(filter, None)
+                .map(|e| e.expect("read").header().id.id)
+                .collect()
+        };
+        let status = |s: &str| OperationFilter {
+            status: Some(s.into()),
+            ..Default::default()
+        };
+        assert_eq!(ids(&status("running")), vec![a.id, b.id]);
+        projector.apply_batch(vec![Ok(a2)]).expect("batch 2");
+        assert_eq!(ids(&status("running")), vec![b.id]);
+        // The index itself holds no stale entry (the listing re-checks each entity, so
+        // only the index shows it).
+        let indexed = |s: &str| {
+            store
+                .tree
+                .scan_prefix(key(b'O', &[s.as_bytes(), &[0]]))
+                .count()
+        };
+        assert_eq!((indexed("running"), indexed("succeeded")), (1, 1));
+        assert_eq!(ids(&status("succeeded")), vec![a.id]);
+        let counts = store.operation_counts().expect("counts");
+        assert_eq!(
+            counts,
+            vec![("running".to_string(), 1), ("succeeded".to_string(), 1)]
+        );
+        let on_target = OperationFilter {
+            target: Some(target),
+            ..Default::default()
+        };
+        assert_eq!(ids(&on_target), vec![a.id, b.id]);
+        let kind = OperationFilter {
+            kind: Some("scale_cluster".into()),
+            status: Some("succeeded".into()),
+            ..Default::default()
+        };
+        assert_eq!(ids(&kind), vec![a.id]);
+
+        // A store from before the indexes: dropped, then rebuilt on open.
+        store
+            .tree
+            .remove(key(b'm', &[b"operation_index_format"]))
+            .expect("remove");
+        for tag in [b'o', b'O', b'k', b't', b'n'] {
+            for k in store.tree.scan_prefix([tag]).keys() {
+                store.tree.remove(k.expect("key")).expect("remove");
+            }
+        }
+        assert_eq!(ids(&status("running")), Vec::<Uuid>::new());
+        drop(projector);
+        let reopened = ProjectionStore::open(&db).expect("reopen");
+        assert_eq!(reopened.operation_counts().expect("counts"), counts);
+        assert_eq!(ids(&status("running")), vec![b.id]);
+        assert_eq!(ids(&on_target), vec![a.id, b.id]);
+    }
 
     /// Given a store whose entities were written in an older format, when it is opened,
     /// then every entity is re-folded from the copy and the snapshots are dropped.

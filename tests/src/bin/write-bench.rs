@@ -421,6 +421,7 @@ impl Serve {
             executor_reply_wait: Duration::from_secs(30),
             recovery_interval: Some(Duration::from_secs(60)),
             ready_file: None,
+            metrics_addr: None,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let thread = side_runtime("serve", async move {

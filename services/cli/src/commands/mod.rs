@@ -5,6 +5,7 @@ pub mod append;
 pub mod audit;
 pub mod demo;
 pub mod history;
+pub mod operation;
 pub mod placement;
 pub mod query;
 pub mod recover;

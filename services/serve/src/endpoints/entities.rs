@@ -1,5 +1,6 @@
 //! `q.cluster.get`, `q.instance.get`, `q.provider.get`, `q.operation.get`,
-//! `q.cluster.list` and `q.instance.list`: projected entities, one or a filtered page.
+//! `q.cluster.list`, `q.instance.list` and `q.operation.list`: projected entities, one or a
+//! filtered page.
 
 use provledger_events::{AggregateId, AggregateKind};
 use provledger_projections::Entity;
@@ -8,6 +9,7 @@ use serde_json::{Map, Value};
 use super::error::{bad, ErrorCode, QueryError};
 use super::request::{check_fields, object, opt_str, opt_u64, opt_uuid, req_uuid};
 use super::QueryContext;
+use crate::store::{OperationFilter, StoreError};
 
 /// Default and maximum `limit` of the list endpoints.
 const LIST_LIMIT_DEFAULT: usize = 100;
@@ -43,21 +45,20 @@ pub(crate) fn cluster_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, 
 }
 
 /// Operations, optionally in one status (`needs_attention`: the rollbacks an operator must
-/// look at) or of one kind.
+/// look at), of one kind or on one target (`cluster/<uuid>`). Read through the store's
+/// operation indexes, never by scanning every operation for a filtered listing.
 pub(crate) fn operation_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
     let req = object(payload)?;
-    check_fields(&req, &["status", "kind", "limit", "after"])?;
-    let status = opt_str(&req, "status")?.map(str::to_string);
-    let kind = opt_str(&req, "kind")?.map(str::to_string);
-    list(ctx, &req, AggregateKind::Operation, |e| {
-        let Entity::Operation(o) = e else {
-            return false;
-        };
-        status.as_deref().is_none_or(|s| e.status_word() == s)
-            && kind.as_deref().is_none_or(|k| {
-                serde_json::to_value(o.kind).ok() == Some(Value::String(k.to_string()))
-            })
-    })
+    check_fields(&req, &["status", "kind", "target", "limit", "after"])?;
+    let filter = OperationFilter {
+        status: opt_str(&req, "status")?.map(str::to_string),
+        kind: opt_str(&req, "kind")?.map(str::to_string),
+        target: opt_str(&req, "target")?
+            .map(|t| t.parse::<AggregateId>().map_err(|e| bad("target", e)))
+            .transpose()?,
+    };
+    let after = opt_uuid(&req, "after")?;
+    page(ctx, &req, ctx.store.operations(&filter, after), |_| true)
 }
 
 /// Instances, optionally of one cluster, on one host or in one task state.
@@ -87,15 +88,25 @@ pub(super) fn list(
     kind: AggregateKind,
     keep: impl Fn(&Entity) -> bool,
 ) -> Result<Value, QueryError> {
+    let after = opt_uuid(req, "after")?;
+    page(ctx, req, ctx.store.entities_of(kind, after), keep)
+}
+
+/// Up to `limit` of `entities` that `keep` accepts, bounded by the reply's bytes too.
+fn page(
+    ctx: &QueryContext,
+    req: &Map<String, Value>,
+    entities: impl Iterator<Item = Result<Entity, StoreError>>,
+    keep: impl Fn(&Entity) -> bool,
+) -> Result<Value, QueryError> {
     let limit = opt_u64(req, "limit")?.map_or(LIST_LIMIT_DEFAULT, |l| l as usize);
     if limit == 0 || limit > LIST_LIMIT_MAX {
         return Err(bad("limit", format!("must be 1..={LIST_LIMIT_MAX}")));
     }
-    let after = opt_uuid(req, "after")?;
     let budget = ctx.page_bytes_max();
     let mut items = Vec::new();
     let mut bytes = 0;
-    for entity in ctx.store.entities_of(kind, after) {
+    for entity in entities {
         let entity = entity?;
         if keep(&entity) {
             let view = entity.view();

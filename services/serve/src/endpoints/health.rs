@@ -3,7 +3,6 @@
 //! group only once it has caught up with the stream's end as read at its start; after
 //! that, `ready` is false while it lags more than [`READY_LAG_MAX`] positions behind.
 
-use provledger_events::EventLog;
 use serde_json::{json, Value};
 
 use super::error::{ErrorCode, QueryError};
@@ -17,17 +16,18 @@ pub(crate) const READY_LAG_MAX: u64 = 1_000;
 pub(crate) async fn health(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
     check_fields(&object(payload)?, &[])?;
     let position = ctx.position();
-    let end = ctx
-        .log
-        .last_position()
-        .await
-        .map_err(|e| QueryError::new(ErrorCode::Unavailable, e.to_string()))?;
-    let lag = end.saturating_sub(position);
-    let ready = ctx.caught_up_to.get().is_some()
-        && ctx.projector_failed.get().is_none()
-        && lag <= READY_LAG_MAX;
+    let readiness = ctx.readiness().await;
+    let Some(lag) = readiness.lag else {
+        return Err(QueryError::new(
+            ErrorCode::Unavailable,
+            readiness
+                .reason
+                .unwrap_or_else(|| "the stream's end cannot be read".into()),
+        ));
+    };
     Ok(json!({
-        "ready": ready,
+        "ready": readiness.ready,
+        "reason": readiness.reason,
         "caught_up_to": ctx.caught_up_to.get(),
         "position": position,
         "stream": ctx.stream,

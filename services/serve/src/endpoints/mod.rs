@@ -17,7 +17,7 @@ mod worker;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use provledger_events::{AggregateKind, JetStreamLog};
+use provledger_events::{AggregateKind, EventLog, JetStreamLog};
 use serde_json::Value;
 use tokio::sync::watch;
 
@@ -121,6 +121,20 @@ pub(crate) struct QueryContext {
     pub(crate) min_position_waits: AtomicUsize,
     /// Workers that said they listen again, for the re-issue delivery to serve first.
     pub(crate) workers_ready: WorkersReady,
+    pub(crate) metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// The NATS connection, whose state says whether this replica can be ready.
+    pub(crate) client: async_nats::Client,
+}
+
+/// Whether this replica can answer from current state, and if not, why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Readiness {
+    pub(crate) ready: bool,
+    pub(crate) nats_connected: bool,
+    /// Why it is not ready (`None` when it is).
+    pub(crate) reason: Option<String>,
+    /// Positions between the stream's end and what it applied, when the end was read.
+    pub(crate) lag: Option<u64>,
 }
 
 /// Workers that said they are listening (`cmd.worker.ready`) since the delivery loop last
@@ -198,6 +212,46 @@ impl QueryContext {
 
     pub(crate) fn position(&self) -> u64 {
         *self.applied.borrow()
+    }
+
+    /// Ready means: caught up once and joined the queue group, the projector running,
+    /// connected to NATS, and no more than [`health::READY_LAG_MAX`] positions behind.
+    pub(crate) async fn readiness(&self) -> Readiness {
+        let nats_connected = matches!(
+            self.client.connection_state(),
+            async_nats::connection::State::Connected
+        );
+        let lag = match nats_connected {
+            true => self
+                .log
+                .last_position()
+                .await
+                .ok()
+                .map(|end| end.saturating_sub(self.position())),
+            false => None,
+        };
+        let reason = if let Some(why) = self.projector_failed.get() {
+            Some(format!("the projector stopped: {why}"))
+        } else if self.caught_up_to.get().is_none() {
+            Some("catching up with the stream's end as read at start".to_string())
+        } else if !nats_connected {
+            Some("the NATS connection is lost; reconnecting".to_string())
+        } else {
+            match lag {
+                None => Some("the stream's end cannot be read".to_string()),
+                Some(lag) if lag > health::READY_LAG_MAX => Some(format!(
+                    "{lag} positions behind the stream's end (more than {})",
+                    health::READY_LAG_MAX
+                )),
+                Some(_) => None,
+            }
+        };
+        Readiness {
+            ready: reason.is_none(),
+            nats_connected,
+            reason,
+            lag,
+        }
     }
 
     /// Read-your-writes: waits (bounded in time, and in how many wait at once) until the

@@ -1,0 +1,222 @@
+//! The operator on call, against a private nats-server and `provledger serve` as a child
+//! process: a rollback whose compensations keep failing ends `needs_attention`, and the
+//! operator finds it three ways: in the Prometheus metrics (scraped over HTTP), in
+//! `operation list --status needs_attention`, and in `audit` (exit 1, naming it). Also:
+//! serve's logs as JSON carry a caller's W3C trace id with the commits it produced, and a
+//! serve that loses NATS says it is not ready (ready file gone, `/health` 503) until NATS
+//! is back.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use provledger_client::{CancelNotices, Ledger, OperationRunner};
+use provledger_events::catalogue::NodeGroupSpec;
+use provledger_sim::SimInfrastructure;
+use provledger_sim::{register_compute_node, ClusterRequest, Provisioner};
+use provledger_tests::NatsServer;
+use uuid::Uuid;
+
+mod common;
+use common::{provledger, text, wait_ready, Serve};
+
+/// A free TCP port on 127.0.0.1 for serve's metrics listener.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `GET path` over plain HTTP/1.1: (status code, body).
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n")?.1.to_string();
+    Some((status, body))
+}
+
+/// The value of the sample `name{labels}` in a scrape, if present.
+fn sample(scrape: &str, name_and_labels: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok())
+}
+
+async fn eventually<F: FnMut() -> bool>(what: &str, timeout: Duration, mut check: F) {
+    let deadline = Instant::now() + timeout;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_that_needs_attention_is_in_the_metrics_the_worklist_and_the_audit() {
+    // Given serve with a metrics listener and a budget of two attempts per compensation...
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let mut serve = Serve::start_with(
+        &nats,
+        &dir.path().join("serve"),
+        &[
+            "--metrics-addr",
+            &metrics_addr,
+            "--compensation-attempts-max",
+            "2",
+            "--compensation-backoff-ms",
+            "20",
+            "--compensation-reply-wait-ms",
+            "3000",
+        ],
+    );
+    let (client, log) = provledger_client::open_jetstream(
+        &nats.url(),
+        "test",
+        "PROVLEDGER",
+        "provledger",
+        1,
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    wait_ready(&client).await;
+    let scrape = || {
+        http_get(port, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        sample(
+            &scrape(),
+            "provledger_operations{status=\"needs_attention\"}"
+        ),
+        None,
+        "nothing needs attention yet"
+    );
+
+    // ...and executors on NATS that fail every compensation...
+    let ledger = Ledger::JetStream(log);
+    let infra = Arc::new(SimInfrastructure::default());
+    infra
+        .clone()
+        .serve_on_nats(client.clone(), "provledger")
+        .await
+        .unwrap();
+    for executor in [&infra.ipam, &infra.dhcp, &infra.dns, &infra.hypervisor] {
+        executor.fail_compensations(1_000);
+    }
+    let provider = Uuid::now_v7();
+    register_compute_node(&ledger, provider, "cn", 64, "test")
+        .await
+        .unwrap();
+
+    // ...when a create fails after making VMs, and serve drives its rollback...
+    infra.hypervisor.fail_call("create_vm", 2);
+    let runner = OperationRunner::new(
+        ledger.clone(),
+        CancelNotices::nats(client.clone(), "provledger"),
+        None,
+        "test-service",
+    );
+    let report = Provisioner::new(runner, infra.clone(), "test-service")
+        .create_cluster(ClusterRequest {
+            cluster_id: Uuid::now_v7(),
+            name: "c".into(),
+            plugin: "vanilla".into(),
+            node_groups: vec![NodeGroupSpec {
+                name: "workers".into(),
+                count: 2,
+                flavor: "m".into(),
+                resources: BTreeMap::from([("VCPU".to_string(), 2)]),
+                processes: vec![],
+            }],
+            provider,
+        })
+        .await;
+    assert!(report.result.is_err(), "the create fails");
+    let op = report.operation_id.to_string();
+
+    // Then the metrics show it in needs_attention, with the failed attempts counted...
+    eventually(
+        "needs_attention in the metrics",
+        Duration::from_secs(60),
+        || {
+            sample(
+                &scrape(),
+                "provledger_operations{status=\"needs_attention\"}",
+            ) == Some(1.0)
+        },
+    )
+    .await;
+    let metrics = scrape();
+    assert!(
+        sample(
+            &metrics,
+            "provledger_compensation_events_total{outcome=\"failed\"}"
+        )
+        .is_some_and(|n| n >= 2.0),
+        "{metrics}"
+    );
+    assert_eq!(sample(&metrics, "provledger_ready"), Some(1.0), "{metrics}");
+    assert_eq!(
+        sample(&metrics, "provledger_consumers_held"),
+        Some(1.0),
+        "{metrics}"
+    );
+
+    // ...`operation list --status needs_attention` finds it, over NATS and offline...
+    let url = nats.url();
+    let listed = needing_attention(&["--nats", &url]);
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+    assert_eq!(listed[0]["id"], serde_json::json!(op), "{listed}");
+    let out = provledger(
+        &["--nats", &url, "operation", "list", "--status", "running"],
+        "",
+    );
+    assert!(!text(&out).contains(&op), "{}", text(&out));
+    // (Each of those requests is in the latency histogram of its endpoint.)
+    let metrics = scrape();
+    assert_eq!(
+        sample(
+            &metrics,
+            "provledger_request_duration_seconds_count{endpoint=\"q.operation.list\"}"
+        ),
+        Some(2.0),
+        "{metrics}"
+    );
+
+    // ...and `audit` exits 1 naming it, with what remains and what to do.
+    let out = provledger(&["--nats", &url, "audit"], "");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let said = text(&out);
+    assert!(said.contains("needs_attention"), "{said}");
+    assert!(said.contains(&op), "{said}");
+    assert!(said.contains("rollback run"), "{said}");
+
+    // And once stopped, the service's data dir lists it offline too.
+    assert!(serve.terminate().success());
+    let data = dir.path().join("serve");
+    let listed = needing_attention(&["--data-dir", data.to_str().unwrap()]);
+    assert_eq!(listed[0]["id"], serde_json::json!(op), "{listed}");
+}
+
+/// `operation list --status needs_attention --json` with `ledger` (where to read), parsed.
+fn needing_attention(ledger: &[&str]) -> serde_json::Value {
+    let mut args = ledger.to_vec();
+    args.extend(["--json", "operation", "list", "--status", "needs_attention"]);
+    let out = provledger(&args, "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).expect("operation list --json")
+}

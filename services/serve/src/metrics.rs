@@ -1,0 +1,371 @@
+//! serve's Prometheus metrics (`serve --metrics-addr`): what an operator alerts on.
+//!
+//! Counters and histograms are updated where things happen (requests, appends, the
+//! projector's folds, the recovery sweep); gauges that describe the store (operations by
+//! status, the quarantine) or the stream (its end, the lag) are read when scraped, so a
+//! scrape always says what the store says now. The exposition is the Prometheus project's
+//! own client (`prometheus-client`, OpenMetrics text); the HTTP side is axum.
+//!
+//! Also served on the same address: `GET /health`, this replica's readiness as JSON, for
+//! when NATS itself is what is lost (then `q.health` cannot be asked).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use provledger_events::{Event, EventLog};
+
+use crate::endpoints::QueryContext;
+
+/// The content type of the OpenMetrics text format Prometheus scrapes.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// Request latency buckets, in seconds: 100 µs to about 13 s.
+const LATENCY_BUCKET_START_SECONDS: f64 = 0.0001;
+const LATENCY_BUCKETS: u16 = 18;
+/// How long a scrape may wait for the stream's end (the lag gauge) before answering
+/// without it.
+const STREAM_END_WAIT: Duration = Duration::from_secs(2);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct EndpointLabels {
+    pub(crate) endpoint: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct OutcomeLabels {
+    pub(crate) outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RefusalLabels {
+    pub(crate) endpoint: String,
+    pub(crate) code: String,
+    pub(crate) reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct StatusLabels {
+    pub(crate) status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RuleLabels {
+    pub(crate) rule: String,
+}
+
+/// What the projector counts as it folds: shared handles, cheap to clone.
+#[derive(Clone, Default)]
+pub struct FoldMetrics {
+    commits: Counter,
+    compensations: Family<OutcomeLabels, Counter>,
+    quarantined: Counter,
+    integrity_errors: Counter,
+}
+
+impl FoldMetrics {
+    /// One commit folded, with its events.
+    pub(crate) fn folded(&self, events: &[Event]) {
+        self.commits.inc();
+        for event in events {
+            let outcome = match event {
+                Event::CompensationRequested { .. } => "requested",
+                Event::CompensationDone { .. } => "done",
+                Event::CompensationFailed { .. } => "failed",
+                _ => continue,
+            };
+            self.compensations
+                .get_or_create(&OutcomeLabels {
+                    outcome: outcome.into(),
+                })
+                .inc();
+        }
+    }
+
+    /// A log entry quarantined; `integrity` when it broke its aggregate's chain (rather
+    /// than not decoding at all).
+    pub(crate) fn quarantined(&self, integrity: bool) {
+        self.quarantined.inc();
+        if integrity {
+            self.integrity_errors.inc();
+        }
+    }
+}
+
+/// Every metric of one serve replica.
+pub(crate) struct Metrics {
+    registry: Registry,
+    pub(crate) fold: FoldMetrics,
+    requests: Family<EndpointLabels, Histogram>,
+    appends: Family<OutcomeLabels, Counter>,
+    refusals: Family<RefusalLabels, Counter>,
+    recoveries: Family<RuleLabels, Counter>,
+    operations: Family<StatusLabels, Gauge>,
+    log_position: Gauge,
+    log_end: Gauge,
+    log_lag: Gauge,
+    quarantine: Gauge,
+    consumers: Gauge,
+    ready: Gauge,
+    nats_connected: Gauge,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        LATENCY_BUCKET_START_SECONDS,
+        2.0,
+        LATENCY_BUCKETS,
+    ))
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("provledger");
+        let fold = FoldMetrics::default();
+        let m = Metrics {
+            fold: fold.clone(),
+            requests: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            appends: Family::default(),
+            refusals: Family::default(),
+            recoveries: Family::default(),
+            operations: Family::default(),
+            log_position: Gauge::default(),
+            log_end: Gauge::default(),
+            log_lag: Gauge::default(),
+            quarantine: Gauge::default(),
+            consumers: Gauge::default(),
+            ready: Gauge::default(),
+            nats_connected: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "log_position",
+            "The last log position this replica's projection has applied",
+            m.log_position.clone(),
+        );
+        registry.register(
+            "log_end",
+            "The stream's last position, read at the scrape",
+            m.log_end.clone(),
+        );
+        registry.register(
+            "log_lag",
+            "Positions between the stream's end and what this replica has applied",
+            m.log_lag.clone(),
+        );
+        registry.register(
+            "commits_folded",
+            "Commits the projector folded since this replica started",
+            fold.commits,
+        );
+        registry.register(
+            "appends",
+            "cmd.append requests by outcome (committed, duplicate, or the refusal's code)",
+            m.appends.clone(),
+        );
+        registry.register(
+            "refusals",
+            "Requests refused, by endpoint, code and reason (the refusal's stable reason, or its code)",
+            m.refusals.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Time to answer a request, by endpoint",
+            m.requests.clone(),
+        );
+        registry.register(
+            "operations",
+            "Operations by status, needs_attention included: rollbacks an operator must look at",
+            m.operations.clone(),
+        );
+        registry.register(
+            "compensation_events",
+            "Compensation events folded (requested = an attempt asked of an executor, done, failed)",
+            fold.compensations,
+        );
+        registry.register(
+            "recoveries",
+            "Stuck-state recoveries this replica recorded, by rule",
+            m.recoveries.clone(),
+        );
+        registry.register(
+            "quarantined_entries",
+            "Log entries held in quarantine (undecodable, or outside their aggregate's chain)",
+            m.quarantine.clone(),
+        );
+        registry.register(
+            "quarantined",
+            "Log entries quarantined since this replica started",
+            fold.quarantined,
+        );
+        registry.register(
+            "integrity_errors",
+            "Commits outside their aggregate's hash chain met since this replica started",
+            fold.integrity_errors,
+        );
+        registry.register(
+            "consumers_held",
+            "JetStream consumers this replica holds (its live tail)",
+            m.consumers.clone(),
+        );
+        registry.register(
+            "ready",
+            "1 when this replica is caught up, connected and in the queue group",
+            m.ready.clone(),
+        );
+        registry.register(
+            "nats_connected",
+            "1 while this replica's NATS connection is up",
+            m.nats_connected.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// One answered request: its latency, and for a refusal its code and reason.
+    pub(crate) fn answered(
+        &self,
+        endpoint: &str,
+        elapsed: Duration,
+        refusal: Option<(&str, Option<&str>)>,
+        append_committed: Option<&str>,
+    ) {
+        self.requests
+            .get_or_create(&EndpointLabels {
+                endpoint: endpoint.into(),
+            })
+            .observe(elapsed.as_secs_f64());
+        if let Some((code, reason)) = refusal {
+            self.refusals
+                .get_or_create(&RefusalLabels {
+                    endpoint: endpoint.into(),
+                    code: code.into(),
+                    reason: reason.unwrap_or(code).into(),
+                })
+                .inc();
+        }
+        if endpoint == "cmd.append" {
+            let outcome = match (refusal, append_committed) {
+                (Some((code, _)), _) => code,
+                (None, Some(outcome)) => outcome,
+                (None, None) => "committed",
+            };
+            self.appends
+                .get_or_create(&OutcomeLabels {
+                    outcome: outcome.into(),
+                })
+                .inc();
+        }
+    }
+
+    /// A recovery this replica recorded.
+    pub(crate) fn recovered(&self, rule: &str) {
+        self.recoveries
+            .get_or_create(&RuleLabels { rule: rule.into() })
+            .inc();
+    }
+
+    /// Reads the gauges that describe the store and the stream now.
+    async fn refresh(&self, ctx: &QueryContext) {
+        let position = ctx.position();
+        self.log_position.set(as_i64(position));
+        match tokio::time::timeout(STREAM_END_WAIT, ctx.log.last_position()).await {
+            Ok(Ok(end)) => {
+                self.log_end.set(as_i64(end));
+                self.log_lag.set(as_i64(end.saturating_sub(position)));
+            }
+            // The stream's end cannot be read (NATS lost): the lag is unknown, and the
+            // last figures stay rather than a made-up zero.
+            Ok(Err(e)) => tracing::debug!(error = %e, "metrics: the stream's end is unknown"),
+            Err(_) => tracing::debug!("metrics: reading the stream's end timed out"),
+        }
+        match ctx.store.operation_counts() {
+            Ok(counts) => {
+                for (status, count) in counts {
+                    self.operations
+                        .get_or_create(&StatusLabels { status })
+                        .set(as_i64(count));
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "metrics: reading operation counts"),
+        }
+        self.quarantine
+            .set(as_i64(ctx.store.quarantine_count() as u64));
+        self.consumers.set(as_i64(ctx.log.consumers_held() as u64));
+        let readiness = ctx.readiness().await;
+        self.ready.set(i64::from(readiness.ready));
+        self.nats_connected.set(i64::from(readiness.nats_connected));
+    }
+
+    fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+fn as_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Serves `/metrics` and `/health` on `addr` until `shutdown`; the address it bound (for
+/// `--metrics-addr 127.0.0.1:0`) goes to the log.
+pub(crate) async fn serve_metrics(
+    addr: SocketAddr,
+    ctx: Arc<QueryContext>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    tracing::info!(addr = %local, "metrics on http://{local}/metrics");
+    let app = Router::new()
+        .route("/metrics", get(scrape))
+        .route("/health", get(health))
+        .with_state(ctx);
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::warn!(error = %e, "the metrics endpoint stopped");
+        }
+    }))
+}
+
+async fn scrape(State(ctx): State<Arc<QueryContext>>) -> axum::response::Response {
+    ctx.metrics.refresh(&ctx).await;
+    match ctx.metrics.encode() {
+        Ok(text) => ([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+async fn health(State(ctx): State<Arc<QueryContext>>) -> axum::response::Response {
+    let readiness = ctx.readiness().await;
+    let status = match readiness.ready {
+        true => StatusCode::OK,
+        false => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    let body = serde_json::json!({
+        "ready": readiness.ready,
+        "nats_connected": readiness.nats_connected,
+        "reason": readiness.reason,
+        "position": ctx.position(),
+        "served_by": ctx.served_by,
+    });
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
