@@ -277,6 +277,17 @@ impl NatsServer {
             .expect("connecting to the test nats-server")
     }
 
+    /// Kills the process (SIGKILL), keeping its port and store for
+    /// [`NatsServer::start_again`]: NATS lost for as long as the caller likes.
+    pub fn kill(&mut self) {
+        self.stop();
+    }
+
+    /// Starts a killed server again on the same port and store.
+    pub async fn start_again(&mut self) {
+        self.spawn_and_wait().await;
+    }
+
     /// Stops the process (SIGKILL) and starts it again on the same port and store.
     pub async fn restart(&mut self) {
         self.stop();

@@ -15,19 +15,11 @@ use provledger_client::{CancelNotices, Ledger, OperationRunner};
 use provledger_events::catalogue::NodeGroupSpec;
 use provledger_sim::SimInfrastructure;
 use provledger_sim::{register_compute_node, ClusterRequest, Provisioner};
-use provledger_tests::NatsServer;
+use provledger_tests::{free_port, NatsServer};
 use uuid::Uuid;
 
 mod common;
 use common::{provledger, text, wait_ready, Serve};
-
-/// A free TCP port on 127.0.0.1 for serve's metrics listener.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 /// `GET path` over plain HTTP/1.1: (status code, body).
 fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
@@ -219,4 +211,122 @@ fn needing_attention(ledger: &[&str]) -> serde_json::Value {
     let out = provledger(&args, "");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     serde_json::from_slice(&out.stdout).expect("operation list --json")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serve_that_loses_nats_is_not_ready_until_nats_is_back() {
+    // Given a ready serve with a ready file and /health...
+    let mut nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let ready_file = dir.path().join("ready");
+    let _serve = Serve::start_with(
+        &nats,
+        &dir.path().join("serve"),
+        &[
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+            "--ready-file",
+            ready_file.to_str().unwrap(),
+        ],
+    );
+    wait_ready(&nats.client().await).await;
+    eventually("the ready file", Duration::from_secs(10), || {
+        ready_file.exists()
+    })
+    .await;
+    assert_eq!(http_get(port, "/health").map(|(code, _)| code), Some(200));
+
+    // ...when NATS goes away...
+    nats.kill();
+
+    // ...then it is not ready, and says why...
+    eventually("the ready file removed", Duration::from_secs(10), || {
+        !ready_file.exists()
+    })
+    .await;
+    let (code, body) = http_get(port, "/health").expect("/health answers without NATS");
+    assert_eq!(code, 503, "{body}");
+    let health: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(health["ready"], false, "{health}");
+    assert!(
+        health["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("NATS")),
+        "{health}"
+    );
+    let scrape = http_get(port, "/metrics").expect("metrics without NATS").1;
+    assert_eq!(
+        sample(&scrape, "provledger_nats_connected"),
+        Some(0.0),
+        "{scrape}"
+    );
+
+    // ...and once NATS is back, ready again.
+    nats.start_again().await;
+    eventually("the ready file back", Duration::from_secs(30), || {
+        ready_file.exists()
+    })
+    .await;
+    eventually("/health 200", Duration::from_secs(30), || {
+        http_get(port, "/health").map(|(code, _)| code) == Some(200)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_traced_append_is_logged_as_json_under_the_callers_trace_id() {
+    // Given serve logging JSON...
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("serve");
+    let _serve = Serve::start_with(&nats, &data, &["--log-format", "json"]);
+    let client = nats.client().await;
+    wait_ready(&client).await;
+
+    // ...when a caller appends with a W3C traceparent...
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(
+        "traceparent",
+        format!("00-{trace_id}-00f067aa0ba902b7-01").as_str(),
+    );
+    let request = serde_json::json!({
+        "aggregate": format!("provider/{}", Uuid::now_v7()),
+        "expect": "none",
+        "events": [{"provider_registered": {"name": "cn9", "host": "cn9"}}],
+        "actor": "traced-service",
+    });
+    let reply = client
+        .request_with_headers("provledger.cmd.append", headers, request.to_string().into())
+        .await
+        .unwrap();
+    let reply: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
+    let position = reply["data"]["position"].as_u64().expect("appended");
+
+    // ...then serve's log has a JSON line naming the commit, under that trace id.
+    let log_path = data.with_extension("log");
+    let mut found = None;
+    eventually(
+        "the traced commit in the log",
+        Duration::from_secs(10),
+        || {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            found = log
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find(|l| l["fields"]["message"] == "commits appended");
+            found.is_some()
+        },
+    )
+    .await;
+    let line = found.expect("found above");
+    assert_eq!(line["span"]["trace_id"], trace_id, "{line}");
+    assert_eq!(line["span"]["endpoint"], "cmd.append", "{line}");
+    assert!(
+        line["fields"]["commits"]
+            .as_str()
+            .is_some_and(|c| c.ends_with(&format!("@{position}"))),
+        "{line}"
+    );
 }
