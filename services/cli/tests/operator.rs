@@ -94,8 +94,8 @@ async fn a_rollback_that_needs_attention_is_in_the_metrics_the_worklist_and_the_
             &scrape(),
             "provledger_operations{status=\"needs_attention\"}"
         ),
-        None,
-        "nothing needs attention yet"
+        Some(0.0),
+        "nothing needs attention yet, and the series exists"
     );
 
     // ...and executors on NATS that fail every compensation...
@@ -162,6 +162,7 @@ async fn a_rollback_that_needs_attention_is_in_the_metrics_the_worklist_and_the_
         "{metrics}"
     );
     assert_eq!(sample(&metrics, "provledger_ready"), Some(1.0), "{metrics}");
+    assert_alert_rules_name_real_metrics(&metrics);
     assert_eq!(
         sample(&metrics, "provledger_consumers_held"),
         Some(1.0),
@@ -202,6 +203,35 @@ async fn a_rollback_that_needs_attention_is_in_the_metrics_the_worklist_and_the_
     let data = dir.path().join("serve");
     let listed = needing_attention(&["--data-dir", data.to_str().unwrap()]);
     assert_eq!(listed[0]["id"], serde_json::json!(op), "{listed}");
+}
+
+/// Every metric an expression of `deploy/prometheus/alerts.yml` names is one serve exports
+/// (its family's `# TYPE` line is in `scrape`): a renamed metric breaks this, not an alert
+/// that silently never fires.
+fn assert_alert_rules_name_real_metrics(scrape: &str) {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/prometheus/alerts.yml"
+    );
+    let rules = std::fs::read_to_string(path).expect("deploy/prometheus/alerts.yml");
+    let mut named = 0;
+    for expr in rules.lines().filter_map(|l| l.trim().strip_prefix("expr:")) {
+        for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if !word.starts_with("provledger_") {
+                continue;
+            }
+            let family = ["_total", "_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|suffix| word.strip_suffix(suffix))
+                .unwrap_or(word);
+            assert!(
+                scrape.contains(&format!("# TYPE {family} ")),
+                "alerts.yml names {word}, which serve does not export"
+            );
+            named += 1;
+        }
+    }
+    assert!(named >= 5, "alerts.yml names {named} metrics");
 }
 
 /// `operation list --status needs_attention --json` with `ledger` (where to read), parsed.

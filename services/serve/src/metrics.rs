@@ -33,6 +33,17 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 /// Request latency buckets, in seconds: 100 µs to about 13 s.
 const LATENCY_BUCKET_START_SECONDS: f64 = 0.0001;
 const LATENCY_BUCKETS: u16 = 18;
+/// Every operation status as JSON says it (`OperationStatus`, snake_case).
+const OPERATION_STATUSES: [&str; 8] = [
+    "running",
+    "succeeded",
+    "failed",
+    "rolling_back",
+    "rolled_back",
+    "held",
+    "cancelled",
+    "needs_attention",
+];
 /// How long a scrape may wait for the stream's end (the lag gauge) before answering
 /// without it.
 const STREAM_END_WAIT: Duration = Duration::from_secs(2);
@@ -166,7 +177,7 @@ impl Metrics {
         registry.register(
             "commits_folded",
             "Commits the projector folded since this replica started",
-            fold.commits,
+            fold.commits.clone(),
         );
         registry.register(
             "appends",
@@ -191,7 +202,7 @@ impl Metrics {
         registry.register(
             "compensation_events",
             "Compensation events folded (requested = an attempt asked of an executor, done, failed)",
-            fold.compensations,
+            fold.compensations.clone(),
         );
         registry.register(
             "recoveries",
@@ -206,12 +217,12 @@ impl Metrics {
         registry.register(
             "quarantined",
             "Log entries quarantined since this replica started",
-            fold.quarantined,
+            fold.quarantined.clone(),
         );
         registry.register(
             "integrity_errors",
             "Commits outside their aggregate's hash chain met since this replica started",
-            fold.integrity_errors,
+            fold.integrity_errors.clone(),
         );
         registry.register(
             "consumers_held",
@@ -228,6 +239,29 @@ impl Metrics {
             "1 while this replica's NATS connection is up",
             m.nats_connected.clone(),
         );
+        // Series an alert reads exist from the start, at zero: a rule on a series that
+        // does not exist yet evaluates to nothing rather than to "none".
+        for status in OPERATION_STATUSES {
+            m.operations.get_or_create(&StatusLabels {
+                status: status.into(),
+            });
+        }
+        for outcome in [
+            "appended",
+            "already_appended",
+            "conflict",
+            "rejected",
+            "unavailable",
+        ] {
+            m.appends.get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            });
+        }
+        for outcome in ["requested", "done", "failed"] {
+            fold.compensations.get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            });
+        }
         Metrics { registry, ..m }
     }
 
@@ -368,4 +402,31 @@ async fn health(State(ctx): State<Arc<QueryContext>>) -> axum::response::Respons
         body.to_string(),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use provledger_projections::operation::OperationStatus;
+
+    #[test]
+    fn every_operation_status_has_its_series_from_the_start() {
+        use OperationStatus::*;
+        for status in [
+            Running,
+            Succeeded,
+            Failed,
+            RollingBack,
+            RolledBack,
+            Held,
+            Cancelled,
+            NeedsAttention,
+        ] {
+            let word = serde_json::to_value(status).expect("a status is JSON");
+            assert!(
+                OPERATION_STATUSES.contains(&word.as_str().unwrap_or_default()),
+                "{word} has no series"
+            );
+        }
+    }
 }

@@ -412,6 +412,12 @@ pub async fn run(
         let permit = match Arc::clone(slots).try_acquire_owned() {
             Ok(permit) => permit,
             Err(tokio::sync::TryAcquireError::NoPermits) => {
+                ctx.metrics.answered(
+                    endpoint.suffix(),
+                    Duration::ZERO,
+                    Some(("unavailable", Some("busy"))),
+                    None,
+                );
                 tokio::spawn(respond_busy(endpoint, request));
                 continue;
             }
