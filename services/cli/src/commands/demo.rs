@@ -119,9 +119,8 @@ fn print_scenario(report: &DemoReport, scenario: &ScenarioReport) {
             fit(&format!("  -- {} ({}): {}", op.label, op.kind, op.status))
         );
         if let Some(plan) = &op.plan {
-            // The plan names its target by the id's first 8 hex digits; say its name.
-            let target = scenario.afterwards.cluster;
-            let short_target = format!("{}/{}", target.kind, &target.id.to_string()[..8]);
+            // The plan names its target by its short id; say its name.
+            let short_target = provledger_events::short_aggregate(&scenario.afterwards.cluster);
             let label = &scenario.afterwards.cluster_label;
             println!("     rollback plan:");
             for line in plan.lines() {

@@ -1,7 +1,7 @@
 //! Labels a person can tell apart: an entity's name where it has one (`cluster analytics`,
 //! `vm workers-3f9c2a71`, `provider cmp-1`), an operation's kind and number
-//! (`op create_cluster#2`), and otherwise the last 8 hex digits of the id (UUID v7 ids share
-//! their time prefix, so the tail is what differs).
+//! (`op create_cluster#2`), and otherwise the id's short form, its random tail
+//! (`provledger_events::short_id`: UUID v7 ids share their time prefix).
 
 use std::collections::HashMap;
 
@@ -12,10 +12,9 @@ use uuid::Uuid;
 /// The widest line the demo prints.
 pub const LINE_COLUMNS_MAX: usize = 120;
 
-/// The last 8 hex digits of an id.
+/// The short form of an id, the same everywhere ids are shortened (its random tail).
 pub fn short(id: &Uuid) -> String {
-    let hex = id.simple().to_string();
-    hex[hex.len() - 8..].to_string()
+    provledger_events::short_id(id)
 }
 
 /// Labels of the aggregates (and of the resources named by their ids) seen so far.
