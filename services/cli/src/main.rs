@@ -255,6 +255,8 @@ enum Command {
 enum ProviderCommand {
     /// Delete a provider: refused while allocations exist (each listed with why and what
     /// to do); --cascade releases them first, with reasons, then deletes.
+    // One of the two, told by clap before anything is opened.
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["id", "host"])))]
     Delete {
         /// The provider; or --host for every provider of a compute service.
         id: Option<Uuid>,
@@ -331,7 +333,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             result
         }
         Command::History { aggregate } => {
-            let ledger = Ledger::open(&options).await?;
+            let ledger = Ledger::open_existing(&options).await?;
             let result = commands::history::run(&ledger, aggregate, cli.json).await;
             ledger.close();
             result
@@ -510,13 +512,16 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
     }
 }
 
-/// Opens the ledger, runs `f`, and closes the ledger whatever `f` returned.
+/// Opens the existing ledger, runs `f`, and closes the ledger whatever `f` returned. Every
+/// command but `append` (and `serve`, `demo`) works on what is already there, so none of
+/// them creates a data dir or a stream: a mistyped `--data-dir` or `--stream` is an error
+/// naming what was looked for, never a new empty ledger.
 async fn with_ledger<F, Fut>(options: &LedgerOptions, f: F) -> Result<(), CommandError>
 where
     F: FnOnce(Ledger) -> Fut,
     Fut: std::future::Future<Output = (Ledger, Result<(), CommandError>)>,
 {
-    let ledger = Ledger::open(options).await?;
+    let ledger = Ledger::open_existing(options).await?;
     let (ledger, result) = f(ledger).await;
     ledger.close();
     result
