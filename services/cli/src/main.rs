@@ -124,7 +124,11 @@ impl AuthArgs {
 #[derive(Subcommand)]
 enum Command {
     /// Run the built-in end-to-end scenario embedded, in a fresh data dir.
-    Demo,
+    Demo {
+        /// Print every commit and every plan whole, not a summary per scenario.
+        #[arg(long)]
+        verbose: bool,
+    },
     /// Append events (the catalogue's JSON form) to one aggregate as one commit.
     Append {
         /// The aggregate, as KIND/ID (KIND is cluster, instance, provider or operation).
@@ -303,7 +307,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
         nats_auth: cli.auth.nats_auth(),
     };
     match cli.command {
-        Command::Demo => commands::demo::run(&cli.data_dir, cli.json).await,
+        Command::Demo { verbose } => commands::demo::run(&cli.data_dir, verbose, cli.json).await,
         Command::Append {
             aggregate,
             expect,
