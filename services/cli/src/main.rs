@@ -252,6 +252,10 @@ enum Command {
         endpoint: String,
         /// The JSON request (default {}).
         request: Option<String>,
+        /// How long to wait for the reply (2s, 500ms, 1m); longer than the service's
+        /// min_position wait, so that `stale` arrives as a reply.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
     },
 }
 
@@ -500,7 +504,11 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             })
             .await
         }
-        Command::Query { endpoint, request } => {
+        Command::Query {
+            endpoint,
+            request,
+            timeout,
+        } => {
             let nats_url = cli.nats.clone().ok_or_else(|| {
                 CommandError::BadInput("query needs --nats URL (or PROVLEDGER_NATS_URL)".into())
             })?;
@@ -510,6 +518,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                 &cli.subject_prefix,
                 &endpoint,
                 request,
+                timeout,
             )
             .await
         }
@@ -565,6 +574,11 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        // Exit 4 says there was nothing to do: an outcome, not an error.
+        Err(e @ CommandError::NothingToDo(_)) => {
+            eprintln!("{e}");
+            ExitCode::from(e.exit_code() as u8)
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(e.exit_code() as u8)
