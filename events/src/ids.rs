@@ -283,6 +283,24 @@ impl<'de> Deserialize<'de> for Hash {
     }
 }
 
+/// How many hex digits of an id a person is shown: the id's last 12.
+pub const SHORT_ID_HEX_DIGITS: usize = 12;
+
+/// An id shortened for a person: its last [`SHORT_ID_HEX_DIGITS`] hex digits. A UUID v7
+/// begins with its mint time, so every id minted in the same second shares its head; the
+/// tail is random (and, for ids minted by one generator in one millisecond, ends with the
+/// low bits of its counter), so it is the part that tells entities apart. Commands take
+/// the full id, which `history` and `state` print.
+pub fn short_id(id: &Uuid) -> String {
+    let hex = id.simple().to_string();
+    hex[hex.len() - SHORT_ID_HEX_DIGITS..].to_string()
+}
+
+/// An aggregate shortened for a person: `cluster/` and its [`short_id`].
+pub fn short_aggregate(aggregate: &AggregateId) -> String {
+    format!("{}/{}", aggregate.kind, short_id(&aggregate.id))
+}
+
 /// The clock skew tolerated between the writer that minted a commit id (its UUID v7 time)
 /// and the clock it is compared with (the log's, or other writers'), when telling whether a
 /// retry could be older than what is known.
@@ -306,6 +324,32 @@ pub fn uuid_v7_unix_ms(id: &Uuid) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_ids_of_ids_minted_in_one_millisecond_are_distinct() {
+        // Given 1,000 UUID v7 minted by one generator within one millisecond, as a burst of
+        // writes does (they share their whole time prefix),
+        let context = uuid::ContextV7::new();
+        let millisecond = uuid::Timestamp::from_unix(&context, 1_750_000_000, 0);
+        let ids: Vec<Uuid> = (0..1_000).map(|_| Uuid::new_v7(millisecond)).collect();
+        assert!(ids
+            .iter()
+            .all(|id| id.as_bytes()[..6] == ids[0].as_bytes()[..6]));
+        // when they are shortened,
+        let shorts: std::collections::HashSet<String> = ids.iter().map(short_id).collect();
+        // then no two print the same.
+        assert_eq!(shorts.len(), ids.len(), "short ids collide: {shorts:?}");
+    }
+
+    #[test]
+    fn a_short_aggregate_is_its_kind_and_the_tail_of_its_id() {
+        let id = Uuid::parse_str("01a20c10-bda9-71ad-a2a6-71eec13912d3").unwrap();
+        assert_eq!(short_id(&id), "71eec13912d3");
+        assert_eq!(
+            short_aggregate(&AggregateId::cluster(id)),
+            "cluster/71eec13912d3"
+        );
+    }
 
     #[test]
     fn aggregate_id_round_trips_through_its_display_form() {

@@ -16,7 +16,7 @@ pub use catalogue::Event;
 pub use commit::{
     check_chain, verify_chain, ChainViolation, Commit, CommitDraft, IntegrityError, InvalidCommit,
 };
-pub use ids::{AggregateId, AggregateKind, Hash, Timestamp};
+pub use ids::{short_aggregate, short_id, AggregateId, AggregateKind, Hash, Timestamp};
 pub use log::{
     AppendError, AppendOutcome, AppendStatus, AtomicItem, ChainTip, CommitStream, EventLog,
     Expectation, HistoryEntry, InvalidBatch, JetStreamConfig, JetStreamLog, MemLog, ReadError,

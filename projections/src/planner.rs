@@ -27,7 +27,7 @@ use provledger_events::catalogue::{
     BundlePolicy, Compensation, CompensationAction, DetailKey, EffectKind, Executor, OperationKind,
     Origin, PlannedCompensation, RetainedResource, RollbackPlan, StagePolicy, TargetOutcome,
 };
-use provledger_events::AggregateId;
+use provledger_events::{short_aggregate, short_id};
 use uuid::Uuid;
 
 use crate::operation::{OperationState, OperationStatus, StartedStep, StepState};
@@ -64,7 +64,7 @@ pub enum PlanRefusal {
     #[error("operation {operation} has no recorded start; nothing to roll back")]
     NotStarted { operation: Uuid },
     #[error(
-        "operation {operation} is {status}: only a failed or cancelled operation is rolled back"
+        "operation {operation} has status {status}: there is nothing to roll back (only a failed or cancelled operation is rolled back)"
     )]
     NotStopped { operation: Uuid, status: String },
     #[error("operation {operation} already has a recorded rollback plan")]
@@ -118,7 +118,10 @@ pub fn plan_rollback(
     ) {
         return Err(PlanRefusal::NotStopped {
             operation,
-            status: format!("{:?}", op.status).to_lowercase(),
+            // The contract's word (`succeeded`, `needs_attention`), as JSON shows it.
+            status: op
+                .status
+                .map_or_else(|| "none".to_string(), |s| json_word(&s)),
         });
     }
     let failed_stage = op
@@ -704,7 +707,7 @@ pub fn render_plan(plan: &RollbackPlan) -> String {
             c.compensation.resource,
             c.stage,
             c.step,
-            &c.compensation_id.to_string()[..8],
+            short_id(&c.compensation_id),
         );
     }
     if plan.retained.is_empty() {
@@ -722,14 +725,6 @@ pub fn render_plan(plan: &RollbackPlan) -> String {
     out
 }
 
-fn short_aggregate(id: &AggregateId) -> String {
-    let full = id.to_string();
-    match full.split_once('/') {
-        Some((kind, rest)) => format!("{kind}/{}", &rest[..rest.len().min(8)]),
-        None => full,
-    }
-}
-
 /// The action's name in the JSON form.
 pub fn action_word(action: &CompensationAction) -> String {
     match action {
@@ -739,7 +734,7 @@ pub fn action_word(action: &CompensationAction) -> String {
 }
 
 /// A unit enum variant's name in the JSON form (snake_case), or its Debug form.
-pub(crate) fn json_word<T: serde::Serialize + std::fmt::Debug>(value: &T) -> String {
+pub fn json_word<T: serde::Serialize + std::fmt::Debug>(value: &T) -> String {
     serde_json::to_value(value)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))

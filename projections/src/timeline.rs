@@ -1,8 +1,7 @@
 //! A readable, one-line-per-event rendering of commits, for `history` and the demo.
 
 use provledger_events::catalogue::{EffectKind, Executor, TargetOutcome};
-use provledger_events::{Commit, Event};
-use uuid::Uuid;
+use provledger_events::{short_id, Commit, Event};
 
 use crate::planner::{action_word, json_word};
 
@@ -40,7 +39,7 @@ pub fn summary(event: &Event) -> String {
             status,
             description,
         } => {
-            format!("status={status:?} {description:?}")
+            format!("status={} {description:?}", json_word(status))
         }
         Event::InstanceJoined {
             node_group,
@@ -53,20 +52,26 @@ pub fn summary(event: &Event) -> String {
         } => {
             format!("name={name} group={}", node_group.as_deref().unwrap_or("-"))
         }
-        Event::VmStateChanged { vm_state, reason } => format!("vm_state={vm_state:?} {reason:?}"),
+        Event::VmStateChanged { vm_state, reason } => {
+            format!("vm_state={} {reason:?}", json_word(vm_state))
+        }
         Event::TaskStarted {
             task_state,
             worker_id,
             ..
         } => {
-            format!("task={task_state:?} worker={worker_id}")
+            format!("task={} worker={worker_id}", json_word(task_state))
         }
         Event::TaskFinished {
             task_state,
             outcome,
             ..
         } => {
-            format!("task={task_state:?} outcome={outcome:?}")
+            format!(
+                "task={} outcome={}",
+                json_word(task_state),
+                json_word(outcome)
+            )
         }
         Event::HostAssigned { host, .. } => format!("host={host}"),
         Event::AllocationClaimed {
@@ -205,11 +210,6 @@ fn inner_json(event: &Event) -> String {
         Ok(other) => other.to_string(),
         Err(e) => format!("<unrenderable: {e}>"),
     }
-}
-
-/// The first 8 hex digits of a compensation id, as the rendered rollback plan shows it.
-fn short_id(id: &Uuid) -> String {
-    id.to_string()[..8].to_string()
 }
 
 fn executor(executor: &Executor) -> String {

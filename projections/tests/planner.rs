@@ -912,12 +912,20 @@ fn a_bundle_without_its_children_is_refused() {
 }
 
 #[test]
-fn a_running_operation_is_not_planned() {
+fn a_running_operation_is_not_planned_and_the_refusal_says_its_status_in_the_contracts_word() {
+    // Given an operation still running,
     let given = create_infrastructure();
+    // when its rollback is planned,
     let refusal = plan_rollback(&given.fold(), &[]).unwrap_err();
+    // then it is refused with a sentence naming its status as JSON does (not `some(running)`).
     assert!(
         matches!(refusal, PlanRefusal::NotStopped { .. }),
         "{refusal}"
+    );
+    let message = refusal.to_string();
+    assert!(
+        message.contains("has status running: there is nothing to roll back"),
+        "{message}"
     );
 }
 

@@ -205,8 +205,22 @@ pub enum OpenJetStreamError {
         expected: String,
         found: String,
     },
+    #[error("stream {stream} not found on this NATS server: nothing was created, since a read never creates one; give the stream that holds the log (--stream, default PROVLEDGER), or create {stream} by writing to it first (`provledger serve` or `provledger append` with --stream {stream})")]
+    StreamNotFound { stream: String },
+    #[error("stream {stream} cannot be created: its subjects {subjects} are already those of another stream on this server; use that stream (--stream, default PROVLEDGER) or another --subject-prefix")]
+    SubjectsTaken { stream: String, subjects: String },
     #[error("JetStream unavailable: {0}")]
     Unavailable(String),
+}
+
+/// What opening a log does when its stream does not exist yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissingStream {
+    /// Create it: what a writer (serve, append, the client library) does.
+    Create,
+    /// Refuse with [`OpenJetStreamError::StreamNotFound`]: what a read-only command does, so
+    /// that a mistyped `--stream` never leaves a permanent (deny_delete) stream behind.
+    Refuse,
 }
 
 /// An aggregate's head: the tip of its valid chain (`version`, `hash`) and the stream
@@ -415,6 +429,14 @@ fn stored_commit(
     }
 }
 
+fn is_subject_overlap(e: &jetstream::context::CreateStreamError) -> bool {
+    matches!(
+        e.kind(),
+        jetstream::context::CreateStreamErrorKind::JetStream(inner)
+            if inner.error_code() == jetstream::ErrorCode::STREAM_SUBJECT_OVERLAP
+    )
+}
+
 fn is_stream_not_found(e: &jetstream::context::GetStreamError) -> bool {
     matches!(
         e.kind(),
@@ -427,7 +449,17 @@ impl JetStreamLog {
     /// Checks the server version, then creates the stream or verifies the existing one.
     pub async fn open(
         client: async_nats::Client,
+        config: JetStreamConfig,
+    ) -> Result<Self, OpenJetStreamError> {
+        Self::open_with(client, config, MissingStream::Create).await
+    }
+
+    /// Checks the server version, then verifies the existing stream; a missing one is
+    /// created or refused as `missing` says.
+    pub async fn open_with(
+        client: async_nats::Client,
         mut config: JetStreamConfig,
+        missing: MissingStream,
     ) -> Result<Self, OpenJetStreamError> {
         let server_version = client.server_info().version;
         if server_version.is_empty() {
@@ -452,10 +484,23 @@ impl JetStreamLog {
         let want = config.stream_config();
         let stream = match context.get_stream(&config.stream).await {
             Ok(s) => s,
-            Err(e) if is_stream_not_found(&e) => context
-                .create_stream(want.clone())
-                .await
-                .map_err(|e| OpenJetStreamError::Unavailable(format!("create stream: {e}")))?,
+            Err(e) if is_stream_not_found(&e) && missing == MissingStream::Refuse => {
+                return Err(OpenJetStreamError::StreamNotFound {
+                    stream: config.stream.clone(),
+                })
+            }
+            Err(e) if is_stream_not_found(&e) => {
+                context.create_stream(want.clone()).await.map_err(|e| {
+                    if is_subject_overlap(&e) {
+                        OpenJetStreamError::SubjectsTaken {
+                            stream: config.stream.clone(),
+                            subjects: config.all_subjects(),
+                        }
+                    } else {
+                        OpenJetStreamError::Unavailable(format!("create stream: {e}"))
+                    }
+                })?
+            }
             Err(e) => return Err(OpenJetStreamError::Unavailable(format!("get stream: {e}"))),
         };
         // A stream created by an earlier provledger lacks atomic publish: turning it on

@@ -53,6 +53,8 @@ pub enum OpenSledError {
     },
     #[error("cannot open sled database in {dir}: {source}")]
     Sled { dir: PathBuf, source: sled::Error },
+    #[error("no provledger data dir at {} ({reason}); nothing was created, since a read never creates one. Point to the data dir with --data-dir DIR (or PROVLEDGER_DATA_DIR; the default is ./provledger-data in the current directory), or read a JetStream log with --nats URL; a data dir is created by the first write (`provledger append`) or by `provledger serve`", dir.display())]
+    NoDataDir { dir: PathBuf, reason: &'static str },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -207,6 +209,24 @@ impl Drop for CloseGuard {
 
 impl SledLog {
     /// Opens (or creates) the log in `dir`, taking an exclusive lock on it.
+    /// Opens an existing data dir and refuses to create one: what a read-only command
+    /// does, so that reading from the wrong directory leaves nothing behind.
+    pub fn open_existing(dir: impl AsRef<Path>) -> Result<Self, OpenSledError> {
+        let dir = dir.as_ref();
+        let missing = |reason| OpenSledError::NoDataDir {
+            // Where it looked, as the user can find it whatever the current directory.
+            dir: std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()),
+            reason,
+        };
+        if !dir.is_dir() {
+            return Err(missing("no such directory"));
+        }
+        if !dir.join(SLED_DIR).is_dir() {
+            return Err(missing("the directory holds no sled database"));
+        }
+        Self::open(dir)
+    }
+
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, OpenSledError> {
         let dir = dir.as_ref().to_path_buf();
         let io = |source| OpenSledError::Io {

@@ -140,7 +140,11 @@ impl AuthArgs {
 #[derive(Subcommand)]
 enum Command {
     /// Run the built-in end-to-end scenario embedded, in a fresh data dir.
-    Demo,
+    Demo {
+        /// Print every commit and every plan whole, not a summary per scenario.
+        #[arg(long)]
+        verbose: bool,
+    },
     /// Append events (the catalogue's JSON form) to one aggregate as one commit.
     Append {
         /// The aggregate, as KIND/ID (KIND is cluster, instance, provider or operation).
@@ -274,6 +278,10 @@ enum Command {
         endpoint: String,
         /// The JSON request (default {}).
         request: Option<String>,
+        /// How long to wait for the reply (2s, 500ms, 1m); longer than the service's
+        /// min_position wait, so that `stale` arrives as a reply.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
     },
 }
 
@@ -281,6 +289,8 @@ enum Command {
 enum ProviderCommand {
     /// Delete a provider: refused while allocations exist (each listed with why and what
     /// to do); --cascade releases them first, with reasons, then deletes.
+    // One of the two, told by clap before anything is opened.
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["id", "host"])))]
     Delete {
         /// The provider; or --host for every provider of a compute service.
         id: Option<Uuid>,
@@ -360,7 +370,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
         nats_auth: cli.auth.nats_auth(),
     };
     match cli.command {
-        Command::Demo => commands::demo::run(&cli.data_dir, cli.json).await,
+        Command::Demo { verbose } => commands::demo::run(&cli.data_dir, verbose, cli.json).await,
         Command::Append {
             aggregate,
             expect,
@@ -390,7 +400,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             result
         }
         Command::History { aggregate } => {
-            let ledger = Ledger::open(&options).await?;
+            let ledger = Ledger::open_existing(&options).await?;
             let result = commands::history::run(&ledger, aggregate, cli.json).await;
             ledger.close();
             result
@@ -606,7 +616,11 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                 }
             }
         }
-        Command::Query { endpoint, request } => {
+        Command::Query {
+            endpoint,
+            request,
+            timeout,
+        } => {
             let nats_url = cli.nats.clone().ok_or_else(|| {
                 CommandError::BadInput("query needs --nats URL (or PROVLEDGER_NATS_URL)".into())
             })?;
@@ -616,19 +630,23 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                 &cli.subject_prefix,
                 &endpoint,
                 request,
+                timeout,
             )
             .await
         }
     }
 }
 
-/// Opens the ledger, runs `f`, and closes the ledger whatever `f` returned.
+/// Opens the existing ledger, runs `f`, and closes the ledger whatever `f` returned. Every
+/// command but `append` (and `serve`, `demo`) works on what is already there, so none of
+/// them creates a data dir or a stream: a mistyped `--data-dir` or `--stream` is an error
+/// naming what was looked for, never a new empty ledger.
 async fn with_ledger<F, Fut>(options: &LedgerOptions, f: F) -> Result<(), CommandError>
 where
     F: FnOnce(Ledger) -> Fut,
     Fut: std::future::Future<Output = (Ledger, Result<(), CommandError>)>,
 {
-    let ledger = Ledger::open(options).await?;
+    let ledger = Ledger::open_existing(options).await?;
     let (ledger, result) = f(ledger).await;
     ledger.close();
     result
@@ -671,6 +689,11 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        // Exit 4 says there was nothing to do: an outcome, not an error.
+        Err(e @ CommandError::NothingToDo(_)) => {
+            eprintln!("{e}");
+            ExitCode::from(e.exit_code() as u8)
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(e.exit_code() as u8)

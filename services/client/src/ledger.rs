@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use provledger_events::log::{OpenJetStreamError, OpenSledError};
+use provledger_events::log::{MissingStream, OpenJetStreamError, OpenSledError};
 use provledger_events::{
     AggregateId, AppendError, AppendOutcome, ChainTip, Commit, CommitDraft, CommitStream, EventLog,
     Expectation, HistoryEntry, JetStreamConfig, JetStreamLog, MemLog, ReadError, SledLog,
@@ -254,6 +254,32 @@ pub async fn open_jetstream(
     stream_replicas: usize,
     auth: &NatsAuth,
 ) -> Result<(async_nats::Client, JetStreamLog), OpenLedgerError> {
+    let stream = StreamAt {
+        stream,
+        subject_prefix,
+        stream_replicas,
+    };
+    open_jetstream_with(url, name, stream, auth, MissingStream::Create).await
+}
+
+/// The stream a log lives in.
+struct StreamAt<'a> {
+    stream: &'a str,
+    subject_prefix: &'a str,
+    stream_replicas: usize,
+}
+
+async fn open_jetstream_with(
+    url: &str,
+    name: &str,
+    StreamAt {
+        stream,
+        subject_prefix,
+        stream_replicas,
+    }: StreamAt<'_>,
+    auth: &NatsAuth,
+    missing: MissingStream,
+) -> Result<(async_nats::Client, JetStreamLog), OpenLedgerError> {
     let client = connect_nats(url, name, auth).await?;
     let config = JetStreamConfig {
         stream: stream.to_string(),
@@ -261,24 +287,43 @@ pub async fn open_jetstream(
         replicas: stream_replicas.max(1),
         ..Default::default()
     };
-    let log = JetStreamLog::open(client.clone(), config).await?;
+    let log = JetStreamLog::open_with(client.clone(), config, missing).await?;
     Ok((client, log))
 }
 
 impl Ledger {
+    /// Opens the ledger to write: a missing data dir or stream is created.
     pub async fn open(options: &LedgerOptions) -> Result<Ledger, OpenLedgerError> {
-        match &options.nats_url {
-            None => Ok(Ledger::Embedded(SledLog::open(&options.data_dir)?)),
-            Some(url) => {
-                let (_, log) = open_jetstream(
-                    url,
-                    "provledger",
-                    &options.stream,
-                    &options.subject_prefix,
-                    options.stream_replicas,
-                    &options.nats_auth,
-                )
-                .await?;
+        Self::open_with(options, MissingStream::Create).await
+    }
+
+    /// Opens an existing ledger to read: a missing data dir or stream is an error naming
+    /// what was looked for, and nothing is created (a mistyped `--stream` or `--data-dir`
+    /// would otherwise leave a permanent stream or a stray directory behind).
+    pub async fn open_existing(options: &LedgerOptions) -> Result<Ledger, OpenLedgerError> {
+        Self::open_with(options, MissingStream::Refuse).await
+    }
+
+    async fn open_with(
+        options: &LedgerOptions,
+        missing: MissingStream,
+    ) -> Result<Ledger, OpenLedgerError> {
+        match (&options.nats_url, missing) {
+            (None, MissingStream::Create) => {
+                Ok(Ledger::Embedded(SledLog::open(&options.data_dir)?))
+            }
+            (None, MissingStream::Refuse) => {
+                Ok(Ledger::Embedded(SledLog::open_existing(&options.data_dir)?))
+            }
+            (Some(url), _) => {
+                let stream = StreamAt {
+                    stream: &options.stream,
+                    subject_prefix: &options.subject_prefix,
+                    stream_replicas: options.stream_replicas,
+                };
+                let (_, log) =
+                    open_jetstream_with(url, "provledger", stream, &options.nats_auth, missing)
+                        .await?;
                 Ok(Ledger::JetStream(log))
             }
         }

@@ -242,9 +242,9 @@ impl Metrics {
         // Series an alert reads exist from the start, at zero: a rule on a series that
         // does not exist yet evaluates to nothing rather than to "none".
         for status in OPERATION_STATUSES {
-            m.operations.get_or_create(&StatusLabels {
+            drop(m.operations.get_or_create(&StatusLabels {
                 status: status.into(),
-            });
+            }));
         }
         for outcome in [
             "appended",
@@ -253,14 +253,14 @@ impl Metrics {
             "rejected",
             "unavailable",
         ] {
-            m.appends.get_or_create(&OutcomeLabels {
+            drop(m.appends.get_or_create(&OutcomeLabels {
                 outcome: outcome.into(),
-            });
+            }));
         }
         for outcome in ["requested", "done", "failed"] {
-            fold.compensations.get_or_create(&OutcomeLabels {
+            drop(fold.compensations.get_or_create(&OutcomeLabels {
                 outcome: outcome.into(),
-            });
+            }));
         }
         Metrics { registry, ..m }
     }

@@ -67,17 +67,12 @@ fn service_copy(
 pub async fn run(options: &LedgerOptions, json: bool) -> Result<(), CommandError> {
     let started = Instant::now();
     let mut notes = Vec::new();
-    if options.nats_url.is_none() && !options.data_dir.join("sled").exists() {
-        return Err(CommandError::Problem(format!(
-            "no ledger at {}: give the --data-dir of an embedded ledger, or --nats",
-            options.data_dir.display()
-        )));
-    }
     let copy = match options.nats_url {
         Some(_) => service_copy(options, &mut notes),
         None => None,
     };
-    let ledger = Ledger::open(options).await?;
+    // Opened first: a missing data dir or stream is told before anything else is read.
+    let ledger = Ledger::open_existing(options).await?;
     let bar = progress_bar(0, "auditing");
     let progress = |done: u64, end: u64| {
         bar.set_length(end);

@@ -5,13 +5,16 @@
 
 use std::path::Path;
 
+use provledger_events::catalogue::Executor;
+use provledger_events::short_aggregate;
 use provledger_events::{SledLog, Timestamp};
+use provledger_projections::planner::action_word;
 use provledger_serve::{audit_log, OnChainViolation};
-use provledger_sim::demo::{self, fit, DemoReport, ScenarioReport};
+use provledger_sim::demo::{self, wrap, DemoReport, OperationOutcome, ScenarioReport};
 
 use super::{print_json, CommandError};
 
-pub async fn run(base_dir: &Path, json: bool) -> Result<(), CommandError> {
+pub async fn run(base_dir: &Path, verbose: bool, json: bool) -> Result<(), CommandError> {
     let report = demo::run(base_dir).await.map_err(|e| match e {
         demo::DemoError::DataDir { .. } => CommandError::Infrastructure(e.to_string()),
         other => CommandError::Problem(other.to_string()),
@@ -48,7 +51,7 @@ pub async fn run(base_dir: &Path, json: bool) -> Result<(), CommandError> {
             },
         }));
     } else {
-        print_report(&report, &violations);
+        print_report(&report, &violations, verbose);
     }
     match violations.len() {
         0 => Ok(()),
@@ -58,13 +61,20 @@ pub async fn run(base_dir: &Path, json: bool) -> Result<(), CommandError> {
     }
 }
 
-fn print_report(report: &DemoReport, violations: &[String]) {
-    println!(
-        "{}",
-        fit(&format!(
+/// Prints a line wrapped at [`demo::LINE_COLUMNS_MAX`] columns, continuations indented.
+fn say(line: &str, indent: usize) {
+    for part in wrap(line, indent) {
+        println!("{part}");
+    }
+}
+
+fn print_report(report: &DemoReport, violations: &[String], verbose: bool) {
+    say(
+        &format!(
             "provledger demo: embedded (sled only, no NATS), data in {}",
             report.data_dir.display()
-        ))
+        ),
+        2,
     );
     let mut failure = 0;
     for scenario in &report.scenarios {
@@ -75,8 +85,8 @@ fn print_report(report: &DemoReport, violations: &[String]) {
         } else {
             format!("== {}", scenario.title)
         };
-        println!("{}", fit(&heading));
-        print_scenario(report, scenario);
+        say(&heading, 3);
+        print_scenario(report, scenario, verbose);
     }
     println!();
     println!(
@@ -90,45 +100,56 @@ fn print_report(report: &DemoReport, violations: &[String]) {
         }
     );
     for v in violations {
-        println!("{}", fit(&format!("  VIOLATION {v}")));
+        say(&format!("  VIOLATION {v}"), 4);
     }
-    // Commands are printed whole, never cut, so that they can be pasted as they are.
+    // Commands are printed whole, never wrapped, so that they can be pasted as they are;
+    // they name the demo's own data dir, which is not the default one.
     let me = invocation();
-    println!("the demo's data stays in its own data dir; look at it with the command you ran:");
-    println!("  DIR={}", report.data_dir.display());
+    // Absolute, so that the commands work from any directory.
+    let dir = std::path::absolute(&report.data_dir).unwrap_or_else(|_| report.data_dir.clone());
+    let dir = shell_word(&dir.display().to_string());
+    say(
+        &format!("the demo's data is in {dir}; read it with the command you ran:"),
+        2,
+    );
     if let Some(cluster) = report.first_cluster() {
-        println!("  {me} --data-dir \"$DIR\" history {cluster}");
-        println!("  {me} --data-dir \"$DIR\" state {cluster}");
+        println!("  {me} --data-dir {dir} history {cluster}");
+        println!("  {me} --data-dir {dir} state {cluster}");
     }
-    println!("  {me} --data-dir \"$DIR\" replay");
-    println!("  {me} --data-dir \"$DIR\" audit");
+    println!("  {me} --data-dir {dir} replay");
+    println!("  {me} --data-dir {dir} audit");
 }
 
-fn print_scenario(report: &DemoReport, scenario: &ScenarioReport) {
-    for commit in &scenario.commits {
-        for line in report.names.render_commit(commit) {
-            println!("{line}");
-        }
-    }
-    for note in &scenario.notes {
-        println!("{}", fit(&format!("  note: {note}")));
-    }
-    for op in &scenario.operations {
-        println!(
-            "{}",
-            fit(&format!("  -- {} ({}): {}", op.label, op.kind, op.status))
-        );
-        if let Some(plan) = &op.plan {
-            // The plan names its target by the id's first 8 hex digits; say its name.
-            let target = scenario.afterwards.cluster;
-            let short_target = format!("{}/{}", target.kind, &target.id.to_string()[..8]);
-            let label = &scenario.afterwards.cluster_label;
-            println!("     rollback plan:");
-            for line in plan.lines() {
-                let line = report.names.shorten(line).replacen(&short_target, label, 1);
-                println!("{}", fit(&format!("       {line}")));
+fn print_scenario(report: &DemoReport, scenario: &ScenarioReport, verbose: bool) {
+    if verbose {
+        for commit in &scenario.commits {
+            for line in report.names.render_commit(commit).iter().flatten() {
+                println!("{line}");
             }
         }
+    } else if let (Some(first), Some(last)) = (scenario.commits.first(), scenario.commits.last()) {
+        println!(
+            "  {} commits, #{}..#{} (--verbose prints each)",
+            scenario.commits.len(),
+            first.position,
+            last.position
+        );
+    }
+    for note in &scenario.notes {
+        say(&format!("  note: {note}"), 8);
+    }
+    for op in &scenario.operations {
+        say(
+            &format!("  -- {} ({}): {}", op.label, op.kind, op.status),
+            6,
+        );
+        if let Some(failure) = &op.failure {
+            say(
+                &format!("     failed in {}", report.names.shorten(failure)),
+                7,
+            );
+        }
+        print_plan(report, scenario, op, verbose);
     }
     let a = &scenario.afterwards;
     let held: Vec<String> = a
@@ -136,19 +157,18 @@ fn print_scenario(report: &DemoReport, scenario: &ScenarioReport) {
         .iter()
         .map(|(executor, n)| format!("{executor} {n}"))
         .collect();
-    println!(
-        "{}",
-        fit(&format!(
+    say(
+        &format!(
             "  afterwards: {} is {} ({}), {} member(s)",
             a.cluster_label,
             a.status,
             report.names.shorten(&a.description),
             a.members
-        ))
+        ),
+        4,
     );
-    println!(
-        "{}",
-        fit(&format!(
+    say(
+        &format!(
             "  executors hold: {}; of removed nodes: {}",
             if held.is_empty() {
                 "nothing".to_string()
@@ -160,8 +180,93 @@ fn print_scenario(report: &DemoReport, scenario: &ScenarioReport) {
             } else {
                 a.left_of_removed_nodes.join(", ")
             }
-        ))
+        ),
+        4,
     );
+}
+
+/// The operation's rollback plan: whole with `--verbose`; otherwise its rule and target
+/// whole, its compensations counted by action in plan order, what it kept grouped by why.
+fn print_plan(
+    report: &DemoReport,
+    scenario: &ScenarioReport,
+    op: &OperationOutcome,
+    verbose: bool,
+) {
+    let (Some(rendered), Some(plan)) = (&op.plan, &op.rollback_plan) else {
+        return;
+    };
+    // The plan names its target by its short id; say its name.
+    let short_target = short_aggregate(&scenario.afterwards.cluster);
+    let label = &scenario.afterwards.cluster_label;
+    let named = |line: &str| report.names.shorten(line).replacen(&short_target, label, 1);
+    println!("     rollback plan:");
+    for line in rendered.lines() {
+        let summarised = line.starts_with("  ")
+            || line.starts_with("compensations")
+            || line.starts_with("retained");
+        if verbose || !summarised {
+            say(&format!("       {}", named(line)), 9);
+        }
+    }
+    if verbose {
+        return;
+    }
+    let mut by_action: Vec<(String, usize)> = Vec::new();
+    for c in &plan.compensations {
+        let executor = match &c.compensation.executor {
+            Executor::Ledger => "ledger".to_string(),
+            Executor::Service(s) => s.clone(),
+        };
+        let what = format!("{} by {executor}", action_word(&c.compensation.action));
+        match by_action.iter_mut().find(|(w, _)| *w == what) {
+            Some((_, n)) => *n += 1,
+            None => by_action.push((what, 1)),
+        }
+    }
+    let counted: Vec<String> = by_action.iter().map(|(w, n)| format!("{n} {w}")).collect();
+    say(
+        &format!(
+            "       compensations: {}",
+            if counted.is_empty() {
+                "none".to_string()
+            } else {
+                counted.join(", ")
+            }
+        ),
+        9,
+    );
+    let mut by_why: Vec<(&str, Vec<String>)> = Vec::new();
+    for r in &plan.retained {
+        let resource = report.names.shorten(&r.resource);
+        match by_why.iter_mut().find(|(w, _)| *w == r.why) {
+            Some((_, kept)) => kept.push(resource),
+            None => by_why.push((&r.why, vec![resource])),
+        }
+    }
+    if by_why.is_empty() {
+        println!("       retained: none");
+    }
+    for (why, kept) in by_why {
+        say(
+            &format!(
+                "       retained {}: {}",
+                kept.join(", "),
+                report.names.shorten(why)
+            ),
+            9,
+        );
+    }
+}
+
+/// A path as one shell word: as it is when it needs no quoting, else in single quotes.
+fn shell_word(text: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-+:@%,=".contains(c);
+    if !text.is_empty() && text.chars().all(plain) {
+        text.to_string()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
 }
 
 /// The command the user ran, so that the hint can be pasted as is: `cargo run` sets

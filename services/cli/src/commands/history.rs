@@ -6,9 +6,28 @@ use provledger_projections::timeline;
 
 use super::{print_json, CommandError};
 use provledger_client::Ledger;
+use provledger_serve::ProjectionStore;
+
+/// The aggregate's entries: from the log; or, in a stopped service's data dir (whose log
+/// tree is empty: the service writes its copy of the stream into the projection store),
+/// from that copy, as `state` reads it.
+async fn entries(
+    ledger: &Ledger,
+    aggregate: AggregateId,
+) -> Result<Vec<HistoryEntry>, CommandError> {
+    if let Ledger::Embedded(log) = ledger {
+        if let Some(stream) = ProjectionStore::copied_stream(log.db())? {
+            tracing::info!(%stream, "data dir holds a service's copy; reading it offline");
+            let store = ProjectionStore::open(log.db())?;
+            let commits = store.aggregate_commits(&aggregate, u64::MAX)?;
+            return Ok(commits.into_iter().map(HistoryEntry::Commit).collect());
+        }
+    }
+    Ok(ledger.aggregate_history(aggregate).await?)
+}
 
 pub async fn run(ledger: &Ledger, aggregate: AggregateId, json: bool) -> Result<(), CommandError> {
-    let entries = ledger.aggregate_history(aggregate).await?;
+    let entries = entries(ledger, aggregate).await?;
     let commits: Vec<_> = entries
         .iter()
         .filter_map(|e| match e {

@@ -17,6 +17,7 @@ pub mod state;
 
 use provledger_client::write::RecordError;
 use provledger_client::OpenLedgerError;
+use provledger_events::log::{OpenJetStreamError, OpenSledError};
 use provledger_events::{AppendError, ReadError};
 
 /// A failed command: what went wrong, what to do, and the exit code.
@@ -50,10 +51,19 @@ impl CommandError {
 impl From<OpenLedgerError> for CommandError {
     fn from(e: OpenLedgerError) -> Self {
         match e {
-            OpenLedgerError::JetStream(
-                provledger_events::log::OpenJetStreamError::StreamConfigMismatch { .. },
-            ) => CommandError::Problem(e.to_string()),
+            OpenLedgerError::JetStream(OpenJetStreamError::StreamConfigMismatch { .. }) => {
+                CommandError::Problem(e.to_string())
+            }
             OpenLedgerError::BadNatsUrl { .. } | OpenLedgerError::BadNatsAuth { .. } => {
+                CommandError::BadInput(e.to_string())
+            }
+            // Nothing at the place given: like an aggregate not found, the command ran and
+            // found no ledger there (exit 1, as `history` of a missing aggregate).
+            OpenLedgerError::JetStream(OpenJetStreamError::StreamNotFound { .. })
+            | OpenLedgerError::Sled(OpenSledError::NoDataDir { .. }) => {
+                CommandError::Problem(e.to_string())
+            }
+            OpenLedgerError::JetStream(OpenJetStreamError::SubjectsTaken { .. }) => {
                 CommandError::BadInput(e.to_string())
             }
             other => CommandError::Infrastructure(other.to_string()),

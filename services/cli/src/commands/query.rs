@@ -4,9 +4,6 @@ use std::time::Duration;
 
 use super::{print_json, CommandError};
 
-/// Longer than the service's bounded `min_position` wait, so `stale` arrives as a reply.
-const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// The subject suffix for an endpoint given as `cluster.get`, `q.cluster.get` or
 /// `cmd.append`, if the service has that endpoint.
 fn suffix_of(endpoint: &str) -> Result<String, CommandError> {
@@ -35,6 +32,7 @@ pub async fn run(
     prefix: &str,
     endpoint: &str,
     request: Option<String>,
+    timeout: Duration,
 ) -> Result<(), CommandError> {
     let suffix = suffix_of(endpoint)?;
     provledger_client::parse_nats_urls(nats_url)?;
@@ -44,19 +42,40 @@ pub async fn run(
             "the request is not JSON: {e}"
         )));
     }
-    let client = provledger_client::connect_nats(nats_url, "provledger-query", auth).await?;
-    let subject = format!("{prefix}.{suffix}");
-    let reply = tokio::time::timeout(QUERY_TIMEOUT, client.request(subject.clone(), body.into()))
+    let client = provledger_client::connect_nats(nats_url, "provledger-query", auth)
         .await
-        .unwrap_or_else(|_| {
-            Err(async_nats::RequestError::new(
-                async_nats::RequestErrorKind::TimedOut,
-            ))
-        })
-        .map_err(|e| {
+        .map_err(|e| match e {
+            // A query needs the service: running embedded (without --nats) is no way out.
+            provledger_client::OpenLedgerError::NatsUnreachable { url, reason } => {
+                CommandError::Infrastructure(format!(
+                    "NATS unreachable at {url}: {reason}; give --nats the URL of the NATS server \
+                     that `provledger serve` runs against"
+                ))
+            }
+            other => other.into(),
+        })?;
+    let subject = format!("{prefix}.{suffix}");
+    let no_service = "start `provledger serve` against this NATS, with the same --subject-prefix";
+    let reply = tokio::time::timeout(timeout, client.request(subject.clone(), body.into()))
+        .await
+        .map_err(|_| {
             CommandError::Infrastructure(format!(
-                "no answer on {subject}: {e}; is `provledger serve` running against this NATS?"
+                "no answer on {subject} within {}; is `provledger serve` running against this \
+                 NATS? (a longer --timeout waits more)",
+                humantime::format_duration(timeout)
             ))
+        })?
+        .map_err(|e| {
+            let why = match e.kind() {
+                async_nats::RequestErrorKind::NoResponders => {
+                    format!("no service answers on {subject}; {no_service}")
+                }
+                async_nats::RequestErrorKind::TimedOut => {
+                    format!("no answer on {subject} in time; {no_service}")
+                }
+                _ => format!("request on {subject} failed: {e}"),
+            };
+            CommandError::Infrastructure(why)
         })?;
     let value: serde_json::Value = serde_json::from_slice(&reply.payload)
         .map_err(|e| CommandError::Problem(format!("the service's reply is not JSON: {e}")))?;

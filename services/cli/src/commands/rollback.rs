@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use provledger_projections::operation::CompensationProgress;
-use provledger_projections::planner::render_plan;
+use provledger_projections::planner::{json_word, render_plan};
 use provledger_projections::rollback::RetryPolicy;
 use uuid::Uuid;
 
@@ -52,8 +52,10 @@ pub async fn plan(ledger: &Ledger, id: Uuid, json: bool) -> Result<(), CommandEr
         return Ok(());
     }
     let status = op.view()["status"].as_str().unwrap_or("?").to_string();
+    // The plan shows ids short; the target's full id is what `state` and `history` take.
     println!(
-        "operation {id} ({status}): {}",
+        "operation {id} ({status}) on {}: {}",
+        plan.target,
         if recorded {
             "recorded plan"
         } else {
@@ -64,9 +66,9 @@ pub async fn plan(ledger: &Ledger, id: Uuid, json: bool) -> Result<(), CommandEr
     for c in &op.compensations {
         if c.progress != CompensationProgress::Done {
             println!(
-                "  pending: {} {:?} after {} attempt(s){}",
+                "  pending: {} {} after {} attempt(s){}",
                 c.planned.compensation_id,
-                c.progress,
+                json_word(&c.progress),
                 c.attempts,
                 c.last_error
                     .as_ref()
@@ -151,7 +153,8 @@ pub async fn run(
             print!("{}", render_plan(plan));
         }
         if !op.remaining.is_empty() {
-            println!("remaining: {:?}", op.remaining);
+            let remaining: Vec<String> = op.remaining.iter().map(Uuid::to_string).collect();
+            println!("remaining compensations: {}", remaining.join(", "));
         }
     }
     if op.remaining.is_empty() {

@@ -16,10 +16,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use futures::StreamExt;
+use provledger_events::catalogue::RollbackPlan;
 use provledger_events::{verify_chain, AggregateId, Commit, EventLog, SledLog};
 use uuid::Uuid;
 
-pub use names::{fit, short, Names, LINE_COLUMNS_MAX};
+pub use names::{short, wrap, Names, LINE_COLUMNS_MAX};
 
 /// The seed of the demo's id source: the same seed, the same id tails every run.
 pub const DEMO_SEED: u64 = 0x5EED_0001;
@@ -44,6 +45,11 @@ pub struct OperationOutcome {
     pub status: String,
     /// The recorded rollback plan, rendered, if the operation was rolled back.
     pub plan: Option<String>,
+    /// The same plan, for a summary (the JSON report carries it rendered, in `plan`).
+    #[serde(skip)]
+    pub rollback_plan: Option<RollbackPlan>,
+    /// Where and why the operation failed, if it did.
+    pub failure: Option<String>,
 }
 
 /// What remained after a scenario.

@@ -1,7 +1,7 @@
 //! Labels a person can tell apart: an entity's name where it has one (`cluster analytics`,
 //! `vm workers-3f9c2a71`, `provider cmp-1`), an operation's kind and number
-//! (`op create_cluster#2`), and otherwise the last 8 hex digits of the id (UUID v7 ids share
-//! their time prefix, so the tail is what differs).
+//! (`op create_cluster#2`), and otherwise the id's short form, its random tail
+//! (`provledger_events::short_id`: UUID v7 ids share their time prefix).
 
 use std::collections::HashMap;
 
@@ -12,10 +12,9 @@ use uuid::Uuid;
 /// The widest line the demo prints.
 pub const LINE_COLUMNS_MAX: usize = 120;
 
-/// The last 8 hex digits of an id.
+/// The short form of an id, the same everywhere ids are shortened (its random tail).
 pub fn short(id: &Uuid) -> String {
-    let hex = id.simple().to_string();
-    hex[hex.len() - 8..].to_string()
+    provledger_events::short_id(id)
 }
 
 /// Labels of the aggregates (and of the resources named by their ids) seen so far.
@@ -91,7 +90,7 @@ impl Names {
 
     /// One commit, printed once: its first line carries the position, the aggregate and
     /// the version; each further event of the commit goes on its own indented line.
-    pub fn render_commit(&self, commit: &Commit) -> Vec<String> {
+    pub fn render_commit(&self, commit: &Commit) -> Vec<Vec<String>> {
         let head = format!(
             "#{:<4} {:<26} v{:<3}",
             commit.position,
@@ -106,21 +105,51 @@ impl Names {
             .map(|(i, event)| {
                 let prefix = if i == 0 { head.as_str() } else { pad.as_str() };
                 let summary = self.shorten(&timeline::summary(event));
-                fit(&format!("  {prefix} {:<27} {summary}", event.name()))
+                let line = format!("  {prefix} {:<27} ", event.name());
+                let indent = line.chars().count();
+                wrap(&format!("{line}{summary}"), indent)
             })
             .collect()
     }
 }
 
-/// Cuts a line to [`LINE_COLUMNS_MAX`] characters, marking the cut.
-pub fn fit(line: &str) -> String {
-    let line = line.trim_end();
-    if line.chars().count() <= LINE_COLUMNS_MAX {
-        return line.to_string();
+/// Breaks a line at spaces into lines of at most [`LINE_COLUMNS_MAX`] characters, the
+/// continuation lines indented by `indent` columns, so that nothing is cut off (a failure
+/// reason or a rule is read whole). A word longer than a line is split where it must be.
+pub fn wrap(line: &str, indent: usize) -> Vec<String> {
+    let pad = " ".repeat(indent.min(LINE_COLUMNS_MAX / 2));
+    let mut out = Vec::new();
+    let mut current = String::new();
+    // Whether the line being filled has no token yet (a continuation holds only its pad),
+    // and whether it holds a word, not only spaces: only a line with a word is broken.
+    let mut line_is_fresh = true;
+    let mut line_has_word = false;
+    // Splitting at single spaces keeps runs of spaces (the columns' padding) as empty tokens.
+    for word in line.trim_end().split(' ') {
+        let width = current.chars().count() + usize::from(!line_is_fresh);
+        if line_has_word && width + word.chars().count() > LINE_COLUMNS_MAX {
+            out.push(std::mem::replace(&mut current, pad.clone()));
+            line_is_fresh = true;
+            line_has_word = false;
+        }
+        if line_is_fresh && word.is_empty() && !out.is_empty() {
+            continue;
+        }
+        if !line_is_fresh {
+            current.push(' ');
+        }
+        current.push_str(word);
+        line_is_fresh = false;
+        line_has_word |= !word.is_empty();
+        while current.chars().count() > LINE_COLUMNS_MAX {
+            let head: String = current.chars().take(LINE_COLUMNS_MAX).collect();
+            let tail: String = current.chars().skip(LINE_COLUMNS_MAX).collect();
+            out.push(head);
+            current = format!("{pad}{tail}");
+        }
     }
-    let mut cut: String = line.chars().take(LINE_COLUMNS_MAX - 3).collect();
-    cut.push_str("...");
-    cut
+    out.push(current.trim_end().to_string());
+    out
 }
 
 /// The byte offset of the first hyphenated UUID in `text`.
@@ -147,13 +176,35 @@ mod tests {
         names.labels.insert(known, "vm workers-1".into());
         let unknown = Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_abcd_ef01);
         let text = format!("consumer={known} other={unknown}.");
-        assert_eq!(names.shorten(&text), "consumer=workers-1 other=abcdef01.");
+        assert_eq!(
+            names.shorten(&text),
+            "consumer=workers-1 other=0000abcdef01."
+        );
     }
 
     #[test]
-    fn long_lines_are_cut_to_the_limit() {
-        let line = "x".repeat(500);
-        assert_eq!(fit(&line).chars().count(), LINE_COLUMNS_MAX);
-        assert_eq!(fit("short  "), "short");
+    fn long_lines_are_wrapped_within_the_limit_and_nothing_is_lost() {
+        // Given a sentence three times as wide as a line, and a word wider than a line,
+        let words: Vec<String> = (0..60).map(|i| format!("word{i}")).collect();
+        let sentence = format!("  reason: {}", words.join(" "));
+        let long_word = "x".repeat(300);
+        for line in [sentence.as_str(), long_word.as_str()] {
+            // when they are wrapped with a hanging indent,
+            let wrapped = wrap(line, 4);
+            // then every line fits, continuations are indented, and every character is kept.
+            assert!(wrapped.len() > 1, "{wrapped:?}");
+            assert!(wrapped
+                .iter()
+                .all(|l| l.chars().count() <= LINE_COLUMNS_MAX));
+            assert!(wrapped[1..].iter().all(|l| l.starts_with("    ")));
+            let rejoined: String = wrapped
+                .iter()
+                .map(|l| l.trim())
+                .collect::<Vec<_>>()
+                .join(" ");
+            let squeezed = |t: &str| t.split_whitespace().collect::<String>();
+            assert_eq!(squeezed(&rejoined), squeezed(line));
+        }
+        assert_eq!(wrap("short  ", 4), vec!["short".to_string()]);
     }
 }

@@ -176,6 +176,11 @@ impl World {
             kind: view["kind"].as_str().unwrap_or("?").to_string(),
             status: view["status"].as_str().unwrap_or("?").to_string(),
             plan: op.rollback_plan.as_deref().map(render_plan),
+            rollback_plan: op.rollback_plan.as_deref().cloned(),
+            failure: op.error.as_ref().map(|e| match &e.step {
+                Some(step) => format!("stage {} step {step}: {}", e.stage, e.message),
+                None => format!("stage {}: {}", e.stage, e.message),
+            }),
         })
     }
 
