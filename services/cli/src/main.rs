@@ -687,8 +687,15 @@ fn main() -> ExitCode {
             return ExitCode::from(3);
         }
     };
+    let json = cli.json;
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        // Under --json a failure is one JSON object on stderr (stdout keeps the one
+        // document a command may already have printed, like audit's report).
+        Err(e) if json => {
+            eprintln!("{}", e.to_json());
+            ExitCode::from(e.exit_code() as u8)
+        }
         // Exit 4 says there was nothing to do: an outcome, not an error.
         Err(e @ CommandError::NothingToDo(_)) => {
             eprintln!("{e}");

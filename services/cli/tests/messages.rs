@@ -55,3 +55,34 @@ fn a_query_timeout_that_is_not_a_duration_is_bad_usage() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("--timeout"), "{}", text(&out));
 }
+
+#[test]
+fn under_json_a_failure_is_one_json_object_on_stderr_with_its_code_and_exit_code() {
+    // Given a data dir that does not exist,
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nothing-here");
+    // when a read-only command runs on it with --json,
+    let out = provledger(
+        &[
+            "--json",
+            "--data-dir",
+            missing.to_str().unwrap(),
+            "history",
+            "cluster/0190b6b1-9a39-7c52-8c4e-2f3f7d1b8a01",
+        ],
+        "",
+    );
+    // then it exits 1 and stderr is one JSON object saying so, with the message.
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let error: serde_json::Value = serde_json::from_str(stderr.trim())
+        .unwrap_or_else(|e| panic!("stderr is not one JSON object ({e}): {stderr}"));
+    assert_eq!(error["error"]["code"], "problem", "{error}");
+    assert_eq!(error["error"]["exit_code"], 1, "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("nothing-here")),
+        "{error}"
+    );
+}

@@ -46,6 +46,27 @@ impl CommandError {
             CommandError::NothingToDo(_) => 4,
         }
     }
+
+    /// The stable word for the exit code, in `--json` errors.
+    pub fn code(&self) -> &'static str {
+        match self {
+            CommandError::Problem(_) => "problem",
+            CommandError::BadInput(_) => "bad_input",
+            CommandError::Infrastructure(_) => "infrastructure",
+            CommandError::NothingToDo(_) => "nothing_to_do",
+        }
+    }
+
+    /// The error as `--json` prints it: `{"error": {"code", "exit_code", "message"}}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": {
+                "code": self.code(),
+                "exit_code": self.exit_code(),
+                "message": self.to_string(),
+            }
+        })
+    }
 }
 
 impl From<OpenLedgerError> for CommandError {
