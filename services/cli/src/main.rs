@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 mod commands;
 
 use commands::state::LogPoint;
@@ -249,6 +249,13 @@ enum Command {
         /// The JSON request (default {}).
         request: Option<String>,
     },
+    /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
+    /// Print the man page provledger(1), or write one page per subcommand into --out-dir.
+    Man {
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -302,6 +309,8 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
     };
     match cli.command {
         Command::Demo => commands::demo::run(&cli.data_dir, cli.json).await,
+        Command::Completions { shell } => commands::completions::completions(shell, Cli::command()),
+        Command::Man { out_dir } => commands::completions::man(Cli::command(), out_dir.as_deref()),
         Command::Append {
             aggregate,
             expect,
