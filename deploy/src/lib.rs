@@ -68,9 +68,57 @@ fn fill(template: &str, spec: &ServerSpec, store_dir: &Path) -> String {
         .replace("{{store_dir}}", &store_dir.display().to_string())
 }
 
-/// The configuration of a single JetStream server.
+/// `config` with the value of each top-level or block setting `key` replaced, keeping the
+/// line's indentation. `deploy/nats/single.conf` is a configuration that runs as is, not a
+/// template, so rendering rewrites its settings rather than filling placeholders.
+///
+/// Each key must be set on exactly one line: a key not found would leave the default (a
+/// test server on the standard port), so that is a bug in the file, asserted here.
+fn set_values(config: &str, values: &[(&str, String)]) -> String {
+    let mut found = vec![0usize; values.len()];
+    let mut out = String::with_capacity(config.len());
+    for line in config.lines() {
+        let setting = line.trim_start();
+        let indent = &line[..line.len() - setting.len()];
+        let key_of_line = values.iter().position(|(key, _)| {
+            setting
+                .strip_prefix(key)
+                .is_some_and(|rest| rest.starts_with(':'))
+        });
+        match key_of_line {
+            Some(i) => {
+                found[i] += 1;
+                let (key, value) = &values[i];
+                out.push_str(&format!("{indent}{key}: {value}"));
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    for ((key, _), count) in values.iter().zip(&found) {
+        assert_eq!(
+            *count, 1,
+            "`{key}:` must be set on exactly one line of the configuration"
+        );
+    }
+    out
+}
+
+/// The configuration of a single JetStream server: `deploy/nats/single.conf` with the
+/// server's name, ports and store, plus the hardening.
 pub fn single_node_config(spec: &ServerSpec, store_dir: &Path, hardening: &Hardening) -> String {
-    fill(SINGLE, spec, store_dir) + &hardening.render()
+    let values = [
+        ("server_name", spec.name.clone()),
+        ("listen", format!("{}:{}", spec.host, spec.port)),
+        ("http", format!("{}:{}", spec.host, spec.monitor_port)),
+        ("store_dir", format!("\"{}\"", store_dir.display())),
+    ];
+    set_values(SINGLE, &values) + &hardening.render()
+}
+
+/// Where `deploy/nats/single.conf` is in the source tree, for running it as is.
+pub fn single_node_config_path() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("nats/single.conf")
 }
 
 /// One configuration per cluster member; each routes to all the others.
@@ -135,6 +183,36 @@ mod tests {
         assert!(!c.contains("{{"), "{c}");
         assert!(c.contains("listen: 127.0.0.1:4001"));
         assert!(c.contains("store_dir: \"/tmp/x\""));
+    }
+
+    #[test]
+    fn rendering_single_conf_rewrites_every_default_the_committed_file_runs_with() {
+        // Given: the committed file, which runs as is on the standard ports.
+        assert!(!SINGLE.contains("{{"), "single.conf is not a template");
+        assert!(SINGLE.contains("listen: 127.0.0.1:4222"));
+        // When: it is rendered for a server of its own.
+        let c = single_node_config(&spec(1), Path::new("/tmp/x"), &Hardening::default());
+        // Then: none of the defaults is left in a setting, the rest of the file is.
+        let settings: Vec<&str> = c
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .collect();
+        for default in ["provledger-nats", ":4222", ":8222", "\"nats-data\""] {
+            assert!(
+                !settings.iter().any(|l| l.contains(default)),
+                "{default} left in:\n{c}"
+            );
+        }
+        assert!(c.contains("server_name: n1"));
+        assert!(c.contains("http: 127.0.0.1:8001"));
+        assert!(c.contains("  max_file_store: 64GB"));
+        assert_eq!(c.lines().count(), SINGLE.lines().count());
+    }
+
+    #[test]
+    #[should_panic(expected = "`listen:` must be set on exactly one line")]
+    fn rendering_refuses_a_configuration_without_a_setting_it_must_rewrite() {
+        set_values("port: 4222\n", &[("listen", "127.0.0.1:1".into())]);
     }
 
     #[test]

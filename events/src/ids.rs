@@ -229,24 +229,16 @@ impl Hash {
     /// The `prev_hash` of an aggregate's first commit.
     pub const ZERO: Hash = Hash([0u8; 32]);
 
+    /// Lowercase hex, 64 digits (blake3's own encoding).
     pub fn to_hex(&self) -> String {
-        let mut s = String::with_capacity(64);
-        for b in self.0 {
-            s.push_str(&format!("{b:02x}"));
-        }
-        s
+        blake3::Hash::from_bytes(self.0).to_hex().to_string()
     }
 
+    /// Parses 64 hex digits (either case), as blake3 does.
     pub fn from_hex(s: &str) -> Result<Self, String> {
-        if s.len() != 64 || !s.is_ascii() {
-            return Err(format!("hash {s:?} is not 64 hex digits"));
-        }
-        let mut out = [0u8; 32];
-        for (i, byte) in out.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
-                .map_err(|e| format!("hash {s:?} is not hex: {e}"))?;
-        }
-        Ok(Hash(out))
+        blake3::Hash::from_hex(s)
+            .map(|h| Hash(*h.as_bytes()))
+            .map_err(|e| format!("hash {s:?} is not 64 hex digits: {e}"))
     }
 }
 
@@ -388,5 +380,25 @@ mod tests {
         let ms = uuid_v7_unix_ms(&id).unwrap();
         assert!((ms - Timestamp::now().0).abs() < 5_000);
         assert_eq!(uuid_v7_unix_ms(&Uuid::new_v4()), None);
+    }
+
+    #[test]
+    fn a_hash_is_64_lowercase_hex_digits_and_reads_back() {
+        // Given: a hash whose bytes are 0, 1, ..., 31.
+        let mut bytes = [0u8; 32];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let hash = Hash(bytes);
+        // When / then: it is written as each byte's two digits in order, and read back
+        // from either case; anything but 64 hex digits is refused.
+        let hex = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+        assert_eq!(hash.to_hex(), hex);
+        assert_eq!(hash.to_string(), hex);
+        assert_eq!(Hash::from_hex(hex), Ok(hash));
+        assert_eq!(Hash::from_hex(&hex.to_uppercase()), Ok(hash));
+        assert!(Hash::from_hex(&hex[1..]).is_err());
+        assert!(Hash::from_hex(&hex.replace('a', "g")).is_err());
+        assert!(Hash::from_hex(&format!("+{}", &hex[1..])).is_err());
     }
 }

@@ -23,13 +23,23 @@ pub fn padded_draft(n: usize) -> CommitDraft {
     }
 }
 
-/// The `p` quantile (0..=1) of `sorted` latencies; zero for none.
-pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
+/// The largest latency [`percentile`] tells apart: an hour.
+const LATENCY_NS_MAX: u64 = 3_600 * 1_000_000_000;
+
+/// The `p` quantile (0..=1) of `latencies` (in any order), read from an HDR histogram of
+/// their nanoseconds at 3 significant digits (within 0.1%); zero for none.
+pub fn percentile(latencies: &[Duration], p: f64) -> Duration {
+    if latencies.is_empty() {
         return Duration::ZERO;
     }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
+    // Bounds 1 ns..1 h at 3 significant digits are valid for hdrhistogram (low >= 1, high
+    // >= 2 * low, digits <= 5), so this cannot fail; a latency over an hour saturates.
+    let mut histogram = hdrhistogram::Histogram::<u64>::new_with_bounds(1, LATENCY_NS_MAX, 3)
+        .expect("valid bounds");
+    for latency in latencies {
+        histogram.saturating_record(u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX));
+    }
+    Duration::from_nanos(histogram.value_at_quantile(p))
 }
 
 /// `writers` tasks, each appending `per_writer` commits in order to a fresh aggregate of
@@ -70,4 +80,25 @@ pub async fn single_writer_latencies<L: EventLog>(log: &L, count: usize) -> Vec<
     }
     samples.sort();
     samples
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_of_1_to_100_ms_are_within_a_tenth_of_a_percent() {
+        // Given: latencies of 1, 2, ..., 100 ms, shuffled.
+        let mut latencies: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        latencies.reverse();
+        // When / then: the median, p99 and max are those of the sorted list, to 0.1%.
+        for (p, expected_ms) in [(0.5, 50.0), (0.99, 99.0), (1.0, 100.0)] {
+            let got = percentile(&latencies, p).as_secs_f64() * 1e3;
+            assert!(
+                (got - expected_ms).abs() <= expected_ms * 1e-3,
+                "p{p}: {got} ms, expected {expected_ms}"
+            );
+        }
+        assert_eq!(percentile(&[], 0.5), Duration::ZERO);
+    }
 }

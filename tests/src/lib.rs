@@ -16,22 +16,22 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use provledger_deploy::{single_node_config, Hardening, ServerSpec, ACCOUNT_USERS};
+use provledger_events::log::{parse_server_version, SERVER_VERSION_MIN};
 
 /// The exact command that installs the pinned nats-server into `.tools/`.
 pub const INSTALL_COMMAND: &str = "bash scripts/install-nats-server.sh";
-const SERVER_VERSION_MIN: (u64, u64, u64) = (2, 12, 0);
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// The version `binary --version` prints (`nats-server: v2.14.6`), parsed as the log parses
+/// the one a server reports to its clients.
 fn version_of(binary: &Path) -> Option<(u64, u64, u64)> {
     let out = Command::new(binary).arg("--version").output().ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let v = text.trim().rsplit(" v").next()?.trim();
-    let mut parts = v.split(['.', '-']).map(|p| p.parse::<u64>().ok());
-    Some((parts.next()??, parts.next()??, parts.next()??))
+    parse_server_version(text.trim().rsplit(' ').next()?)
 }
 
 /// Finds a nats-server of version 2.12 or later, or explains how to install one.

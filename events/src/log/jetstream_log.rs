@@ -305,14 +305,12 @@ pub struct JetStreamLog {
     inner: Arc<Inner>,
 }
 
-fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
-    let core = v.trim_start_matches('v').split(['-', '+']).next()?;
-    let mut parts = core.split('.').map(|p| p.parse::<u64>().ok());
-    Some((
-        parts.next()??,
-        parts.next()??,
-        parts.next().flatten().unwrap_or(0),
-    ))
+/// The (major, minor, patch) of a nats-server version as the server reports it (`2.14.6`,
+/// `v2.14.6`, `2.12.0-beta.1`), parsed as semver. A pre-release counts as its release: a
+/// 2.12.0 beta already has what 2.12 added.
+pub fn parse_server_version(v: &str) -> Option<(u64, u64, u64)> {
+    let version = semver::Version::parse(v.trim().trim_start_matches('v')).ok()?;
+    Some((version.major, version.minor, version.patch))
 }
 
 fn unavailable(e: impl std::fmt::Display) -> AppendError {
@@ -468,7 +466,7 @@ impl JetStreamLog {
                 "the NATS client is not connected to any server yet".into(),
             ));
         }
-        match parse_version(&server_version) {
+        match parse_server_version(&server_version) {
             Some(v) if v >= SERVER_VERSION_MIN => {}
             _ => {
                 return Err(OpenJetStreamError::ServerTooOld {
@@ -1410,13 +1408,13 @@ mod tests {
 
     #[test]
     fn server_versions_are_compared_numerically() {
-        assert!(parse_version("2.9.10").unwrap() < SERVER_VERSION_MIN);
-        assert!(parse_version("2.10.26").unwrap() < SERVER_VERSION_MIN);
-        assert!(parse_version("2.11.4").unwrap() < SERVER_VERSION_MIN);
-        assert!(parse_version("2.12.0").unwrap() >= SERVER_VERSION_MIN);
-        assert!(parse_version("v2.14.6").unwrap() >= SERVER_VERSION_MIN);
-        assert!(parse_version("2.12.0-beta.1").unwrap() >= SERVER_VERSION_MIN);
-        assert_eq!(parse_version("garbage"), None);
+        assert!(parse_server_version("2.9.10").unwrap() < SERVER_VERSION_MIN);
+        assert!(parse_server_version("2.10.26").unwrap() < SERVER_VERSION_MIN);
+        assert!(parse_server_version("2.11.4").unwrap() < SERVER_VERSION_MIN);
+        assert!(parse_server_version("2.12.0").unwrap() >= SERVER_VERSION_MIN);
+        assert!(parse_server_version("v2.14.6").unwrap() >= SERVER_VERSION_MIN);
+        assert!(parse_server_version("2.12.0-beta.1").unwrap() >= SERVER_VERSION_MIN);
+        assert_eq!(parse_server_version("garbage"), None);
     }
 
     #[test]

@@ -20,7 +20,10 @@ use crate::codec::{DecodeError, EncodeError};
 use crate::commit::{Commit, CommitDraft, InvalidCommit};
 use crate::ids::AggregateId;
 
-pub use jetstream_log::{JetStreamConfig, JetStreamLog, MissingStream, OpenJetStreamError};
+pub use jetstream_log::{
+    parse_server_version, JetStreamConfig, JetStreamLog, MissingStream, OpenJetStreamError,
+    SERVER_VERSION_MIN,
+};
 pub use mem_log::{FaultCounts, FaultPlan, MemLog};
 pub use sled_log::{OpenSledError, SledLog};
 pub use write_queue::{WriteQueues, WriteSlot, WriteTurn, WRITE_QUEUES_MAX};

@@ -21,7 +21,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use fs2::FileExt;
 use futures::StreamExt;
 use tokio::sync::watch;
 
@@ -242,11 +241,16 @@ impl SledLog {
             .write(true)
             .open(&lock_path)
             .map_err(io)?;
-        if lock.try_lock_exclusive().is_err() {
-            let holder = std::fs::read_to_string(&lock_path)
-                .map(|s| format!("pid {}", s.trim()))
-                .unwrap_or_else(|_| "unknown pid".to_string());
-            return Err(OpenSledError::Locked { dir, holder });
+        // Called through the trait: std's inherent File::try_lock (1.89) would win otherwise.
+        match fs4::FileExt::try_lock(&lock) {
+            Ok(()) => {}
+            Err(fs4::TryLockError::WouldBlock) => {
+                let holder = std::fs::read_to_string(&lock_path)
+                    .map(|s| format!("pid {}", s.trim()))
+                    .unwrap_or_else(|_| "unknown pid".to_string());
+                return Err(OpenSledError::Locked { dir, holder });
+            }
+            Err(fs4::TryLockError::Error(source)) => return Err(io(source)),
         }
         lock.set_len(0).map_err(io)?;
         write!(lock, "{}", std::process::id()).map_err(io)?;

@@ -4,8 +4,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 mod commands;
+mod duration;
 
 use commands::state::LogPoint;
 use commands::{append::AppendArgs, CommandError};
@@ -176,24 +177,28 @@ enum Command {
     },
     /// The projection service: consume the log, keep sled state, answer queries. Needs --nats.
     Serve {
-        /// Longest wait for a query's min_position before answering `stale`.
-        #[arg(long, default_value_t = 2000)]
-        min_position_wait_ms: u64,
+        /// Longest wait for a query's min_position before answering `stale` (500ms, 2s;
+        /// a bare number is milliseconds).
+        #[arg(long, visible_alias = "min-position-wait-ms", default_value = "2s", value_parser = duration::millis_or_humantime)]
+        min_position_wait: Duration,
         /// Snapshot the projection each time this many positions are passed (0: never).
         #[arg(long, default_value_t = provledger_serve::SNAPSHOT_EVERY_POSITIONS_DEFAULT)]
         snapshot_every: u64,
         /// Attempts per compensation before the operation needs attention.
         #[arg(long, default_value_t = 5)]
         compensation_attempts_max: u32,
-        /// Wait after a failed compensation attempt, doubled per attempt (capped at 30 s).
-        #[arg(long, default_value_t = 500)]
-        compensation_backoff_ms: i64,
-        /// How long a compensation request may go unanswered before it counts as lost.
-        #[arg(long, default_value_t = 30_000)]
-        compensation_reply_wait_ms: i64,
-        /// Seconds between stuck-state recovery sweeps (one runs on start; 0: never).
-        #[arg(long, default_value_t = 60)]
-        recovery_interval: u64,
+        /// Wait after a failed compensation attempt, doubled per attempt (capped at 30 s);
+        /// a bare number is milliseconds.
+        #[arg(long, visible_alias = "compensation-backoff-ms", default_value = "500ms", value_parser = duration::millis_or_humantime)]
+        compensation_backoff: Duration,
+        /// How long a compensation request may go unanswered before it counts as lost; a
+        /// bare number is milliseconds.
+        #[arg(long, visible_alias = "compensation-reply-wait-ms", default_value = "30s", value_parser = duration::millis_or_humantime)]
+        compensation_reply_wait: Duration,
+        /// Time between stuck-state recovery sweeps (one runs on start; 0: never); a bare
+        /// number is seconds.
+        #[arg(long, default_value = "60s", value_parser = duration::seconds_or_humantime)]
+        recovery_interval: Duration,
         /// Created once this replica has caught up and joined the queue group, removed
         /// when it stops or loses NATS (a per-replica readiness probe).
         #[arg(long, value_name = "PATH")]
@@ -283,6 +288,13 @@ enum Command {
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
         timeout: Duration,
     },
+    /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
+    /// Print the man page provledger(1), or write one page per subcommand into --out-dir.
+    Man {
+        #[arg(long)]
+        out_dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -371,6 +383,8 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
     };
     match cli.command {
         Command::Demo { verbose } => commands::demo::run(&cli.data_dir, verbose, cli.json).await,
+        Command::Completions { shell } => commands::completions::completions(shell, Cli::command()),
+        Command::Man { out_dir } => commands::completions::man(Cli::command(), out_dir.as_deref()),
         Command::Append {
             aggregate,
             expect,
@@ -406,11 +420,11 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             result
         }
         Command::Serve {
-            min_position_wait_ms,
+            min_position_wait,
             snapshot_every,
             compensation_attempts_max,
-            compensation_backoff_ms,
-            compensation_reply_wait_ms,
+            compensation_backoff,
+            compensation_reply_wait,
             recovery_interval,
             ready_file,
             metrics_addr,
@@ -428,21 +442,19 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                 subject_prefix: cli.subject_prefix.clone(),
                 stream_replicas: cli.stream_replicas,
                 nats_auth: options.nats_auth.clone(),
-                min_position_wait: Duration::from_millis(min_position_wait_ms),
+                min_position_wait,
                 snapshot_every,
                 retry: RetryPolicy {
                     attempts_max: compensation_attempts_max.max(1),
-                    backoff_base_ms: compensation_backoff_ms.max(1),
-                    reply_wait_ms: compensation_reply_wait_ms.max(1),
+                    backoff_base_ms: duration::whole_millis_at_least_one(compensation_backoff),
+                    reply_wait_ms: duration::whole_millis_at_least_one(compensation_reply_wait),
                     ..RetryPolicy::default()
                 },
                 // An executor that does not answer within the reply wait has failed this
                 // attempt; the request itself waits at most that long.
-                executor_reply_wait: Duration::from_millis(
-                    compensation_reply_wait_ms.clamp(1, 30_000) as u64,
-                ),
-                recovery_interval: (recovery_interval > 0)
-                    .then(|| Duration::from_secs(recovery_interval)),
+                executor_reply_wait: compensation_reply_wait
+                    .clamp(Duration::from_millis(1), Duration::from_secs(30)),
+                recovery_interval: (!recovery_interval.is_zero()).then_some(recovery_interval),
                 ready_file,
                 metrics_addr,
             };

@@ -1,6 +1,7 @@
 //! The `provledger` binary as a user runs it: exit codes, messages, and append/history
 //! round trips embedded (real sled files) and against a private nats-server.
 
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use provledger_tests::NatsServer;
@@ -676,4 +677,41 @@ fn simulate_runs_seeds_checks_the_projector_and_replays_one() {
         serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["commits"].clone()
     };
     assert_eq!(commits(&once), commits(&twice));
+}
+
+#[test]
+fn completions_and_man_pages_are_generated_from_the_command_line_and_open_no_ledger() {
+    // Given: a data dir that does not exist.
+    let tmp = tempfile::tempdir().unwrap();
+    let data_dir = tmp.path().join("data");
+    let data_dir = data_dir.to_str().unwrap();
+
+    // When: completions for bash and zsh, the man page, and man pages into a directory.
+    let bash = provledger(&["--data-dir", data_dir, "completions", "bash"], "");
+    let zsh = provledger(&["--data-dir", data_dir, "completions", "zsh"], "");
+    let man = provledger(&["--data-dir", data_dir, "man"], "");
+    let pages = tmp.path().join("man1");
+    std::fs::create_dir(&pages).unwrap();
+    let written = provledger(&["man", "--out-dir", pages.to_str().unwrap()], "");
+
+    // Then: each names the subcommands and their options, and no ledger was opened.
+    assert!(bash.status.success(), "{}", text(&bash));
+    let bash = String::from_utf8_lossy(&bash.stdout);
+    assert!(bash.contains("_provledger()"), "{bash}");
+    assert!(bash.contains("heal-allocations") && bash.contains("--data-dir"));
+    assert!(zsh.status.success(), "{}", text(&zsh));
+    assert!(String::from_utf8_lossy(&zsh.stdout).starts_with("#compdef provledger"));
+    assert!(man.status.success(), "{}", text(&man));
+    let man = String::from_utf8_lossy(&man.stdout);
+    assert!(man.contains(".TH provledger 1"), "{man}");
+    assert!(man.contains(r"provledger\-completions(1)") && man.contains(r"\-\-data\-dir"));
+    assert!(written.status.success(), "{}", text(&written));
+    for page in [
+        "provledger.1",
+        "provledger-serve.1",
+        "provledger-rollback-run.1",
+    ] {
+        assert!(pages.join(page).is_file(), "{page} written");
+    }
+    assert!(!Path::new(data_dir).exists(), "no data dir created");
 }

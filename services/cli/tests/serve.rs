@@ -2,7 +2,7 @@
 //! read-your-writes and `stale`, a provider at capacity, quarantined garbage, two
 //! replicas in one queue group, SIGTERM drain, and SIGKILL during a load.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -450,6 +450,27 @@ async fn two_replicas_share_the_queue_group_and_agree() {
             .map(|e| e["num_requests"].as_u64().unwrap_or(0))
             .sum();
         assert!(served > 0, "every replica took a share: {s}");
+    }
+
+    // The replica each reply names (`served_by`) is the one `$SRV.INFO` names, and INFO
+    // says what each replica serves and where it keeps its copy.
+    let info = gather(&client, "$SRV.INFO.provledger", Duration::from_millis(500)).await;
+    let info_ids: BTreeSet<&str> = info.iter().map(|i| i["id"].as_str().unwrap()).collect();
+    let served_by: BTreeSet<&str> = seen.keys().map(String::as_str).collect();
+    assert_eq!(info_ids, served_by, "$SRV ids are the served_by of replies");
+    let data_dirs: BTreeSet<&str> = info
+        .iter()
+        .map(|i| i["metadata"]["data_dir"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        data_dirs.len(),
+        2,
+        "each replica names its own data dir: {info:?}"
+    );
+    for i in &info {
+        assert_eq!(i["metadata"]["version"], env!("CARGO_PKG_VERSION"), "{i}");
+        assert_eq!(i["metadata"]["stream"], "PROVLEDGER", "{i}");
+        assert_eq!(i["metadata"]["subject_prefix"], "provledger", "{i}");
     }
 }
 

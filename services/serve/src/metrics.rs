@@ -394,7 +394,7 @@ async fn health(State(ctx): State<Arc<QueryContext>>) -> axum::response::Respons
         "nats_connected": readiness.nats_connected,
         "reason": readiness.reason,
         "position": ctx.position(),
-        "served_by": ctx.served_by,
+        "served_by": ctx.served_by.get(),
     });
     (
         status,

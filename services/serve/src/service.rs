@@ -134,9 +134,7 @@ pub async fn run(
     let projector = Projector::new(store.clone(), options.snapshot_every)?
         .on_chain_violation(OnChainViolation::Quarantine)
         .with_metrics(metrics.fold.clone());
-    let served_by = uuid::Uuid::now_v7().to_string();
     tracing::info!(
-        %served_by,
         checkpoint = projector.checkpoint(),
         stream = %options.stream,
         server = log.server_version(),
@@ -148,7 +146,7 @@ pub async fn run(
         applied: projector.applied(),
         log: log.clone(),
         stream: options.stream.clone(),
-        served_by: served_by.clone(),
+        served_by: std::sync::OnceLock::new(),
         min_position_wait: options.min_position_wait,
         projector_failed: std::sync::OnceLock::new(),
         caught_up_to: std::sync::OnceLock::new(),
@@ -354,9 +352,14 @@ pub async fn run(
         .service_builder()
         .description("provledger projection queries and cmd.append")
         .queue_group(QUEUE_GROUP)
+        .metadata(service_metadata(&options, &log, end))
         .start(SERVICE_NAME, env!("CARGO_PKG_VERSION"))
         .await
         .map_err(|e| ServeError::Service(e.to_string()))?;
+    // The replica's id is the micro service's (async-nats mints it at start and has no
+    // setter), so `served_by` in replies names the same replica `$SRV.PING/INFO/STATS` do.
+    let served_by = service.info().await.id;
+    let _ = ctx.served_by.set(served_by.clone());
     let mut endpoints = Vec::new();
     for endpoint in Endpoint::ALL {
         let subject = format!("{}.{}", options.subject_prefix, endpoint.suffix());
@@ -607,6 +610,27 @@ async fn send_reply(
     }
 }
 
+/// What `$SRV.INFO` says about this replica besides its id: the provledger version, the
+/// stream and subjects it serves, where it keeps its copy, and what it had caught up to
+/// when it joined the queue group.
+fn service_metadata(
+    options: &ServeOptions,
+    log: &JetStreamLog,
+    caught_up_to: u64,
+) -> std::collections::HashMap<String, String> {
+    [
+        ("version", env!("CARGO_PKG_VERSION").to_string()),
+        ("stream", options.stream.clone()),
+        ("subject_prefix", options.subject_prefix.clone()),
+        ("data_dir", options.data_dir.display().to_string()),
+        ("nats_server_version", log.server_version().to_string()),
+        ("caught_up_to", caught_up_to.to_string()),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_string(), value))
+    .collect()
+}
+
 async fn respond(ctx: &QueryContext, endpoint: Endpoint, request: async_nats::service::Request) {
     // A caller's W3C trace goes on the span of its request: every line logged while it is
     // handled (the append's decisions, its commits) carries the caller's trace id.
@@ -662,7 +686,7 @@ async fn respond_in_span(
             let body = serde_json::json!({
                 "position": ctx.position(),
                 "data": data,
-                "served_by": ctx.served_by,
+                "served_by": ctx.served_by.get(),
             });
             let bytes = serde_json::to_vec(&body).unwrap_or_default();
             if bytes.len() <= ctx.reply_bytes_max {
@@ -776,7 +800,10 @@ async fn watch_connection(
             true => {
                 tracing::info!("the NATS connection is back: ready again");
                 notify_systemd("STATUS=caught up; answering queries");
-                write_ready_file(ready_file.as_deref(), &ctx.served_by);
+                write_ready_file(
+                    ready_file.as_deref(),
+                    ctx.served_by.get().map_or("", String::as_str),
+                );
             }
         }
     }

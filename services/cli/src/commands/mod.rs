@@ -3,6 +3,7 @@
 
 pub mod append;
 pub mod audit;
+pub mod completions;
 pub mod demo;
 pub mod history;
 pub mod operation;

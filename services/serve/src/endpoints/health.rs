@@ -35,6 +35,6 @@ pub(crate) async fn health(ctx: &QueryContext, payload: &[u8]) -> Result<Value, 
         "lag": lag,
         "quarantined": ctx.store.quarantine_count(),
         "snapshots": ctx.store.snapshots()?,
-        "served_by": ctx.served_by,
+        "served_by": ctx.served_by.get(),
     }))
 }

@@ -107,7 +107,9 @@ pub(crate) struct QueryContext {
     pub(crate) applied: watch::Receiver<u64>,
     pub(crate) log: JetStreamLog,
     pub(crate) stream: String,
-    pub(crate) served_by: String,
+    /// The replica's id: its micro service id, set once the service has started (no
+    /// request is answered before).
+    pub(crate) served_by: std::sync::OnceLock<String>,
     pub(crate) min_position_wait: Duration,
     /// Set when the projector stopped for good: from then on this replica's state is
     /// frozen, so every request is answered `unavailable` while serve drains and exits.
