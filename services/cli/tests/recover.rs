@@ -60,20 +60,24 @@ fn a_sweep_recovers_each_interrupted_task_once_and_leaves_live_ones() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     // Given a snapshot upload and a delete whose worker died after starting them with a
-    // 2 s lease, and a task whose lease runs 10 minutes (a lease is recorded for at least
+    // short lease, and a task whose lease runs 10 minutes (a lease is recorded for at least
     // 1 s and at most 15 minutes: the decider refuses one already over or in 2100)...
-    instance(d, UPLOADING, vec![started("image_uploading", &time_in(2))]);
+    instance(
+        d,
+        UPLOADING,
+        vec![started("image_uploading", &time_in(SHORT_LEASE_S))],
+    );
     instance(
         d,
         DELETING,
         vec![
             json!({"instance_delete_requested": {"reason": "user"}}),
-            started("deleting", &time_in(2)),
+            started("deleting", &time_in(SHORT_LEASE_S)),
         ],
     );
     instance(d, ALIVE, vec![started("powering_off", &time_in(600))]);
     // ...once the short leases ran out...
-    std::thread::sleep(std::time::Duration::from_millis(2_500));
+    std::thread::sleep(SHORT_LEASE_RUN_OUT);
     let before: Vec<u64> = [UPLOADING, DELETING, ALIVE]
         .iter()
         .map(|i| version(d, i))
@@ -170,10 +174,10 @@ async fn two_replicas_recover_a_dead_workers_instances_once_and_reissue_to_its_s
     let first = common::Serve::start_sweeping(&nats, &dir.path().join("a"));
     common::wait_ready(&client).await;
 
-    // Given a worker that started powering off two instances with a two-second lease (at
+    // Given a worker that started powering off two instances with a short lease (at
     // least the decider's 1 s minimum once serve records it), and died (it never renews
     // nor finishes)...
-    let lease = time_in(2);
+    let lease = time_in(SHORT_LEASE_S);
     let ids = [
         "0190c0de-0000-7000-8000-00000000f001",
         "0190c0de-0000-7000-8000-00000000f002",
@@ -214,6 +218,14 @@ async fn two_replicas_recover_a_dead_workers_instances_once_and_reissue_to_its_s
     }
     drop((first, second));
 }
+
+/// A lease that runs out soon: its end is computed before the process that records it
+/// starts, and the decider refuses a lease under 1 s, so it keeps 3 s of slack for a slow
+/// process start on a loaded machine (2 s was refused as 975 ms once).
+const SHORT_LEASE_S: i64 = 4;
+/// Long enough after a short lease was computed for it to have run out.
+const SHORT_LEASE_RUN_OUT: std::time::Duration =
+    std::time::Duration::from_millis(SHORT_LEASE_S as u64 * 1000 + 500);
 
 /// An RFC 3339 time `secs` from now.
 fn time_in(secs: i64) -> String {
@@ -267,7 +279,7 @@ fn interrupted_resize_goes_back_to_the_source(host_moved: bool) {
         );
     }
     // Given a resize of VM from SOURCE to DEST, interrupted: the migration (its operation)
-    // holds the source, the VM holds the destination, and the worker's 2 s lease expired.
+    // holds the source, the VM holds the destination, and the worker's short lease expired.
     append(
         format!("operation/{MIGRATION}"),
         "none",
@@ -284,7 +296,7 @@ fn interrupted_resize_goes_back_to_the_source(host_moved: bool) {
                 true => json!({"host_assigned": {"host": "cn-dst", "provider_id": DEST}}),
                 false => json!({"host_assigned": {"host": "cn-src", "provider_id": SOURCE}}),
             },
-            started("resize_migrating", &time_in(2)),
+            started("resize_migrating", &time_in(SHORT_LEASE_S)),
         ],
     );
     append(
@@ -298,7 +310,7 @@ fn interrupted_resize_goes_back_to_the_source(host_moved: bool) {
         json!([{"allocation_claimed": {"consumer": VM, "consumer_kind": "instance", "resources": {"VCPU": 4}}}]),
     );
 
-    std::thread::sleep(std::time::Duration::from_millis(2_500));
+    std::thread::sleep(SHORT_LEASE_RUN_OUT);
 
     // When the sweep runs (no worker is reachable embedded: the revert's re-issue fails)...
     let out = provledger(&["--data-dir", d, "recover"], "");
@@ -362,7 +374,7 @@ async fn answering_worker(
     seen
 }
 
-/// An instance powering off under `worker`, whose lease runs out in two seconds.
+/// An instance powering off under `worker`, whose short lease runs out soon.
 async fn powering_off_under(client: &async_nats::Client, id: &str, worker: &str) {
     let reply = cmd(
         client,
@@ -371,7 +383,7 @@ async fn powering_off_under(client: &async_nats::Client, id: &str, worker: &str)
                 "flavor": "m1", "resources": {"VCPU": 1}, "image": "img"}},
             {"task_finished": {"task_state": "scheduling", "outcome": "succeeded", "reason": ""}},
             {"vm_state_changed": {"vm_state": "active", "reason": ""}},
-            {"task_started": {"task_state": "powering_off", "worker_id": worker, "lease_until": time_in(2)}}
+            {"task_started": {"task_state": "powering_off", "worker_id": worker, "lease_until": time_in(SHORT_LEASE_S)}}
         ]}),
     )
     .await;
@@ -438,7 +450,7 @@ async fn a_reissue_is_delivered_once_its_worker_listens_and_a_hung_worker_delays
 
     // `present` is served while `hung` holds its own request for the 20 s reply wait.
     let asked = std::time::Instant::now();
-    wait_for("the present worker's re-issue", 10, || {
+    wait_for("the present worker's re-issue", 20, || {
         !present.lock().unwrap().is_empty()
     })
     .await;
@@ -540,13 +552,13 @@ async fn serve_killed_during_a_recovery_sweep_recovers_everything_once_after_res
                 {"instance_create_requested": {"name": "vm", "cluster_id": null, "node_group": null,
                     "flavor": "m1", "resources": {"VCPU": 1}, "image": "img"}},
                 {"host_assigned": {"host": "cn-5", "provider_id": PROVIDER}},
-                {"task_started": {"task_state": "spawning", "worker_id": "compute-1", "lease_until": time_in(2)}}]}
+                {"task_started": {"task_state": "spawning", "worker_id": "compute-1", "lease_until": time_in(SHORT_LEASE_S)}}]}
         ]});
         let reply = cmd(&client, request).await;
         assert!(reply["error"].is_null(), "{reply}");
     }
     setup.terminate();
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await; // every lease ran out
+    tokio::time::sleep(SHORT_LEASE_RUN_OUT).await; // every lease ran out
     let log = common::stream(&nats).await;
     let provider = provledger_events::AggregateId::provider(PROVIDER.parse().unwrap());
     // Kill serve (SIGKILL) as soon as its sweep has released the first claim in the log.
