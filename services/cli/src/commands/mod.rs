@@ -4,6 +4,7 @@
 pub mod append;
 pub mod audit;
 pub mod demo;
+pub mod drift;
 pub mod history;
 pub mod operation;
 pub mod placement;
