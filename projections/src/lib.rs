@@ -9,6 +9,7 @@
 pub mod audit;
 pub mod cluster;
 pub mod decide;
+pub mod drift;
 pub mod entity;
 pub mod facts;
 pub mod instance;

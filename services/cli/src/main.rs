@@ -222,6 +222,16 @@ enum Command {
         #[arg(long)]
         to: Option<LogPoint>,
     },
+    /// Compare what the executors hold (their inventory over NATS) with what the ledger
+    /// records. Exit 1 with findings (leaked, missing, mismatched); writes nothing.
+    Drift {
+        /// Ask only this executor (default: every executor the ledger names).
+        #[arg(long)]
+        executor: Option<String>,
+        /// NATS server where the executors answer inventory requests; defaults to --nats.
+        #[arg(long, env = "PROVLEDGER_EXECUTORS_URL")]
+        executors_url: Option<String>,
+    },
     /// Show (dry run) or record and drive the rollback plan of a failed operation.
     Rollback {
         #[command(subcommand)]
@@ -546,6 +556,25 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                         commands::replay::replay_remote(log, to, cli.json).await
                     }
                 };
+                (ledger, result)
+            })
+            .await
+        }
+        Command::Drift {
+            executor,
+            executors_url,
+        } => {
+            let url = executors_url.or(cli.nats.clone());
+            let auth = options.nats_auth.clone();
+            with_ledger(&options, |ledger| async move {
+                let args = commands::drift::DriftArgs {
+                    executor,
+                    executors_url: url.as_deref(),
+                    auth: &auth,
+                    subject_prefix: &cli.subject_prefix,
+                    json: cli.json,
+                };
+                let result = commands::drift::run(&ledger, args).await;
                 (ledger, result)
             })
             .await

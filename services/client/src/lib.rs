@@ -15,6 +15,8 @@
 //!   `deleted`), and [`CancelNotices`], the cancel notices on NATS or in process;
 //! - the executor port: [`Infrastructure`] (forward actions) and [`CompensationExecutor`]
 //!   (compensations), with [`NatsExecutors`], the NATS transport of compensations;
+//! - [`inventory`]: the inventory protocol's client (an executor's resources, page by
+//!   page, for drift);
 //! - [`placement`]: deleting a resource provider without orphaning an allocation (refusal
 //!   listing each consumer, or a crash-safe cascade), heal-allocations and orphan release;
 //! - [`recovery`]: the stuck-state recovery sweep (the pure rules applied, recorded once at
@@ -35,6 +37,7 @@ pub mod deletion;
 pub mod denials;
 mod driver;
 mod executors;
+pub mod inventory;
 mod lease;
 mod ledger;
 pub mod placement;

@@ -3,17 +3,20 @@
 //! idempotently by `compensation_id`, counts how often each compensation took effect (a
 //! test asserts "once"), and can be told to fail a chosen call of a chosen action, or its
 //! next compensations. `serve_on_nats` answers compensation requests over NATS the way a
-//! real owning service would.
+//! real owning service would, and their inventory (`docs/drift.md`) page by page.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
+use provledger_client::inventory::{inventory_subject, InventoryPage, InventoryRequest};
 use provledger_client::{
     ActionFuture, CompensationExecutor, CompensationFuture, CompensationReply, CompensationRequest,
     Infrastructure, NatsExecutors,
 };
 use provledger_events::catalogue::DetailKey;
+use provledger_projections::drift::InventoryItem;
+use provledger_projections::planner::NODE_DETAIL;
 use uuid::Uuid;
 
 pub const IPAM: &str = "ipam";
@@ -23,6 +26,18 @@ pub const HYPERVISOR: &str = "hypervisor";
 pub const PLUGIN: &str = "plugin";
 /// IPs in the simulated pool (10.0.x.y).
 const IP_POOL_MAX: u32 = 65_000;
+/// The queue group the simulated executors answer in.
+const QUEUE_GROUP: &str = "provledger-sim-executors";
+/// The length of a UUID's text form.
+const UUID_TEXT_LEN: usize = 36;
+
+/// The first UUID written in `text` (`node-<uuid>.example`), if any.
+fn uuid_in(text: &str) -> Option<Uuid> {
+    (0..text.len().saturating_sub(UUID_TEXT_LEN - 1)).find_map(|i| {
+        text.get(i..i + UUID_TEXT_LEN)
+            .and_then(|s| Uuid::parse_str(s).ok())
+    })
+}
 
 #[derive(Debug, Clone)]
 struct Fault {
@@ -169,6 +184,90 @@ impl SimExecutor {
     /// included.
     pub fn requests(&self, id: Uuid) -> u32 {
         self.lock().requests.get(&id).copied().unwrap_or(0)
+    }
+
+    /// The inventory protocol's word for what this executor holds.
+    fn item_kind(&self) -> &'static str {
+        match self.name.as_str() {
+            IPAM => "ip",
+            DHCP => "dhcp_entry",
+            DNS => "dns_record",
+            HYPERVISOR => "vm",
+            PLUGIN => "node",
+            _ => "resource",
+        }
+    }
+
+    /// One page of the inventory: the resources after `request.after`, in order, with the
+    /// key each was made under and the node it belongs to (named in the resource, or, for
+    /// an IP, in what it is held for).
+    pub fn inventory_page(&self, request: &InventoryRequest) -> InventoryPage {
+        use std::ops::Bound;
+        let s = self.lock();
+        let from = match &request.after {
+            Some(after) => Bound::Excluded(after.clone()),
+            None => Bound::Unbounded,
+        };
+        let limit = request.page_items();
+        let mut items: Vec<InventoryItem> = s
+            .resources
+            .range((from, Bound::Unbounded))
+            .take(limit + 1)
+            .map(|(resource, by)| {
+                let entity = uuid_in(resource).or_else(|| uuid_in(by));
+                let mut attrs = BTreeMap::new();
+                if self.name == IPAM {
+                    if let Some(node) = entity {
+                        attrs.insert(NODE_DETAIL.to_string(), node.to_string());
+                    }
+                }
+                InventoryItem {
+                    kind: self.item_kind().to_string(),
+                    resource: resource.clone(),
+                    key: s.key_of.get(resource).cloned(),
+                    entity: entity.map(|e| e.to_string()),
+                    attrs,
+                }
+            })
+            .collect();
+        // One item past the page says whether there is a next one.
+        let next = (items.len() > limit)
+            .then(|| {
+                items.truncate(limit);
+                items.last().map(|i| i.resource.clone())
+            })
+            .flatten();
+        InventoryPage { items, next }
+    }
+
+    /// A resource made by hand, behind the ledger's back: held for `held_for`, under no
+    /// key.
+    pub fn create_by_hand(&self, resource: &str, held_for: &str) {
+        let mut s = self.lock();
+        s.resources
+            .insert(resource.to_string(), held_for.to_string());
+        s.key_of.remove(resource);
+    }
+
+    /// A resource removed by hand; `true` if it was held.
+    pub fn remove_by_hand(&self, resource: &str) -> bool {
+        let mut s = self.lock();
+        s.key_of.remove(resource);
+        s.resources.remove(resource).is_some()
+    }
+
+    /// A resource renamed by hand (an IP changed in IPAM): the new name keeps what it is
+    /// held for and the key it was made under. `false` if `from` was not held.
+    pub fn rename_by_hand(&self, from: &str, to: &str) -> bool {
+        let mut s = self.lock();
+        let Some(by) = s.resources.remove(from) else {
+            return false;
+        };
+        s.resources.insert(to.to_string(), by);
+        if let Some(key) = s.key_of.remove(from) {
+            s.key_of.insert(to.to_string(), key);
+        }
+        true
     }
 
     /// Carries out `action` on `resource` under `key`. `Ok(true)`: the runner dies now
@@ -396,40 +495,80 @@ impl SimInfrastructure {
         held
     }
 
-    /// Answers `<prefix>.exec.<name>.compensate` requests for the five executors until the
-    /// subscription ends.
+    /// The reply to a compensation request for executor `name`.
+    fn compensation_reply(&self, name: &str, payload: &[u8]) -> CompensationReply {
+        match serde_json::from_slice::<CompensationRequest>(payload) {
+            Ok(request) => match self.named(name).and_then(|e| e.compensate_now(&request)) {
+                Ok(true) => CompensationReply::done(),
+                Ok(false) => CompensationReply::nothing_to_undo(),
+                Err(e) => CompensationReply::failed(e),
+            },
+            Err(e) => CompensationReply::failed(format!("bad request: {e}")),
+        }
+    }
+
+    /// The reply to an inventory request for executor `name`: a page, or `{"error"}`.
+    fn inventory_reply(&self, name: &str, payload: &[u8]) -> serde_json::Value {
+        let page = serde_json::from_slice::<InventoryRequest>(payload)
+            .map_err(|e| format!("bad request: {e}"))
+            .and_then(|request| Ok(self.named(name)?.inventory_page(&request)));
+        match page.map(|p| serde_json::to_value(&p)) {
+            Ok(Ok(page)) => page,
+            Ok(Err(e)) => serde_json::json!({ "error": e.to_string() }),
+            Err(e) => serde_json::json!({ "error": e }),
+        }
+    }
+
+    /// Answers `<prefix>.exec.<name>.compensate` and `<prefix>.exec.<name>.inventory`
+    /// requests for the five executors until the subscriptions end.
     pub async fn serve_on_nats(
         self: Arc<Self>,
         client: async_nats::Client,
         subject_prefix: &str,
     ) -> Result<tokio::task::JoinHandle<()>, async_nats::SubscribeError> {
-        let wildcard = NatsExecutors::subject(subject_prefix, "*");
-        let mut sub = client
-            .queue_subscribe(wildcard, "provledger-sim-executors".to_string())
+        let compensate = client
+            .queue_subscribe(
+                NatsExecutors::subject(subject_prefix, "*"),
+                QUEUE_GROUP.to_string(),
+            )
+            .await?;
+        let inventory = client
+            .queue_subscribe(
+                inventory_subject(subject_prefix, "*"),
+                QUEUE_GROUP.to_string(),
+            )
             .await?;
         let prefix_tokens = subject_prefix.split('.').count();
         Ok(tokio::spawn(async move {
-            while let Some(msg) = sub.next().await {
-                let name = msg
-                    .subject
-                    .split('.')
-                    .nth(prefix_tokens + 1)
-                    .unwrap_or_default()
-                    .to_string();
-                let reply = match serde_json::from_slice::<CompensationRequest>(&msg.payload) {
-                    Ok(request) => match self.named(&name).and_then(|e| e.compensate_now(&request))
-                    {
-                        Ok(true) => CompensationReply::done(),
-                        Ok(false) => CompensationReply::nothing_to_undo(),
-                        Err(e) => CompensationReply::failed(e),
-                    },
-                    Err(e) => CompensationReply::failed(format!("bad request: {e}")),
-                };
-                if let (Some(to), Ok(body)) = (msg.reply, serde_json::to_vec(&reply)) {
-                    let _ = client.publish(to, body.into()).await;
-                }
-            }
+            let this = self.clone();
+            let compensations = answer(compensate, client.clone(), prefix_tokens, move |n, p| {
+                serde_json::to_vec(&this.compensation_reply(n, p))
+            });
+            let inventories = answer(inventory, client, prefix_tokens, move |n, p| {
+                serde_json::to_vec(&self.inventory_reply(n, p))
+            });
+            tokio::join!(compensations, inventories);
         }))
+    }
+}
+
+/// Answers each request on `sub` with `reply(executor name, payload)` until it ends.
+async fn answer(
+    mut sub: async_nats::Subscriber,
+    client: async_nats::Client,
+    prefix_tokens: usize,
+    reply: impl Fn(&str, &[u8]) -> serde_json::Result<Vec<u8>>,
+) {
+    while let Some(msg) = sub.next().await {
+        let name = msg
+            .subject
+            .split('.')
+            .nth(prefix_tokens + 1)
+            .unwrap_or_default()
+            .to_string();
+        if let (Some(to), Ok(body)) = (msg.reply, reply(&name, &msg.payload)) {
+            let _ = client.publish(to, body.into()).await;
+        }
     }
 }
 

@@ -5,6 +5,7 @@ pub mod append;
 pub mod audit;
 pub mod completions;
 pub mod demo;
+pub mod drift;
 pub mod history;
 pub mod operation;
 pub mod placement;

@@ -1,0 +1,489 @@
+//! Drift, as given an operation's events and what the executors hold / when compared /
+//! then these findings: `leaked`, `missing`, `mismatched`, or none.
+
+use std::collections::BTreeMap;
+
+use provledger_events::catalogue::{
+    Compensation, CompensationAction, Effect, EffectKind, Executor, OperationKind, Origin,
+    RollbackOutcome,
+};
+use provledger_events::{AggregateId, Event};
+use provledger_projections::drift::{
+    compare, recorded_resources, Finding, FindingKind, InventoryItem,
+};
+use provledger_projections::operation::OperationState;
+use provledger_projections::planner::plan_rollback;
+use provledger_projections::stages::{stage, stages_of};
+use provledger_projections::{Entity, Projection};
+use provledger_tests::script::{self, ScriptStep};
+use uuid::Uuid;
+
+const NODE: u128 = 0x0190_0000_0000_7000_8000_0000_0000_00b1;
+const OTHER_NODE: u128 = 0x0190_0000_0000_7000_8000_0000_0000_00b2;
+const BOOT: u128 = 0x0190_0000_0000_7000_8000_0000_0000_0e01;
+const DELETE: u128 = 0x0190_0000_0000_7000_8000_0000_0000_0e02;
+const KEY_IP: &str = "key-ip";
+const KEY_VM: &str = "key-vm";
+
+fn node() -> String {
+    Uuid::from_u128(NODE).to_string()
+}
+
+/// The log so far: one commit per event, in order.
+#[derive(Default)]
+struct Given {
+    script: Vec<ScriptStep>,
+}
+
+impl Given {
+    fn on(&mut self, op: u128, event: Event) -> &mut Self {
+        self.script
+            .push((AggregateId::operation(Uuid::from_u128(op)), vec![event]));
+        self
+    }
+
+    fn operations(&self) -> Vec<OperationState> {
+        let commits = script::seal(&self.script);
+        let projection = Projection::rebuild(&commits);
+        let mut ops: Vec<OperationState> = projection
+            .entities
+            .values()
+            .filter_map(|e| match e {
+                Entity::Operation(op) => Some(op.clone()),
+                _ => None,
+            })
+            .collect();
+        for op in &ops {
+            assert!(
+                op.header.anomalies.is_empty(),
+                "the given events must fold cleanly: {:?}",
+                op.header.anomalies
+            );
+        }
+        ops.sort_by_key(|op| op.header.id.id);
+        ops
+    }
+
+    /// A boot of `NODE` that acquired 10.0.0.5, created the VM and succeeded.
+    fn succeeded_boot() -> Self {
+        let mut given = Given::default();
+        given
+            .boot_started()
+            .ip_acquired("10.0.0.5")
+            .vm_created()
+            .boot_succeeded();
+        given
+    }
+
+    fn operation(&self, op: u128) -> OperationState {
+        self.operations()
+            .into_iter()
+            .find(|o| o.header.id.id == Uuid::from_u128(op))
+            .expect("the operation was given")
+    }
+
+    /// A boot of `NODE` through its network stage: an IP by key, then a VM by key.
+    fn boot_started(&mut self) -> &mut Self {
+        let target = AggregateId::instance(Uuid::from_u128(NODE));
+        self.on(
+            BOOT,
+            Event::OperationStarted {
+                kind: OperationKind::BootInstance,
+                target,
+                parent_id: None,
+                stages: stages_of(OperationKind::BootInstance),
+                bundle_policy: None,
+            },
+        )
+        .on(
+            BOOT,
+            Event::StageStarted {
+                stage: stage::NETWORK.into(),
+            },
+        )
+    }
+
+    fn acted(&mut self, step: &str, key: &str, effect: Effect, undo: Compensation) -> &mut Self {
+        let mut undo = undo;
+        undo.args.insert("idempotency_key".into(), key.into());
+        let mut by_key = undo.clone();
+        by_key.resource = String::new();
+        self.on(
+            BOOT,
+            Event::step_started(stage::NETWORK, step, &effect.executor, key, Some(by_key)),
+        )
+        .on(
+            BOOT,
+            Event::step_done(stage::NETWORK, step, effect, Some(undo)),
+        )
+    }
+
+    fn ip_acquired(&mut self, ip: &str) -> &mut Self {
+        let mut effect = effect(EffectKind::IpAcquired, ip, "ipam");
+        effect.detail.insert("node".into(), node());
+        self.acted(
+            &format!("acquire_ip:{}", node()),
+            KEY_IP,
+            effect,
+            undo(CompensationAction::ReleaseIp, "ipam", ip),
+        )
+    }
+
+    fn vm_created(&mut self) -> &mut Self {
+        self.acted(
+            &format!("create_vm:{}", node()),
+            KEY_VM,
+            effect(EffectKind::VmCreated, &node(), "hypervisor"),
+            undo(CompensationAction::TerminateVm, "hypervisor", &node()),
+        )
+    }
+
+    /// The VM step's intent, with no outcome recorded.
+    fn vm_started(&mut self) -> &mut Self {
+        self.on(
+            BOOT,
+            Event::step_started(
+                stage::NETWORK,
+                format!("create_vm:{}", node()),
+                "hypervisor",
+                KEY_VM,
+                Some(undo(CompensationAction::TerminateVm, "hypervisor", &node())),
+            ),
+        )
+    }
+
+    fn boot_succeeded(&mut self) -> &mut Self {
+        self.on(
+            BOOT,
+            Event::StageCompleted {
+                stage: stage::NETWORK.into(),
+            },
+        )
+        .on(BOOT, Event::OperationSucceeded {})
+    }
+
+    /// The boot fails and its whole plan is carried out: every compensation done.
+    fn boot_rolled_back(&mut self) -> &mut Self {
+        self.on(
+            BOOT,
+            Event::OperationFailed {
+                stage: stage::NETWORK.into(),
+                step: None,
+                error: "injected".into(),
+            },
+        );
+        let plan = plan_rollback(&self.operation(BOOT), &[]).expect("a boot plans");
+        let ids: Vec<Uuid> = plan
+            .compensations
+            .iter()
+            .map(|c| c.compensation_id)
+            .collect();
+        assert!(!ids.is_empty(), "the plan undoes something");
+        self.on(BOOT, Event::RollbackPlanned { plan });
+        for id in ids {
+            self.on(
+                BOOT,
+                Event::CompensationRequested {
+                    compensation_id: id,
+                    attempt: 1,
+                },
+            )
+            .on(
+                BOOT,
+                Event::CompensationDone {
+                    compensation_id: id,
+                },
+            );
+        }
+        self.on(
+            BOOT,
+            Event::RollbackFinished {
+                outcome: RollbackOutcome::RolledBack,
+                remaining: Vec::new(),
+            },
+        )
+    }
+
+    /// A later delete of `NODE` removes its IP forward (`resource_removed`).
+    fn ip_removed_forward(&mut self, ip: &str) -> &mut Self {
+        let target = AggregateId::instance(Uuid::from_u128(NODE));
+        let mut removed = effect(EffectKind::Custom("resource_removed".into()), ip, "ipam");
+        removed.detail.insert("node".into(), node());
+        removed.detail.insert("action".into(), "release_ip".into());
+        self.on(
+            DELETE,
+            Event::OperationStarted {
+                kind: OperationKind::DeleteInstance,
+                target,
+                parent_id: None,
+                stages: stages_of(OperationKind::DeleteInstance),
+                bundle_policy: None,
+            },
+        )
+        .on(
+            DELETE,
+            Event::StageStarted {
+                stage: stage::TERMINATE.into(),
+            },
+        )
+        .on(
+            DELETE,
+            Event::step_done(
+                stage::TERMINATE,
+                format!("release_ip:{}", node()),
+                removed,
+                None,
+            ),
+        )
+        .on(
+            DELETE,
+            Event::StageCompleted {
+                stage: stage::TERMINATE.into(),
+            },
+        )
+        .on(DELETE, Event::OperationSucceeded {})
+    }
+}
+
+fn effect(kind: EffectKind, resource: &str, executor: &str) -> Effect {
+    Effect {
+        kind,
+        resource: resource.into(),
+        executor: executor.into(),
+        origin: Origin::Created,
+        detail: BTreeMap::new(),
+    }
+}
+
+fn undo(action: CompensationAction, executor: &str, resource: &str) -> Compensation {
+    Compensation {
+        action,
+        executor: Executor::Service(executor.into()),
+        resource: resource.into(),
+        args: BTreeMap::new(),
+    }
+}
+
+/// What an executor answers it holds.
+fn held(resource: &str, key: Option<&str>, attrs: &[(&str, String)]) -> InventoryItem {
+    InventoryItem {
+        kind: "test".into(),
+        resource: resource.into(),
+        key: key.map(str::to_string),
+        entity: None,
+        attrs: attrs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect(),
+    }
+}
+
+fn drift(given: &Given, executor: &str, items: &[InventoryItem]) -> Vec<(FindingKind, String)> {
+    let ops = given.operations();
+    let ledger = recorded_resources(&ops);
+    compare(&ledger, executor, items)
+        .into_iter()
+        .map(|f| (f.kind, f.resource))
+        .collect()
+}
+
+/// The one finding drift reports at `executor`.
+fn one_finding(given: &Given, executor: &str, items: &[InventoryItem]) -> Finding {
+    let mut findings = compare(&recorded_resources(&given.operations()), executor, items);
+    assert_eq!(findings.len(), 1, "{findings:#?}");
+    findings.remove(0)
+}
+
+#[test]
+fn a_successful_boot_whose_resources_are_all_held_has_no_finding() {
+    // Given a boot that acquired 10.0.0.5 and created the VM, and succeeded
+    let given = Given::succeeded_boot();
+    // When IPAM and the hypervisor hold exactly those, under their keys
+    let ipam = [held("10.0.0.5", Some(KEY_IP), &[("node", node())])];
+    let hypervisor = [held(&node(), Some(KEY_VM), &[])];
+    // Then nothing is reported
+    assert_eq!(drift(&given, "ipam", &ipam), vec![]);
+    assert_eq!(drift(&given, "hypervisor", &hypervisor), vec![]);
+}
+
+#[test]
+fn a_resource_no_operation_created_is_leaked() {
+    // Given a successful boot
+    let given = Given::succeeded_boot();
+    // When IPAM also holds an IP made by hand, without a key
+    let ipam = [
+        held("10.0.0.5", Some(KEY_IP), &[("node", node())]),
+        held("10.0.0.99", None, &[]),
+    ];
+    // Then that IP is leaked, with no operation to name and what to do
+    let f = one_finding(&given, "ipam", &ipam);
+    assert_eq!(
+        (f.kind, f.resource.as_str()),
+        (FindingKind::Leaked, "10.0.0.99")
+    );
+    assert_eq!(f.operation_id, None);
+    assert!(f.action.contains("remove it at ipam"), "{}", f.action);
+}
+
+#[test]
+fn a_resource_still_held_after_its_compensation_was_done_is_leaked_naming_the_step() {
+    // Given a boot rolled back: its IP's release recorded done
+    let mut given = Given::default();
+    given
+        .boot_started()
+        .ip_acquired("10.0.0.5")
+        .vm_created()
+        .boot_rolled_back();
+    // When IPAM still holds the IP under the step's key
+    let ipam = [held("10.0.0.5", Some(KEY_IP), &[("node", node())])];
+    // Then it is leaked, naming the boot and its acquire_ip step
+    let f = one_finding(&given, "ipam", &ipam);
+    assert_eq!(f.kind, FindingKind::Leaked);
+    assert_eq!(f.operation_id, Some(Uuid::from_u128(BOOT)));
+    assert_eq!(
+        f.step.as_deref(),
+        Some(format!("acquire_ip:{}", node()).as_str())
+    );
+    assert!(f.reason.contains("undone"), "{}", f.reason);
+    // And nothing is reported once the executor no longer holds it
+    assert_eq!(drift(&given, "ipam", &[]), vec![]);
+}
+
+#[test]
+fn a_recorded_resource_the_executor_does_not_hold_is_missing() {
+    // Given a successful boot
+    let given = Given::succeeded_boot();
+    // When the hypervisor holds no VM (deleted by hand)
+    let f = one_finding(&given, "hypervisor", &[]);
+    // Then the VM is missing, naming the entity, the boot and its step
+    assert_eq!(
+        (f.kind, f.resource.as_str()),
+        (FindingKind::Missing, node().as_str())
+    );
+    assert_eq!(f.entity.as_deref(), Some(node().as_str()));
+    assert_eq!(f.operation_id, Some(Uuid::from_u128(BOOT)));
+    assert_eq!(
+        f.step.as_deref(),
+        Some(format!("create_vm:{}", node()).as_str())
+    );
+    assert!(f.action.contains("drift writes nothing"), "{}", f.action);
+}
+
+#[test]
+fn another_ip_under_the_same_key_is_mismatched() {
+    // Given a boot that recorded 10.0.0.5 for the node
+    let given = Given::succeeded_boot();
+    // When IPAM holds 10.0.0.7 under the step's key (changed by hand)
+    let ipam = [held("10.0.0.7", Some(KEY_IP), &[("node", node())])];
+    // Then one mismatch, naming both IPs; neither leaked nor missing
+    let f = one_finding(&given, "ipam", &ipam);
+    assert_eq!(f.kind, FindingKind::Mismatched);
+    assert_eq!(f.differences.len(), 1);
+    assert_eq!(
+        (
+            f.differences[0].ledger.as_str(),
+            f.differences[0].executor.as_str()
+        ),
+        ("10.0.0.5", "10.0.0.7")
+    );
+    assert_eq!(f.operation_id, Some(Uuid::from_u128(BOOT)));
+}
+
+#[test]
+fn an_ip_held_for_another_node_is_mismatched() {
+    // Given a boot that recorded 10.0.0.5 for NODE
+    let given = Given::succeeded_boot();
+    // When IPAM says the IP is held for another node
+    let other = Uuid::from_u128(OTHER_NODE).to_string();
+    let ipam = [held("10.0.0.5", Some(KEY_IP), &[("node", other.clone())])];
+    // Then the node attribute differs
+    let f = one_finding(&given, "ipam", &ipam);
+    assert_eq!(f.kind, FindingKind::Mismatched);
+    assert_eq!(f.differences[0].attr, "node");
+    assert_eq!(f.differences[0].executor, other);
+}
+
+#[test]
+fn a_resource_removed_forward_by_a_later_operation_is_no_longer_expected() {
+    // Given a boot, then a delete that released the IP forward
+    let mut given = Given::default();
+    given
+        .boot_started()
+        .ip_acquired("10.0.0.5")
+        .vm_created()
+        .boot_succeeded()
+        .ip_removed_forward("10.0.0.5");
+    // When IPAM holds nothing: then nothing is missing
+    assert_eq!(drift(&given, "ipam", &[]), vec![]);
+    // When IPAM still holds it: then it is leaked, naming the removal
+    let ipam = [held("10.0.0.5", Some(KEY_IP), &[])];
+    let f = one_finding(&given, "ipam", &ipam);
+    assert_eq!(f.kind, FindingKind::Leaked);
+    assert!(f.reason.contains("release_ip"), "{}", f.reason);
+}
+
+#[test]
+fn an_operation_in_flight_and_a_step_of_unknown_outcome_report_nothing() {
+    // Given a boot still running, with a VM step started and never settled
+    let mut given = Given::default();
+    given.boot_started().ip_acquired("10.0.0.5").vm_started();
+    // When IPAM holds nothing and the hypervisor holds the VM under the started key
+    // Then neither missing (in flight) nor leaked (its intent is recorded)
+    assert_eq!(drift(&given, "ipam", &[]), vec![]);
+    let hypervisor = [held(&node(), Some(KEY_VM), &[])];
+    assert_eq!(drift(&given, "hypervisor", &hypervisor), vec![]);
+}
+
+#[test]
+fn an_executor_that_keeps_no_keys_is_joined_by_resource() {
+    // Given a successful boot
+    let given = Given::succeeded_boot();
+    // When IPAM answers the IP without its key
+    let ipam = [held("10.0.0.5", None, &[("node", node())])];
+    // Then it is matched by its name: no finding
+    assert_eq!(drift(&given, "ipam", &ipam), vec![]);
+}
+
+#[test]
+fn the_executors_to_ask_are_those_the_ledger_names() {
+    // Given a boot with an IP and a VM (and a claim the ledger itself holds)
+    let given = Given::succeeded_boot();
+    // When the ledger side is derived
+    let ledger = recorded_resources(&given.operations());
+    // Then IPAM and the hypervisor are named, never the ledger
+    let names: Vec<String> = ledger.executors().into_iter().collect();
+    assert_eq!(names, vec!["hypervisor".to_string(), "ipam".to_string()]);
+}
+
+#[test]
+fn a_step_of_unknown_outcome_in_a_closed_operation_is_never_missing() {
+    // Given a boot whose VM step was started and never settled, that failed, and whose
+    // rollback ended needs_attention (no compensation done)
+    let mut given = Given::default();
+    given.boot_started().ip_acquired("10.0.0.5").vm_started();
+    given.on(
+        BOOT,
+        Event::OperationFailed {
+            stage: stage::NETWORK.into(),
+            step: None,
+            error: "injected".into(),
+        },
+    );
+    let plan = plan_rollback(&given.operation(BOOT), &[]).expect("a boot plans");
+    given.on(BOOT, Event::RollbackPlanned { plan }).on(
+        BOOT,
+        Event::RollbackFinished {
+            outcome: RollbackOutcome::NeedsAttention,
+            remaining: Vec::new(),
+        },
+    );
+    assert!(given.operation(BOOT).is_closed());
+    // When the hypervisor holds nothing: then the VM is not missing (it may never have
+    // been made)
+    assert_eq!(drift(&given, "hypervisor", &[]), vec![]);
+    // And the IP, recorded and never released, is missing
+    assert_eq!(
+        drift(&given, "ipam", &[]),
+        vec![(FindingKind::Missing, "10.0.0.5".to_string())]
+    );
+}

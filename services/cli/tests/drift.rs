@@ -1,0 +1,225 @@
+//! `provledger drift` against a private nats-server: the reference flows run in this test
+//! process on a JetStream ledger, the simulated executors answer compensation and
+//! inventory requests over NATS, and the binary compares the two:
+//! - a successful create (and boot) reports nothing, exit 0;
+//! - a record made behind the ledger's back is `leaked`;
+//! - a VM deleted by hand is `missing`, and nothing is written to the log;
+//! - an IP changed by hand under the step's key is `mismatched`.
+
+use std::sync::Arc;
+
+use provledger_client::{CancelNotices, Ledger, OperationRunner};
+use provledger_events::catalogue::NodeGroupSpec;
+use provledger_events::EventLog;
+use provledger_sim::{
+    register_compute_node, ClusterRequest, InstanceRequest, Provisioner, SimInfrastructure,
+};
+use provledger_tests::NatsServer;
+use uuid::Uuid;
+
+mod common;
+use common::{provledger, text};
+
+struct Env {
+    nats: NatsServer,
+    ledger: Ledger,
+    infra: Arc<SimInfrastructure>,
+    provisioner: Provisioner,
+    provider: Uuid,
+}
+
+/// Given a ledger on a private nats-server, the simulated executors answering on it, and
+/// a compute node.
+async fn env() -> Env {
+    let nats = NatsServer::start().await;
+    let (client, log) = provledger_client::open_jetstream(
+        &nats.url(),
+        "test",
+        "PROVLEDGER",
+        "provledger",
+        1,
+        &Default::default(),
+    )
+    .await
+    .expect("jetstream");
+    let ledger = Ledger::JetStream(log);
+    let infra = Arc::new(SimInfrastructure::default());
+    infra
+        .clone()
+        .serve_on_nats(client, "provledger")
+        .await
+        .expect("executors on NATS");
+    let provider = Uuid::now_v7();
+    register_compute_node(&ledger, provider, "cn", 256, "test")
+        .await
+        .expect("provider");
+    let runner = OperationRunner::new(ledger.clone(), CancelNotices::local(), None, "test");
+    let provisioner = Provisioner::new(runner, infra.clone(), "test-service");
+    Env {
+        nats,
+        ledger,
+        infra,
+        provisioner,
+        provider,
+    }
+}
+
+impl Env {
+    /// Boots one instance, successfully; its id and its operation's.
+    async fn booted(&self) -> (Uuid, Uuid) {
+        let instance = Uuid::now_v7();
+        let report = self
+            .provisioner
+            .boot_instance(
+                InstanceRequest {
+                    instance_id: instance,
+                    name: "web".into(),
+                    resources: [("VCPU".to_string(), 2)].into(),
+                    provider: self.provider,
+                },
+                None,
+            )
+            .await;
+        assert!(report.result.is_ok(), "{:?}", report.result);
+        (instance, report.operation_id)
+    }
+
+    /// Creates a two-node cluster, successfully.
+    async fn cluster_created(&self) {
+        let report = self
+            .provisioner
+            .create_cluster(ClusterRequest {
+                cluster_id: Uuid::now_v7(),
+                name: "analytics".into(),
+                plugin: "vanilla".into(),
+                node_groups: vec![NodeGroupSpec {
+                    name: "workers".into(),
+                    flavor: "m1.small".into(),
+                    count: 2,
+                    resources: [("VCPU".to_string(), 2)].into(),
+                    processes: vec!["datanode".into()],
+                }],
+                provider: self.provider,
+            })
+            .await;
+        assert!(report.result.is_ok(), "{:?}", report.result);
+    }
+
+    /// `provledger --nats URL --json drift ARGS`: its exit code and its JSON report.
+    fn drift(&self, args: &[&str]) -> (i32, serde_json::Value) {
+        let url = self.nats.url();
+        let mut all = vec!["--nats", url.as_str(), "--json", "drift"];
+        all.extend_from_slice(args);
+        let out = provledger(&all, "");
+        let report = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("drift printed no JSON report ({e}): {}", text(&out)));
+        (out.status.code().unwrap_or(-1), report)
+    }
+}
+
+fn findings(report: &serde_json::Value) -> Vec<serde_json::Value> {
+    report["findings"].as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successful_create_and_boot_report_no_drift() {
+    // Given a cluster created and an instance booted, both successful
+    let env = env().await;
+    env.cluster_created().await;
+    env.booted().await;
+    // When drift compares every executor the ledger names
+    let (code, report) = env.drift(&[]);
+    // Then nothing is found, every executor was read, and it exits 0
+    assert_eq!(
+        findings(&report),
+        Vec::<serde_json::Value>::new(),
+        "{report:#}"
+    );
+    let names: Vec<&str> = report["executors"]
+        .as_array()
+        .expect("executors")
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["dhcp", "dns", "hypervisor", "ipam", "plugin"],
+        "{report:#}"
+    );
+    assert_eq!(code, 0, "{report:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_made_behind_the_ledgers_back_is_leaked() {
+    // Given a booted instance, and a DNS record someone made by hand
+    let env = env().await;
+    env.booted().await;
+    env.infra.dns.create_by_hand("rogue.example", "by hand");
+    // When drift runs
+    let (code, report) = env.drift(&[]);
+    // Then that record, and only it, is leaked, with no operation behind it; exit 1
+    let found = findings(&report);
+    assert_eq!(found.len(), 1, "{report:#}");
+    assert_eq!(found[0]["kind"], "leaked");
+    assert_eq!(found[0]["executor"], "dns");
+    assert_eq!(found[0]["resource"], "rogue.example");
+    assert!(found[0]["operation_id"].is_null(), "{report:#}");
+    assert_eq!(code, 1);
+    // And the text form says what it is and what to do
+    let url = env.nats.url();
+    let out = provledger(&["--nats", url.as_str(), "drift"], "");
+    let shown = text(&out);
+    println!("{shown}");
+    assert!(shown.contains("leaked     dns rogue.example"), "{shown}");
+    assert!(shown.contains("  do:  made behind the ledger's back"), "{shown}");
+    assert_eq!(out.status.code(), Some(1), "{shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_deleted_by_hand_is_missing_and_nothing_is_written() {
+    // Given a booted instance whose VM someone deleted at the hypervisor
+    let env = env().await;
+    let (instance, boot) = env.booted().await;
+    assert!(env.infra.hypervisor.remove_by_hand(&instance.to_string()));
+    let end = env.ledger.last_position().await.expect("end");
+    // When drift asks only the hypervisor
+    let (code, report) = env.drift(&["--executor", "hypervisor"]);
+    // Then the VM is missing, naming the instance, the boot and its step; exit 1
+    let found = findings(&report);
+    assert_eq!(found.len(), 1, "{report:#}");
+    let f = &found[0];
+    assert_eq!(f["kind"], "missing");
+    assert_eq!(f["resource"], instance.to_string());
+    assert_eq!(f["entity"], instance.to_string());
+    assert_eq!(f["operation_id"], boot.to_string());
+    assert_eq!(f["step"], format!("create_vm:{instance}"));
+    assert_eq!(code, 1);
+    // And nothing was written to the log
+    assert_eq!(env.ledger.last_position().await.expect("end"), end);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ip_changed_by_hand_is_mismatched() {
+    // Given a booted instance whose IP someone changed in IPAM (same key, another IP)
+    let env = env().await;
+    let (instance, boot) = env.booted().await;
+    let ips = env.infra.ipam.resources();
+    assert_eq!(ips.len(), 1, "{ips:?}");
+    assert!(env.infra.ipam.rename_by_hand(&ips[0], "10.9.9.9"));
+    // When drift runs
+    let (code, report) = env.drift(&[]);
+    // Then one mismatch: the ledger's IP against IPAM's, for the instance's acquire_ip
+    let found = findings(&report);
+    assert_eq!(found.len(), 1, "{report:#}");
+    let f = &found[0];
+    assert_eq!(f["kind"], "mismatched");
+    assert_eq!(f["executor"], "ipam");
+    assert_eq!(f["entity"], instance.to_string());
+    assert_eq!(f["operation_id"], boot.to_string());
+    assert_eq!(f["step"], format!("acquire_ip:{instance}"));
+    assert_eq!(
+        f["differences"],
+        serde_json::json!([{"attr": "resource", "ledger": ips[0], "executor": "10.9.9.9"}])
+    );
+    assert_eq!(code, 1);
+}

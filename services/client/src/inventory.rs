@@ -1,0 +1,291 @@
+//! The inventory protocol (`docs/drift.md`): an executor answers, a page at a time, the
+//! resources it holds, on `<prefix>.exec.<name>.inventory`. [`read_inventory`] reads every
+//! page of one executor, bounded in page size and page count; a reply that does not follow
+//! the protocol is a typed [`InventoryError`] naming the executor, never a panic.
+
+use std::time::Duration;
+
+use provledger_projections::drift::InventoryItem;
+use serde::{Deserialize, Serialize};
+
+/// The most items an executor may answer in one page (and the most a request asks for).
+pub const INVENTORY_PAGE_ITEMS_MAX: u32 = 1_000;
+/// What a request asks for when it does not say.
+pub const INVENTORY_PAGE_ITEMS_DEFAULT: u32 = 500;
+/// The most pages one executor's inventory is read in: 10 million items at the largest
+/// page, so that an executor whose cursor never ends cannot keep a reader forever.
+pub const INVENTORY_PAGES_MAX: u32 = 10_000;
+
+const _: () = assert!(INVENTORY_PAGE_ITEMS_DEFAULT <= INVENTORY_PAGE_ITEMS_MAX);
+
+/// The request: the page after the resource `after` (from the start without it), of at
+/// most `limit` items.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InventoryRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+}
+
+impl InventoryRequest {
+    /// The page size an executor answers: `limit` within 1..=`INVENTORY_PAGE_ITEMS_MAX`.
+    pub fn page_items(&self) -> usize {
+        self.limit
+            .unwrap_or(INVENTORY_PAGE_ITEMS_DEFAULT)
+            .clamp(1, INVENTORY_PAGE_ITEMS_MAX) as usize
+    }
+}
+
+/// One page: items in the order of their `resource` (bytewise), and the cursor of the
+/// next page (`null` on the last one).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InventoryPage {
+    pub items: Vec<InventoryItem>,
+    pub next: Option<String>,
+}
+
+/// Every form a reply may take: a page, or `{"error": "..."}`.
+#[derive(Debug, Deserialize)]
+struct RawReply {
+    items: Option<Vec<InventoryItem>>,
+    #[serde(default)]
+    next: Option<String>,
+    error: Option<String>,
+}
+
+/// Why one executor's inventory could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    #[error(
+        "executor {executor:?} does not answer {subject} (no responders): is it running, on \
+         this NATS server, and does it implement the inventory protocol (docs/drift.md)?"
+    )]
+    NoResponders { executor: String, subject: String },
+    #[error("executor {executor:?} did not answer {subject} within {wait:?}; retry, or check it")]
+    Timeout {
+        executor: String,
+        subject: String,
+        wait: Duration,
+    },
+    #[error("the inventory request to executor {executor:?} on {subject} failed: {reason}")]
+    Request {
+        executor: String,
+        subject: String,
+        reason: String,
+    },
+    #[error(
+        "executor {executor:?} answered {subject} with something other than an inventory \
+         page: {reason} (docs/drift.md gives the form)"
+    )]
+    Malformed {
+        executor: String,
+        subject: String,
+        reason: String,
+    },
+    #[error("executor {executor:?} refused the inventory request: {error}")]
+    Refused { executor: String, error: String },
+    #[error(
+        "executor {executor:?} answered a page of {items} items, more than the {asked} asked \
+         for; it must answer at most `limit` items"
+    )]
+    PageTooLarge {
+        executor: String,
+        items: usize,
+        asked: usize,
+    },
+    #[error(
+        "executor {executor:?} answered next = {next:?} after {after:?}: a cursor must move \
+         forward; its inventory cannot be read to the end"
+    )]
+    CursorStuck {
+        executor: String,
+        after: Option<String>,
+        next: String,
+    },
+    #[error(
+        "executor {executor:?} still had pages after {pages} (INVENTORY_PAGES_MAX); its \
+         inventory is not read whole"
+    )]
+    TooManyPages { executor: String, pages: u32 },
+}
+
+impl InventoryError {
+    /// The executor could not be reached or did not answer (rather than answering wrong).
+    pub fn is_unreachable(&self) -> bool {
+        matches!(
+            self,
+            InventoryError::NoResponders { .. }
+                | InventoryError::Timeout { .. }
+                | InventoryError::Request { .. }
+        )
+    }
+}
+
+/// `<prefix>.exec.<executor>.inventory`.
+pub fn inventory_subject(subject_prefix: &str, executor: &str) -> String {
+    format!("{subject_prefix}.exec.{executor}.inventory")
+}
+
+/// Turns one reply's bytes into a page, checking what the protocol promises.
+pub fn parse_inventory_reply(
+    executor: &str,
+    subject: &str,
+    request: &InventoryRequest,
+    payload: &[u8],
+) -> Result<InventoryPage, InventoryError> {
+    let malformed = |reason: String| InventoryError::Malformed {
+        executor: executor.to_string(),
+        subject: subject.to_string(),
+        reason,
+    };
+    let raw: RawReply = serde_json::from_slice(payload).map_err(|e| malformed(e.to_string()))?;
+    if let Some(error) = raw.error {
+        return Err(InventoryError::Refused {
+            executor: executor.to_string(),
+            error,
+        });
+    }
+    let items = raw
+        .items
+        .ok_or_else(|| malformed("no `items` and no `error`".into()))?;
+    if items.len() > request.page_items() {
+        return Err(InventoryError::PageTooLarge {
+            executor: executor.to_string(),
+            items: items.len(),
+            asked: request.page_items(),
+        });
+    }
+    if let Some(next) = &raw.next {
+        if request.after.as_ref().is_some_and(|after| next <= after) {
+            return Err(InventoryError::CursorStuck {
+                executor: executor.to_string(),
+                after: request.after.clone(),
+                next: next.clone(),
+            });
+        }
+    }
+    Ok(InventoryPage {
+        items,
+        next: raw.next,
+    })
+}
+
+/// Reads `executor`'s whole inventory, page by page; `on_page` hears how many items each
+/// page brought (a progress bar).
+pub async fn read_inventory(
+    client: &async_nats::Client,
+    subject_prefix: &str,
+    executor: &str,
+    reply_wait: Duration,
+    mut on_page: impl FnMut(usize),
+) -> Result<Vec<InventoryItem>, InventoryError> {
+    let subject = inventory_subject(subject_prefix, executor);
+    let mut items = Vec::new();
+    let mut request = InventoryRequest {
+        after: None,
+        limit: Some(INVENTORY_PAGE_ITEMS_MAX),
+    };
+    for _ in 0..INVENTORY_PAGES_MAX {
+        let page = request_page(client, executor, &subject, &request, reply_wait).await?;
+        on_page(page.items.len());
+        items.extend(page.items);
+        match page.next {
+            Some(next) => request.after = Some(next),
+            None => return Ok(items),
+        }
+    }
+    Err(InventoryError::TooManyPages {
+        executor: executor.to_string(),
+        pages: INVENTORY_PAGES_MAX,
+    })
+}
+
+async fn request_page(
+    client: &async_nats::Client,
+    executor: &str,
+    subject: &str,
+    request: &InventoryRequest,
+    reply_wait: Duration,
+) -> Result<InventoryPage, InventoryError> {
+    let failed = |reason: String| InventoryError::Request {
+        executor: executor.to_string(),
+        subject: subject.to_string(),
+        reason,
+    };
+    let body = serde_json::to_vec(request).map_err(|e| failed(e.to_string()))?;
+    let reply = tokio::time::timeout(reply_wait, client.request(subject.to_string(), body.into()))
+        .await
+        .map_err(|_| InventoryError::Timeout {
+            executor: executor.to_string(),
+            subject: subject.to_string(),
+            wait: reply_wait,
+        })?
+        .map_err(|e| match e.kind() {
+            async_nats::RequestErrorKind::NoResponders => InventoryError::NoResponders {
+                executor: executor.to_string(),
+                subject: subject.to_string(),
+            },
+            _ => failed(e.to_string()),
+        })?;
+    parse_inventory_reply(executor, subject, request, &reply.payload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(payload: &str, after: Option<&str>) -> Result<InventoryPage, InventoryError> {
+        let request = InventoryRequest {
+            after: after.map(str::to_string),
+            limit: Some(2),
+        };
+        parse_inventory_reply(
+            "ipam",
+            "provledger.exec.ipam.inventory",
+            &request,
+            payload.as_bytes(),
+        )
+    }
+
+    #[test]
+    fn a_page_in_the_documented_form_is_read() {
+        // Given the reply of docs/drift.md; when parsed; then its items and cursor
+        let page = parse(
+            r#"{"items": [{"kind": "ip", "resource": "10.0.0.2", "key": "k1",
+                "entity": "0190", "attrs": {"node": "0190"}}], "next": "10.0.0.2"}"#,
+            None,
+        )
+        .expect("a valid page");
+        assert_eq!(page.items.len(), 1);
+        assert_eq!(page.items[0].key.as_deref(), Some("k1"));
+        assert_eq!(page.next.as_deref(), Some("10.0.0.2"));
+    }
+
+    #[test]
+    fn a_malformed_reply_is_a_typed_error_naming_the_executor() {
+        // Given replies that are not pages; when parsed; then typed errors, no panic
+        for bad in ["not json", "{}", r#"{"items": [{"resource": 3}]}"#, "[]"] {
+            let e = parse(bad, None).expect_err(bad);
+            assert!(matches!(e, InventoryError::Malformed { .. }), "{bad}: {e}");
+            assert!(e.to_string().contains("\"ipam\""), "{e}");
+        }
+        let refused = parse(r#"{"error": "busy"}"#, None).expect_err("refused");
+        assert!(
+            matches!(refused, InventoryError::Refused { .. }),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn a_page_over_the_limit_or_a_cursor_that_does_not_move_is_refused() {
+        // Given a page of 3 items when 2 were asked for; then PageTooLarge
+        let item = r#"{"kind": "ip", "resource": "r"}"#;
+        let three = format!(r#"{{"items": [{item}, {item}, {item}], "next": null}}"#);
+        let e = parse(&three, None).expect_err("too large");
+        assert!(matches!(e, InventoryError::PageTooLarge { .. }), "{e}");
+        // Given a next cursor that does not move past `after`; then CursorStuck
+        let e = parse(r#"{"items": [], "next": "a"}"#, Some("b")).expect_err("stuck");
+        assert!(matches!(e, InventoryError::CursorStuck { .. }), "{e}");
+    }
+}
