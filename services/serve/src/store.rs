@@ -317,7 +317,7 @@ impl ProjectionStore {
                 *deltas.entry(entry.status.clone()).or_default() += 1;
                 b.insert(key(b'o', &[id.as_bytes()]), entry.status.as_bytes());
                 if live && entry.status == "needs_attention" {
-                    tracing::warn!(operation = %id, kind = entry.kind.as_deref().unwrap_or("unknown"), "operation needs attention: its rollback stopped; see `provledger audit` and docs/recovery.md");
+                    tracing::warn!(operation = %id, kind = entry.kind.as_deref().unwrap_or("unknown"), "operation needs attention: its rollback stopped; see `provledger audit` and docs/operating.md");
                 }
             }
             if old.is_none() {
