@@ -56,7 +56,7 @@ use crate::write::{record_atomic, record_fact, Fact, FromTheLog, RecordError};
 pub const RECOVERY_ACTOR: &str = "provledger-recovery";
 
 /// What a worker is asked to do again.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ReissueRequest {
     /// Idempotency key: the same recovery always carries the same id.
     pub request_id: Uuid,
@@ -111,7 +111,7 @@ impl Reissuer for NoWorkers {
 }
 
 /// One instance's recovery, as the sweep reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct Recovered {
     pub instance: Uuid,
     pub rule: String,
@@ -122,7 +122,7 @@ pub struct Recovered {
     pub outcome: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct SweepReport {
     pub examined: usize,
     pub recoveries: Vec<Recovered>,
@@ -206,7 +206,7 @@ pub async fn sweep<L: EventLog, V: StateView>(
 pub const REISSUES_IN_FLIGHT_PER_WORKER: usize = 4;
 
 /// What one delivery round did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct DeliveryReport {
     /// Re-issues pending when the round started.
     pub pending: usize,
