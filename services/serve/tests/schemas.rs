@@ -19,6 +19,7 @@ use provledger_projections::view::{ClusterView, InstanceView, OperationView, Pro
 use provledger_projections::{Entity, Projection};
 use provledger_serve::messages::*;
 use provledger_tests::docs::{comment, fenced_block};
+use schemars::generate::SchemaSettings;
 use schemars::{schema_for, Schema};
 use serde_json::{json, Value};
 
@@ -65,56 +66,64 @@ const CHANNELS: &[Channel] = &[
     Channel { subject: "worker.{worker_id}.reissue", summary: "A task re-issued to its worker by a recovery, retried until acknowledged.", action: "send", message: "worker.reissue.request", reply: Some("worker.reissue.reply"), content_type: JSON },
 ];
 
+/// The schema of what provledger reads: a field serde may miss (`Option`, `default`) is
+/// optional.
 fn schema_of<T: schemars::JsonSchema>() -> Schema {
     schema_for!(T)
 }
 
+/// The schema of what provledger writes: a field is required unless it is skipped when
+/// empty (`skip_serializing_if`), so a reply that lost a field no longer matches.
+fn sent<T: schemars::JsonSchema>() -> Schema {
+    SchemaSettings::draft2020_12()
+        .for_serialize()
+        .into_generator()
+        .into_root_schema_for::<T>()
+}
+
 /// Every schema file, by name (the file is `docs/schemas/<name>.json`).
 fn schemas() -> BTreeMap<&'static str, Schema> {
-    let mut all = BTreeMap::from([
+    BTreeMap::from([
         ("event", schema_of::<Event>()),
-        ("commit", schema_of::<Commit>()),
-        ("error", schema_of::<ErrorReply>()),
+        ("commit", sent::<Commit>()),
+        ("error", sent::<ErrorReply>()),
         ("cancel.notice", Schema::from(json!({"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "CancelNotice", "description": "The reason, as plain text (not JSON).", "type": "string"}).as_object().cloned().unwrap_or_default())),
         ("q.health.request", schema_of::<HealthRequest>()),
-        ("q.health.reply", schema_of::<Reply<HealthData>>()),
+        ("q.health.reply", sent::<Reply<HealthData>>()),
         ("q.get.request", schema_of::<GetRequest>()),
-        ("q.cluster.get.reply", schema_of::<Reply<ClusterView>>()),
+        ("q.cluster.get.reply", sent::<Reply<ClusterView>>()),
         ("q.cluster.list.request", schema_of::<ClusterListRequest>()),
-        ("q.cluster.list.reply", schema_of::<Reply<Vec<ClusterView>>>()),
-        ("q.instance.get.reply", schema_of::<Reply<InstanceView>>()),
+        ("q.cluster.list.reply", sent::<Reply<Vec<ClusterView>>>()),
+        ("q.instance.get.reply", sent::<Reply<InstanceView>>()),
         ("q.instance.list.request", schema_of::<InstanceListRequest>()),
-        ("q.instance.list.reply", schema_of::<Reply<Vec<InstanceView>>>()),
-        ("q.provider.get.reply", schema_of::<Reply<ProviderView>>()),
+        ("q.instance.list.reply", sent::<Reply<Vec<InstanceView>>>()),
+        ("q.provider.get.reply", sent::<Reply<ProviderView>>()),
         ("q.provider.list.request", schema_of::<ProviderListRequest>()),
-        ("q.provider.list.reply", schema_of::<Reply<Vec<ProviderView>>>()),
+        ("q.provider.list.reply", sent::<Reply<Vec<ProviderView>>>()),
         ("q.allocation.by_consumer.request", schema_of::<AllocationByConsumerRequest>()),
-        ("q.allocation.by_consumer.reply", schema_of::<Reply<Vec<ConsumerAllocation>>>()),
-        ("q.operation.get.reply", schema_of::<Reply<OperationView>>()),
+        ("q.allocation.by_consumer.reply", sent::<Reply<Vec<ConsumerAllocation>>>()),
+        ("q.operation.get.reply", sent::<Reply<OperationView>>()),
         ("q.operation.list.request", schema_of::<OperationListRequest>()),
-        ("q.operation.list.reply", schema_of::<Reply<Vec<OperationView>>>()),
+        ("q.operation.list.reply", sent::<Reply<Vec<OperationView>>>()),
         ("q.history.request", schema_of::<HistoryRequest>()),
-        ("q.history.reply", schema_of::<Reply<Vec<HistoryItem>>>()),
+        ("q.history.reply", sent::<Reply<Vec<HistoryItem>>>()),
         ("q.state_at.request", schema_of::<StateAtRequest>()),
-        ("q.state_at.reply", schema_of::<Reply<StateAtData>>()),
+        ("q.state_at.reply", sent::<Reply<StateAtData>>()),
         ("cmd.append.request", schema_of::<CmdAppendRequest>()),
-        ("cmd.append.reply", schema_of::<Reply<CmdAppendData>>()),
+        ("cmd.append.reply", sent::<Reply<CmdAppendData>>()),
         ("cmd.provider.delete.request", schema_of::<ProviderDeleteRequest>()),
-        ("cmd.provider.delete.reply", schema_of::<Reply<ProviderDeleteData>>()),
+        ("cmd.provider.delete.reply", sent::<Reply<ProviderDeleteData>>()),
         ("cmd.heal_allocations.request", schema_of::<HealAllocationsRequest>()),
-        ("cmd.heal_allocations.reply", schema_of::<Reply<HealData>>()),
+        ("cmd.heal_allocations.reply", sent::<Reply<HealData>>()),
         ("cmd.fix_orphans.request", schema_of::<FixOrphansRequest>()),
-        ("cmd.fix_orphans.reply", schema_of::<Reply<FixOrphansData>>()),
+        ("cmd.fix_orphans.reply", sent::<Reply<FixOrphansData>>()),
         ("cmd.worker.ready.request", schema_of::<WorkerReadyRequest>()),
-        ("cmd.worker.ready.reply", schema_of::<Reply<WorkerReadyData>>()),
-        ("exec.compensate.request", schema_of::<ExecutorRequest>()),
+        ("cmd.worker.ready.reply", sent::<Reply<WorkerReadyData>>()),
+        ("exec.compensate.request", sent::<ExecutorRequest>()),
         ("exec.compensate.reply", schema_of::<ExecutorReply>()),
-        ("worker.reissue.request", schema_of::<WorkerReissueRequest>()),
+        ("worker.reissue.request", sent::<WorkerReissueRequest>()),
         ("worker.reissue.reply", schema_of::<WorkerReissueReply>()),
-    ]);
-    // The data of a reply alone, as the docs show it inside `"data"`.
-    all.insert("q.state_at.data", schema_of::<StateAtData>());
-    all
+    ])
 }
 
 fn docs_dir() -> PathBuf {
