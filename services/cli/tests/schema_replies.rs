@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 mod common;
-use common::{wait_ready, Serve};
+use common::{provledger, text, wait_ready, Serve};
 
 const REPLY_WAIT: Duration = Duration::from_secs(10);
 
@@ -31,6 +31,17 @@ fn validator(name: &str) -> jsonschema::Validator {
         .unwrap_or_else(|e| panic!("{name} does not compile: {e}"))
 }
 
+fn assert_matches(value: &Value, schema: &str, what: &str) {
+    let errors: Vec<String> = validator(schema)
+        .iter_errors(value)
+        .map(|e| format!("{e} at {}", e.instance_path()))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "{what} does not match {schema}: {errors:?}\n{value:#}"
+    );
+}
+
 /// Asks `subject` and checks the answer against `schema`; returns the answer.
 async fn ask(client: &async_nats::Client, subject: &str, body: Value, schema: &str) -> Value {
     let reply = tokio::time::timeout(
@@ -41,14 +52,7 @@ async fn ask(client: &async_nats::Client, subject: &str, body: Value, schema: &s
     .unwrap_or_else(|_| panic!("no reply on {subject}"))
     .unwrap_or_else(|e| panic!("request on {subject}: {e}"));
     let value: Value = serde_json::from_slice(&reply.payload).expect("a JSON reply");
-    let errors: Vec<String> = validator(schema)
-        .iter_errors(&value)
-        .map(|e| format!("{e} at {}", e.instance_path()))
-        .collect();
-    assert!(
-        errors.is_empty(),
-        "{subject} does not match {schema}: {errors:?}\n{value:#}"
-    );
+    assert_matches(&value, schema, subject);
     value
 }
 
@@ -242,4 +246,41 @@ async fn every_endpoint_answers_what_its_schema_says() {
     );
     let rejected = ask(&client, "cmd.append", too_big, "error").await;
     assert_eq!(rejected["error"]["code"], "rejected", "{rejected:#}");
+}
+
+#[test]
+fn recover_json_prints_what_its_schema_says() {
+    // Given an embedded ledger with an instance whose worker died while powering it off
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let id = Uuid::now_v7();
+    let events = json!([
+        {"instance_create_requested": {"name": "vm", "cluster_id": null, "node_group": null,
+            "flavor": "m1", "resources": {"VCPU": 1}, "image": "img"}},
+        {"task_started": {"task_state": "powering_off", "worker_id": "compute-1",
+            "lease_until": in_seconds(2)}}]);
+    let aggregate = format!("instance/{id}");
+    let args = [
+        "--data-dir",
+        d,
+        "append",
+        &aggregate,
+        "--expect",
+        "none",
+        "--events",
+        "-",
+    ];
+    let out = provledger(&args, &events.to_string());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    std::thread::sleep(Duration::from_millis(2_500));
+    // When a recovery sweep runs with --json
+    let out = provledger(&["--data-dir", d, "--json", "recover"], "");
+    // Then it recovered the task, left its re-issue pending, and printed the schema's form
+    let printed: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out)));
+    assert_eq!(
+        printed["pending_reissues"][0]["worker"], "compute-1",
+        "{printed:#}"
+    );
+    assert_matches(&printed, "cli.recover", "recover --json");
 }

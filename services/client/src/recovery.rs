@@ -219,6 +219,35 @@ pub struct DeliveryReport {
     pub raced: usize,
 }
 
+/// What `provledger recover --json` prints: the sweep, what the delivery round did, what
+/// is still pending and the provider deletes finished. A type so that its JSON Schema
+/// (`docs/schemas/cli.recover.json`) is derived from what is printed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct RecoverReport {
+    #[serde(flatten)]
+    pub sweep: SweepReport,
+    pub dry_run: bool,
+    /// Recoveries this run wrote.
+    pub written: usize,
+    /// The delivery round (over `--nats` only; null embedded or in a dry run).
+    pub delivery: Option<DeliveryReport>,
+    /// Re-issues still pending once the command is done.
+    pub pending_reissues: Vec<PendingReissueLine>,
+    /// Providers whose delete, left half done by a crash, this run finished.
+    pub provider_deletes_finished: Vec<Uuid>,
+}
+
+/// One re-issue still pending, as `recover` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct PendingReissueLine {
+    pub instance: Uuid,
+    pub request_id: Uuid,
+    pub worker: String,
+    pub action: Reissue,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+}
+
 /// One pending re-issue whose next attempt is due.
 pub struct Due {
     instance: AggregateId,

@@ -123,6 +123,8 @@ fn schemas() -> BTreeMap<&'static str, Schema> {
         ("exec.compensate.reply", schema_of::<ExecutorReply>()),
         ("worker.reissue.request", sent::<WorkerReissueRequest>()),
         ("worker.reissue.reply", schema_of::<WorkerReissueReply>()),
+        // Not a NATS message: what `provledger recover --json` prints.
+        ("cli.recover", sent::<provledger_client::recovery::RecoverReport>()),
     ])
 }
 
