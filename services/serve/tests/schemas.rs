@@ -158,7 +158,7 @@ fn asyncapi() -> Value {
         json!({"$ref": format!("#/components/messages/{id}")})
     };
     for c in CHANNELS {
-        let id = c.subject.replace(['.', '{', '}'], "_");
+        let id = c.subject.replace(['{', '}'], "").replace('.', "_");
         let mut channel_messages = serde_json::Map::new();
         channel_messages.insert("message".into(), message(c.message, c.content_type));
         if let Some(reply) = c.reply {
