@@ -1,5 +1,6 @@
 //! The commit envelope: the unit written to the log, and its per-aggregate hash chain.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -13,7 +14,7 @@ pub const ACTOR_BYTES_MAX: usize = 256;
 
 /// What a writer hands to `EventLog::append`: everything but the fields the log assigns
 /// (version, position, prev_hash, hash).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct CommitDraft {
     /// UUID v7; the idempotency key. A retry must reuse it.
     pub commit_id: Uuid,
@@ -97,7 +98,7 @@ pub enum InvalidCommit {
 }
 
 /// One commit as stored: one or more events for one aggregate, appended atomically.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Commit {
     pub commit_id: Uuid,
     pub aggregate: AggregateId,

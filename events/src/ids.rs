@@ -6,11 +6,14 @@
 use std::fmt;
 use std::str::FromStr;
 
+use schemars::JsonSchema;
 use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 use uuid::Uuid;
 
 /// The four kinds of aggregate, each a consistency boundary with its own version sequence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum AggregateKind {
     Cluster,
@@ -145,6 +148,21 @@ impl Serialize for AggregateId {
     }
 }
 
+// Written by hand because the Serialize above is: in JSON an aggregate is one string.
+impl JsonSchema for AggregateId {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "AggregateId".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "An aggregate, `kind/uuid`: `cluster/0190...`, `instance/...`, `provider/...`, `operation/...`.",
+            "type": "string",
+            "pattern": "^(cluster|instance|provider|operation)/"
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for AggregateId {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         if d.is_human_readable() {
@@ -210,6 +228,21 @@ impl Serialize for Timestamp {
     }
 }
 
+// Written by hand because the Serialize above is: in JSON a timestamp is RFC 3339 text.
+impl JsonSchema for Timestamp {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Timestamp".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A UTC time in RFC 3339, to the millisecond: `2026-11-21T10:00:00.000Z`.",
+            "type": "string",
+            "format": "date-time"
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for Timestamp {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         if d.is_human_readable() {
@@ -261,6 +294,21 @@ impl Serialize for Hash {
         } else {
             self.0.serialize(s)
         }
+    }
+}
+
+// Written by hand because the Serialize above is: in JSON a hash is 64 lowercase hex digits.
+impl JsonSchema for Hash {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Hash".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A BLAKE3 hash in hex: a commit's `hash` and `prev_hash` (all zeros before the first commit).",
+            "type": "string",
+            "pattern": "^[0-9a-f]{64}$"
+        })
     }
 }
 

@@ -242,38 +242,6 @@ impl ClusterState {
 
     /// The contract's JSON form of a cluster.
     pub fn view(&self) -> serde_json::Value {
-        let mut map = serde_json::Map::new();
-        map.insert("id".into(), self.header.id.id.to_string().into());
-        map.insert("name".into(), self.name.clone().into());
-        map.insert("plugin".into(), self.plugin.clone().into());
-        map.insert("status".into(), json_or_null(&self.status));
-        map.insert(
-            "status_description".into(),
-            self.status_description.clone().into(),
-        );
-        let groups: Vec<serde_json::Value> = self
-            .node_groups
-            .iter()
-            .map(|g| {
-                serde_json::json!({
-                    "name": g.spec.name,
-                    "count": g.count,
-                    "flavor": g.spec.flavor,
-                    "processes": g.spec.processes,
-                    "instance_ids": g.instance_ids,
-                })
-            })
-            .collect();
-        map.insert("node_groups".into(), groups.into());
-        map.insert(
-            "operation_id".into(),
-            json_or_null(&self.in_flight.as_ref().map(|f| f.operation_id)),
-        );
-        map.insert(
-            "operation_kind".into(),
-            json_or_null(&self.in_flight.as_ref().map(|f| f.kind)),
-        );
-        self.header.view_fields(&mut map);
-        serde_json::Value::Object(map)
+        json_or_null(&crate::view::ClusterView::of(self))
     }
 }

@@ -26,7 +26,7 @@ use crate::planner::{NODE_DETAIL, REMOVAL_DETAIL, RESOURCE_REMOVED_EFFECT};
 pub const LEDGER_EXECUTOR: &str = "ledger";
 
 /// One resource an executor holds, as its inventory answers it (`docs/drift.md`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct InventoryItem {
     /// The executor's own word for what it is (`ip`, `vm`, `dns_record`): for people.
     pub kind: String,

@@ -11,7 +11,7 @@ use uuid::Uuid;
 pub const ANOMALIES_KEPT_MAX: usize = 64;
 
 /// An event that made no sense for the entity's state when it was folded.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Anomaly {
     pub position: u64,
     pub version: u64,
@@ -70,17 +70,6 @@ impl Header {
             event,
             problem,
         });
-    }
-
-    /// The JSON fields every entity view carries besides its own.
-    pub(crate) fn view_fields(&self, map: &mut serde_json::Map<String, serde_json::Value>) {
-        map.insert("version".into(), self.version.into());
-        map.insert("last_position".into(), self.last_position.into());
-        map.insert(
-            "anomalies".into(),
-            serde_json::to_value(&self.anomalies).unwrap_or_default(),
-        );
-        map.insert("anomaly_count".into(), self.anomaly_count.into());
     }
 }
 

@@ -12,7 +12,7 @@ use crate::cluster::InFlight;
 use crate::entity::{json_or_null, not_created, EventContext, FoldResult, Header};
 
 /// A re-issue a recovery recorded and the worker has not acknowledged yet.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct PendingReissue {
     pub request_id: Uuid,
     pub worker: String,
@@ -328,38 +328,6 @@ impl InstanceState {
 
     /// The contract's JSON form of an instance.
     pub fn view(&self) -> serde_json::Value {
-        let mut map = serde_json::Map::new();
-        map.insert("id".into(), self.header.id.id.to_string().into());
-        map.insert("name".into(), self.name.clone().into());
-        map.insert("origin".into(), json_or_null(&self.origin));
-        map.insert("cluster_id".into(), json_or_null(&self.cluster_id));
-        map.insert("node_group".into(), json_or_null(&self.node_group));
-        map.insert("flavor".into(), self.flavor.clone().into());
-        map.insert("resources".into(), json_or_null(&self.resources));
-        map.insert("vm_state".into(), json_or_null(&self.vm_state));
-        map.insert("task_state".into(), json_or_null(&self.task_state));
-        map.insert("power_state".into(), json_or_null(&self.power_state));
-        map.insert("host".into(), json_or_null(&self.host));
-        map.insert("provider_id".into(), json_or_null(&self.provider_id));
-        map.insert("task_worker".into(), json_or_null(&self.task_worker));
-        map.insert(
-            "task_lease_since".into(),
-            json_or_null(&self.task_lease_since),
-        );
-        map.insert(
-            "task_lease_until".into(),
-            json_or_null(&self.task_lease_until),
-        );
-        map.insert("delete_requested".into(), self.delete_requested.into());
-        map.insert(
-            "pending_reissues".into(),
-            json_or_null(&self.pending_reissues),
-        );
-        map.insert(
-            "operation_id".into(),
-            json_or_null(&self.in_flight.as_ref().map(|f| f.operation_id)),
-        );
-        self.header.view_fields(&mut map);
-        serde_json::Value::Object(map)
+        json_or_null(&crate::view::InstanceView::of(self))
     }
 }

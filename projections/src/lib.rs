@@ -23,6 +23,7 @@ pub mod recovery;
 pub mod rollback;
 pub mod stages;
 pub mod timeline;
+pub mod view;
 
 pub use entity::{Anomaly, Header};
 pub use projection::{DeletionState, Entity, Projection, Summary};

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use crate::entity::{json_or_null, not_created, EventContext, FoldResult, Header};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OperationStatus {
     Running,
@@ -48,7 +48,7 @@ pub enum StageProgress {
     Completed,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum StepProgress {
     Done,
@@ -82,7 +82,7 @@ pub struct StartedStep {
 }
 
 /// Where one planned compensation stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CompensationProgress {
     Planned,
@@ -115,7 +115,7 @@ impl CompensationState {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct OperationError {
     pub stage: String,
     pub step: Option<String>,
@@ -509,78 +509,6 @@ impl OperationState {
 
     /// The contract's JSON form of an operation.
     pub fn view(&self) -> serde_json::Value {
-        let mut map = serde_json::Map::new();
-        map.insert("id".into(), self.header.id.id.to_string().into());
-        map.insert("kind".into(), json_or_null(&self.kind));
-        map.insert(
-            "target".into(),
-            json_or_null(&self.target.map(|t| t.to_string())),
-        );
-        map.insert("parent_id".into(), json_or_null(&self.parent_id));
-        map.insert("children".into(), json_or_null(&self.children));
-        map.insert("status".into(), json_or_null(&self.status));
-        map.insert("stage".into(), json_or_null(&self.current_stage));
-        map.insert("stages".into(), json_or_null(&self.stages));
-        let steps: Vec<serde_json::Value> = self
-            .steps
-            .iter()
-            .map(|s| {
-                serde_json::json!({
-                    "stage": s.stage,
-                    "name": s.name,
-                    "effect": s.effect,
-                    "compensation": s.compensation,
-                    "state": s.progress,
-                    "compensation_id": s.compensation_id,
-                })
-            })
-            .collect();
-        map.insert("steps".into(), steps.into());
-        let started: Vec<serde_json::Value> = self
-            .started
-            .iter()
-            .map(|s| {
-                serde_json::json!({
-                    "stage": s.stage,
-                    "name": s.name,
-                    "executor": s.executor,
-                    "idempotency_key": s.idempotency_key,
-                    "compensation": s.compensation,
-                    "state": "outcome_unknown",
-                })
-            })
-            .collect();
-        map.insert("started".into(), started.into());
-        map.insert("error".into(), json_or_null(&self.error));
-        map.insert(
-            "cancellation_reason".into(),
-            json_or_null(&self.cancellation_reason),
-        );
-        map.insert("target_deleted".into(), self.target_deleted.into());
-        map.insert("rollback_plan".into(), json_or_null(&self.rollback_plan));
-        map.insert(
-            "rollback_outcome".into(),
-            json_or_null(&self.rollback_outcome),
-        );
-        let compensations: Vec<serde_json::Value> = self
-            .compensations
-            .iter()
-            .map(|c| {
-                serde_json::json!({
-                    "compensation_id": c.planned.compensation_id,
-                    "stage": c.planned.stage,
-                    "step": c.planned.step,
-                    "action": c.planned.compensation.action,
-                    "resource": c.planned.compensation.resource,
-                    "state": c.progress,
-                    "attempts": c.attempts,
-                    "last_error": c.last_error,
-                })
-            })
-            .collect();
-        map.insert("compensations".into(), compensations.into());
-        map.insert("remaining".into(), json_or_null(&self.remaining));
-        self.header.view_fields(&mut map);
-        serde_json::Value::Object(map)
+        json_or_null(&crate::view::OperationView::of(self))
     }
 }

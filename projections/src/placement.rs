@@ -25,7 +25,7 @@ use crate::provider::{ProviderState, ProviderStatus};
 use crate::Entity;
 
 /// One allocation on a provider, why it is there, and what an operator does about it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct Hold {
     pub consumer: Uuid,
     pub consumer_kind: ConsumerKind,

@@ -218,6 +218,17 @@ impl Entity {
         Ok(())
     }
 
+    /// The contract's form of this entity, as a type (`crate::view`).
+    pub fn view_typed(&self) -> crate::view::EntityView {
+        use crate::view::{ClusterView, EntityView, InstanceView, OperationView, ProviderView};
+        match self {
+            Entity::Cluster(s) => EntityView::Cluster(ClusterView::of(s)),
+            Entity::Instance(s) => EntityView::Instance(InstanceView::of(s)),
+            Entity::Provider(s) => EntityView::Provider(ProviderView::of(s)),
+            Entity::Operation(s) => EntityView::Operation(OperationView::of(s)),
+        }
+    }
+
     /// The contract's JSON form of this entity.
     pub fn view(&self) -> serde_json::Value {
         match self {

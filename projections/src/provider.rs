@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::entity::{json_or_null, not_created, EventContext, FoldResult, Header};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ProviderStatus {
     Active,
@@ -20,7 +20,7 @@ pub enum ProviderStatus {
 
 /// Why one resource class of a claim does not fit. The snake_case names are stable: they
 /// are the `reason` of a refused claim at the NATS boundary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ClaimReason {
     NoInventory,
@@ -43,7 +43,7 @@ impl ClaimReason {
 }
 
 /// One resource class of a claim that does not fit.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ClassRefusal {
     pub resource_class: String,
     pub requested: u64,
@@ -291,36 +291,6 @@ impl ProviderState {
 
     /// The contract's JSON form of a provider.
     pub fn view(&self) -> serde_json::Value {
-        let mut map = serde_json::Map::new();
-        map.insert("id".into(), self.header.id.id.to_string().into());
-        map.insert("name".into(), self.name.clone().into());
-        map.insert("host".into(), self.host.clone().into());
-        map.insert("status".into(), json_or_null(&self.status));
-        map.insert("inventories".into(), json_or_null(&self.inventories));
-        let capacity: BTreeMap<&String, u64> = self
-            .inventories
-            .iter()
-            .map(|(rc, inv)| (rc, inv.capacity()))
-            .collect();
-        map.insert("capacity".into(), json_or_null(&capacity));
-        map.insert("usage".into(), json_or_null(&self.usage));
-        let allocations: Vec<serde_json::Value> = self
-            .allocations
-            .iter()
-            .map(|(consumer, a)| {
-                serde_json::json!({
-                    "consumer": consumer,
-                    "consumer_kind": a.consumer_kind,
-                    "resources": a.resources,
-                })
-            })
-            .collect();
-        map.insert("allocations".into(), allocations.into());
-        map.insert(
-            "last_delete_refusal".into(),
-            json_or_null(&self.last_delete_refusal),
-        );
-        self.header.view_fields(&mut map);
-        serde_json::Value::Object(map)
+        json_or_null(&crate::view::ProviderView::of(self))
     }
 }

@@ -7,6 +7,7 @@
 //! installs anything itself: when nothing fits it fails with the command that does.
 
 pub mod bench;
+pub mod docs;
 pub mod script;
 pub mod workload;
 

@@ -2,10 +2,11 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// A cluster's lifecycle status. `deleting` and `deleted` are terminal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ClusterStatus {
     Requested,
@@ -26,7 +27,7 @@ impl ClusterStatus {
 }
 
 /// A node group as requested: how many nodes of which flavour.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct NodeGroupSpec {
     pub name: String,
     pub count: u32,
@@ -38,7 +39,7 @@ pub struct NodeGroupSpec {
 }
 
 /// The desired size of one node group in a scale request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct NodeGroupTarget {
     pub name: String,
     pub count: u32,

@@ -1,9 +1,10 @@
 //! Value types of the `instance` aggregate (Nova instances).
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Nova's `vm_state`: the stable state of the VM.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum VmState {
     Building,
@@ -14,7 +15,7 @@ pub enum VmState {
 }
 
 /// Nova's `task_state`: the transition in progress, if any.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskState {
     Scheduling,
@@ -34,7 +35,7 @@ pub enum TaskState {
 }
 
 /// Nova's `power_state`: what the hypervisor last reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PowerState {
     NoState,
@@ -46,7 +47,7 @@ pub enum PowerState {
 }
 
 /// How a task ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskOutcome {
     Succeeded,
@@ -57,7 +58,7 @@ pub enum TaskOutcome {
 }
 
 /// What the worker that owns an instance is asked to do again by a recovery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Reissue {
     Delete,

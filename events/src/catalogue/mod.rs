@@ -17,6 +17,7 @@ pub mod samples;
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -33,7 +34,7 @@ pub use provider::{AllocationHold, BlockingAllocation, ConsumerKind, Inventory, 
 use crate::ids::{AggregateId, AggregateKind, Timestamp};
 
 /// One fact. Each variant belongs to exactly one aggregate kind (see [`Event::kind`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Event {
     // ---- cluster ----

@@ -3,13 +3,14 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::ids::AggregateId;
 
 /// What a provisioning operation does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OperationKind {
     CreateCluster,
@@ -42,7 +43,7 @@ impl OperationKind {
 
 /// What the rollback planner does with a stage's completed steps when the operation fails
 /// inside that stage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum StagePolicy {
     /// Undo the completed steps in reverse order.
@@ -54,7 +55,7 @@ pub enum StagePolicy {
 }
 
 /// What happens to a bundle's siblings when one child operation fails.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BundlePolicy {
     RollBackSiblings,
@@ -62,14 +63,14 @@ pub enum BundlePolicy {
 }
 
 /// A stage as declared when the operation starts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct StageSpec {
     pub name: String,
     pub policy: StagePolicy,
 }
 
 /// Whether provledger brought a resource into being. Discovered resources are never destroyed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Origin {
     Created,
@@ -77,7 +78,7 @@ pub enum Origin {
 }
 
 /// What a completed step changed in the world.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EffectKind {
     IpAcquired,
@@ -93,7 +94,7 @@ pub enum EffectKind {
 }
 
 /// The effect of one step: what kind, on which resource, done by which executor.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Effect {
     pub kind: EffectKind,
     /// The resource's identifier in its owner's terms (an IP, a DNS name, an instance UUID).
@@ -105,7 +106,7 @@ pub struct Effect {
 }
 
 /// The action that undoes an effect.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CompensationAction {
     ReleaseIp,
@@ -121,7 +122,7 @@ pub enum CompensationAction {
 }
 
 /// Who carries out a compensation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Executor {
     /// Applied as events by provledger itself (releasing an allocation, setting Error).
@@ -131,7 +132,7 @@ pub enum Executor {
 }
 
 /// The compensation declared together with a step's effect, recorded in the same commit.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Compensation {
     pub action: CompensationAction,
     pub executor: Executor,
@@ -140,7 +141,7 @@ pub struct Compensation {
 }
 
 /// One compensation the rollback plan will drive, with its deterministic id.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct PlannedCompensation {
     pub compensation_id: Uuid,
     pub stage: String,
@@ -149,7 +150,7 @@ pub struct PlannedCompensation {
 }
 
 /// A resource the plan deliberately keeps, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct RetainedResource {
     pub stage: String,
     pub step: String,
@@ -158,7 +159,7 @@ pub struct RetainedResource {
 }
 
 /// Where the target ends up once the plan is driven.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TargetOutcome {
     /// The target goes to Error, with this description.
@@ -170,7 +171,7 @@ pub enum TargetOutcome {
 }
 
 /// The deterministic output of the rollback planner, recorded by `RollbackPlanned`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct RollbackPlan {
     /// The stage rule that produced this plan, in words, for operators.
     pub rule: String,
@@ -181,7 +182,7 @@ pub struct RollbackPlan {
 }
 
 /// How a rollback ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RollbackOutcome {
     RolledBack,
@@ -190,7 +191,7 @@ pub enum RollbackOutcome {
 }
 
 /// How an operation's hold on its target ended (recorded on the target).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OperationOutcome {
     Succeeded,

@@ -2,11 +2,12 @@
 
 use std::fmt;
 
+use schemars::JsonSchema;
 use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 
 /// One resource class's inventory on a provider.
 /// Capacity is `(total - reserved) * allocation_ratio`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Inventory {
     pub total: u64,
     pub reserved: u64,
@@ -64,6 +65,22 @@ impl Serialize for Ratio {
     }
 }
 
+// Written by hand because the Serialize above is: JSON shows thousandths as a number.
+impl JsonSchema for Ratio {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Ratio".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "An allocation ratio, stored in thousandths: a positive number up to 1e6 (`1.5`).",
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 1_000_000
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for Ratio {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         if d.is_human_readable() {
@@ -75,7 +92,7 @@ impl<'de> Deserialize<'de> for Ratio {
 }
 
 /// What kind of consumer holds an allocation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ConsumerKind {
     Instance,
@@ -83,7 +100,7 @@ pub enum ConsumerKind {
 }
 
 /// Why an allocation still pins a provider that someone wants to delete (Nova seed).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AllocationHold {
     /// An instance that runs on this provider.
@@ -97,7 +114,7 @@ pub enum AllocationHold {
 }
 
 /// One allocation that blocks a provider delete, and why it is there.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct BlockingAllocation {
     pub consumer: uuid::Uuid,
     pub consumer_kind: ConsumerKind,

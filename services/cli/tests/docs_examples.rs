@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use provledger_tests::docs::{comment, fenced_block};
 use provledger_tests::NatsServer;
 use serde_json::{json, Value};
 
@@ -63,16 +64,6 @@ impl Example {
 
 fn doc_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/writing-operations.md")
-}
-
-/// The text of an HTML comment line `<!-- PREFIX rest -->`, if the line is one.
-fn comment<'a>(line: &'a str, prefix: &str) -> Option<&'a str> {
-    let inner = line
-        .trim()
-        .strip_prefix("<!--")?
-        .strip_suffix("-->")?
-        .trim();
-    inner.strip_prefix(prefix).map(str::trim)
 }
 
 /// Every marked example, its requests in order. Panics (naming the line) on anything
@@ -125,17 +116,7 @@ fn parse(doc: &str) -> Vec<Example> {
             );
             outcome = Some(word.to_string());
         } else if line.trim() == "```json" {
-            let mut text = String::new();
-            loop {
-                let (_, l) = lines
-                    .next()
-                    .unwrap_or_else(|| panic!("line {n}: unclosed code block"));
-                if l.trim() == "```" {
-                    break;
-                }
-                text.push_str(l);
-                text.push('\n');
-            }
+            let text = fenced_block(&mut lines, &format!("line {n}"));
             let Some(example) = open.as_mut() else {
                 continue; // an illustration, not a request
             };

@@ -171,7 +171,10 @@ async fn a_record_made_behind_the_ledgers_back_is_leaked() {
     let shown = text(&out);
     println!("{shown}");
     assert!(shown.contains("leaked     dns rogue.example"), "{shown}");
-    assert!(shown.contains("  do:  made behind the ledger's back"), "{shown}");
+    assert!(
+        shown.contains("  do:  made behind the ledger's back"),
+        "{shown}"
+    );
     assert_eq!(out.status.code(), Some(1), "{shown}");
 }
 

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use uuid::Uuid;
 
 /// The JSON request an executor receives.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CompensationRequest {
     pub operation_id: Uuid,
     pub compensation_id: Uuid,
@@ -41,7 +41,7 @@ impl CompensationRequest {
 /// The JSON reply: `{"ok": true}` or `{"ok": false, "error": "..."}`. An executor asked to
 /// undo, by idempotency key, an action it never carried out answers `{"ok": true,
 /// "nothing_to_undo": true}`: the compensation is done, and the log says so.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CompensationReply {
     pub ok: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -20,7 +20,7 @@ const _: () = assert!(INVENTORY_PAGE_ITEMS_DEFAULT <= INVENTORY_PAGE_ITEMS_MAX);
 
 /// The request: the page after the resource `after` (from the start without it), of at
 /// most `limit` items.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct InventoryRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after: Option<String>,
@@ -39,7 +39,7 @@ impl InventoryRequest {
 
 /// One page: items in the order of their `resource` (bytewise), and the cursor of the
 /// next page (`null` on the last one).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct InventoryPage {
     pub items: Vec<InventoryItem>,
     pub next: Option<String>,

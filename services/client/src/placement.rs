@@ -290,7 +290,7 @@ async fn release<L: EventLog>(
 }
 
 /// What heal-allocations did (or, dry, would do).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
 pub struct HealReport {
     pub healed: Vec<(Uuid, Uuid)>,
     pub skipped: Vec<(Uuid, String)>,

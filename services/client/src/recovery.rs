@@ -56,7 +56,7 @@ use crate::write::{record_atomic, record_fact, Fact, FromTheLog, RecordError};
 pub const RECOVERY_ACTOR: &str = "provledger-recovery";
 
 /// What a worker is asked to do again.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ReissueRequest {
     /// Idempotency key: the same recovery always carries the same id.
     pub request_id: Uuid,
@@ -111,7 +111,7 @@ impl Reissuer for NoWorkers {
 }
 
 /// One instance's recovery, as the sweep reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct Recovered {
     pub instance: Uuid,
     pub rule: String,
@@ -122,7 +122,7 @@ pub struct Recovered {
     pub outcome: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct SweepReport {
     pub examined: usize,
     pub recoveries: Vec<Recovered>,
@@ -206,7 +206,7 @@ pub async fn sweep<L: EventLog, V: StateView>(
 pub const REISSUES_IN_FLIGHT_PER_WORKER: usize = 4;
 
 /// What one delivery round did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
 pub struct DeliveryReport {
     /// Re-issues pending when the round started.
     pub pending: usize,
@@ -217,6 +217,35 @@ pub struct DeliveryReport {
     /// Attempts another replica took, or that met a newer version of the instance (the
     /// next round decides again).
     pub raced: usize,
+}
+
+/// What `provledger recover --json` prints: the sweep, what the delivery round did, what
+/// is still pending and the provider deletes finished. A type so that its JSON Schema
+/// (`docs/schemas/cli.recover.json`) is derived from what is printed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct RecoverReport {
+    #[serde(flatten)]
+    pub sweep: SweepReport,
+    pub dry_run: bool,
+    /// Recoveries this run wrote.
+    pub written: usize,
+    /// The delivery round (over `--nats` only; null embedded or in a dry run).
+    pub delivery: Option<DeliveryReport>,
+    /// Re-issues still pending once the command is done.
+    pub pending_reissues: Vec<PendingReissueLine>,
+    /// Providers whose delete, left half done by a crash, this run finished.
+    pub provider_deletes_finished: Vec<Uuid>,
+}
+
+/// One re-issue still pending, as `recover` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct PendingReissueLine {
+    pub instance: Uuid,
+    pub request_id: Uuid,
+    pub worker: String,
+    pub action: Reissue,
+    pub attempts: u32,
+    pub last_error: Option<String>,
 }
 
 /// One pending re-issue whose next attempt is due.

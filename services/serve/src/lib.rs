@@ -21,6 +21,7 @@
 
 mod audit;
 mod endpoints;
+pub mod messages;
 mod metrics;
 mod projector;
 mod rollback_worker;

@@ -9,7 +9,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use provledger_client::placement::finish_provider_deletes;
-use provledger_client::recovery::{deliver_reissues, sweep, NatsReissuer, RECOVERY_ACTOR};
+use provledger_client::recovery::{
+    deliver_reissues, sweep, NatsReissuer, PendingReissueLine, RecoverReport, RECOVERY_ACTOR,
+};
 use provledger_client::view::{LogView, StateView};
 use provledger_client::{connect_nats, Ledger, LedgerOptions, Stamper};
 use provledger_projections::recovery::ReissuePolicy;
@@ -49,7 +51,7 @@ pub async fn run(
         _ => None,
     };
     // What is still pending once this command is done.
-    let pending: Vec<serde_json::Value> = match dry_run {
+    let pending: Vec<PendingReissueLine> = match dry_run {
         true => Vec::new(),
         false => LogView::new(ledger)
             .instances()
@@ -57,15 +59,13 @@ pub async fn run(
             .map_err(|e| CommandError::Problem(e.to_string()))?
             .iter()
             .flat_map(|i| {
-                i.pending_reissues.iter().map(|p| {
-                    serde_json::json!({
-                        "instance": i.header.id.id,
-                        "request_id": p.request_id,
-                        "worker": p.worker,
-                        "action": p.action,
-                        "attempts": p.attempts,
-                        "last_error": p.last_error,
-                    })
+                i.pending_reissues.iter().map(|p| PendingReissueLine {
+                    instance: i.header.id.id,
+                    request_id: p.request_id,
+                    worker: p.worker.clone(),
+                    action: p.action,
+                    attempts: p.attempts,
+                    last_error: p.last_error.clone(),
                 })
             })
             .collect(),
@@ -76,14 +76,16 @@ pub async fn run(
         .filter(|r| r.outcome.starts_with("failed"))
         .count();
     if json {
-        let mut v = serde_json::to_value(&report).unwrap_or_default();
-        v["dry_run"] = dry_run.into();
-        v["written"] = report.written().into();
-        v["delivery"] = serde_json::to_value(&delivery).unwrap_or_default();
-        v["pending_reissues"] = pending.clone().into();
-        v["provider_deletes_finished"] =
-            serde_json::to_value(&providers_finished).unwrap_or_default();
-        print_json(&v);
+        let printed = RecoverReport {
+            written: report.written(),
+            sweep: report.clone(),
+            dry_run,
+            delivery: delivery.clone(),
+            pending_reissues: pending.clone(),
+            provider_deletes_finished: providers_finished.clone(),
+        };
+        // A struct of strings, numbers and string-keyed maps always serializes to JSON.
+        print_json(&serde_json::to_value(&printed).expect("a recover report is JSON"));
     } else {
         for r in &report.recoveries {
             println!(
@@ -117,12 +119,15 @@ pub async fn run(
         for p in &pending {
             println!(
                 "instance {}: re-issue {} to worker {} pending ({} attempt(s){})",
-                p["instance"].as_str().unwrap_or_default(),
-                p["action"].as_str().unwrap_or_default(),
-                p["worker"].as_str().unwrap_or_default(),
-                p["attempts"],
-                p["last_error"]
+                p.instance,
+                serde_json::to_value(p.action)
+                    .unwrap_or_default()
                     .as_str()
+                    .unwrap_or_default(),
+                p.worker,
+                p.attempts,
+                p.last_error
+                    .as_deref()
                     .map(|e| format!("; last error: {e}"))
                     .unwrap_or_default()
             );

@@ -2,15 +2,16 @@
 
 use provledger_events::AggregateId;
 use provledger_projections::Entity;
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::error::QueryError;
+use super::error::{to_data, QueryError};
 use super::request::{check_fields, object, opt_u64, req_uuid};
 use super::QueryContext;
+use crate::messages::{AllocationByConsumerRequest, ConsumerAllocation, RequestFields};
 
 pub(crate) async fn by_consumer(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
     let req = object(payload)?;
-    check_fields(&req, &["consumer", "min_position"])?;
+    check_fields(&req, AllocationByConsumerRequest::FIELDS)?;
     let consumer = req_uuid(&req, "consumer")?;
     ctx.wait_for(opt_u64(&req, "min_position")?).await?;
     let mut out = Vec::new();
@@ -18,15 +19,15 @@ pub(crate) async fn by_consumer(ctx: &QueryContext, payload: &[u8]) -> Result<Va
         let id = AggregateId::provider(provider);
         if let Some(Entity::Provider(p)) = ctx.store.entity(&id)? {
             if let Some(a) = p.allocations.get(&consumer) {
-                out.push(json!({
-                    "provider_id": provider,
-                    "provider_name": p.name,
-                    "consumer": consumer,
-                    "consumer_kind": a.consumer_kind,
-                    "resources": a.resources,
-                }));
+                out.push(ConsumerAllocation {
+                    provider_id: provider,
+                    provider_name: p.name.clone(),
+                    consumer,
+                    consumer_kind: a.consumer_kind,
+                    resources: a.resources.clone(),
+                });
             }
         }
     }
-    Ok(Value::Array(out))
+    Ok(to_data(&out))
 }

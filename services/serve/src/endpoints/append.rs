@@ -8,13 +8,17 @@ use provledger_events::{
     AggregateId, AppendError, AppendStatus, CommitDraft, Event, Expectation, ReadError,
     ATOMIC_COMMITS_MAX,
 };
-use provledger_projections::decide::{AppendRejection, DecideOptions};
+use provledger_projections::decide::{AlreadyDone, AppendRejection, DecideOptions};
 use serde_json::{json, Map, Value};
 
 use super::caller::Caller;
-use super::error::{bad, ErrorCode, QueryError};
+use super::error::{bad, to_data, ErrorCode, QueryError};
 use super::request::{check_fields, object, opt_str, opt_uuid, req_aggregate};
 use super::QueryContext;
+use crate::messages::{
+    AppendData, AppendOutcomeWord, AppendRequest, AtomicAppendData, AtomicAppendRequest,
+    AtomicCommit, CommitOutcome, RequestFields,
+};
 
 pub(crate) async fn append(
     ctx: &QueryContext,
@@ -25,19 +29,7 @@ pub(crate) async fn append(
     if req.contains_key("commits") {
         return append_atomic(ctx, req, caller).await;
     }
-    check_fields(
-        &req,
-        &[
-            "aggregate",
-            "expect",
-            "commit_id",
-            "operation_id",
-            "causation_id",
-            "actor",
-            "events",
-            "force",
-        ],
-    )?;
+    check_fields(&req, AppendRequest::FIELDS)?;
     // The server-vouched identity, when there is one, rather than what the request claims.
     let actor = caller.actor(opt_str(&req, "actor")?, "nats:cmd.append");
     let (aggregate, expect, draft) = parse_commit(&mut req, &actor, "")?;
@@ -47,7 +39,10 @@ pub(crate) async fn append(
     let options = decide_options(&req, caller)?;
     let store = StoreFolded(&ctx.store);
     match record_with_folded(&ctx.log, aggregate, expect, draft, options, &store).await {
-        Ok(recorded) => Ok(with_actor(recorded_json(&recorded), &actor)),
+        Ok(recorded) => Ok(to_data(&AppendData {
+            commit: commit_outcome(&recorded),
+            actor,
+        })),
         Err(RecordError::Conflict { actual, .. }) => Err(QueryError::new(
             ErrorCode::Conflict,
             format!("{aggregate} is at version {actual}, not {expect}; re-read and retry"),
@@ -64,7 +59,7 @@ async fn append_atomic(
     mut req: Map<String, Value>,
     caller: &Caller,
 ) -> Result<Value, QueryError> {
-    check_fields(&req, &["commits", "actor", "force"])?;
+    check_fields(&req, AtomicAppendRequest::FIELDS)?;
     let actor = caller.actor(opt_str(&req, "actor")?, "nats:cmd.append");
     let options = decide_options(&req, caller)?;
     let Some(Value::Array(commits)) = req.remove("commits") else {
@@ -85,18 +80,7 @@ async fn append_atomic(
         let Value::Object(mut commit) = commit else {
             return Err(bad(&format!("commits[{i}]"), "must be an object"));
         };
-        check_fields(
-            &commit,
-            &[
-                "aggregate",
-                "expect",
-                "commit_id",
-                "operation_id",
-                "causation_id",
-                "events",
-            ],
-        )
-        .map_err(|e| e.prefixed(&prefix))?;
+        check_fields(&commit, AtomicCommit::FIELDS).map_err(|e| e.prefixed(&prefix))?;
         let (aggregate, expect, draft) = parse_commit(&mut commit, &actor, &prefix)?;
         facts.push(Fact {
             aggregate,
@@ -106,9 +90,9 @@ async fn append_atomic(
     }
     let store = StoreFolded(&ctx.store);
     match record_atomic(&ctx.log, facts, options, &store).await {
-        Ok(recorded) => Ok(json!({
-            "commits": recorded.iter().map(recorded_json).collect::<Vec<_>>(),
-            "actor": actor,
+        Ok(recorded) => Ok(to_data(&AtomicAppendData {
+            commits: recorded.iter().map(commit_outcome).collect(),
+            actor,
         })),
         Err(RecordError::Conflicts { conflicts }) => Err(QueryError::new(
             ErrorCode::Conflict,
@@ -215,35 +199,31 @@ fn decide_options(req: &Map<String, Value>, caller: &Caller) -> Result<DecideOpt
     })
 }
 
-fn recorded_json(recorded: &Recorded) -> Value {
+fn commit_outcome(recorded: &Recorded) -> CommitOutcome {
     match recorded {
-        Recorded::Appended(outcome) => json!({
-            "position": outcome.position,
-            "version": outcome.version,
-            "outcome": match outcome.status {
-                AppendStatus::Appended => "appended",
-                AppendStatus::AlreadyAppended => "already_appended",
+        Recorded::Appended(outcome) => CommitOutcome {
+            position: outcome.position,
+            version: outcome.version,
+            outcome: match outcome.status {
+                AppendStatus::Appended => AppendOutcomeWord::Appended,
+                AppendStatus::AlreadyAppended => AppendOutcomeWord::AlreadyAppended,
             },
-            "already_appended": matches!(outcome.status, AppendStatus::AlreadyAppended),
-        }),
+            already_appended: matches!(outcome.status, AppendStatus::AlreadyAppended),
+        },
         Recorded::AlreadyDone {
             outcome,
             version,
             position,
-        } => json!({
-            "position": position,
-            "version": version,
-            "outcome": outcome.as_str(),
-            "already_appended": false,
-        }),
+        } => CommitOutcome {
+            position: *position,
+            version: *version,
+            outcome: match outcome {
+                AlreadyDone::AlreadyDeleting => AppendOutcomeWord::AlreadyDeleting,
+                AlreadyDone::AlreadyDeleted => AppendOutcomeWord::AlreadyDeleted,
+            },
+            already_appended: false,
+        },
     }
-}
-
-fn with_actor(mut body: Value, actor: &str) -> Value {
-    if let Value::Object(map) = &mut body {
-        map.insert("actor".into(), actor.into());
-    }
-    body
 }
 
 /// The errors both forms answer alike.

@@ -9,6 +9,9 @@ use serde_json::{Map, Value};
 use super::error::{bad, ErrorCode, QueryError};
 use super::request::{check_fields, object, opt_str, opt_u64, opt_uuid, req_uuid};
 use super::QueryContext;
+use crate::messages::{
+    ClusterListRequest, GetRequest, InstanceListRequest, OperationListRequest, RequestFields,
+};
 use crate::store::{OperationFilter, StoreError};
 
 /// Default and maximum `limit` of the list endpoints.
@@ -22,7 +25,7 @@ pub(crate) async fn get(
     kind: AggregateKind,
 ) -> Result<Value, QueryError> {
     let req = object(payload)?;
-    check_fields(&req, &["id", "min_position"])?;
+    check_fields(&req, GetRequest::FIELDS)?;
     let id = AggregateId::new(kind, req_uuid(&req, "id")?);
     ctx.wait_for(opt_u64(&req, "min_position")?).await?;
     match ctx.store.entity(&id)? {
@@ -37,7 +40,7 @@ pub(crate) async fn get(
 /// Clusters, optionally of one `status`.
 pub(crate) fn cluster_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
     let req = object(payload)?;
-    check_fields(&req, &["status", "limit", "after"])?;
+    check_fields(&req, ClusterListRequest::FIELDS)?;
     let status = opt_str(&req, "status")?.map(str::to_string);
     list(ctx, &req, AggregateKind::Cluster, |e| {
         status.as_deref().is_none_or(|s| e.status_word() == s)
@@ -49,7 +52,7 @@ pub(crate) fn cluster_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, 
 /// operation indexes, never by scanning every operation for a filtered listing.
 pub(crate) fn operation_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
     let req = object(payload)?;
-    check_fields(&req, &["status", "kind", "target", "limit", "after"])?;
+    check_fields(&req, OperationListRequest::FIELDS)?;
     let filter = OperationFilter {
         status: opt_str(&req, "status")?.map(str::to_string),
         kind: opt_str(&req, "kind")?.map(str::to_string),
@@ -64,10 +67,7 @@ pub(crate) fn operation_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value
 /// Instances, optionally of one cluster, on one host or in one task state.
 pub(crate) fn instance_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
     let req = object(payload)?;
-    check_fields(
-        &req,
-        &["cluster_id", "host", "task_state", "limit", "after"],
-    )?;
+    check_fields(&req, InstanceListRequest::FIELDS)?;
     let cluster = opt_uuid(&req, "cluster_id")?;
     let host = opt_str(&req, "host")?.map(str::to_string);
     let task = opt_str(&req, "task_state")?.map(str::to_string);

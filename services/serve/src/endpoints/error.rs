@@ -4,9 +4,11 @@ use serde_json::{json, Map, Value};
 
 use crate::store::StoreError;
 
-/// The contract's error codes, stable at the NATS boundary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ErrorCode {
+/// The contract's error codes, stable at the NATS boundary. The serde form is the word
+/// sent (`as_str`; a test keeps them equal), for the schema of the error reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
     NotFound,
     BadRequest,
     Stale,
@@ -135,4 +137,39 @@ pub(crate) fn bounded(message: &str) -> String {
 /// `bad_request` naming the field and what is wrong with it.
 pub(crate) fn bad(field: &str, problem: impl std::fmt::Display) -> QueryError {
     QueryError::new(ErrorCode::BadRequest, format!("field `{field}`: {problem}"))
+}
+
+/// A reply's data from its message type (`crate::messages`). These types serialize to
+/// JSON whatever their values (string keys, no fallible impls), so a failure is a bug.
+pub(crate) fn to_data<T: serde::Serialize>(data: &T) -> Value {
+    serde_json::to_value(data).expect("a reply message serializes to JSON")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [ErrorCode; 10] = [
+        ErrorCode::NotFound,
+        ErrorCode::BadRequest,
+        ErrorCode::Stale,
+        ErrorCode::Conflict,
+        ErrorCode::TargetDeleted,
+        ErrorCode::Rejected,
+        ErrorCode::Integrity,
+        ErrorCode::TooLarge,
+        ErrorCode::Unavailable,
+        ErrorCode::Internal,
+    ];
+
+    #[test]
+    fn the_word_sent_is_the_word_the_error_schema_documents() {
+        // Given every error code
+        for code in ALL {
+            // When it is sent (`as_str`) and when the schema's enum is derived (serde)
+            let documented = serde_json::to_value(code).expect("a code is JSON");
+            // Then both say the same word
+            assert_eq!(documented, Value::from(code.as_str()), "{code:?}");
+        }
+    }
 }

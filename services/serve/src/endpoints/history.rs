@@ -5,17 +5,15 @@ use provledger_events::Timestamp;
 use provledger_projections::timeline;
 use serde_json::{json, Value};
 
-use super::error::{bad, ErrorCode, QueryError};
+use super::error::{bad, to_data, ErrorCode, QueryError};
 use super::request::{check_fields, object, opt_str, opt_u64, req_aggregate};
 use super::QueryContext;
+use crate::messages::{HistoryRequest, RequestFields, StateAtData, StateAtRequest};
 
 /// Every commit of the aggregate, each with its rendered timeline.
 pub(crate) async fn history(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
     let req = object(payload)?;
-    check_fields(
-        &req,
-        &["aggregate", "min_position", "from_version", "limit"],
-    )?;
+    check_fields(&req, HistoryRequest::FIELDS)?;
     let id = req_aggregate(&req)?;
     let from = opt_u64(&req, "from_version")?.unwrap_or(1).max(1);
     let limit = opt_u64(&req, "limit")?.unwrap_or(u64::MAX);
@@ -51,7 +49,7 @@ pub(crate) async fn history(ctx: &QueryContext, payload: &[u8]) -> Result<Value,
 /// The aggregate's state at `position`, at the last position by `time`, or now.
 pub(crate) fn state_at(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
     let req = object(payload)?;
-    check_fields(&req, &["aggregate", "position", "time"])?;
+    check_fields(&req, StateAtRequest::FIELDS)?;
     let id = req_aggregate(&req)?;
     let position = match (opt_u64(&req, "position")?, opt_str(&req, "time")?) {
         (Some(_), Some(_)) => return Err(bad("time", "give either position or time, not both")),
@@ -63,7 +61,10 @@ pub(crate) fn state_at(ctx: &QueryContext, payload: &[u8]) -> Result<Value, Quer
         (None, None) => ctx.position(),
     };
     match ctx.store.entity_at(&id, position)? {
-        Some(e) => Ok(json!({ "at_position": position, "state": e.view() })),
+        Some(e) => Ok(to_data(&StateAtData {
+            at_position: position,
+            state: e.view_typed(),
+        })),
         None => Err(QueryError::new(
             ErrorCode::NotFound,
             format!("{id} has no commit at or before position {position}"),

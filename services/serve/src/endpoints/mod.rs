@@ -22,7 +22,8 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::store::ProjectionStore;
-use error::{ErrorCode, QueryError};
+pub use error::ErrorCode;
+use error::QueryError;
 
 /// The endpoints under `<prefix>.q.` and `<prefix>.cmd.`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

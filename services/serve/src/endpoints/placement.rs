@@ -16,13 +16,17 @@ use provledger_client::placement::{
 use provledger_client::Stamper;
 use provledger_events::{AggregateKind, EventLog};
 use provledger_projections::Entity;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use uuid::Uuid;
 
+use crate::messages::{
+    FixOrphansData, FixOrphansRequest, HealAllocationsRequest, HealData, OrphanAllocation,
+    ProviderDeleteData, ProviderDeleteRequest, ProviderListRequest, RequestFields,
+};
 use crate::store::ProjectionStore;
 
 use super::caller::Caller;
-use super::error::{bad, ErrorCode, QueryError};
+use super::error::{bad, to_data, ErrorCode, QueryError};
 use super::request::{check_fields, object, opt_str, opt_uuid, req_uuid};
 use super::QueryContext;
 
@@ -63,7 +67,7 @@ async fn caught_up_with_log(ctx: &QueryContext) -> Result<(), QueryError> {
 /// Providers, optionally of one `status` or `host`, in id order after `after`.
 pub(crate) fn provider_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
     let req = object(payload)?;
-    check_fields(&req, &["status", "host", "limit", "after"])?;
+    check_fields(&req, ProviderListRequest::FIELDS)?;
     let status = opt_str(&req, "status")?.map(str::to_string);
     let host = opt_str(&req, "host")?.map(str::to_string);
     super::entities::list(ctx, &req, AggregateKind::Provider, |e| {
@@ -81,7 +85,7 @@ pub(crate) async fn provider_delete(
     caller: &Caller,
 ) -> Result<Value, QueryError> {
     let req = object(payload)?;
-    check_fields(&req, &["id", "cascade", "actor"])?;
+    check_fields(&req, ProviderDeleteRequest::FIELDS)?;
     let id = req_uuid(&req, "id")?;
     let cascade = opt_bool(&req, "cascade")?;
     let actor = actor(&req, caller, "nats:cmd.provider.delete")?;
@@ -103,9 +107,9 @@ async fn delete_with<L: EventLog>(
         .map_err(placement_error)?
     {
         ProviderDeletion::Deleted { released } => {
-            Ok(json!({"outcome": "deleted", "released": released}))
+            Ok(to_data(&ProviderDeleteData::Deleted { released }))
         }
-        ProviderDeletion::AlreadyDeleted => Ok(json!({"outcome": "already_deleted"})),
+        ProviderDeletion::AlreadyDeleted => Ok(to_data(&ProviderDeleteData::AlreadyDeleted)),
         ProviderDeletion::Refused { holds } => Err(QueryError::new(
             ErrorCode::Conflict,
             format!(
@@ -125,7 +129,7 @@ pub(crate) async fn heal(
     caller: &Caller,
 ) -> Result<Value, QueryError> {
     let req = object(payload)?;
-    check_fields(&req, &["dry_run", "instance", "actor"])?;
+    check_fields(&req, HealAllocationsRequest::FIELDS)?;
     let dry_run = opt_bool(&req, "dry_run")?;
     let instance = opt_uuid(&req, "instance")?;
     let actor = actor(&req, caller, "nats:cmd.heal_allocations")?;
@@ -145,9 +149,7 @@ async fn heal_with<L: EventLog>(
     let report = heal_allocations(log, store, instance, dry_run, actor, &Stamper::system())
         .await
         .map_err(placement_error)?;
-    let mut v = serde_json::to_value(&report).unwrap_or_default();
-    v["dry_run"] = dry_run.into();
-    Ok(v)
+    Ok(to_data(&HealData { report, dry_run }))
 }
 
 /// Releases the orphan allocations, only those: `{dry_run?}`.
@@ -157,7 +159,7 @@ pub(crate) async fn orphans(
     caller: &Caller,
 ) -> Result<Value, QueryError> {
     let req = object(payload)?;
-    check_fields(&req, &["dry_run", "actor"])?;
+    check_fields(&req, FixOrphansRequest::FIELDS)?;
     let dry_run = opt_bool(&req, "dry_run")?;
     let actor = actor(&req, caller, "nats:cmd.fix_orphans")?;
     caught_up_with_log(ctx).await?;
@@ -175,12 +177,12 @@ async fn orphans_with<L: EventLog>(
     let found = fix_orphans(log, store, dry_run, actor, &Stamper::system())
         .await
         .map_err(placement_error)?;
-    Ok(json!({
-        "dry_run": dry_run,
-        "orphans": found
-            .iter()
-            .map(|(provider, hold)| json!({"provider": provider, "hold": hold}))
-            .collect::<Vec<_>>(),
+    Ok(to_data(&FixOrphansData {
+        dry_run,
+        orphans: found
+            .into_iter()
+            .map(|(provider, hold)| OrphanAllocation { provider, hold })
+            .collect(),
     }))
 }
 
@@ -202,6 +204,7 @@ mod tests {
 
     use super::*;
     use crate::projector::Projector;
+    use serde_json::json;
 
     /// The log serve writes to, counting every read of the whole log: serve's placement
     /// commands and recovery sweep must decide from the store and never ask for one.

@@ -3,18 +3,19 @@
 //! (`provledger_client::recovery::deliver_reissues`). Without it a worker still receives
 //! them, within the backoff's bound (`REISSUE_BACKOFF_MAX_MS`).
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::error::{ErrorCode, QueryError};
+use super::error::{to_data, ErrorCode, QueryError};
 use super::request::{check_fields, object, opt_str};
 use super::QueryContext;
+use crate::messages::{RequestFields, WorkerReadyData, WorkerReadyRequest};
 
 /// The longest worker id accepted: it is one token of a NATS subject.
 const WORKER_ID_BYTES_MAX: usize = 256;
 
 pub(crate) fn ready(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
     let req = object(payload)?;
-    check_fields(&req, &["worker"])?;
+    check_fields(&req, WorkerReadyRequest::FIELDS)?;
     let worker = opt_str(&req, "worker")?.unwrap_or_default();
     let valid = !worker.is_empty()
         && worker.len() <= WORKER_ID_BYTES_MAX
@@ -28,5 +29,8 @@ pub(crate) fn ready(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryEr
         ));
     }
     let delivering = ctx.workers_ready.note(worker);
-    Ok(json!({"worker": worker, "delivering": delivering}))
+    Ok(to_data(&WorkerReadyData {
+        worker: worker.to_string(),
+        delivering,
+    }))
 }

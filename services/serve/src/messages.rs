@@ -1,0 +1,501 @@
+//! The JSON messages of the NATS interface as types: every request the service reads,
+//! every reply and error it sends. The JSON Schemas in `docs/schemas/` are derived from
+//! these (and from the catalogue and the entity views), and `tests/schemas.rs` fails when
+//! the committed files differ from what these types generate.
+//!
+//! Requests are still read field by field (each refusal names its field), but every
+//! endpoint accepts exactly the fields of its request type ([`RequestFields::FIELDS`],
+//! checked against the schema by a test); replies are built from these types.
+
+use std::collections::BTreeMap;
+
+use provledger_client::placement::HealReport;
+use provledger_client::recovery::ReissueRequest;
+use provledger_client::{CompensationReply, CompensationRequest};
+use provledger_events::catalogue::{ClusterStatus, ConsumerKind, OperationKind, TaskState};
+use provledger_events::{AggregateId, Commit, Event, Timestamp};
+use provledger_projections::operation::OperationStatus;
+use provledger_projections::placement::Hold;
+use provledger_projections::provider::{ClassRefusal, ProviderStatus};
+use provledger_projections::view::EntityView;
+use schemars::JsonSchema;
+use serde::Serialize;
+use uuid::Uuid;
+
+pub use crate::endpoints::ErrorCode;
+
+/// The fields a request may carry: an endpoint refuses any other (`bad_request`).
+pub trait RequestFields {
+    const FIELDS: &'static [&'static str];
+}
+
+macro_rules! request_fields {
+    ($($ty:ty => [$($field:literal),*];)*) => {
+        $(impl RequestFields for $ty {
+            const FIELDS: &'static [&'static str] = &[$($field),*];
+        })*
+    };
+}
+
+request_fields! {
+    HealthRequest => [];
+    GetRequest => ["id", "min_position"];
+    ClusterListRequest => ["status", "limit", "after"];
+    InstanceListRequest => ["cluster_id", "host", "task_state", "limit", "after"];
+    OperationListRequest => ["status", "kind", "target", "limit", "after"];
+    ProviderListRequest => ["status", "host", "limit", "after"];
+    AllocationByConsumerRequest => ["consumer", "min_position"];
+    HistoryRequest => ["aggregate", "min_position", "from_version", "limit"];
+    StateAtRequest => ["aggregate", "position", "time"];
+    AppendRequest => ["aggregate", "expect", "commit_id", "operation_id", "causation_id", "actor", "events", "force"];
+    AtomicAppendRequest => ["commits", "actor", "force"];
+    AtomicCommit => ["aggregate", "expect", "commit_id", "operation_id", "causation_id", "events"];
+    ProviderDeleteRequest => ["id", "cascade", "actor"];
+    HealAllocationsRequest => ["dry_run", "instance", "actor"];
+    FixOrphansRequest => ["dry_run", "actor"];
+    WorkerReadyRequest => ["worker"];
+}
+
+// ---- requests ----
+
+/// `q.health`: no field (an empty payload counts as `{}`).
+#[derive(Debug, Clone, Default, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HealthRequest {}
+
+/// `q.cluster.get`, `q.instance.get`, `q.provider.get`, `q.operation.get`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GetRequest {
+    pub id: Uuid,
+    /// Answer only from a state that has applied this log position: the replica waits up
+    /// to `--min-position-wait-ms`, then answers `stale`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_position: Option<u64>,
+}
+
+/// The paging fields of every list: at most `limit` (1..=1000, default 100) entities in id
+/// order after `after`, and at most half a reply in bytes; go on with `after` = the last
+/// id until a page is empty.
+#[derive(Debug, Clone, Default, Serialize, JsonSchema)]
+pub struct Page {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<Uuid>,
+}
+
+/// `q.cluster.list`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterListRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<ClusterStatus>,
+    #[serde(flatten)]
+    pub page: Page,
+}
+
+/// `q.instance.list`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceListRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<Uuid>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_state: Option<TaskState>,
+    #[serde(flatten)]
+    pub page: Page,
+}
+
+/// `q.operation.list`: `{"status": "needs_attention"}` lists the rollbacks an operator
+/// must look at.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OperationListRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<OperationStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<OperationKind>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<AggregateId>,
+    #[serde(flatten)]
+    pub page: Page,
+}
+
+/// `q.provider.list`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderListRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<ProviderStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(flatten)]
+    pub page: Page,
+}
+
+/// `q.allocation.by_consumer`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AllocationByConsumerRequest {
+    pub consumer: Uuid,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_position: Option<u64>,
+}
+
+/// `q.history`: a page of the aggregate's commits from `from_version` (default 1).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryRequest {
+    pub aggregate: AggregateId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_position: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub from_version: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub limit: Option<u64>,
+}
+
+/// `q.state_at`: at a position, at the last position by a time, or now (not both).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StateAtRequest {
+    pub aggregate: AggregateId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<Timestamp>,
+}
+
+/// What the writer expects of the aggregate's version.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum Expect {
+    /// `"any"` (no check) or `"none"` (no commit yet).
+    Word(ExpectWord),
+    /// Exactly this version (the aggregate's number of commits).
+    Version(u64),
+}
+
+#[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpectWord {
+    Any,
+    None,
+}
+
+/// `cmd.append`, one commit: decided on the aggregate's state, appended at the version
+/// decided on. The server-vouched caller, when there is one, replaces `actor`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppendRequest {
+    pub aggregate: AggregateId,
+    pub expect: Expect,
+    /// UUID v7; a retry with the same id is recognised (`already_appended`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_id: Option<Uuid>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<Uuid>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub causation_id: Option<Uuid>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
+    /// 1 to 1024 events of the catalogue, all of the aggregate's kind.
+    #[schemars(length(min = 1, max = 1024))]
+    pub events: Vec<Event>,
+    /// Applies an `inventory_set` below what is allocated (hardware that really shrank).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub force: Option<bool>,
+}
+
+/// `cmd.append` with `commits`: several aggregates' commits, written all or nothing.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AtomicAppendRequest {
+    /// 1 to 100 commits (`ATOMIC_COMMITS_MAX`), each on a different aggregate.
+    #[schemars(length(min = 1, max = 100))]
+    pub commits: Vec<AtomicCommit>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub force: Option<bool>,
+}
+
+/// One commit of an atomic `cmd.append`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AtomicCommit {
+    pub aggregate: AggregateId,
+    pub expect: Expect,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_id: Option<Uuid>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<Uuid>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub causation_id: Option<Uuid>,
+    #[schemars(length(min = 1, max = 1024))]
+    pub events: Vec<Event>,
+}
+
+/// Either form of `cmd.append`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum CmdAppendRequest {
+    One(AppendRequest),
+    Atomic(AtomicAppendRequest),
+}
+
+/// `cmd.provider.delete`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderDeleteRequest {
+    pub id: Uuid,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cascade: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
+}
+
+/// `cmd.heal_allocations`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HealAllocationsRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<Uuid>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
+}
+
+/// `cmd.fix_orphans`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FixOrphansRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<String>,
+}
+
+/// `cmd.worker.ready`: one NATS subject token, at most 256 bytes.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerReadyRequest {
+    #[schemars(length(min = 1, max = 256), regex(pattern = r"^[^.*>\s]+$"))]
+    pub worker: String,
+}
+
+// ---- replies ----
+
+/// Every successful reply: `data` is the endpoint's answer.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct Reply<T> {
+    /// The last log position this replica had applied when it answered.
+    pub position: u64,
+    pub data: T,
+    /// The id of the replica that answered.
+    pub served_by: String,
+}
+
+/// Every error reply; the `Nats-Service-Error` (`code: message`) and
+/// `Nats-Service-Error-Code` (numeric) headers say the same.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ErrorReply {
+    pub error: ErrorBody,
+}
+
+/// An error: `code` and `message` always, the other fields where the code says.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ErrorBody {
+    pub code: ErrorCode,
+    /// What was wrong and what to do; at most 1,024 bytes of the request are echoed.
+    pub message: String,
+    /// A stable word under the code: `version`, `commit_id_reused`, `over_capacity`,
+    /// `allocations_remain`, `renewal_too_soon`, ... (`docs/operations.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// `stale`: the position this replica had applied. `integrity`: the broken commit's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
+    /// `conflict` of a single commit: the aggregate's version now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actual_version: Option<u64>,
+    /// `integrity`: the aggregate whose chain breaks; in `rejections`: the one refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aggregate: Option<AggregateId>,
+    /// `integrity`: the version that breaks the chain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
+    /// A refused claim: every resource class that does not fit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub classes: Option<Vec<ClassRefusal>>,
+    /// An atomic append's version conflicts, one per aggregate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conflicts: Option<Vec<VersionConflict>>,
+    /// An atomic append's refusals, one per aggregate (each an error body with `aggregate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejections: Option<Vec<ErrorBody>>,
+    /// `cmd.provider.delete` refused: the allocations that remain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holds: Option<Vec<Hold>>,
+}
+
+/// One aggregate of an atomic append whose version was not the one expected.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct VersionConflict {
+    pub aggregate: AggregateId,
+    /// The expectation sent: `any`, `none` or a version, as text.
+    pub expected: String,
+    pub actual_version: u64,
+}
+
+/// `q.health`'s data.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct HealthData {
+    /// Caught up and connected: this replica answers from current state.
+    pub ready: bool,
+    /// Why it is not ready; null when it is.
+    pub reason: Option<String>,
+    /// The stream's end when this replica started, once it had applied it.
+    pub caught_up_to: Option<u64>,
+    pub position: u64,
+    pub stream: String,
+    pub nats_server_version: String,
+    /// Positions between the stream's end and what this replica applied.
+    pub lag: u64,
+    /// Log entries quarantined (garbage, forged, replayed).
+    pub quarantined: u64,
+    /// Positions of the snapshots this replica holds.
+    pub snapshots: Vec<u64>,
+    pub served_by: String,
+}
+
+/// How a `cmd.append` commit ended.
+#[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AppendOutcomeWord {
+    Appended,
+    /// A retry with a `commit_id` already in the log: nothing written.
+    AlreadyAppended,
+    /// A delete request on a target already deleting: nothing written.
+    AlreadyDeleting,
+    AlreadyDeleted,
+}
+
+/// One commit's outcome.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct CommitOutcome {
+    /// The position of the commit (or, when nothing was written, of the aggregate's last).
+    pub position: u64,
+    pub version: u64,
+    pub outcome: AppendOutcomeWord,
+    pub already_appended: bool,
+}
+
+/// `cmd.append`'s data, one commit.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct AppendData {
+    #[serde(flatten)]
+    pub commit: CommitOutcome,
+    /// Who the commit is recorded as: the server-vouched `user@ACCOUNT`, or the request's.
+    pub actor: String,
+}
+
+/// `cmd.append`'s data, `commits` form: each commit's outcome in the order given.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct AtomicAppendData {
+    pub commits: Vec<CommitOutcome>,
+    pub actor: String,
+}
+
+/// Either form's data.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(untagged)]
+pub enum CmdAppendData {
+    One(AppendData),
+    Atomic(AtomicAppendData),
+}
+
+/// One item of `q.allocation.by_consumer`: the consumer's allocation on one provider.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ConsumerAllocation {
+    pub provider_id: Uuid,
+    pub provider_name: String,
+    pub consumer: Uuid,
+    pub consumer_kind: ConsumerKind,
+    pub resources: BTreeMap<String, u64>,
+}
+
+/// One item of `q.history`: a commit, decoded, with its rendered timeline.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct HistoryItem {
+    #[serde(flatten)]
+    pub commit: Commit,
+    /// One readable line per event.
+    pub timeline: Vec<String>,
+}
+
+/// `q.state_at`'s data.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct StateAtData {
+    /// The position the state was folded to.
+    pub at_position: u64,
+    pub state: EntityView,
+}
+
+/// `cmd.provider.delete`'s data.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum ProviderDeleteData {
+    /// Deleted, with the allocations a cascade released.
+    Deleted {
+        released: Vec<Hold>,
+    },
+    AlreadyDeleted,
+}
+
+/// `cmd.heal_allocations`'s data: `healed` pairs are `[instance, provider]`, `skipped`
+/// and `failed` pairs `[instance, why]`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct HealData {
+    #[serde(flatten)]
+    pub report: HealReport,
+    pub dry_run: bool,
+}
+
+/// `cmd.fix_orphans`'s data.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct FixOrphansData {
+    pub dry_run: bool,
+    pub orphans: Vec<OrphanAllocation>,
+}
+
+/// An orphan allocation released (or, dry run, to release), on the provider it was on.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct OrphanAllocation {
+    pub provider: Uuid,
+    pub hold: Hold,
+}
+
+/// `cmd.worker.ready`'s data.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct WorkerReadyData {
+    pub worker: String,
+    /// False from a replica whose recovery is off (the others still deliver).
+    pub delivering: bool,
+}
+
+/// What `provledger.exec.<executor>.compensate` carries, both ways (client library types).
+pub type ExecutorRequest = CompensationRequest;
+pub type ExecutorReply = CompensationReply;
+/// What `provledger.worker.<worker_id>.reissue` carries.
+pub type WorkerReissueRequest = ReissueRequest;
+/// A worker's answer to a re-issue, in the executor's form: `{"ok": true}` or
+/// `{"ok": false, "error": "..."}`.
+pub type WorkerReissueReply = CompensationReply;
