@@ -108,16 +108,19 @@ fn print_report(report: &DemoReport, violations: &[String], verbose: bool) {
     // Absolute, so that the commands work from any directory.
     let dir = std::path::absolute(&report.data_dir).unwrap_or_else(|_| report.data_dir.clone());
     let dir = shell_word(&dir.display().to_string());
+    // The path once, in a shell variable, so each command stays within the line budget
+    // however deep the data dir is.
     say(
-        &format!("the demo's data is in {dir}; read it with the command you ran:"),
+        "the demo's data dir, and how to read it with the command you ran (paste as is):",
         2,
     );
+    println!("  DIR={dir}");
     if let Some(cluster) = report.first_cluster() {
-        println!("  {me} --data-dir {dir} history {cluster}");
-        println!("  {me} --data-dir {dir} state {cluster}");
+        println!("  {me} --data-dir \"$DIR\" history {cluster}");
+        println!("  {me} --data-dir \"$DIR\" state {cluster}");
     }
-    println!("  {me} --data-dir {dir} replay");
-    println!("  {me} --data-dir {dir} audit");
+    println!("  {me} --data-dir \"$DIR\" replay");
+    println!("  {me} --data-dir \"$DIR\" audit");
 }
 
 fn print_scenario(report: &DemoReport, scenario: &ScenarioReport, verbose: bool) {
