@@ -39,6 +39,13 @@ const SLED_DIR: &str = "sled";
 const READ_CHUNK_COMMITS_MAX: usize = 512;
 /// How long the flusher waits for more appends before it flushes (group commit).
 const FLUSH_GATHER: std::time::Duration = std::time::Duration::from_micros(200);
+/// sled's page cache, in sled's own accounting (what it holds in memory is about 1.6
+/// times this). sled's default of 1 GiB let serve's memory climb to about 1.7 GB before it
+/// levelled off (`store-memory` in provledger-tests); at 256 MiB it levels off near
+/// 450 MB, at the price of reading evicted pages back from the file, which the projector
+/// rarely does (it keeps its entities in its own cache) and which the measured write rate
+/// did not show.
+const SLED_CACHE_CAPACITY_BYTES: u64 = 256 * 1024 * 1024;
 
 /// Why the data dir could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -259,6 +266,7 @@ impl SledLog {
             .path(dir.join(SLED_DIR))
             // Durability comes from our explicit flushes, not from a timer.
             .flush_every_ms(None)
+            .cache_capacity(SLED_CACHE_CAPACITY_BYTES)
             .open()
             .map_err(|source| OpenSledError::Sled {
                 dir: dir.clone(),
