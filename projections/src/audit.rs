@@ -93,6 +93,20 @@ pub struct AuditReport {
     pub aggregates: usize,
     pub quarantined: u64,
     pub violations: Vec<Violation>,
+    /// Compensations an operator resolved by hand, with who and why: not violations, but
+    /// what an auditor reads (drift still checks each resource at its executor).
+    pub resolved_by_hand: Vec<ResolvedByHand>,
+}
+
+/// One `compensation_resolved`: the operation, the compensation, the commit's actor, the
+/// reason and where it is in the log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ResolvedByHand {
+    pub operation: String,
+    pub compensation_id: Uuid,
+    pub actor: String,
+    pub reason: String,
+    pub position: u64,
 }
 
 /// Feeds on the log in position order; see the module documentation.
@@ -189,6 +203,21 @@ impl Auditor {
         }
         self.report.commits += 1;
         self.report.events += commit.events.len() as u64;
+        for event in &commit.events {
+            if let provledger_events::Event::CompensationResolved {
+                compensation_id,
+                reason,
+            } = event
+            {
+                self.report.resolved_by_hand.push(ResolvedByHand {
+                    operation: commit.aggregate.to_string(),
+                    compensation_id: *compensation_id,
+                    actor: commit.actor.clone(),
+                    reason: reason.clone(),
+                    position: commit.position,
+                });
+            }
+        }
     }
 
     /// One entry readers quarantine (garbage, or a commit outside its aggregate's chain).

@@ -106,6 +106,9 @@ pub struct CompensationState {
     /// `attempts` when the rollback was last resumed: the retry budget counts the
     /// attempts after it, while attempt numbers (and the ids derived from them) go on.
     pub attempts_at_resume: u32,
+    /// Why an operator handled it by hand (`compensation_resolved`); who did is the
+    /// actor of that commit (`audit` names it).
+    pub resolved: Option<String>,
 }
 
 impl CompensationState {
@@ -423,6 +426,7 @@ impl OperationState {
                         requested_at: None,
                         failed_at: None,
                         attempts_at_resume: 0,
+                        resolved: None,
                     }));
                 }
                 for retained in &plan.retained {
@@ -489,6 +493,21 @@ impl OperationState {
                 });
                 self.rollback_outcome = Some(*outcome);
                 self.remaining = remaining.clone();
+            }
+            Event::CompensationResolved {
+                compensation_id,
+                reason,
+            } => {
+                self.require_status(&[NeedsAttention], "compensation resolved")?;
+                let c = self.compensation_mut(compensation_id)?;
+                if c.progress == CompensationProgress::Done {
+                    return Err(format!(
+                        "compensation {compensation_id} resolved after it was done"
+                    ));
+                }
+                c.progress = CompensationProgress::Done;
+                c.resolved = Some(reason.clone());
+                self.mark_step(compensation_id, StepProgress::Compensated);
             }
             Event::RollbackResumed { .. } => {
                 self.require_status(&[NeedsAttention], "rollback resumed")?;

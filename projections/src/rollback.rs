@@ -8,7 +8,7 @@
 //! `needs_attention`, listing that compensation and every one after it. Nothing loops
 //! forever and no step is dropped silently.
 
-use provledger_events::catalogue::{PlannedCompensation, RollbackOutcome};
+use provledger_events::catalogue::{Executor, PlannedCompensation, RollbackOutcome};
 use provledger_events::{Event, Timestamp};
 use uuid::Uuid;
 
@@ -167,6 +167,88 @@ pub fn next_rollback_action(
         },
         remaining: Vec::new(),
     }
+}
+
+/// Why an operator's resolve is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveRefusal {
+    #[error("operation {operation} is {status}, not needs_attention: only a rollback that stopped needs a compensation resolved by hand")]
+    NotNeedingAttention { operation: Uuid, status: String },
+    #[error("operation {operation} has no compensation {compensation}")]
+    UnknownCompensation { operation: Uuid, compensation: Uuid },
+    #[error("compensation {compensation} of operation {operation} is already done")]
+    AlreadyDone { operation: Uuid, compensation: Uuid },
+    #[error("a resolve needs a reason: say what was done by hand")]
+    NoReason,
+    #[error("compensation {compensation} of operation {operation} is the ledger's own ({action}): provledger applies it when the rollback resumes; resolve the executors' compensations")]
+    LedgerCompensation {
+        operation: Uuid,
+        compensation: Uuid,
+        action: String,
+    },
+}
+
+/// An operator resolves a stuck compensation of a rollback in `needs_attention` (done by
+/// hand): `compensation_resolved`, and, when it was the last compensation not done,
+/// `rollback_resumed` too, so that a driver (serve, `rollback run`) finishes the rollback
+/// with nothing left to request. Recorded at the operation's exact version.
+pub fn resolve(
+    op: &OperationState,
+    compensation_id: Uuid,
+    reason: &str,
+) -> Result<Vec<Event>, ResolveRefusal> {
+    let operation = op.header.id.id;
+    if reason.trim().is_empty() {
+        return Err(ResolveRefusal::NoReason);
+    }
+    if op.status != Some(OperationStatus::NeedsAttention) {
+        let status = op
+            .status
+            .and_then(|s| serde_json::to_value(s).ok())
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_else(|| "without a status".into());
+        return Err(ResolveRefusal::NotNeedingAttention { operation, status });
+    }
+    let Some(c) = op
+        .compensations
+        .iter()
+        .find(|c| c.planned.compensation_id == compensation_id)
+    else {
+        return Err(ResolveRefusal::UnknownCompensation {
+            operation,
+            compensation: compensation_id,
+        });
+    };
+    if c.progress == CompensationProgress::Done {
+        return Err(ResolveRefusal::AlreadyDone {
+            operation,
+            compensation: compensation_id,
+        });
+    }
+    if c.planned.compensation.executor == Executor::Ledger {
+        return Err(ResolveRefusal::LedgerCompensation {
+            operation,
+            compensation: compensation_id,
+            action: crate::planner::action_word(&c.planned.compensation.action),
+        });
+    }
+    let mut events = vec![Event::CompensationResolved {
+        compensation_id,
+        reason: reason.to_string(),
+    }];
+    // The ledger's own compensations run when the rollback resumes: it resumes once no
+    // executor's compensation is left open.
+    let others_open = op.compensations.iter().any(|other| {
+        other.planned.compensation_id != compensation_id
+            && other.progress != CompensationProgress::Done
+            && other.planned.compensation.executor != Executor::Ledger
+    });
+    if !others_open {
+        events.push(Event::RollbackResumed {
+            reason: format!("every stuck compensation resolved by hand (last: {reason})"),
+        });
+    }
+    Ok(events)
 }
 
 /// The record of a compensation attempt's outcome: done, or failed with the executor's

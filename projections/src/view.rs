@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use provledger_events::catalogue::{
     BlockingAllocation, ClusterStatus, Compensation, CompensationAction, ConsumerKind, Effect,
-    Inventory, OperationKind, Origin, PowerState, RollbackOutcome, RollbackPlan, StageSpec,
-    TaskState, VmState,
+    Executor, Inventory, OperationKind, Origin, PowerState, RollbackOutcome, RollbackPlan,
+    StageSpec, TaskState, VmState,
 };
 use provledger_events::{AggregateId, Timestamp};
 use schemars::JsonSchema;
@@ -286,10 +286,14 @@ pub struct CompensationView {
     pub stage: String,
     pub step: String,
     pub action: CompensationAction,
+    /// `"ledger"` (provledger applies it itself) or `{"service": NAME}`.
+    pub executor: Executor,
     pub resource: String,
     pub state: CompensationProgress,
     pub attempts: u32,
     pub last_error: Option<String>,
+    /// Why an operator handled it by hand (`compensation_resolved`), if one did.
+    pub resolved: Option<String>,
 }
 
 impl OperationView {
@@ -340,10 +344,12 @@ impl OperationView {
                     stage: c.planned.stage.clone(),
                     step: c.planned.step.clone(),
                     action: c.planned.compensation.action.clone(),
+                    executor: c.planned.compensation.executor.clone(),
                     resource: c.planned.compensation.resource.clone(),
                     state: c.progress,
                     attempts: c.attempts,
                     last_error: c.last_error.clone(),
+                    resolved: c.resolved.clone(),
                 })
                 .collect(),
             remaining: state.remaining.clone(),

@@ -266,6 +266,18 @@ pub enum Event {
         attempt: u32,
         error: String,
     },
+
+    // ---- operation: an operator's hand (appended later) ----
+    /// An operator handled a stuck compensation by hand (removed the IP, the VM, the DNS
+    /// record at its executor), so the rollback that needs attention can finish without it
+    /// (CloudFormation's continue-rollback with resources to skip). Only on an operation in
+    /// `needs_attention`, for a compensation not done; the commit's actor says who, `reason`
+    /// what was done. The compensation then counts as done; `drift` still checks the
+    /// resource at its executor.
+    CompensationResolved {
+        compensation_id: Uuid,
+        reason: String,
+    },
 }
 
 impl Event {
@@ -331,7 +343,8 @@ impl Event {
             | Event::RollbackFinished { .. }
             | Event::TargetDeletionNoticed { .. }
             | Event::RollbackResumed { .. }
-            | Event::StepStarted { .. } => Operation,
+            | Event::StepStarted { .. }
+            | Event::CompensationResolved { .. } => Operation,
             Event::InFlightOperationSet { .. } | Event::InFlightOperationCleared { .. } => {
                 return None
             }

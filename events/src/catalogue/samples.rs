@@ -281,6 +281,10 @@ pub fn all() -> Vec<Event> {
             attempt: 1,
             error: "no responders on provledger.worker.compute-1.reissue".into(),
         },
+        Event::CompensationResolved {
+            compensation_id: id(5),
+            reason: "released 10.0.0.3 by hand in the IPAM console (ticket OPS-1234)".into(),
+        },
     ]
 }
 

@@ -359,6 +359,21 @@ enum RollbackCommand {
         #[arg(long, env = "PROVLEDGER_EXECUTORS_URL")]
         executors_url: Option<String>,
     },
+    /// Record that a stuck compensation of a needs_attention rollback was handled by hand
+    /// (the resource removed at its executor); once none is left, the rollback finishes.
+    Resolve {
+        operation_id: Uuid,
+        /// The compensation handled (`operation list`, `rollback plan` and `audit` name it).
+        #[arg(long)]
+        compensation: Uuid,
+        /// What was done by hand, for the log (a ticket, who checked what).
+        #[arg(long)]
+        reason: String,
+        /// Who did it: the commit's actor (over NATS with accounts, record through
+        /// `cmd.append` to have your authenticated identity instead).
+        #[arg(long, default_value = "operator")]
+        actor: String,
+    },
 }
 
 /// `RUST_LOG` wins; otherwise the service logs at info and one-shot commands at warn.
@@ -585,6 +600,22 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                 let result = match action {
                     RollbackCommand::Plan { operation_id } => {
                         commands::rollback::plan(&ledger, operation_id, cli.json).await
+                    }
+                    RollbackCommand::Resolve {
+                        operation_id,
+                        compensation,
+                        reason,
+                        actor,
+                    } => {
+                        commands::rollback::resolve(
+                            &ledger,
+                            operation_id,
+                            compensation,
+                            &reason,
+                            &actor,
+                            cli.json,
+                        )
+                        .await
                     }
                     RollbackCommand::Run {
                         operation_id,

@@ -568,8 +568,12 @@ fn history_into_a_pipe_closed_early_ends_quietly() {
     assert_ne!(out.status.code(), Some(101), "{stderr}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rollback_that_needs_attention_is_resumed_by_rollback_run_with_executors() {
+/// Given a create that failed in spawn after making VMs, IPs and DNS entries, in a fresh
+/// embedded data dir `d` (closed again): its operation id and the simulated executors
+/// that still hold what it made.
+async fn a_failed_create(
+    d: &std::path::Path,
+) -> (String, std::sync::Arc<provledger_sim::SimInfrastructure>) {
     use std::collections::BTreeMap;
     use std::sync::Arc;
 
@@ -580,10 +584,7 @@ async fn a_rollback_that_needs_attention_is_resumed_by_rollback_run_with_executo
     use provledger_sim::{register_compute_node, ClusterRequest, Provisioner};
     use uuid::Uuid;
 
-    // Given a create that failed in spawn after making VMs, IPs and DNS entries...
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().to_str().unwrap().to_string();
-    let log = SledLog::open(dir.path()).unwrap();
+    let log = SledLog::open(d).unwrap();
     let ledger = Ledger::Embedded(log.clone());
     let provider = Uuid::now_v7();
     register_compute_node(&ledger, provider, "cn", 64, "t")
@@ -614,6 +615,14 @@ async fn a_rollback_that_needs_attention_is_resumed_by_rollback_run_with_executo
     drop(ledger);
     log.close();
     let op = report.operation_id.to_string();
+    (op, infra)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_that_needs_attention_is_resumed_by_rollback_run_with_executors() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    let (op, infra) = a_failed_create(dir.path()).await;
 
     // ...when `rollback run` has no executors, it ends needs_attention (exit 1)...
     let d2 = d.clone();
@@ -656,6 +665,136 @@ async fn a_rollback_that_needs_attention_is_resumed_by_rollback_run_with_executo
     assert!(text(&out).contains("rollback resumed"), "{}", text(&out));
     assert!(text(&out).contains("rolled_back"), "{}", text(&out));
     assert!(infra.inventory().is_empty(), "{:?}", infra.inventory());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolving_each_stuck_compensation_by_hand_lets_the_rollback_finish_and_audit_names_who() {
+    // Given a failed create whose rollback, with no executor answering, needs attention...
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap().to_string();
+    let (op, _infra) = a_failed_create(dir.path()).await;
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            provledger(&args, "")
+        })
+    };
+    let args = |rest: &[&str]| -> Vec<String> {
+        ["--data-dir", &d]
+            .iter()
+            .chain(rest)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let out = run(args(&["--json", "rollback", "run", &op]))
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(view["status"], "needs_attention", "{view}");
+    let open: Vec<String> = view["compensations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["state"] != "done" && c["executor"] != "ledger")
+        .map(|c| c["compensation_id"].as_str().unwrap().to_string())
+        .collect();
+    assert!(open.len() >= 2, "{view}");
+    let ledger_own = view["compensations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["state"] != "done" && c["executor"] == "ledger")
+        .map(|c| c["compensation_id"].as_str().unwrap().to_string())
+        .expect("a claim to release");
+
+    // ...a resolve without a reason, of a compensation it does not have, or of one the
+    // ledger applies itself (an allocation's release), is refused...
+    let out = run(args(&[
+        "rollback",
+        "resolve",
+        &op,
+        "--compensation",
+        &ledger_own,
+        "--reason",
+        "x",
+    ]))
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("the ledger's own"), "{}", text(&out));
+    let out = run(args(&[
+        "rollback",
+        "resolve",
+        &op,
+        "--compensation",
+        &open[0],
+        "--reason",
+        " ",
+    ]))
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let stranger = uuid::Uuid::now_v7().to_string();
+    let out = run(args(&[
+        "rollback",
+        "resolve",
+        &op,
+        "--compensation",
+        &stranger,
+        "--reason",
+        "x",
+    ]))
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+
+    // ...when an operator resolves every stuck compensation by hand, with a reason...
+    for (i, compensation) in open.iter().enumerate() {
+        let reason = format!("removed by hand, ticket OPS-{i}");
+        let out = run(args(&[
+            "rollback",
+            "resolve",
+            &op,
+            "--compensation",
+            compensation,
+            "--reason",
+            &reason,
+            "--actor",
+            "alice",
+        ]))
+        .await
+        .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    }
+
+    // ...then the rollback has finished (the ledger's own compensations applied when it
+    // resumed), the operation is rolled back, each resolved compensation carries its
+    // reason...
+    let out = run(args(&["--json", "state", &format!("operation/{op}")]))
+        .await
+        .unwrap();
+    let state: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let view = &state["state"];
+    assert_eq!(view["status"], "rolled_back", "{state}");
+    let resolved = view["compensations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["resolved"].as_str().is_some_and(|r| r.contains("OPS-")))
+        .count();
+    assert_eq!(resolved, open.len(), "{state}");
+    // ...and audit is clean and names who resolved what.
+    let out = run(args(&["audit"])).await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let said = text(&out);
+    assert_eq!(
+        said.matches("resolved by hand").count(),
+        open.len(),
+        "{said}"
+    );
+    assert!(said.contains("by alice"), "{said}");
+    assert!(said.contains("ticket OPS-0"), "{said}");
 }
 
 #[test]

@@ -55,6 +55,8 @@ pub enum DriveError {
     Ledger(String),
     #[error("operation {0}: gave up after {DRIVE_STEPS_MAX} driver steps")]
     StepsExhausted(Uuid),
+    #[error(transparent)]
+    Resolve(#[from] provledger_projections::rollback::ResolveRefusal),
 }
 
 fn ledger_error(e: impl std::fmt::Display) -> DriveError {
@@ -87,9 +89,22 @@ pub async fn resume_needs_attention(
     if op.status != Some(provledger_projections::operation::OperationStatus::NeedsAttention) {
         return Ok(false);
     }
-    let draft = stamper
-        .draft(actor, vec![Event::rollback_resumed(reason)])
-        .with_operation(id);
+    let events = vec![Event::rollback_resumed(reason)];
+    record_at_version(ledger, &op, events, actor, stamper).await?;
+    Ok(true)
+}
+
+/// An operator's decision about `op`, recorded at the version it was decided on: a
+/// concurrent change makes it a conflict rather than a decision on stale state.
+async fn record_at_version(
+    ledger: &Ledger,
+    op: &OperationState,
+    events: Vec<Event>,
+    actor: &str,
+    stamper: &Stamper,
+) -> Result<(), DriveError> {
+    let id = op.header.id.id;
+    let draft = stamper.draft(actor, events).with_operation(id);
     ledger
         .record(
             AggregateId::operation(id),
@@ -98,7 +113,25 @@ pub async fn resume_needs_attention(
         )
         .await
         .map_err(ledger_error)?;
-    Ok(true)
+    Ok(())
+}
+
+/// An operator resolves a stuck compensation by hand (`rollback resolve`): decided by
+/// [`provledger_projections::rollback::resolve`] and recorded at the operation's exact
+/// version with the operator as actor. Returns the events recorded (with
+/// `rollback_resumed` when it was the last compensation not done: a driver then finishes).
+pub async fn resolve_compensation(
+    ledger: &Ledger,
+    id: Uuid,
+    compensation_id: Uuid,
+    reason: &str,
+    actor: &str,
+    stamper: &Stamper,
+) -> Result<Vec<Event>, DriveError> {
+    let op = read_operation(ledger, id).await?;
+    let events = provledger_projections::rollback::resolve(&op, compensation_id, reason)?;
+    record_at_version(ledger, &op, events.clone(), actor, stamper).await?;
+    Ok(events)
 }
 
 /// The plan the planner gives for `op` now, with a bundle's children read from the log.

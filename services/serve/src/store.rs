@@ -34,7 +34,8 @@ use uuid::Uuid;
 /// 5: instances keep `task_lease_since`, when their current lease was granted.
 /// 6: operations keep `started` (steps whose intent is recorded and outcome unknown),
 /// instances their pending re-issues, providers whether their delete is a cascade.
-pub const ENTITY_FORMAT: u8 = 6;
+/// 7: compensations keep `resolved` (an operator's `compensation_resolved`).
+pub const ENTITY_FORMAT: u8 = 7;
 /// The time index's layout: 2 = an entry at every commit where the watermark rose.
 const TIME_INDEX_FORMAT: u8 = 2;
 /// How many snapshots are kept; older ones are removed once a new one is complete.

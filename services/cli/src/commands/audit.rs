@@ -152,6 +152,12 @@ fn print_report(report: &AuditReport, notes: &[String], seconds: f64, json: bool
             v.action
         );
     }
+    for r in &report.resolved_by_hand {
+        println!(
+            "resolved by hand: {} compensation {} by {} at position {}: {}",
+            r.operation, r.compensation_id, r.actor, r.position, r.reason
+        );
+    }
     for note in notes {
         println!("note: {note}");
     }

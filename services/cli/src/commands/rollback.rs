@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use provledger_projections::operation::CompensationProgress;
+use provledger_projections::operation::{CompensationProgress, OperationState};
 use provledger_projections::planner::{json_word, render_plan};
 use provledger_projections::rollback::RetryPolicy;
 use uuid::Uuid;
@@ -28,8 +28,66 @@ fn command_error(e: DriveError) -> CommandError {
             "operation {id} not found in this ledger (check --data-dir / --nats)"
         )),
         DriveError::Plan(refusal) => CommandError::Problem(refusal.to_string()),
+        DriveError::Resolve(refusal) => CommandError::Problem(refusal.to_string()),
         other => CommandError::Infrastructure(other.to_string()),
     }
+}
+
+/// `rollback resolve OP --compensation ID --reason TEXT`: records that `actor` handled the
+/// compensation by hand; when none is left, the rollback is resumed, and this command
+/// finishes it (nothing is requested of any executor: every compensation is done).
+pub async fn resolve(
+    ledger: &Ledger,
+    id: Uuid,
+    compensation_id: Uuid,
+    reason: &str,
+    actor: &str,
+    json: bool,
+) -> Result<(), CommandError> {
+    let events = provledger_client::resolve_compensation(
+        ledger,
+        id,
+        compensation_id,
+        reason,
+        actor,
+        &Stamper::system(),
+    )
+    .await
+    .map_err(command_error)?;
+    let resumed = events
+        .iter()
+        .any(|e| matches!(e, provledger_events::Event::RollbackResumed { .. }));
+    if !json {
+        println!("compensation {compensation_id} of operation {id} resolved by hand by {actor}: {reason}");
+    }
+    if !resumed {
+        let op = read_operation(ledger, id).await.map_err(command_error)?;
+        let open = op
+            .compensations
+            .iter()
+            .filter(|c| c.progress != CompensationProgress::Done)
+            .count();
+        if json {
+            print_json(
+                &serde_json::json!({"operation_id": id, "resolved": compensation_id, "status": "needs_attention", "compensations_not_done": open}),
+            );
+        } else {
+            println!("{open} compensation(s) still not done: resolve them too, or fix what fails and `provledger rollback run {id}`");
+        }
+        return Ok(());
+    }
+    if !json {
+        println!("every stuck compensation is resolved: the rollback resumes and finishes");
+    }
+    // Every compensation is done: the driver only records the end.
+    let driver = RollbackDriver::new(
+        ledger.clone(),
+        Arc::new(NoExecutors),
+        RetryPolicy::default(),
+        actor,
+    );
+    let op = driver.drive(id).await.map_err(command_error)?;
+    finish_report(&op, id, json)
 }
 
 pub async fn plan(ledger: &Ledger, id: Uuid, json: bool) -> Result<(), CommandError> {
@@ -144,6 +202,12 @@ pub async fn run(
     resume_if_needs_attention(ledger, id, json).await?;
     let driver = RollbackDriver::new(ledger.clone(), executors, RetryPolicy::default(), "cli");
     let op = driver.drive(id).await.map_err(command_error)?;
+    finish_report(&op, id, json)
+}
+
+/// Where a driven rollback ended: the view (`--json`) or its status, plan and what remains;
+/// exit 1 while compensations remain (`needs_attention`).
+fn finish_report(op: &OperationState, id: Uuid, json: bool) -> Result<(), CommandError> {
     if json {
         print_json(&op.view());
     } else {
