@@ -55,38 +55,9 @@ pub async fn list_remote(
     if let Some(a) = &req.after {
         body["after"] = a.to_string().into();
     }
-    let client =
-        provledger_client::connect_nats(nats_url, "provledger-operation-list", auth).await?;
     let subject = format!("{prefix}.q.operation.list");
-    let reply = match tokio::time::timeout(
-        LIST_TIMEOUT,
-        client.request(subject.clone(), body.to_string().into()),
-    )
-    .await
-    {
-        Ok(Ok(reply)) => reply,
-        Ok(Err(e)) => {
-            return Err(CommandError::Infrastructure(format!(
-                "no answer on {subject}: {e}; is `provledger serve` running against this NATS?"
-            )))
-        }
-        Err(_) => {
-            return Err(CommandError::Infrastructure(format!(
-            "no answer on {subject} within {} s; is `provledger serve` running against this NATS?",
-            LIST_TIMEOUT.as_secs()
-        )))
-        }
-    };
-    let value: Value = serde_json::from_slice(&reply.payload)
-        .map_err(|e| CommandError::Problem(format!("the service's reply is not JSON: {e}")))?;
-    if let Some(code) = value["error"]["code"].as_str() {
-        let message = format!("{code}: {}", value["error"]["message"]);
-        return Err(match code {
-            "bad_request" => CommandError::BadInput(message),
-            "unavailable" => CommandError::Infrastructure(message),
-            _ => CommandError::Problem(message),
-        });
-    }
+    let value = super::query::ask(nats_url, auth, &subject, body.to_string(), LIST_TIMEOUT).await?;
+    super::query::refusal(&value)?;
     let views = value["data"].as_array().cloned().unwrap_or_default();
     print_list(&views, &req, json);
     Ok(())

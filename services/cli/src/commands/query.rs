@@ -42,6 +42,20 @@ pub async fn run(
             "the request is not JSON: {e}"
         )));
     }
+    let value = ask(nats_url, auth, &format!("{prefix}.{suffix}"), body, timeout).await?;
+    print_json(&value);
+    refusal(&value)
+}
+
+/// One request to the service on `subject`, waiting at most `timeout`: its reply as JSON
+/// (a refusal too: see [`refusal`]), or why no reply came, saying what to do.
+pub async fn ask(
+    nats_url: &str,
+    auth: &provledger_client::NatsAuth,
+    subject: &str,
+    body: String,
+    timeout: Duration,
+) -> Result<serde_json::Value, CommandError> {
     let client = provledger_client::connect_nats(nats_url, "provledger-query", auth)
         .await
         .map_err(|e| match e {
@@ -54,9 +68,8 @@ pub async fn run(
             }
             other => other.into(),
         })?;
-    let subject = format!("{prefix}.{suffix}");
     let no_service = "start `provledger serve` against this NATS, with the same --subject-prefix";
-    let reply = tokio::time::timeout(timeout, client.request(subject.clone(), body.into()))
+    let reply = tokio::time::timeout(timeout, client.request(subject.to_string(), body.into()))
         .await
         .map_err(|_| {
             CommandError::Infrastructure(format!(
@@ -77,9 +90,13 @@ pub async fn run(
             };
             CommandError::Infrastructure(why)
         })?;
-    let value: serde_json::Value = serde_json::from_slice(&reply.payload)
-        .map_err(|e| CommandError::Problem(format!("the service's reply is not JSON: {e}")))?;
-    print_json(&value);
+    serde_json::from_slice(&reply.payload)
+        .map_err(|e| CommandError::Problem(format!("the service's reply is not JSON: {e}")))
+}
+
+/// The service's refusal in a reply, as the command's error (exit 2 for `bad_request`, 3
+/// for `unavailable`, 1 for the others); `Ok` for an answer.
+pub fn refusal(value: &serde_json::Value) -> Result<(), CommandError> {
     match value["error"]["code"].as_str() {
         None => Ok(()),
         Some("bad_request") => Err(CommandError::BadInput(format!(
