@@ -28,6 +28,30 @@ pub enum OperationStatus {
 }
 
 impl OperationStatus {
+    /// Every status, for those who must name each one (serve's metrics keep a series per
+    /// status from the start).
+    pub const ALL: [OperationStatus; 8] = {
+        use OperationStatus::*;
+        // A new status fails to compile here until it is added to the list below.
+        const fn listed(s: OperationStatus) {
+            match s {
+                Running | Succeeded | Failed | RollingBack | RolledBack | Held | Cancelled
+                | NeedsAttention => {}
+            }
+        }
+        let _ = listed;
+        [
+            Running,
+            Succeeded,
+            Failed,
+            RollingBack,
+            RolledBack,
+            Held,
+            Cancelled,
+            NeedsAttention,
+        ]
+    };
+
     /// A status nothing moves on from. `cancelled` is left out: a cancelled operation is
     /// closed only once its rollback has finished (see [`OperationState::is_closed`]).
     pub fn is_final(self) -> bool {

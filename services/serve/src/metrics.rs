@@ -24,7 +24,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use provledger_events::{Event, EventLog};
+use provledger_events::Event;
+use provledger_projections::operation::OperationStatus;
 
 use crate::endpoints::QueryContext;
 
@@ -33,17 +34,6 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 /// Request latency buckets, in seconds: 100 µs to about 13 s.
 const LATENCY_BUCKET_START_SECONDS: f64 = 0.0001;
 const LATENCY_BUCKETS: u16 = 18;
-/// Every operation status as JSON says it (`OperationStatus`, snake_case).
-const OPERATION_STATUSES: [&str; 8] = [
-    "running",
-    "succeeded",
-    "failed",
-    "rolling_back",
-    "rolled_back",
-    "held",
-    "cancelled",
-    "needs_attention",
-];
 /// How long a scrape may wait for the stream's end (the lag gauge) before answering
 /// without it.
 const STREAM_END_WAIT: Duration = Duration::from_secs(2);
@@ -241,10 +231,10 @@ impl Metrics {
         );
         // Series an alert reads exist from the start, at zero: a rule on a series that
         // does not exist yet evaluates to nothing rather than to "none".
-        for status in OPERATION_STATUSES {
-            drop(m.operations.get_or_create(&StatusLabels {
-                status: status.into(),
-            }));
+        for status in OperationStatus::ALL {
+            if let Ok(serde_json::Value::String(status)) = serde_json::to_value(status) {
+                drop(m.operations.get_or_create(&StatusLabels { status }));
+            }
         }
         for outcome in [
             "appended",
@@ -310,17 +300,25 @@ impl Metrics {
 
     /// Reads the gauges that describe the store and the stream now.
     async fn refresh(&self, ctx: &QueryContext) {
-        let position = ctx.position();
-        self.log_position.set(as_i64(position));
-        match tokio::time::timeout(STREAM_END_WAIT, ctx.log.last_position()).await {
-            Ok(Ok(end)) => {
-                self.log_end.set(as_i64(end));
-                self.log_lag.set(as_i64(end.saturating_sub(position)));
+        // One read of the stream's end serves the lag and readiness alike.
+        match tokio::time::timeout(STREAM_END_WAIT, ctx.readiness()).await {
+            Ok(readiness) => {
+                self.log_position.set(as_i64(readiness.position));
+                // The stream's end cannot be read (NATS lost): the lag is unknown, and the
+                // last figures stay rather than a made-up zero.
+                if let (Some(end), Some(lag)) = (readiness.end, readiness.lag()) {
+                    self.log_end.set(as_i64(end));
+                    self.log_lag.set(as_i64(lag));
+                }
+                self.ready.set(i64::from(readiness.ready));
+                self.nats_connected.set(i64::from(readiness.nats_connected));
             }
-            // The stream's end cannot be read (NATS lost): the lag is unknown, and the
-            // last figures stay rather than a made-up zero.
-            Ok(Err(e)) => tracing::debug!(error = %e, "metrics: the stream's end is unknown"),
-            Err(_) => tracing::debug!("metrics: reading the stream's end timed out"),
+            Err(_) => {
+                tracing::debug!("metrics: reading the stream's end timed out");
+                self.log_position.set(as_i64(ctx.position()));
+                self.ready.set(0);
+                self.nats_connected.set(i64::from(ctx.nats_connected()));
+            }
         }
         match ctx.store.operation_counts() {
             Ok(counts) => {
@@ -335,9 +333,6 @@ impl Metrics {
         self.quarantine
             .set(as_i64(ctx.store.quarantine_count() as u64));
         self.consumers.set(as_i64(ctx.log.consumers_held() as u64));
-        let readiness = ctx.readiness().await;
-        self.ready.set(i64::from(readiness.ready));
-        self.nats_connected.set(i64::from(readiness.nats_connected));
     }
 
     fn encode(&self) -> Result<String, std::fmt::Error> {
@@ -393,7 +388,7 @@ async fn health(State(ctx): State<Arc<QueryContext>>) -> axum::response::Respons
         "ready": readiness.ready,
         "nats_connected": readiness.nats_connected,
         "reason": readiness.reason,
-        "position": ctx.position(),
+        "position": readiness.position,
         "served_by": ctx.served_by.get(),
     });
     (
@@ -407,26 +402,14 @@ async fn health(State(ctx): State<Arc<QueryContext>>) -> axum::response::Respons
 #[cfg(test)]
 mod tests {
     use super::*;
-    use provledger_projections::operation::OperationStatus;
 
     #[test]
     fn every_operation_status_has_its_series_from_the_start() {
-        use OperationStatus::*;
-        for status in [
-            Running,
-            Succeeded,
-            Failed,
-            RollingBack,
-            RolledBack,
-            Held,
-            Cancelled,
-            NeedsAttention,
-        ] {
+        let scrape = Metrics::new().encode().expect("encodes");
+        for status in OperationStatus::ALL {
             let word = serde_json::to_value(status).expect("a status is JSON");
-            assert!(
-                OPERATION_STATUSES.contains(&word.as_str().unwrap_or_default()),
-                "{word} has no series"
-            );
+            let series = format!("provledger_operations{{status={word}}} 0");
+            assert!(scrape.contains(&series), "no {series} in:\n{scrape}");
         }
     }
 }

@@ -781,10 +781,7 @@ async fn watch_connection(
             _ = tokio::time::sleep(CONNECTION_CHECK_INTERVAL) => {}
             _ = stopped.changed() => return,
         }
-        let now = matches!(
-            ctx.client.connection_state(),
-            async_nats::connection::State::Connected
-        );
+        let now = ctx.nats_connected();
         if now == connected {
             continue;
         }

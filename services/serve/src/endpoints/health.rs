@@ -16,9 +16,8 @@ pub(crate) const READY_LAG_MAX: u64 = 1_000;
 
 pub(crate) async fn health(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
     check_fields(&object(payload)?, HealthRequest::FIELDS)?;
-    let position = ctx.position();
     let readiness = ctx.readiness().await;
-    let Some(lag) = readiness.lag else {
+    let Some(lag) = readiness.lag() else {
         return Err(QueryError::new(
             ErrorCode::Unavailable,
             readiness
@@ -30,7 +29,7 @@ pub(crate) async fn health(ctx: &QueryContext, payload: &[u8]) -> Result<Value, 
         ready: readiness.ready,
         reason: readiness.reason,
         caught_up_to: ctx.caught_up_to.get().copied(),
-        position,
+        position: readiness.position,
         stream: ctx.stream.clone(),
         nats_server_version: ctx.log.server_version().to_string(),
         lag,

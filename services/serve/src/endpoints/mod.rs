@@ -136,8 +136,17 @@ pub(crate) struct Readiness {
     pub(crate) nats_connected: bool,
     /// Why it is not ready (`None` when it is).
     pub(crate) reason: Option<String>,
-    /// Positions between the stream's end and what it applied, when the end was read.
-    pub(crate) lag: Option<u64>,
+    /// The position applied when it looked.
+    pub(crate) position: u64,
+    /// The stream's end, when it could be read.
+    pub(crate) end: Option<u64>,
+}
+
+impl Readiness {
+    /// Positions between the stream's end and what was applied, when the end was read.
+    pub(crate) fn lag(&self) -> Option<u64> {
+        self.end.map(|end| end.saturating_sub(self.position))
+    }
 }
 
 /// Workers that said they are listening (`cmd.worker.ready`) since the delivery loop last
@@ -220,19 +229,13 @@ impl QueryContext {
     /// Ready means: caught up once and joined the queue group, the projector running,
     /// connected to NATS, and no more than [`health::READY_LAG_MAX`] positions behind.
     pub(crate) async fn readiness(&self) -> Readiness {
-        let nats_connected = matches!(
-            self.client.connection_state(),
-            async_nats::connection::State::Connected
-        );
-        let lag = match nats_connected {
-            true => self
-                .log
-                .last_position()
-                .await
-                .ok()
-                .map(|end| end.saturating_sub(self.position())),
+        let nats_connected = self.nats_connected();
+        let position = self.position();
+        let end = match nats_connected {
+            true => self.log.last_position().await.ok(),
             false => None,
         };
+        let lag = end.map(|end| end.saturating_sub(position));
         let reason = if let Some(why) = self.projector_failed.get() {
             Some(format!("the projector stopped: {why}"))
         } else if self.caught_up_to.get().is_none() {
@@ -253,8 +256,17 @@ impl QueryContext {
             ready: reason.is_none(),
             nats_connected,
             reason,
-            lag,
+            position,
+            end,
         }
+    }
+
+    /// Whether the NATS connection is up now.
+    pub(crate) fn nats_connected(&self) -> bool {
+        matches!(
+            self.client.connection_state(),
+            async_nats::connection::State::Connected
+        )
     }
 
     /// Read-your-writes: waits (bounded in time, and in how many wait at once) until the
