@@ -11,9 +11,7 @@ use std::sync::Arc;
 use provledger_client::{CancelNotices, Ledger, OperationRunner};
 use provledger_events::catalogue::NodeGroupSpec;
 use provledger_events::EventLog;
-use provledger_sim::{
-    register_compute_node, ClusterRequest, InstanceRequest, Provisioner, SimInfrastructure,
-};
+use provledger_sim::{ClusterRequest, InstanceRequest, Provisioner, SimInfrastructure};
 use provledger_tests::NatsServer;
 use uuid::Uuid;
 
@@ -32,27 +30,7 @@ struct Env {
 /// a compute node.
 async fn env() -> Env {
     let nats = NatsServer::start().await;
-    let (client, log) = provledger_client::open_jetstream(
-        &nats.url(),
-        "test",
-        "PROVLEDGER",
-        "provledger",
-        1,
-        &Default::default(),
-    )
-    .await
-    .expect("jetstream");
-    let ledger = Ledger::JetStream(log);
-    let infra = Arc::new(SimInfrastructure::default());
-    infra
-        .clone()
-        .serve_on_nats(client, "provledger")
-        .await
-        .expect("executors on NATS");
-    let provider = Uuid::now_v7();
-    register_compute_node(&ledger, provider, "cn", 256, "test")
-        .await
-        .expect("provider");
+    let (_client, ledger, infra, provider) = common::ledger_with_executors(&nats, 256).await;
     let runner = OperationRunner::new(ledger.clone(), CancelNotices::local(), None, "test");
     let provisioner = Provisioner::new(runner, infra.clone(), "test-service");
     Env {

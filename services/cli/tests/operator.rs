@@ -8,13 +8,11 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use provledger_client::{CancelNotices, Ledger, OperationRunner};
+use provledger_client::{CancelNotices, OperationRunner};
 use provledger_events::catalogue::NodeGroupSpec;
-use provledger_sim::SimInfrastructure;
-use provledger_sim::{register_compute_node, ClusterRequest, Provisioner};
+use provledger_sim::{ClusterRequest, Provisioner};
 use provledger_tests::{free_port, NatsServer};
 use uuid::Uuid;
 
@@ -73,16 +71,11 @@ async fn a_rollback_that_needs_attention_is_in_the_metrics_the_worklist_and_the_
             "3000",
         ],
     );
-    let (client, log) = provledger_client::open_jetstream(
-        &nats.url(),
-        "test",
-        "PROVLEDGER",
-        "provledger",
-        1,
-        &Default::default(),
-    )
-    .await
-    .unwrap();
+    // ...and executors on NATS that fail every compensation...
+    let (client, ledger, infra, provider) = common::ledger_with_executors(&nats, 64).await;
+    for executor in [&infra.ipam, &infra.dhcp, &infra.dns, &infra.hypervisor] {
+        executor.fail_compensations(1_000);
+    }
     wait_ready(&client).await;
     let scrape = || {
         http_get(port, "/metrics")
@@ -97,22 +90,6 @@ async fn a_rollback_that_needs_attention_is_in_the_metrics_the_worklist_and_the_
         Some(0.0),
         "nothing needs attention yet, and the series exists"
     );
-
-    // ...and executors on NATS that fail every compensation...
-    let ledger = Ledger::JetStream(log);
-    let infra = Arc::new(SimInfrastructure::default());
-    infra
-        .clone()
-        .serve_on_nats(client.clone(), "provledger")
-        .await
-        .unwrap();
-    for executor in [&infra.ipam, &infra.dhcp, &infra.dns, &infra.hypervisor] {
-        executor.fail_compensations(1_000);
-    }
-    let provider = Uuid::now_v7();
-    register_compute_node(&ledger, provider, "cn", 64, "test")
-        .await
-        .unwrap();
 
     // ...when a create fails after making VMs, and serve drives its rollback...
     infra.hypervisor.fail_call("create_vm", 2);

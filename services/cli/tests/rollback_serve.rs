@@ -23,7 +23,7 @@ use provledger_projections::operation::{OperationState, OperationStatus};
 use provledger_projections::stages::stage;
 use provledger_projections::Entity;
 use provledger_sim::SimInfrastructure;
-use provledger_sim::{register_compute_node, ClusterRequest, Provisioner};
+use provledger_sim::{ClusterRequest, Provisioner};
 use provledger_tests::NatsServer;
 use uuid::Uuid;
 
@@ -48,27 +48,7 @@ struct Env {
 
 async fn env() -> Env {
     let nats = NatsServer::start().await;
-    let (client, log) = provledger_client::open_jetstream(
-        &nats.url(),
-        "test",
-        "PROVLEDGER",
-        "provledger",
-        1,
-        &Default::default(),
-    )
-    .await
-    .expect("jetstream");
-    let ledger = Ledger::JetStream(log);
-    let infra = Arc::new(SimInfrastructure::default());
-    infra
-        .clone()
-        .serve_on_nats(client.clone(), "provledger")
-        .await
-        .expect("executors on NATS");
-    let provider = Uuid::now_v7();
-    register_compute_node(&ledger, provider, "cn", 256, "test")
-        .await
-        .expect("provider");
+    let (client, ledger, infra, provider) = common::ledger_with_executors(&nats, 256).await;
     Env {
         nats,
         ledger,

@@ -94,6 +94,43 @@ impl Drop for Serve {
     }
 }
 
+/// A JetStream ledger on `nats` (stream `PROVLEDGER`, prefix `provledger`), the simulated
+/// executors answering compensation and inventory requests on it, and a compute node of
+/// `vcpus` VCPUs: the NATS client, the ledger, the executors and the node's provider id.
+#[allow(dead_code)]
+pub async fn ledger_with_executors(
+    nats: &NatsServer,
+    vcpus: u64,
+) -> (
+    async_nats::Client,
+    provledger_client::Ledger,
+    std::sync::Arc<provledger_sim::SimInfrastructure>,
+    uuid::Uuid,
+) {
+    let (client, log) = provledger_client::open_jetstream(
+        &nats.url(),
+        "test",
+        "PROVLEDGER",
+        "provledger",
+        1,
+        &Default::default(),
+    )
+    .await
+    .expect("jetstream");
+    let ledger = provledger_client::Ledger::JetStream(log);
+    let infra = std::sync::Arc::new(provledger_sim::SimInfrastructure::default());
+    infra
+        .clone()
+        .serve_on_nats(client.clone(), "provledger")
+        .await
+        .expect("executors on NATS");
+    let provider = uuid::Uuid::now_v7();
+    provledger_sim::register_compute_node(&ledger, provider, "cn", vcpus, "test")
+        .await
+        .expect("a compute node");
+    (client, ledger, infra, provider)
+}
+
 /// Waits until a serve replica answers `$SRV.PING.provledger`.
 #[allow(dead_code)]
 pub async fn wait_ready(client: &async_nats::Client) {
