@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use provledger_events::catalogue::{
-    Compensation, DetailKey, EffectKind, Executor, Origin, PlannedCompensation,
+    Compensation, CompensationAction, DetailKey, EffectKind, Executor, Origin, PlannedCompensation,
 };
 use provledger_events::AggregateId;
 use serde::{Deserialize, Serialize};
@@ -42,6 +42,11 @@ pub struct InventoryItem {
     /// Attributes the ledger may also record in the effect's `detail` (`node`, `ip`).
     #[serde(default)]
     pub attrs: BTreeMap<String, String>,
+    /// The compensation action that removes it at this executor (`release_ip`), as its
+    /// compensation protocol takes it: what `drift --fix leaked` asks for. Without it a
+    /// leaked item is reported, never removed by drift.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undo: Option<CompensationAction>,
 }
 
 /// How sure the ledger is that a resource exists.
@@ -298,7 +303,9 @@ fn in_flight(ops: &[&OperationState]) -> (BTreeSet<AggregateId>, BTreeSet<String
 }
 
 /// The three kinds of finding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum FindingKind {
     /// Held by the executor, unknown to the ledger or already undone in it.
@@ -309,8 +316,25 @@ pub enum FindingKind {
     Mismatched,
 }
 
+impl FindingKind {
+    pub const ALL: [FindingKind; 3] = [
+        FindingKind::Leaked,
+        FindingKind::Missing,
+        FindingKind::Mismatched,
+    ];
+
+    /// Its JSON word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FindingKind::Leaked => "leaked",
+            FindingKind::Missing => "missing",
+            FindingKind::Mismatched => "mismatched",
+        }
+    }
+}
+
 /// One attribute both sides name, with different values.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Difference {
     pub attr: String,
     pub ledger: String,
@@ -319,7 +343,7 @@ pub struct Difference {
 
 /// One finding: what, where, which operation and step made it (when known), why, and
 /// what to do.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Finding {
     pub kind: FindingKind,
     pub executor: String,
@@ -333,6 +357,9 @@ pub struct Finding {
     pub differences: Vec<Difference>,
     pub reason: String,
     pub action: String,
+    /// For `leaked`: the action the executor named to remove it (its inventory's `undo`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub undo: Option<CompensationAction>,
 }
 
 /// Compares what the ledger says `executor` holds with what it answered it holds.
@@ -456,6 +483,7 @@ fn leaked(executor: &str, item: &InventoryItem, gone: &[GoneResource]) -> Findin
         differences: Vec::new(),
         reason,
         action,
+        undo: item.undo.clone(),
     }
 }
 
@@ -479,6 +507,7 @@ fn missing(executor: &str, r: &RecordedResource) -> Finding {
              the entity; otherwise re-create it (re-drive the entity's operation)",
             r.resource
         ),
+        undo: None,
     }
 }
 
@@ -521,5 +550,6 @@ fn mismatched(
             }
         ),
         differences,
+        undo: None,
     }
 }

@@ -13,6 +13,7 @@ pub mod drift;
 pub mod entity;
 pub mod facts;
 pub mod instance;
+pub mod leak_removal;
 pub mod lease;
 pub mod operation;
 pub mod placement;

@@ -19,6 +19,10 @@
 //! The one exception is deletion: when the user deleted the target
 //! (`TargetDeletionNoticed`), everything the operation created goes, data-holding nodes
 //! included, because the user asked for it. Discovered resources are still kept.
+//!
+//! A `remove_leaked` operation is the one kind whose discovered resources are compensated:
+//! an operator recorded them (resources `provledger drift` found leaked) in order to have
+//! them removed through this ordinary path.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -296,7 +300,7 @@ impl PlanBuilder {
                 }
                 continue;
             };
-            if step.effect.origin == Origin::Discovered {
+            if step.effect.origin == Origin::Discovered && !adopted_to_remove(op) {
                 self.retain(
                     &stage_label,
                     step,
@@ -601,6 +605,13 @@ fn plan_bundle(
     Ok(())
 }
 
+/// Whether `op` adopted its discovered resources in order to remove them (an operator's
+/// `drift --fix leaked`, `OperationKind::RemoveLeaked`): the one exception to "discovered
+/// resources are never destroyed", because removing them is what the operator recorded.
+fn adopted_to_remove(op: &OperationState) -> bool {
+    op.kind == Some(OperationKind::RemoveLeaked)
+}
+
 /// A child that succeeded (or is still running, which the bundle runner prevents).
 fn child_closed_ok(child: &OperationState) -> bool {
     child.status == Some(OperationStatus::Succeeded)
@@ -613,6 +624,11 @@ fn rule_text(kind: OperationKind, mode: Mode, stage: &str, bundle: Option<Bundle
             "the user deleted the target: compensate everything the operation created, \
              data-holding nodes included; discovered resources are kept"
                 .to_string()
+        }
+        (OperationKind::RemoveLeaked, _) => {
+            "an operator removes resources drift found leaked: each is compensated at its \
+             executor"
+                .into()
         }
         (OperationKind::Bundle, _) => match bundle {
             Some(BundlePolicy::RetainSiblings) => {

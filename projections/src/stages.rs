@@ -37,6 +37,8 @@ pub mod stage {
     pub const ACT: &str = "act";
     /// Move a running instance's guest to the destination (live migration).
     pub const MIGRATE: &str = "migrate";
+    /// The resources drift found leaked, adopted as discovered to be removed.
+    pub const REMOVE_LEAKED: &str = "remove_leaked";
 }
 
 fn spec(name: &str, policy: StagePolicy) -> StageSpec {
@@ -88,5 +90,7 @@ pub fn stages_of(kind: OperationKind) -> Vec<StageSpec> {
         }
         // The bundle's own policy (`BundlePolicy`) decides about the siblings.
         OperationKind::Bundle => vec![spec(CHILDREN, Compensate)],
+        // Cancelled as soon as recorded: its rollback removes what it adopted.
+        OperationKind::RemoveLeaked => vec![spec(REMOVE_LEAKED, Compensate)],
     }
 }

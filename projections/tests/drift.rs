@@ -162,8 +162,8 @@ impl Given {
         .on(BOOT, Event::OperationSucceeded {})
     }
 
-    /// The boot fails and its whole plan is carried out: every compensation done.
-    fn boot_rolled_back(&mut self) -> &mut Self {
+    /// The boot fails in its network stage.
+    fn boot_failed(&mut self) -> &mut Self {
         self.on(
             BOOT,
             Event::OperationFailed {
@@ -171,7 +171,12 @@ impl Given {
                 step: None,
                 error: "injected".into(),
             },
-        );
+        )
+    }
+
+    /// The boot fails and its whole plan is carried out: every compensation done.
+    fn boot_rolled_back(&mut self) -> &mut Self {
+        self.boot_failed();
         let plan = plan_rollback(&self.operation(BOOT), &[]).expect("a boot plans");
         let ids: Vec<Uuid> = plan
             .compensations
@@ -275,6 +280,7 @@ fn held(resource: &str, key: Option<&str>, attrs: &[(&str, String)]) -> Inventor
             .iter()
             .map(|(k, v)| (k.to_string(), v.clone()))
             .collect(),
+        undo: None,
     }
 }
 
@@ -461,14 +467,7 @@ fn a_step_of_unknown_outcome_in_a_closed_operation_is_never_missing() {
     // rollback ended needs_attention (no compensation done)
     let mut given = Given::default();
     given.boot_started().ip_acquired("10.0.0.5").vm_started();
-    given.on(
-        BOOT,
-        Event::OperationFailed {
-            stage: stage::NETWORK.into(),
-            step: None,
-            error: "injected".into(),
-        },
-    );
+    given.boot_failed();
     let plan = plan_rollback(&given.operation(BOOT), &[]).expect("a boot plans");
     given.on(BOOT, Event::RollbackPlanned { plan }).on(
         BOOT,
@@ -486,4 +485,84 @@ fn a_step_of_unknown_outcome_in_a_closed_operation_is_never_missing() {
         drift(&given, "ipam", &[]),
         vec![(FindingKind::Missing, "10.0.0.5".to_string())]
     );
+}
+
+const FIX: u128 = 0x0190_0000_0000_7000_8000_0000_0000_0f01;
+
+#[test]
+fn a_leak_removal_adopts_the_leaked_resource_as_discovered_and_its_rollback_removes_it() {
+    use provledger_projections::leak_removal::{leak_removal_events, plan_leak_removal};
+    // Given a successful boot, and IPAM holding an IP made by hand that it can release
+    let mut given = Given::succeeded_boot();
+    let mut rogue = held("10.0.0.99", None, &[]);
+    rogue.undo = Some(CompensationAction::ReleaseIp);
+    let ipam = [held("10.0.0.5", Some(KEY_IP), &[("node", node())]), rogue];
+    let findings = compare(&recorded_resources(&given.operations()), "ipam", &ipam);
+    // When drift --fix leaked records its removal
+    let plan = plan_leak_removal(&findings);
+    assert_eq!(plan.removals.len(), 1, "{plan:#?}");
+    for event in leak_removal_events(Uuid::from_u128(FIX), &plan, "ticket 42").expect("recorded") {
+        given.on(FIX, event);
+    }
+    // Then while its rollback runs, the IP is the operation's: uncertain, not leaked
+    assert_eq!(drift(&given, "ipam", &ipam), vec![]);
+    // And the planner compensates the discovered IP (the one kind that does)
+    let fix = given.operation(FIX);
+    let plan = plan_rollback(&fix, &[]).expect("a cancelled remove_leaked plans");
+    assert_eq!(plan.retained, vec![], "nothing kept: {plan:#?}");
+    assert_eq!(plan.compensations.len(), 1);
+    let c = &plan.compensations[0];
+    assert_eq!(
+        (&c.compensation.action, c.compensation.resource.as_str()),
+        (&CompensationAction::ReleaseIp, "10.0.0.99")
+    );
+    // And once the removal is done and IPAM no longer holds it, drift is clean
+    given
+        .on(FIX, Event::RollbackPlanned { plan: plan.clone() })
+        .on(
+            FIX,
+            Event::CompensationRequested {
+                compensation_id: c.compensation_id,
+                attempt: 1,
+            },
+        )
+        .on(
+            FIX,
+            Event::CompensationDone {
+                compensation_id: c.compensation_id,
+            },
+        )
+        .on(
+            FIX,
+            Event::RollbackFinished {
+                outcome: RollbackOutcome::RolledBack,
+                remaining: Vec::new(),
+            },
+        );
+    assert_eq!(drift(&given, "ipam", &ipam[..1]), vec![]);
+    // But if IPAM still held it, it is leaked again, naming the removal that did not work
+    let f = one_finding(&given, "ipam", &ipam);
+    assert_eq!(f.operation_id, Some(Uuid::from_u128(FIX)));
+}
+
+#[test]
+fn a_discovered_resource_of_any_other_operation_is_still_never_destroyed() {
+    // Given a boot that recorded a discovered IP with a compensation, then failed
+    let mut given = Given::default();
+    let mut found = effect(EffectKind::IpAcquired, "10.0.0.7", "ipam");
+    found.origin = Origin::Discovered;
+    given.boot_started().on(
+        BOOT,
+        Event::step_done(
+            stage::NETWORK,
+            "adopt_ip",
+            found,
+            Some(undo(CompensationAction::ReleaseIp, "ipam", "10.0.0.7")),
+        ),
+    );
+    given.boot_failed();
+    // When planned, then the IP is kept, not released
+    let plan = plan_rollback(&given.operation(BOOT), &[]).expect("plans");
+    assert_eq!(plan.compensations.len(), 0, "{plan:#?}");
+    assert_eq!(plan.retained.len(), 1);
 }

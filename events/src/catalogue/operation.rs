@@ -28,6 +28,16 @@ pub enum OperationKind {
     /// migration (this operation's id) until it completes; on failure the instance stays
     /// on the source, ACTIVE, and only the migration is in error.
     LiveMigrateInstance,
+    /// An operator removes resources that `provledger drift` found leaked (held by an
+    /// executor, unknown to the ledger or already undone in it). Appended at the end: the
+    /// encoding uses the variant index. Its target is the operation itself; its one stage
+    /// (`remove_leaked`, policy `compensate`) records each resource as a `discovered`
+    /// effect with the compensation that removes it, and the operation is cancelled in
+    /// the same commit with the operator's reason, so its rollback, the ordinary
+    /// compensation path (plan, requests with retries, `needs_attention`, `audit`),
+    /// removes them. The one kind whose discovered resources the planner compensates:
+    /// adopting them to remove them is its whole purpose (`docs/drift.md`).
+    RemoveLeaked,
 }
 
 impl OperationKind {

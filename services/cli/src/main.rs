@@ -199,6 +199,11 @@ enum Command {
         /// number is seconds.
         #[arg(long, default_value = "60s", value_parser = duration::seconds_or_humantime)]
         recovery_interval: Duration,
+        /// Time between drift sweeps (the executors' inventories against the store, as
+        /// `provledger drift`; findings in q.drift and the metrics; 0: never, the
+        /// default); a bare number is seconds.
+        #[arg(long, default_value = "0", value_parser = duration::seconds_or_humantime)]
+        drift_interval: Duration,
         /// Created once this replica has caught up and joined the queue group, removed
         /// when it stops or loses NATS (a per-replica readiness probe).
         #[arg(long, value_name = "PATH")]
@@ -223,7 +228,8 @@ enum Command {
         to: Option<LogPoint>,
     },
     /// Compare what the executors hold (their inventory over NATS) with what the ledger
-    /// records. Exit 1 with findings (leaked, missing, mismatched); writes nothing.
+    /// records. Exit 1 with findings (leaked, missing, mismatched); writes nothing unless
+    /// --fix leaked.
     Drift {
         /// Ask only this executor (default: every executor the ledger names).
         #[arg(long)]
@@ -231,6 +237,20 @@ enum Command {
         /// NATS server where the executors answer inventory requests; defaults to --nats.
         #[arg(long, env = "PROVLEDGER_EXECUTORS_URL")]
         executors_url: Option<String>,
+        /// Remove the leaked resources through the compensation path, recorded in the
+        /// ledger as a remove_leaked operation (each adopted as discovered, then
+        /// compensated). Only `leaked` is fixable: `missing` is the entity's operator's.
+        #[arg(long, value_enum)]
+        fix: Option<DriftFix>,
+        /// With --fix: print what would be removed and write nothing.
+        #[arg(long, requires = "fix")]
+        dry_run: bool,
+        /// With --fix: why, for the log (a ticket, who checked that nothing uses them).
+        #[arg(long, requires = "fix")]
+        reason: Option<String>,
+        /// With --fix: who asks; the commit's actor.
+        #[arg(long, requires = "fix", default_value = "operator")]
+        actor: String,
     },
     /// Show (dry run) or record and drive the rollback plan of a failed operation.
     Rollback {
@@ -376,6 +396,12 @@ enum RollbackCommand {
     },
 }
 
+/// What `drift --fix` acts on: only leaked resources.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum DriftFix {
+    Leaked,
+}
+
 /// `RUST_LOG` wins; otherwise the service logs at info and one-shot commands at warn.
 fn init_tracing(default: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -451,6 +477,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             compensation_backoff,
             compensation_reply_wait,
             recovery_interval,
+            drift_interval,
             ready_file,
             metrics_addr,
         } => {
@@ -480,6 +507,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                 executor_reply_wait: compensation_reply_wait
                     .clamp(Duration::from_millis(1), Duration::from_secs(30)),
                 recovery_interval: (!recovery_interval.is_zero()).then_some(recovery_interval),
+                drift_interval: (!drift_interval.is_zero()).then_some(drift_interval),
                 ready_file,
                 metrics_addr,
             };
@@ -578,6 +606,10 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
         Command::Drift {
             executor,
             executors_url,
+            fix,
+            dry_run,
+            reason,
+            actor,
         } => {
             let url = executors_url.or(cli.nats.clone());
             let auth = options.nats_auth.clone();
@@ -588,6 +620,11 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                     auth: &auth,
                     subject_prefix: &cli.subject_prefix,
                     json: cli.json,
+                    fix: fix.map(|DriftFix::Leaked| commands::drift::Fix {
+                        dry_run,
+                        reason: reason.unwrap_or_default(),
+                        actor,
+                    }),
                 };
                 let result = commands::drift::run(&ledger, args).await;
                 (ledger, result)

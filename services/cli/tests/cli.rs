@@ -115,6 +115,18 @@ fn demo_is_deterministic_and_removes_what_it_says_it_removes() {
     let deleted = &report["scenarios"][5]["afterwards"];
     assert_eq!(deleted["status"], "deleted");
     assert_eq!(deleted["executors"], serde_json::json!({}));
+    // And drift over the whole demo finds nothing: every resource the executors still
+    // hold is one the ledger records, and every one it records is held
+    assert_eq!(
+        report["drift"]["findings"],
+        serde_json::json!([]),
+        "a clean demo has no drift"
+    );
+    assert!(
+        report["drift"]["held"].as_u64() > Some(0),
+        "{}",
+        report["drift"]
+    );
 }
 
 #[test]

@@ -4,7 +4,11 @@
 //! - a successful create (and boot) reports nothing, exit 0;
 //! - a record made behind the ledger's back is `leaked`;
 //! - a VM deleted by hand is `missing`, and nothing is written to the log;
-//! - an IP changed by hand under the step's key is `mismatched`.
+//! - an IP changed by hand under the step's key is `mismatched`;
+//! - `--fix leaked --dry-run` prints the removal and writes nothing; `--fix leaked` removes
+//!   the leaked record through the compensation path, recorded, and drift is then clean;
+//! - serve's drift sweep (`--drift-interval`) reports the same finding in `q.drift` and its
+//!   metrics, and reports it gone once it is.
 
 use std::sync::Arc;
 
@@ -16,7 +20,7 @@ use provledger_tests::NatsServer;
 use uuid::Uuid;
 
 mod common;
-use common::{provledger, text};
+use common::{http_get, provledger, sample, text, wait_ready, Serve};
 
 struct Env {
     nats: NatsServer,
@@ -203,4 +207,160 @@ async fn an_ip_changed_by_hand_is_mismatched() {
         serde_json::json!([{"attr": "resource", "ledger": ips[0], "executor": "10.9.9.9"}])
     );
     assert_eq!(code, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fix_leaked_removes_a_leaked_record_through_a_recorded_compensation() {
+    // Given a booted instance, and a DNS record someone made by hand
+    let env = env().await;
+    env.booted().await;
+    env.infra.dns.create_by_hand("rogue.example", "by hand");
+    let end = env.ledger.last_position().await.expect("end");
+    // When drift --fix leaked --dry-run runs
+    let (code, report) = env.drift(&["--fix", "leaked", "--dry-run"]);
+    // Then it plans the removal, writes nothing and asks nothing: the record is still there
+    let removals = report["fix"]["removals"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(removals.len(), 1, "{report:#}");
+    assert_eq!(removals[0]["resource"], "rogue.example");
+    assert_eq!(removals[0]["compensation"]["action"], "unregister_dns");
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(env.ledger.last_position().await.expect("end"), end);
+    assert!(env.infra.dns.has("rogue.example"));
+    // And without a reason, a real fix is refused before anything is read or written
+    let url = env.nats.url();
+    let out = provledger(&["--nats", url.as_str(), "drift", "--fix", "leaked"], "");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("--reason"), "{}", text(&out));
+    // When drift --fix leaked runs with a reason
+    let (code, report) = env.drift(&[
+        "--fix",
+        "leaked",
+        "--reason",
+        "ticket 42: checked, unused",
+        "--actor",
+        "alice",
+    ]);
+    // Then the record is gone at DNS, through a compensation request
+    assert!(!env.infra.dns.has("rogue.example"), "{report:#}");
+    assert_eq!(code, 0, "{report:#}");
+    // And the ledger holds the removal: a remove_leaked operation, cancelled with the
+    // reason and rolled back, whose one
+    // step adopted the record as discovered and whose compensation is done, by alice
+    let op = &report["fix"]["operation"];
+    assert_eq!(op["kind"], "remove_leaked", "{report:#}");
+    assert_eq!(op["status"], "cancelled", "{report:#}");
+    assert_eq!(op["rollback_outcome"], "rolled_back", "{report:#}");
+    let id: Uuid = op["id"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("the operation's id");
+    let out = provledger(
+        &[
+            "--nats",
+            url.as_str(),
+            "--json",
+            "history",
+            &format!("operation/{id}"),
+        ],
+        "",
+    );
+    let history = text(&out);
+    assert!(history.contains("\"discovered\""), "{history}");
+    assert!(history.contains("compensation_done"), "{history}");
+    assert!(history.contains("\"alice\""), "{history}");
+    assert!(history.contains("ticket 42"), "{history}");
+    // And drift is now clean, and audit finds nothing wrong with the removal
+    let (code, report) = env.drift(&[]);
+    assert_eq!(
+        findings(&report),
+        Vec::<serde_json::Value>::new(),
+        "{report:#}"
+    );
+    assert_eq!(code, 0);
+    let out = provledger(&["--nats", url.as_str(), "audit"], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+/// `q.drift`'s data, asked of serve.
+async fn q_drift(client: &async_nats::Client) -> serde_json::Value {
+    let reply = client
+        .request("provledger.q.drift", "{}".into())
+        .await
+        .expect("q.drift answers");
+    let reply: serde_json::Value = serde_json::from_slice(&reply.payload).expect("JSON");
+    reply["data"].clone()
+}
+
+/// Polls `q.drift` until its last sweep satisfies `done`.
+async fn sweep_until(
+    client: &async_nats::Client,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let data = q_drift(client).await;
+        if !data["last"].is_null() && done(&data["last"]) {
+            return data;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no sweep {what}: {data:#}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_drift_sweep_reports_a_leak_in_q_drift_and_its_metrics_until_it_is_gone() {
+    // Given a booted instance, and serve sweeping every second with metrics
+    let env = env().await;
+    env.booted().await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = provledger_tests::free_port();
+    let _serve = Serve::start_with(
+        &env.nats,
+        &dir.path().join("serve"),
+        &[
+            "--drift-interval",
+            "1s",
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+        ],
+    );
+    let client = env.nats.client().await;
+    wait_ready(&client).await;
+    // When a clean sweep has run, then someone makes a DNS record by hand
+    let clean = sweep_until(&client, "clean", |last| {
+        last["findings"] == serde_json::json!([])
+    })
+    .await;
+    assert_eq!(clean["interval_s"], 1, "{clean:#}");
+    env.infra.dns.create_by_hand("rogue.example", "by hand");
+    // Then a later sweep reports it leaked, in q.drift and in the metrics
+    let found = sweep_until(&client, "with the leak", |last| {
+        last["findings"].as_array().is_some_and(|f| !f.is_empty())
+    })
+    .await;
+    let findings = found["last"]["findings"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(findings.len(), 1, "{found:#}");
+    assert_eq!(findings[0]["kind"], "leaked");
+    assert_eq!(findings[0]["resource"], "rogue.example");
+    let leaked = r#"provledger_drift_findings{executor="dns",kind="leaked"}"#;
+    let scrape = http_get(port, "/metrics").expect("a scrape").1;
+    assert_eq!(sample(&scrape, leaked), Some(1.0), "{scrape}");
+    // And once it is removed, the next sweep is clean and the metric reads 0
+    assert!(env.infra.dns.remove_by_hand("rogue.example"));
+    sweep_until(&client, "clean again", |last| {
+        last["findings"] == serde_json::json!([])
+    })
+    .await;
+    let scrape = http_get(port, "/metrics").expect("a scrape").1;
+    assert_eq!(sample(&scrape, leaked), Some(0.0), "{scrape}");
 }

@@ -7,7 +7,6 @@
 //! is back.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use provledger_client::{CancelNotices, OperationRunner};
@@ -17,30 +16,7 @@ use provledger_tests::{free_port, NatsServer};
 use uuid::Uuid;
 
 mod common;
-use common::{provledger, text, wait_ready, Serve};
-
-/// `GET path` over plain HTTP/1.1: (status code, body).
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response.split_once("\r\n\r\n")?.1.to_string();
-    Some((status, body))
-}
-
-/// The value of the sample `name{labels}` in a scrape, if present.
-fn sample(scrape: &str, name_and_labels: &str) -> Option<f64> {
-    scrape
-        .lines()
-        .find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok())
-}
+use common::{http_get, provledger, sample, text, wait_ready, Serve};
 
 async fn eventually<F: FnMut() -> bool>(what: &str, timeout: Duration, mut check: F) {
     let deadline = Instant::now() + timeout;
@@ -69,6 +45,8 @@ async fn a_rollback_that_needs_attention_is_in_the_metrics_the_worklist_and_the_
             "20",
             "--compensation-reply-wait-ms",
             "3000",
+            "--drift-interval",
+            "1s",
         ],
     );
     // ...and executors on NATS that fail every compensation...
@@ -127,6 +105,14 @@ async fn a_rollback_that_needs_attention_is_in_the_metrics_the_worklist_and_the_
                 "provledger_operations{status=\"needs_attention\"}",
             ) == Some(1.0)
         },
+    )
+    .await;
+    // ...and the drift sweep has looked at the executors the failed create named (its
+    // series exist once a sweep has asked them: the alert's metric is real)...
+    eventually(
+        "a drift sweep in the metrics",
+        Duration::from_secs(30),
+        || scrape().contains("provledger_drift_findings{executor=\"hypervisor\""),
     )
     .await;
     let metrics = scrape();

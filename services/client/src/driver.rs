@@ -134,6 +134,29 @@ pub async fn resolve_compensation(
     Ok(events)
 }
 
+/// Records a `remove_leaked` operation (`drift --fix leaked`): the one commit of
+/// [`provledger_projections::leak_removal::leak_removal_events`], on a new operation
+/// aggregate, with the operator as actor. A [`RollbackDriver`] then carries the removals
+/// out, as it does any rollback.
+pub async fn record_leak_removal(
+    ledger: &Ledger,
+    operation: Uuid,
+    events: Vec<Event>,
+    actor: &str,
+    stamper: &Stamper,
+) -> Result<(), DriveError> {
+    let draft = stamper.draft(actor, events).with_operation(operation);
+    ledger
+        .record(
+            AggregateId::operation(operation),
+            Expectation::NoStream,
+            draft,
+        )
+        .await
+        .map_err(ledger_error)?;
+    Ok(())
+}
+
 /// The plan the planner gives for `op` now, with a bundle's children read from the log.
 pub async fn plan_for<L: EventLog>(
     log: &L,

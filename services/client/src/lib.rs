@@ -51,8 +51,8 @@ pub use allocation::release_allocation;
 pub use cancel::CancelNotices;
 pub use clock::{Clock, IdSource, RandomIds, SeededIds, Stamper, SystemClock};
 pub use driver::{
-    plan_for, read_operation, resolve_compensation, resume_needs_attention, DriveError,
-    RollbackDriver,
+    plan_for, read_operation, record_leak_removal, resolve_compensation, resume_needs_attention,
+    DriveError, RollbackDriver,
 };
 pub use executors::{
     CompensationExecutor, CompensationFuture, CompensationReply, CompensationRequest, NatsExecutors,

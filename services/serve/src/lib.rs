@@ -12,7 +12,9 @@
 //! - serve's rollback and deletion worker (`rollback_worker`), which drives stopped
 //!   operations' rollbacks with the client library's driver;
 //! - the audit's shell ([`audit_log`]): the whole log through the pure auditor, and the
-//!   store's copy compared with the log.
+//!   store's copy compared with the log;
+//! - the drift sweep (`drift_sweep`, `--drift-interval`): the executors' inventories
+//!   against the store's operations, kept for `q.drift` and the metrics; it writes nothing.
 //!
 //! It never depends on the simulator or the CLI, never writes to the log except through
 //! `EventLog::append` (in `cmd.append` and through the client library's driver and
@@ -20,6 +22,7 @@
 //! one writer.
 
 mod audit;
+pub mod drift_sweep;
 mod endpoints;
 pub mod messages;
 mod metrics;

@@ -54,6 +54,7 @@ request_fields! {
     HealAllocationsRequest => ["dry_run", "instance", "actor"];
     FixOrphansRequest => ["dry_run", "actor"];
     WorkerReadyRequest => ["worker"];
+    DriftRequest => [];
 }
 
 // ---- requests ----
@@ -62,6 +63,23 @@ request_fields! {
 #[derive(Debug, Clone, Default, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HealthRequest {}
+
+/// `q.drift`: no field (an empty payload counts as `{}`).
+#[derive(Debug, Clone, Default, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DriftRequest {}
+
+/// `q.drift`'s data: whether this replica sweeps, how often, and its last sweep's
+/// findings (`docs/drift.md` section 6). Each replica sweeps on its own; the one that
+/// answers says which it is (`served_by`).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct DriftData {
+    /// `serve --drift-interval`, in seconds; `null` when this replica does not sweep.
+    pub interval_s: Option<u64>,
+    /// The last sweep; `null` before the first (or when it does not sweep).
+    pub last: Option<crate::drift_sweep::DriftSweep>,
+    pub served_by: String,
+}
 
 /// `q.cluster.get`, `q.instance.get`, `q.provider.get`, `q.operation.get`.
 #[derive(Debug, Clone, Serialize, JsonSchema)]

@@ -61,6 +61,17 @@ pub(crate) struct StatusLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct DriftLabels {
+    pub(crate) executor: String,
+    pub(crate) kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ExecutorLabels {
+    pub(crate) executor: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct RuleLabels {
     pub(crate) rule: String,
 }
@@ -119,6 +130,10 @@ pub(crate) struct Metrics {
     consumers: Gauge,
     ready: Gauge,
     nats_connected: Gauge,
+    drift_findings: Family<DriftLabels, Gauge>,
+    drift_unread: Family<ExecutorLabels, Gauge>,
+    drift_sweeps: Family<OutcomeLabels, Counter>,
+    drift_last_sweep: Gauge,
 }
 
 fn latency_histogram() -> Histogram {
@@ -147,6 +162,10 @@ impl Metrics {
             consumers: Gauge::default(),
             ready: Gauge::default(),
             nats_connected: Gauge::default(),
+            drift_findings: Family::default(),
+            drift_unread: Family::default(),
+            drift_sweeps: Family::default(),
+            drift_last_sweep: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -229,6 +248,26 @@ impl Metrics {
             "1 while this replica's NATS connection is up",
             m.nats_connected.clone(),
         );
+        registry.register(
+            "drift_findings",
+            "Findings of this replica's last drift sweep, by executor and kind (leaked, missing, mismatched)",
+            m.drift_findings.clone(),
+        );
+        registry.register(
+            "drift_executor_unread",
+            "1 for each executor the last drift sweep could not read",
+            m.drift_unread.clone(),
+        );
+        registry.register(
+            "drift_sweeps",
+            "Drift sweeps by outcome (clean, drift, failed)",
+            m.drift_sweeps.clone(),
+        );
+        registry.register(
+            "drift_last_sweep_timestamp_seconds",
+            "When this replica's last drift sweep finished (Unix seconds; 0: none yet)",
+            m.drift_last_sweep.clone(),
+        );
         // Series an alert reads exist from the start, at zero: a rule on a series that
         // does not exist yet evaluates to nothing rather than to "none".
         for status in OperationStatus::ALL {
@@ -289,6 +328,56 @@ impl Metrics {
                 })
                 .inc();
         }
+    }
+
+    /// A drift sweep finished: its findings replace the last sweep's (an executor or kind
+    /// no longer found reads 0, not its old count).
+    pub(crate) fn drift_swept(&self, sweep: &crate::drift_sweep::DriftSweep) {
+        self.drift_findings.clear();
+        self.drift_unread.clear();
+        for e in &sweep.executors {
+            for kind in provledger_projections::drift::FindingKind::ALL {
+                let n = sweep
+                    .findings
+                    .iter()
+                    .filter(|f| f.executor == e.name && f.kind == kind)
+                    .count();
+                self.drift_findings
+                    .get_or_create(&DriftLabels {
+                        executor: e.name.clone(),
+                        kind: kind.as_str().into(),
+                    })
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+            self.drift_unread
+                .get_or_create(&ExecutorLabels {
+                    executor: e.name.clone(),
+                })
+                .set(i64::from(e.error.is_some()));
+        }
+        let outcome =
+            match sweep.findings.is_empty() && sweep.executors.iter().all(|e| e.error.is_none()) {
+                true => "clean",
+                false => "drift",
+            };
+        self.drift_sweeps
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            })
+            .inc();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        self.drift_last_sweep.set(now);
+    }
+
+    /// A drift sweep could not read the store.
+    pub(crate) fn drift_sweep_failed(&self) {
+        self.drift_sweeps
+            .get_or_create(&OutcomeLabels {
+                outcome: "failed".into(),
+            })
+            .inc();
     }
 
     /// A recovery this replica recorded.

@@ -69,6 +69,8 @@ pub struct ServeOptions {
     pub executor_reply_wait: Duration,
     /// The stuck-state recovery sweep runs on start and then this often (`None`: never).
     pub recovery_interval: Option<Duration>,
+    /// The drift sweep runs once caught up and then this often (`None`: never).
+    pub drift_interval: Option<Duration>,
     /// Created once this replica has caught up and joined the queue group, removed when it
     /// stops or loses NATS (and written again once NATS is back): a per-replica readiness
     /// probe for compose or Kubernetes.
@@ -159,6 +161,7 @@ pub async fn run(
         workers_ready: Default::default(),
         metrics,
         client: client.clone(),
+        drift: crate::drift_sweep::DriftSweeps::new(options.drift_interval),
     });
     let (stop_http, http_stopped) = watch::channel(false);
     let metrics_task = match options.metrics_addr {
@@ -345,6 +348,12 @@ pub async fn run(
             }
         })
     });
+    let drift_task = tokio::spawn(crate::drift_sweep::run(
+        ctx.clone(),
+        options.subject_prefix.clone(),
+        options.executor_reply_wait,
+        worker_shutdown.clone(),
+    ));
     let worker_task = tokio::spawn(worker.run(worker_shutdown));
 
     let _ = ctx.caught_up_to.set(end);
@@ -463,6 +472,8 @@ pub async fn run(
             tracing::warn!(error = %e, "recovery sweep task");
         }
     }
+    // The drift sweep writes nothing: stopped where it is, even mid-inventory.
+    drift_task.abort();
     let _ = stop_projector.send(true);
     let joined = match projector_ended {
         Some(joined) => joined,

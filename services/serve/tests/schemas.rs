@@ -53,6 +53,7 @@ const CHANNELS: &[Channel] = &[
     Channel { subject: "q.allocation.by_consumer", summary: "A consumer's allocations on every provider.", action: "receive", message: "q.allocation.by_consumer.request", reply: Some("q.allocation.by_consumer.reply"), content_type: JSON },
     Channel { subject: "q.operation.get", summary: "One operation.", action: "receive", message: "q.get.request", reply: Some("q.operation.get.reply"), content_type: JSON },
     Channel { subject: "q.operation.list", summary: "A page of operations by status, kind or target.", action: "receive", message: "q.operation.list.request", reply: Some("q.operation.list.reply"), content_type: JSON },
+    Channel { subject: "q.drift", summary: "The last drift sweep of the replica that answers (serve --drift-interval).", action: "receive", message: "q.drift.request", reply: Some("q.drift.reply"), content_type: JSON },
     Channel { subject: "q.history", summary: "A page of an aggregate's commits, decoded.", action: "receive", message: "q.history.request", reply: Some("q.history.reply"), content_type: JSON },
     Channel { subject: "q.state_at", summary: "An aggregate's state at a position or a time.", action: "receive", message: "q.state_at.request", reply: Some("q.state_at.reply"), content_type: JSON },
     Channel { subject: "cmd.append", summary: "Appends one commit, or several all or nothing.", action: "receive", message: "cmd.append.request", reply: Some("cmd.append.reply"), content_type: JSON },
@@ -106,6 +107,8 @@ fn schemas() -> BTreeMap<&'static str, Schema> {
         ("q.operation.get.reply", sent::<Reply<OperationView>>()),
         ("q.operation.list.request", schema_of::<OperationListRequest>()),
         ("q.operation.list.reply", sent::<Reply<Vec<OperationView>>>()),
+        ("q.drift.request", schema_of::<DriftRequest>()),
+        ("q.drift.reply", sent::<Reply<DriftData>>()),
         ("q.history.request", schema_of::<HistoryRequest>()),
         ("q.history.reply", sent::<Reply<Vec<HistoryItem>>>()),
         ("q.state_at.request", schema_of::<StateAtRequest>()),
@@ -327,6 +330,7 @@ fn every_request_type_lists_exactly_the_fields_its_endpoint_accepts() {
     check::<HealAllocationsRequest>();
     check::<FixOrphansRequest>();
     check::<WorkerReadyRequest>();
+    check::<DriftRequest>();
 }
 
 // ---- validation ----

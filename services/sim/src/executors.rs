@@ -14,9 +14,9 @@ use provledger_client::{
     ActionFuture, CompensationExecutor, CompensationFuture, CompensationReply, CompensationRequest,
     Infrastructure, NatsExecutors,
 };
-use provledger_events::catalogue::DetailKey;
+use provledger_events::catalogue::{CompensationAction, DetailKey};
 use provledger_projections::drift::InventoryItem;
-use provledger_projections::planner::NODE_DETAIL;
+use provledger_projections::planner::{NODE_DETAIL, REMOVE_NODE_ACTION};
 use uuid::Uuid;
 
 pub const IPAM: &str = "ipam";
@@ -198,6 +198,20 @@ impl SimExecutor {
         }
     }
 
+    /// The compensation action that removes what this executor holds (the inventory's
+    /// `undo`, what `drift --fix leaked` asks for): the same actions its compensations
+    /// take.
+    fn undo_action(&self) -> Option<CompensationAction> {
+        Some(match self.name.as_str() {
+            IPAM => CompensationAction::ReleaseIp,
+            DHCP => CompensationAction::UnregisterDhcp,
+            DNS => CompensationAction::UnregisterDns,
+            HYPERVISOR => CompensationAction::TerminateVm,
+            PLUGIN => CompensationAction::Custom(REMOVE_NODE_ACTION.into()),
+            _ => return None,
+        })
+    }
+
     /// One page of the inventory: the resources after `request.after`, in order, with the
     /// key each was made under and the node it belongs to (named in the resource, or, for
     /// an IP, in what it is held for).
@@ -227,6 +241,7 @@ impl SimExecutor {
                     key: s.key_of.get(resource).cloned(),
                     entity: entity.map(|e| e.to_string()),
                     attrs,
+                    undo: self.undo_action(),
                 }
             })
             .collect();
@@ -238,6 +253,23 @@ impl SimExecutor {
             })
             .flatten();
         InventoryPage { items, next }
+    }
+
+    /// Everything it holds, as its inventory answers it, page after page.
+    pub fn held_items(&self) -> Vec<InventoryItem> {
+        let mut items = Vec::new();
+        let mut request = InventoryRequest {
+            after: None,
+            limit: Some(provledger_client::inventory::INVENTORY_PAGE_ITEMS_MAX),
+        };
+        loop {
+            let page = self.inventory_page(&request);
+            items.extend(page.items);
+            match page.next {
+                Some(next) => request.after = Some(next),
+                None => return items,
+            }
+        }
     }
 
     /// A resource made by hand, behind the ledger's back: held for `held_for`, under no

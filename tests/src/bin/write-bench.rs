@@ -420,6 +420,7 @@ impl Serve {
             retry: Default::default(),
             executor_reply_wait: Duration::from_secs(30),
             recovery_interval: Some(Duration::from_secs(60)),
+            drift_interval: None,
             ready_file: None,
             metrics_addr: None,
         };

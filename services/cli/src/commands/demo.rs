@@ -49,14 +49,18 @@ pub async fn run(base_dir: &Path, verbose: bool, json: bool) -> Result<(), Comma
                 "positions": audit.position,
                 "violations": violations,
             },
+            "drift": {"held": report.held, "findings": report.drift},
         }));
     } else {
         print_report(&report, &violations, verbose);
     }
-    match violations.len() {
-        0 => Ok(()),
-        n => Err(CommandError::Problem(format!(
+    match (violations.len(), report.drift.len()) {
+        (0, 0) => Ok(()),
+        (n, 0) => Err(CommandError::Problem(format!(
             "demo audit found {n} violation(s)"
+        ))),
+        (n, d) => Err(CommandError::Problem(format!(
+            "demo audit found {n} violation(s) and drift {d} finding(s)"
         ))),
     }
 }
@@ -101,6 +105,23 @@ fn print_report(report: &DemoReport, violations: &[String], verbose: bool) {
     );
     for v in violations {
         say(&format!("  VIOLATION {v}"), 4);
+    }
+    if report.drift.is_empty() {
+        say(
+            &format!(
+                "drift: the executors hold {} resource(s), each as the ledger records it",
+                report.held
+            ),
+            2,
+        );
+    } else {
+        say(&format!("drift: {} FINDINGS", report.drift.len()), 2);
+        for f in &report.drift {
+            say(
+                &format!("  {:?} {} {}: {}", f.kind, f.executor, f.resource, f.reason),
+                4,
+            );
+        }
     }
     // Commands are printed whole, never wrapped, so that they can be pasted as they are;
     // they name the demo's own data dir, which is not the default one.

@@ -2,17 +2,29 @@
 //! against what the ledger says exists (`docs/drift.md`). The shell around the pure
 //! comparison (`provledger_projections::drift`): it folds the log's operations, asks each
 //! executor's inventory over NATS, folds the commits appended meanwhile, compares, prints.
-//! It never writes.
+//! It writes only with `--fix leaked` (without `--dry-run`): one `remove_leaked` operation,
+//! whose rollback the ordinary driver carries out (`provledger_projections::leak_removal`).
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use provledger_client::inventory::{read_inventory, InventoryError};
-use provledger_client::{Ledger, NatsAuth};
+use provledger_client::{
+    record_leak_removal, Ledger, NatsAuth, NatsExecutors, RollbackDriver, Stamper,
+};
 use provledger_events::{AggregateKind, EventLog, ReadError};
-use provledger_projections::drift::{compare, recorded_resources, Finding, InventoryItem};
+use provledger_projections::drift::{
+    compare, recorded_resources, Finding, FindingKind, InventoryItem,
+};
+use provledger_projections::leak_removal::{
+    leak_removal_events, plan_leak_removal, render_leak_removal, LeakRemovalPlan,
+};
+use provledger_projections::operation::OperationState;
+use provledger_projections::rollback::RetryPolicy;
 use provledger_projections::{Entity, Projection};
+use uuid::Uuid;
 
 use super::state::progress_bar;
 use super::{print_json, CommandError};
@@ -27,6 +39,23 @@ pub struct DriftArgs<'a> {
     pub auth: &'a NatsAuth,
     pub subject_prefix: &'a str,
     pub json: bool,
+    /// `--fix leaked`: remove the leaked resources, recorded.
+    pub fix: Option<Fix>,
+}
+
+/// `--fix leaked [--dry-run] --reason TEXT [--actor NAME]`.
+pub struct Fix {
+    pub dry_run: bool,
+    pub reason: String,
+    pub actor: String,
+}
+
+/// What `--fix leaked` did.
+struct Fixed {
+    plan: LeakRemovalPlan,
+    /// The `remove_leaked` operation recorded, and where its rollback ended.
+    operation: Option<OperationState>,
+    dry_run: bool,
 }
 
 /// The operations of the log, folded, and how far.
@@ -98,6 +127,15 @@ pub async fn run(ledger: &Ledger, args: DriftArgs<'_>) -> Result<(), CommandErro
             "drift asks the executors over NATS: pass --executors-url URL (or --nats)".into(),
         )
     })?;
+    if let Some(fix) = &args.fix {
+        if !fix.dry_run && fix.reason.trim().is_empty() {
+            return Err(CommandError::BadInput(
+                "drift --fix leaked records why in the ledger: pass --reason TEXT (or \
+                 --dry-run to see the plan)"
+                    .into(),
+            ));
+        }
+    }
     let mut ops = Operations {
         projection: Projection::new(),
         position: 0,
@@ -137,11 +175,112 @@ pub async fn run(ledger: &Ledger, args: DriftArgs<'_>) -> Result<(), CommandErro
             findings.extend(compare(&ledger_side, &a.executor, held));
         }
     }
-    report(&ops, &asked, &findings, args.json);
-    outcome(&asked, &findings)
+    let fixed = match &args.fix {
+        Some(fix) => Some(fix_leaked(ledger, &client, &mut ops, &asked, fix, &args).await?),
+        None => None,
+    };
+    report(&ops, &asked, &findings, fixed.as_ref(), args.json);
+    outcome(&asked, &findings, fixed.as_ref())
 }
 
-fn report(ops: &Operations, asked: &[Asked], findings: &[Finding], json: bool) {
+/// `--fix leaked`: the leaked findings, compared again against the ledger as it is now
+/// (an operation may have started on one meanwhile: it is then uncertain, not leaked),
+/// recorded as one `remove_leaked` operation and driven as its rollback.
+async fn fix_leaked(
+    ledger: &Ledger,
+    client: &async_nats::Client,
+    ops: &mut Operations,
+    asked: &[Asked],
+    fix: &Fix,
+    args: &DriftArgs<'_>,
+) -> Result<Fixed, CommandError> {
+    ops.catch_up(ledger, "reading the ledger's latest commits")
+        .await?;
+    let ledger_side = recorded_resources(ops.operations());
+    let mut leaked: Vec<Finding> = Vec::new();
+    for a in asked {
+        if let Ok(held) = &a.held {
+            leaked.extend(
+                compare(&ledger_side, &a.executor, held)
+                    .into_iter()
+                    .filter(|f| f.kind == FindingKind::Leaked),
+            );
+        }
+    }
+    let plan = plan_leak_removal(&leaked);
+    if fix.dry_run || plan.removals.is_empty() {
+        return Ok(Fixed {
+            plan,
+            operation: None,
+            dry_run: fix.dry_run,
+        });
+    }
+    let stamper = Stamper::system();
+    let id = Uuid::now_v7();
+    let events = leak_removal_events(id, &plan, &fix.reason)
+        .map_err(|e| CommandError::BadInput(e.to_string()))?;
+    record_leak_removal(ledger, id, events, &fix.actor, &stamper)
+        .await
+        .map_err(|e| CommandError::Infrastructure(e.to_string()))?;
+    tracing::info!(operation = %id, removals = plan.removals.len(), "remove_leaked recorded");
+    let executors = Arc::new(NatsExecutors {
+        client: client.clone(),
+        subject_prefix: args.subject_prefix.to_string(),
+        reply_wait: INVENTORY_REPLY_WAIT,
+    });
+    let driver = RollbackDriver::new(
+        ledger.clone(),
+        executors,
+        RetryPolicy::default(),
+        &fix.actor,
+    );
+    let op = driver
+        .drive(id)
+        .await
+        .map_err(|e| CommandError::Infrastructure(format!("operation {id}: {e}")))?;
+    Ok(Fixed {
+        plan,
+        operation: Some(op),
+        dry_run: false,
+    })
+}
+
+fn fix_json(fixed: &Fixed) -> serde_json::Value {
+    let removals: Vec<serde_json::Value> = fixed
+        .plan
+        .removals
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "executor": r.executor,
+                "resource": r.resource,
+                "entity": r.entity,
+                "step": r.step,
+                "compensation": r.compensation,
+            })
+        })
+        .collect();
+    let kept: Vec<serde_json::Value> = fixed
+        .plan
+        .unremovable
+        .iter()
+        .map(|u| serde_json::json!({"executor": u.executor, "resource": u.resource, "why": u.why}))
+        .collect();
+    serde_json::json!({
+        "dry_run": fixed.dry_run,
+        "removals": removals,
+        "kept": kept,
+        "operation": fixed.operation.as_ref().map(OperationState::view),
+    })
+}
+
+fn report(
+    ops: &Operations,
+    asked: &[Asked],
+    findings: &[Finding],
+    fixed: Option<&Fixed>,
+    json: bool,
+) {
     if json {
         let executors: Vec<serde_json::Value> = asked
             .iter()
@@ -155,6 +294,7 @@ fn report(ops: &Operations, asked: &[Asked], findings: &[Finding], json: bool) {
             "quarantined": ops.quarantined,
             "executors": executors,
             "findings": findings,
+            "fix": fixed.map(fix_json),
         }));
         return;
     }
@@ -179,10 +319,43 @@ fn report(ops: &Operations, asked: &[Asked], findings: &[Finding], json: bool) {
         println!("  why: {}", f.reason);
         println!("  do:  {}", f.action);
     }
+    if let Some(fixed) = fixed {
+        report_fix(fixed);
+    }
     if findings.is_empty() && asked.iter().all(|a| a.held.is_ok()) {
         println!(
             "no drift: the executors hold what the ledger records (to position {})",
             ops.position
+        );
+    }
+}
+
+fn report_fix(fixed: &Fixed) {
+    if fixed.plan.removals.is_empty() && fixed.plan.unremovable.is_empty() {
+        println!("fix: no leaked resource to remove");
+        return;
+    }
+    print!("{}", render_leak_removal(&fixed.plan));
+    if fixed.dry_run {
+        println!("dry run: nothing recorded, nothing asked of any executor");
+        return;
+    }
+    let Some(op) = &fixed.operation else {
+        return;
+    };
+    let id = op.header.id.id;
+    let status = op.view()["status"].as_str().unwrap_or("?").to_string();
+    if op.remaining.is_empty() {
+        println!(
+            "fix: operation {id} (remove_leaked) {status}: {} removal(s) done and recorded; \
+             run drift again to confirm",
+            fixed.plan.removals.len()
+        );
+    } else {
+        println!(
+            "fix: operation {id} (remove_leaked) {status}: {} removal(s) not done; see \
+             provledger operation list --status needs_attention",
+            op.remaining.len()
         );
     }
 }
@@ -195,9 +368,13 @@ fn word(f: &Finding) -> String {
         .unwrap_or_default()
 }
 
-/// Exit 3 if an executor could not be reached, 1 with findings or a reply that broke the
-/// protocol, 0 clean.
-fn outcome(asked: &[Asked], findings: &[Finding]) -> Result<(), CommandError> {
+/// Exit 3 if an executor could not be reached, 1 with findings (other than leaked ones a
+/// fix removed) or a reply that broke the protocol, 0 clean.
+fn outcome(
+    asked: &[Asked],
+    findings: &[Finding],
+    fixed: Option<&Fixed>,
+) -> Result<(), CommandError> {
     let unreachable: Vec<&str> = asked
         .iter()
         .filter(|a| a.held.as_ref().is_err_and(InventoryError::is_unreachable))
@@ -210,6 +387,33 @@ fn outcome(asked: &[Asked], findings: &[Finding]) -> Result<(), CommandError> {
             unreachable.join(", ")
         )));
     }
+    if let Some(op) = fixed.and_then(|f| f.operation.as_ref()) {
+        if !op.remaining.is_empty() {
+            return Err(CommandError::Problem(format!(
+                "operation {} (remove_leaked) needs attention: {} removal(s) not done",
+                op.header.id.id,
+                op.remaining.len()
+            )));
+        }
+    }
+    // Removed by the fix (done and recorded): no longer findings.
+    let removed: BTreeSet<(&str, &str)> = fixed
+        .filter(|f| f.operation.is_some())
+        .map(|f| {
+            f.plan
+                .removals
+                .iter()
+                .map(|r| (r.executor.as_str(), r.resource.as_str()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let findings: Vec<&Finding> = findings
+        .iter()
+        .filter(|f| {
+            !(f.kind == FindingKind::Leaked
+                && removed.contains(&(f.executor.as_str(), f.resource.as_str())))
+        })
+        .collect();
     let broken = asked.iter().filter(|a| a.held.is_err()).count();
     if !findings.is_empty() || broken > 0 {
         return Err(CommandError::Problem(format!(

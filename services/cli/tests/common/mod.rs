@@ -1,6 +1,6 @@
 //! Shared by the test binaries that run `provledger serve` as a child process.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -131,17 +131,28 @@ pub async fn ledger_with_executors(
     (client, ledger, infra, provider)
 }
 
-/// Waits until a serve replica answers `$SRV.PING.provledger`.
+/// Waits until a serve replica answers `$SRV.INFO.provledger` with every endpoint. Not
+/// `$SRV.PING`: the micro service answers it as soon as it starts, before serve has added
+/// its endpoints one by one, and a request sent in between finds no responder. Serve adds
+/// them in order on one connection, so an INFO listing them all comes after every one of
+/// their subscriptions reached the server.
 #[allow(dead_code)]
 pub async fn wait_ready(client: &async_nats::Client) {
     let deadline = Instant::now() + Duration::from_secs(30);
+    let all = provledger_serve::endpoint_subjects().len();
     loop {
-        let ping = tokio::time::timeout(
+        let info = tokio::time::timeout(
             Duration::from_millis(500),
-            client.request("$SRV.PING.provledger", "".into()),
+            client.request("$SRV.INFO.provledger", "".into()),
         )
         .await;
-        if matches!(ping, Ok(Ok(_))) {
+        let endpoints = match &info {
+            Ok(Ok(reply)) => serde_json::from_slice::<serde_json::Value>(&reply.payload)
+                .ok()
+                .and_then(|v| v["endpoints"].as_array().map(Vec::len)),
+            _ => None,
+        };
+        if endpoints == Some(all) {
             return;
         }
         assert!(Instant::now() < deadline, "serve never became ready");
@@ -245,4 +256,30 @@ pub async fn releases_by_consumer(
         }
     }
     released
+}
+
+/// `GET path` on 127.0.0.1:`port` (serve's `--metrics-addr`) over plain HTTP/1.1:
+/// (status code, body).
+#[allow(dead_code)]
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n")?.1.to_string();
+    Some((status, body))
+}
+
+/// The value of the sample `name{labels}` in a scrape, if present.
+#[allow(dead_code)]
+pub fn sample(scrape: &str, name_and_labels: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok())
 }

@@ -1,4 +1,4 @@
-//! `q.health`: readiness, the applied position, the lag behind the stream's end, the
+//! `q.health` and `q.drift`: what this replica says of itself. `q.health`: readiness, the applied position, the lag behind the stream's end, the
 //! quarantine and the snapshots of the replica that answers. A replica joins the queue
 //! group only once it has caught up with the stream's end as read at its start; after
 //! that, `ready` is false while it lags more than [`READY_LAG_MAX`] positions behind.
@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::error::{to_data, ErrorCode, QueryError};
 use super::request::{check_fields, object};
 use super::QueryContext;
-use crate::messages::{HealthData, HealthRequest, RequestFields};
+use crate::messages::{DriftData, DriftRequest, HealthData, HealthRequest, RequestFields};
 
 /// How far behind the stream's end a replica may fall and still say it is ready: a busy
 /// stream keeps every replica a few batches behind, which is not "not ready".
@@ -35,6 +35,16 @@ pub(crate) async fn health(ctx: &QueryContext, payload: &[u8]) -> Result<Value, 
         lag,
         quarantined: ctx.store.quarantine_count() as u64,
         snapshots: ctx.store.snapshots()?,
+        served_by: ctx.served_by.get().cloned().unwrap_or_default(),
+    }))
+}
+
+/// `q.drift`: this replica's last drift sweep (`serve --drift-interval`).
+pub(crate) fn drift(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
+    check_fields(&object(payload)?, DriftRequest::FIELDS)?;
+    Ok(to_data(&DriftData {
+        interval_s: ctx.drift.interval.map(|i| i.as_secs()),
+        last: ctx.drift.last(),
         served_by: ctx.served_by.get().cloned().unwrap_or_default(),
     }))
 }

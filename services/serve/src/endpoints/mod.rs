@@ -45,6 +45,7 @@ pub(crate) enum Endpoint {
     FixOrphans,
     WorkerReady,
     OperationList,
+    Drift,
 }
 
 /// Every subject the service answers, below the prefix (`q.health`, ..., `cmd.append`).
@@ -53,7 +54,7 @@ pub fn endpoint_subjects() -> Vec<&'static str> {
 }
 
 impl Endpoint {
-    pub(crate) const ALL: [Endpoint; 17] = [
+    pub(crate) const ALL: [Endpoint; 18] = [
         Endpoint::Health,
         Endpoint::ClusterGet,
         Endpoint::ClusterList,
@@ -71,6 +72,7 @@ impl Endpoint {
         Endpoint::FixOrphans,
         Endpoint::WorkerReady,
         Endpoint::OperationList,
+        Endpoint::Drift,
     ];
 
     /// The subject below the prefix, e.g. `q.cluster.get`.
@@ -93,6 +95,7 @@ impl Endpoint {
             Endpoint::FixOrphans => "cmd.fix_orphans",
             Endpoint::WorkerReady => "cmd.worker.ready",
             Endpoint::OperationList => "q.operation.list",
+            Endpoint::Drift => "q.drift",
         }
     }
 
@@ -127,6 +130,8 @@ pub(crate) struct QueryContext {
     pub(crate) metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// The NATS connection, whose state says whether this replica can be ready.
     pub(crate) client: async_nats::Client,
+    /// The drift sweep's last findings (`q.drift`).
+    pub(crate) drift: crate::drift_sweep::DriftSweeps,
 }
 
 /// Whether this replica can answer from current state, and if not, why.
@@ -340,6 +345,7 @@ impl QueryContext {
             Endpoint::FixOrphans => placement::orphans(self, payload, caller).await,
             Endpoint::WorkerReady => worker::ready(self, payload),
             Endpoint::OperationList => entities::operation_list(self, payload),
+            Endpoint::Drift => health::drift(self, payload),
         }
     }
 }

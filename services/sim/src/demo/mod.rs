@@ -14,6 +14,12 @@ mod scenarios;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use provledger_projections::drift::{compare, recorded_resources, Finding, InventoryItem};
+use provledger_projections::{Entity, Projection};
+
+use crate::SimInfrastructure;
 
 use futures::StreamExt;
 use provledger_events::catalogue::RollbackPlan;
@@ -88,6 +94,11 @@ pub struct DemoReport {
     pub commits: usize,
     pub aggregates: usize,
     pub chain_violations: Vec<String>,
+    /// Drift at the end: what every scenario's executors hold (together) against what
+    /// the log records (`provledger drift`'s comparison). Empty when the demo is clean.
+    pub drift: Vec<Finding>,
+    /// How many resources the executors hold at the end, all scenarios together.
+    pub held: usize,
     /// Labels of every aggregate, for printing.
     #[serde(skip)]
     pub names: Names,
@@ -114,7 +125,7 @@ pub async fn run(base_dir: &Path) -> Result<DemoReport, DemoError> {
 }
 
 async fn run_in(log: &SledLog, dir: PathBuf) -> Result<DemoReport, DemoError> {
-    let mut scenarios = scenarios::run_all(log).await?;
+    let (mut scenarios, infras) = scenarios::run_all(log).await?;
     let read_back = |e: &dyn std::fmt::Display| DemoError::ReadBack(e.to_string());
     let mut commits: Vec<Commit> = Vec::new();
     let mut stream = log.read_all(1).await.map_err(|e| read_back(&e))?;
@@ -137,12 +148,47 @@ async fn run_in(log: &SledLog, dir: PathBuf) -> Result<DemoReport, DemoError> {
         let chain = log.read_aggregate(*agg).await.map_err(|e| read_back(&e))?;
         chain_violations.extend(verify_chain(agg, &chain).iter().map(|v| v.to_string()));
     }
+    let (drift, held) = drift_at_end(&commits, &infras);
     Ok(DemoReport {
         data_dir: dir,
         scenarios,
         commits: commits.len(),
         aggregates: aggregates.len(),
         chain_violations,
+        drift,
+        held,
         names,
     })
+}
+
+/// The executors of every scenario, taken together (the scenarios share executor names,
+/// as one deployment's services would), compared with the log's operations; and how
+/// many resources they hold.
+fn drift_at_end(commits: &[Commit], infras: &[Arc<SimInfrastructure>]) -> (Vec<Finding>, usize) {
+    let projection = Projection::rebuild(commits);
+    let operations = projection.entities.values().filter_map(|e| match e {
+        Entity::Operation(op) => Some(op),
+        _ => None,
+    });
+    let ledger = recorded_resources(operations);
+    let mut held: BTreeMap<String, Vec<InventoryItem>> = BTreeMap::new();
+    for infra in infras {
+        for executor in infra.all() {
+            held.entry(executor.name().to_string())
+                .or_default()
+                .extend(executor.held_items());
+        }
+    }
+    let count = held.values().map(Vec::len).sum();
+    let names: BTreeSet<String> = ledger
+        .executors()
+        .into_iter()
+        .chain(held.keys().cloned())
+        .collect();
+    let mut findings = Vec::new();
+    for executor in &names {
+        let items = held.get(executor).map(Vec::as_slice).unwrap_or(&[]);
+        findings.extend(compare(&ledger, executor, items));
+    }
+    (findings, count)
 }

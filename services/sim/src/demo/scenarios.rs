@@ -335,15 +335,20 @@ fn inject(infra: &SimInfrastructure, (executor, action, call): Fault) {
     }
 }
 
-/// Runs every scenario on `log` with one seeded id source.
-pub async fn run_all(log: &SledLog) -> Result<Vec<ScenarioReport>, DemoError> {
+/// Runs every scenario on `log` with one seeded id source; also hands back each
+/// scenario's executors, for drift.
+pub async fn run_all(
+    log: &SledLog,
+) -> Result<(Vec<ScenarioReport>, Vec<Arc<SimInfrastructure>>), DemoError> {
     let stamper = Stamper::new(Arc::new(SystemClock), Arc::new(SeededIds::new(DEMO_SEED)));
     let mut reports = Vec::new();
+    let mut infras = Vec::new();
 
     let title = "create a 3-node cluster on one compute node";
     let e = failed(title);
     let w = world(log, &stamper, "cmp-1").await.map_err(&e)?;
     let (cluster, _, created) = w.active_cluster("analytics").await.map_err(&e)?;
+    infras.push(w.infra.clone());
     let mut notes = Vec::new();
     w.race_two_claims(&mut notes).await.map_err(&e)?;
     reports.push(
@@ -355,6 +360,7 @@ pub async fn run_all(log: &SledLog) -> Result<Vec<ScenarioReport>, DemoError> {
     let title = "create fails in spawn (the hypervisor cannot boot node 3) and rolls back";
     let e = failed(title);
     let w = world(log, &stamper, "cmp-2").await.map_err(&e)?;
+    infras.push(w.infra.clone());
     inject(&w.infra, (HYPERVISOR, "create_vm", 3));
     let request = w.request("create-fails", 3);
     let create = w.prov.create_cluster(request.clone()).await;
@@ -389,6 +395,7 @@ pub async fn run_all(log: &SledLog) -> Result<Vec<ScenarioReport>, DemoError> {
         let w = world(log, &stamper, &format!("cmp-{}", i + 3))
             .await
             .map_err(&e)?;
+        infras.push(w.infra.clone());
         let (cluster, nodes, created) = w
             .active_cluster(&format!("scale-{}", i + 1))
             .await
@@ -409,6 +416,7 @@ pub async fn run_all(log: &SledLog) -> Result<Vec<ScenarioReport>, DemoError> {
                  removed, the cluster is deleted";
     let e = failed(title);
     let w = world(log, &stamper, "cmp-6").await.map_err(&e)?;
+    infras.push(w.infra.clone());
     let request = w.request("deleted-mid-create", 3);
     *w.delete_at.lock().unwrap_or_else(|p| p.into_inner()) =
         Some((request.cluster_id, stage::CONFIGURE.to_string()));
@@ -425,5 +433,5 @@ pub async fn run_all(log: &SledLog) -> Result<Vec<ScenarioReport>, DemoError> {
             .await
             .map_err(&e)?,
     );
-    Ok(reports)
+    Ok((reports, infras))
 }

@@ -1,0 +1,189 @@
+//! serve's drift sweep (`serve --drift-interval`): every interval, the same comparison
+//! `provledger drift` makes (`docs/drift.md`), with the ledger's side read from this
+//! replica's store (never the log), its findings kept for `q.drift` and exported as
+//! metrics. It writes nothing to the ledger.
+//!
+//! Order matters as in the CLI: the executors' inventories are read first, then the store,
+//! so that whatever an executor answered it holds had its intent recorded (and applied
+//! here) before the ledger side is taken (intent before effect).
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use provledger_client::inventory::read_inventory;
+use provledger_events::{AggregateKind, Timestamp};
+use provledger_projections::drift::{compare, recorded_resources, Finding, InventoryItem};
+use provledger_projections::operation::OperationState;
+use provledger_projections::Entity;
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use crate::store::{ProjectionStore, StoreError};
+
+/// One executor as the last sweep read it: how many resources it holds, or why it could
+/// not be read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+pub struct ExecutorRead {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// What one sweep found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+pub struct DriftSweep {
+    /// When it finished (RFC 3339).
+    pub finished_at: String,
+    /// How long it took, in milliseconds.
+    pub took_ms: u64,
+    /// The log position this replica had applied when the ledger's side was taken.
+    pub position: u64,
+    pub executors: Vec<ExecutorRead>,
+    pub findings: Vec<Finding>,
+}
+
+/// The last sweep of this replica, and whether it sweeps at all.
+#[derive(Default)]
+pub(crate) struct DriftSweeps {
+    pub(crate) interval: Option<Duration>,
+    last: Mutex<Option<DriftSweep>>,
+}
+
+impl DriftSweeps {
+    pub(crate) fn new(interval: Option<Duration>) -> Self {
+        DriftSweeps {
+            interval,
+            last: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn last(&self) -> Option<DriftSweep> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn keep(&self, sweep: DriftSweep) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(sweep);
+    }
+}
+
+/// Every operation in the store.
+fn stored_operations(store: &ProjectionStore) -> Result<Vec<OperationState>, StoreError> {
+    let mut ops = Vec::new();
+    for entity in store.entities_of(AggregateKind::Operation, None) {
+        if let Entity::Operation(op) = entity? {
+            ops.push(op);
+        }
+    }
+    Ok(ops)
+}
+
+/// Where the executors are asked.
+pub(crate) struct Inventories<'a> {
+    pub(crate) client: &'a async_nats::Client,
+    pub(crate) subject_prefix: &'a str,
+    pub(crate) reply_wait: Duration,
+}
+
+/// One sweep: asks every executor the ledger names, then compares with the store.
+pub(crate) async fn sweep_once(
+    store: &ProjectionStore,
+    applied: &tokio::sync::watch::Receiver<u64>,
+    at: Inventories<'_>,
+) -> Result<DriftSweep, StoreError> {
+    let started = std::time::Instant::now();
+    let executors: BTreeSet<String> = recorded_resources(&stored_operations(store)?).executors();
+    let mut asked: Vec<(String, Result<Vec<InventoryItem>, String>)> = Vec::new();
+    for executor in &executors {
+        let held = read_inventory(
+            at.client,
+            at.subject_prefix,
+            executor,
+            at.reply_wait,
+            |_| {},
+        )
+        .await
+        .map_err(|e| e.to_string());
+        asked.push((executor.clone(), held));
+    }
+    // After the inventories: the store has applied at least every intent recorded before
+    // an executor acted on it.
+    let position = *applied.borrow();
+    let ledger = recorded_resources(&stored_operations(store)?);
+    let mut findings = Vec::new();
+    let mut reads = Vec::new();
+    for (name, held) in asked {
+        match held {
+            Ok(items) => {
+                findings.extend(compare(&ledger, &name, &items));
+                reads.push(ExecutorRead {
+                    name,
+                    held: Some(items.len() as u64),
+                    error: None,
+                });
+            }
+            Err(error) => reads.push(ExecutorRead {
+                name,
+                held: None,
+                error: Some(error),
+            }),
+        }
+    }
+    Ok(DriftSweep {
+        finished_at: Timestamp::now().to_rfc3339(),
+        took_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        position,
+        executors: reads,
+        findings,
+    })
+}
+
+/// Sweeps every `sweeps.interval` until `shutdown`, keeping the last sweep and exporting
+/// it as metrics.
+pub(crate) async fn run(
+    ctx: std::sync::Arc<crate::endpoints::QueryContext>,
+    subject_prefix: String,
+    reply_wait: Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let Some(interval) = ctx.drift.interval else {
+        return;
+    };
+    loop {
+        let at = Inventories {
+            client: &ctx.client,
+            subject_prefix: &subject_prefix,
+            reply_wait,
+        };
+        match sweep_once(&ctx.store, &ctx.applied, at).await {
+            Ok(sweep) => {
+                let unread = sweep.executors.iter().filter(|e| e.error.is_some()).count();
+                if sweep.findings.is_empty() && unread == 0 {
+                    tracing::info!(
+                        executors = sweep.executors.len(),
+                        took_ms = sweep.took_ms,
+                        "drift sweep: no drift"
+                    );
+                } else {
+                    tracing::warn!(
+                        findings = sweep.findings.len(),
+                        unread,
+                        "drift sweep found drift; see q.drift or provledger drift"
+                    );
+                }
+                ctx.metrics.drift_swept(&sweep);
+                ctx.drift.keep(sweep);
+            }
+            Err(e) => {
+                ctx.metrics.drift_sweep_failed();
+                tracing::warn!(error = %e, "drift sweep failed");
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
