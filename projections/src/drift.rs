@@ -365,51 +365,100 @@ pub struct Finding {
 /// Compares what the ledger says `executor` holds with what it answered it holds.
 /// Findings come sorted by kind, then resource.
 pub fn compare(ledger: &LedgerResources, executor: &str, held: &[InventoryItem]) -> Vec<Finding> {
-    let recorded = ledger.at(executor);
-    let gone = ledger.gone.get(executor).map(Vec::as_slice).unwrap_or(&[]);
-    let by_key: BTreeMap<&str, usize> = recorded
-        .iter()
-        .enumerate()
-        .filter_map(|(i, r)| r.key.as_deref().map(|k| (k, i)))
-        .collect();
-    let mut by_resource: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-    for (i, r) in recorded.iter().enumerate() {
-        if !r.resource.is_empty() {
-            by_resource.entry(&r.resource).or_default().push(i);
-        }
-    }
-    let mut seen = vec![false; recorded.len()];
-    let mut findings = Vec::new();
-    for item in held {
-        let keyed = item.key.as_deref().and_then(|k| by_key.get(k).copied());
-        // Without a key match, the name joins it to a record the ledger made without one
-        // (or to any record, when the executor keeps no keys).
-        let named = || {
-            by_resource.get(item.resource.as_str()).and_then(|ids| {
-                ids.iter()
-                    .copied()
-                    .find(|&i| item.key.is_none() || recorded[i].key.is_none())
-            })
-        };
-        match keyed.or_else(named) {
-            Some(i) => {
-                seen[i] = true;
-                let r = &recorded[i];
-                let differences = differences(r, item);
-                if !differences.is_empty() && r.standing == Standing::Recorded {
-                    findings.push(mismatched(executor, r, item, differences));
-                }
-            }
-            None => findings.push(leaked(executor, item, gone)),
-        }
-    }
-    for (i, r) in recorded.iter().enumerate() {
-        if !seen[i] && r.standing == Standing::Recorded {
-            findings.push(missing(executor, r));
-        }
-    }
+    let mut comparison = Comparison::new(ledger, executor);
+    let mut findings = comparison.items(held);
+    findings.extend(comparison.finish());
     findings.sort_by(|a, b| (a.kind, &a.resource).cmp(&(b.kind, &b.resource)));
     findings
+}
+
+/// One executor's comparison, fed its inventory a page at a time, so that a reader never
+/// holds more of an inventory than a page: `items` reports what each page holds that the
+/// ledger does not (`leaked`) or holds otherwise (`mismatched`); `finish` reports what no
+/// page held (`missing`). Memory: the ledger's side and one flag per recorded resource.
+pub struct Comparison<'a> {
+    executor: &'a str,
+    recorded: &'a [RecordedResource],
+    gone: &'a [GoneResource],
+    by_key: BTreeMap<&'a str, usize>,
+    by_resource: BTreeMap<&'a str, Vec<usize>>,
+    seen: Vec<bool>,
+}
+
+impl<'a> Comparison<'a> {
+    pub fn new(ledger: &'a LedgerResources, executor: &'a str) -> Self {
+        let recorded = ledger.at(executor);
+        let gone = ledger.gone.get(executor).map(Vec::as_slice).unwrap_or(&[]);
+        let by_key: BTreeMap<&str, usize> = recorded
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.key.as_deref().map(|k| (k, i)))
+            .collect();
+        let mut by_resource: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (i, r) in recorded.iter().enumerate() {
+            if !r.resource.is_empty() {
+                by_resource.entry(&r.resource).or_default().push(i);
+            }
+        }
+        Comparison {
+            executor,
+            recorded,
+            gone,
+            by_key,
+            by_resource,
+            seen: vec![false; recorded.len()],
+        }
+    }
+
+    /// The record an item joins: by key, else by name (to a record the ledger made
+    /// without a key, or to any record when the executor keeps no keys).
+    fn joined(&self, key: Option<&str>, resource: &str) -> Option<usize> {
+        let keyed = key.and_then(|k| self.by_key.get(k).copied());
+        keyed.or_else(|| {
+            self.by_resource.get(resource).and_then(|ids| {
+                ids.iter()
+                    .copied()
+                    .find(|&i| key.is_none() || self.recorded[i].key.is_none())
+            })
+        })
+    }
+
+    /// The findings of one page of the executor's inventory.
+    pub fn items(&mut self, held: &[InventoryItem]) -> Vec<Finding> {
+        let mut findings = Vec::new();
+        for item in held {
+            match self.joined(item.key.as_deref(), &item.resource) {
+                Some(i) => {
+                    self.seen[i] = true;
+                    let r = &self.recorded[i];
+                    let differences = differences(r, item);
+                    if !differences.is_empty() && r.standing == Standing::Recorded {
+                        findings.push(mismatched(self.executor, r, item, differences));
+                    }
+                }
+                None => findings.push(leaked(self.executor, item, self.gone)),
+            }
+        }
+        findings
+    }
+
+    /// What the ledger records as existing and no page held: `missing`.
+    pub fn finish(self) -> Vec<Finding> {
+        self.recorded
+            .iter()
+            .zip(&self.seen)
+            .filter(|(r, seen)| !**seen && r.standing == Standing::Recorded)
+            .map(|(r, _)| missing(self.executor, r))
+            .collect()
+    }
+
+    /// Whether a `missing` finding made against an earlier ledger still stands here: the
+    /// resource is still recorded as existing (nothing removed or undid it since, and no
+    /// operation is moving it).
+    pub fn still_missing(&self, finding: &Finding) -> bool {
+        self.joined(finding.key.as_deref(), &finding.resource)
+            .is_some_and(|i| self.recorded[i].standing == Standing::Recorded)
+    }
 }
 
 fn differences(r: &RecordedResource, item: &InventoryItem) -> Vec<Difference> {

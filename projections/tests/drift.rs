@@ -566,3 +566,39 @@ fn a_discovered_resource_of_any_other_operation_is_still_never_destroyed() {
     assert_eq!(plan.compensations.len(), 0, "{plan:#?}");
     assert_eq!(plan.retained.len(), 1);
 }
+
+#[test]
+fn an_inventory_compared_a_page_at_a_time_finds_what_it_finds_whole() {
+    // Given a successful boot, and IPAM holding its IP, a leak, and not the VM
+    let given = Given::succeeded_boot();
+    let ledger = recorded_resources(&given.operations());
+    let ipam = [
+        held("10.0.0.5", Some(KEY_IP), &[("node", node())]),
+        held("10.0.0.99", None, &[]),
+    ];
+    // When IPAM's inventory comes in two pages
+    let mut comparison = provledger_projections::drift::Comparison::new(&ledger, "ipam");
+    let mut paged = comparison.items(&ipam[..1]);
+    paged.extend(comparison.items(&ipam[1..]));
+    paged.extend(comparison.finish());
+    // Then the findings are those of the whole inventory at once
+    assert_eq!(paged, compare(&ledger, "ipam", &ipam));
+    assert_eq!(paged.len(), 1);
+}
+
+#[test]
+fn a_missing_resource_removed_forward_since_no_longer_stands() {
+    // Given a boot whose VM the hypervisor does not hold: missing, against that ledger
+    let mut given = Given::succeeded_boot();
+    let before = recorded_resources(&given.operations());
+    let f = one_finding(&given, "ipam", &[]);
+    assert_eq!(f.kind, FindingKind::Missing);
+    let at_before = provledger_projections::drift::Comparison::new(&before, "ipam");
+    assert!(at_before.still_missing(&f));
+    // When a later delete removed the IP forward while drift asked
+    given.ip_removed_forward("10.0.0.5");
+    let after = recorded_resources(&given.operations());
+    // Then the finding no longer stands
+    let at_after = provledger_projections::drift::Comparison::new(&after, "ipam");
+    assert!(!at_after.still_missing(&f));
+}

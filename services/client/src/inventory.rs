@@ -5,7 +5,11 @@
 
 use std::time::Duration;
 
-use provledger_projections::drift::InventoryItem;
+use std::collections::BTreeSet;
+
+use provledger_projections::drift::{
+    Comparison, Finding, FindingKind, InventoryItem, LedgerResources,
+};
 use serde::{Deserialize, Serialize};
 
 /// The most items an executor may answer in one page (and the most a request asks for).
@@ -172,7 +176,8 @@ pub fn parse_inventory_reply(
 }
 
 /// Reads `executor`'s whole inventory, page by page; `on_page` hears how many items each
-/// page brought (a progress bar).
+/// page brought (a progress bar). Holds the whole inventory: [`read_inventory_pages`]
+/// hands each page over instead.
 pub async fn read_inventory(
     client: &async_nats::Client,
     subject_prefix: &str,
@@ -180,25 +185,113 @@ pub async fn read_inventory(
     reply_wait: Duration,
     mut on_page: impl FnMut(usize),
 ) -> Result<Vec<InventoryItem>, InventoryError> {
-    let subject = inventory_subject(subject_prefix, executor);
     let mut items = Vec::new();
+    read_inventory_pages(client, subject_prefix, executor, reply_wait, |page| {
+        on_page(page.len());
+        items.extend(page);
+    })
+    .await?;
+    Ok(items)
+}
+
+/// Reads `executor`'s whole inventory, handing each page to `on_page` as it comes, so that
+/// a reader holds one page at a time. Returns how many items there were.
+pub async fn read_inventory_pages(
+    client: &async_nats::Client,
+    subject_prefix: &str,
+    executor: &str,
+    reply_wait: Duration,
+    mut on_page: impl FnMut(Vec<InventoryItem>),
+) -> Result<u64, InventoryError> {
+    let subject = inventory_subject(subject_prefix, executor);
+    let mut count = 0;
     let mut request = InventoryRequest {
         after: None,
         limit: Some(INVENTORY_PAGE_ITEMS_MAX),
     };
     for _ in 0..INVENTORY_PAGES_MAX {
         let page = request_page(client, executor, &subject, &request, reply_wait).await?;
-        on_page(page.items.len());
-        items.extend(page.items);
+        count += page.items.len() as u64;
+        on_page(page.items);
         match page.next {
             Some(next) => request.after = Some(next),
-            None => return Ok(items),
+            None => return Ok(count),
         }
     }
     Err(InventoryError::TooManyPages {
         executor: executor.to_string(),
         pages: INVENTORY_PAGES_MAX,
     })
+}
+
+/// One executor's inventory as compared: how many items it held (or why it could not be
+/// read), and the items behind its `leaked` and `mismatched` findings, kept to confirm
+/// them against a later ledger. The rest of the inventory is never held: it is compared a
+/// page at a time.
+pub struct Asked {
+    pub executor: String,
+    pub held: Result<u64, InventoryError>,
+    pub suspects: Vec<InventoryItem>,
+    /// Findings against the ledger as read before asking.
+    pub findings: Vec<Finding>,
+}
+
+/// Asks `executor` for its inventory and compares each page as it comes with `ledger`
+/// (`provledger drift`, serve's sweep); `on_page` hears how many items each page brought.
+pub async fn compare_inventory(
+    client: &async_nats::Client,
+    subject_prefix: &str,
+    executor: &str,
+    reply_wait: Duration,
+    ledger: &LedgerResources,
+    mut on_page: impl FnMut(usize),
+) -> Asked {
+    let mut comparison = Comparison::new(ledger, executor);
+    let mut findings = Vec::new();
+    let mut suspects = Vec::new();
+    let held = read_inventory_pages(client, subject_prefix, executor, reply_wait, |page| {
+        on_page(page.len());
+        let found = comparison.items(&page);
+        if !found.is_empty() {
+            let named: BTreeSet<&str> = found.iter().map(|f| f.resource.as_str()).collect();
+            suspects.extend(
+                page.into_iter()
+                    .filter(|i| named.contains(i.resource.as_str())),
+            );
+            findings.extend(found);
+        }
+    })
+    .await;
+    if held.is_ok() {
+        findings.extend(comparison.finish());
+    }
+    Asked {
+        executor: executor.to_string(),
+        held,
+        suspects,
+        findings,
+    }
+}
+
+/// The findings of `asked` that still stand against `ledger` (read after the
+/// inventories): an item that now joins a record (an operation started on it while drift
+/// asked) is no longer leaked; a resource removed or moving since is no longer missing.
+pub fn confirmed(ledger: &LedgerResources, asked: &[Asked]) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    for a in asked.iter().filter(|a| a.held.is_ok()) {
+        let mut now = Comparison::new(ledger, &a.executor);
+        findings.extend(now.items(&a.suspects));
+        findings.extend(
+            a.findings
+                .iter()
+                .filter(|f| f.kind == FindingKind::Missing && now.still_missing(f))
+                .cloned(),
+        );
+    }
+    findings.sort_by(|a, b| {
+        (&a.executor, a.kind, &a.resource).cmp(&(&b.executor, b.kind, &b.resource))
+    });
+    findings
 }
 
 async fn request_page(

@@ -3,17 +3,17 @@
 //! replica's store (never the log), its findings kept for `q.drift` and exported as
 //! metrics. It writes nothing to the ledger.
 //!
-//! Order matters as in the CLI: the executors' inventories are read first, then the store,
-//! so that whatever an executor answered it holds had its intent recorded (and applied
-//! here) before the ledger side is taken (intent before effect).
+//! Order matters as in the CLI: each inventory is compared a page at a time with the store
+//! as read before asking, and the findings are then confirmed against the store as read
+//! after, so that whatever an executor answered it holds had its intent recorded (and
+//! applied here) before a finding is reported (intent before effect).
 
-use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use provledger_client::inventory::read_inventory;
+use provledger_client::inventory::{compare_inventory, confirmed};
 use provledger_events::{AggregateKind, Timestamp};
-use provledger_projections::drift::{compare, recorded_resources, Finding, InventoryItem};
+use provledger_projections::drift::{recorded_resources, Finding};
 use provledger_projections::operation::OperationState;
 use provledger_projections::Entity;
 use schemars::JsonSchema;
@@ -87,55 +87,53 @@ pub(crate) struct Inventories<'a> {
     pub(crate) reply_wait: Duration,
 }
 
-/// One sweep: asks every executor the ledger names, then compares with the store.
+/// One sweep: asks every executor the ledger names, comparing each page as it comes with
+/// the store's operations, then confirms the findings against the store as it is after.
 pub(crate) async fn sweep_once(
     store: &ProjectionStore,
     applied: &tokio::sync::watch::Receiver<u64>,
     at: Inventories<'_>,
 ) -> Result<DriftSweep, StoreError> {
     let started = std::time::Instant::now();
-    let executors: BTreeSet<String> = recorded_resources(&stored_operations(store)?).executors();
-    let mut asked: Vec<(String, Result<Vec<InventoryItem>, String>)> = Vec::new();
-    for executor in &executors {
-        let held = read_inventory(
+    let before = recorded_resources(&stored_operations(store)?);
+    let mut asked = Vec::new();
+    for executor in before.executors() {
+        let one = compare_inventory(
             at.client,
             at.subject_prefix,
-            executor,
+            &executor,
             at.reply_wait,
+            &before,
             |_| {},
         )
-        .await
-        .map_err(|e| e.to_string());
-        asked.push((executor.clone(), held));
+        .await;
+        asked.push(one);
     }
+    drop(before);
     // After the inventories: the store has applied at least every intent recorded before
     // an executor acted on it.
     let position = *applied.borrow();
-    let ledger = recorded_resources(&stored_operations(store)?);
-    let mut findings = Vec::new();
-    let mut reads = Vec::new();
-    for (name, held) in asked {
-        match held {
-            Ok(items) => {
-                findings.extend(compare(&ledger, &name, &items));
-                reads.push(ExecutorRead {
-                    name,
-                    held: Some(items.len() as u64),
-                    error: None,
-                });
-            }
-            Err(error) => reads.push(ExecutorRead {
-                name,
+    let findings = confirmed(&recorded_resources(&stored_operations(store)?), &asked);
+    let executors = asked
+        .into_iter()
+        .map(|a| match a.held {
+            Ok(held) => ExecutorRead {
+                name: a.executor,
+                held: Some(held),
+                error: None,
+            },
+            Err(e) => ExecutorRead {
+                name: a.executor,
                 held: None,
-                error: Some(error),
-            }),
-        }
-    }
+                error: Some(e.to_string()),
+            },
+        })
+        .collect();
     Ok(DriftSweep {
         finished_at: Timestamp::now().to_rfc3339(),
         took_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         position,
-        executors: reads,
+        executors,
         findings,
     })
 }

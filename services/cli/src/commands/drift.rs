@@ -10,14 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use provledger_client::inventory::{read_inventory, InventoryError};
+use provledger_client::inventory::{compare_inventory, confirmed, Asked, InventoryError};
 use provledger_client::{
     record_leak_removal, Ledger, NatsAuth, NatsExecutors, RollbackDriver, Stamper,
 };
 use provledger_events::{AggregateKind, EventLog, ReadError};
-use provledger_projections::drift::{
-    compare, recorded_resources, Finding, FindingKind, InventoryItem,
-};
+use provledger_projections::drift::{recorded_resources, Finding, FindingKind};
 use provledger_projections::leak_removal::{
     leak_removal_events, plan_leak_removal, render_leak_removal, LeakRemovalPlan,
 };
@@ -115,12 +113,6 @@ impl Operations {
     }
 }
 
-/// One executor's inventory, or why it could not be read.
-struct Asked {
-    executor: String,
-    held: Result<Vec<InventoryItem>, InventoryError>,
-}
-
 pub async fn run(ledger: &Ledger, args: DriftArgs<'_>) -> Result<(), CommandError> {
     let url = args.executors_url.ok_or_else(|| {
         CommandError::BadInput(
@@ -142,39 +134,33 @@ pub async fn run(ledger: &Ledger, args: DriftArgs<'_>) -> Result<(), CommandErro
         quarantined: 0,
     };
     ops.catch_up(ledger, "reading the ledger").await?;
+    let before = recorded_resources(ops.operations());
     let executors: BTreeSet<String> = match &args.executor {
         Some(name) => BTreeSet::from([name.clone()]),
-        None => recorded_resources(ops.operations()).executors(),
+        None => before.executors(),
     };
     let client = provledger_client::connect_nats(url, "provledger-drift", args.auth).await?;
     let mut asked = Vec::new();
     for executor in &executors {
         let bar = progress_bar(0, &format!("inventory of {executor}"));
-        let held = read_inventory(
+        let one = compare_inventory(
             &client,
             args.subject_prefix,
             executor,
             INVENTORY_REPLY_WAIT,
+            &before,
             |n| bar.inc(n as u64),
         )
         .await;
         bar.finish_and_clear();
-        asked.push(Asked {
-            executor: executor.clone(),
-            held,
-        });
+        asked.push(one);
     }
+    drop(before);
     // Intent before effect: whatever an executor answered it holds had its intent recorded
     // before, so reading the commits appended while asking leaves nothing it made unknown.
     ops.catch_up(ledger, "reading the ledger's latest commits")
         .await?;
-    let ledger_side = recorded_resources(ops.operations());
-    let mut findings: Vec<Finding> = Vec::new();
-    for a in &asked {
-        if let Ok(held) = &a.held {
-            findings.extend(compare(&ledger_side, &a.executor, held));
-        }
-    }
+    let findings = confirmed(&recorded_resources(ops.operations()), &asked);
     let fixed = match &args.fix {
         Some(fix) => Some(fix_leaked(ledger, &client, &mut ops, &asked, fix, &args).await?),
         None => None,
@@ -183,7 +169,7 @@ pub async fn run(ledger: &Ledger, args: DriftArgs<'_>) -> Result<(), CommandErro
     outcome(&asked, &findings, fixed.as_ref())
 }
 
-/// `--fix leaked`: the leaked findings, compared again against the ledger as it is now
+/// `--fix leaked`: the leaked findings, confirmed again against the ledger as it is now
 /// (an operation may have started on one meanwhile: it is then uncertain, not leaked),
 /// recorded as one `remove_leaked` operation and driven as its rollback.
 async fn fix_leaked(
@@ -196,17 +182,10 @@ async fn fix_leaked(
 ) -> Result<Fixed, CommandError> {
     ops.catch_up(ledger, "reading the ledger's latest commits")
         .await?;
-    let ledger_side = recorded_resources(ops.operations());
-    let mut leaked: Vec<Finding> = Vec::new();
-    for a in asked {
-        if let Ok(held) = &a.held {
-            leaked.extend(
-                compare(&ledger_side, &a.executor, held)
-                    .into_iter()
-                    .filter(|f| f.kind == FindingKind::Leaked),
-            );
-        }
-    }
+    let leaked: Vec<Finding> = confirmed(&recorded_resources(ops.operations()), asked)
+        .into_iter()
+        .filter(|f| f.kind == FindingKind::Leaked)
+        .collect();
     let plan = plan_leak_removal(&leaked);
     if fix.dry_run || plan.removals.is_empty() {
         return Ok(Fixed {
@@ -285,7 +264,7 @@ fn report(
         let executors: Vec<serde_json::Value> = asked
             .iter()
             .map(|a| match &a.held {
-                Ok(held) => serde_json::json!({"name": a.executor, "held": held.len()}),
+                Ok(held) => serde_json::json!({"name": a.executor, "held": held}),
                 Err(e) => serde_json::json!({"name": a.executor, "error": e.to_string()}),
             })
             .collect();
@@ -300,7 +279,7 @@ fn report(
     }
     for a in asked {
         match &a.held {
-            Ok(held) => println!("{}: {} held", a.executor, held.len()),
+            Ok(held) => println!("{}: {} held", a.executor, held),
             Err(e) => println!("{}: not read: {e}", a.executor),
         }
     }
