@@ -411,7 +411,7 @@ async fn write_log(dir: &Path, ops: usize) {
     let mut written = 0usize;
     while pending.next().await.is_some() {
         written += ATOMIC_COMMITS_MAX;
-        if written % 25_000 == 0 {
+        if written.is_multiple_of(25_000) {
             eprintln!(
                 "setup: {written} / {ops} operations written ({:.0} s)",
                 started.elapsed().as_secs_f64()
@@ -847,7 +847,7 @@ async fn main() {
         thousands(o.ops as f64), thousands(events), thousands(effects), ATOMIC_COMMITS_MAX, setup_secs
     );
     println!(
-        "- inventories: {} items (4 × {} recorded, less {INJECTED_PER_KIND} made missing, plus {INJECTED_PER_KIND} leaked, {INJECTED_PER_KIND} of them mismatched); drift found exactly the injected ones: leaked {}, missing {}, mismatched {}",
+        "- inventories: {} items (4 × {} recorded, less {INJECTED_PER_KIND} made missing, {INJECTED_PER_KIND} made mismatched, plus {INJECTED_PER_KIND} leaked); drift found exactly the injected ones: leaked {}, missing {}, mismatched {}",
         thousands(num(&drift, "items")),
         thousands(o.ops as f64),
         num(&drift, "leaked"),
