@@ -475,3 +475,16 @@ impl Drop for NatsCluster {
         }
     }
 }
+
+/// The machine's CPU model (`/proc/cpuinfo`), for the benchmarks' headers; `?` elsewhere.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "?".into())
+}

@@ -701,15 +701,7 @@ fn num(v: &Value, field: &str) -> f64 {
 }
 
 fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "?".into());
+    let cpu = provledger_tests::cpu_model();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     format!("{cores} cores ({cpu})")
 }

@@ -1370,15 +1370,7 @@ async fn sustained(nats: &NatsServer, o: &Options, user: &str, title: &str) {
 // ---------------------------------------------------------------------------------------
 
 fn machine() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "?".into());
+    let cpu = provledger_tests::cpu_model();
     let mem_gib = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|s| {
