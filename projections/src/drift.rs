@@ -71,8 +71,10 @@ pub struct RecordedResource {
     pub entity: Option<String>,
     pub operation_id: Uuid,
     pub step: String,
-    /// The effect's `detail` (without the removal list).
-    pub attrs: BTreeMap<String, String>,
+    /// The effect's `detail` (without the removal list), sorted by name. A sorted `Vec`,
+    /// not a map: most effects carry one or two details, and a map's smallest node holds
+    /// room for eleven, which at a million resources is half a gigabyte of nothing.
+    pub attrs: Vec<(String, String)>,
     pub standing: Standing,
 }
 
@@ -220,8 +222,13 @@ pub fn recorded_resources<'a>(
             if !holds {
                 continue;
             }
-            let mut attrs = effect.detail.clone();
-            attrs.remove(REMOVAL_DETAIL);
+            let mut attrs: Vec<(String, String)> = effect
+                .detail
+                .iter()
+                .filter(|(k, _)| k.as_str() != REMOVAL_DETAIL)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            attrs.shrink_to_fit();
             let uncertain = moving
                 || entity
                     .as_ref()
@@ -251,7 +258,7 @@ pub fn recorded_resources<'a>(
                 key: Some(started.idempotency_key.clone()),
                 operation_id: id,
                 step: started.name.clone(),
-                attrs: BTreeMap::new(),
+                attrs: Vec::new(),
                 standing: Standing::Uncertain,
             });
         }
@@ -471,7 +478,7 @@ fn differences(r: &RecordedResource, item: &InventoryItem) -> Vec<Difference> {
         });
     }
     for (attr, theirs) in &item.attrs {
-        if let Some(ours) = r.attrs.get(attr) {
+        if let Some((_, ours)) = r.attrs.iter().find(|(name, _)| name == attr) {
             if ours != theirs {
                 out.push(Difference {
                     attr: attr.clone(),
