@@ -7,9 +7,7 @@ use std::time::Duration;
 
 use std::collections::BTreeSet;
 
-use provledger_projections::drift::{
-    Comparison, Finding, FindingKind, InventoryItem, LedgerResources,
-};
+use provledger_projections::drift::{Comparison, Finding, InventoryItem, LedgerResources};
 use serde::{Deserialize, Serialize};
 
 /// The most items an executor may answer in one page (and the most a request asks for).
@@ -232,8 +230,9 @@ pub struct Asked {
     pub executor: String,
     pub held: Result<u64, InventoryError>,
     pub suspects: Vec<InventoryItem>,
-    /// Findings against the ledger as read before asking.
-    pub findings: Vec<Finding>,
+    /// The `missing` findings against the ledger as read before asking (those of the
+    /// suspects are found again from the items by [`confirmed`]).
+    pub missing: Vec<Finding>,
 }
 
 /// Asks `executor` for its inventory and compares each page as it comes with `ledger`
@@ -247,7 +246,6 @@ pub async fn compare_inventory(
     mut on_page: impl FnMut(usize),
 ) -> Asked {
     let mut comparison = Comparison::new(ledger, executor);
-    let mut findings = Vec::new();
     let mut suspects = Vec::new();
     let held = read_inventory_pages(client, subject_prefix, executor, reply_wait, |page| {
         on_page(page.len());
@@ -258,18 +256,18 @@ pub async fn compare_inventory(
                 page.into_iter()
                     .filter(|i| named.contains(i.resource.as_str())),
             );
-            findings.extend(found);
         }
     })
     .await;
-    if held.is_ok() {
-        findings.extend(comparison.finish());
-    }
+    let missing = match &held {
+        Ok(_) => comparison.finish(),
+        Err(_) => Vec::new(),
+    };
     Asked {
         executor: executor.to_string(),
         held,
         suspects,
-        findings,
+        missing,
     }
 }
 
@@ -281,12 +279,7 @@ pub fn confirmed(ledger: &LedgerResources, asked: &[Asked]) -> Vec<Finding> {
     for a in asked.iter().filter(|a| a.held.is_ok()) {
         let mut now = Comparison::new(ledger, &a.executor);
         findings.extend(now.items(&a.suspects));
-        findings.extend(
-            a.findings
-                .iter()
-                .filter(|f| f.kind == FindingKind::Missing && now.still_missing(f))
-                .cloned(),
-        );
+        findings.extend(a.missing.iter().filter(|f| now.still_missing(f)).cloned());
     }
     findings.sort_by(|a, b| {
         (&a.executor, a.kind, &a.resource).cmp(&(&b.executor, b.kind, &b.resource))

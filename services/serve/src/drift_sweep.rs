@@ -138,7 +138,8 @@ pub(crate) async fn sweep_once(
     })
 }
 
-/// Sweeps every `sweeps.interval` until `shutdown`, keeping the last sweep and exporting
+/// Sweeps every `sweeps.interval` until `shutdown` changes or its sender is dropped (serve
+/// returning early), keeping the last sweep and exporting
 /// it as metrics.
 pub(crate) async fn run(
     ctx: std::sync::Arc<crate::endpoints::QueryContext>,

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use provledger_client::inventory::{
-    compare_inventory, InventoryPage, InventoryRequest, INVENTORY_PAGE_ITEMS_MAX,
+    compare_inventory, confirmed, InventoryPage, InventoryRequest, INVENTORY_PAGE_ITEMS_MAX,
 };
 use provledger_events::catalogue::{
     Compensation, CompensationAction, DetailKey, Effect, EffectKind, Executor, OperationKind,
@@ -529,8 +529,11 @@ async fn phase_drift(dir: &Path, ops: usize, nats: Option<&str>) -> Value {
             let client = async_nats::connect(url)
                 .await
                 .expect("connect to the bench's nats-server");
+            // Confirmed against the same ledger, as the CLI confirms against the one it
+            // reads after asking (nothing is appended meanwhile here).
+            let mut asked = Vec::new();
             for r in &ROLES {
-                let asked = compare_inventory(
+                let one = compare_inventory(
                     &client,
                     SUBJECT_PREFIX,
                     r.executor,
@@ -539,11 +542,12 @@ async fn phase_drift(dir: &Path, ops: usize, nats: Option<&str>) -> Value {
                     |n| items += n as f64,
                 )
                 .await;
-                if let Err(e) = &asked.held {
+                if let Err(e) = &one.held {
                     panic!("the inventory of {}: {e}", r.executor);
                 }
-                findings.extend(asked.findings);
+                asked.push(one);
             }
+            findings.extend(confirmed(&ledger, &asked));
         }
     }
     let compare_secs = t.elapsed().as_secs_f64() - generate_secs;

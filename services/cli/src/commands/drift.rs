@@ -162,31 +162,24 @@ pub async fn run(ledger: &Ledger, args: DriftArgs<'_>) -> Result<(), CommandErro
         .await?;
     let findings = confirmed(&recorded_resources(ops.operations()), &asked);
     let fixed = match &args.fix {
-        Some(fix) => Some(fix_leaked(ledger, &client, &mut ops, &asked, fix, &args).await?),
+        Some(fix) => Some(fix_leaked(ledger, &client, &findings, fix, &args).await?),
         None => None,
     };
     report(&ops, &asked, &findings, fixed.as_ref(), args.json);
     outcome(&asked, &findings, fixed.as_ref())
 }
 
-/// `--fix leaked`: the leaked findings, confirmed again against the ledger as it is now
-/// (an operation may have started on one meanwhile: it is then uncertain, not leaked),
-/// recorded as one `remove_leaked` operation and driven as its rollback.
+/// `--fix leaked`: the leaked findings (already confirmed against the ledger as read after
+/// the inventories: an operation that started on one meanwhile made it uncertain, not
+/// leaked), recorded as one `remove_leaked` operation and driven as its rollback.
 async fn fix_leaked(
     ledger: &Ledger,
     client: &async_nats::Client,
-    ops: &mut Operations,
-    asked: &[Asked],
+    findings: &[Finding],
     fix: &Fix,
     args: &DriftArgs<'_>,
 ) -> Result<Fixed, CommandError> {
-    ops.catch_up(ledger, "reading the ledger's latest commits")
-        .await?;
-    let leaked: Vec<Finding> = confirmed(&recorded_resources(ops.operations()), asked)
-        .into_iter()
-        .filter(|f| f.kind == FindingKind::Leaked)
-        .collect();
-    let plan = plan_leak_removal(&leaked);
+    let plan = plan_leak_removal(findings);
     if fix.dry_run || plan.removals.is_empty() {
         return Ok(Fixed {
             plan,
