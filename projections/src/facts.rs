@@ -403,7 +403,7 @@ pub fn return_to_source_events(
         Event::AllocationClaimed {
             consumer: instance,
             consumer_kind: ConsumerKind::Instance,
-            resources: held.resources.clone(),
+            resources: held.resources.to_map(),
         },
     ])
 }

@@ -1,8 +1,6 @@
 //! The instance projection (Nova): vm_state, task_state, power_state, host, and the
 //! worker and lease of the task in progress.
 
-use std::collections::BTreeMap;
-
 use provledger_events::catalogue::{Origin, PowerState, Reissue, TaskOutcome, TaskState, VmState};
 use provledger_events::{AggregateId, Event, Timestamp};
 use serde::{Deserialize, Serialize};
@@ -10,6 +8,7 @@ use uuid::Uuid;
 
 use crate::cluster::InFlight;
 use crate::entity::{json_or_null, not_created, EventContext, FoldResult, Header};
+use crate::resource_map::ResourceMap;
 
 /// A re-issue a recovery recorded and the worker has not acknowledged yet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -38,7 +37,7 @@ pub struct InstanceState {
     pub node_group: Option<String>,
     pub flavor: String,
     pub image: String,
-    pub resources: BTreeMap<String, u64>,
+    pub resources: ResourceMap,
     /// `None` until the instance is created or discovered.
     pub vm_state: Option<VmState>,
     pub task_state: Option<TaskState>,
@@ -69,7 +68,7 @@ impl InstanceState {
             node_group: None,
             flavor: String::new(),
             image: String::new(),
-            resources: BTreeMap::new(),
+            resources: ResourceMap::default(),
             vm_state: None,
             task_state: None,
             power_state: PowerState::NoState,
@@ -118,7 +117,7 @@ impl InstanceState {
                 self.node_group = node_group.clone();
                 self.flavor = flavor.clone();
                 self.image = image.clone();
-                self.resources = resources.clone();
+                self.resources = ResourceMap::from(resources);
                 self.vm_state = Some(VmState::Building);
                 self.task_state = Some(TaskState::Scheduling);
                 self.header.created_at = Some(ctx.recorded_at);
@@ -135,7 +134,7 @@ impl InstanceState {
                 self.name = name.clone();
                 self.origin = Some(Origin::Discovered);
                 self.host = Some(host.clone());
-                self.resources = resources.clone();
+                self.resources = ResourceMap::from(resources);
                 self.vm_state = Some(VmState::Active);
                 self.power_state = PowerState::Running;
                 self.header.created_at = Some(ctx.recorded_at);

@@ -21,6 +21,7 @@ pub mod planner;
 pub mod projection;
 pub mod provider;
 pub mod recovery;
+pub mod resource_map;
 pub mod rollback;
 pub mod stages;
 pub mod timeline;
@@ -28,3 +29,4 @@ pub mod view;
 
 pub use entity::{Anomaly, Header};
 pub use projection::{DeletionState, Entity, Projection, Summary};
+pub use resource_map::ResourceMap;

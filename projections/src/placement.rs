@@ -112,7 +112,7 @@ pub fn holds<'a>(
                 consumer: *consumer,
                 consumer_kind: allocation.consumer_kind,
                 hold,
-                resources: allocation.resources.clone(),
+                resources: allocation.resources.to_map(),
                 why,
                 what_to_do,
             }
@@ -189,7 +189,7 @@ pub fn heal_claim(i: &InstanceState) -> Result<BTreeMap<String, u64>, String> {
     } else if i.resources.is_empty() {
         Err("its flavor records no resources to claim".to_string())
     } else {
-        Ok(i.resources.clone())
+        Ok(i.resources.to_map())
     }
 }
 
@@ -208,7 +208,7 @@ pub fn migration_source<'a, 'p>(
             p.allocations
                 .iter()
                 .filter(|(_, a)| a.consumer_kind == ConsumerKind::Migration)
-                .map(move |(consumer, a)| (*consumer, p.header.id.id, a.resources.clone()))
+                .map(move |(consumer, a)| (*consumer, p.header.id.id, a.resources.to_map()))
         })
         .filter(|(consumer, _, _)| {
             matches!(

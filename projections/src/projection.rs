@@ -30,23 +30,27 @@ impl DeletionState {
     }
 }
 
-/// The projected state of one aggregate.
+/// The projected state of one aggregate. Each state is boxed: an `Entity` is held in maps
+/// of a million (a projection, serve's cache), where an unboxed enum would make every
+/// entry as large as the largest state (an operation's, 496 bytes) and every empty slot
+/// of the map too. Boxed it is 16 bytes; serialised, a box is its content (stored
+/// entities keep their format).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Entity {
-    Cluster(ClusterState),
-    Instance(InstanceState),
-    Provider(ProviderState),
-    Operation(OperationState),
+    Cluster(Box<ClusterState>),
+    Instance(Box<InstanceState>),
+    Provider(Box<ProviderState>),
+    Operation(Box<OperationState>),
 }
 
 impl Entity {
     /// The state of an aggregate before its first commit.
     pub fn new(id: AggregateId) -> Self {
         match id.kind {
-            AggregateKind::Cluster => Entity::Cluster(ClusterState::new(id)),
-            AggregateKind::Instance => Entity::Instance(InstanceState::new(id)),
-            AggregateKind::Provider => Entity::Provider(ProviderState::new(id)),
-            AggregateKind::Operation => Entity::Operation(OperationState::new(id)),
+            AggregateKind::Cluster => Entity::Cluster(Box::new(ClusterState::new(id))),
+            AggregateKind::Instance => Entity::Instance(Box::new(InstanceState::new(id))),
+            AggregateKind::Provider => Entity::Provider(Box::new(ProviderState::new(id))),
+            AggregateKind::Operation => Entity::Operation(Box::new(OperationState::new(id))),
         }
     }
 
@@ -185,37 +189,7 @@ impl Entity {
     /// version, linked to the tip's hash, and unmodified. Readers check this before
     /// folding, so a replayed, forged or altered commit is never folded.
     pub fn check_next(&self, commit: &Commit) -> Result<(), ChainViolation> {
-        let header = self.header();
-        if commit.aggregate != header.id {
-            return Err(ChainViolation::ForeignCommit {
-                aggregate: header.id,
-                found: commit.aggregate,
-                position: commit.position,
-            });
-        }
-        if commit.version != header.version + 1 {
-            return Err(ChainViolation::VersionGap {
-                aggregate: header.id,
-                expected: header.version + 1,
-                found: commit.version,
-                position: commit.position,
-            });
-        }
-        if !commit.hash_is_valid() {
-            return Err(ChainViolation::HashMismatch {
-                aggregate: header.id,
-                version: commit.version,
-                position: commit.position,
-            });
-        }
-        if commit.prev_hash != header.hash {
-            return Err(ChainViolation::BrokenLink {
-                aggregate: header.id,
-                version: commit.version,
-                position: commit.position,
-            });
-        }
-        Ok(())
+        self.header().check_next(commit)
     }
 
     /// The contract's form of this entity, as a type (`crate::view`).
@@ -301,13 +275,21 @@ impl Projection {
         self.entities.get(id)
     }
 
+    /// Every operation, in no particular order.
+    pub fn operations(&self) -> impl Iterator<Item = &OperationState> + '_ {
+        self.entities.values().filter_map(|e| match e {
+            Entity::Operation(op) => Some(&**op),
+            _ => None,
+        })
+    }
+
     /// Every provider, in id order (placement's decisions walk them deterministically).
     pub fn providers(&self) -> Vec<&ProviderState> {
         let mut out: Vec<&ProviderState> = self
             .entities
             .values()
             .filter_map(|e| match e {
-                Entity::Provider(p) => Some(p),
+                Entity::Provider(p) => Some(&**p),
                 _ => None,
             })
             .collect();
@@ -321,7 +303,7 @@ impl Projection {
             .entities
             .values()
             .filter_map(|e| match e {
-                Entity::Instance(i) => Some(i),
+                Entity::Instance(i) => Some(&**i),
                 _ => None,
             })
             .collect();
@@ -383,5 +365,43 @@ impl Summary {
             })
             .collect();
         summary
+    }
+}
+
+impl Header {
+    /// Whether `commit` is the next link of the chain whose tip this header is (see
+    /// [`Entity::check_next`]).
+    pub fn check_next(&self, commit: &Commit) -> Result<(), ChainViolation> {
+        let header = self;
+        if commit.aggregate != header.id {
+            return Err(ChainViolation::ForeignCommit {
+                aggregate: header.id,
+                found: commit.aggregate,
+                position: commit.position,
+            });
+        }
+        if commit.version != header.version + 1 {
+            return Err(ChainViolation::VersionGap {
+                aggregate: header.id,
+                expected: header.version + 1,
+                found: commit.version,
+                position: commit.position,
+            });
+        }
+        if !commit.hash_is_valid() {
+            return Err(ChainViolation::HashMismatch {
+                aggregate: header.id,
+                version: commit.version,
+                position: commit.position,
+            });
+        }
+        if commit.prev_hash != header.hash {
+            return Err(ChainViolation::BrokenLink {
+                aggregate: header.id,
+                version: commit.version,
+                position: commit.position,
+            });
+        }
+        Ok(())
     }
 }

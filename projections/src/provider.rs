@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::entity::{json_or_null, not_created, EventContext, FoldResult, Header};
+use crate::resource_map::ResourceMap;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -61,7 +62,7 @@ pub struct ClaimRefusal {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocation {
     pub consumer_kind: ConsumerKind,
-    pub resources: BTreeMap<String, u64>,
+    pub resources: ResourceMap,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -256,7 +257,7 @@ impl ProviderState {
                     *consumer,
                     Allocation {
                         consumer_kind: *consumer_kind,
-                        resources: resources.clone(),
+                        resources: ResourceMap::from(resources),
                     },
                 );
             }

@@ -145,7 +145,7 @@ impl InstanceView {
             cluster_id: state.cluster_id,
             node_group: state.node_group.clone(),
             flavor: state.flavor.clone(),
-            resources: state.resources.clone(),
+            resources: state.resources.to_map(),
             vm_state: state.vm_state,
             task_state: state.task_state,
             power_state: state.power_state,
@@ -211,7 +211,7 @@ impl ProviderView {
                 .map(|(consumer, a)| AllocationView {
                     consumer: *consumer,
                     consumer_kind: a.consumer_kind,
-                    resources: a.resources.clone(),
+                    resources: a.resources.to_map(),
                 })
                 .collect(),
             last_delete_refusal: state.last_delete_refusal.clone(),

@@ -7,14 +7,15 @@ use provledger_events::catalogue::{
     Compensation, CompensationAction, Effect, EffectKind, Executor, OperationKind, Origin,
     RollbackOutcome,
 };
-use provledger_events::{AggregateId, Event};
+use provledger_events::{AggregateId, Commit, Event};
 use provledger_projections::drift::{
-    compare, recorded_resources, Finding, FindingKind, InventoryItem,
+    compare, recorded_resources, DriftFold, Finding, FindingKind, Folded, InventoryItem,
+    LedgerResources,
 };
 use provledger_projections::operation::OperationState;
 use provledger_projections::planner::plan_rollback;
 use provledger_projections::stages::{stage, stages_of};
-use provledger_projections::{Entity, Projection};
+use provledger_projections::Projection;
 use provledger_tests::script::{self, ScriptStep};
 use uuid::Uuid;
 
@@ -45,14 +46,7 @@ impl Given {
     fn operations(&self) -> Vec<OperationState> {
         let commits = script::seal(&self.script);
         let projection = Projection::rebuild(&commits);
-        let mut ops: Vec<OperationState> = projection
-            .entities
-            .values()
-            .filter_map(|e| match e {
-                Entity::Operation(op) => Some(op.clone()),
-                _ => None,
-            })
-            .collect();
+        let mut ops: Vec<OperationState> = projection.operations().cloned().collect();
         for op in &ops {
             assert!(
                 op.header.anomalies.is_empty(),
@@ -62,6 +56,40 @@ impl Given {
         }
         ops.sort_by_key(|op| op.header.id.id);
         ops
+    }
+
+    /// The ledger's side as `provledger drift` folds it from the log (a commit at a time,
+    /// closed operations reduced), and how many commits asked for an operation's history.
+    fn folded(&self) -> (LedgerResources, usize) {
+        let commits = script::seal(&self.script);
+        let mut fold = DriftFold::new();
+        let mut reopened = 0;
+        for (i, commit) in commits.iter().enumerate() {
+            if let Folded::NeedsHistory(aggregate) = fold.apply(commit) {
+                reopened += 1;
+                let history: Vec<Commit> = commits[..i]
+                    .iter()
+                    .filter(|c| c.aggregate == aggregate)
+                    .cloned()
+                    .collect();
+                fold.reopen(aggregate, &history).expect("the whole history");
+                assert_eq!(fold.apply(commit), Folded::Applied, "{commit:?}");
+            }
+        }
+        (fold.resources(), reopened)
+    }
+
+    /// The findings at `executor`, the same whether the ledger's side comes from the
+    /// folded operations or from the commit-at-a-time fold.
+    fn findings(&self, executor: &str, items: &[InventoryItem]) -> Vec<Finding> {
+        let whole = compare(&recorded_resources(&self.operations()), executor, items);
+        let (folded, _) = self.folded();
+        assert_eq!(
+            compare(&folded, executor, items),
+            whole,
+            "the two folds differ"
+        );
+        whole
     }
 
     /// A boot of `NODE` that acquired 10.0.0.5, created the VM and succeeded.
@@ -176,14 +204,29 @@ impl Given {
 
     /// The boot fails and its whole plan is carried out: every compensation done.
     fn boot_rolled_back(&mut self) -> &mut Self {
+        self.boot_rolls_back(false);
+        self
+    }
+
+    /// The boot fails; its rollback does every compensation of its plan but the last and
+    /// stops in `needs_attention`. Returns the compensation left.
+    fn boot_needs_attention(&mut self) -> Uuid {
+        self.boot_rolls_back(true)
+            .expect("the plan undoes something")
+    }
+
+    /// The boot fails and its plan is carried out, all of it, or all but the last
+    /// compensation (then `needs_attention`, and that one is returned).
+    fn boot_rolls_back(&mut self, last_stuck: bool) -> Option<Uuid> {
         self.boot_failed();
         let plan = plan_rollback(&self.operation(BOOT), &[]).expect("a boot plans");
-        let ids: Vec<Uuid> = plan
+        let mut ids: Vec<Uuid> = plan
             .compensations
             .iter()
             .map(|c| c.compensation_id)
             .collect();
         assert!(!ids.is_empty(), "the plan undoes something");
+        let stuck = if last_stuck { ids.pop() } else { None };
         self.on(BOOT, Event::RollbackPlanned { plan });
         for id in ids {
             self.on(
@@ -200,13 +243,12 @@ impl Given {
                 },
             );
         }
-        self.on(
-            BOOT,
-            Event::RollbackFinished {
-                outcome: RollbackOutcome::RolledBack,
-                remaining: Vec::new(),
-            },
-        )
+        let (outcome, remaining) = match stuck {
+            Some(id) => (RollbackOutcome::NeedsAttention, vec![id]),
+            None => (RollbackOutcome::RolledBack, Vec::new()),
+        };
+        self.on(BOOT, Event::RollbackFinished { outcome, remaining });
+        stuck
     }
 
     /// A later delete of `NODE` removes its IP forward (`resource_removed`).
@@ -285,9 +327,8 @@ fn held(resource: &str, key: Option<&str>, attrs: &[(&str, String)]) -> Inventor
 }
 
 fn drift(given: &Given, executor: &str, items: &[InventoryItem]) -> Vec<(FindingKind, String)> {
-    let ops = given.operations();
-    let ledger = recorded_resources(&ops);
-    compare(&ledger, executor, items)
+    given
+        .findings(executor, items)
         .into_iter()
         .map(|f| (f.kind, f.resource))
         .collect()
@@ -295,7 +336,7 @@ fn drift(given: &Given, executor: &str, items: &[InventoryItem]) -> Vec<(Finding
 
 /// The one finding drift reports at `executor`.
 fn one_finding(given: &Given, executor: &str, items: &[InventoryItem]) -> Finding {
-    let mut findings = compare(&recorded_resources(&given.operations()), executor, items);
+    let mut findings = given.findings(executor, items);
     assert_eq!(findings.len(), 1, "{findings:#?}");
     findings.remove(0)
 }
@@ -601,4 +642,103 @@ fn a_missing_resource_removed_forward_since_no_longer_stands() {
     // Then the finding no longer stands
     let at_after = provledger_projections::drift::Comparison::new(&after, "ipam");
     assert!(!at_after.still_missing(&f));
+}
+
+#[test]
+fn a_compensation_resolved_after_its_operation_closed_is_folded_from_its_history() {
+    // Given a boot whose rollback stopped in needs_attention (closed: the commit-at-a-time
+    // fold reduced it), then an operator resolving the stuck compensation by hand
+    let mut given = Given::default();
+    given.boot_started().ip_acquired("10.0.0.5").vm_created();
+    let stuck = given.boot_needs_attention();
+    let stuck_resource = given
+        .operation(BOOT)
+        .compensations
+        .iter()
+        .find(|c| c.planned.compensation_id == stuck)
+        .map(|c| c.planned.compensation.resource.clone())
+        .expect("the stuck compensation is planned");
+    given.on(
+        BOOT,
+        Event::CompensationResolved {
+            compensation_id: stuck,
+            reason: "removed by hand".into(),
+        },
+    );
+    // When drift folds the log a commit at a time
+    let (_, reopened) = given.folded();
+    // Then the late commit asked for the operation's history once
+    assert_eq!(reopened, 1);
+    // And a resource still held there is leaked "although the ledger records it undone",
+    // the same as from the whole fold (Given::findings compares both)
+    let executor = if stuck_resource == node() {
+        "hypervisor"
+    } else {
+        "ipam"
+    };
+    let key = if executor == "ipam" { KEY_IP } else { KEY_VM };
+    let f = one_finding(&given, executor, &[held(&stuck_resource, Some(key), &[])]);
+    assert_eq!(f.kind, FindingKind::Leaked, "{f:#?}");
+    assert!(f.reason.contains("records it undone"), "{}", f.reason);
+}
+
+#[test]
+fn a_forged_commit_on_a_closed_operation_is_quarantined_not_folded() {
+    // Given a succeeded boot (closed, reduced), and a commit appended after it whose link
+    // to the chain is broken
+    let given = Given::succeeded_boot();
+    let mut commits = script::seal(&given.script);
+    let mut forged = Given {
+        script: given.script.clone(),
+    };
+    forged.on(BOOT, Event::OperationSucceeded {});
+    let mut late = script::seal(&forged.script).pop().expect("the late commit");
+    late.prev_hash = commits[0].hash;
+    commits.push(late);
+    // When folded a commit at a time
+    let mut fold = DriftFold::new();
+    let outcomes: Vec<Folded> = commits.iter().map(|c| fold.apply(c)).collect();
+    // Then the forged commit is quarantined, and asks for no history
+    assert!(
+        matches!(outcomes.last(), Some(Folded::Quarantined(_))),
+        "{:?}",
+        outcomes.last()
+    );
+    assert_eq!(fold.counts(), (0, 1), "the boot is held reduced, not whole");
+}
+
+#[test]
+fn a_history_that_does_not_rebuild_a_reduced_operation_is_refused_and_the_operation_kept() {
+    // Given a boot reduced in needs_attention, and a later resolve of its stuck compensation
+    let mut given = Given::default();
+    given.boot_started().ip_acquired("10.0.0.5").vm_created();
+    let stuck = given.boot_needs_attention();
+    given.on(
+        BOOT,
+        Event::CompensationResolved {
+            compensation_id: stuck,
+            reason: "removed by hand".into(),
+        },
+    );
+    let commits = script::seal(&given.script);
+    let (late, earlier) = commits.split_last().expect("commits");
+    let mut fold = DriftFold::new();
+    for commit in earlier {
+        assert_eq!(fold.apply(commit), Folded::Applied);
+    }
+    let executors = fold.resources().executors();
+    assert_eq!(fold.apply(late), Folded::NeedsHistory(late.aggregate));
+    // When the history handed back lacks its first commit, or its last
+    let no_first = fold.reopen(late.aggregate, &earlier[1..]);
+    let no_last = fold.reopen(late.aggregate, &earlier[..earlier.len() - 1]);
+    // Then it is refused, and the operation is still held reduced with all it recorded
+    assert!(no_first.is_err(), "{no_first:?}");
+    assert!(no_last.is_err(), "{no_last:?}");
+    assert_eq!(fold.counts(), (0, 1));
+    assert_eq!(fold.resources().executors(), executors);
+    assert_eq!(fold.apply(late), Folded::NeedsHistory(late.aggregate));
+    // And the whole history is accepted, after which the late commit folds
+    fold.reopen(late.aggregate, earlier)
+        .expect("the whole history");
+    assert_eq!(fold.apply(late), Folded::Applied);
 }

@@ -115,7 +115,7 @@ fn given(kind: OperationKind, since: Vec<Event>) -> (OperationState, Entity) {
         .get(&cluster())
         .cloned()
         .expect("the cluster folds");
-    (op, target)
+    (*op, target)
 }
 
 fn counts(events: &[Event]) -> Option<Vec<(String, u32)>> {
@@ -468,7 +468,7 @@ fn provider_holding(allocations: usize) -> Vec<script::ScriptStep> {
 fn provider_after(steps: &[script::ScriptStep]) -> provledger_projections::provider::ProviderState {
     let p = AggregateId::provider(Uuid::from_u128(PROVIDER));
     match Entity::fold(p, &script::seal(steps)) {
-        Some(Entity::Provider(s)) => s,
+        Some(Entity::Provider(s)) => *s,
         other => panic!("{other:?}"),
     }
 }

@@ -162,7 +162,7 @@ fn heal_plans_from_the_instances_given_and_who_holds_an_allocation() {
     // One instance asked for: only it is looked at, and only its allocation asked about.
     let asked = RefCell::new(Vec::new());
     let one = match projection.get(&instance(3)) {
-        Some(Entity::Instance(i)) => i,
+        Some(Entity::Instance(i)) => &**i,
         other => panic!("{other:?}"),
     };
     let plan = plan_heal([one], |c| {
@@ -174,7 +174,7 @@ fn heal_plans_from_the_instances_given_and_who_holds_an_allocation() {
 
     // An instance that lost its allocation but is deleted is listed with why.
     let deleted = match projection.get(&instance(4)) {
-        Some(Entity::Instance(i)) => i,
+        Some(Entity::Instance(i)) => &**i,
         other => panic!("{other:?}"),
     };
     let plan = plan_heal([deleted], |_| false);

@@ -351,7 +351,7 @@ fn fold_all(steps: &[ScriptStep], id: Uuid) -> OperationState {
                 "anomalies: {:?}",
                 op.header.anomalies
             );
-            op.clone()
+            (**op).clone()
         }
         other => panic!("operation not folded: {other:?}"),
     }

@@ -50,7 +50,7 @@ fn started(task: TaskState) -> Event {
 fn given(steps: Vec<Vec<Event>>) -> InstanceState {
     let script: Vec<_> = steps.into_iter().map(|e| (instance_id(), e)).collect();
     match Entity::fold(instance_id(), &script::seal(&script)) {
-        Some(Entity::Instance(i)) => i,
+        Some(Entity::Instance(i)) => *i,
         other => panic!("{other:?}"),
     }
 }

@@ -488,3 +488,19 @@ pub fn cpu_model() -> String {
         })
         .unwrap_or_else(|| "?".into())
 }
+
+/// Waits until the server has processed every subscription `client` sent before. `flush`
+/// only writes them out: a request another connection makes right after may reach the
+/// server first and find no responders (a race seen under load). One connection's
+/// messages are handled in order, so the client's own message coming back through a new
+/// subscription proves the earlier ones are in effect.
+pub async fn subscriptions_in_effect(client: &async_nats::Client) {
+    use futures::StreamExt;
+    let inbox = client.new_inbox();
+    let mut back = client.subscribe(inbox.clone()).await.expect("subscribe");
+    client.publish(inbox, "".into()).await.expect("publish");
+    tokio::time::timeout(Duration::from_secs(10), back.next())
+        .await
+        .expect("the client's own message comes back within 10 s")
+        .expect("the subscription stays open");
+}

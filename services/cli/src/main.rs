@@ -15,6 +15,12 @@ use provledger_events::{AggregateId, Expectation};
 use provledger_projections::rollback::RetryPolicy;
 use provledger_serve::ServeOptions;
 use std::time::Duration;
+
+/// jemalloc, not glibc's malloc: `provledger serve`'s projector spent 37% of its catch-up
+/// in malloc/free, and jemalloc took a quarter off its time per commit (issue 23;
+/// docs/benchmarks.md, "Catch-up").
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 use uuid::Uuid;
 
 #[derive(Parser)]

@@ -307,7 +307,7 @@ async fn executors_that_never_acted(
         .subscribe("provledger.exec.*.compensate")
         .await
         .expect("subscribe");
-    client.flush().await.expect("flush");
+    provledger_tests::subscriptions_in_effect(client).await;
     let (client, kept) = (client.clone(), seen.clone());
     tokio::spawn(async move {
         while let Some(msg) = sub.next().await {

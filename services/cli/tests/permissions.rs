@@ -74,7 +74,14 @@ async fn reissue_answered(
     from_serve: &async_nats::Client,
     what: &str,
 ) {
-    worker.flush().await.unwrap();
+    // `flush` only writes the SUB out; whether the server has processed it when serve's
+    // request (on another connection, another account) arrives is a race, lost under
+    // load as "no responders". A round trip on the worker's own connection after its SUB
+    // is the barrier: the server handles one connection's messages in order.
+    worker
+        .request("provledger.q.health", "{}".into())
+        .await
+        .expect("the worker's round trip through serve");
     let answering = tokio::spawn(async move {
         let request = reissues.next().await.unwrap();
         worker
@@ -89,7 +96,7 @@ async fn reissue_answered(
     )
     .await
     .expect(what)
-    .unwrap();
+    .unwrap_or_else(|e| panic!("{what}: the request failed: {e} ({:?})", e.kind()));
     assert_eq!(&answer.payload[..], br#"{"ok": true}"#);
     answering.await.unwrap();
 }

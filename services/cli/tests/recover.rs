@@ -359,7 +359,7 @@ async fn answering_worker(
         .subscribe(format!("provledger.worker.{worker}.reissue"))
         .await
         .unwrap();
-    client.flush().await.unwrap();
+    provledger_tests::subscriptions_in_effect(client).await;
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
     let (client, kept) = (client.clone(), seen.clone());
     tokio::spawn(async move {

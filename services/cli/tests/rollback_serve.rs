@@ -108,7 +108,7 @@ impl Env {
 
     async fn operation(&self, id: Uuid) -> OperationState {
         match read_entity(&self.ledger, AggregateId::operation(id)).await {
-            Ok(Some(Entity::Operation(op))) => op,
+            Ok(Some(Entity::Operation(op))) => *op,
             other => panic!("operation {id}: {other:?}"),
         }
     }

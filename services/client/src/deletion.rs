@@ -163,7 +163,7 @@ pub async fn complete_deletion(
         },
         _ => None,
     };
-    let event = match deletion_completion(&entity, runs_on.as_ref()) {
+    let event = match deletion_completion(&entity, runs_on.as_deref()) {
         DeletionCompletion::AlreadyDeleted => return Ok(true),
         DeletionCompletion::NotYet => return Ok(false),
         DeletionCompletion::Record(event) => event,

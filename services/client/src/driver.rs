@@ -69,7 +69,7 @@ pub async fn read_operation<L: EventLog>(log: &L, id: Uuid) -> Result<OperationS
         .await
         .map_err(ledger_error)?
     {
-        Some(Entity::Operation(op)) if op.kind.is_some() => Ok(op),
+        Some(Entity::Operation(op)) if op.kind.is_some() => Ok(*op),
         _ => Err(DriveError::NotFound(id)),
     }
 }
@@ -433,7 +433,7 @@ impl RollbackDriver {
                 },
                 None => None,
             };
-            let facts: Vec<Fact> = vm_gone_facts(op, &state, cluster.as_ref())
+            let facts: Vec<Fact> = vm_gone_facts(op, &state, cluster.as_deref())
                 .into_iter()
                 .map(|f| Fact {
                     aggregate: f.aggregate,

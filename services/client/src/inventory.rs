@@ -7,7 +7,11 @@ use std::time::Duration;
 
 use std::collections::BTreeSet;
 
-use provledger_projections::drift::{Comparison, Finding, InventoryItem, LedgerResources};
+use futures::StreamExt;
+use provledger_events::{EventLog, ReadError};
+use provledger_projections::drift::{
+    Comparison, DriftFold, Finding, Folded, InventoryItem, LedgerResources,
+};
 use serde::{Deserialize, Serialize};
 
 /// The most items an executor may answer in one page (and the most a request asks for).
@@ -285,6 +289,96 @@ pub fn confirmed(ledger: &LedgerResources, asked: &[Asked]) -> Vec<Finding> {
         (&a.executor, a.kind, &a.resource).cmp(&(&b.executor, b.kind, &b.resource))
     });
     findings
+}
+
+/// How far a [`fold_log`] read, and what it left out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogFolded {
+    /// The position of the last entry read.
+    pub position: u64,
+    /// Entries not folded: undecodable, or outside their aggregate's chain (as serve
+    /// quarantines them).
+    pub quarantined: u64,
+    /// Commits on an operation already reduced, whose history was read back.
+    pub reopened: u64,
+}
+
+/// Folds the log's entries after `done.position` up to `end` into `fold` (drift's side of
+/// the ledger, `provledger drift` and drift-bench), updating `done`; `on_entry` hears the
+/// position of each entry handled (a progress bar). A commit on an operation the fold has
+/// reduced reads that one operation back from the log (`read_aggregate`); if that history
+/// cannot be read whole or does not rebuild the operation as first folded, the commit is
+/// left out and counted quarantined, as an entry outside its chain is. `done.position`
+/// moves past an entry only once it is handled, so that after an error a retry reads it
+/// again.
+pub async fn fold_log<L: EventLog>(
+    log: &L,
+    fold: &mut DriftFold,
+    done: &mut LogFolded,
+    end: u64,
+    mut on_entry: impl FnMut(u64),
+) -> Result<(), ReadError> {
+    if end <= done.position {
+        return Ok(());
+    }
+    let mut stream = log.read_all(done.position + 1).await?;
+    while let Some(entry) = stream.next().await {
+        let position = match entry {
+            Ok(commit) => {
+                if commit.position > end {
+                    break;
+                }
+                if !fold_commit(log, fold, done, &commit).await? {
+                    done.quarantined += 1;
+                }
+                commit.position
+            }
+            Err(
+                ReadError::Undecodable { position, .. } | ReadError::OutsideChain { position, .. },
+            ) => {
+                done.quarantined += 1;
+                position
+            }
+            Err(e) => return Err(e),
+        };
+        done.position = done.position.max(position);
+        on_entry(position);
+    }
+    Ok(())
+}
+
+/// Folds one commit; false when it is left out (outside its chain, or on a reduced
+/// operation whose history does not rebuild it).
+async fn fold_commit<L: EventLog>(
+    log: &L,
+    fold: &mut DriftFold,
+    done: &mut LogFolded,
+    commit: &provledger_events::Commit,
+) -> Result<bool, ReadError> {
+    let aggregate = match fold.apply(commit) {
+        Folded::Applied | Folded::Ignored => return Ok(true),
+        Folded::Quarantined(_) => return Ok(false),
+        Folded::NeedsHistory(aggregate) => aggregate,
+    };
+    done.reopened += 1;
+    let history = match log.read_aggregate(aggregate).await {
+        Ok(commits) => commits,
+        Err(e @ (ReadError::Undecodable { .. } | ReadError::OutsideChain { .. })) => {
+            tracing::warn!(%aggregate, position = commit.position, error = %e,
+                "an operation's history cannot be read whole: its later commit is left out");
+            return Ok(false);
+        }
+        Err(e) => return Err(e),
+    };
+    let before: Vec<_> = history
+        .into_iter()
+        .filter(|c| c.version < commit.version)
+        .collect();
+    if let Err(e) = fold.reopen(aggregate, &before) {
+        tracing::warn!(position = commit.position, error = %e, "commit left out");
+        return Ok(false);
+    }
+    Ok(matches!(fold.apply(commit), Folded::Applied))
 }
 
 async fn request_page(

@@ -156,7 +156,7 @@ async fn provider_state<L: EventLog>(
     provider: Uuid,
 ) -> Result<ProviderState, PlacementError> {
     match read_entity(log, AggregateId::provider(provider)).await {
-        Ok(Some(Entity::Provider(p))) if p.status.is_some() => Ok(p),
+        Ok(Some(Entity::Provider(p))) if p.status.is_some() => Ok(*p),
         Ok(_) => Err(PlacementError::NotFound(provider)),
         Err(e) => Err(PlacementError::Read(e.to_string())),
     }
@@ -312,7 +312,7 @@ pub async fn heal_allocations<L: EventLog, V: StateView>(
 ) -> Result<HealReport, PlacementError> {
     let instances = match only {
         Some(id) => match view.entity(&AggregateId::instance(id)).await? {
-            Some(Entity::Instance(i)) => vec![i],
+            Some(Entity::Instance(i)) => vec![*i],
             _ => Vec::new(),
         },
         None => view.instances().await?,

@@ -447,7 +447,7 @@ async fn recovery_writes<V: StateView>(
     let providers: Vec<ProviderState> = match (migrating, decision.release_claim_on) {
         (true, _) => view.providers().await?,
         (false, Some(provider)) => match view.entity(&AggregateId::provider(provider)).await? {
-            Some(Entity::Provider(p)) => vec![p],
+            Some(Entity::Provider(p)) => vec![*p],
             _ => Vec::new(),
         },
         (false, None) => Vec::new(),

@@ -384,7 +384,7 @@ impl OperationRunner {
         let state = match driven {
             Some(op) => Some(op),
             None => match read_entity(&self.ledger, AggregateId::operation(operation_id)).await {
-                Ok(Some(Entity::Operation(op))) => Some(op),
+                Ok(Some(Entity::Operation(op))) => Some(*op),
                 _ => None,
             },
         };

@@ -76,7 +76,7 @@ async fn renewals_are_bounded_to_one_per_half_lease_and_an_expired_one_is_recove
             AggregateId::instance(vm),
             &log.read_aggregate(AggregateId::instance(vm)).await.unwrap(),
         ) {
-            Some(Entity::Instance(i)) => i,
+            Some(Entity::Instance(i)) => *i,
             other => panic!("{other:?}"),
         }
     };

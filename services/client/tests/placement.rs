@@ -90,7 +90,7 @@ async fn provider_state(
     p: AggregateId,
 ) -> provledger_projections::provider::ProviderState {
     match Entity::fold(p, &log.read_aggregate(p).await.unwrap()) {
-        Some(Entity::Provider(s)) => s,
+        Some(Entity::Provider(s)) => *s,
         other => panic!("{other:?}"),
     }
 }
@@ -330,7 +330,7 @@ async fn a_heal_decided_on_a_stale_view_never_claims_for_an_instance_deleted_sin
         .unwrap();
     // then only the live instance is claimed for; nothing is claimed for the deleted one.
     let state = match Entity::fold(p, &log.read_aggregate(p).await.unwrap()) {
-        Some(Entity::Provider(s)) => s,
+        Some(Entity::Provider(s)) => *s,
         other => panic!("{other:?}"),
     };
     assert!(state.allocations.contains_key(&kept), "{state:?}");

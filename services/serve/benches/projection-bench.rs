@@ -10,7 +10,9 @@
 //!   micro service answering a payload of the same size, in the same run.
 //! - Freshness: append, then `cluster.get` with `min_position`: append-to-queryable.
 //!
-//! Usage: `cargo bench -p provledger-serve --bench projection-bench [-- --quick]`
+//! Usage: `cargo bench -p provledger-serve --bench projection-bench [-- --quick]
+//! [--catch-up-only] [--memory-only] [--events N]]`; `--no-default-features` builds it on glibc's malloc instead of
+//! jemalloc (what `provledger serve` runs).
 
 use std::time::{Duration, Instant};
 
@@ -31,6 +33,12 @@ use provledger_tests::NatsServer;
 use uuid::Uuid;
 
 const PROVIDERS: u128 = 10_000;
+
+/// The allocator `provledger serve` runs with (services/cli's main.rs); built with
+/// `--no-default-features`, the bench measures glibc's malloc instead.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -130,9 +138,35 @@ impl Iterator for Workload {
     }
 }
 
-fn catch_up(events_target: u64) {
-    // 7 events per instance, 2 per provider registration.
-    let instances = ((events_target - 2 * PROVIDERS as u64) / 7) as u128;
+/// Projects the workload of `instances` into `store` in batches of BATCH_ENTRIES_MAX, as
+/// the projector's catch-up does; returns the seconds it took (generation included: about
+/// 1.5 µs per commit).
+fn project(store: &ProjectionStore, instances: u128, snapshot_every: u64) -> f64 {
+    let mut projector = Projector::new(store.clone(), snapshot_every).expect("projector");
+    let started = Instant::now();
+    let mut workload = Workload::new(instances);
+    loop {
+        let chunk: Vec<_> = workload
+            .by_ref()
+            .take(serve::BATCH_ENTRIES_MAX)
+            .map(Ok)
+            .collect();
+        if chunk.is_empty() {
+            break;
+        }
+        projector.apply_batch(chunk).expect("batch");
+    }
+    store.flush().expect("flush");
+    started.elapsed().as_secs_f64()
+}
+
+/// The events of the workload of `instances`: 2 per provider, 7 per instance.
+fn events_of(instances: u128) -> u64 {
+    (2 * PROVIDERS + 7 * instances) as u64
+}
+
+/// A projection store on a sled of its own in a temp dir (kept alive by the caller).
+fn fresh_store() -> (tempfile::TempDir, sled::Db, ProjectionStore) {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = sled::Config::new()
         .path(dir.path())
@@ -140,19 +174,25 @@ fn catch_up(events_target: u64) {
         .open()
         .expect("sled");
     let store = ProjectionStore::open(&db).expect("store");
-    let mut projector = Projector::new(store.clone(), 0).expect("projector");
-    let started = Instant::now();
-    let mut events = 0u64;
-    let mut workload = Workload::new(instances);
-    loop {
-        let chunk: Vec<_> = workload.by_ref().take(4096).map(Ok).collect();
-        if chunk.is_empty() {
-            break;
-        }
-        events += projector.apply_batch(chunk).expect("batch").events as u64;
-    }
-    store.flush().expect("flush");
-    let projector_secs = started.elapsed().as_secs_f64();
+    (dir, db, store)
+}
+
+fn catch_up(events_target: u64) {
+    // 7 events per instance, 2 per provider registration.
+    let instances = ((events_target - 2 * PROVIDERS as u64) / 7) as u128;
+    let (_dir, _db, store) = fresh_store(); // kept open until the reads below
+    let projector_secs = project(&store, instances, 0);
+    // Again into a fresh store, as serve runs it: a snapshot of every entity each time the
+    // checkpoint crosses a multiple of SNAPSHOT_EVERY_POSITIONS_DEFAULT.
+    let (serve_dir, serve_db, serve_store) = fresh_store();
+    let serve_secs = project(
+        &serve_store,
+        instances,
+        serve::SNAPSHOT_EVERY_POSITIONS_DEFAULT,
+    );
+    let snapshots = serve_store.snapshots().expect("snapshots");
+    drop((serve_store, serve_db, serve_dir));
+    let events = events_of(instances);
     let end = store.checkpoint().expect("checkpoint");
 
     let started = Instant::now();
@@ -189,6 +229,12 @@ fn catch_up(events_target: u64) {
     println!(
         "| projector catch-up (fold + persist copy, entities, checkpoint per batch) | {projector_rate:.0} | {:.2}x | {projector_secs:.2} s |",
         projector_rate / raw_rate
+    );
+    let serve_rate = events as f64 / serve_secs;
+    println!(
+        "| the same as serve runs it (snapshots every {} positions; kept: {snapshots:?}) | {serve_rate:.0} | {:.2}x | {serve_secs:.2} s |",
+        serve::SNAPSHOT_EVERY_POSITIONS_DEFAULT,
+        serve_rate / raw_rate
     );
 }
 
@@ -415,9 +461,33 @@ async fn service_benches(quick: bool) {
 }
 
 fn main() {
+    println!(
+        "allocator: {}",
+        if cfg!(feature = "jemalloc") {
+            "jemalloc"
+        } else {
+            "glibc malloc (--no-default-features)"
+        }
+    );
     let quick = std::env::args().any(|a| a == "--quick");
     let events = if quick { 200_000 } else { 1_000_000 };
+    // `--events N`: the catch-up on another size (issue 23 asks 1M and 10M).
+    let args: Vec<String> = std::env::args().collect();
+    let events = args
+        .iter()
+        .position(|a| a == "--events")
+        .and_then(|i| args.get(i + 1)?.parse().ok())
+        .unwrap_or(events);
+    // `--memory-only`: the memory of a projection alone (to set two builds side by side).
+    if args.iter().any(|a| a == "--memory-only") {
+        memory(if quick { 100_000 } else { 1_000_000 });
+        return;
+    }
     catch_up(events);
+    // Only the catch-up: to set two builds side by side (allocators) without the rest.
+    if std::env::args().any(|a| a == "--catch-up-only") {
+        return;
+    }
     memory(if quick { 100_000 } else { 1_000_000 });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -13,8 +13,7 @@ use std::time::Duration;
 
 use provledger_client::inventory::{compare_inventory, confirmed};
 use provledger_events::{AggregateKind, Timestamp};
-use provledger_projections::drift::{recorded_resources, Finding};
-use provledger_projections::operation::OperationState;
+use provledger_projections::drift::{Finding, LedgerResources, Names, OperationResources};
 use provledger_projections::Entity;
 use schemars::JsonSchema;
 use serde::Serialize;
@@ -69,15 +68,17 @@ impl DriftSweeps {
     }
 }
 
-/// Every operation in the store.
-fn stored_operations(store: &ProjectionStore) -> Result<Vec<OperationState>, StoreError> {
+/// What the store's operations say the executors hold: each operation read and reduced
+/// in turn (`OperationResources`), never all of them whole at once.
+fn stored_resources(store: &ProjectionStore) -> Result<LedgerResources, StoreError> {
+    let mut names = Names::default();
     let mut ops = Vec::new();
     for entity in store.entities_of(AggregateKind::Operation, None) {
         if let Entity::Operation(op) = entity? {
-            ops.push(op);
+            ops.push(OperationResources::of(&op, &mut names));
         }
     }
-    Ok(ops)
+    Ok(LedgerResources::build(&ops))
 }
 
 /// Where the executors are asked.
@@ -95,7 +96,7 @@ pub(crate) async fn sweep_once(
     at: Inventories<'_>,
 ) -> Result<DriftSweep, StoreError> {
     let started = std::time::Instant::now();
-    let before = recorded_resources(&stored_operations(store)?);
+    let before = stored_resources(store)?;
     let mut asked = Vec::new();
     for executor in before.executors() {
         let one = compare_inventory(
@@ -113,7 +114,7 @@ pub(crate) async fn sweep_once(
     // After the inventories: the store has applied at least every intent recorded before
     // an executor acted on it.
     let position = *applied.borrow();
-    let findings = confirmed(&recorded_resources(&stored_operations(store)?), &asked);
+    let findings = confirmed(&stored_resources(store)?, &asked);
     let executors = asked
         .into_iter()
         .map(|a| match a.held {

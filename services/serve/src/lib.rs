@@ -39,4 +39,7 @@ pub use projector::{
     GROUP_COMMIT_LINGER, SNAPSHOT_EVERY_POSITIONS_DEFAULT, TOUCHED_MAX,
 };
 pub use service::{open_service_store, run, ServeError, ServeOptions, QUEUE_GROUP, SERVICE_NAME};
-pub use store::{OperationFilter, ProjectionStore, QuarantineRecord, StoreError, ENTITY_FORMAT};
+pub use store::{
+    decode_entity, encode_entity, OperationFilter, ProjectionStore, QuarantineRecord, StoreError,
+    ENTITY_FORMAT,
+};

@@ -39,6 +39,9 @@ pub const CACHE_ENTITIES_MAX: usize = 200_000;
 /// A snapshot of every entity is taken each time the checkpoint crosses a multiple of
 /// this many positions (0 turns snapshots off).
 pub const SNAPSHOT_EVERY_POSITIONS_DEFAULT: u64 = 100_000;
+/// How many multiples of the snapshot interval a snapshot may wait for the projector to
+/// catch up (see `Projector::maybe_snapshot`).
+const SNAPSHOT_DEFERRED_MAX: u64 = 10;
 /// Bytes of an undecodable payload kept in its quarantine record.
 const QUARANTINE_HEAD_BYTES_MAX: usize = 4096;
 /// Back-off between attempts to resubscribe after the log became unavailable.
@@ -126,6 +129,10 @@ pub struct Projector {
     checkpoint: u64,
     watermark: Option<i64>,
     snapshot_every: u64,
+    /// The checkpoint at which a snapshot fell due while the projector was behind (its
+    /// batches full): taken at the first batch that is not, so that a replica catching up
+    /// copies its entities once at the end rather than at every multiple on the way.
+    snapshot_due_since: Option<u64>,
     applied: watch::Sender<u64>,
     touched: std::sync::Arc<Touched>,
     on_violation: OnChainViolation,
@@ -137,12 +144,18 @@ impl Projector {
         let checkpoint = store.checkpoint()?;
         let watermark = store.watermark()?;
         let (applied, _) = watch::channel(checkpoint);
+        // A snapshot deferred before a restart is still due.
+        let newest = store.snapshots()?.last().copied().unwrap_or(0);
+        let snapshot_due_since = (snapshot_every > 0
+            && checkpoint / snapshot_every > newest / snapshot_every)
+            .then_some(checkpoint);
         Ok(Projector {
             store,
             cache: HashMap::new(),
             checkpoint,
             watermark,
             snapshot_every,
+            snapshot_due_since,
             applied,
             touched: std::sync::Arc::default(),
             on_violation: OnChainViolation::Fail,
@@ -211,6 +224,7 @@ impl Projector {
         entries: Vec<Result<Commit, ReadError>>,
     ) -> Result<BatchOutcome, ProjectorError> {
         let mut outcome = BatchOutcome::default();
+        let behind = entries.len() >= BATCH_ENTRIES_MAX;
         let mut batch = StoreBatch::default();
         let mut dirty: HashSet<AggregateId> = HashSet::new();
         let mut checkpoint = self.checkpoint;
@@ -301,7 +315,7 @@ impl Projector {
             if self.cache.len() > CACHE_ENTITIES_MAX {
                 self.cache.clear();
             }
-            self.maybe_snapshot(previous)?;
+            self.maybe_snapshot(previous, behind)?;
         }
         match failure {
             Some(e) => Err(e),
@@ -341,12 +355,27 @@ impl Projector {
         Ok(())
     }
 
-    fn maybe_snapshot(&mut self, previous: u64) -> Result<(), StoreError> {
-        if self.snapshot_every == 0
-            || previous / self.snapshot_every == self.checkpoint / self.snapshot_every
-        {
+    /// A snapshot falls due each time the checkpoint crosses a multiple of
+    /// `snapshot_every`. It copies every entity, so while the projector is behind (a full
+    /// batch) it waits: a replica catching up on N commits would otherwise copy its growing
+    /// set of entities N / `snapshot_every` times, quadratic in all. It is taken at the
+    /// first batch that is not full, or after `SNAPSHOT_DEFERRED_MAX` multiples at most.
+    fn maybe_snapshot(&mut self, previous: u64, behind: bool) -> Result<(), StoreError> {
+        if self.snapshot_every == 0 {
             return Ok(());
         }
+        if previous / self.snapshot_every != self.checkpoint / self.snapshot_every {
+            self.snapshot_due_since.get_or_insert(self.checkpoint);
+        }
+        let Some(due_since) = self.snapshot_due_since else {
+            return Ok(());
+        };
+        let overdue = self.checkpoint - due_since
+            >= SNAPSHOT_DEFERRED_MAX.saturating_mul(self.snapshot_every);
+        if behind && !overdue {
+            return Ok(());
+        }
+        self.snapshot_due_since = None;
         let started = std::time::Instant::now();
         let entities = self.store.write_snapshot(self.checkpoint)?;
         tracing::info!(

@@ -138,3 +138,53 @@ fn the_rollback_worker_learns_every_changed_operation_cluster_and_instance() {
     assert!(expected.len() > 3, "the script touches several aggregates");
     assert_eq!(seen, expected);
 }
+
+/// `n` instances created, one commit each, at positions 1..=n.
+fn instances(n: usize) -> Vec<Result<Commit, ReadError>> {
+    let provider = uuid::Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_00f0_0001);
+    let steps: Vec<script::ScriptStep> = (0..n as u128)
+        .map(|k| {
+            let id = uuid::Uuid::from_u128(0x0190_0000_0000_7000_8000_0001_0000_0000 | k);
+            (
+                provledger_events::AggregateId::instance(id),
+                provledger_tests::workload::instance_lifecycle(k, k, provider),
+            )
+        })
+        .collect();
+    script::seal(&steps).into_iter().map(Ok).collect()
+}
+
+/// Feeds `entries` in full batches of BATCH_ENTRIES_MAX (a projector behind) and then the
+/// rest; returns the snapshots after each batch.
+fn snapshots_after_each_batch(entries: Vec<Result<Commit, ReadError>>) -> Vec<Vec<u64>> {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sled::open(dir.path()).unwrap();
+    let store = ProjectionStore::open(&db).unwrap();
+    let mut projector = Projector::new(store.clone(), 1_000).unwrap();
+    entries
+        .chunks(provledger_serve::BATCH_ENTRIES_MAX)
+        .map(|batch| {
+            projector.apply_batch(batch.to_vec()).unwrap();
+            store.snapshots().unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn a_projector_behind_takes_one_snapshot_once_it_catches_up_not_one_per_interval() {
+    // Given a snapshot interval of 1,000 positions, and three full batches then a short one
+    let full = provledger_serve::BATCH_ENTRIES_MAX;
+    let after = snapshots_after_each_batch(instances(3 * full + 10));
+    // Then no snapshot is copied while the batches are full, and one at the end
+    let end = (3 * full + 10) as u64;
+    assert_eq!(after, vec![vec![], vec![], vec![], vec![end]]);
+}
+
+#[test]
+fn a_projector_behind_for_long_still_snapshots_after_ten_intervals() {
+    // Given full batches only, past ten intervals of 1,000 positions since the first was due
+    let full = provledger_serve::BATCH_ENTRIES_MAX;
+    let after = snapshots_after_each_batch(instances(4 * full));
+    // Then the overdue snapshot is taken at the batch that passes the bound
+    assert_eq!(after, vec![vec![], vec![], vec![], vec![4 * full as u64]]);
+}

@@ -103,7 +103,7 @@ fn failed_create(nodes: usize) -> provledger_projections::operation::OperationSt
         entity.apply(&commit);
     }
     match entity {
-        Entity::Operation(op) => op,
+        Entity::Operation(op) => *op,
         _ => unreachable!("an operation aggregate folds into an operation"),
     }
 }

@@ -148,14 +148,14 @@ impl World {
 
     async fn cluster(&self, id: Uuid) -> provledger_projections::cluster::ClusterState {
         match self.entity(AggregateId::cluster(id)).await {
-            Some(Entity::Cluster(c)) => c,
+            Some(Entity::Cluster(c)) => *c,
             other => panic!("no cluster: {other:?}"),
         }
     }
 
     async fn operation(&self, id: Uuid) -> OperationState {
         match self.entity(AggregateId::operation(id)).await {
-            Some(Entity::Operation(o)) => o,
+            Some(Entity::Operation(o)) => *o,
             other => panic!("no operation: {other:?}"),
         }
     }

@@ -16,7 +16,8 @@
 //!
 //! - `raw`: `read_all(1)` of the whole log, every commit decoded: the reference.
 //! - `drift`: what `provledger drift` does with a data dir, less NATS: every operation
-//!   commit folded into a `Projection` with `apply_checked`, `recorded_resources`, then
+//!   commit folded by `fold_log` into a `DriftFold` (each operation reduced to its
+//!   resources once it closes), `DriftFold::resources`, then
 //!   each executor's inventory compared a page of 1,000 at a time (`Comparison`). Each
 //!   inventory is generated in the child from the same deterministic recipe, one executor
 //!   at a time, untimed (an executor's answer, not drift's work; it does count in the
@@ -35,19 +36,19 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use provledger_client::inventory::{
-    compare_inventory, confirmed, InventoryPage, InventoryRequest, INVENTORY_PAGE_ITEMS_MAX,
+    compare_inventory, confirmed, fold_log, InventoryPage, InventoryRequest, LogFolded,
+    INVENTORY_PAGE_ITEMS_MAX,
 };
 use provledger_events::catalogue::{
     Compensation, CompensationAction, DetailKey, Effect, EffectKind, Executor, OperationKind,
     Origin,
 };
 use provledger_events::{
-    AggregateId, AggregateKind, AtomicItem, CommitDraft, Event, EventLog, Expectation, ReadError,
-    SledLog, Timestamp, ATOMIC_COMMITS_MAX,
+    AggregateId, AtomicItem, CommitDraft, Event, EventLog, Expectation, SledLog, Timestamp,
+    ATOMIC_COMMITS_MAX,
 };
-use provledger_projections::drift::{recorded_resources, Comparison, FindingKind, InventoryItem};
+use provledger_projections::drift::{Comparison, DriftFold, FindingKind, InventoryItem};
 use provledger_projections::stages::{stage, stages_of};
-use provledger_projections::{Entity, Projection};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -386,6 +387,51 @@ fn peak_rss_mb() -> f64 {
     status_mb("VmHWM:")
 }
 
+/// The heap this process's own allocations hold now, in MB (RSS also counts sled's page
+/// cache and what the allocator keeps after frees).
+fn live_heap_mb() -> f64 {
+    LIVE_HEAP_BYTES.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e6
+}
+
+static LIVE_HEAP_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The system allocator, counting the bytes it holds for this process.
+struct Counting;
+
+// SAFETY: every call is passed to the system allocator unchanged; only a counter is kept.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        use std::sync::atomic::Ordering::Relaxed;
+        // SAFETY: the caller's contract for `alloc` is passed on as is.
+        let p = unsafe { std::alloc::System.alloc(layout) };
+        if !p.is_null() {
+            LIVE_HEAP_BYTES.fetch_add(layout.size(), Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        use std::sync::atomic::Ordering::Relaxed;
+        // SAFETY: as for `alloc`.
+        unsafe { std::alloc::System.dealloc(ptr, layout) };
+        LIVE_HEAP_BYTES.fetch_sub(layout.size(), Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new: usize) -> *mut u8 {
+        use std::sync::atomic::Ordering::Relaxed;
+        // SAFETY: as for `alloc`.
+        let p = unsafe { std::alloc::System.realloc(ptr, layout, new) };
+        if !p.is_null() {
+            LIVE_HEAP_BYTES.fetch_add(new, Relaxed);
+            LIVE_HEAP_BYTES.fetch_sub(layout.size(), Relaxed);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
 // ---------------------------------------------------------------------------------------
 // Setup
 
@@ -446,29 +492,8 @@ async fn phase_raw(dir: &Path) -> Value {
         events += commit.events.len() as u64;
     }
     let secs = started.elapsed().as_secs_f64();
-    json!({"secs": secs, "commits": commits, "events": events, "peak_mb": peak_rss_mb()})
-}
-
-/// The operations of the log folded as `provledger drift` folds them.
-async fn fold(log: &SledLog) -> (Projection, u64) {
-    let mut projection = Projection::new();
-    let mut quarantined = 0u64;
-    let mut stream = log.read_all(1).await.expect("read_all");
-    while let Some(entry) = stream.next().await {
-        match entry {
-            Ok(commit) => {
-                if commit.aggregate.kind != AggregateKind::Operation {
-                    continue;
-                }
-                if projection.apply_checked(&commit).is_err() {
-                    quarantined += 1;
-                }
-            }
-            Err(ReadError::Undecodable { .. } | ReadError::OutsideChain { .. }) => quarantined += 1,
-            Err(e) => panic!("reading the log: {e}"),
-        }
-    }
-    (projection, quarantined)
+    json!({"secs": secs, "commits": commits, "events": events, "peak_mb": peak_rss_mb(),
+        "heap_mb": live_heap_mb()})
 }
 
 /// `drift` / `drift-nats`: fold, the ledger's side, the inventories, compare; then checks
@@ -476,24 +501,21 @@ async fn fold(log: &SledLog) -> (Projection, u64) {
 async fn phase_drift(dir: &Path, ops: usize, nats: Option<&str>) -> Value {
     let log = SledLog::open_existing(dir).expect("open the bench's log");
     let started = Instant::now();
-    let (projection, quarantined) = fold(&log).await;
+    // As `provledger drift` folds the log: each operation reduced once it closes.
+    let mut fold = DriftFold::new();
+    let mut done = LogFolded::default();
+    let end = log.last_position().await.expect("the log's end");
+    fold_log(&log, &mut fold, &mut done, end, |_| {})
+        .await
+        .expect("read the log");
     let fold_secs = started.elapsed().as_secs_f64();
     let fold_peak_mb = peak_rss_mb();
-    assert_eq!(quarantined, 0, "the bench's commits all fold");
-    let operations: Vec<_> = projection
-        .entities
-        .values()
-        .filter_map(|e| match e {
-            Entity::Operation(op) => Some(op),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(operations.len(), ops, "one operation per boot");
-    let anomalies: usize = operations.iter().map(|op| op.header.anomalies.len()).sum();
-    assert_eq!(anomalies, 0, "the bench's boots fold without anomalies");
+    let fold_heap_mb = live_heap_mb();
+    assert_eq!(done.quarantined, 0, "the bench's commits all fold");
+    assert_eq!(fold.counts(), (0, ops), "every boot closed and reduced");
 
     let t = Instant::now();
-    let ledger = recorded_resources(operations.iter().copied());
+    let ledger = fold.resources();
     let ledger_secs = t.elapsed().as_secs_f64();
     let executors = ledger.executors();
     let expected_executors: BTreeSet<String> =
@@ -503,6 +525,7 @@ async fn phase_drift(dir: &Path, ops: usize, nats: Option<&str>) -> Value {
         "the executors the ledger names"
     );
     let ledger_peak_mb = peak_rss_mb();
+    let ledger_heap_mb = live_heap_mb();
 
     // The inventories, compared a page at a time as `provledger drift` and serve's sweep
     // do (`Comparison`, `compare_inventory`): never held whole by the reader.
@@ -573,6 +596,7 @@ async fn phase_drift(dir: &Path, ops: usize, nats: Option<&str>) -> Value {
         "fold_secs": fold_secs, "ledger_secs": ledger_secs, "read_secs": 0.0,
         "compare_secs": compare_secs,
         "fold_peak_mb": fold_peak_mb, "ledger_peak_mb": ledger_peak_mb, "peak_mb": peak_mb,
+        "fold_heap_mb": fold_heap_mb, "ledger_heap_mb": ledger_heap_mb,
         "items": items,
         "leaked": count(FindingKind::Leaked), "missing": count(FindingKind::Missing),
         "mismatched": count(FindingKind::Mismatched),
@@ -747,6 +771,8 @@ struct Row {
     rate: String,
     /// The process's peak RSS at the end of this phase; `None` where it says nothing new.
     peak_mb: Option<f64>,
+    /// The heap the process's allocations held at the end of this phase.
+    heap_mb: Option<f64>,
 }
 
 fn drift_rows(label: &str, d: &Value, effects: f64) -> Vec<Row> {
@@ -759,16 +785,18 @@ fn drift_rows(label: &str, d: &Value, effects: f64) -> Vec<Row> {
     let items = num(d, "items");
     let mut rows = vec![
         Row {
-            phase: format!("{label}: fold into Projection (apply_checked)"),
+            phase: format!("{label}: DriftFold over the log (fold_log)"),
             secs: fold,
             rate: per_second(effects, fold, "effects"),
             peak_mb: Some(num(d, "fold_peak_mb")),
+            heap_mb: Some(num(d, "fold_heap_mb")),
         },
         Row {
-            phase: format!("{label}: recorded_resources"),
+            phase: format!("{label}: DriftFold::resources"),
             secs: ledger,
             rate: per_second(effects, ledger, "effects"),
             peak_mb: Some(num(d, "ledger_peak_mb")),
+            heap_mb: Some(num(d, "ledger_heap_mb")),
         },
     ];
     if read > 0.0 {
@@ -777,6 +805,7 @@ fn drift_rows(label: &str, d: &Value, effects: f64) -> Vec<Row> {
             secs: read,
             rate: per_second(items, read, "items"),
             peak_mb: None,
+            heap_mb: None,
         });
     }
     rows.push(Row {
@@ -787,6 +816,7 @@ fn drift_rows(label: &str, d: &Value, effects: f64) -> Vec<Row> {
         secs: cmp,
         rate: per_second(items, cmp, "items"),
         peak_mb: None,
+        heap_mb: None,
     });
     let total = fold + ledger + read + cmp;
     rows.push(Row {
@@ -794,6 +824,7 @@ fn drift_rows(label: &str, d: &Value, effects: f64) -> Vec<Row> {
         secs: total,
         rate: per_second(effects, total, "effects"),
         peak_mb: Some(num(d, "peak_mb")),
+        heap_mb: None,
     });
     rows
 }
@@ -849,6 +880,7 @@ async fn main() {
         secs: raw_secs,
         rate: per_second(events, raw_secs, "events"),
         peak_mb: Some(raw_peak),
+        heap_mb: Some(num(&raw, "heap_mb")),
     }];
     rows.extend(drift_rows("drift", &drift, effects));
     if let Some(d) = &over_nats {
@@ -871,15 +903,19 @@ async fn main() {
         num(&drift, "mismatched"),
     );
     println!();
-    println!("| phase | time | rate | time / raw | peak RSS | peak RSS / raw |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("| phase | time | rate | time / raw | peak RSS | peak RSS / raw | live heap |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     for row in &rows {
         let (peak, peak_ratio) = match row.peak_mb {
             Some(mb) => (format!("{mb:.0} MB"), format!("{:.1}×", mb / raw_peak)),
             None => ("".into(), "".into()),
         };
+        let heap = row
+            .heap_mb
+            .map(|mb| format!("{mb:.0} MB"))
+            .unwrap_or_default();
         println!(
-            "| {} | {} | {} | {:.1}× | {peak} | {peak_ratio} |",
+            "| {} | {} | {} | {:.1}× | {peak} | {peak_ratio} | {heap} |",
             row.phase,
             seconds(row.secs),
             row.rate,
@@ -887,7 +923,7 @@ async fn main() {
         );
     }
     println!();
-    println!("Each row group is one child process; a sub-phase's peak RSS is that process's VmHWM when the sub-phase ended (so far), the total's at its end.");
+    println!("Each row group is one child process; a sub-phase's peak RSS is that process's VmHWM when the sub-phase ended (so far), the total's at its end. Live heap: the bytes its own allocations held at the end of the sub-phase (RSS also counts sled's page cache and what the allocator keeps after frees).");
 }
 
 /// `drift-nats`: a private nats-server, the four executors answering from the parent.

@@ -9,19 +9,19 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use provledger_client::inventory::{compare_inventory, confirmed, Asked, InventoryError};
+use provledger_client::inventory::{
+    compare_inventory, confirmed, fold_log, Asked, InventoryError, LogFolded,
+};
 use provledger_client::{
     record_leak_removal, Ledger, NatsAuth, NatsExecutors, RollbackDriver, Stamper,
 };
-use provledger_events::{AggregateKind, EventLog, ReadError};
-use provledger_projections::drift::{recorded_resources, Finding, FindingKind};
+use provledger_events::EventLog;
+use provledger_projections::drift::{DriftFold, Finding, FindingKind};
 use provledger_projections::leak_removal::{
     leak_removal_events, plan_leak_removal, render_leak_removal, LeakRemovalPlan,
 };
 use provledger_projections::operation::OperationState;
 use provledger_projections::rollback::RetryPolicy;
-use provledger_projections::{Entity, Projection};
 use uuid::Uuid;
 
 use super::state::progress_bar;
@@ -56,60 +56,36 @@ struct Fixed {
     dry_run: bool,
 }
 
-/// The operations of the log, folded, and how far.
+/// The ledger's side of drift, folded from the log, and how far.
 struct Operations {
-    projection: Projection,
-    position: u64,
-    quarantined: u64,
+    fold: DriftFold,
+    done: LogFolded,
 }
 
 impl Operations {
-    /// Folds the operation commits after `self.position` up to the log's end.
+    /// Folds the commits after `self.done.position` up to the log's end.
     async fn catch_up(&mut self, ledger: &Ledger, what: &str) -> Result<(), CommandError> {
         let end = ledger.last_position().await?;
-        if end <= self.position {
+        if end <= self.done.position {
             return Ok(());
         }
-        let bar = progress_bar(end - self.position, what);
-        let from = self.position + 1;
-        let mut stream = ledger.read_all(from).await?;
-        while let Some(entry) = stream.next().await {
-            match entry {
-                Ok(commit) => {
-                    if commit.position > end {
-                        break;
-                    }
-                    self.position = commit.position;
-                    bar.set_position(commit.position - from + 1);
-                    if commit.aggregate.kind != AggregateKind::Operation {
-                        continue;
-                    }
-                    // Outside its chain (replayed, forged): quarantined, as serve does.
-                    if self.projection.apply_checked(&commit).is_err() {
-                        self.quarantined += 1;
-                    }
-                }
-                Err(
-                    ReadError::Undecodable { position, .. }
-                    | ReadError::OutsideChain { position, .. },
-                ) => {
-                    self.position = self.position.max(position);
-                    self.quarantined += 1;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        bar.finish_and_clear();
-        Ok(())
-    }
-
-    fn operations(
-        &self,
-    ) -> impl Iterator<Item = &provledger_projections::operation::OperationState> {
-        self.projection.entities.values().filter_map(|e| match e {
-            Entity::Operation(op) => Some(op),
-            _ => None,
+        let from = self.done.position + 1;
+        let bar = progress_bar(end - self.done.position, what);
+        fold_log(ledger, &mut self.fold, &mut self.done, end, |position| {
+            bar.set_position(position - from + 1)
         })
+        .await?;
+        bar.finish_and_clear();
+        let (open, reduced) = self.fold.counts();
+        tracing::info!(
+            position = self.done.position,
+            quarantined = self.done.quarantined,
+            reopened = self.done.reopened,
+            open,
+            reduced,
+            "ledger folded for drift"
+        );
+        Ok(())
     }
 }
 
@@ -129,12 +105,11 @@ pub async fn run(ledger: &Ledger, args: DriftArgs<'_>) -> Result<(), CommandErro
         }
     }
     let mut ops = Operations {
-        projection: Projection::new(),
-        position: 0,
-        quarantined: 0,
+        fold: DriftFold::new(),
+        done: LogFolded::default(),
     };
     ops.catch_up(ledger, "reading the ledger").await?;
-    let before = recorded_resources(ops.operations());
+    let before = ops.fold.resources();
     let executors: BTreeSet<String> = match &args.executor {
         Some(name) => BTreeSet::from([name.clone()]),
         None => before.executors(),
@@ -160,7 +135,7 @@ pub async fn run(ledger: &Ledger, args: DriftArgs<'_>) -> Result<(), CommandErro
     // before, so reading the commits appended while asking leaves nothing it made unknown.
     ops.catch_up(ledger, "reading the ledger's latest commits")
         .await?;
-    let findings = confirmed(&recorded_resources(ops.operations()), &asked);
+    let findings = confirmed(&ops.fold.resources(), &asked);
     let fixed = match &args.fix {
         Some(fix) => Some(fix_leaked(ledger, &client, &findings, fix, &args).await?),
         None => None,
@@ -262,8 +237,8 @@ fn report(
             })
             .collect();
         print_json(&serde_json::json!({
-            "position": ops.position,
-            "quarantined": ops.quarantined,
+            "position": ops.done.position,
+            "quarantined": ops.done.quarantined,
             "executors": executors,
             "findings": findings,
             "fix": fixed.map(fix_json),
@@ -297,7 +272,7 @@ fn report(
     if findings.is_empty() && asked.iter().all(|a| a.held.is_ok()) {
         println!(
             "no drift: the executors hold what the ledger records (to position {})",
-            ops.position
+            ops.done.position
         );
     }
 }

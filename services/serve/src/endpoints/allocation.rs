@@ -24,7 +24,7 @@ pub(crate) async fn by_consumer(ctx: &QueryContext, payload: &[u8]) -> Result<Va
                     provider_name: p.name.clone(),
                     consumer,
                     consumer_kind: a.consumer_kind,
-                    resources: a.resources.clone(),
+                    resources: a.resources.to_map(),
                 });
             }
         }

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use provledger_projections::drift::{compare, recorded_resources, Finding, InventoryItem};
-use provledger_projections::{Entity, Projection};
+use provledger_projections::Projection;
 
 use crate::SimInfrastructure;
 
@@ -166,11 +166,7 @@ async fn run_in(log: &SledLog, dir: PathBuf) -> Result<DemoReport, DemoError> {
 /// many resources they hold.
 fn drift_at_end(commits: &[Commit], infras: &[Arc<SimInfrastructure>]) -> (Vec<Finding>, usize) {
     let projection = Projection::rebuild(commits);
-    let operations = projection.entities.values().filter_map(|e| match e {
-        Entity::Operation(op) => Some(op),
-        _ => None,
-    });
-    let ledger = recorded_resources(operations);
+    let ledger = recorded_resources(projection.operations());
     let mut held: BTreeMap<String, Vec<InventoryItem>> = BTreeMap::new();
     for infra in infras {
         for executor in infra.all() {
