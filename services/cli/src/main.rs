@@ -218,6 +218,12 @@ enum Command {
         /// http://ADDR/health), e.g. 127.0.0.1:9464. Off by default.
         #[arg(long, env = "PROVLEDGER_METRICS_ADDR", value_name = "ADDR")]
         metrics_addr: Option<std::net::SocketAddr>,
+        /// A JetStream object store bucket: each projection snapshot is also published
+        /// there, and a replica whose data dir is new bootstraps from the one published
+        /// (checked by hash and against the stream's chain tips; refused, it catches up
+        /// from position 1). Off by default.
+        #[arg(long, env = "PROVLEDGER_SNAPSHOT_BUCKET", value_name = "BUCKET")]
+        snapshot_bucket: Option<String>,
     },
     /// An aggregate's projected state, now or at a past position or time.
     State {
@@ -486,6 +492,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             drift_interval,
             ready_file,
             metrics_addr,
+            snapshot_bucket,
         } => {
             let nats_url = cli.nats.clone().ok_or_else(|| {
                 CommandError::BadInput(
@@ -516,6 +523,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                 drift_interval: (!drift_interval.is_zero()).then_some(drift_interval),
                 ready_file,
                 metrics_addr,
+                snapshot_bucket,
             };
             commands::serve::run(serve_options).await
         }

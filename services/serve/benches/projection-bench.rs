@@ -322,6 +322,7 @@ async fn service_benches(quick: bool) {
         executor_reply_wait: Duration::from_secs(10),
         recovery_interval: None,
         drift_interval: None,
+        snapshot_bucket: None,
     };
     let serve_task = tokio::spawn(serve::run(options, async {
         let _ = stopped.await;

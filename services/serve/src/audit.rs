@@ -19,9 +19,11 @@ pub enum AuditError {
     Store(#[from] StoreError),
 }
 
-/// A sled copy to compare, up to its checkpoint.
+/// A sled copy to compare, from where it starts (after the snapshot a replica was
+/// bootstrapped from) up to its checkpoint.
 struct Copy<'a> {
     store: &'a ProjectionStore,
+    copy_from: u64,
     checkpoint: u64,
     quarantined: HashSet<u64>,
 }
@@ -29,7 +31,7 @@ struct Copy<'a> {
 impl Copy<'_> {
     /// Whether the copy holds the same commit at its position; a violation otherwise.
     fn compare(&self, commit: &provledger_events::Commit) -> Option<Violation> {
-        if commit.position > self.checkpoint {
+        if commit.position > self.checkpoint || commit.position < self.copy_from {
             return None;
         }
         let stored = self
@@ -53,7 +55,10 @@ impl Copy<'_> {
     }
 
     fn compare_quarantined(&self, position: u64) -> Option<Violation> {
-        if position > self.checkpoint || self.quarantined.contains(&position) {
+        if position > self.checkpoint
+            || position < self.copy_from
+            || self.quarantined.contains(&position)
+        {
             return None;
         }
         Some(copy_violation(
@@ -97,6 +102,7 @@ pub async fn audit_log<L: EventLog>(
     let copy = match copy {
         Some(store) => Some(Copy {
             store,
+            copy_from: store.copy_from()?,
             checkpoint: store.checkpoint()?,
             quarantined: store.quarantined()?.iter().map(|q| q.position).collect(),
         }),

@@ -14,7 +14,10 @@
 //! - the audit's shell ([`audit_log`]): the whole log through the pure auditor, and the
 //!   store's copy compared with the log;
 //! - the drift sweep (`drift_sweep`, `--drift-interval`): the executors' inventories
-//!   against the store's operations, kept for `q.drift` and the metrics; it writes nothing.
+//!   against the store's operations, kept for `q.drift` and the metrics; it writes nothing;
+//! - snapshots published for new replicas and a new replica's bootstrap from one
+//!   (`bootstrap`, `--snapshot-bucket`): checked by hash and against the stream's chain
+//!   tips before anything is written.
 //!
 //! It never depends on the simulator or the CLI, never writes to the log except through
 //! `EventLog::append` (in `cmd.append` and through the client library's driver and
@@ -22,6 +25,7 @@
 //! one writer.
 
 mod audit;
+pub mod bootstrap;
 pub mod drift_sweep;
 mod endpoints;
 pub mod messages;

@@ -19,6 +19,7 @@ use provledger_projections::Entity;
 use tokio::sync::watch;
 use uuid::Uuid;
 
+use crate::bootstrap::PublishedSnapshot;
 use crate::metrics::FoldMetrics;
 use crate::store::{
     encode_entity, OperationIndexEntry, ProjectionStore, QuarantineRecord, StoreBatch, StoreError,
@@ -137,6 +138,9 @@ pub struct Projector {
     touched: std::sync::Arc<Touched>,
     on_violation: OnChainViolation,
     metrics: FoldMetrics,
+    /// Where each snapshot taken is also handed for publishing (`--snapshot-bucket`),
+    /// with the stream's name.
+    publisher: Option<(tokio::sync::mpsc::Sender<PublishedSnapshot>, String)>,
 }
 
 impl Projector {
@@ -160,7 +164,20 @@ impl Projector {
             touched: std::sync::Arc::default(),
             on_violation: OnChainViolation::Fail,
             metrics: FoldMetrics::default(),
+            publisher: None,
         })
+    }
+
+    /// Also hands each snapshot it takes, as the whole state of `stream`, to `publisher`
+    /// (which publishes it for new replicas). A snapshot the publisher has no room for is
+    /// not even prepared: the next one will be.
+    pub fn with_publisher(
+        mut self,
+        publisher: tokio::sync::mpsc::Sender<PublishedSnapshot>,
+        stream: &str,
+    ) -> Self {
+        self.publisher = Some((publisher, stream.to_string()));
+        self
     }
 
     /// Sets what a commit breaking its aggregate's chain does (default: fail).
@@ -384,6 +401,16 @@ impl Projector {
             ms = started.elapsed().as_millis() as u64,
             "projection snapshot written"
         );
+        if let Some((publisher, stream)) = &self.publisher {
+            if publisher.capacity() > 0 {
+                match crate::bootstrap::prepare(&self.store, stream) {
+                    Ok(snapshot) => {
+                        let _ = publisher.try_send(snapshot);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot prepare a snapshot to publish"),
+                }
+            }
+        }
         Ok(())
     }
 

@@ -15,6 +15,7 @@ use futures::StreamExt;
 use provledger_events::{JetStreamLog, SledLog};
 use tokio::sync::{watch, Semaphore};
 
+use crate::bootstrap::{BootstrapError, PublishedSnapshot};
 use crate::endpoints::caller::Caller;
 use crate::endpoints::error::{bounded, ErrorCode, QueryError};
 use crate::endpoints::{Endpoint, QueryContext};
@@ -78,6 +79,10 @@ pub struct ServeOptions {
     /// Where to answer Prometheus scrapes (`/metrics`) and `/health` over HTTP (`None`: no
     /// HTTP listener).
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The JetStream object store bucket where this replica publishes each projection
+    /// snapshot it takes, and from which it bootstraps when its data dir is new (`None`:
+    /// neither).
+    pub snapshot_bucket: Option<String>,
 }
 
 /// Why the service could not start or stopped abnormally.
@@ -93,6 +98,39 @@ pub enum ServeError {
     Service(String),
     #[error("cannot read the end of the stream to catch up to: {0}")]
     StreamEnd(provledger_events::ReadError),
+}
+
+/// A new replica's bootstrap (`--snapshot-bucket`): only a data dir that holds nothing
+/// (or an import a crash cut short) is bootstrapped; a snapshot that is missing, cannot be
+/// read or is refused leaves it so, and the replica catches up from position 1.
+async fn bootstrap_if_new(
+    log: &JetStreamLog,
+    bucket: &str,
+    store: &ProjectionStore,
+) -> Result<(), ServeError> {
+    if !store.is_fresh()? && !store.import_incomplete()? {
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    match crate::bootstrap::bootstrap(log, bucket, store).await {
+        Ok(done) => tracing::info!(
+            bucket,
+            position = done.position,
+            entities = done.entities,
+            keys = done.keys,
+            bytes = done.bytes,
+            ms = started.elapsed().as_millis() as u64,
+            "bootstrapped from a published snapshot; following the stream from the next position"
+        ),
+        Err(BootstrapError::Store(e)) => return Err(e.into()),
+        Err(e @ BootstrapError::NoSnapshot { .. }) => {
+            tracing::info!(error = %e, "no snapshot to bootstrap from: catching up from position 1")
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "snapshot not used: catching up from position 1")
+        }
+    }
+    Ok(())
 }
 
 /// Opens the data dir for a JetStream-fed store: the lock, the sled database and the
@@ -132,10 +170,43 @@ pub async fn run(
         }
     }
     let (data_dir, store) = open_service_store(&options.data_dir, &options.stream)?;
+    if let Some(bucket) = &options.snapshot_bucket {
+        bootstrap_if_new(&log, bucket, &store).await?;
+    }
     let metrics = Arc::new(Metrics::new());
-    let projector = Projector::new(store.clone(), options.snapshot_every)?
+    let mut projector = Projector::new(store.clone(), options.snapshot_every)?
         .on_chain_violation(OnChainViolation::Quarantine)
         .with_metrics(metrics.fold.clone());
+    // Stopped with serve, wherever it returns (a snapshot half published is replaced by
+    // the next; the bucket's previous one stays whole until then).
+    let _publisher = match &options.snapshot_bucket {
+        Some(bucket) => {
+            // Room for one: a snapshot taken while the previous one is still being
+            // published is not prepared at all.
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<PublishedSnapshot>(1);
+            projector = projector.with_publisher(tx, &options.stream);
+            let (js, bucket) = (log.context().clone(), bucket.clone());
+            Some(AbortOnDrop(tokio::spawn(async move {
+                while let Some(snapshot) = rx.recv().await {
+                    let started = std::time::Instant::now();
+                    match crate::bootstrap::publish(&js, &bucket, &snapshot).await {
+                        Ok(()) => tracing::info!(
+                            bucket = %bucket,
+                            position = snapshot.header.position,
+                            entities = snapshot.header.entities,
+                            bytes = snapshot.bytes.len(),
+                            ms = started.elapsed().as_millis() as u64,
+                            "projection snapshot published"
+                        ),
+                        Err(e) => {
+                            tracing::warn!(bucket = %bucket, error = %e, "cannot publish a projection snapshot")
+                        }
+                    }
+                }
+            })))
+        }
+        None => None,
+    };
     tracing::info!(
         checkpoint = projector.checkpoint(),
         stream = %options.stream,
@@ -497,6 +568,15 @@ pub async fn run(
     );
     data_dir.close();
     result.map_err(ServeError::from)
+}
+
+/// A task stopped when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The projector handed back when its thread ends, with why it ended.

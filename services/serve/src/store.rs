@@ -20,6 +20,10 @@
 //! - `k` + kind word + 0 + operation: operations by kind.
 //! - `t` + target aggregate (17 bytes) + operation: operations by target.
 //! - `n` + status word: how many operations are in that status (the metrics' gauge).
+//!
+//! A store bootstrapped from a published snapshot (`crate::bootstrap`) holds everything
+//! above but the copy (`c`, `h`) of the positions the snapshot covers: `m` `copy_from`
+//! says where its copy starts, and history before it is read from the stream.
 
 use provledger_client::view::{StateView, ViewError};
 use provledger_events::codec::{self, DecodeError};
@@ -66,7 +70,19 @@ pub enum StoreError {
     SourceMismatch { found: String, wanted: String },
     #[error(transparent)]
     Integrity(#[from] IntegrityError),
+    #[error(
+        "this data dir was bootstrapped from a snapshot: its copy of the log starts at position {copy_from}, and the history before it is in the stream (ask a serve replica: `--nats`)"
+    )]
+    HistoryNotCopied { copy_from: u64 },
+    #[error("cannot import a snapshot: {0}")]
+    Import(String),
 }
+
+/// The key tags a published snapshot carries: all of the projection's state, not the copy
+/// of the log (`c`, `h`: the stream holds it) nor the local snapshots (`s`, `S`).
+const EXPORTED_TAGS: &[u8] = b"mebqwoOktn";
+/// Keys per sled batch while importing a snapshot, so memory stays bounded.
+const IMPORT_CHUNK_KEYS: usize = 10_000;
 
 /// A log entry that could not be decoded, kept with its position and the error.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -261,6 +277,13 @@ impl ProjectionStore {
             None => None,
         };
         let refolded = stored.is_some_and(|f| f != ENTITY_FORMAT);
+        if refolded && store.copy_from()? > 1 {
+            // Its copy starts at the snapshot: the entities cannot be re-folded from it.
+            return Err(StoreError::Corrupt {
+                what: "projection (bootstrapped from a snapshot of an older entity format)".into(),
+                reason: "remove the data dir: the replica bootstraps again or catches up from the stream".into(),
+            });
+        }
         if refolded {
             store.refold_entities(stored.unwrap_or(0))?;
         }
@@ -514,6 +537,97 @@ impl ProjectionStore {
         Ok(self.meta_u64("checkpoint")?.unwrap_or(0))
     }
 
+    /// The first position this store's copy of the log holds: 1, unless it was
+    /// bootstrapped from a snapshot (then the snapshot's position + 1).
+    pub fn copy_from(&self) -> Result<u64, StoreError> {
+        Ok(self.meta_u64("copy_from")?.unwrap_or(1))
+    }
+
+    /// Every key and value of the projection's state, for a published snapshot: the
+    /// caller is the only writer and calls this between batches, so what it reads is the
+    /// state at the checkpoint. Keys in order, each as (key length u32, key, value length
+    /// u32, value), big-endian. Returns the checkpoint, the number of keys and the bytes.
+    pub fn export_state(&self) -> Result<(u64, u64, Vec<u8>), StoreError> {
+        let checkpoint = self.checkpoint()?;
+        let mut out = Vec::new();
+        let mut keys = 0u64;
+        for &tag in EXPORTED_TAGS {
+            for r in self.tree.scan_prefix([tag]) {
+                let (k, v) = r?;
+                for part in [&k[..], &v[..]] {
+                    let len = u32::try_from(part.len()).map_err(|_| StoreError::Corrupt {
+                        what: "a stored key or value".into(),
+                        reason: "larger than 4 GiB".into(),
+                    })?;
+                    out.extend_from_slice(&len.to_be_bytes());
+                    out.extend_from_slice(part);
+                }
+                keys += 1;
+            }
+        }
+        Ok((checkpoint, keys, out))
+    }
+
+    /// Whether an import of a snapshot was cut short (by a crash): the next one starts over.
+    pub fn import_incomplete(&self) -> Result<bool, StoreError> {
+        Ok(self.tree.get(key(b'm', &[b"importing"]))?.is_some())
+    }
+
+    /// Whether nothing was ever projected into this store (a new replica's).
+    pub fn is_fresh(&self) -> Result<bool, StoreError> {
+        Ok(self.checkpoint()? == 0 && self.tree.scan_prefix([b'e']).next().is_none())
+    }
+
+    /// Writes an exported state ([`ProjectionStore::export_state`]) taken at `position`
+    /// into this store, which must be fresh (or hold an import that did not finish). A
+    /// marker goes first and is removed, with the checkpoint and `copy_from` set, in the
+    /// last batch: a crash half-way leaves a marked store that the next import clears.
+    pub fn import_state(&self, position: u64, body: &[u8]) -> Result<u64, StoreError> {
+        let marker = key(b'm', &[b"importing"]);
+        if self.tree.get(&marker)?.is_some() {
+            self.tree.clear()?;
+        } else if !self.is_fresh()? {
+            return Err(StoreError::Import(
+                "this data dir already holds a projection".into(),
+            ));
+        }
+        let pairs = exported_pairs(body)?;
+        self.tree.insert(&marker, &[][..])?;
+        let checkpoint_key = key(b'm', &[b"checkpoint"]);
+        let mut batch = sled::Batch::default();
+        let mut in_batch = 0;
+        let mut keys = 0u64;
+        for (k, v) in pairs {
+            if !k.first().is_some_and(|t| EXPORTED_TAGS.contains(t)) {
+                return Err(StoreError::Import(format!(
+                    "key {} is not part of a projection's state",
+                    k.first().copied().unwrap_or(0)
+                )));
+            }
+            if k == checkpoint_key.as_slice() || k == marker.as_slice() {
+                continue; // set by the last batch only
+            }
+            batch.insert(k, v);
+            in_batch += 1;
+            keys += 1;
+            if in_batch == IMPORT_CHUNK_KEYS {
+                self.tree.apply_batch(std::mem::take(&mut batch))?;
+                reclaim_sled_garbage(in_batch);
+                in_batch = 0;
+            }
+        }
+        batch.insert(checkpoint_key, &position.to_be_bytes()[..]);
+        batch.insert(
+            key(b'm', &[b"copy_from"]),
+            &(position + 1).to_be_bytes()[..],
+        );
+        batch.remove(marker);
+        self.tree.apply_batch(batch)?;
+        reclaim_sled_garbage(in_batch + 3);
+        self.flush()?;
+        Ok(keys)
+    }
+
     /// The highest `recorded_at` folded so far (ms), which the time index is built on.
     pub fn watermark(&self) -> Result<Option<i64>, StoreError> {
         Ok(self.meta_u64("watermark")?.map(|v| v as i64))
@@ -689,8 +803,13 @@ impl ProjectionStore {
         })
     }
 
-    /// One aggregate's commits up to `to` (inclusive), oldest first.
+    /// One aggregate's commits up to `to` (inclusive), oldest first. A bootstrapped store
+    /// does not copy the history before its snapshot: `HistoryNotCopied`.
     pub fn aggregate_commits(&self, id: &AggregateId, to: u64) -> Result<Vec<Commit>, StoreError> {
+        let copy_from = self.copy_from()?;
+        if copy_from > 1 {
+            return Err(StoreError::HistoryNotCopied { copy_from });
+        }
         let mut out = Vec::new();
         for r in self.tree.scan_prefix(key(b'h', &[&id.key_bytes()])) {
             let (_, v) = r?;
@@ -893,6 +1012,28 @@ impl ProjectionStore {
         }
         Ok(Some(projection))
     }
+}
+
+/// One key and its value, borrowed from an exported state.
+pub(crate) type KeyValue<'a> = (&'a [u8], &'a [u8]);
+
+/// The (key, value) pairs of an exported state, checked to be whole.
+pub(crate) fn exported_pairs(body: &[u8]) -> Result<Vec<KeyValue<'_>>, StoreError> {
+    fn part<'a>(rest: &mut &'a [u8]) -> Option<&'a [u8]> {
+        let len = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+        let bytes = rest.get(4..4 + len)?;
+        *rest = &rest[4 + len..];
+        Some(bytes)
+    }
+    let truncated = || StoreError::Import("the exported state is truncated".into());
+    let mut pairs = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        let k = part(&mut rest).ok_or_else(truncated)?;
+        let v = part(&mut rest).ok_or_else(truncated)?;
+        pairs.push((k, v));
+    }
+    Ok(pairs)
 }
 
 /// The store as placement's and recovery's [`StateView`]: each entity read from sled by id,

@@ -43,7 +43,6 @@ fn fast_retries() -> RetryPolicy {
 type Trigger = Arc<Mutex<Option<(String, String)>>>;
 
 struct World {
-    _dir: tempfile::TempDir,
     ledger: Ledger,
     infra: Arc<SimInfrastructure>,
     prov: Provisioner,
@@ -52,6 +51,9 @@ struct World {
     /// When set, the delete of `delete_target` is requested just before this step.
     delete_at: Trigger,
     delete_target: Arc<Mutex<Option<AggregateId>>>,
+    /// Last: fields drop in order, and the data dir must outlive every handle on the sled
+    /// database in it (the last one flushes when dropped).
+    _dir: tempfile::TempDir,
 }
 
 async fn world(vcpus: u64) -> World {

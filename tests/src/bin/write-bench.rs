@@ -423,6 +423,7 @@ impl Serve {
             drift_interval: None,
             ready_file: None,
             metrics_addr: None,
+            snapshot_bucket: None,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let thread = side_runtime("serve", async move {

@@ -1,8 +1,8 @@
 //! `q.history` and `q.state_at`: an aggregate's commits, and its state at a position or
 //! a time.
 
-use provledger_events::Timestamp;
-use provledger_projections::timeline;
+use provledger_events::{AggregateId, Commit, EventLog, Timestamp};
+use provledger_projections::{timeline, Entity};
 use serde_json::{json, Value};
 
 use super::error::{bad, to_data, ErrorCode, QueryError};
@@ -21,7 +21,7 @@ pub(crate) async fn history(ctx: &QueryContext, payload: &[u8]) -> Result<Value,
         return Err(bad("limit", "must be at least 1"));
     }
     ctx.wait_for(opt_u64(&req, "min_position")?).await?;
-    let commits = ctx.store.aggregate_commits(&id, u64::MAX)?;
+    let commits = aggregate_commits(ctx, &id, ctx.position()).await?;
     if commits.is_empty() {
         return Err(QueryError::new(
             ErrorCode::NotFound,
@@ -46,8 +46,29 @@ pub(crate) async fn history(ctx: &QueryContext, payload: &[u8]) -> Result<Value,
     Ok(Value::Array(page))
 }
 
+/// One aggregate's commits up to position `to`: from the store's copy, or, on a replica
+/// bootstrapped from a snapshot (whose copy starts there), from the stream itself, which
+/// holds them (the replica keeps no second copy of what it can read back).
+async fn aggregate_commits(
+    ctx: &QueryContext,
+    id: &AggregateId,
+    to: u64,
+) -> Result<Vec<Commit>, QueryError> {
+    if ctx.store.copy_from()? <= 1 {
+        return Ok(ctx.store.aggregate_commits(id, to)?);
+    }
+    let mut commits = ctx.log.read_aggregate(*id).await.map_err(|e| {
+        QueryError::new(
+            ErrorCode::Unavailable,
+            format!("reading {id}'s history from the stream: {e}"),
+        )
+    })?;
+    commits.retain(|c| c.position <= to);
+    Ok(commits)
+}
+
 /// The aggregate's state at `position`, at the last position by `time`, or now.
-pub(crate) fn state_at(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
+pub(crate) async fn state_at(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
     let req = object(payload)?;
     check_fields(&req, StateAtRequest::FIELDS)?;
     let id = req_aggregate(&req)?;
@@ -60,7 +81,14 @@ pub(crate) fn state_at(ctx: &QueryContext, payload: &[u8]) -> Result<Value, Quer
         }
         (None, None) => ctx.position(),
     };
-    match ctx.store.entity_at(&id, position)? {
+    let entity = match ctx.store.copy_from()? {
+        1 => ctx.store.entity_at(&id, position)?,
+        _ => Entity::fold(
+            id,
+            &aggregate_commits(ctx, &id, position.min(ctx.position())).await?,
+        ),
+    };
+    match entity {
         Some(e) => Ok(to_data(&StateAtData {
             at_position: position,
             state: e.view_typed(),

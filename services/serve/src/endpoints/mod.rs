@@ -337,7 +337,7 @@ impl QueryContext {
             Endpoint::InstanceList => entities::instance_list(self, payload),
             Endpoint::AllocationByConsumer => allocation::by_consumer(self, payload).await,
             Endpoint::History => history::history(self, payload).await,
-            Endpoint::StateAt => history::state_at(self, payload),
+            Endpoint::StateAt => history::state_at(self, payload).await,
             Endpoint::CmdAppend => append::append(self, payload, caller).await,
             Endpoint::ProviderList => placement::provider_list(self, payload),
             Endpoint::ProviderDelete => placement::provider_delete(self, payload, caller).await,

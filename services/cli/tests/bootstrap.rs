@@ -1,0 +1,330 @@
+//! A new replica bootstrapped from a snapshot another replica published
+//! (`--snapshot-bucket`), against a private nats-server: it answers every query as a
+//! replica that caught up from position 1, and a snapshot with one byte flipped is refused,
+//! the replica then catching up from position 1 to the same state.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use proptest::strategy::{Strategy, ValueTree};
+use provledger_events::catalogue::ConsumerKind;
+use provledger_events::{AggregateId, CommitDraft, Event, EventLog, Expectation, JetStreamLog};
+use provledger_projections::Projection;
+use provledger_tests::{script, NatsServer};
+use serde_json::{json, Value};
+use tokio::io::AsyncReadExt;
+use uuid::Uuid;
+
+mod common;
+use common::Serve;
+
+const BUCKET: &str = "PROVLEDGER_SNAPSHOTS";
+
+async fn ask(client: &async_nats::Client, endpoint: &str, body: Value) -> Value {
+    let reply = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.request(format!("provledger.q.{endpoint}"), body.to_string().into()),
+    )
+    .await
+    .expect("reply in time")
+    .expect("request");
+    serde_json::from_slice(&reply.payload).expect("JSON reply")
+}
+
+/// Waits until a replica answers health at `position` exactly, ready.
+async fn wait_ready_at(client: &async_nats::Client, position: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = Value::Null;
+    loop {
+        let reply = tokio::time::timeout(
+            Duration::from_secs(1),
+            client.request("provledger.q.health", "{}".into()),
+        )
+        .await;
+        if let Ok(Ok(msg)) = reply {
+            if let Ok(v) = serde_json::from_slice::<Value>(&msg.payload) {
+                if v["position"].as_u64() >= Some(position) && v["data"]["ready"] == json!(true) {
+                    return;
+                }
+                last = v;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no replica became ready at {position}: {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Given a stream holding a script of commits over the script's pool and 150 providers
+/// of their own (each its inventory and a few claims): the aggregates written.
+async fn write_history(log: &JetStreamLog, steps: usize, seed_round: usize) -> Vec<AggregateId> {
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let mut script_steps = Vec::new();
+    for _ in 0..=seed_round {
+        script_steps.clear();
+        while script_steps.len() < steps {
+            script_steps.extend(script::script(400).new_tree(&mut runner).unwrap().current());
+        }
+    }
+    let mut aggregates = script::aggregate_pool();
+    let providers: Vec<AggregateId> = (0..150u128)
+        .map(|n| AggregateId::provider(Uuid::from_u128(0xB00 + n + 1000 * seed_round as u128)))
+        .collect();
+    for (i, (agg, events)) in script_steps.into_iter().take(steps).enumerate() {
+        append(log, agg, events).await;
+        let provider = providers[i % providers.len()];
+        let event = match i / providers.len() {
+            0 => Event::InventorySet {
+                resource_class: "VCPU".into(),
+                inventory: provledger_tests::workload::vcpu_inventory(64),
+            },
+            _ => Event::AllocationClaimed {
+                consumer: Uuid::from_u128(i as u128 + 1),
+                consumer_kind: ConsumerKind::Instance,
+                resources: BTreeMap::from([("VCPU".to_string(), 1)]),
+            },
+        };
+        append(log, provider, vec![event]).await;
+    }
+    aggregates.extend(providers);
+    aggregates
+}
+
+async fn append(log: &JetStreamLog, agg: AggregateId, events: Vec<Event>) {
+    log.append(agg, Expectation::Any, CommitDraft::now("test", events))
+        .await
+        .expect("append");
+}
+
+/// The position of the snapshot published in the bucket, once there is one.
+async fn published_position(log: &JetStreamLog) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(store) = log.context().get_object_store(BUCKET).await {
+            if let Ok(info) = store.info("projection").await {
+                if let Some(p) = info.metadata.get("position").and_then(|p| p.parse().ok()) {
+                    return p;
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "no snapshot was published");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Everything a replica answers about each aggregate: its state, its whole history,
+/// and its state at `earlier` (a position the snapshot covers).
+async fn answers(
+    client: &async_nats::Client,
+    aggregates: &[AggregateId],
+    earlier: u64,
+) -> Vec<(AggregateId, Value, Value, Value)> {
+    let mut out = Vec::new();
+    for agg in aggregates {
+        let get = ask(client, &format!("{}.get", agg.kind), json!({"id": agg.id})).await;
+        let mut history = Vec::new();
+        let mut from = 1;
+        loop {
+            let page = ask(
+                client,
+                "history",
+                json!({"aggregate": agg.to_string(), "from_version": from}),
+            )
+            .await;
+            let Some(commits) = page["data"].as_array().filter(|c| !c.is_empty()) else {
+                break;
+            };
+            from += commits.len() as u64;
+            history.extend(commits.iter().cloned());
+        }
+        let at = ask(
+            client,
+            "state_at",
+            json!({"aggregate": agg.to_string(), "position": earlier}),
+        )
+        .await;
+        // Everything but which replica answered.
+        let answered = |v: Value| json!({"data": v["data"], "position": v["position"]});
+        out.push((*agg, answered(get), Value::Array(history), answered(at)));
+    }
+    out
+}
+
+/// Where two JSON values first differ, and how.
+fn difference(a: &Value, b: &Value) -> String {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for (k, v) in x {
+                match y.get(k) {
+                    Some(w) if w == v => {}
+                    Some(w) => return format!("{k}/{}", difference(v, w)),
+                    None => return format!("{k} (only in the first)"),
+                }
+            }
+            let extra: Vec<_> = y.keys().filter(|k| !x.contains_key(*k)).collect();
+            format!("{extra:?} (only in the second)")
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            let i = x.iter().zip(y).position(|(v, w)| v != w).unwrap_or(0);
+            format!("[{i}]/{}", difference(&x[i], &y[i]))
+        }
+        _ => format!(": {a} vs {b}"),
+    }
+}
+
+/// The stream's end once it has not moved for a second.
+async fn quiet_end(log: &JetStreamLog) -> u64 {
+    let mut end = log.last_position().await.unwrap();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = log.last_position().await.unwrap();
+        if now == end {
+            return end;
+        }
+        end = now;
+    }
+}
+
+fn log_of(dir: &Path) -> String {
+    std::fs::read_to_string(dir.with_extension("log")).unwrap_or_default()
+}
+
+/// A replica with the bucket, started on a stream, that publishes a snapshot and stops:
+/// the snapshot's position.
+async fn publish_a_snapshot(nats: &NatsServer, log: &JetStreamLog, dir: &Path) -> u64 {
+    let end = log.last_position().await.unwrap();
+    let mut publisher = Serve::start_with(nats, dir, &["--snapshot-bucket", BUCKET]);
+    wait_ready_at(&nats.client().await, end).await;
+    let position = published_position(log).await;
+    assert!(publisher.terminate().success());
+    position
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_bootstrapped_from_a_snapshot_answers_as_one_that_caught_up() {
+    // Given a stream, a replica that published a snapshot of it, then more commits,
+    let nats = NatsServer::start().await;
+    let client = nats.client().await;
+    let log = common::stream(&nats).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut aggregates = write_history(&log, 400, 0).await;
+    let snapshot = publish_a_snapshot(&nats, &log, &dir.path().join("publisher")).await;
+    assert!(
+        snapshot > 100,
+        "the snapshot covers the history: {snapshot}"
+    );
+    aggregates.extend(write_history(&log, 200, 1).await);
+    let end = log.last_position().await.unwrap();
+
+    // when a new replica starts with the bucket,
+    let bootstrapped_dir = dir.path().join("bootstrapped");
+    let mut bootstrapped =
+        Serve::start_with(&nats, &bootstrapped_dir, &["--snapshot-bucket", BUCKET]);
+    wait_ready_at(&client, end).await;
+    // (serve's own writes, a rollback finished, all landed: the stream is quiet),
+    let end = quiet_end(&log).await;
+    wait_ready_at(&client, end).await;
+    // then it bootstrapped from the snapshot and followed the stream from there,
+    assert!(
+        log_of(&bootstrapped_dir).contains("bootstrapped from a published snapshot"),
+        "{}",
+        log_of(&bootstrapped_dir)
+    );
+    let from_snapshot = answers(&client, &aggregates, snapshot / 2).await;
+    assert!(bootstrapped.terminate().success());
+
+    // and it answers every query exactly as a replica that caught up from position 1.
+    let caught_up_dir = dir.path().join("caught-up");
+    let mut caught_up = Serve::start(&nats, &caught_up_dir);
+    wait_ready_at(&client, end).await;
+    let from_the_start = answers(&client, &aggregates, snapshot / 2).await;
+    assert!(caught_up.terminate().success());
+    assert_eq!(from_snapshot.len(), from_the_start.len());
+    for (a, b) in from_snapshot.iter().zip(&from_the_start) {
+        for (what, x, y) in [
+            ("state", &a.1, &b.1),
+            ("history", &a.2, &b.2),
+            ("earlier state", &a.3, &b.3),
+        ] {
+            assert!(
+                x == y,
+                "{}: its {what} differs at {}",
+                a.0,
+                difference(x, y)
+            );
+        }
+    }
+    let written: Vec<_> = from_the_start
+        .iter()
+        .filter(|(_, get, _, _)| get["data"].is_object())
+        .collect();
+    assert!(written.len() > 150, "{} aggregates compared", written.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_with_one_flipped_byte_is_refused_and_the_replica_catches_up_from_position_1() {
+    // Given a published snapshot with one byte of its body flipped (republished, so the
+    // object store's own digest matches what it holds),
+    let nats = NatsServer::start().await;
+    let client = nats.client().await;
+    let log = common::stream(&nats).await;
+    let dir = tempfile::tempdir().unwrap();
+    let aggregates = write_history(&log, 300, 0).await;
+    publish_a_snapshot(&nats, &log, &dir.path().join("publisher")).await;
+    let store = log.context().get_object_store(BUCKET).await.unwrap();
+    let mut bytes = Vec::new();
+    let mut object = store.get("projection").await.unwrap();
+    object.read_to_end(&mut bytes).await.unwrap();
+    let flipped = bytes.len() - bytes.len() / 3;
+    bytes[flipped] ^= 0x01;
+    store
+        .put("projection", &mut bytes.as_slice())
+        .await
+        .unwrap();
+    let end = log.last_position().await.unwrap();
+
+    // when a new replica starts with the bucket,
+    let replica_dir = dir.path().join("replica");
+    let mut replica = Serve::start_with(&nats, &replica_dir, &["--snapshot-bucket", BUCKET]);
+    wait_ready_at(&client, end).await;
+    // then the snapshot is refused,
+    let said = log_of(&replica_dir);
+    assert!(
+        said.contains("snapshot not used") && said.contains("blake3"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("bootstrapped from a published snapshot"),
+        "{said}"
+    );
+    // and the replica caught up from position 1 to the stream's state, entity by entity,
+    // its history whole.
+    let commits: Vec<_> = log
+        .read_all(1)
+        .await
+        .unwrap()
+        .filter_map(|c| async move { c.ok() })
+        .collect()
+        .await;
+    let rebuilt = Projection::rebuild(&commits);
+    let served = answers(&client, &aggregates, end).await;
+    let mut compared = 0;
+    for (agg, get, history, _) in &served {
+        let Some(expected) = rebuilt.get(agg) else {
+            continue;
+        };
+        assert_eq!(get["data"], expected.view(), "{agg}");
+        assert_eq!(
+            history.as_array().map(Vec::len),
+            Some(expected.header().version as usize),
+            "{agg}"
+        );
+        compared += 1;
+    }
+    assert!(compared > 150, "{compared} aggregates compared");
+    assert!(replica.terminate().success());
+}

@@ -1,0 +1,361 @@
+//! Snapshots published for new replicas, and a new replica's bootstrap from one.
+//!
+//! A replica that takes a projection snapshot (`--snapshot-bucket`) also publishes its
+//! whole projection state (entities, indexes, quarantine, time index: everything but the
+//! copy of the log, which the stream holds) as one object in a JetStream object store,
+//! replacing the previous one: the bucket keeps the newest snapshot only. A replica whose
+//! data dir is new fetches it, checks it, writes it into its store and follows the stream
+//! from the snapshot's position on, instead of folding the whole stream.
+//!
+//! A snapshot is used only if every check holds, else it is refused and the replica
+//! catches up from position 1 as before:
+//! - its bytes: the blake3 of the body is the one in its header (the object store's own
+//!   SHA-256 only says the object was read as it was put);
+//! - what it says it is: this stream, this entity format, a position the stream has;
+//! - the chain tips it covers: the blake3 of every entity's tip (aggregate, version,
+//!   position, hash) is the header's, and a sample of tips ([`TIPS_VERIFIED_MAX`], spread
+//!   over the aggregates, and the newest) is checked against the stream itself: the commit
+//!   at the tip's position is that aggregate's, at that version, with that hash, and the
+//!   subject holds no later commit at or before the snapshot's position.
+
+use std::io::Write as _;
+
+use provledger_events::{AggregateId, ChainTip, EventLog, JetStreamLog};
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncReadExt;
+
+use crate::store::{decode_entity, exported_pairs, ProjectionStore, StoreError, ENTITY_FORMAT};
+
+/// The name of the one object a snapshot bucket holds.
+pub const SNAPSHOT_OBJECT: &str = "projection";
+/// How many chain tips a bootstrap checks against the stream (two direct gets each).
+pub const TIPS_VERIFIED_MAX: usize = 256;
+/// The first bytes of a published snapshot, with its layout's version.
+const MAGIC: &[u8; 8] = b"PLSNAP\x00\x01";
+
+/// What a published snapshot says of itself (JSON, after the magic and its length).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotHeader {
+    /// The stream it is the projection of.
+    pub stream: String,
+    /// The last position it covers: the bootstrapped replica follows from the next.
+    pub position: u64,
+    pub entity_format: u8,
+    pub keys: u64,
+    pub entities: u64,
+    pub body_bytes: u64,
+    /// blake3 of the body, hex.
+    pub body_blake3: String,
+    /// blake3 of every entity's chain tip in key order, hex.
+    pub tips_blake3: String,
+}
+
+/// A snapshot ready to publish.
+#[derive(Debug, Clone)]
+pub struct PublishedSnapshot {
+    pub header: SnapshotHeader,
+    pub bytes: Vec<u8>,
+}
+
+/// Why a bootstrap did not happen. All but `Store` leave the data dir as it was, and the
+/// replica catches up from position 1.
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    #[error("no snapshot is published in bucket {bucket}")]
+    NoSnapshot { bucket: String },
+    #[error("the published snapshot is refused: {0}")]
+    Refused(String),
+    #[error("the snapshot bucket cannot be read: {0}")]
+    Unavailable(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// One entity's chain tip, as a snapshot covers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoveredTip {
+    pub aggregate: AggregateId,
+    pub tip: ChainTip,
+}
+
+/// The chain tips of the entities in an exported body, in key order, and their digest.
+fn tips_of(body: &[u8]) -> Result<(Vec<CoveredTip>, blake3::Hash), BootstrapError> {
+    let pairs = exported_pairs(body).map_err(|e| BootstrapError::Refused(e.to_string()))?;
+    let mut tips = Vec::new();
+    let mut digest = blake3::Hasher::new();
+    for (k, v) in pairs.into_iter().filter(|(k, _)| k.first() == Some(&b'e')) {
+        let entity = decode_entity(v).map_err(|e| BootstrapError::Refused(e.to_string()))?;
+        let h = entity.header();
+        digest.update(&h.id.key_bytes());
+        digest.update(&h.version.to_be_bytes());
+        digest.update(&h.last_position.to_be_bytes());
+        digest.update(&h.hash.0);
+        if k.get(1..) != Some(&h.id.key_bytes()[..]) {
+            return Err(BootstrapError::Refused(format!(
+                "entity {} is stored under another key",
+                h.id
+            )));
+        }
+        tips.push(CoveredTip {
+            aggregate: h.id,
+            tip: ChainTip {
+                version: h.version,
+                position: h.last_position,
+                hash: h.hash,
+            },
+        });
+    }
+    Ok((tips, digest.finalize()))
+}
+
+/// The store's state as a snapshot of `stream` (called by the projector between batches).
+pub fn prepare(store: &ProjectionStore, stream: &str) -> Result<PublishedSnapshot, BootstrapError> {
+    let (position, keys, body) = store.export_state()?;
+    let (tips, tips_digest) = tips_of(&body)?;
+    let header = SnapshotHeader {
+        stream: stream.to_string(),
+        position,
+        entity_format: ENTITY_FORMAT,
+        keys,
+        entities: tips.len() as u64,
+        body_bytes: body.len() as u64,
+        body_blake3: blake3::hash(&body).to_hex().to_string(),
+        tips_blake3: tips_digest.to_hex().to_string(),
+    };
+    let head = serde_json::to_vec(&header).map_err(|e| BootstrapError::Refused(e.to_string()))?;
+    let mut bytes = Vec::with_capacity(MAGIC.len() + 4 + head.len() + body.len());
+    bytes.extend_from_slice(MAGIC);
+    // A header is a few hundred bytes: it always fits a u32.
+    let _ = bytes.write_all(&(head.len() as u32).to_be_bytes());
+    bytes.extend_from_slice(&head);
+    bytes.extend_from_slice(&body);
+    Ok(PublishedSnapshot { header, bytes })
+}
+
+/// A snapshot whose own bytes check: its header, its body, and the tips to verify
+/// against the stream.
+#[derive(Debug)]
+pub struct Checked<'a> {
+    pub header: SnapshotHeader,
+    pub body: &'a [u8],
+    pub sample: Vec<CoveredTip>,
+}
+
+/// Checks a snapshot's bytes for `stream` (pure): layout, body hash, stream, entity
+/// format and the digest of the tips it covers; picks the tips to verify.
+pub fn check<'a>(bytes: &'a [u8], stream: &str) -> Result<Checked<'a>, BootstrapError> {
+    let refused = |why: String| BootstrapError::Refused(why);
+    let rest = bytes
+        .strip_prefix(MAGIC.as_slice())
+        .ok_or_else(|| refused("not a provledger snapshot (magic)".into()))?;
+    let len = rest
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .map(u32::from_be_bytes)
+        .ok_or_else(|| refused("truncated header".into()))? as usize;
+    let head = rest
+        .get(4..4 + len)
+        .ok_or_else(|| refused("truncated header".into()))?;
+    let header: SnapshotHeader =
+        serde_json::from_slice(head).map_err(|e| refused(format!("header: {e}")))?;
+    let body = &rest[4 + len..];
+    if header.stream != stream {
+        return Err(refused(format!(
+            "it is a snapshot of stream {}, not {stream}",
+            header.stream
+        )));
+    }
+    if header.entity_format != ENTITY_FORMAT {
+        return Err(refused(format!(
+            "entity format {}, this build reads {ENTITY_FORMAT}",
+            header.entity_format
+        )));
+    }
+    if body.len() as u64 != header.body_bytes {
+        return Err(refused(format!(
+            "body of {} bytes, the header says {}",
+            body.len(),
+            header.body_bytes
+        )));
+    }
+    if blake3::hash(body).to_hex().as_str() != header.body_blake3 {
+        return Err(refused("the body's blake3 is not the header's".into()));
+    }
+    let (tips, digest) = tips_of(body)?;
+    if digest.to_hex().as_str() != header.tips_blake3 || tips.len() as u64 != header.entities {
+        return Err(refused(
+            "the chain tips it holds are not the ones its header covers".into(),
+        ));
+    }
+    if let Some(beyond) = tips.iter().find(|t| t.tip.position > header.position) {
+        return Err(refused(format!(
+            "{} is at position {}, past the snapshot's {}",
+            beyond.aggregate, beyond.tip.position, header.position
+        )));
+    }
+    Ok(Checked {
+        sample: sample(&tips),
+        header,
+        body,
+    })
+}
+
+/// At most [`TIPS_VERIFIED_MAX`] tips spread evenly over the aggregates, and the newest.
+fn sample(tips: &[CoveredTip]) -> Vec<CoveredTip> {
+    let step = tips.len().div_ceil(TIPS_VERIFIED_MAX).max(1);
+    let mut picked: Vec<CoveredTip> = tips.iter().step_by(step).copied().collect();
+    if let Some(newest) = tips.iter().max_by_key(|t| t.tip.position) {
+        if !picked.contains(newest) {
+            picked.push(*newest);
+        }
+    }
+    picked
+}
+
+/// Checks the sampled tips against the stream (see the module's doc).
+pub async fn verify_against_stream(
+    log: &JetStreamLog,
+    checked: &Checked<'_>,
+) -> Result<(), BootstrapError> {
+    let unavailable = |e: provledger_events::ReadError| BootstrapError::Unavailable(e.to_string());
+    let position = checked.header.position;
+    let end = log.last_position().await.map_err(unavailable)?;
+    if end < position {
+        return Err(BootstrapError::Refused(format!(
+            "it covers up to position {position}, the stream ends at {end}"
+        )));
+    }
+    for covered in &checked.sample {
+        let CoveredTip { aggregate, tip } = *covered;
+        let at = log.read_position(tip.position).await.map_err(unavailable)?;
+        match at {
+            Some(c)
+                if c.aggregate == aggregate && c.version == tip.version && c.hash == tip.hash => {}
+            _ => {
+                return Err(BootstrapError::Refused(format!(
+                    "{aggregate}'s tip (version {}, position {}) is not the stream's",
+                    tip.version, tip.position
+                )))
+            }
+        }
+        let later = log
+            .read_aggregate_after(aggregate, tip)
+            .await
+            .map_err(unavailable)?;
+        if let Some(missed) = later.iter().find(|c| c.position <= position) {
+            return Err(BootstrapError::Refused(format!(
+                "{aggregate} has version {} at position {}, which the snapshot misses",
+                missed.version, missed.position
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The object store holding the snapshots, created if missing.
+async fn bucket(
+    js: &async_nats::jetstream::Context,
+    name: &str,
+) -> Result<async_nats::jetstream::object_store::ObjectStore, BootstrapError> {
+    if let Ok(store) = js.get_object_store(name).await {
+        return Ok(store);
+    }
+    js.create_object_store(async_nats::jetstream::object_store::Config {
+        bucket: name.to_string(),
+        description: Some("provledger projection snapshots for new replicas".into()),
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| BootstrapError::Unavailable(format!("creating bucket {name}: {e}")))
+}
+
+/// Publishes `snapshot` in `bucket_name`, replacing the one there (the object store
+/// removes the replaced object's chunks: the bucket holds one snapshot).
+pub async fn publish(
+    js: &async_nats::jetstream::Context,
+    bucket_name: &str,
+    snapshot: &PublishedSnapshot,
+) -> Result<(), BootstrapError> {
+    let store = bucket(js, bucket_name).await?;
+    let meta = async_nats::jetstream::object_store::ObjectMetadata {
+        name: SNAPSHOT_OBJECT.to_string(),
+        description: Some(format!(
+            "projection of {} at position {}",
+            snapshot.header.stream, snapshot.header.position
+        )),
+        chunk_size: Some(1024 * 1024),
+        metadata: [("position".to_string(), snapshot.header.position.to_string())].into(),
+        headers: None,
+    };
+    store
+        .put(meta, &mut snapshot.bytes.as_slice())
+        .await
+        .map_err(|e| BootstrapError::Unavailable(format!("publishing to {bucket_name}: {e}")))?;
+    Ok(())
+}
+
+/// The bytes of the snapshot published in `bucket_name`.
+pub async fn fetch(
+    js: &async_nats::jetstream::Context,
+    bucket_name: &str,
+) -> Result<Vec<u8>, BootstrapError> {
+    let unavailable = |e: String| BootstrapError::Unavailable(format!("{bucket_name}: {e}"));
+    let Ok(store) = js.get_object_store(bucket_name).await else {
+        return Err(BootstrapError::NoSnapshot {
+            bucket: bucket_name.to_string(),
+        });
+    };
+    let mut object = match store.get(SNAPSHOT_OBJECT).await {
+        Ok(o) => o,
+        Err(e) if e.kind() == async_nats::jetstream::object_store::GetErrorKind::NotFound => {
+            return Err(BootstrapError::NoSnapshot {
+                bucket: bucket_name.to_string(),
+            })
+        }
+        Err(e) => return Err(unavailable(e.to_string())),
+    };
+    let mut bytes = Vec::with_capacity(object.info().size);
+    object
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(|e| unavailable(e.to_string()))?;
+    Ok(bytes)
+}
+
+/// What a bootstrap did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bootstrapped {
+    pub position: u64,
+    pub keys: u64,
+    pub entities: u64,
+    pub bytes: u64,
+}
+
+/// Bootstraps `store` (which must be new) from the snapshot published in `bucket_name`:
+/// fetched, checked, verified against the stream, then written. On any error but
+/// `Store` nothing was written.
+pub async fn bootstrap(
+    log: &JetStreamLog,
+    bucket_name: &str,
+    store: &ProjectionStore,
+) -> Result<Bootstrapped, BootstrapError> {
+    let bytes = fetch(log.context(), bucket_name).await?;
+    let checked = check(&bytes, &log.config().stream)?;
+    verify_against_stream(log, &checked).await?;
+    let position = checked.header.position;
+    let entities = checked.header.entities;
+    let body = checked.body;
+    let imported = {
+        let store = store.clone();
+        let body = body.to_vec();
+        tokio::task::spawn_blocking(move || store.import_state(position, &body))
+            .await
+            .map_err(|e| BootstrapError::Unavailable(format!("import task: {e}")))??
+    };
+    Ok(Bootstrapped {
+        position,
+        keys: imported,
+        entities,
+        bytes: bytes.len() as u64,
+    })
+}

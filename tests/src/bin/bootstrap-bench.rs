@@ -1,0 +1,227 @@
+//! Time-to-ready of a new `provledger serve` replica, with and without a published
+//! snapshot (`--snapshot-bucket`), on one stream, in one run: a replica catching up from
+//! position 1 (the reference), then one bootstrapping from the snapshot another published.
+//! Also each data dir's bytes next to the stream's.
+//!
+//! `cargo run --release -p provledger-tests --bin bootstrap-bench [-- --commits N]`
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use provledger_events::catalogue::ConsumerKind;
+use provledger_events::{
+    AggregateId, CommitDraft, Event, EventLog, Expectation, JetStreamConfig, JetStreamLog,
+};
+use provledger_serve::ServeOptions;
+use provledger_tests::NatsServer;
+use uuid::Uuid;
+
+const BUCKET: &str = "PROVLEDGER_SNAPSHOTS";
+/// Commits per provider: its inventory, then claims.
+const COMMITS_PER_PROVIDER: u64 = 20;
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        total += match entry.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&path),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        };
+    }
+    total
+}
+
+/// A serve in process until the returned sender is dropped or fired.
+fn start_serve(
+    url: String,
+    dir: &Path,
+    bucket: Option<&str>,
+    snapshot_every: u64,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    std::thread::JoinHandle<Result<(), String>>,
+) {
+    let options = ServeOptions {
+        nats_url: url,
+        data_dir: dir.to_path_buf(),
+        stream: "PROVLEDGER".into(),
+        subject_prefix: "provledger".into(),
+        stream_replicas: 1,
+        nats_auth: Default::default(),
+        min_position_wait: Duration::from_secs(2),
+        snapshot_every,
+        retry: Default::default(),
+        executor_reply_wait: Duration::from_secs(30),
+        recovery_interval: None,
+        drift_interval: None,
+        ready_file: None,
+        metrics_addr: None,
+        snapshot_bucket: bucket.map(str::to_string),
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("serve's runtime")
+            .block_on(provledger_serve::run(options, async {
+                let _ = stopped.await;
+            }))
+            .map_err(|e| e.to_string())
+    });
+    (stop, thread)
+}
+
+/// Waits until a replica answers `ready` at `end` or later; the time it took from `since`.
+async fn ready_after(client: &async_nats::Client, end: u64, since: Instant) -> Duration {
+    loop {
+        let reply = tokio::time::timeout(
+            Duration::from_secs(1),
+            client.request("provledger.q.health", "{}".into()),
+        )
+        .await;
+        if let Ok(Ok(msg)) = reply {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&msg.payload) {
+                if v["position"].as_u64() >= Some(end) && v["data"]["ready"] == true {
+                    return since.elapsed();
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let commits = arg("--commits", 200_000);
+    let nats = NatsServer::start().await;
+    let client = nats.client().await;
+    let log = JetStreamLog::open(nats.client().await, JetStreamConfig::default())
+        .await
+        .expect("stream");
+    let providers = commits.div_ceil(COMMITS_PER_PROVIDER);
+    eprintln!("writing {commits} commits over {providers} providers");
+    let started = Instant::now();
+    futures::stream::iter(0..providers)
+        .for_each_concurrent(64, |p| {
+            let log = log.clone();
+            async move {
+                let provider = AggregateId::provider(Uuid::from_u128(u128::from(p) + 1));
+                for c in 0..COMMITS_PER_PROVIDER {
+                    let event = match c {
+                        0 => Event::InventorySet {
+                            resource_class: "VCPU".into(),
+                            inventory: provledger_tests::workload::vcpu_inventory(1_000),
+                        },
+                        _ => Event::AllocationClaimed {
+                            consumer: Uuid::from_u128((u128::from(p) << 32) + u128::from(c)),
+                            consumer_kind: ConsumerKind::Instance,
+                            resources: BTreeMap::from([("VCPU".to_string(), 1)]),
+                        },
+                    };
+                    log.append(
+                        provider,
+                        Expectation::Any,
+                        CommitDraft::now("bench", vec![event]),
+                    )
+                    .await
+                    .expect("append");
+                }
+            }
+        })
+        .await;
+    let end = log.last_position().await.expect("end");
+    eprintln!("written in {:.1?}", started.elapsed());
+    let stream_bytes = log
+        .context()
+        .get_stream("PROVLEDGER")
+        .await
+        .expect("stream")
+        .info()
+        .await
+        .expect("stream info")
+        .state
+        .bytes;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The publisher: catches up from position 1, snapshots once caught up, publishes.
+    let since = Instant::now();
+    let (stop, thread) = start_serve(
+        nats.url(),
+        &dir.path().join("publisher"),
+        Some(BUCKET),
+        end / 2,
+    );
+    let publisher_ready = ready_after(&client, end, since).await;
+    let published = Instant::now();
+    loop {
+        if let Ok(store) = log.context().get_object_store(BUCKET).await {
+            if store.info("projection").await.is_ok() {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let publish_wait = published.elapsed();
+    let _ = stop.send(());
+    let _ = thread.join();
+
+    // The reference: a new replica without a snapshot, from position 1.
+    let since = Instant::now();
+    let full_dir = dir.path().join("full");
+    let (stop, thread) = start_serve(nats.url(), &full_dir, None, 0);
+    let full = ready_after(&client, end, since).await;
+    let _ = stop.send(());
+    let _ = thread.join();
+
+    // A new replica bootstrapping from the published snapshot.
+    let since = Instant::now();
+    let boot_dir = dir.path().join("bootstrapped");
+    let (stop, thread) = start_serve(nats.url(), &boot_dir, Some(BUCKET), 0);
+    let boot = ready_after(&client, end, since).await;
+    let _ = stop.send(());
+    let _ = thread.join();
+
+    println!(
+        "| {end} commits ({providers} providers), nats-server {} | time to ready | data dir | data dir / stream ({:.1} MB) |",
+        log.server_version(),
+        stream_bytes as f64 / 1e6
+    );
+    println!("|---|---:|---:|---:|");
+    for (what, took, path) in [
+        ("new replica, from position 1 (reference)", full, &full_dir),
+        (
+            "new replica, bootstrapped from the snapshot",
+            boot,
+            &boot_dir,
+        ),
+    ] {
+        let bytes = dir_bytes(path);
+        println!(
+            "| {what} | {:.2} s | {:.1} MB | {:.2}x |",
+            took.as_secs_f64(),
+            bytes as f64 / 1e6,
+            bytes as f64 / stream_bytes as f64
+        );
+    }
+    println!(
+        "bootstrapped / from position 1: {:.3}x; the publisher was ready after {:.2} s and published {:.2} s later",
+        boot.as_secs_f64() / full.as_secs_f64(),
+        publisher_ready.as_secs_f64(),
+        publish_wait.as_secs_f64()
+    );
+}
