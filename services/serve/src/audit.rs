@@ -102,7 +102,11 @@ pub async fn audit_log<L: EventLog>(
     let copy = match copy {
         Some(store) => Some(Copy {
             store,
-            copy_from: store.copy_from()?,
+            // A store without a copy (serve's) has nothing to compare.
+            copy_from: match store.copies_log()? {
+                true => store.copy_from()?,
+                false => u64::MAX,
+            },
             checkpoint: store.checkpoint()?,
             quarantined: store.quarantined()?.iter().map(|q| q.position).collect(),
         }),

@@ -329,6 +329,12 @@ pub struct Bootstrapped {
     pub keys: u64,
     pub entities: u64,
     pub bytes: u64,
+    /// Milliseconds spent fetching, checking the bytes, verifying tips against the stream
+    /// and importing.
+    pub fetch_ms: u64,
+    pub check_ms: u64,
+    pub verify_ms: u64,
+    pub import_ms: u64,
 }
 
 /// Bootstraps `store` (which must be new) from the snapshot published in `bucket_name`:
@@ -339,9 +345,17 @@ pub async fn bootstrap(
     bucket_name: &str,
     store: &ProjectionStore,
 ) -> Result<Bootstrapped, BootstrapError> {
+    let ms = |since: std::time::Instant| since.elapsed().as_millis() as u64;
+    let started = std::time::Instant::now();
     let bytes = fetch(log.context(), bucket_name).await?;
+    let fetch_ms = ms(started);
+    let started = std::time::Instant::now();
     let checked = check(&bytes, &log.config().stream)?;
+    let check_ms = ms(started);
+    let started = std::time::Instant::now();
     verify_against_stream(log, &checked).await?;
+    let verify_ms = ms(started);
+    let started = std::time::Instant::now();
     let position = checked.header.position;
     let entities = checked.header.entities;
     let body = checked.body;
@@ -357,5 +371,9 @@ pub async fn bootstrap(
         keys: imported,
         entities,
         bytes: bytes.len() as u64,
+        fetch_ms,
+        check_ms,
+        verify_ms,
+        import_ms: ms(started),
     })
 }

@@ -1,6 +1,7 @@
 //! The projector: consumes the log from the store's checkpoint, folds each
-//! commit into its entity, and writes the sled copy of the commit, the entities, the
-//! indexes and the new checkpoint in one atomic batch. After a crash at any point the
+//! commit into its entity, and writes the entities, the indexes, the new checkpoint and,
+//! for a store that copies the log (not serve's: it reads history back from the stream),
+//! the sled copy of the commit in one atomic batch. After a crash at any point the
 //! store holds exactly the batches that were written, so a restart resumes at the
 //! checkpoint with nothing lost and nothing folded twice.
 //!
@@ -141,12 +142,15 @@ pub struct Projector {
     /// Where each snapshot taken is also handed for publishing (`--snapshot-bucket`),
     /// with the stream's name.
     publisher: Option<(tokio::sync::mpsc::Sender<PublishedSnapshot>, String)>,
+    /// Whether the store keeps a copy of each commit (`ProjectionStore::copies_log`).
+    copies_log: bool,
 }
 
 impl Projector {
     pub fn new(store: ProjectionStore, snapshot_every: u64) -> Result<Self, StoreError> {
         let checkpoint = store.checkpoint()?;
         let watermark = store.watermark()?;
+        let copies_log = store.copies_log()?;
         let (applied, _) = watch::channel(checkpoint);
         // A snapshot deferred before a restart is still due.
         let newest = store.snapshots()?.last().copied().unwrap_or(0);
@@ -165,6 +169,7 @@ impl Projector {
             on_violation: OnChainViolation::Fail,
             metrics: FoldMetrics::default(),
             publisher: None,
+            copies_log,
         })
     }
 
@@ -346,15 +351,17 @@ impl Projector {
         batch: &mut StoreBatch,
         dirty: &mut HashSet<AggregateId>,
     ) -> Result<(), StoreError> {
-        // The copy holds the codec's bytes; re-encoding a decoded commit gives the same
-        // bytes because the encoding is canonical (the golden tests pin it).
-        let bytes = codec::encode(commit).map_err(|e| StoreError::Corrupt {
-            what: format!("commit at position {}", commit.position),
-            reason: e.to_string(),
-        })?;
-        batch
-            .commits
-            .push((commit.position, commit.aggregate, commit.version, bytes));
+        if self.copies_log {
+            // The copy holds the codec's bytes; re-encoding a decoded commit gives the
+            // same bytes because the encoding is canonical (the golden tests pin it).
+            let bytes = codec::encode(commit).map_err(|e| StoreError::Corrupt {
+                what: format!("commit at position {}", commit.position),
+                reason: e.to_string(),
+            })?;
+            batch
+                .commits
+                .push((commit.position, commit.aggregate, commit.version, bytes));
+        }
         let aggregate = commit.aggregate;
         let entity = self.load(aggregate)?;
         entity.apply(commit);

@@ -13,7 +13,8 @@ use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use provledger_events::{AggregateId, AggregateKind};
+use futures::StreamExt;
+use provledger_events::{AggregateId, AggregateKind, EventLog};
 use provledger_projections::operation::{OperationState, OperationStatus};
 use provledger_projections::{DeletionState, Entity};
 use tokio::sync::watch;
@@ -118,11 +119,8 @@ impl RollbackWorker {
             scan_through = scan_through.max(incomplete_through);
             let to = now.min(scan_through).min(seen + COMMITS_PER_WAKE_MAX);
             if to > seen {
-                for aggregate in self.store.commit_aggregates(seen + 1, to) {
-                    match aggregate {
-                        Ok(aggregate) => note_changed(aggregate, &mut open, &mut deleting),
-                        Err(e) => tracing::warn!(error = %e, "unreadable commit in the copy"),
-                    }
+                for aggregate in self.aggregates_between(seen + 1, to).await {
+                    note_changed(aggregate, &mut open, &mut deleting);
                 }
                 seen = to;
             }
@@ -150,6 +148,42 @@ impl RollbackWorker {
         // this replica or another) resumes them.
         tasks.abort_all();
         tracing::info!("rollback worker stopped");
+    }
+
+    /// The aggregates of the commits from `from` to `to`: read back from the store's copy,
+    /// or from the stream when the store keeps none (serve's). An entry that cannot be
+    /// read is skipped with a warning: the projector quarantined it too.
+    async fn aggregates_between(&self, from: u64, to: u64) -> Vec<AggregateId> {
+        let mut out = Vec::new();
+        if self.store.copies_log().unwrap_or(false) {
+            for aggregate in self.store.commit_aggregates(from, to) {
+                match aggregate {
+                    Ok(aggregate) => out.push(aggregate),
+                    Err(e) => tracing::warn!(error = %e, "unreadable commit in the copy"),
+                }
+            }
+            return out;
+        }
+        let mut stream = match self.ledger.read_all(from).await {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, from, to, "cannot read the stream back");
+                return out;
+            }
+        };
+        while let Some(entry) = stream.next().await {
+            match entry {
+                Ok(commit) if commit.position > to => break,
+                Ok(commit) => out.push(commit.aggregate),
+                Err(e) if e.quarantine_parts().is_some_and(|(p, ..)| p > to) => break,
+                Err(e) if e.quarantine_parts().is_some() => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, from, to, "cannot read the stream back");
+                    break;
+                }
+            }
+        }
+        out
     }
 
     fn initial_scan(&self, open: &mut BTreeSet<Uuid>, deleting: &mut BTreeSet<AggregateId>) {

@@ -120,6 +120,10 @@ async fn bootstrap_if_new(
             keys = done.keys,
             bytes = done.bytes,
             ms = started.elapsed().as_millis() as u64,
+            fetch_ms = done.fetch_ms,
+            check_ms = done.check_ms,
+            verify_ms = done.verify_ms,
+            import_ms = done.import_ms,
             "bootstrapped from a published snapshot; following the stream from the next position"
         ),
         Err(BootstrapError::Store(e)) => return Err(e.into()),
@@ -142,6 +146,9 @@ pub fn open_service_store(
     let dir = SledLog::open(data_dir).map_err(OpenLedgerError::from)?;
     let store = ProjectionStore::open(dir.db())?;
     store.claim_source(&format!("jetstream:{stream}"))?;
+    // The stream holds every commit and is read back (by direct get) for history: a new
+    // data dir keeps no second copy of it.
+    store.keep_no_copy()?;
     Ok((dir, store))
 }
 

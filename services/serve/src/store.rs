@@ -71,9 +71,9 @@ pub enum StoreError {
     #[error(transparent)]
     Integrity(#[from] IntegrityError),
     #[error(
-        "this data dir was bootstrapped from a snapshot: its copy of the log starts at position {copy_from}, and the history before it is in the stream (ask a serve replica: `--nats`)"
+        "this data dir is a serve replica's, which keeps no copy of the log: the history is in the stream (ask serve: `--nats`)"
     )]
-    HistoryNotCopied { copy_from: u64 },
+    HistoryNotCopied,
     #[error("cannot import a snapshot: {0}")]
     Import(String),
 }
@@ -277,11 +277,17 @@ impl ProjectionStore {
             None => None,
         };
         let refolded = stored.is_some_and(|f| f != ENTITY_FORMAT);
-        if refolded && store.copy_from()? > 1 {
-            // Its copy starts at the snapshot: the entities cannot be re-folded from it.
+        let indexed = store
+            .tree
+            .get(key(b'm', &[b"time_index_format"]))?
+            .and_then(|v| v.first().copied());
+        let needs_copy = refolded || (stored.is_some() && indexed != Some(TIME_INDEX_FORMAT));
+        if needs_copy && store.history_in_stream()? {
+            // Without a whole copy, neither can be rebuilt from the data dir.
             return Err(StoreError::Corrupt {
-                what: "projection (bootstrapped from a snapshot of an older entity format)".into(),
-                reason: "remove the data dir: the replica bootstraps again or catches up from the stream".into(),
+                what: "projection (of an older format, in a data dir without a copy of the log)"
+                    .into(),
+                reason: "remove the data dir: serve catches up again from the stream (or bootstraps from a snapshot)".into(),
             });
         }
         if refolded {
@@ -568,6 +574,31 @@ impl ProjectionStore {
         Ok((checkpoint, keys, out))
     }
 
+    /// Whether the projector writes a copy of each commit (`c`, `h`) into this store: true
+    /// for the embedded store and for serve data dirs made before serve stopped copying;
+    /// false for serve's since (the stream holds every commit and is read back instead).
+    pub fn copies_log(&self) -> Result<bool, StoreError> {
+        Ok(self
+            .tree
+            .get(key(b'm', &[b"copies_log"]))?
+            .is_none_or(|v| v.first() != Some(&0)))
+    }
+
+    /// Makes a fresh store keep no copy of the log (serve's); a store that already holds
+    /// one keeps copying, so that its copy stays whole.
+    pub fn keep_no_copy(&self) -> Result<(), StoreError> {
+        if self.is_fresh()? && self.tree.scan_prefix([b'c']).next().is_none() {
+            self.tree.insert(key(b'm', &[b"copies_log"]), &[0u8][..])?;
+        }
+        Ok(())
+    }
+
+    /// Whether an aggregate's history must be read from the stream: the store keeps no
+    /// copy, or its copy starts after a snapshot it was bootstrapped from.
+    pub fn history_in_stream(&self) -> Result<bool, StoreError> {
+        Ok(!self.copies_log()? || self.copy_from()? > 1)
+    }
+
     /// Whether an import of a snapshot was cut short (by a crash): the next one starts over.
     pub fn import_incomplete(&self) -> Result<bool, StoreError> {
         Ok(self.tree.get(key(b'm', &[b"importing"]))?.is_some())
@@ -621,6 +652,7 @@ impl ProjectionStore {
             key(b'm', &[b"copy_from"]),
             &(position + 1).to_be_bytes()[..],
         );
+        batch.insert(key(b'm', &[b"copies_log"]), &[0u8][..]);
         batch.remove(marker);
         self.tree.apply_batch(batch)?;
         reclaim_sled_garbage(in_batch + 3);
@@ -806,9 +838,8 @@ impl ProjectionStore {
     /// One aggregate's commits up to `to` (inclusive), oldest first. A bootstrapped store
     /// does not copy the history before its snapshot: `HistoryNotCopied`.
     pub fn aggregate_commits(&self, id: &AggregateId, to: u64) -> Result<Vec<Commit>, StoreError> {
-        let copy_from = self.copy_from()?;
-        if copy_from > 1 {
-            return Err(StoreError::HistoryNotCopied { copy_from });
+        if self.history_in_stream()? {
+            return Err(StoreError::HistoryNotCopied);
         }
         let mut out = Vec::new();
         for r in self.tree.scan_prefix(key(b'h', &[&id.key_bytes()])) {

@@ -36,6 +36,10 @@ pub async fn replay_local(
     json: bool,
 ) -> Result<(), CommandError> {
     let store = open_local_store(log).await?;
+    // A serve replica's data dir holds no copy of the log to replay (the stream does).
+    if store.history_in_stream()? {
+        return Err(provledger_serve::StoreError::HistoryNotCopied.into());
+    }
     let end = match to {
         None => store.checkpoint()?,
         Some(LogPoint::Position(p)) => p.min(store.checkpoint()?),

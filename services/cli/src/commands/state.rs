@@ -122,9 +122,13 @@ pub async fn state_local(
         Some(LogPoint::Position(p)) => p,
         Some(LogPoint::Time(t)) => store.position_at_time(t)?,
     };
-    let entity = store
-        .entity_at(&aggregate, position)?
-        .ok_or_else(|| not_found(aggregate, position))?;
+    // A serve replica's data dir keeps the current entities but no copy of the log: the
+    // current state is read as stored; an earlier one needs the history (`--nats`).
+    let entity = match at.is_none() && store.history_in_stream()? {
+        true => store.entity(&aggregate)?,
+        false => store.entity_at(&aggregate, position)?,
+    }
+    .ok_or_else(|| not_found(aggregate, position))?;
     print_state(aggregate, position, &entity, json);
     Ok(())
 }

@@ -46,15 +46,15 @@ pub(crate) async fn history(ctx: &QueryContext, payload: &[u8]) -> Result<Value,
     Ok(Value::Array(page))
 }
 
-/// One aggregate's commits up to position `to`: from the store's copy, or, on a replica
-/// bootstrapped from a snapshot (whose copy starts there), from the stream itself, which
-/// holds them (the replica keeps no second copy of what it can read back).
+/// One aggregate's commits up to position `to`: from the stream itself, which holds them
+/// (serve keeps no second copy of what it can read back), or from the store's copy in a
+/// data dir made before serve stopped copying.
 async fn aggregate_commits(
     ctx: &QueryContext,
     id: &AggregateId,
     to: u64,
 ) -> Result<Vec<Commit>, QueryError> {
-    if ctx.store.copy_from()? <= 1 {
+    if !ctx.store.history_in_stream()? {
         return Ok(ctx.store.aggregate_commits(id, to)?);
     }
     let mut commits = ctx.log.read_aggregate(*id).await.map_err(|e| {
@@ -81,13 +81,10 @@ pub(crate) async fn state_at(ctx: &QueryContext, payload: &[u8]) -> Result<Value
         }
         (None, None) => ctx.position(),
     };
-    let entity = match ctx.store.copy_from()? {
-        1 => ctx.store.entity_at(&id, position)?,
-        _ => Entity::fold(
-            id,
-            &aggregate_commits(ctx, &id, position.min(ctx.position())).await?,
-        ),
-    };
+    let entity = Entity::fold(
+        id,
+        &aggregate_commits(ctx, &id, position.min(ctx.position())).await?,
+    );
     match entity {
         Some(e) => Ok(to_data(&StateAtData {
             at_position: position,
