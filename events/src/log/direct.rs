@@ -42,6 +42,16 @@ struct Request<'a> {
     max_bytes: usize,
 }
 
+/// A request for the last message on each of some subjects at or before a sequence
+/// (ADR-31's `multi_last` with `up_to_seq`): the server answers from its per-subject
+/// index, without scanning the messages in between.
+#[derive(Serialize)]
+struct LastRequest<'a> {
+    multi_last: [&'a str; 1],
+    up_to_seq: u64,
+    batch: usize,
+}
+
 /// One batch: the messages, and how many more match after the last of them (the
 /// end-of-batch status's `Nats-Num-Pending`, which counts what follows the batch).
 pub(crate) struct Batch {
@@ -64,6 +74,21 @@ impl DirectReader {
         }
     }
 
+    /// Sends one direct get on an inbox of its own; its replies arrive there.
+    async fn send(&self, body: Vec<u8>) -> Result<async_nats::Subscriber, String> {
+        let inbox = self.client.new_inbox();
+        let replies = self
+            .client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| format!("subscribing for a direct get: {e}"))?;
+        self.client
+            .publish_with_reply(self.api_subject.clone(), inbox, body.into())
+            .await
+            .map_err(|e| format!("sending a direct get: {e}"))?;
+        Ok(replies)
+    }
+
     /// Up to `max` messages matching `filter` from `start`, in stream order. An empty
     /// batch means nothing matches from there on.
     pub(crate) async fn batch(
@@ -84,16 +109,7 @@ impl DirectReader {
             max_bytes: DIRECT_BATCH_BYTES_MAX,
         })
         .map_err(|e| format!("encoding a direct get: {e}"))?;
-        let inbox = self.client.new_inbox();
-        let mut replies = self
-            .client
-            .subscribe(inbox.clone())
-            .await
-            .map_err(|e| format!("subscribing for a direct get: {e}"))?;
-        self.client
-            .publish_with_reply(self.api_subject.clone(), inbox, body.into())
-            .await
-            .map_err(|e| format!("sending a direct get: {e}"))?;
+        let mut replies = self.send(body).await?;
         let mut messages = Vec::new();
         let pending = loop {
             let reply = tokio::time::timeout(DIRECT_REPLY_WAIT, replies.next())
@@ -120,6 +136,45 @@ impl DirectReader {
         // The inbox is used once; unsubscribing is best effort (the connection may be gone).
         let _ = replies.unsubscribe().await;
         Ok(Batch { messages, pending })
+    }
+
+    /// The sequence of the last message on `subject` at or before `up_to_seq` (`None`: no
+    /// message there).
+    pub(crate) async fn last_up_to(
+        &self,
+        subject: &str,
+        up_to_seq: u64,
+    ) -> Result<Option<u64>, String> {
+        let body = serde_json::to_vec(&LastRequest {
+            multi_last: [subject],
+            up_to_seq,
+            batch: 1,
+        })
+        .map_err(|e| format!("encoding a direct get: {e}"))?;
+        let mut replies = self.send(body).await?;
+        let mut last = None;
+        loop {
+            let reply = tokio::time::timeout(DIRECT_REPLY_WAIT, replies.next())
+                .await
+                .map_err(|_| format!("no direct get reply within {DIRECT_REPLY_WAIT:?}"))?
+                .ok_or("the direct get subscription ended")?;
+            match reply.status.map(|s| s.as_u16()) {
+                None => {
+                    let msg = StreamMessage::try_from(reply)
+                        .map_err(|e| format!("a direct get reply without its headers: {e}"))?;
+                    last = last.max(Some(msg.sequence));
+                }
+                Some(204) | Some(404) => break,
+                Some(code) => {
+                    return Err(format!(
+                        "direct get refused: {code} {}",
+                        reply.description.as_deref().unwrap_or("")
+                    ))
+                }
+            }
+        }
+        let _ = replies.unsubscribe().await;
+        Ok(last)
     }
 
     /// Every message matching `filter` from sequence `from` to `end` (inclusive), in

@@ -555,6 +555,22 @@ impl JetStreamLog {
         &self.inner.context
     }
 
+    /// The position of the last message on `aggregate`'s subject at or before `position`
+    /// (a commit or not; `None`: none), from the server's per-subject index: one request,
+    /// whatever the stream's length.
+    pub async fn last_position_of(
+        &self,
+        aggregate: AggregateId,
+        position: u64,
+    ) -> Result<Option<u64>, ReadError> {
+        let subject = self.inner.config.subject_for(&aggregate);
+        self.inner
+            .direct
+            .last_up_to(&subject, position)
+            .await
+            .map_err(|e| read_unavailable(format!("reading {aggregate}'s last message: {e}")))
+    }
+
     /// A commit_id minted longer ago than (most of) the duplicate window may be a late retry
     /// that JetStream's dedupe no longer recognises; so may one whose age is unknown: not a
     /// UUID v7, or minted ahead of this clock by more than the tolerated skew (its writer's

@@ -176,6 +176,38 @@ fn difference(a: &Value, b: &Value) -> String {
     }
 }
 
+/// Every aggregate as served equals a rebuild of the whole stream, its history whole.
+async fn assert_answers_the_rebuild(
+    client: &async_nats::Client,
+    log: &JetStreamLog,
+    aggregates: &[AggregateId],
+    end: u64,
+) {
+    let commits: Vec<_> = log
+        .read_all(1)
+        .await
+        .unwrap()
+        .filter_map(|c| async move { c.ok() })
+        .collect()
+        .await;
+    let rebuilt = Projection::rebuild(&commits);
+    let served = answers(client, aggregates, end).await;
+    let mut compared = 0;
+    for (agg, get, history, _) in &served {
+        let Some(expected) = rebuilt.get(agg) else {
+            continue;
+        };
+        assert_eq!(get["data"], expected.view(), "{agg}");
+        assert_eq!(
+            history.as_array().map(Vec::len),
+            Some(expected.header().version as usize),
+            "{agg}"
+        );
+        compared += 1;
+    }
+    assert!(compared > 150, "{compared} aggregates compared");
+}
+
 /// The stream's end once it has not moved for a second.
 async fn quiet_end(log: &JetStreamLog) -> u64 {
     let mut end = log.last_position().await.unwrap();
@@ -303,28 +335,52 @@ async fn a_snapshot_with_one_flipped_byte_is_refused_and_the_replica_catches_up_
     );
     // and the replica caught up from position 1 to the stream's state, entity by entity,
     // its history whole.
-    let commits: Vec<_> = log
-        .read_all(1)
+    assert_answers_the_rebuild(&client, &log, &aggregates, end).await;
+    assert!(replica.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_claiming_a_later_position_than_its_chain_tips_cover_is_refused() {
+    // Given a published snapshot, then more commits on the aggregates it covers, and the
+    // snapshot's header rewritten to claim the stream's new end (its body, hash and tips
+    // digest untouched: only the tips against the stream can tell),
+    let nats = NatsServer::start().await;
+    let client = nats.client().await;
+    let log = common::stream(&nats).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut aggregates = write_history(&log, 300, 0).await;
+    publish_a_snapshot(&nats, &log, &dir.path().join("publisher")).await;
+    aggregates.extend(write_history(&log, 100, 1).await);
+    let end = log.last_position().await.unwrap();
+    let store = log.context().get_object_store(BUCKET).await.unwrap();
+    let mut bytes = Vec::new();
+    let mut object = store.get("projection").await.unwrap();
+    object.read_to_end(&mut bytes).await.unwrap();
+    let len = u32::from_be_bytes(bytes[8..12].try_into().unwrap()) as usize;
+    let mut header: Value = serde_json::from_slice(&bytes[12..12 + len]).unwrap();
+    header["position"] = json!(end);
+    let header = serde_json::to_vec(&header).unwrap();
+    let mut forged = bytes[..8].to_vec();
+    forged.extend_from_slice(&(header.len() as u32).to_be_bytes());
+    forged.extend_from_slice(&header);
+    forged.extend_from_slice(&bytes[12 + len..]);
+    store
+        .put("projection", &mut forged.as_slice())
         .await
-        .unwrap()
-        .filter_map(|c| async move { c.ok() })
-        .collect()
-        .await;
-    let rebuilt = Projection::rebuild(&commits);
-    let served = answers(&client, &aggregates, end).await;
-    let mut compared = 0;
-    for (agg, get, history, _) in &served {
-        let Some(expected) = rebuilt.get(agg) else {
-            continue;
-        };
-        assert_eq!(get["data"], expected.view(), "{agg}");
-        assert_eq!(
-            history.as_array().map(Vec::len),
-            Some(expected.header().version as usize),
-            "{agg}"
-        );
-        compared += 1;
-    }
-    assert!(compared > 150, "{compared} aggregates compared");
+        .unwrap();
+
+    // when a new replica starts with the bucket,
+    let replica_dir = dir.path().join("replica");
+    let mut replica = Serve::start_with(&nats, &replica_dir, &["--snapshot-bucket", BUCKET]);
+    let end = quiet_end(&log).await;
+    wait_ready_at(&client, end).await;
+    // then the snapshot is refused for a commit it misses,
+    let said = log_of(&replica_dir);
+    assert!(
+        said.contains("snapshot not used") && said.contains("which the snapshot misses"),
+        "{said}"
+    );
+    // and the replica caught up from position 1 to the stream's state.
+    assert_answers_the_rebuild(&client, &log, &aggregates, end).await;
     assert!(replica.terminate().success());
 }

@@ -107,6 +107,14 @@ async fn ready_after(client: &async_nats::Client, end: u64, since: Instant) -> D
 
 #[tokio::main]
 async fn main() {
+    // serve's log on stderr: the bootstrap's phases (fetch, check, verify, import).
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "provledger_serve=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let commits = arg("--commits", 200_000);
     let nats = NatsServer::start().await;
     let client = nats.client().await;
