@@ -176,10 +176,14 @@ async fn main() {
     );
     let publisher_ready = ready_after(&client, end, since).await;
     let published = Instant::now();
+    // The snapshot at the stream's end (one taken on the way may be there first).
     loop {
         if let Ok(store) = log.context().get_object_store(BUCKET).await {
-            if store.info("projection").await.is_ok() {
-                break;
+            if let Ok(info) = store.info("projection").await {
+                let at: Option<u64> = info.metadata.get("position").and_then(|p| p.parse().ok());
+                if at >= Some(end) {
+                    break;
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
