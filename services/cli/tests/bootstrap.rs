@@ -116,6 +116,22 @@ async fn published_position(log: &JetStreamLog) -> u64 {
     }
 }
 
+/// The bytes of the snapshot published in the bucket.
+async fn published_bytes(log: &JetStreamLog) -> Vec<u8> {
+    let store = log.context().get_object_store(BUCKET).await.unwrap();
+    let mut bytes = Vec::new();
+    let mut object = store.get("projection").await.unwrap();
+    object.read_to_end(&mut bytes).await.unwrap();
+    bytes
+}
+
+/// Publishes `bytes` in place of the bucket's snapshot (the object store's own digest
+/// then matches them).
+async fn republish(log: &JetStreamLog, bytes: &[u8]) {
+    let store = log.context().get_object_store(BUCKET).await.unwrap();
+    store.put("projection", &mut &bytes[..]).await.unwrap();
+}
+
 /// Everything a replica answers about each aggregate: its state, its whole history,
 /// and its state at `earlier` (a position the snapshot covers).
 async fn answers(
@@ -307,16 +323,10 @@ async fn a_snapshot_with_one_flipped_byte_is_refused_and_the_replica_catches_up_
     let dir = tempfile::tempdir().unwrap();
     let aggregates = write_history(&log, 300, 0).await;
     publish_a_snapshot(&nats, &log, &dir.path().join("publisher")).await;
-    let store = log.context().get_object_store(BUCKET).await.unwrap();
-    let mut bytes = Vec::new();
-    let mut object = store.get("projection").await.unwrap();
-    object.read_to_end(&mut bytes).await.unwrap();
+    let mut bytes = published_bytes(&log).await;
     let flipped = bytes.len() - bytes.len() / 3;
     bytes[flipped] ^= 0x01;
-    store
-        .put("projection", &mut bytes.as_slice())
-        .await
-        .unwrap();
+    republish(&log, &bytes).await;
     let end = log.last_position().await.unwrap();
 
     // when a new replica starts with the bucket,
@@ -352,10 +362,7 @@ async fn a_snapshot_claiming_a_later_position_than_its_chain_tips_cover_is_refus
     publish_a_snapshot(&nats, &log, &dir.path().join("publisher")).await;
     aggregates.extend(write_history(&log, 100, 1).await);
     let end = log.last_position().await.unwrap();
-    let store = log.context().get_object_store(BUCKET).await.unwrap();
-    let mut bytes = Vec::new();
-    let mut object = store.get("projection").await.unwrap();
-    object.read_to_end(&mut bytes).await.unwrap();
+    let bytes = published_bytes(&log).await;
     let len = u32::from_be_bytes(bytes[8..12].try_into().unwrap()) as usize;
     let mut header: Value = serde_json::from_slice(&bytes[12..12 + len]).unwrap();
     header["position"] = json!(end);
@@ -364,10 +371,7 @@ async fn a_snapshot_claiming_a_later_position_than_its_chain_tips_cover_is_refus
     forged.extend_from_slice(&(header.len() as u32).to_be_bytes());
     forged.extend_from_slice(&header);
     forged.extend_from_slice(&bytes[12 + len..]);
-    store
-        .put("projection", &mut forged.as_slice())
-        .await
-        .unwrap();
+    republish(&log, &forged).await;
 
     // when a new replica starts with the bucket,
     let replica_dir = dir.path().join("replica");

@@ -19,11 +19,9 @@ pub enum AuditError {
     Store(#[from] StoreError),
 }
 
-/// A sled copy to compare, from where it starts (after the snapshot a replica was
-/// bootstrapped from) up to its checkpoint.
+/// A sled copy to compare, up to its checkpoint.
 struct Copy<'a> {
     store: &'a ProjectionStore,
-    copy_from: u64,
     checkpoint: u64,
     quarantined: HashSet<u64>,
 }
@@ -31,7 +29,7 @@ struct Copy<'a> {
 impl Copy<'_> {
     /// Whether the copy holds the same commit at its position; a violation otherwise.
     fn compare(&self, commit: &provledger_events::Commit) -> Option<Violation> {
-        if commit.position > self.checkpoint || commit.position < self.copy_from {
+        if commit.position > self.checkpoint {
             return None;
         }
         let stored = self
@@ -55,10 +53,7 @@ impl Copy<'_> {
     }
 
     fn compare_quarantined(&self, position: u64) -> Option<Violation> {
-        if position > self.checkpoint
-            || position < self.copy_from
-            || self.quarantined.contains(&position)
-        {
+        if position > self.checkpoint || self.quarantined.contains(&position) {
             return None;
         }
         Some(copy_violation(
@@ -100,17 +95,13 @@ pub async fn audit_log<L: EventLog>(
 ) -> Result<AuditReport, AuditError> {
     let end = log.last_position().await?;
     let copy = match copy {
-        Some(store) => Some(Copy {
+        // A store without a copy (serve's) has nothing to compare.
+        Some(store) if store.copies_log()? => Some(Copy {
             store,
-            // A store without a copy (serve's) has nothing to compare.
-            copy_from: match store.copies_log()? {
-                true => store.copy_from()?,
-                false => u64::MAX,
-            },
             checkpoint: store.checkpoint()?,
             quarantined: store.quarantined()?.iter().map(|q| q.position).collect(),
         }),
-        None => None,
+        _ => None,
     };
     let mut auditor = match on_violation {
         OnChainViolation::Quarantine => Auditor::new().quarantining_link_breaks(),

@@ -18,8 +18,6 @@
 //!   at the tip's position is that aggregate's, at that version, with that hash, and the
 //!   subject holds no later commit at or before the snapshot's position.
 
-use std::io::Write as _;
-
 use futures::StreamExt;
 use provledger_events::{AggregateId, ChainTip, EventLog, JetStreamLog};
 use serde::{Deserialize, Serialize};
@@ -53,11 +51,24 @@ pub struct SnapshotHeader {
     pub tips_blake3: String,
 }
 
-/// A snapshot ready to publish.
+/// A snapshot ready to publish: its layout's head (the magic, the header's length, the
+/// header) and the body, published one after the other (the body is never copied).
 #[derive(Debug, Clone)]
 pub struct PublishedSnapshot {
     pub header: SnapshotHeader,
-    pub bytes: Vec<u8>,
+    pub head: Vec<u8>,
+    pub body: Vec<u8>,
+}
+
+impl PublishedSnapshot {
+    /// The bytes published.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.body.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Why a bootstrap did not happen. All but `Store` leave the data dir as it was, and the
@@ -125,14 +136,13 @@ pub fn prepare(store: &ProjectionStore, stream: &str) -> Result<PublishedSnapsho
         body_blake3: blake3::hash(&body).to_hex().to_string(),
         tips_blake3: tips_digest.to_hex().to_string(),
     };
-    let head = serde_json::to_vec(&header).map_err(|e| BootstrapError::Refused(e.to_string()))?;
-    let mut bytes = Vec::with_capacity(MAGIC.len() + 4 + head.len() + body.len());
-    bytes.extend_from_slice(MAGIC);
+    let json = serde_json::to_vec(&header).map_err(|e| BootstrapError::Refused(e.to_string()))?;
+    let mut head = Vec::with_capacity(MAGIC.len() + 4 + json.len());
+    head.extend_from_slice(MAGIC);
     // A header is a few hundred bytes: it always fits a u32.
-    let _ = bytes.write_all(&(head.len() as u32).to_be_bytes());
-    bytes.extend_from_slice(&head);
-    bytes.extend_from_slice(&body);
-    Ok(PublishedSnapshot { header, bytes })
+    head.extend_from_slice(&(json.len() as u32).to_be_bytes());
+    head.extend_from_slice(&json);
+    Ok(PublishedSnapshot { header, head, body })
 }
 
 /// A snapshot whose own bytes check: its header, its body, and the tips to verify
@@ -318,7 +328,10 @@ pub async fn publish(
         headers: None,
     };
     store
-        .put(meta, &mut snapshot.bytes.as_slice())
+        .put(
+            meta,
+            &mut snapshot.head.as_slice().chain(snapshot.body.as_slice()),
+        )
         .await
         .map_err(|e| BootstrapError::Unavailable(format!("publishing to {bucket_name}: {e}")))?;
     Ok(())
@@ -388,11 +401,12 @@ pub async fn bootstrap(
     let started = std::time::Instant::now();
     let position = checked.header.position;
     let entities = checked.header.entities;
-    let body = checked.body;
+    // The body is the end of the bytes fetched, which move to the import as they are.
+    let body_from = bytes.len() - checked.body.len();
+    let total = bytes.len() as u64;
     let imported = {
         let store = store.clone();
-        let body = body.to_vec();
-        tokio::task::spawn_blocking(move || store.import_state(position, &body))
+        tokio::task::spawn_blocking(move || store.import_state(position, &bytes[body_from..]))
             .await
             .map_err(|e| BootstrapError::Unavailable(format!("import task: {e}")))??
     };
@@ -400,7 +414,7 @@ pub async fn bootstrap(
         position,
         keys: imported,
         entities,
-        bytes: bytes.len() as u64,
+        bytes: total,
         fetch_ms,
         check_ms,
         verify_ms,

@@ -201,7 +201,7 @@ pub async fn run(
                             bucket = %bucket,
                             position = snapshot.header.position,
                             entities = snapshot.header.entities,
-                            bytes = snapshot.bytes.len(),
+                            bytes = snapshot.len(),
                             ms = started.elapsed().as_millis() as u64,
                             "projection snapshot published"
                         ),

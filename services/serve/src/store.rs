@@ -21,9 +21,9 @@
 //! - `t` + target aggregate (17 bytes) + operation: operations by target.
 //! - `n` + status word: how many operations are in that status (the metrics' gauge).
 //!
-//! A store bootstrapped from a published snapshot (`crate::bootstrap`) holds everything
-//! above but the copy (`c`, `h`) of the positions the snapshot covers: `m` `copy_from`
-//! says where its copy starts, and history before it is read from the stream.
+//! The copy (`c`, `h`) is kept only where `m` `copies_log` is not 0: the embedded store,
+//! and serve data dirs made before serve stopped copying. serve's store (bootstrapped
+//! from a published snapshot or not) keeps none: history is read from the stream.
 
 use provledger_client::view::{StateView, ViewError};
 use provledger_events::codec::{self, DecodeError};
@@ -277,12 +277,10 @@ impl ProjectionStore {
             None => None,
         };
         let refolded = stored.is_some_and(|f| f != ENTITY_FORMAT);
-        let indexed = store
-            .tree
-            .get(key(b'm', &[b"time_index_format"]))?
-            .and_then(|v| v.first().copied());
+        let index_key = key(b'm', &[b"time_index_format"]);
+        let indexed = store.tree.get(&index_key)?.and_then(|v| v.first().copied());
         let needs_copy = refolded || (stored.is_some() && indexed != Some(TIME_INDEX_FORMAT));
-        if needs_copy && store.history_in_stream()? {
+        if needs_copy && !store.copies_log()? {
             // Without a whole copy, neither can be rebuilt from the data dir.
             return Err(StoreError::Corrupt {
                 what: "projection (of an older format, in a data dir without a copy of the log)"
@@ -294,8 +292,6 @@ impl ProjectionStore {
             store.refold_entities(stored.unwrap_or(0))?;
         }
         store.tree.insert(format_key, &[ENTITY_FORMAT][..])?;
-        let index_key = key(b'm', &[b"time_index_format"]);
-        let indexed = store.tree.get(&index_key)?.and_then(|v| v.first().copied());
         if indexed != Some(TIME_INDEX_FORMAT) {
             store.rebuild_time_index()?;
             store.tree.insert(index_key, &[TIME_INDEX_FORMAT][..])?;
@@ -543,12 +539,6 @@ impl ProjectionStore {
         Ok(self.meta_u64("checkpoint")?.unwrap_or(0))
     }
 
-    /// The first position this store's copy of the log holds: 1, unless it was
-    /// bootstrapped from a snapshot (then the snapshot's position + 1).
-    pub fn copy_from(&self) -> Result<u64, StoreError> {
-        Ok(self.meta_u64("copy_from")?.unwrap_or(1))
-    }
-
     /// Every key and value of the projection's state, for a published snapshot: the
     /// caller is the only writer and calls this between batches, so what it reads is the
     /// state at the checkpoint. Keys in order, each as (key length u32, key, value length
@@ -593,12 +583,6 @@ impl ProjectionStore {
         Ok(())
     }
 
-    /// Whether an aggregate's history must be read from the stream: the store keeps no
-    /// copy, or its copy starts after a snapshot it was bootstrapped from.
-    pub fn history_in_stream(&self) -> Result<bool, StoreError> {
-        Ok(!self.copies_log()? || self.copy_from()? > 1)
-    }
-
     /// Whether an import of a snapshot was cut short (by a crash): the next one starts over.
     pub fn import_incomplete(&self) -> Result<bool, StoreError> {
         Ok(self.tree.get(key(b'm', &[b"importing"]))?.is_some())
@@ -611,7 +595,7 @@ impl ProjectionStore {
 
     /// Writes an exported state ([`ProjectionStore::export_state`]) taken at `position`
     /// into this store, which must be fresh (or hold an import that did not finish). A
-    /// marker goes first and is removed, with the checkpoint and `copy_from` set, in the
+    /// marker goes first and is removed, with the checkpoint set and no copy kept, in the
     /// last batch: a crash half-way leaves a marked store that the next import clears.
     pub fn import_state(&self, position: u64, body: &[u8]) -> Result<u64, StoreError> {
         let marker = key(b'm', &[b"importing"]);
@@ -648,10 +632,6 @@ impl ProjectionStore {
             }
         }
         batch.insert(checkpoint_key, &position.to_be_bytes()[..]);
-        batch.insert(
-            key(b'm', &[b"copy_from"]),
-            &(position + 1).to_be_bytes()[..],
-        );
         batch.insert(key(b'm', &[b"copies_log"]), &[0u8][..]);
         batch.remove(marker);
         self.tree.apply_batch(batch)?;
@@ -838,7 +818,7 @@ impl ProjectionStore {
     /// One aggregate's commits up to `to` (inclusive), oldest first. A bootstrapped store
     /// does not copy the history before its snapshot: `HistoryNotCopied`.
     pub fn aggregate_commits(&self, id: &AggregateId, to: u64) -> Result<Vec<Commit>, StoreError> {
-        if self.history_in_stream()? {
+        if !self.copies_log()? {
             return Err(StoreError::HistoryNotCopied);
         }
         let mut out = Vec::new();

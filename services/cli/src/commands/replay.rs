@@ -37,7 +37,7 @@ pub async fn replay_local(
 ) -> Result<(), CommandError> {
     let store = open_local_store(log).await?;
     // A serve replica's data dir holds no copy of the log to replay (the stream does).
-    if store.history_in_stream()? {
+    if !store.copies_log()? {
         return Err(provledger_serve::StoreError::HistoryNotCopied.into());
     }
     let end = match to {

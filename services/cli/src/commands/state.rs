@@ -124,7 +124,7 @@ pub async fn state_local(
     };
     // A serve replica's data dir keeps the current entities but no copy of the log: the
     // current state is read as stored; an earlier one needs the history (`--nats`).
-    let entity = match at.is_none() && store.history_in_stream()? {
+    let entity = match at.is_none() && !store.copies_log()? {
         true => store.entity(&aggregate)?,
         false => store.entity_at(&aggregate, position)?,
     }

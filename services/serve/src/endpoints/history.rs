@@ -54,7 +54,7 @@ async fn aggregate_commits(
     id: &AggregateId,
     to: u64,
 ) -> Result<Vec<Commit>, QueryError> {
-    if !ctx.store.history_in_stream()? {
+    if ctx.store.copies_log()? {
         return Ok(ctx.store.aggregate_commits(id, to)?);
     }
     let mut commits = ctx.log.read_aggregate(*id).await.map_err(|e| {
