@@ -826,3 +826,51 @@ async fn jetstream_garbage_on_an_event_subject_is_a_typed_error_and_the_read_goe
     }
     assert_eq!(kinds, vec!["ok@1", "bad@2", "ok@3"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_atomic_batches_beyond_the_servers_in_flight_limit_wait_their_turn() {
+    // Given two writer processes' logs on one stream (each bounds its own batches in
+    // flight), together sending more atomic batches at once than the server lets one
+    // stream have in flight (50 by default)...
+    let server = NatsServer::start().await;
+    let mut logs = Vec::new();
+    for _ in 0..2 {
+        logs.push(
+            JetStreamLog::open(server.client().await, JetStreamConfig::default())
+                .await
+                .unwrap(),
+        );
+    }
+    let writers = 48;
+    let rounds = 8;
+    // ...when each writer appends two fresh clusters per batch, round after round...
+    let results = futures::future::join_all(logs.iter().flat_map(|log| {
+        (0..writers).map(move |_| async move {
+            let mut refused = Vec::new();
+            for _ in 0..rounds {
+                let batch = vec![
+                    item(cluster(), Expectation::NoStream, status(0)),
+                    item(cluster(), Expectation::NoStream, status(1)),
+                ];
+                if let Err(e) = log.append_atomic(batch).await {
+                    refused.push(e.to_string());
+                }
+            }
+            refused
+        })
+    }))
+    .await;
+    // ...then none is refused: a batch the server turns away for too many in flight is
+    // sent again, and every one is stored.
+    let refused: Vec<String> = results.into_iter().flatten().collect();
+    assert!(
+        refused.is_empty(),
+        "{} refused, first: {:?}",
+        refused.len(),
+        refused.first()
+    );
+    assert_eq!(
+        logs[0].last_position().await.unwrap(),
+        (2 * writers * rounds * 2) as u64
+    );
+}

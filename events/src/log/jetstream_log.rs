@@ -124,14 +124,28 @@ const ERR_BATCH_SEQUENCE_IN_FLIGHT: u64 = 10164;
 /// JetStream's error code for an atomic batch holding a message id already in the
 /// duplicate window (the whole batch is refused).
 const ERR_BATCH_DUPLICATE_ID: u64 = 10201;
+/// JetStream's error code for an atomic batch refused because the stream (or the server)
+/// already has as many batches in flight as it allows (nats-server's
+/// `max_batch_inflight_per_stream`, 50 by default): nothing of it was stored.
+const ERR_BATCH_TOO_MANY_IN_FLIGHT: u64 = 10210;
 /// How long an atomic batch's opening or commit waits for its answer.
 const BATCH_REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Atomic batches one process has in flight at once, below the server's default per
+/// stream (50), so that one busy writer queues its batches instead of having them refused.
+pub const ATOMIC_BATCHES_IN_FLIGHT_MAX: usize = 32;
+/// How long a batch refused because too many are in flight (other processes' included)
+/// is sent again, with a growing pause, before the append answers `unavailable`.
+const BATCH_BUSY_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// What an atomic batch came to.
 enum BatchAck {
-    Stored { last_sequence: u64 },
+    Stored {
+        last_sequence: u64,
+    },
     WrongLastSequence,
     DuplicateId,
+    /// Refused whole because too many batches are in flight; may be sent again.
+    Busy,
     Unavailable(String),
 }
 
@@ -294,6 +308,8 @@ struct Inner {
     config: JetStreamConfig,
     heads: Mutex<HashMap<AggregateId, Head>>,
     window: Semaphore,
+    /// Atomic batches in flight ([`ATOMIC_BATCHES_IN_FLIGHT_MAX`]).
+    batches: Semaphore,
     subscriptions: Arc<Semaphore>,
     write_queues: WriteQueues,
     server_version: String,
@@ -528,6 +544,7 @@ impl JetStreamLog {
                 stream,
                 direct: DirectReader::new(client, &config.stream),
                 window: Semaphore::new(config.ack_window),
+                batches: Semaphore::new(ATOMIC_BATCHES_IN_FLIGHT_MAX),
                 subscriptions: Arc::new(Semaphore::new(SUBSCRIPTIONS_MAX)),
                 write_queues: WriteQueues::default(),
                 config,
@@ -824,7 +841,33 @@ impl JetStreamLog {
     /// reply (a lost one leaves a gap the server refuses the batch for), the last commits
     /// it and is answered with the batch's pub ack. Each message carries its subject's
     /// expected last sequence and its commit id as `Nats-Msg-Id`.
+    /// A batch refused because too many are in flight is sent again (a new batch id; the
+    /// refused one stored nothing) with a growing pause, for at most
+    /// [`BATCH_BUSY_WAIT_MAX`]: a writer waits its turn rather than being told the log is
+    /// unavailable because others write.
     async fn publish_batch(&self, messages: Vec<(String, u64, Uuid, Vec<u8>)>) -> BatchAck {
+        let Ok(_turn) = self.inner.batches.acquire().await else {
+            return BatchAck::Unavailable("the append window is closed".into());
+        };
+        let started = std::time::Instant::now();
+        let mut pause = Duration::from_millis(2);
+        loop {
+            match self.publish_batch_once(&messages).await {
+                BatchAck::Busy if started.elapsed() < BATCH_BUSY_WAIT_MAX => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                BatchAck::Busy => {
+                    return BatchAck::Unavailable(format!(
+                    "the stream had too many atomic batches in flight for {BATCH_BUSY_WAIT_MAX:?}"
+                ))
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn publish_batch_once(&self, messages: &[(String, u64, Uuid, Vec<u8>)]) -> BatchAck {
         let client = self.inner.context.client();
         let batch_id = Uuid::new_v4().to_string();
         let count = messages.len();
@@ -832,8 +875,7 @@ impl JetStreamLog {
         let Ok(_permit) = self.inner.window.acquire().await else {
             return BatchAck::Unavailable("the append window is closed".into());
         };
-        for (i, (subject, expected_sequence, commit_id, bytes)) in messages.into_iter().enumerate()
-        {
+        for (i, (subject, expected_sequence, commit_id, bytes)) in messages.iter().enumerate() {
             let mut headers = async_nats::HeaderMap::new();
             headers.insert("Nats-Batch-Id", batch_id.as_str());
             headers.insert("Nats-Batch-Sequence", (i + 1).to_string().as_str());
@@ -849,7 +891,7 @@ impl JetStreamLog {
             if i == 0 || last {
                 let reply = tokio::time::timeout(
                     BATCH_REPLY_TIMEOUT,
-                    client.request_with_headers(subject.clone(), headers, bytes.into()),
+                    client.request_with_headers(subject.clone(), headers, bytes.clone().into()),
                 )
                 .await;
                 let reply = match reply {
@@ -877,6 +919,11 @@ impl JetStreamLog {
                     BatchReply::Refused { err_code, .. } if err_code == ERR_BATCH_DUPLICATE_ID => {
                         return BatchAck::DuplicateId
                     }
+                    BatchReply::Refused { err_code, .. }
+                        if err_code == ERR_BATCH_TOO_MANY_IN_FLIGHT =>
+                    {
+                        return BatchAck::Busy
+                    }
                     other => {
                         return BatchAck::Unavailable(format!(
                             "atomic batch to {subject}: {}",
@@ -885,7 +932,7 @@ impl JetStreamLog {
                     }
                 }
             } else if let Err(e) = client
-                .publish_with_headers(subject.clone(), headers, bytes.into())
+                .publish_with_headers(subject.clone(), headers, bytes.clone().into())
                 .await
             {
                 return BatchAck::Unavailable(format!("batch to {subject}: {e}"));
@@ -1226,6 +1273,12 @@ impl EventLog for JetStreamLog {
                     return recognise_batch_retry(&items, &found);
                 }
                 BatchAck::Unavailable(reason) => return Err(AppendError::Unavailable { reason }),
+                // publish_batch has already waited its bound for a turn.
+                BatchAck::Busy => {
+                    return Err(unavailable(
+                        "the stream had too many atomic batches in flight",
+                    ))
+                }
             }
         }
         Err(unavailable(format!(
