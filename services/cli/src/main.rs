@@ -224,6 +224,16 @@ enum Command {
         /// from position 1). Off by default.
         #[arg(long, env = "PROVLEDGER_SNAPSHOT_BUCKET", value_name = "BUCKET")]
         snapshot_bucket: Option<String>,
+        /// Serve the read-only operator's console on http://ADDR/ (operations, rollback
+        /// plans, entities with their verified history, health), e.g. 127.0.0.1:8080. Off
+        /// by default; it has no authentication: see docs/console.md.
+        #[arg(long, env = "PROVLEDGER_HTTP_ADDR", value_name = "ADDR")]
+        http: Option<std::net::SocketAddr>,
+        /// Audit the whole log once caught up and then this often (as `provledger audit`;
+        /// the last result on the console's health page; 0: never, the default); a bare
+        /// number is seconds.
+        #[arg(long, default_value = "0", value_parser = duration::seconds_or_humantime)]
+        audit_interval: Duration,
     },
     /// An aggregate's projected state, now or at a past position or time.
     State {
@@ -493,6 +503,8 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             ready_file,
             metrics_addr,
             snapshot_bucket,
+            http,
+            audit_interval,
         } => {
             let nats_url = cli.nats.clone().ok_or_else(|| {
                 CommandError::BadInput(
@@ -524,6 +536,8 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                 ready_file,
                 metrics_addr,
                 snapshot_bucket,
+                http_addr: http,
+                audit_interval: (!audit_interval.is_zero()).then_some(audit_interval),
             };
             commands::serve::run(serve_options).await
         }

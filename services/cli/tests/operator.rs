@@ -6,12 +6,8 @@
 //! serve that loses NATS says it is not ready (ready file gone, `/health` 503) until NATS
 //! is back.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use provledger_client::{CancelNotices, OperationRunner};
-use provledger_events::catalogue::NodeGroupSpec;
-use provledger_sim::{ClusterRequest, Provisioner};
 use provledger_tests::{free_port, NatsServer};
 use uuid::Uuid;
 
@@ -70,30 +66,9 @@ async fn a_rollback_that_needs_attention_is_in_the_metrics_the_worklist_and_the_
     );
 
     // ...when a create fails after making VMs, and serve drives its rollback...
-    infra.hypervisor.fail_call("create_vm", 2);
-    let runner = OperationRunner::new(
-        ledger.clone(),
-        CancelNotices::nats(client.clone(), "provledger"),
-        None,
-        "test-service",
-    );
-    let report = Provisioner::new(runner, infra.clone(), "test-service")
-        .create_cluster(ClusterRequest {
-            cluster_id: Uuid::now_v7(),
-            name: "c".into(),
-            plugin: "vanilla".into(),
-            node_groups: vec![NodeGroupSpec {
-                name: "workers".into(),
-                count: 2,
-                flavor: "m".into(),
-                resources: BTreeMap::from([("VCPU".to_string(), 2)]),
-                processes: vec![],
-            }],
-            provider,
-        })
-        .await;
-    assert!(report.result.is_err(), "the create fails");
-    let op = report.operation_id.to_string();
+    let op = common::fail_a_create(&client, &ledger, &infra, provider)
+        .await
+        .to_string();
 
     // Then the metrics show it in needs_attention, with the failed attempts counted...
     eventually(

@@ -325,6 +325,8 @@ async fn service_benches(quick: bool) {
         recovery_interval: None,
         drift_interval: None,
         snapshot_bucket: None,
+        http_addr: None,
+        audit_interval: None,
     };
     let serve_task = tokio::spawn(serve::run(options, async {
         let _ = stopped.await;

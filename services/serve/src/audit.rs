@@ -144,3 +144,117 @@ pub async fn audit_log<L: EventLog>(
     );
     Ok(report)
 }
+
+/// What the last audit of this replica found (`serve --audit-interval`), for the console's
+/// health page and the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastAudit {
+    pub finished_at: Timestamp,
+    pub took_ms: u64,
+    /// The last position audited.
+    pub position: u64,
+    pub commits: u64,
+    pub violations: usize,
+    /// The first violations, as an operator reads them (at most [`AUDIT_VIOLATIONS_KEPT`]).
+    pub first: Vec<String>,
+}
+
+/// Violations kept word for word from one audit (all are counted).
+pub const AUDIT_VIOLATIONS_KEPT: usize = 20;
+
+impl LastAudit {
+    pub fn of(report: &AuditReport, finished_at: Timestamp, took_ms: u64) -> LastAudit {
+        LastAudit {
+            finished_at,
+            took_ms,
+            position: report.position,
+            commits: report.commits,
+            violations: report.violations.len(),
+            first: report
+                .violations
+                .iter()
+                .take(AUDIT_VIOLATIONS_KEPT)
+                .map(|v| {
+                    format!(
+                        "{}{}: {} ({})",
+                        v.aggregate.as_deref().unwrap_or("log"),
+                        v.position.map(|p| format!(" at #{p}")).unwrap_or_default(),
+                        v.problem,
+                        v.action
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The audits this replica runs: how often, and the last one's result.
+#[derive(Debug, Default)]
+pub struct LastAudits {
+    pub interval: Option<std::time::Duration>,
+    last: std::sync::Mutex<Option<LastAudit>>,
+}
+
+impl LastAudits {
+    pub fn new(interval: Option<std::time::Duration>) -> Self {
+        LastAudits {
+            interval,
+            last: Default::default(),
+        }
+    }
+
+    pub fn last(&self) -> Option<LastAudit> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn record(&self, audit: LastAudit) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(audit);
+    }
+}
+
+/// serve's audit (`--audit-interval`): the whole log through the auditor once caught up,
+/// then every interval, each result kept for the console and logged. It only reads.
+pub(crate) async fn audit_sweeps(
+    ctx: std::sync::Arc<crate::endpoints::QueryContext>,
+    interval: std::time::Duration,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let started = std::time::Instant::now();
+        let store = ctx.store.clone();
+        let mut last_logged = std::time::Instant::now();
+        let result = audit_log(
+            &ctx.log,
+            OnChainViolation::Quarantine,
+            Some(&store),
+            Timestamp::now(),
+            |position, end| {
+                // A long audit says where it is, every few seconds.
+                if last_logged.elapsed() >= std::time::Duration::from_secs(5) {
+                    last_logged = std::time::Instant::now();
+                    tracing::info!(position, end, "audit in progress");
+                }
+            },
+        )
+        .await;
+        match result {
+            Ok(report) => {
+                let took_ms = started.elapsed().as_millis() as u64;
+                if !report.violations.is_empty() {
+                    tracing::warn!(
+                        violations = report.violations.len(),
+                        position = report.position,
+                        "the audit found violations: see the console's health page or run `provledger audit`"
+                    );
+                }
+                ctx.audits
+                    .record(LastAudit::of(&report, Timestamp::now(), took_ms));
+            }
+            Err(e) => tracing::warn!(error = %e, "the audit could not run"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}

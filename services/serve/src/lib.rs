@@ -15,6 +15,8 @@
 //!   store's copy compared with the log;
 //! - the drift sweep (`drift_sweep`, `--drift-interval`): the executors' inventories
 //!   against the store's operations, kept for `q.drift` and the metrics; it writes nothing;
+//! - the operator's console (`console`, `--http`): read-only HTML pages over the store
+//!   and the stream, live through server-sent events;
 //! - snapshots published for new replicas and a new replica's bootstrap from one
 //!   (`bootstrap`, `--snapshot-bucket`): checked by hash and against the stream's chain
 //!   tips before anything is written.
@@ -26,6 +28,7 @@
 
 mod audit;
 pub mod bootstrap;
+mod console;
 pub mod drift_sweep;
 mod endpoints;
 pub mod messages;
@@ -36,7 +39,12 @@ mod service;
 mod store;
 mod trace;
 
-pub use audit::{audit_log, AuditError};
+pub use audit::{audit_log, AuditError, LastAudit, LastAudits, AUDIT_VIOLATIONS_KEPT};
+pub use console::{
+    ALLOCATIONS_SHOWN_MAX, ATTENTION_SHOWN_MAX, HISTORY_PAGE, LIST_SCAN_MAX, LIVE_CONNECTIONS_MAX,
+    LIVE_EVENT_SPACING, OPERATIONS_PAGE, OPERATIONS_PAGE_MAX, QUARANTINE_SHOWN_MAX, REQUESTS_MAX,
+    VIOLATIONS_SHOWN_MAX,
+};
 pub use endpoints::endpoint_subjects;
 pub use projector::{
     BatchOutcome, OnChainViolation, Projector, ProjectorError, Touched, BATCH_ENTRIES_MAX,

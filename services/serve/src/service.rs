@@ -79,6 +79,11 @@ pub struct ServeOptions {
     /// Where to answer Prometheus scrapes (`/metrics`) and `/health` over HTTP (`None`: no
     /// HTTP listener).
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Where to serve the read-only operator's console (`None`: no console).
+    pub http_addr: Option<std::net::SocketAddr>,
+    /// This replica audits the whole log on start (once caught up) and then this often,
+    /// for the console's health page and the log (`None`: never).
+    pub audit_interval: Option<Duration>,
     /// The JetStream object store bucket where this replica publishes each projection
     /// snapshot it takes, and from which it bootstraps when its data dir is new (`None`:
     /// neither).
@@ -240,6 +245,7 @@ pub async fn run(
         metrics,
         client: client.clone(),
         drift: crate::drift_sweep::DriftSweeps::new(options.drift_interval),
+        audits: crate::audit::LastAudits::new(options.audit_interval),
     });
     let (stop_http, http_stopped) = watch::channel(false);
     let metrics_task = match options.metrics_addr {
@@ -252,6 +258,14 @@ pub async fn run(
             .map_err(|e| ServeError::Service(format!("--metrics-addr {addr}: {e}")))?;
             Some(task)
         }
+        None => None,
+    };
+    let console_task = match options.http_addr {
+        Some(addr) => Some(
+            crate::console::serve_console(addr, ctx.clone(), http_stopped.clone())
+                .await
+                .map_err(|e| ServeError::Service(format!("--http {addr}: {e}")))?,
+        ),
         None => None,
     };
 
@@ -432,6 +446,13 @@ pub async fn run(
         options.executor_reply_wait,
         worker_shutdown.clone(),
     ));
+    let audit_task = options.audit_interval.map(|interval| {
+        tokio::spawn(crate::audit::audit_sweeps(
+            ctx.clone(),
+            interval,
+            worker_shutdown.clone(),
+        ))
+    });
     let worker_task = tokio::spawn(worker.run(worker_shutdown));
 
     let _ = ctx.caught_up_to.set(end);
@@ -527,6 +548,9 @@ pub async fn run(
     if let Some(task) = metrics_task {
         let _ = task.await;
     }
+    if let Some(task) = console_task {
+        let _ = task.await;
+    }
     if let Some(path) = &options.ready_file {
         let _ = std::fs::remove_file(path);
     }
@@ -552,6 +576,10 @@ pub async fn run(
     }
     // The drift sweep writes nothing: stopped where it is, even mid-inventory.
     drift_task.abort();
+    // So does the audit: it only reads.
+    if let Some(task) = audit_task {
+        task.abort();
+    }
     let _ = stop_projector.send(true);
     let joined = match projector_ended {
         Some(joined) => joined,

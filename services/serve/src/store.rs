@@ -158,7 +158,8 @@ pub struct OperationFilter {
 }
 
 impl OperationFilter {
-    fn accepts(&self, entity: &Entity) -> bool {
+    /// Whether `entity` is an operation this filter lists.
+    pub fn accepts(&self, entity: &Entity) -> bool {
         let Entity::Operation(o) = entity else {
             return false;
         };
@@ -422,6 +423,44 @@ impl ProjectionStore {
                     .filter(keep),
             ),
         }
+    }
+
+    /// The operations in the filter's most selective index (all operations when it names
+    /// none), newest first (ids are UUID v7: id order is start order), before `before`.
+    /// The filter's other conditions are the caller's ([`OperationFilter::accepts`]), so
+    /// that it can bound how many it passes over. The console lists them so: an operator
+    /// looks at what just happened.
+    pub fn operations_newest_first<'a>(
+        &'a self,
+        filter: &OperationFilter,
+        before: Option<Uuid>,
+    ) -> Box<dyn Iterator<Item = Result<Entity, StoreError>> + 'a> {
+        let (prefix, indexed) = match filter.index() {
+            Some(OperationIndex::Status(s)) => (key(b'O', &[s.as_bytes(), &[0]]), true),
+            Some(OperationIndex::Kind(k)) => (key(b'k', &[k.as_bytes(), &[0]]), true),
+            Some(OperationIndex::Target(t)) => (key(b't', &[&t.key_bytes()]), true),
+            None => (key(b'e', &[&[AggregateKind::Operation.tag()]]), false),
+        };
+        // Every key below the prefix is the prefix and a 16-byte id: the prefix followed by
+        // 17 bytes of 0xFF sorts after all of them; `before`'s own key is excluded.
+        let mut end = prefix.clone();
+        match before {
+            Some(id) => end.extend_from_slice(id.as_bytes()),
+            None => end.extend_from_slice(&[0xFF; 17]),
+        }
+        let entries = self.tree.range(prefix..end).rev();
+        Box::new(entries.filter_map(move |r| {
+            let (k, v) = match r {
+                Ok(kv) => kv,
+                Err(e) => return Some(Err(e.into())),
+            };
+            if !indexed {
+                return Some(decode_entity(&v));
+            }
+            let id = Uuid::from_slice(k.get(k.len().checked_sub(16)?..)?).ok()?;
+            self.entity(&AggregateId::new(AggregateKind::Operation, id))
+                .transpose()
+        }))
     }
 
     /// Operations in `index` (in id order, after `after`), read through that index.

@@ -70,6 +70,8 @@ fn start_serve(
         ready_file: None,
         metrics_addr: None,
         snapshot_bucket: bucket.map(str::to_string),
+        http_addr: None,
+        audit_interval: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let thread = std::thread::spawn(move || {

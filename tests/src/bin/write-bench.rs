@@ -424,6 +424,8 @@ impl Serve {
             ready_file: None,
             metrics_addr: None,
             snapshot_bucket: None,
+            http_addr: None,
+            audit_interval: None,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let thread = side_runtime("serve", async move {

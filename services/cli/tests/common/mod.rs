@@ -283,3 +283,39 @@ pub fn sample(scrape: &str, name_and_labels: &str) -> Option<f64> {
         .lines()
         .find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok())
 }
+
+/// A two-node create on `provider` whose second VM fails to boot, run by a provisioning
+/// service on `ledger` (cancel notices over `client`): it fails after making resources, so
+/// a rollback has something to undo. Returns the create's operation id.
+#[allow(dead_code)]
+pub async fn fail_a_create(
+    client: &async_nats::Client,
+    ledger: &provledger_client::Ledger,
+    infra: &std::sync::Arc<provledger_sim::SimInfrastructure>,
+    provider: uuid::Uuid,
+) -> uuid::Uuid {
+    infra.hypervisor.fail_call("create_vm", 2);
+    let runner = provledger_client::OperationRunner::new(
+        ledger.clone(),
+        provledger_client::CancelNotices::nats(client.clone(), "provledger"),
+        None,
+        "test-service",
+    );
+    let report = provledger_sim::Provisioner::new(runner, infra.clone(), "test-service")
+        .create_cluster(provledger_sim::ClusterRequest {
+            cluster_id: uuid::Uuid::now_v7(),
+            name: "c".into(),
+            plugin: "vanilla".into(),
+            node_groups: vec![provledger_events::catalogue::NodeGroupSpec {
+                name: "workers".into(),
+                count: 2,
+                flavor: "m".into(),
+                resources: std::collections::BTreeMap::from([("VCPU".to_string(), 2)]),
+                processes: vec![],
+            }],
+            provider,
+        })
+        .await;
+    assert!(report.result.is_err(), "the create fails");
+    report.operation_id
+}

@@ -132,6 +132,8 @@ pub(crate) struct QueryContext {
     pub(crate) client: async_nats::Client,
     /// The drift sweep's last findings (`q.drift`).
     pub(crate) drift: crate::drift_sweep::DriftSweeps,
+    /// The last audit this replica ran (`--audit-interval`), for the console.
+    pub(crate) audits: crate::audit::LastAudits,
 }
 
 /// Whether this replica can answer from current state, and if not, why.

@@ -1,0 +1,200 @@
+//! The console's HTML building blocks: escaping, the page frame, links to entities and
+//! status badges. Pure: strings in, strings out.
+
+use std::fmt::Write as _;
+
+use provledger_events::{AggregateId, AggregateKind};
+use uuid::Uuid;
+
+/// Text made safe for HTML element content and attribute values.
+pub(crate) fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A value as JSON says it (`needs_attention`, `create_cluster`), or its debug form.
+pub(crate) fn word<T: serde::Serialize + std::fmt::Debug>(value: &T) -> String {
+    provledger_projections::planner::json_word(value)
+}
+
+/// The path of an entity's page.
+pub(crate) fn entity_path(id: &AggregateId) -> String {
+    let kind = match id.kind {
+        AggregateKind::Cluster => "clusters",
+        AggregateKind::Instance => "instances",
+        AggregateKind::Provider => "providers",
+        AggregateKind::Operation => "operations",
+    };
+    format!("/{kind}/{}", id.id)
+}
+
+/// A link to an entity's page, labelled with its kind and id.
+pub(crate) fn entity_link(id: &AggregateId) -> String {
+    format!(
+        "<a href=\"{}\"><code>{}</code></a>",
+        entity_path(id),
+        esc(&id.to_string())
+    )
+}
+
+/// A link to an operation's page.
+pub(crate) fn operation_link(id: &Uuid) -> String {
+    entity_link(&AggregateId::new(AggregateKind::Operation, *id))
+}
+
+/// The colour class of a status or progress word: what needs an operator is red, what is
+/// under way blue, what ended well green, the rest grey.
+pub(crate) fn tone(status: &str) -> &'static str {
+    match status {
+        "needs_attention" | "failed" | "error" | "broken" | "compensation_failed" | "stuck" => {
+            "bad"
+        }
+        "running"
+        | "rolling_back"
+        | "requested"
+        | "compensation_requested"
+        | "started"
+        | "building"
+        | "deleting"
+        | "outcome_unknown" => "busy",
+        "succeeded" | "rolled_back" | "done" | "compensated" | "active" | "completed"
+        | "verified" => "good",
+        "held" | "retained" | "cancelled" | "planned" | "compensation_planned" => "warn",
+        _ => "plain",
+    }
+}
+
+/// A status word as a coloured badge.
+pub(crate) fn badge(status: &str) -> String {
+    format!(
+        "<span class=\"badge {}\" data-status=\"{}\">{}</span>",
+        tone(status),
+        esc(status),
+        esc(status)
+    )
+}
+
+/// A simple table: a header row and escaped-or-HTML cells (cells are HTML already).
+pub(crate) fn table(class: &str, head: &[&str], rows: &[Vec<String>]) -> String {
+    let mut out = format!("<table class=\"{class}\"><thead><tr>");
+    for h in head {
+        let _ = write!(out, "<th>{}</th>", esc(h));
+    }
+    out.push_str("</tr></thead><tbody>");
+    for row in rows {
+        out.push_str("<tr>");
+        for cell in row {
+            let _ = write!(out, "<td>{cell}</td>");
+        }
+        out.push_str("</tr>");
+    }
+    out.push_str("</tbody></table>");
+    out
+}
+
+/// What the frame needs besides the page's own content.
+pub(crate) struct Frame<'a> {
+    pub(crate) title: &'a str,
+    /// The stream the replica follows, and the position applied when the page was made.
+    pub(crate) stream: &'a str,
+    pub(crate) position: u64,
+    /// Whether the page follows the projector (server-sent events) and replaces its
+    /// `#live` part as commits are applied.
+    pub(crate) live: bool,
+}
+
+/// A whole page around `content` (the part a live page replaces).
+pub(crate) fn page(frame: &Frame<'_>, content: &str) -> String {
+    let live = if frame.live { LIVE_SCRIPT } else { "" };
+    format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+<title>{title} · provledger</title><style>{STYLE}</style></head><body data-position=\"{position}\">\
+<header><a class=\"brand\" href=\"/operations\">provledger</a>\
+<nav><a href=\"/operations\">Operations</a><a href=\"/operations?status=needs_attention\">Needs attention</a>\
+<a href=\"/clusters\">Clusters</a><a href=\"/providers\">Providers</a><a href=\"/health\">Health</a></nav>\
+<span class=\"where\">{stream} · <span id=\"position\">position {position}</span>{live_note}</span></header>\
+<main><h1>{title}</h1><div id=\"live\">{content}</div></main>{live}</body></html>\n",
+        title = esc(frame.title),
+        stream = esc(frame.stream),
+        position = frame.position,
+        live_note = if frame.live {
+            " · <span id=\"live-state\">live</span>"
+        } else {
+            ""
+        },
+    )
+}
+
+/// Replaces `#live` with the same page's fragment each time the projector applies
+/// commits (at most once per server-sent event; the server spaces them), and the position
+/// in the header. Read-only: it only GETs the page it is on.
+const LIVE_SCRIPT: &str = r#"<script>
+(function () {
+  var busy = false, again = false;
+  function refresh() {
+    if (busy) { again = true; return; }
+    busy = true;
+    var sep = location.search ? '&' : '?';
+    fetch(location.pathname + location.search + sep + 'fragment=1', {cache: 'no-store'})
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (html) { if (html !== null) { document.getElementById('live').innerHTML = html; } })
+      .catch(function () {})
+      .finally(function () { busy = false; if (again) { again = false; refresh(); } });
+  }
+  // The position this page shows: a live event at it (the first one after connecting,
+  // when nothing was applied meanwhile) changes nothing.
+  var shown = document.body.dataset.position;
+  var events = null;
+  function listen() {
+    events = new EventSource('/events');
+    events.addEventListener('position', function (e) {
+      document.getElementById('live-state').textContent = 'live';
+      if (e.data === shown) { return; }
+      shown = e.data;
+      document.getElementById('position').textContent = 'position ' + e.data;
+      refresh();
+    });
+    events.onerror = function () { document.getElementById('live-state').textContent = 'reconnecting'; };
+  }
+  // A page left for another may be kept whole (the back/forward cache) with its stream
+  // open: a browser opens six connections per host over HTTP/1.1, so pages left behind
+  // would hold them all and the next page would wait. Closed when left, opened on return.
+  window.addEventListener('pagehide', function () { if (events) { events.close(); events = null; } });
+  window.addEventListener('pageshow', function () { if (!events) { listen(); } });
+})();
+</script>"#;
+
+const STYLE: &str = "\
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d232b;background:#f6f7f9}\
+header{display:flex;gap:18px;align-items:center;background:#1d2733;color:#e8edf2;padding:8px 20px}\
+header a{color:#e8edf2;text-decoration:none}header nav a{margin-right:14px}.brand{font-weight:700}\
+.where{margin-left:auto;font-size:12px;color:#aab6c3}\
+main{padding:8px 24px 40px}h1{font-size:20px;margin:10px 0 14px}h2{font-size:16px;margin:22px 0 8px}\
+table{border-collapse:collapse;background:#fff;margin:4px 0 10px;min-width:40%}\
+th,td{border:1px solid #dde2e8;padding:4px 8px;text-align:left;vertical-align:top}th{background:#eef1f4;font-weight:600}\
+code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace}a{color:#1a5fb4}\
+.badge{display:inline-block;padding:0 7px;border-radius:9px;font-size:12px;font-weight:600;background:#e4e7eb}\
+.badge.bad{background:#fbd5d5;color:#8c1d18}.badge.busy{background:#d5e5fb;color:#17457a}\
+.badge.good{background:#d3f1dc;color:#1b5e2c}.badge.warn{background:#fbeccc;color:#7a4b00}\
+.box{background:#fff;border:1px solid #dde2e8;border-radius:6px;padding:10px 14px;margin:8px 0}\
+.alert{background:#fde8e8;border:1px solid #e8a0a0;border-radius:6px;padding:8px 12px;margin:8px 0}\
+.ok{background:#e6f6ea;border:1px solid #9fd3ad;border-radius:6px;padding:8px 12px;margin:8px 0}\
+.cmd{background:#1d2733;color:#e8edf2;padding:8px 12px;border-radius:6px;display:inline-block}\
+.stages{display:flex;gap:8px;flex-wrap:wrap;margin:6px 0}.stage{background:#fff;border:1px solid #dde2e8;border-radius:6px;padding:6px 10px}\
+.stage.current{border-color:#1a5fb4;box-shadow:0 0 0 2px #c9dbf4}\
+.bar{display:inline-block;width:160px;height:10px;background:#e4e7eb;border-radius:5px;vertical-align:middle;overflow:hidden}\
+.bar span{display:block;height:100%;background:#3d8b5a}.bar span.over{background:#c0392b}\
+tr.broken td{background:#fde8e8}form.filters{display:flex;gap:8px;align-items:end;margin:4px 0 12px}\
+form.filters label{display:flex;flex-direction:column;font-size:12px}.muted{color:#6b7785}\
+svg text{font:12px system-ui,sans-serif}";

@@ -1,0 +1,264 @@
+//! The console's pages as pure functions: given views and histories, when rendered, then
+//! what an operator must see is there (and what must never be hidden is not).
+
+use std::collections::HashMap;
+
+use provledger_events::catalogue::{
+    ClusterStatus, CompensationAction, Executor, RollbackOutcome, RollbackPlan, StagePolicy,
+    StageSpec, TargetOutcome,
+};
+use provledger_events::{
+    AggregateId, AggregateKind, Commit, CommitDraft, Event, Hash, HistoryEntry, Timestamp,
+};
+use provledger_projections::operation::{CompensationProgress, OperationStatus};
+use provledger_projections::view::{CompensationView, FoldProgress, OperationView};
+use uuid::Uuid;
+
+use super::html::esc;
+use super::pages::{self, History, ListFilter};
+use super::plan::plan_diagram;
+use super::{history_page, Params};
+
+fn cluster() -> AggregateId {
+    AggregateId::new(AggregateKind::Cluster, Uuid::from_u128(7))
+}
+
+fn chain(n: u64) -> Vec<Commit> {
+    let mut prev = Hash::ZERO;
+    (1..=n)
+        .map(|v| {
+            let draft = CommitDraft {
+                commit_id: Uuid::from_u128(v as u128),
+                operation_id: None,
+                causation_id: None,
+                actor: "svc".into(),
+                recorded_at: Timestamp(1_700_000_000_000 + v as i64),
+                events: vec![Event::ClusterStatusChanged {
+                    status: ClusterStatus::Active,
+                    description: format!("step {v}"),
+                }],
+            };
+            let mut c = Commit::seal(cluster(), v, prev, draft);
+            c.position = v * 10;
+            prev = c.hash;
+            c
+        })
+        .collect()
+}
+
+fn entries(commits: Vec<Commit>) -> Vec<HistoryEntry> {
+    commits.into_iter().map(HistoryEntry::Commit).collect()
+}
+
+#[test]
+fn an_intact_chain_is_shown_verified() {
+    // Given three commits that link, when their history is rendered...
+    let history = history_page(&cluster(), entries(chain(3)), None, "/clusters/x".into());
+    let html = pages::history_section(&history);
+    // ...then the chain is verified and no row is marked broken.
+    assert!(html.contains("data-chain=\"verified\""), "{html}");
+    assert!(!html.contains("class=\"broken\""), "{html}");
+    assert_eq!(history.commits, 3);
+}
+
+#[test]
+fn a_tampered_commit_is_shown_as_a_broken_link_in_place() {
+    // Given a chain whose second commit was altered after it was sealed...
+    let mut commits = chain(3);
+    commits[1].actor = "mallory".into();
+    // ...when its history is rendered...
+    let history = history_page(&cluster(), entries(commits), None, "/clusters/x".into());
+    let html = pages::history_section(&history);
+    // ...then the verdict is "broken", and the altered commit's own row says so.
+    assert!(html.contains("data-chain=\"broken\""), "{html}");
+    let broken_rows = html.matches("<tr class=\"broken\">").count();
+    assert_eq!(broken_rows, 1, "{html}");
+    let row = html
+        .split("<tr class=\"broken\">")
+        .nth(1)
+        .unwrap_or_default();
+    assert!(row.starts_with("<td>v2</td>"), "{row}");
+}
+
+#[test]
+fn a_message_outside_the_chain_is_listed_where_it_lies() {
+    // Given a quarantined message on the subject between versions 1 and 2...
+    let mut e = entries(chain(2));
+    e.insert(
+        1,
+        HistoryEntry::Quarantined {
+            position: 15,
+            subject: "provledger.ev.cluster.x".into(),
+            reason: "modified: the hash does not match".into(),
+        },
+    );
+    // ...when rendered, then it is in the page, marked, and the chain is not "verified".
+    let history = history_page(&cluster(), e, None, "/clusters/x".into());
+    let html = pages::history_section(&history);
+    assert!(html.contains("data-chain=\"broken\""), "{html}");
+    assert!(html.contains("quarantined</b>: modified"), "{html}");
+}
+
+#[test]
+fn a_long_history_shows_its_newest_page_and_links_to_the_earlier_one() {
+    // Given more commits than a page holds...
+    let n = super::HISTORY_PAGE as u64 + 30;
+    let history = history_page(&cluster(), entries(chain(n)), None, "/clusters/x".into());
+    // ...then the page holds the newest HISTORY_PAGE, and links back.
+    assert_eq!(history.entries.len(), super::HISTORY_PAGE);
+    assert_eq!(history.earlier_from, Some(1));
+    assert_eq!(history.later_from, None);
+    // ...and from version 1, the first page links forward.
+    let first = history_page(&cluster(), entries(chain(n)), Some(1), "/c".into());
+    assert_eq!(first.later_from, Some(super::HISTORY_PAGE as u64 + 1));
+    assert_eq!(first.earlier_from, None);
+}
+
+fn compensation(n: u128, state: CompensationProgress, attempts: u32) -> CompensationView {
+    CompensationView {
+        compensation_id: Uuid::from_u128(n),
+        stage: "spawn".into(),
+        step: format!("vm-{n}"),
+        action: CompensationAction::TerminateVm,
+        executor: Executor::Service("hypervisor".into()),
+        resource: format!("vm-{n}"),
+        state,
+        attempts,
+        last_error: (state == CompensationProgress::Failed).then(|| "hypervisor down".into()),
+        resolved: None,
+    }
+}
+
+fn stopped_rollback() -> OperationView {
+    let op = Uuid::from_u128(99);
+    OperationView {
+        id: op,
+        kind: None,
+        target: Some(cluster()),
+        parent_id: None,
+        children: vec![],
+        status: Some(OperationStatus::NeedsAttention),
+        stage: Some("spawn".into()),
+        stages: vec![StageSpec {
+            name: "spawn".into(),
+            policy: StagePolicy::Compensate,
+        }],
+        steps: vec![],
+        started: vec![],
+        error: None,
+        cancellation_reason: None,
+        target_deleted: false,
+        rollback_plan: Some(RollbackPlan {
+            rule: "undo spawn".into(),
+            target: cluster(),
+            compensations: vec![],
+            retained: vec![],
+            target_outcome: TargetOutcome::Error {
+                description: "spawn failed".into(),
+            },
+        }),
+        rollback_outcome: Some(RollbackOutcome::NeedsAttention),
+        compensations: vec![
+            compensation(1, CompensationProgress::Done, 1),
+            compensation(2, CompensationProgress::Failed, 5),
+        ],
+        remaining: vec![Uuid::from_u128(2)],
+        progress: FoldProgress {
+            version: 9,
+            last_position: 90,
+            anomalies: vec![],
+            anomaly_count: 0,
+        },
+    }
+}
+
+#[test]
+fn a_stopped_rollback_draws_its_done_and_stuck_compensations_and_says_how_to_resume() {
+    // Given a rollback that stopped with one compensation done and one failed and left...
+    let op = stopped_rollback();
+    // ...when its page is rendered...
+    let svg = plan_diagram(&op);
+    let html = pages::operation(&op, &History::default());
+    // ...then the drawing shows one done and one stuck, in plan order...
+    let done = svg.find("data-standing=\"done\"").expect("a done box");
+    let stuck = svg.find("data-standing=\"stuck\"").expect("a stuck box");
+    assert!(done < stuck, "plan order");
+    // ...what remains is named at its executor, and the command to move it on is given.
+    assert!(
+        html.contains("<td>hypervisor</td><td><code>vm-2</code></td>"),
+        "{html}"
+    );
+    assert!(
+        !html.contains("<code>vm-1</code></td></tr></tbody></table></div>"),
+        "{html}"
+    );
+    assert!(
+        html.contains(&format!("rollback run {}", op.id)),
+        "the resume command: {html}"
+    );
+    assert!(html.contains("data-status=\"needs_attention\""), "{html}");
+}
+
+#[test]
+fn a_failed_compensation_still_in_budget_is_failed_not_stuck() {
+    let mut op = stopped_rollback();
+    op.remaining.clear();
+    op.status = Some(OperationStatus::RollingBack);
+    let svg = plan_diagram(&op);
+    assert!(svg.contains("data-standing=\"failed\""), "{svg}");
+    assert!(!svg.contains("data-standing=\"stuck\""), "{svg}");
+}
+
+#[test]
+fn the_worklist_comes_before_the_list_and_the_next_page_keeps_the_filters() {
+    let op = stopped_rollback();
+    let filter = ListFilter {
+        status: None,
+        kind: Some("create_cluster".into()),
+        target: None,
+    };
+    let html = pages::operations(
+        &filter,
+        Some(std::slice::from_ref(&op)),
+        &[],
+        Some(Uuid::from_u128(5)),
+    );
+    let attention = html.find("id=\"needs-attention\"").expect("the worklist");
+    let all = html.find("All operations").expect("the list");
+    assert!(attention < all);
+    assert!(
+        html.contains(&format!(
+            "/operations?kind=create_cluster&before={}",
+            Uuid::from_u128(5)
+        )),
+        "{html}"
+    );
+}
+
+#[test]
+fn text_from_the_log_is_escaped() {
+    let mut op = stopped_rollback();
+    op.compensations[1].last_error = Some("<script>alert(1)</script>".into());
+    let html = pages::operation(&op, &History::default());
+    assert!(!html.contains("<script>alert"), "{html}");
+    assert_eq!(esc("<a href='x'>&"), "&lt;a href=&#39;x&#39;&gt;&amp;");
+}
+
+#[test]
+fn a_query_string_with_an_unknown_name_or_a_bad_value_is_refused() {
+    let q = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    assert!(Params::parse(&q(&[("status", "needs_attention")]), &["status"]).is_ok());
+    assert!(Params::parse(&q(&[("status", "sleeping")]), &["status"]).is_err());
+    assert!(Params::parse(&q(&[("sort", "x")]), &["status"]).is_err());
+    assert!(Params::parse(&q(&[("limit", "0")]), &["limit"]).is_err());
+    assert!(Params::parse(&q(&[("limit", "500")]), &["limit"]).is_err());
+    assert!(Params::parse(&q(&[("target", "cluster/nope")]), &["target"]).is_err());
+    let ok = Params::parse(&q(&[("fragment", "1"), ("from", "3")]), &["from"]).unwrap();
+    assert!(ok.fragment);
+    assert_eq!(ok.from, Some(3));
+}
