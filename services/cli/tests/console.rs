@@ -33,13 +33,20 @@ use common::{wait_ready, Serve};
 struct Browser {
     driver: Child,
     client: Option<Client>,
+    /// The browser's profile dir: its own, so that its processes can be told apart.
+    profile: tempfile::TempDir,
 }
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        // The session's Chromium is chromedriver's child: killing the driver ends it.
+        // chromedriver starts Chromium in a process group of its own, so killing the
+        // driver leaves the browser running: every process of this browser's profile dir
+        // goes too (also when a test failed and never closed its session).
         let _ = self.driver.kill();
         let _ = self.driver.wait();
+        let _ = Command::new("pkill")
+            .args(["-KILL", "-f", &self.profile.path().display().to_string()])
+            .status();
     }
 }
 
@@ -59,15 +66,18 @@ impl Browser {
             .stderr(Stdio::null())
             .spawn()
             .expect("start chromedriver");
+        let profile = tempfile::tempdir().expect("a profile dir");
         let mut browser = Browser {
             driver,
             client: None,
+            profile,
         };
         let capabilities = serde_json::json!({
             "goog:chromeOptions": {
                 "binary": chromium,
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
-                         "--disable-dev-shm-usage", "--window-size=1280,1500"],
+                         "--disable-dev-shm-usage", "--window-size=1280,1500",
+                         format!("--user-data-dir={}", browser.profile.path().display())],
             }
         });
         let capabilities = capabilities.as_object().cloned().unwrap_or_default();
@@ -247,6 +257,35 @@ async fn the_demo_shows_each_scenarios_operation_with_its_plan() {
         }
     }
     browser.screenshot("console-operations.png").await;
+
+    // ...newest first, a page at a time: following "older operations" from pages of 3
+    // walks every operation once, each page older than the one before.
+    let operations: std::collections::BTreeSet<Uuid> = commits
+        .iter()
+        .filter(|c| c.aggregate.kind == AggregateKind::Operation)
+        .map(|c| c.aggregate.id)
+        .collect();
+    let mut walked: Vec<Uuid> = Vec::new();
+    let mut next = Some(format!("{url}/operations?limit=3"));
+    while let Some(page) = next.take() {
+        browser.c().goto(&page).await.expect("a page of the list");
+        let ids: Vec<Uuid> = browser
+            .attrs("table.all tr td:first-child a", "href")
+            .await
+            .iter()
+            .filter_map(|h| h.strip_prefix("/operations/")?.parse().ok())
+            .collect();
+        assert!(ids.len() <= 3, "{page}: {ids:?}");
+        walked.extend(ids);
+        next = browser
+            .attrs("#live p a[href^='/operations?']", "href")
+            .await
+            .first()
+            .map(|h| format!("{url}{h}"));
+    }
+    let mut newest_first: Vec<Uuid> = operations.iter().copied().collect();
+    newest_first.reverse();
+    assert_eq!(walked, newest_first, "every operation once, newest first");
 
     // ...and each operation's page shows its status and, when it has one, its rollback
     // plan drawn with one box per planned compensation, in plan order.

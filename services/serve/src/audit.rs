@@ -193,6 +193,9 @@ impl LastAudit {
 pub struct LastAudits {
     pub interval: Option<std::time::Duration>,
     last: std::sync::Mutex<Option<LastAudit>>,
+    /// When and why the latest audit could not run, if it could not (cleared by the next
+    /// that finishes): the last result is then older than it looks.
+    failed: std::sync::Mutex<Option<(Timestamp, String)>>,
 }
 
 impl LastAudits {
@@ -200,6 +203,7 @@ impl LastAudits {
         LastAudits {
             interval,
             last: Default::default(),
+            failed: Default::default(),
         }
     }
 
@@ -209,6 +213,18 @@ impl LastAudits {
 
     pub fn record(&self, audit: LastAudit) {
         *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(audit);
+        *self.failed.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    pub fn record_failure(&self, at: Timestamp, reason: String) {
+        *self.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some((at, reason));
+    }
+
+    pub fn failed(&self) -> Option<(Timestamp, String)> {
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
@@ -250,7 +266,10 @@ pub(crate) async fn audit_sweeps(
                 ctx.audits
                     .record(LastAudit::of(&report, Timestamp::now(), took_ms));
             }
-            Err(e) => tracing::warn!(error = %e, "the audit could not run"),
+            Err(e) => {
+                tracing::warn!(error = %e, "the audit could not run");
+                ctx.audits.record_failure(Timestamp::now(), e.to_string());
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}

@@ -548,8 +548,15 @@ pub async fn run(
     if let Some(task) = metrics_task {
         let _ = task.await;
     }
-    if let Some(task) = console_task {
-        let _ = task.await;
+    // A console connection that never finishes its request must not hold serve's exit.
+    if let Some(mut task) = console_task {
+        if tokio::time::timeout(DRAIN_TIMEOUT, &mut task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("console connections still open after the drain timeout; closing them");
+            task.abort();
+        }
     }
     if let Some(path) = &options.ready_file {
         let _ = std::fs::remove_file(path);

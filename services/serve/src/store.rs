@@ -931,8 +931,13 @@ impl ProjectionStore {
     }
 
     pub fn quarantined(&self) -> Result<Vec<QuarantineRecord>, StoreError> {
+        self.quarantined_first(usize::MAX)
+    }
+
+    /// The first `n` quarantine records, in position order (a page's worth).
+    pub fn quarantined_first(&self, n: usize) -> Result<Vec<QuarantineRecord>, StoreError> {
         let mut out = Vec::new();
-        for r in self.tree.scan_prefix([b'q']) {
+        for r in self.tree.scan_prefix([b'q']).take(n) {
             let (_, v) = r?;
             let record = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt {
                 what: "quarantine record".into(),

@@ -142,30 +142,45 @@ pub(crate) fn page(frame: &Frame<'_>, content: &str) -> String {
 const LIVE_SCRIPT: &str = r#"<script>
 (function () {
   var busy = false, again = false;
+  // The position this page shows at least (taken before the page was read): a live event
+  // at it (the first one after connecting, when nothing was applied meanwhile) changes
+  // nothing. It moves only once a refresh has been shown.
+  var shown = document.body.dataset.position, wanted = shown;
+  function state(text) { document.getElementById('live-state').textContent = text; }
   function refresh() {
     if (busy) { again = true; return; }
     busy = true;
-    var sep = location.search ? '&' : '?';
-    fetch(location.pathname + location.search + sep + 'fragment=1', {cache: 'no-store'})
-      .then(function (r) { return r.ok ? r.text() : null; })
-      .then(function (html) { if (html !== null) { document.getElementById('live').innerHTML = html; } })
-      .catch(function () {})
+    var target = wanted;
+    var url = location.pathname + location.search + (location.search ? '&' : '?') + 'fragment=1';
+    // An entity's page is fetched again only if the entity changed (204 otherwise).
+    var version = document.getElementById('shown-version');
+    if (version) { url += '&if_version=' + version.dataset.version; }
+    fetch(url, {cache: 'no-store'})
+      .then(function (r) {
+        if (r.status === 204) { return ''; }
+        return r.ok ? r.text() : Promise.reject(r.status);
+      })
+      .then(function (html) {
+        if (html) { document.getElementById('live').innerHTML = html; }
+        shown = target;
+        document.getElementById('position').textContent = 'position ' + target;
+        state('live');
+      })
+      .catch(function () { state('behind: retrying at the next commit'); })
       .finally(function () { busy = false; if (again) { again = false; refresh(); } });
   }
-  // The position this page shows: a live event at it (the first one after connecting,
-  // when nothing was applied meanwhile) changes nothing.
-  var shown = document.body.dataset.position;
   var events = null;
   function listen() {
     events = new EventSource('/events');
     events.addEventListener('position', function (e) {
-      document.getElementById('live-state').textContent = 'live';
-      if (e.data === shown) { return; }
-      shown = e.data;
-      document.getElementById('position').textContent = 'position ' + e.data;
+      if (e.data === shown) { state('live'); return; }
+      wanted = e.data;
       refresh();
     });
-    events.onerror = function () { document.getElementById('live-state').textContent = 'reconnecting'; };
+    events.onerror = function () {
+      // A refused stream (every live slot taken) is closed for good; a dropped one retries.
+      state(events && events.readyState === EventSource.CLOSED ? 'not live: reload to follow' : 'reconnecting');
+    };
   }
   // A page left for another may be kept whole (the back/forward cache) with its stream
   // open: a browser opens six connections per host over HTTP/1.1, so pages left behind

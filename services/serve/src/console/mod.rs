@@ -171,16 +171,27 @@ impl IntoResponse for PageError {
 type PageResult = Result<Response, PageError>;
 
 impl Console {
-    /// A request slot, or `Busy` at once.
-    fn slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, PageError> {
-        self.requests
+    /// A request slot (or `Busy` at once), and the position applied before anything is
+    /// read: the page says it shows at least that, so a commit applied while it is made
+    /// is announced again by the next live event, never taken as already shown.
+    fn begin(&self) -> Result<(tokio::sync::OwnedSemaphorePermit, u64), PageError> {
+        let slot = self
+            .requests
             .clone()
             .try_acquire_owned()
-            .map_err(|_| PageError::Busy)
+            .map_err(|_| PageError::Busy)?;
+        Ok((slot, self.ctx.position()))
     }
 
     /// The page, or only its live part when the page's script asks (`fragment`).
-    fn respond(&self, title: &str, live: bool, params: &Params, content: String) -> Response {
+    fn respond(
+        &self,
+        at: u64,
+        title: &str,
+        live: bool,
+        params: &Params,
+        content: String,
+    ) -> Response {
         let body = if params.fragment {
             content
         } else {
@@ -188,7 +199,7 @@ impl Console {
                 &html::Frame {
                     title,
                     stream: &self.ctx.stream,
-                    position: self.ctx.position(),
+                    position: at,
                     live,
                 },
                 &content,
@@ -210,13 +221,16 @@ struct Params {
     after: Option<Uuid>,
     limit: Option<usize>,
     from: Option<u64>,
+    /// A live page's refresh of an entity it shows at this version: answered `204` at
+    /// once while the entity is still there, without reading its history again.
+    if_version: Option<u64>,
 }
 
 impl Params {
     fn parse(raw: &HashMap<String, String>, allowed: &[&str]) -> Result<Params, PageError> {
         let mut p = Params::default();
         for (name, value) in raw {
-            if name != "fragment" && !allowed.contains(&name.as_str()) {
+            if name != "fragment" && name != "if_version" && !allowed.contains(&name.as_str()) {
                 return Err(PageError::BadRequest(format!(
                     "unknown parameter {name:?}; this page takes {}",
                     allowed.join(", ")
@@ -259,6 +273,9 @@ impl Params {
                     }
                     p.limit = Some(n)
                 }
+                "if_version" => {
+                    p.if_version = Some(value.parse::<u64>().map_err(|_| bad("a version"))?)
+                }
                 "from" => {
                     let v = value.parse::<u64>().map_err(|_| bad("a version"))?;
                     p.from = Some(v.max(1))
@@ -276,21 +293,28 @@ fn parse_id(id: &str) -> Result<Uuid, PageError> {
 }
 
 /// Up to `limit` accepted entities, passing over at most [`LIST_SCAN_MAX`]; and where the
-/// next page starts when there may be more.
+/// next page starts when there is more (one accepted entity past the page is looked for,
+/// so a page that ends the list offers no next page).
 fn take_page(
     entities: impl Iterator<Item = Result<Entity, crate::store::StoreError>>,
     keep: impl Fn(&Entity) -> bool,
     limit: usize,
 ) -> Result<(Vec<Entity>, Option<Uuid>), PageError> {
-    let mut out = Vec::new();
+    let mut out: Vec<Entity> = Vec::new();
     for (scanned, e) in entities.enumerate() {
         let e = e?;
-        let last = e.id().id;
+        let id = e.id().id;
         if keep(&e) {
+            if out.len() == limit {
+                // One more exists: the next page starts after this page's last.
+                let next = out.last().map(|l| l.id().id);
+                return Ok((out, next));
+            }
             out.push(e);
         }
-        if out.len() >= limit || scanned + 1 >= LIST_SCAN_MAX {
-            return Ok((out, Some(last)));
+        if scanned + 1 >= LIST_SCAN_MAX {
+            // Passed over as many as a page may: the next page goes on from here.
+            return Ok((out, Some(id)));
         }
     }
     Ok((out, None))
@@ -300,7 +324,7 @@ async fn operations(
     State(c): State<Console>,
     Query(raw): Query<HashMap<String, String>>,
 ) -> PageResult {
-    let _slot = c.slot()?;
+    let (_slot, at) = c.begin()?;
     let p = Params::parse(&raw, &["status", "kind", "target", "before", "limit"])?;
     let filter = OperationFilter {
         status: p.status.clone(),
@@ -342,9 +366,10 @@ async fn operations(
         status: p.status.clone(),
         kind: p.kind.clone(),
         target: p.target.clone(),
+        limit: p.limit,
     };
     let content = pages::operations(&list_filter, attention.as_deref(), &views(rows), next);
-    Ok(c.respond("Operations", true, &p, content))
+    Ok(c.respond(at, "Operations", true, &p, content))
 }
 
 /// One aggregate's history for its page: the whole chain read and verified, one page of
@@ -355,18 +380,18 @@ async fn history_of(
     from: Option<u64>,
     path: String,
 ) -> Result<History, PageError> {
-    let entries: Vec<HistoryEntry> = if c.ctx.store.copies_log()? {
-        c.ctx
-            .store
-            .aggregate_commits(id, u64::MAX)?
-            .into_iter()
-            .map(HistoryEntry::Commit)
-            .collect()
-    } else {
-        c.ctx.log.aggregate_history(*id).await.map_err(|e| {
-            PageError::Unavailable(format!("reading {id}'s history from the stream: {e}"))
-        })?
-    };
+    // From the stream, whatever the store keeps: it holds every message of the subject,
+    // quarantined ones included (a store's copy holds only the chain, and refuses to read
+    // a broken one), and a page must show a broken chain, not fail on it. Up to what the
+    // store has applied, so that the history and the state beside it agree.
+    let applied = c.ctx.position();
+    let mut entries = c.ctx.log.aggregate_history(*id).await.map_err(|e| {
+        PageError::Unavailable(format!("reading {id}'s history from the stream: {e}"))
+    })?;
+    entries.retain(|e| match e {
+        HistoryEntry::Commit(commit) => commit.position <= applied,
+        HistoryEntry::Quarantined { position, .. } => *position <= applied,
+    });
     Ok(history_page(id, entries, from, path))
 }
 
@@ -432,6 +457,20 @@ pub(crate) fn history_page(
     }
 }
 
+/// `204 No Content` for a live refresh of an entity still at the version the page shows.
+fn unchanged(p: &Params, entity: &Entity) -> Option<Response> {
+    (p.fragment && p.if_version == Some(entity.header().version))
+        .then(|| StatusCode::NO_CONTENT.into_response())
+}
+
+/// The page's content, marked with the entity's version for its live refreshes.
+fn versioned(entity: &Entity, content: String) -> String {
+    format!(
+        "<span hidden id=\"shown-version\" data-version=\"{}\"></span>{content}",
+        entity.header().version
+    )
+}
+
 async fn entity_of(c: &Console, id: &AggregateId) -> Result<Entity, PageError> {
     c.ctx.store.entity(id)?.ok_or_else(|| {
         PageError::NotFound(format!(
@@ -446,10 +485,13 @@ async fn operation(
     Path(id): Path<String>,
     Query(raw): Query<HashMap<String, String>>,
 ) -> PageResult {
-    let _slot = c.slot()?;
+    let (_slot, at) = c.begin()?;
     let p = Params::parse(&raw, &["from"])?;
     let id = AggregateId::new(AggregateKind::Operation, parse_id(&id)?);
     let entity = entity_of(&c, &id).await?;
+    if let Some(unchanged) = unchanged(&p, &entity) {
+        return Ok(unchanged);
+    }
     let EntityView::Operation(view) = entity.view_typed() else {
         return Err(PageError::NotFound(format!("{id} is not an operation")));
     };
@@ -459,7 +501,8 @@ async fn operation(
         short(&id.id),
         view.kind.as_ref().map(html::word).unwrap_or_default()
     );
-    Ok(c.respond(&title, true, &p, pages::operation(&view, &history)))
+    let content = versioned(&entity, pages::operation(&view, &history));
+    Ok(c.respond(at, &title, true, &p, content))
 }
 
 fn short(id: &Uuid) -> String {
@@ -479,10 +522,13 @@ async fn entity_page(
     id: String,
     raw: HashMap<String, String>,
 ) -> PageResult {
-    let _slot = c.slot()?;
+    let (_slot, at) = c.begin()?;
     let p = Params::parse(&raw, &["from"])?;
     let id = AggregateId::new(kind, parse_id(&id)?);
     let entity = entity_of(&c, &id).await?;
+    if let Some(unchanged) = unchanged(&p, &entity) {
+        return Ok(unchanged);
+    }
     let history = history_of(&c, &id, p.from, html::entity_path(&id)).await?;
     let (title, content) = match entity.view_typed() {
         EntityView::Cluster(v) => (format!("Cluster {}", v.name), pages::cluster(&v, &history)),
@@ -499,7 +545,7 @@ async fn entity_page(
             pages::operation(&v, &history),
         ),
     };
-    Ok(c.respond(&title, true, &p, content))
+    Ok(c.respond(at, &title, true, &p, versioned(&entity, content)))
 }
 
 async fn cluster(
@@ -532,7 +578,7 @@ async fn entity_list(
     title: &str,
     raw: HashMap<String, String>,
 ) -> PageResult {
-    let _slot = c.slot()?;
+    let (_slot, at) = c.begin()?;
     let p = Params::parse(&raw, &["after", "limit"])?;
     let limit = p.limit.unwrap_or(OPERATIONS_PAGE);
     let (entities, next) = take_page(c.ctx.store.entities_of(kind, p.after), |_| true, limit)?;
@@ -553,8 +599,9 @@ async fn entity_list(
         .rsplit_once('/')
         .map_or(path.as_str(), |(b, _)| b)
         .to_string();
-    let next = next.map(|after| format!("{base}?after={after}"));
-    Ok(c.respond(title, true, &p, pages::entity_list(&rows, next)))
+    let limit_param = p.limit.map(|l| format!("&limit={l}")).unwrap_or_default();
+    let next = next.map(|after| format!("{base}?after={after}{limit_param}"));
+    Ok(c.respond(at, title, true, &p, pages::entity_list(&rows, next)))
 }
 
 async fn clusters(
@@ -575,10 +622,10 @@ async fn health(
     State(c): State<Console>,
     Query(raw): Query<HashMap<String, String>>,
 ) -> PageResult {
-    let _slot = c.slot()?;
+    let (_slot, at) = c.begin()?;
     let p = Params::parse(&raw, &[])?;
     let readiness = c.ctx.readiness().await;
-    let quarantined = c.ctx.store.quarantined()?;
+    let quarantined = c.ctx.store.quarantined_first(QUARANTINE_SHOWN_MAX)?;
     let view = pages::HealthView {
         ready: readiness.ready,
         reason: readiness.reason.clone(),
@@ -586,16 +633,16 @@ async fn health(
         end: readiness.end,
         caught_up_to: c.ctx.caught_up_to.get().copied(),
         nats_connected: readiness.nats_connected,
-        quarantined_total: quarantined.len(),
+        quarantined_total: c.ctx.store.quarantine_count(),
         quarantined: quarantined
             .iter()
-            .take(QUARANTINE_SHOWN_MAX)
             .map(|q| (q.position, q.subject.clone(), q.error.clone()))
             .collect(),
         audit: c.ctx.audits.last(),
+        audit_failed: c.ctx.audits.failed(),
         audit_interval: c.ctx.audits.interval,
     };
-    Ok(c.respond("Health", true, &p, pages::health(&view)))
+    Ok(c.respond(at, "Health", true, &p, pages::health(&view)))
 }
 
 /// Server-sent events: `position` each time the projector has applied more, at most once

@@ -21,10 +21,13 @@ pub(crate) struct ListFilter {
     pub(crate) status: Option<String>,
     pub(crate) kind: Option<String>,
     pub(crate) target: Option<String>,
+    /// The page size asked for, kept by the next page's link.
+    pub(crate) limit: Option<usize>,
 }
 
 impl ListFilter {
-    /// The filters as a query string (without `after`), for the next page's link.
+    /// The filters and page size as a query string (without the cursor), for the next
+    /// page's link.
     pub(crate) fn query(&self) -> String {
         let mut parts = Vec::new();
         for (name, value) in [
@@ -35,6 +38,9 @@ impl ListFilter {
             if let Some(v) = value {
                 parts.push(format!("{name}={}", url_encode(v)));
             }
+        }
+        if let Some(limit) = self.limit {
+            parts.push(format!("limit={limit}"));
         }
         parts.join("&")
     }
@@ -396,7 +402,8 @@ pub(crate) fn executor_name(executor: &provledger_events::catalogue::Executor) -
 fn remaining_by_executor(compensations: &[CompensationView]) -> String {
     let mut by: BTreeMap<String, Vec<&CompensationView>> = BTreeMap::new();
     for c in compensations {
-        if word(&c.state) != "done" {
+        // Resolved by hand: an operator says the executor no longer holds it.
+        if word(&c.state) != "done" && c.resolved.is_none() {
             by.entry(executor_name(&c.executor)).or_default().push(c);
         }
     }
@@ -799,6 +806,7 @@ pub(crate) struct HealthView {
     pub(crate) quarantined: Vec<(u64, String, String)>,
     pub(crate) quarantined_total: usize,
     pub(crate) audit: Option<crate::audit::LastAudit>,
+    pub(crate) audit_failed: Option<(provledger_events::Timestamp, String)>,
     pub(crate) audit_interval: Option<std::time::Duration>,
 }
 
@@ -846,6 +854,14 @@ pub(crate) fn health(h: &HealthView) -> String {
     ];
     out.push_str(&table("fields", &["", ""], &rows));
     out.push_str("<h2>Last audit</h2>");
+    if let Some((at, why)) = &h.audit_failed {
+        let _ = write!(
+            out,
+            "<p class=\"alert\" id=\"audit-failed\">the audit of {} could not run: {}</p>",
+            esc(&at.to_string()),
+            esc(why)
+        );
+    }
     match &h.audit {
         None => {
             let _ = write!(

@@ -216,6 +216,7 @@ fn the_worklist_comes_before_the_list_and_the_next_page_keeps_the_filters() {
         status: None,
         kind: Some("create_cluster".into()),
         target: None,
+        limit: Some(20),
     };
     let html = pages::operations(
         &filter,
@@ -228,7 +229,7 @@ fn the_worklist_comes_before_the_list_and_the_next_page_keeps_the_filters() {
     assert!(attention < all);
     assert!(
         html.contains(&format!(
-            "/operations?kind=create_cluster&before={}",
+            "/operations?kind=create_cluster&limit=20&before={}",
             Uuid::from_u128(5)
         )),
         "{html}"
