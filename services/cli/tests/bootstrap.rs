@@ -388,3 +388,70 @@ async fn a_snapshot_claiming_a_later_position_than_its_chain_tips_cover_is_refus
     assert_answers_the_rebuild(&client, &log, &aggregates, end).await;
     assert!(replica.terminate().success());
 }
+
+/// Waits (bounded) until `dir`'s serve log holds `line`.
+async fn wait_for_log_line(dir: &Path, line: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !log_of(dir).contains(line) {
+        assert!(
+            Instant::now() < deadline,
+            "no {line:?} in {}:\n{}",
+            dir.display(),
+            log_of(dir)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_deployed_accounts_a_snapshot_is_published_and_a_new_replica_bootstraps_from_it()
+{
+    // Given nats-server with deploy/nats/accounts.conf, a stream the designated writer
+    // filled, and serve (as user `serve`) publishing its snapshots to the bucket the
+    // accounts allow...
+    let nats = NatsServer::start_hardened(true, false).await;
+    let writer = JetStreamLog::open(
+        nats.client_as("writer").await,
+        provledger_events::JetStreamConfig::default(),
+    )
+    .await
+    .expect("the writer opens the stream");
+    for n in 0..120u128 {
+        append(
+            &writer,
+            AggregateId::provider(Uuid::from_u128(0xC00 + n)),
+            vec![Event::InventorySet {
+                resource_class: "VCPU".into(),
+                inventory: provledger_tests::workload::vcpu_inventory(64),
+            }],
+        )
+        .await;
+    }
+    let end = writer.last_position().await.unwrap();
+    let auditor = nats.client_as("auditor").await;
+    let dir = tempfile::tempdir().unwrap();
+    let publisher_dir = dir.path().join("publisher");
+    let mut publisher = Serve::start_at(
+        &nats.url_as("serve"),
+        &publisher_dir,
+        &["--snapshot-bucket", BUCKET],
+    );
+    wait_ready_at(&auditor, end).await;
+    // ...when it has published one, and a replica with a new data dir starts...
+    wait_for_log_line(&publisher_dir, "projection snapshot published").await;
+    assert!(publisher.terminate().success());
+    let replica_dir = dir.path().join("replica");
+    let _replica = Serve::start_at(
+        &nats.url_as("serve"),
+        &replica_dir,
+        &["--snapshot-bucket", BUCKET],
+    );
+    // ...then the replica bootstraps from it and is ready, and nothing was refused.
+    wait_ready_at(&auditor, end).await;
+    wait_for_log_line(&replica_dir, "bootstrapped from a published snapshot").await;
+    let refused = nats.log();
+    assert!(
+        !refused.contains("Permissions Violation"),
+        "the accounts refused something: {refused}"
+    );
+}
