@@ -648,6 +648,33 @@ impl JetStreamLog {
 
     /// Reads the aggregate's subject from `from` to `end` (stream sequences, inclusive),
     /// classifying each message against the chain starting at `head`.
+    /// The messages on `aggregate`'s subject after `before.position` (a subject sequence)
+    /// up to `to` (default: the subject's last), each classified as
+    /// [`EventLog::aggregate_history`] classifies them, against the chain as it stood at
+    /// `before` (its version and hash): a commit that extends it, or a message outside it
+    /// (quarantined, in place). A reader that has already classified the subject up to
+    /// `before` reads only what follows ([`ChainTip::EMPTY`]: the whole subject).
+    pub async fn aggregate_history_between(
+        &self,
+        aggregate: AggregateId,
+        before: ChainTip,
+        to: Option<u64>,
+    ) -> Result<Vec<HistoryEntry>, ReadError> {
+        let to = match to {
+            Some(to) => to,
+            None => self.last_subject_sequence(&aggregate).await?,
+        };
+        let head = Head {
+            version: before.version,
+            sequence: before.position,
+            hash: before.hash,
+        };
+        let (entries, _) = self
+            .scan_subject(&aggregate, before.position + 1, to, head)
+            .await?;
+        Ok(entries)
+    }
+
     async fn scan_subject(
         &self,
         aggregate: &AggregateId,

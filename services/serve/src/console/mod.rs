@@ -21,6 +21,7 @@
 //! behind a reverse proxy that has (docs/console.md); serve says so when it listens on
 //! anything but loopback.
 
+mod chains;
 mod html;
 mod pages;
 mod plan;
@@ -36,6 +37,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::Router;
+pub use chains::CHAINS_KEPT_MAX;
 use provledger_events::{verify_chain, AggregateId, AggregateKind, EventLog, HistoryEntry};
 use provledger_projections::view::EntityView;
 use provledger_projections::Entity;
@@ -76,6 +78,7 @@ pub const QUARANTINE_SHOWN_MAX: usize = 50;
 #[derive(Clone)]
 struct Console {
     ctx: Arc<QueryContext>,
+    chains: Arc<chains::Chains>,
     requests: Arc<Semaphore>,
     live: Arc<Semaphore>,
     stopped: watch::Receiver<bool>,
@@ -102,6 +105,7 @@ pub(crate) async fn serve_console(
     }
     let console = Console {
         ctx,
+        chains: Default::default(),
         requests: Arc::new(Semaphore::new(REQUESTS_MAX)),
         live: Arc::new(Semaphore::new(LIVE_CONNECTIONS_MAX)),
         stopped: stopped.clone(),
@@ -372,27 +376,67 @@ async fn operations(
     Ok(c.respond(at, "Operations", true, &p, content))
 }
 
-/// One aggregate's history for its page: the whole chain read and verified, one page of
-/// it kept (the newest, or from `from`).
+/// One aggregate's history for its page, up to what the store has applied, from the
+/// stream (it holds every message of the subject, quarantined ones included, and a page
+/// must show a broken chain, not fail on it).
+///
+/// The newest page reads only what this console has not verified yet (`chains`), then the
+/// page's own window: what a page costs does not grow with the aggregate once it was read
+/// once. An earlier page (`from`) reads and verifies the whole subject.
 async fn history_of(
     c: &Console,
     id: &AggregateId,
     from: Option<u64>,
     path: String,
 ) -> Result<History, PageError> {
-    // From the stream, whatever the store keeps: it holds every message of the subject,
-    // quarantined ones included (a store's copy holds only the chain, and refuses to read
-    // a broken one), and a page must show a broken chain, not fail on it. Up to what the
-    // store has applied, so that the history and the state beside it agree.
     let applied = c.ctx.position();
-    let mut entries = c.ctx.log.aggregate_history(*id).await.map_err(|e| {
+    let unreadable = |e: provledger_events::ReadError| {
         PageError::Unavailable(format!("reading {id}'s history from the stream: {e}"))
-    })?;
-    entries.retain(|e| match e {
-        HistoryEntry::Commit(commit) => commit.position <= applied,
-        HistoryEntry::Quarantined { position, .. } => *position <= applied,
+    };
+    if from.is_some() {
+        let mut entries = c.ctx.log.aggregate_history(*id).await.map_err(unreadable)?;
+        entries.retain(|e| match e {
+            HistoryEntry::Commit(commit) => commit.position <= applied,
+            HistoryEntry::Quarantined { position, .. } => *position <= applied,
+        });
+        return Ok(history_page(id, entries, from, path));
+    }
+    let mut verified = c.chains.get(id).unwrap_or_else(chains::Verified::new);
+    let new = c
+        .ctx
+        .log
+        .aggregate_history_between(*id, verified.through, None)
+        .await
+        .map_err(unreadable)?;
+    verified.extend(&new, applied, HISTORY_PAGE);
+    let entries = match verified.through.position {
+        0 => Vec::new(),
+        through => c
+            .ctx
+            .log
+            .aggregate_history_between(*id, verified.window_start(HISTORY_PAGE), Some(through))
+            .await
+            .map_err(unreadable)?,
+    };
+    let first = entries.iter().find_map(|e| match e {
+        HistoryEntry::Commit(commit) => Some(commit.version),
+        HistoryEntry::Quarantined { .. } => None,
     });
-    Ok(history_page(id, entries, from, path))
+    let history = History {
+        entries,
+        commits: verified.commits,
+        // Every commit counted was classified as extending the chain (version, hash and
+        // link checked); whatever did not is counted as quarantined.
+        violations: Vec::new(),
+        quarantined: verified.quarantined,
+        earlier_from: first
+            .filter(|v| *v > 1)
+            .map(|v| v.saturating_sub(HISTORY_PAGE as u64).max(1)),
+        later_from: None,
+        path,
+    };
+    c.chains.keep(*id, verified);
+    Ok(history)
 }
 
 /// One page of an aggregate's history (the newest [`HISTORY_PAGE`] commits, or from

@@ -263,3 +263,37 @@ fn a_query_string_with_an_unknown_name_or_a_bad_value_is_refused() {
     assert!(ok.fragment);
     assert_eq!(ok.from, Some(3));
 }
+
+#[test]
+fn a_verified_chain_keeps_its_tip_its_counts_and_the_page_window() {
+    // Given a subject of 5 commits with a quarantined message after the second...
+    let commits = chain(5);
+    let mut e = entries(commits.clone());
+    e.insert(
+        2,
+        HistoryEntry::Quarantined {
+            position: 25,
+            subject: String::new(),
+            reason: "modified".into(),
+        },
+    );
+    // ...when it is taken in up to position 40 with a window of 2...
+    let mut v = super::chains::Verified::new();
+    v.extend(&e, 40, 2);
+    // ...then v5 (position 50) is left for later, the counts hold, and the page (v3, v4)
+    // is read from after v2, whose tip is kept with them (window + 1 tips).
+    assert_eq!(v.through.version, 4);
+    assert_eq!(v.through.position, 40);
+    assert_eq!(v.commits, 4);
+    assert_eq!(v.quarantined, 1);
+    assert_eq!(v.window_start(2).version, 2);
+    assert_eq!(v.window_start(2).hash, commits[1].hash);
+    // When the rest comes, only it is taken in.
+    v.extend(&entries(commits[4..].to_vec()), 100, 2);
+    assert_eq!((v.through.version, v.commits), (5, 5));
+    assert_eq!(v.window_start(2).version, 3);
+    // A short chain's window starts at the subject's start.
+    let mut short = super::chains::Verified::new();
+    short.extend(&entries(chain(2)), 100, 5);
+    assert_eq!(short.window_start(5), provledger_events::ChainTip::EMPTY);
+}
