@@ -8,11 +8,11 @@
 //! serve runs in process with `--http` on loopback; each page is fetched sequentially over
 //! HTTP/1.1 (a new connection per request, as a browser's first visit), `--samples` times.
 //!
-//! Plus one provider of `--deep` commits (100,000): its page reads and verifies its whole
-//! chain, the console's one cost that grows with an aggregate.
+//! Plus one provider of `--deep` commits (100,000): the first view of its page reads and
+//! verifies its whole chain (the `first request` column); later views read what is new.
 //!
-//! The named bound: every page's p99 within `PAGE_P99_BOUND` (250 ms); the deep provider's
-//! page is reported beside it, not held to it.
+//! The named bound: every page's p99 within `PAGE_P99_BOUND` (250 ms), the first request
+//! of each row reported beside it.
 //!
 //! `cargo bench -p provledger --bench console-bench [-- --events N --samples N]`
 
@@ -132,6 +132,9 @@ fn percentile(sorted: &[Duration], q: f64) -> Duration {
 
 struct Row {
     what: String,
+    /// The first request, not counted in the percentiles (a page's first view of an
+    /// aggregate reads its whole subject; later ones what is new).
+    first: Duration,
     p50: Duration,
     p99: Duration,
     max: Duration,
@@ -139,7 +142,9 @@ struct Row {
 }
 
 async fn time_page(port: u16, path: &str, samples: u64) -> Row {
+    let t = Instant::now();
     let _ = get(port, path).await;
+    let first = t.elapsed();
     let mut times = Vec::new();
     let mut bytes = 0;
     for _ in 0..samples {
@@ -152,6 +157,7 @@ async fn time_page(port: u16, path: &str, samples: u64) -> Row {
     times.sort();
     Row {
         what: format!("page `{path}`"),
+        first,
         p50: percentile(&times, 0.5),
         p99: percentile(&times, 0.99),
         max: times.last().copied().unwrap_or_default(),
@@ -179,10 +185,11 @@ async fn time_query(
         let v: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap_or_default();
         assert!(v.get("error").is_none(), "{subject}: {v}");
     }
-    times.remove(0);
+    let first = times.remove(0);
     times.sort();
     Row {
         what: format!("NATS `{subject}` {payload}"),
+        first,
         p50: percentile(&times, 0.5),
         p99: percentile(&times, 0.99),
         max: times.last().copied().unwrap_or_default(),
@@ -404,29 +411,30 @@ async fn main() {
     );
     println!("- {samples} sequential requests per row, a new HTTP connection per page request; serve in process (2 worker threads), 2-core machine\n");
     println!(
-        "| what | p50 | p99 | max | bytes | p99 within {} ms |",
+        "| what | first request | p50 | p99 | max | bytes | p99 within {} ms |",
         PAGE_P99_BOUND.as_millis()
     );
-    println!("|---|---:|---:|---:|---:|---|");
+    println!("|---|---:|---:|---:|---:|---:|---|");
     let mut over = Vec::new();
     for r in &rows {
         let page = r.what.starts_with("page");
         let is_deep = r.what.contains(&deep.id.to_string());
-        let within = r.p99 <= PAGE_P99_BOUND || is_deep;
+        let within = r.p99 <= PAGE_P99_BOUND;
         if page && !within {
             over.push(r.what.clone());
         }
         println!(
-            "| {} | {:.2?} | {:.2?} | {:.2?} | {} | {} |",
+            "| {} | {:.2?} | {:.2?} | {:.2?} | {:.2?} | {} | {} |",
             r.what,
+            r.first,
             r.p50,
             r.p99,
             r.max,
             r.bytes,
             if !page {
                 "(reference)"
-            } else if is_deep {
-                "(deep: not bound)"
+            } else if within && is_deep {
+                "yes (after its first view)"
             } else if within {
                 "yes"
             } else {
