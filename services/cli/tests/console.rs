@@ -516,3 +516,35 @@ async fn a_tampered_commit_shows_as_a_broken_chain() {
         .await
         .contains("hash chain verified: 1 commits"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_reachable_from_other_hosts_is_announced_as_unauthenticated() {
+    // Given serve with its console on every address, and one on loopback...
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let open_dir = dir.path().join("open");
+    let port = free_port();
+    let _open = Serve::start_with(&nats, &open_dir, &["--http", &format!("0.0.0.0:{port}")]);
+    let local_dir = dir.path().join("local");
+    let (_local, _) = serve_with_console(&nats, &local_dir, &[]).await;
+    wait_ready(&nats.client().await).await;
+    // ...then the first says, at start, that anyone who reaches it reads everything; the
+    // second does not.
+    let log_of =
+        |d: &std::path::Path| std::fs::read_to_string(d.with_extension("log")).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !(log_of(&open_dir).contains("console on") && log_of(&local_dir).contains("console on")) {
+        assert!(
+            Instant::now() < deadline,
+            "no console started: {}",
+            log_of(&open_dir)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        log_of(&open_dir).contains("has no authentication"),
+        "{}",
+        log_of(&open_dir)
+    );
+    assert!(!log_of(&local_dir).contains("has no authentication"));
+}
