@@ -318,6 +318,24 @@ pub enum HistoryEntry {
     },
 }
 
+impl HistoryEntry {
+    /// The commit, if this entry is one of the chain.
+    pub fn commit(&self) -> Option<&Commit> {
+        match self {
+            HistoryEntry::Commit(c) => Some(c),
+            HistoryEntry::Quarantined { .. } => None,
+        }
+    }
+
+    /// Where the entry lies in the log.
+    pub fn position(&self) -> u64 {
+        match self {
+            HistoryEntry::Commit(c) => c.position,
+            HistoryEntry::Quarantined { position, .. } => *position,
+        }
+    }
+}
+
 /// The tip of an aggregate's chain as a reader last saw it: its version, the position of
 /// its last commit and that commit's hash. Reading "after" a tip returns only what is newer,
 /// checked to link to it.

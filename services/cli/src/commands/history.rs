@@ -30,10 +30,8 @@ pub async fn run(ledger: &Ledger, aggregate: AggregateId, json: bool) -> Result<
     let entries = entries(ledger, aggregate).await?;
     let commits: Vec<_> = entries
         .iter()
-        .filter_map(|e| match e {
-            HistoryEntry::Commit(c) => Some(c.clone()),
-            HistoryEntry::Quarantined { .. } => None,
-        })
+        .filter_map(HistoryEntry::commit)
+        .cloned()
         .collect();
     if commits.is_empty() {
         return Err(CommandError::Problem(format!(

@@ -27,15 +27,19 @@ pub(crate) fn word<T: serde::Serialize + std::fmt::Debug>(value: &T) -> String {
     provledger_projections::planner::json_word(value)
 }
 
+/// The path of the list of one kind's entities.
+pub(crate) fn list_path(kind: AggregateKind) -> &'static str {
+    match kind {
+        AggregateKind::Cluster => "/clusters",
+        AggregateKind::Instance => "/instances",
+        AggregateKind::Provider => "/providers",
+        AggregateKind::Operation => "/operations",
+    }
+}
+
 /// The path of an entity's page.
 pub(crate) fn entity_path(id: &AggregateId) -> String {
-    let kind = match id.kind {
-        AggregateKind::Cluster => "clusters",
-        AggregateKind::Instance => "instances",
-        AggregateKind::Provider => "providers",
-        AggregateKind::Operation => "operations",
-    };
-    format!("/{kind}/{}", id.id)
+    format!("{}/{}", list_path(id.kind), id.id)
 }
 
 /// A link to an entity's page, labelled with its kind and id.

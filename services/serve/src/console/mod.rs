@@ -395,10 +395,7 @@ async fn history_of(
     };
     if from.is_some() {
         let mut entries = c.ctx.log.aggregate_history(*id).await.map_err(unreadable)?;
-        entries.retain(|e| match e {
-            HistoryEntry::Commit(commit) => commit.position <= applied,
-            HistoryEntry::Quarantined { position, .. } => *position <= applied,
-        });
+        entries.retain(|e| e.position() <= applied);
         return Ok(history_page(id, entries, from, path));
     }
     let mut verified = c.chains.get(id).unwrap_or_else(chains::Verified::new);
@@ -418,10 +415,10 @@ async fn history_of(
             .await
             .map_err(unreadable)?,
     };
-    let first = entries.iter().find_map(|e| match e {
-        HistoryEntry::Commit(commit) => Some(commit.version),
-        HistoryEntry::Quarantined { .. } => None,
-    });
+    let first = entries
+        .iter()
+        .find_map(HistoryEntry::commit)
+        .map(|c| c.version);
     let history = History {
         entries,
         commits: verified.commits,
@@ -450,10 +447,8 @@ pub(crate) fn history_page(
 ) -> History {
     let commits: Vec<_> = entries
         .iter()
-        .filter_map(|e| match e {
-            HistoryEntry::Commit(c) => Some(c.clone()),
-            HistoryEntry::Quarantined { .. } => None,
-        })
+        .filter_map(HistoryEntry::commit)
+        .cloned()
         .collect();
     let violations = verify_chain(id, &commits)
         .iter()
@@ -549,15 +544,10 @@ async fn operation(
     Ok(c.respond(at, &title, true, &p, content))
 }
 
+/// The last 8 characters of an id, as titles show it (a UUID's text is 36 ASCII bytes).
 fn short(id: &Uuid) -> String {
-    id.to_string()
-        .chars()
-        .rev()
-        .take(8)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect()
+    let text = id.to_string();
+    text[text.len() - 8..].to_string()
 }
 
 async fn entity_page(
@@ -638,11 +628,7 @@ async fn entity_list(
             (e.id(), name, e.status_word())
         })
         .collect();
-    let path = html::entity_path(&AggregateId::new(kind, Uuid::nil()));
-    let base = path
-        .rsplit_once('/')
-        .map_or(path.as_str(), |(b, _)| b)
-        .to_string();
+    let base = html::list_path(kind);
     let limit_param = p.limit.map(|l| format!("&limit={l}")).unwrap_or_default();
     let next = next.map(|after| format!("{base}?after={after}{limit_param}"));
     Ok(c.respond(at, title, true, &p, pages::entity_list(&rows, next)))
