@@ -222,6 +222,17 @@ async fn assert_answers_the_rebuild(
         compared += 1;
     }
     assert!(compared > 150, "{compared} aggregates compared");
+    // The stream holds nothing outside a chain: a replica that folded it from position 1
+    // on a fresh store (nothing left of a refused import) quarantined nothing.
+    let health: Value = serde_json::from_slice(
+        &client
+            .request("provledger.q.health", "{}".into())
+            .await
+            .unwrap()
+            .payload,
+    )
+    .unwrap();
+    assert_eq!(health["data"]["quarantined"], json!(0), "{health}");
 }
 
 /// The stream's end once it has not moved for a second.

@@ -17,6 +17,11 @@
 //!   over the aggregates, and the newest) is checked against the stream itself: the commit
 //!   at the tip's position is that aggregate's, at that version, with that hash, and the
 //!   subject holds no later commit at or before the snapshot's position.
+//!
+//! The body's hash is computed as it is fetched, and the state is written into the store
+//! while the tips are checked: the import stays unfinished (no checkpoint, a marker) until
+//! every check holds, and a refusal abandons it, leaving the store fresh. A crash at any
+//! point leaves either a finished import or a marked one that the next start abandons.
 
 use futures::StreamExt;
 use provledger_events::{AggregateId, ChainTip, EventLog, JetStreamLog};
@@ -145,18 +150,22 @@ pub fn prepare(store: &ProjectionStore, stream: &str) -> Result<PublishedSnapsho
     Ok(PublishedSnapshot { header, head, body })
 }
 
-/// A snapshot whose own bytes check: its header, its body, and the tips to verify
-/// against the stream.
-#[derive(Debug)]
-pub struct Checked<'a> {
-    pub header: SnapshotHeader,
-    pub body: &'a [u8],
-    pub sample: Vec<CoveredTip>,
+/// Where a snapshot's body starts: after the magic, the header's length and the header;
+/// `None` while (or if) the bytes are too short to tell.
+fn body_from(bytes: &[u8]) -> Option<usize> {
+    let len = bytes.get(MAGIC.len()..MAGIC.len() + 4)?;
+    let len = u32::from_be_bytes(len.try_into().ok()?) as usize;
+    Some(MAGIC.len() + 4 + len)
 }
 
-/// Checks a snapshot's bytes for `stream` (pure): layout, body hash, stream, entity
-/// format and the digest of the tips it covers; picks the tips to verify.
-pub fn check<'a>(bytes: &'a [u8], stream: &str) -> Result<Checked<'a>, BootstrapError> {
+/// Checks what a snapshot's head says against its bytes (pure): layout, stream, entity
+/// format, body length, and `body_hash` (the blake3 of its body, computed as it was
+/// fetched) against the header's. Returns the header and the body.
+pub fn check_head<'a>(
+    bytes: &'a [u8],
+    stream: &str,
+    body_hash: blake3::Hash,
+) -> Result<(SnapshotHeader, &'a [u8]), BootstrapError> {
     let refused = |why: String| BootstrapError::Refused(why);
     let rest = bytes
         .strip_prefix(MAGIC.as_slice())
@@ -191,26 +200,28 @@ pub fn check<'a>(bytes: &'a [u8], stream: &str) -> Result<Checked<'a>, Bootstrap
             header.body_bytes
         )));
     }
-    if blake3::hash(body).to_hex().as_str() != header.body_blake3 {
+    if body_hash.to_hex().as_str() != header.body_blake3 {
         return Err(refused("the body's blake3 is not the header's".into()));
     }
+    Ok((header, body))
+}
+
+/// Checks the chain tips a body covers against its header (pure): their digest and count,
+/// none past the snapshot's position. Returns the tips to verify against the stream.
+pub fn check_tips(header: &SnapshotHeader, body: &[u8]) -> Result<Vec<CoveredTip>, BootstrapError> {
     let (tips, digest) = tips_of(body)?;
     if digest.to_hex().as_str() != header.tips_blake3 || tips.len() as u64 != header.entities {
-        return Err(refused(
+        return Err(BootstrapError::Refused(
             "the chain tips it holds are not the ones its header covers".into(),
         ));
     }
     if let Some(beyond) = tips.iter().find(|t| t.tip.position > header.position) {
-        return Err(refused(format!(
+        return Err(BootstrapError::Refused(format!(
             "{} is at position {}, past the snapshot's {}",
             beyond.aggregate, beyond.tip.position, header.position
         )));
     }
-    Ok(Checked {
-        sample: sample(&tips),
-        header,
-        body,
-    })
+    Ok(sample(&tips))
 }
 
 /// At most [`TIPS_VERIFIED_MAX`] tips spread evenly over the aggregates, and the newest.
@@ -228,10 +239,10 @@ fn sample(tips: &[CoveredTip]) -> Vec<CoveredTip> {
 /// Checks the sampled tips against the stream (see the module's doc).
 pub async fn verify_against_stream(
     log: &JetStreamLog,
-    checked: &Checked<'_>,
+    position: u64,
+    sample: &[CoveredTip],
 ) -> Result<(), BootstrapError> {
     let unavailable = |e: provledger_events::ReadError| BootstrapError::Unavailable(e.to_string());
-    let position = checked.header.position;
     let end = log.last_position().await.map_err(unavailable)?;
     if end < position {
         return Err(BootstrapError::Refused(format!(
@@ -240,7 +251,7 @@ pub async fn verify_against_stream(
     }
     // Each tip on its own: random reads of a long stream wait on the server's disk, so
     // they go out side by side.
-    let checks = futures::stream::iter(checked.sample.iter().copied())
+    let checks = futures::stream::iter(sample.iter().copied())
         .map(|covered| verify_tip(log, covered, position))
         .buffer_unordered(TIPS_VERIFIED_CONCURRENTLY);
     futures::pin_mut!(checks);
@@ -337,11 +348,18 @@ pub async fn publish(
     Ok(())
 }
 
+/// A snapshot as fetched: its bytes and the blake3 of its body, hashed as the chunks came
+/// in (so that an 800 MB body costs no second pass).
+pub struct Fetched {
+    pub bytes: Vec<u8>,
+    pub body_hash: blake3::Hash,
+}
+
 /// The bytes of the snapshot published in `bucket_name`.
 pub async fn fetch(
     js: &async_nats::jetstream::Context,
     bucket_name: &str,
-) -> Result<Vec<u8>, BootstrapError> {
+) -> Result<Fetched, BootstrapError> {
     let unavailable = |e: String| BootstrapError::Unavailable(format!("{bucket_name}: {e}"));
     let Ok(store) = js.get_object_store(bucket_name).await else {
         return Err(BootstrapError::NoSnapshot {
@@ -358,11 +376,31 @@ pub async fn fetch(
         Err(e) => return Err(unavailable(e.to_string())),
     };
     let mut bytes = Vec::with_capacity(object.info().size);
-    object
-        .read_to_end(&mut bytes)
-        .await
-        .map_err(|e| unavailable(e.to_string()))?;
-    Ok(bytes)
+    let mut hasher = blake3::Hasher::new();
+    let mut hashed = 0;
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let n = object
+            .read(&mut chunk)
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        if n == 0 {
+            break;
+        }
+        bytes.extend_from_slice(&chunk[..n]);
+        // The body's bytes are hashed as soon as the head says where they start.
+        if let Some(from) = body_from(&bytes) {
+            let from = from.max(hashed);
+            if from < bytes.len() {
+                hasher.update(&bytes[from..]);
+                hashed = bytes.len();
+            }
+        }
+    }
+    Ok(Fetched {
+        bytes,
+        body_hash: hasher.finalize(),
+    })
 }
 
 /// What a bootstrap did.
@@ -372,17 +410,19 @@ pub struct Bootstrapped {
     pub keys: u64,
     pub entities: u64,
     pub bytes: u64,
-    /// Milliseconds spent fetching, checking the bytes, verifying tips against the stream
-    /// and importing.
+    /// Milliseconds spent fetching (the body hashed on the way) and checking the head, then,
+    /// side by side, checking and verifying the chain tips and importing.
     pub fetch_ms: u64,
     pub check_ms: u64,
     pub verify_ms: u64,
     pub import_ms: u64,
 }
 
-/// Bootstraps `store` (which must be new) from the snapshot published in `bucket_name`:
-/// fetched, checked, verified against the stream, then written. On any error but
-/// `Store` nothing was written.
+/// Bootstraps `store` (which must be new, or hold an import a crash cut short) from the
+/// snapshot published in `bucket_name`: fetched (its body hashed on the way), its head
+/// checked, then written into the store while its chain tips are checked and verified
+/// against the stream, side by side; the import is finished only once both are done. On
+/// any error but `Store` the store is left fresh (what the import wrote is abandoned).
 pub async fn bootstrap(
     log: &JetStreamLog,
     bucket_name: &str,
@@ -390,34 +430,61 @@ pub async fn bootstrap(
 ) -> Result<Bootstrapped, BootstrapError> {
     let ms = |since: std::time::Instant| since.elapsed().as_millis() as u64;
     let started = std::time::Instant::now();
-    let bytes = fetch(log.context(), bucket_name).await?;
+    let Fetched { bytes, body_hash } = fetch(log.context(), bucket_name).await?;
     let fetch_ms = ms(started);
     let started = std::time::Instant::now();
-    let checked = check(&bytes, &log.config().stream)?;
+    let (header, body) = check_head(&bytes, &log.config().stream, body_hash)?;
+    let body_from = bytes.len() - body.len();
     let check_ms = ms(started);
-    let started = std::time::Instant::now();
-    verify_against_stream(log, &checked).await?;
-    let verify_ms = ms(started);
-    let started = std::time::Instant::now();
-    let position = checked.header.position;
-    let entities = checked.header.entities;
-    // The body is the end of the bytes fetched, which move to the import as they are.
-    let body_from = bytes.len() - checked.body.len();
     let total = bytes.len() as u64;
-    let imported = {
-        let store = store.clone();
-        tokio::task::spawn_blocking(move || store.import_state(position, &bytes[body_from..]))
-            .await
-            .map_err(|e| BootstrapError::Unavailable(format!("import task: {e}")))??
+    // The bytes fetched are shared by the import and the tips' check, never copied.
+    let bytes = std::sync::Arc::new(bytes);
+    let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let import = {
+        let (store, bytes, cancel) = (store.clone(), bytes.clone(), cancel.clone());
+        tokio::task::spawn_blocking(move || {
+            let started = std::time::Instant::now();
+            store
+                .import_unfinished(&bytes[body_from..], &cancel)
+                .map(|keys| (keys, ms(started)))
+        })
     };
-    Ok(Bootstrapped {
-        position,
-        keys: imported,
-        entities,
-        bytes: total,
-        fetch_ms,
-        check_ms,
-        verify_ms,
-        import_ms: ms(started),
-    })
+    let tips = async {
+        let started = std::time::Instant::now();
+        let sample = {
+            let (header, bytes) = (header.clone(), bytes.clone());
+            tokio::task::spawn_blocking(move || check_tips(&header, &bytes[body_from..]))
+                .await
+                .map_err(|e| BootstrapError::Unavailable(format!("tips task: {e}")))??
+        };
+        verify_against_stream(log, header.position, &sample).await?;
+        Ok::<_, BootstrapError>(ms(started))
+    };
+    // The import is the long part; the tips are checked meanwhile, and a refusal stops it.
+    let verified = tips.await;
+    if verified.is_err() {
+        cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    let imported = import
+        .await
+        .map_err(|e| BootstrapError::Unavailable(format!("import task: {e}")))?;
+    let refused = match (verified, imported) {
+        (Ok(verify_ms), Ok((keys, import_ms))) => {
+            store.finish_import(header.position)?;
+            return Ok(Bootstrapped {
+                position: header.position,
+                keys,
+                entities: header.entities,
+                bytes: total,
+                fetch_ms,
+                check_ms,
+                verify_ms,
+                import_ms,
+            });
+        }
+        (_, Err(e)) => return Err(e.into()),
+        (Err(refused), Ok(_)) => refused,
+    };
+    store.abandon_import()?;
+    Err(refused)
 }

@@ -139,6 +139,12 @@ async fn bootstrap_if_new(
             tracing::warn!(error = %e, "snapshot not used: catching up from position 1")
         }
     }
+    // What an import a crash cut short left (this bootstrap abandons its own) must not be
+    // folded upon: the catch-up from position 1 starts on a fresh store.
+    if store.import_incomplete()? {
+        tracing::warn!("abandoning an import a crash cut short");
+        store.abandon_import()?;
+    }
     Ok(())
 }
 

@@ -47,6 +47,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
+// serve runs here in process: on the allocator `provledger serve` runs on, as deployed.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 const USAGE: &str = "usage: write-bench [--quick] [--duration SECS] [--sustained SECS] \
                      [--only throughput|depth|hot|sustained|atomic]";
 const AGGREGATES: usize = 1000;
