@@ -395,7 +395,13 @@ async fn a_snapshot_claiming_a_later_position_than_its_chain_tips_cover_is_refus
         said.contains("snapshot not used") && said.contains("which the snapshot misses"),
         "{said}"
     );
-    // and the replica caught up from position 1 to the stream's state.
+    // and the replica caught up from position 1 to the stream's state,
+    assert_answers_the_rebuild(&client, &log, &aggregates, end).await;
+    assert!(replica.terminate().success());
+    // and, stopped, starts again on the data dir it caught up into (what the refused
+    // import wrote is gone, and the store is in this build's formats).
+    let mut replica = Serve::start_with(&nats, &replica_dir, &["--snapshot-bucket", BUCKET]);
+    wait_ready_at(&client, end).await;
     assert_answers_the_rebuild(&client, &log, &aggregates, end).await;
     assert!(replica.terminate().success());
 }

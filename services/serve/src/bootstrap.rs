@@ -482,8 +482,11 @@ pub async fn bootstrap(
                 import_ms,
             });
         }
-        (_, Err(e)) => return Err(e.into()),
-        (Err(refused), Ok(_)) => refused,
+        (Err(refused), _) => refused,
+        // A body whose framing or keys are not a projection's is the snapshot's fault: it
+        // is refused like any other, not a reason for serve to stop.
+        (Ok(_), Err(StoreError::Import(why))) => BootstrapError::Refused(why),
+        (Ok(_), Err(e)) => return Err(e.into()),
     };
     store.abandon_import()?;
     Err(refused)

@@ -139,12 +139,6 @@ async fn bootstrap_if_new(
             tracing::warn!(error = %e, "snapshot not used: catching up from position 1")
         }
     }
-    // What an import a crash cut short left (this bootstrap abandons its own) must not be
-    // folded upon: the catch-up from position 1 starts on a fresh store.
-    if store.import_incomplete()? {
-        tracing::warn!("abandoning an import a crash cut short");
-        store.abandon_import()?;
-    }
     Ok(())
 }
 
@@ -190,6 +184,13 @@ pub async fn run(
     let (data_dir, store) = open_service_store(&options.data_dir, &options.stream)?;
     if let Some(bucket) = &options.snapshot_bucket {
         bootstrap_if_new(&log, bucket, &store).await?;
+    }
+    // What an import a crash cut short left (a bootstrap abandons its own refusals) is
+    // never folded upon, with the bucket or without: the catch-up from position 1 starts
+    // on a fresh store.
+    if store.import_incomplete()? {
+        tracing::warn!("abandoning an import a crash cut short: catching up from position 1");
+        store.abandon_import()?;
     }
     let metrics = Arc::new(Metrics::new());
     let mut projector = Projector::new(store.clone(), options.snapshot_every)?

@@ -700,22 +700,50 @@ impl ProjectionStore {
     }
 
     /// Removes what an unfinished import wrote (a refused snapshot, a crash half-way): the
-    /// store is fresh again, claimed by the same stream and keeping no copy as before, so
-    /// that the replica can catch up from position 1 into it.
+    /// store is then as a new service store is, claimed by the same stream, keeping no copy,
+    /// and in this build's formats, so that the replica can catch up from position 1 into
+    /// it (and open it again later). Keys go in batches with the marker last (sled's
+    /// `clear` is a loop of single removes, not one write): a crash half-way leaves the
+    /// marker, and the next start abandons again. The format keys stay until the last batch,
+    /// which sets them as `open` does on a new store, so that a store opened half-abandoned
+    /// is never taken for one of an older format.
     pub fn abandon_import(&self) -> Result<(), StoreError> {
-        let kept: Vec<(Vec<u8>, sled::IVec)> = [&b"source"[..], &b"copies_log"[..]]
-            .into_iter()
-            .map(|name| key(b'm', &[name]))
-            .filter_map(|k| match self.tree.get(&k) {
-                Ok(Some(v)) => Some(Ok((k, v))),
-                Ok(None) => None,
-                Err(e) => Some(Err(e)),
-            })
-            .collect::<Result<_, _>>()?;
-        self.tree.clear()?;
-        for (k, v) in kept {
-            self.tree.insert(k, v)?;
+        let marker = key(b'm', &[b"importing"]);
+        let formats = [
+            (key(b'm', &[b"entity_format"]), ENTITY_FORMAT),
+            (key(b'm', &[b"time_index_format"]), TIME_INDEX_FORMAT),
+            (
+                key(b'm', &[b"operation_index_format"]),
+                OPERATION_INDEX_FORMAT,
+            ),
+        ];
+        let kept = [key(b'm', &[b"source"]), key(b'm', &[b"copies_log"])];
+        let stays = |k: &[u8]| {
+            k == marker.as_slice()
+                || kept.iter().any(|m| m.as_slice() == k)
+                || formats.iter().any(|(m, _)| m.as_slice() == k)
+        };
+        let mut batch = sled::Batch::default();
+        let mut in_batch = 0;
+        for k in self.tree.iter().keys() {
+            let k = k?;
+            if stays(&k) {
+                continue;
+            }
+            batch.remove(k);
+            in_batch += 1;
+            if in_batch == IMPORT_CHUNK_KEYS {
+                self.tree.apply_batch(std::mem::take(&mut batch))?;
+                reclaim_sled_garbage(in_batch);
+                in_batch = 0;
+            }
         }
+        for (k, format) in formats {
+            batch.insert(k, &[format][..]);
+        }
+        batch.remove(marker);
+        self.tree.apply_batch(batch)?;
+        reclaim_sled_garbage(in_batch + 4);
         self.flush()
     }
 
@@ -1363,6 +1391,17 @@ mod tests {
         panic!("the garbage deferred before the batches was not freed by 5 batch writes");
     }
 
+    fn vcpu(total: u64) -> provledger_events::catalogue::Inventory {
+        provledger_events::catalogue::Inventory {
+            total,
+            reserved: 0,
+            allocation_ratio: provledger_events::catalogue::Ratio::ONE,
+            min_unit: 1,
+            max_unit: total,
+            step_size: 1,
+        }
+    }
+
     /// A service's store: claimed by a stream, keeping no copy of the log.
     fn service_store(dir: &std::path::Path) -> (sled::Db, ProjectionStore) {
         let db = sled::open(dir).expect("sled");
@@ -1395,14 +1434,7 @@ mod tests {
                     "t",
                     vec![Event::InventorySet {
                         resource_class: "VCPU".into(),
-                        inventory: provledger_events::catalogue::Inventory {
-                            total: 16,
-                            reserved: 0,
-                            allocation_ratio: provledger_events::catalogue::Ratio::ONE,
-                            min_unit: 1,
-                            max_unit: 16,
-                            step_size: 1,
-                        },
+                        inventory: vcpu(16),
                     }],
                 ),
             );
@@ -1437,14 +1469,11 @@ mod tests {
         let all = |store: &ProjectionStore| -> Vec<(sled::IVec, sled::IVec)> {
             store.tree.iter().map(|r| r.expect("read")).collect()
         };
+        // What a new service store holds: its stream, no copy, this build's formats.
+        let (_new_db, new) = service_store(&dir.path().join("new"));
         let fresh_like = |store: &ProjectionStore| {
             assert!(store.is_fresh().expect("fresh") && !store.import_incomplete().expect("m"));
-            assert_eq!(
-                store.source().expect("source").as_deref(),
-                Some("jetstream:PROVLEDGER")
-            );
-            assert!(!store.copies_log().expect("copies"));
-            assert_eq!(store.tree.len(), 2, "only the source and no-copy marks");
+            assert_eq!(all(store), all(&new), "an abandoned store is a new one");
         };
 
         let (_db, imported) = service_store(&dir.path().join("imported"));
@@ -1464,10 +1493,30 @@ mod tests {
             "the imported store is the exported one"
         );
 
-        let (_db, refused) = service_store(&dir.path().join("refused"));
+        let refused_dir = dir.path().join("refused");
+        let (refused_db, refused) = service_store(&refused_dir);
         refused.import_unfinished(&body, &go_on).expect("import");
         refused.abandon_import().expect("abandoned");
         fresh_like(&refused);
+        // The replica then catches up into it, and the store opens again at its next start.
+        let mut follower = Projector::new(refused.clone(), 0).expect("projector");
+        let mut first = Commit::seal(
+            AggregateId::provider(Uuid::from_u128(1)),
+            1,
+            Hash::ZERO,
+            CommitDraft::now(
+                "t",
+                vec![Event::InventorySet {
+                    resource_class: "VCPU".into(),
+                    inventory: vcpu(8),
+                }],
+            ),
+        );
+        first.position = 1;
+        follower.apply_batch(vec![Ok(first)]).expect("folded");
+        drop((follower, refused, refused_db));
+        let reopened = service_store(&refused_dir).1;
+        assert_eq!(reopened.checkpoint().expect("checkpoint"), 1);
 
         // A crash half-way: the first chunk written, then the process gone.
         let (_db, crashed) = service_store(&dir.path().join("crashed"));
