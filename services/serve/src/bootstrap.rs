@@ -11,7 +11,8 @@
 //! catches up from position 1 as before:
 //! - its bytes: the blake3 of the body is the one in its header (the object store's own
 //!   SHA-256 only says the object was read as it was put);
-//! - what it says it is: this stream, this entity format, a position the stream has;
+//! - what it says it is: this stream, this entity format and index layouts (the body's own
+//!   format keys, checked by the import before it writes), a position the stream has;
 //! - the chain tips it covers: the blake3 of every entity's tip (aggregate, version,
 //!   position, hash) is the header's, and a sample of tips ([`TIPS_VERIFIED_MAX`], spread
 //!   over the aggregates, and the newest) is checked against the stream itself: the commit

@@ -74,8 +74,12 @@ pub enum StoreError {
         "this data dir is a serve replica's, which keeps no copy of the log: the history is in the stream (ask serve: `--nats`)"
     )]
     HistoryNotCopied,
+    /// The snapshot's body is not a projection this build can import (refused, never
+    /// partly used).
     #[error("cannot import a snapshot: {0}")]
     Import(String),
+    #[error("cannot import a snapshot: this data dir already holds a projection")]
+    NotFresh,
 }
 
 /// The key tags a published snapshot carries: all of the projection's state, not the copy
@@ -650,11 +654,38 @@ impl ProjectionStore {
         if self.import_incomplete()? {
             self.abandon_import()?;
         } else if !self.is_fresh()? {
-            return Err(StoreError::Import(
-                "this data dir already holds a projection".into(),
-            ));
+            return Err(StoreError::NotFresh);
         }
         let pairs = exported_pairs(body)?;
+        // Indexes in another build's layout would be read as this build's: such a snapshot
+        // is refused before anything is written (its `m` keys come first).
+        for (format_key, ours, what) in [
+            (key(b'm', &[b"entity_format"]), ENTITY_FORMAT, "entity"),
+            (
+                key(b'm', &[b"time_index_format"]),
+                TIME_INDEX_FORMAT,
+                "time index",
+            ),
+            (
+                key(b'm', &[b"operation_index_format"]),
+                OPERATION_INDEX_FORMAT,
+                "operation index",
+            ),
+        ] {
+            match pairs.iter().find(|(k, _)| *k == format_key.as_slice()) {
+                Some((_, v)) if *v == [ours] => {}
+                Some((_, v)) => {
+                    return Err(StoreError::Import(format!(
+                        "its {what} format is {v:?}, this build reads [{ours}]"
+                    )))
+                }
+                None => {
+                    return Err(StoreError::Import(format!(
+                        "it does not say its {what} format"
+                    )))
+                }
+            }
+        }
         self.tree.insert(&marker, &[][..])?;
         let checkpoint_key = key(b'm', &[b"checkpoint"]);
         let mut batch = sled::Batch::default();
@@ -1492,6 +1523,27 @@ mod tests {
             all(&source),
             "the imported store is the exported one"
         );
+
+        // A snapshot in another build's index layout is refused before anything is written.
+        let mut other_build = Vec::new();
+        for (k, v) in exported_pairs(&body).expect("pairs") {
+            let v: &[u8] = if k == b"mtime_index_format" { &[1] } else { v };
+            for part in [k, v] {
+                other_build.extend_from_slice(&(part.len() as u32).to_be_bytes());
+                other_build.extend_from_slice(part);
+            }
+        }
+        let (_db, newer) = service_store(&dir.path().join("newer"));
+        let refusal = newer.import_unfinished(&other_build, &go_on);
+        assert!(
+            matches!(&refusal, Err(StoreError::Import(why)) if why.contains("time index format")),
+            "{refusal:?}"
+        );
+        fresh_like(&newer);
+        assert!(matches!(
+            imported.import_unfinished(&body, &go_on),
+            Err(StoreError::NotFresh)
+        ));
 
         let refused_dir = dir.path().join("refused");
         let (refused_db, refused) = service_store(&refused_dir);
