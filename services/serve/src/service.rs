@@ -182,8 +182,18 @@ pub async fn run(
         }
     }
     let (data_dir, store) = open_service_store(&options.data_dir, &options.stream)?;
+    // Polled from here on, so that a SIGINT/SIGTERM during a bootstrap stops serve (the
+    // signal handlers exist once it is first polled) instead of killing it.
+    tokio::pin!(shutdown);
     if let Some(bucket) = &options.snapshot_bucket {
-        bootstrap_if_new(&log, bucket, &store).await?;
+        tokio::select! {
+            bootstrapped = bootstrap_if_new(&log, bucket, &store) => bootstrapped?,
+            _ = &mut shutdown => {
+                // An import in hand is left marked unfinished: the next start abandons it.
+                tracing::info!("provledger serve stopped during its bootstrap");
+                return Ok(());
+            }
+        }
     }
     // What an import a crash cut short left (a bootstrap abandons its own refusals) is
     // never folded upon, with the bucket or without: the catch-up from position 1 starts
@@ -308,7 +318,6 @@ pub async fn run(
     let end = provledger_events::EventLog::last_position(&log)
         .await
         .map_err(ServeError::StreamEnd)?;
-    tokio::pin!(shutdown);
     let mut projector_ended = None;
     let mut shutdown_asked = false;
     let caught_up = tokio::select! {
