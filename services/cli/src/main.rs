@@ -248,6 +248,12 @@ enum Command {
         /// A log position, or an RFC 3339 time (default: the end of the log).
         #[arg(long)]
         to: Option<LogPoint>,
+        /// With --nats: start from the snapshot serve publishes in this JetStream object
+        /// store (`serve --snapshot-bucket`), checked as a new replica checks it, and fold
+        /// only what follows it; a snapshot that is missing, refused or past --to is not
+        /// used (replay then folds from position 1 and says why).
+        #[arg(long, value_name = "BUCKET")]
+        snapshot_bucket: Option<String>,
     },
     /// Compare what the executors hold (their inventory over NATS) with what the ledger
     /// records. Exit 1 with findings (leaked, missing, mismatched); writes nothing unless
@@ -614,9 +620,17 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             .await
             .map_err(|e| commands::CommandError::Infrastructure(format!("simulation task: {e}")))?
         }
-        Command::Replay { to } => {
+        Command::Replay {
+            to,
+            snapshot_bucket,
+        } => {
             with_ledger(&options, |ledger| async move {
                 let result = match &ledger {
+                    Ledger::Embedded(_) if snapshot_bucket.is_some() => {
+                        Err(commands::CommandError::BadInput(
+                            "--snapshot-bucket reads a JetStream object store: give --nats".into(),
+                        ))
+                    }
                     Ledger::Embedded(log) => {
                         commands::replay::replay_local(log, to, cli.json).await
                     }
@@ -624,7 +638,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                         "an in-memory ledger cannot be read from the command line".into(),
                     )),
                     Ledger::JetStream(log) => {
-                        commands::replay::replay_remote(log, to, cli.json).await
+                        commands::replay::replay_remote(log, to, snapshot_bucket, cli.json).await
                     }
                 };
                 (ledger, result)

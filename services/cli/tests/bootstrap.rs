@@ -361,6 +361,63 @@ async fn a_snapshot_with_one_flipped_byte_is_refused_and_the_replica_catches_up_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_from_a_published_snapshot_prints_what_a_replay_from_position_1_prints() {
+    // Given a published snapshot, then more commits on the aggregates it covers and others,
+    let nats = NatsServer::start().await;
+    let log = common::stream(&nats).await;
+    let dir = tempfile::tempdir().unwrap();
+    write_history(&log, 300, 0).await;
+    let covered = publish_a_snapshot(&nats, &log, &dir.path().join("publisher")).await;
+    write_history(&log, 100, 1).await;
+    assert!(log.last_position().await.unwrap() > covered);
+    let url = nats.url();
+    let replay = |extra: &[&str]| {
+        let mut args = vec!["--nats", url.as_str(), "--json", "replay"];
+        args.extend_from_slice(extra);
+        let out = common::provledger(&args, "");
+        assert!(out.status.success(), "{}", common::text(&out));
+        out
+    };
+    // when replay folds from position 1, and from the snapshot,
+    let full = replay(&[]);
+    let from_snapshot = replay(&["--snapshot-bucket", BUCKET]);
+    // then both print the same counts, anomalies and quarantine, the second from the
+    // snapshot on;
+    let said = String::from_utf8_lossy(&from_snapshot.stderr).to_string();
+    assert!(
+        said.contains(&format!(
+            "from the published snapshot at position {covered}"
+        )),
+        "{said}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&from_snapshot.stdout),
+        String::from_utf8_lossy(&full.stdout)
+    );
+    // a replay to a point before the snapshot does not use it;
+    let to = (covered - 7).to_string();
+    let early = replay(&["--to", &to, "--snapshot-bucket", BUCKET]);
+    assert!(
+        String::from_utf8_lossy(&early.stderr).contains("past --to"),
+        "{}",
+        common::text(&early)
+    );
+    assert_eq!(early.stdout, replay(&["--to", &to]).stdout);
+    // and a snapshot with one byte flipped is refused, the replay folding from position 1.
+    let mut bytes = published_bytes(&log).await;
+    let flipped = bytes.len() - bytes.len() / 3;
+    bytes[flipped] ^= 0x01;
+    republish(&log, &bytes).await;
+    let refused = replay(&["--snapshot-bucket", BUCKET]);
+    let said = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(
+        said.contains("snapshot not used") && said.contains("blake3"),
+        "{said}"
+    );
+    assert_eq!(refused.stdout, full.stdout);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_claiming_a_later_position_than_its_chain_tips_cover_is_refused() {
     // Given a published snapshot, then more commits on the aggregates it covers, and the
     // snapshot's header rewritten to claim the stream's new end (its body, hash and tips

@@ -29,6 +29,8 @@ use provledger_events::{AggregateId, ChainTip, EventLog, JetStreamLog};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
+use provledger_projections::Projection;
+
 use crate::store::{decode_entity, exported_pairs, ProjectionStore, StoreError, ENTITY_FORMAT};
 
 /// The name of the one object a snapshot bucket holds.
@@ -491,4 +493,52 @@ pub async fn bootstrap(
     };
     store.abandon_import()?;
     Err(refused)
+}
+
+/// A published snapshot as an in-memory projection, for `replay` (which folds in memory and
+/// writes nothing): every entity it holds, the position it covers, the running maximum
+/// `recorded_at` there and how many log entries it counts as quarantined.
+#[derive(Debug)]
+pub struct SnapshotProjection {
+    pub projection: Projection,
+    pub watermark: Option<i64>,
+    pub quarantined: usize,
+}
+
+/// Fetches the snapshot published in `bucket_name` and checks it as a bootstrap does
+/// (body hash, head, the chain tips' digest, a sample of tips against the stream) before
+/// it is decoded into a [`Projection`].
+pub async fn snapshot_projection(
+    log: &JetStreamLog,
+    bucket_name: &str,
+) -> Result<SnapshotProjection, BootstrapError> {
+    let Fetched { bytes, body_hash } = fetch(log.context(), bucket_name).await?;
+    let (header, body) = check_head(&bytes, &log.config().stream, body_hash)?;
+    let sample = check_tips(&header, body)?;
+    verify_against_stream(log, header.position, &sample).await?;
+    let refused = |e: StoreError| BootstrapError::Refused(e.to_string());
+    let mut projection = Projection::new();
+    projection.position = header.position;
+    let (mut watermark, mut quarantined) = (None, 0);
+    for (k, v) in exported_pairs(body).map_err(refused)? {
+        match k.first() {
+            Some(b'e') => {
+                let entity = decode_entity(v).map_err(refused)?;
+                projection.entities.insert(entity.id(), entity);
+            }
+            Some(b'q') => quarantined += 1,
+            Some(b'm') if &k[1..] == b"watermark" => {
+                watermark = v
+                    .get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .map(|b| u64::from_be_bytes(b) as i64);
+            }
+            _ => {}
+        }
+    }
+    Ok(SnapshotProjection {
+        projection,
+        watermark,
+        quarantined,
+    })
 }

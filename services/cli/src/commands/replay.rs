@@ -1,10 +1,13 @@
-//! `provledger replay [--to POSITION|TIME]`: rebuilds every projection up to a point, from
-//! the newest snapshot at or before it (embedded or a service's data dir) or from JetStream
-//! with `--nats`, and prints counts by status, anomalies and quarantined entries.
+//! `provledger replay [--to POSITION|TIME] [--snapshot-bucket BUCKET]`: rebuilds every
+//! projection up to a point, from the newest snapshot at or before it (embedded or a
+//! service's data dir) or from JetStream with `--nats` (from position 1, or from the snapshot
+//! serve publishes in BUCKET), and prints counts by status, anomalies and quarantined entries.
 
 use futures::StreamExt;
 use provledger_events::{EventLog, IntegrityError, JetStreamLog, SledLog};
 use provledger_projections::Projection;
+
+use provledger_serve::bootstrap::SnapshotProjection;
 
 use super::state::{open_local_store, progress_bar, LogPoint};
 use super::{print_json, CommandError};
@@ -70,18 +73,53 @@ pub async fn replay_local(
     Ok(())
 }
 
-/// Replays straight from JetStream (no local copy needed).
+/// Where a replay over JetStream starts: the published snapshot in `bucket` when it is
+/// there, checks, and lies at or before `to`; else nothing, from position 1 (saying why).
+async fn starting_point(
+    log: &JetStreamLog,
+    bucket: Option<&str>,
+    to: Option<LogPoint>,
+) -> Option<SnapshotProjection> {
+    let bucket = bucket?;
+    let snapshot = match provledger_serve::bootstrap::snapshot_projection(log, bucket).await {
+        Ok(snapshot) => snapshot,
+        Err(e) => {
+            tracing::warn!(bucket, error = %e, "snapshot not used: replaying from position 1");
+            eprintln!("snapshot not used ({e}): replaying from position 1");
+            return None;
+        }
+    };
+    let position = snapshot.projection.position;
+    let past = match to {
+        None => false,
+        Some(LogPoint::Position(p)) => position > p,
+        Some(LogPoint::Time(t)) => snapshot.watermark.is_some_and(|w| w > t.unix_ms()),
+    };
+    if past {
+        eprintln!("the snapshot (position {position}) is past --to: replaying from position 1");
+        return None;
+    }
+    tracing::info!(bucket, position, "replaying from the published snapshot");
+    eprintln!("replaying from the published snapshot at position {position}");
+    Some(snapshot)
+}
+
+/// Replays straight from JetStream (no local copy needed), from position 1 or from the
+/// snapshot published in `bucket`.
 pub async fn replay_remote(
     log: &JetStreamLog,
     to: Option<LogPoint>,
+    bucket: Option<String>,
     json: bool,
 ) -> Result<(), CommandError> {
     let end = log.last_position().await?;
     let bar = progress_bar(end, "replaying");
-    let mut projection = Projection::new();
-    let mut quarantined = 0;
-    let mut watermark = i64::MIN;
-    let mut stream = log.read_all(1).await?;
+    let (mut projection, mut quarantined, mut watermark) =
+        match starting_point(log, bucket.as_deref(), to).await {
+            Some(s) => (s.projection, s.quarantined, s.watermark.unwrap_or(i64::MIN)),
+            None => (Projection::new(), 0, i64::MIN),
+        };
+    let mut stream = log.read_all(projection.position + 1).await?;
     while let Some(entry) = stream.next().await {
         match entry {
             Ok(commit) => {
