@@ -1463,10 +1463,16 @@ mod tests {
                 Hash::ZERO,
                 CommitDraft::now(
                     "t",
-                    vec![Event::InventorySet {
-                        resource_class: "VCPU".into(),
-                        inventory: vcpu(16),
-                    }],
+                    vec![
+                        Event::ProviderRegistered {
+                            name: format!("node-{p}"),
+                            host: format!("node-{p}"),
+                        },
+                        Event::InventorySet {
+                            resource_class: "VCPU".into(),
+                            inventory: vcpu(16),
+                        },
+                    ],
                 ),
             );
             let claim = Commit::seal(
@@ -1491,6 +1497,11 @@ mod tests {
         projector
             .apply_batch(commits.into_iter().map(Ok).collect())
             .expect("projected");
+        assert_eq!(
+            source.tree.scan_prefix([b'b']).count(),
+            1_500,
+            "each claim in the allocation index"
+        );
         let (position, keys, body) = source.export_state().expect("export");
         assert_eq!(position, 3_000);
         assert!(

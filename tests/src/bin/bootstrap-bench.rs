@@ -26,7 +26,9 @@ use uuid::Uuid;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const BUCKET: &str = "PROVLEDGER_SNAPSHOTS";
-/// Commits per provider: its inventory, then claims.
+/// Commits per provider: its registration with its inventory, then instances coming and
+/// going (a claim, then the release of the one before it): 10 claims and 9 releases, so
+/// each provider ends with one allocation, as a busy host with churn does.
 const COMMITS_PER_PROVIDER: u64 = 20;
 
 fn arg(name: &str, default: u64) -> u64 {
@@ -49,6 +51,30 @@ fn dir_bytes(dir: &Path) -> u64 {
         };
     }
     total
+}
+
+/// What a stopped replica's data dir holds, per sled tree and key tag (the first byte of
+/// a key: `e` entities, `b` the allocation index, `w` the time index, `O`/`o`/`k`/`t`/`n`
+/// the operation indexes, `q` the quarantine, `s`/`S` local snapshots, `m` meta; `c`/`h`
+/// only in data dirs that copy the log): keys, and key + value bytes.
+fn tree_costs(dir: &Path) -> BTreeMap<(String, char), (u64, u64)> {
+    let mut costs = BTreeMap::new();
+    let Ok(db) = sled::open(dir.join("sled")) else {
+        return costs;
+    };
+    for name in db.tree_names() {
+        let Ok(tree) = db.open_tree(&name) else {
+            continue;
+        };
+        let name = String::from_utf8_lossy(&name).to_string();
+        for (k, v) in tree.iter().flatten() {
+            let tag = k.first().map_or('?', |b| *b as char);
+            let cost: &mut (u64, u64) = costs.entry((name.clone(), tag)).or_default();
+            cost.0 += 1;
+            cost.1 += (k.len() + v.len()) as u64;
+        }
+    }
+    costs
 }
 
 /// A serve in process until the returned sender is dropped or fired.
@@ -138,22 +164,33 @@ async fn main() {
             let log = log.clone();
             async move {
                 let provider = AggregateId::provider(Uuid::from_u128(u128::from(p) + 1));
+                let consumer = |c: u64| Uuid::from_u128((u128::from(p) << 32) + u128::from(c));
                 for c in 0..COMMITS_PER_PROVIDER {
-                    let event = match c {
-                        0 => Event::InventorySet {
-                            resource_class: "VCPU".into(),
-                            inventory: provledger_tests::workload::vcpu_inventory(1_000),
-                        },
-                        _ => Event::AllocationClaimed {
-                            consumer: Uuid::from_u128((u128::from(p) << 32) + u128::from(c)),
+                    let events = match c {
+                        0 => vec![
+                            Event::ProviderRegistered {
+                                name: format!("node-{p}"),
+                                host: format!("node-{p}"),
+                            },
+                            Event::InventorySet {
+                                resource_class: "VCPU".into(),
+                                inventory: provledger_tests::workload::vcpu_inventory(1_000),
+                            },
+                        ],
+                        c if c % 2 == 1 => vec![Event::AllocationClaimed {
+                            consumer: consumer(c),
                             consumer_kind: ConsumerKind::Instance,
                             resources: BTreeMap::from([("VCPU".to_string(), 1)]),
-                        },
+                        }],
+                        c => vec![Event::AllocationReleased {
+                            consumer: consumer(c - 1),
+                            reason: "instance deleted".into(),
+                        }],
                     };
                     log.append(
                         provider,
                         Expectation::Any,
-                        CommitDraft::now("bench", vec![event]),
+                        CommitDraft::now("bench", events),
                     )
                     .await
                     .expect("append");
@@ -229,6 +266,25 @@ async fn main() {
     let boot_dir = dir.path().join("bootstrapped");
     let (stop, thread) = start_serve(nats.url(), &boot_dir, Some(BUCKET), 0);
     let boot = ready_after(&client, end, since).await;
+    // The workload is one the fold applies: a provider holds the allocation its last claim
+    // made, and no anomaly (a refused event would be measured as an anomaly, not a state).
+    let last = providers - 1;
+    let reply = client
+        .request(
+            "provledger.q.provider.get",
+            serde_json::json!({ "id": Uuid::from_u128(u128::from(last) + 1) })
+                .to_string()
+                .into(),
+        )
+        .await
+        .expect("provider.get");
+    let provider: serde_json::Value = serde_json::from_slice(&reply.payload).expect("JSON");
+    assert_eq!(provider["data"]["anomaly_count"], 0, "{provider}");
+    assert_eq!(
+        provider["data"]["allocations"].as_array().map(Vec::len),
+        Some(1),
+        "{provider}"
+    );
     let _ = stop.send(());
     let _ = thread.join();
 
@@ -254,6 +310,18 @@ async fn main() {
             bytes as f64 / stream_bytes as f64
         );
     }
+    for (what, path) in [("from position 1", &full_dir), ("bootstrapped", &boot_dir)] {
+        println!("\nwhat the data dir of the replica {what} holds ({end} commits):\n");
+        println!("| tree | key tag | keys | bytes (keys + values) | bytes per commit |");
+        println!("|---|---|---:|---:|---:|");
+        for ((tree, tag), (keys, bytes)) in tree_costs(path) {
+            println!(
+                "| {tree} | `{tag}` | {keys} | {bytes} | {:.1} |",
+                bytes as f64 / end as f64
+            );
+        }
+    }
+    println!();
     println!(
         "raw read + decode of the stream as serve follows it (ordered consumer from position 1): {:.2} s, {:.0} events/s; from position 1 / raw: {:.2}x the time ({:.2}x the rate)",
         raw.as_secs_f64(),
