@@ -29,9 +29,11 @@ use provledger_events::{AggregateId, ChainTip, EventLog, JetStreamLog};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
-use provledger_projections::Projection;
+use provledger_projections::{Entity, Projection};
 
-use crate::store::{decode_entity, exported_pairs, ProjectionStore, StoreError, ENTITY_FORMAT};
+use crate::store::{
+    be_u64, decode_entity, exported_pairs, ProjectionStore, StoreError, ENTITY_FORMAT,
+};
 
 /// The name of the one object a snapshot bucket holds.
 pub const SNAPSHOT_OBJECT: &str = "projection";
@@ -100,8 +102,13 @@ pub struct CoveredTip {
     pub tip: ChainTip,
 }
 
-/// The chain tips of the entities in an exported body, in key order, and their digest.
-fn tips_of(body: &[u8]) -> Result<(Vec<CoveredTip>, blake3::Hash), BootstrapError> {
+/// The chain tips of the entities in an exported body, in key order, and their digest;
+/// each entity, once decoded and its tip taken, goes to `keep` (so that a caller that
+/// wants the entities, `replay`, does not decode them a second time).
+fn tips_of(
+    body: &[u8],
+    mut keep: impl FnMut(Entity),
+) -> Result<(Vec<CoveredTip>, blake3::Hash), BootstrapError> {
     let pairs = exported_pairs(body).map_err(|e| BootstrapError::Refused(e.to_string()))?;
     let mut tips = Vec::new();
     let mut digest = blake3::Hasher::new();
@@ -126,6 +133,7 @@ fn tips_of(body: &[u8]) -> Result<(Vec<CoveredTip>, blake3::Hash), BootstrapErro
                 hash: h.hash,
             },
         });
+        keep(entity);
     }
     Ok((tips, digest.finalize()))
 }
@@ -133,7 +141,7 @@ fn tips_of(body: &[u8]) -> Result<(Vec<CoveredTip>, blake3::Hash), BootstrapErro
 /// The store's state as a snapshot of `stream` (called by the projector between batches).
 pub fn prepare(store: &ProjectionStore, stream: &str) -> Result<PublishedSnapshot, BootstrapError> {
     let (position, keys, body) = store.export_state()?;
-    let (tips, tips_digest) = tips_of(&body)?;
+    let (tips, tips_digest) = tips_of(&body, drop)?;
     let header = SnapshotHeader {
         stream: stream.to_string(),
         position,
@@ -170,20 +178,15 @@ pub fn check_head<'a>(
     body_hash: blake3::Hash,
 ) -> Result<(SnapshotHeader, &'a [u8]), BootstrapError> {
     let refused = |why: String| BootstrapError::Refused(why);
-    let rest = bytes
-        .strip_prefix(MAGIC.as_slice())
-        .ok_or_else(|| refused("not a provledger snapshot (magic)".into()))?;
-    let len = rest
-        .get(..4)
-        .and_then(|b| b.try_into().ok())
-        .map(u32::from_be_bytes)
-        .ok_or_else(|| refused("truncated header".into()))? as usize;
-    let head = rest
-        .get(4..4 + len)
+    if !bytes.starts_with(MAGIC) {
+        return Err(refused("not a provledger snapshot (magic)".into()));
+    }
+    let from = body_from(bytes)
+        .filter(|from| *from <= bytes.len())
         .ok_or_else(|| refused("truncated header".into()))?;
+    let (head, body) = (&bytes[MAGIC.len() + 4..from], &bytes[from..]);
     let header: SnapshotHeader =
         serde_json::from_slice(head).map_err(|e| refused(format!("header: {e}")))?;
-    let body = &rest[4 + len..];
     if header.stream != stream {
         return Err(refused(format!(
             "it is a snapshot of stream {}, not {stream}",
@@ -210,9 +213,14 @@ pub fn check_head<'a>(
 }
 
 /// Checks the chain tips a body covers against its header (pure): their digest and count,
-/// none past the snapshot's position. Returns the tips to verify against the stream.
-pub fn check_tips(header: &SnapshotHeader, body: &[u8]) -> Result<Vec<CoveredTip>, BootstrapError> {
-    let (tips, digest) = tips_of(body)?;
+/// none past the snapshot's position. Returns the tips to verify against the stream; each
+/// entity decoded on the way goes to `keep`.
+pub fn check_tips(
+    header: &SnapshotHeader,
+    body: &[u8],
+    keep: impl FnMut(Entity),
+) -> Result<Vec<CoveredTip>, BootstrapError> {
+    let (tips, digest) = tips_of(body, keep)?;
     if digest.to_hex().as_str() != header.tips_blake3 || tips.len() as u64 != header.entities {
         return Err(BootstrapError::Refused(
             "the chain tips it holds are not the ones its header covers".into(),
@@ -456,7 +464,7 @@ pub async fn bootstrap(
         let started = std::time::Instant::now();
         let sample = {
             let (header, bytes) = (header.clone(), bytes.clone());
-            tokio::task::spawn_blocking(move || check_tips(&header, &bytes[body_from..]))
+            tokio::task::spawn_blocking(move || check_tips(&header, &bytes[body_from..], drop))
                 .await
                 .map_err(|e| BootstrapError::Unavailable(format!("tips task: {e}")))??
         };
@@ -514,25 +522,18 @@ pub async fn snapshot_projection(
 ) -> Result<SnapshotProjection, BootstrapError> {
     let Fetched { bytes, body_hash } = fetch(log.context(), bucket_name).await?;
     let (header, body) = check_head(&bytes, &log.config().stream, body_hash)?;
-    let sample = check_tips(&header, body)?;
-    verify_against_stream(log, header.position, &sample).await?;
-    let refused = |e: StoreError| BootstrapError::Refused(e.to_string());
     let mut projection = Projection::new();
+    let sample = check_tips(&header, body, |entity| {
+        projection.entities.insert(entity.id(), entity);
+    })?;
+    verify_against_stream(log, header.position, &sample).await?;
     projection.position = header.position;
     let (mut watermark, mut quarantined) = (None, 0);
-    for (k, v) in exported_pairs(body).map_err(refused)? {
+    // The entities are in `projection` already; the rest is the quarantine and the meta.
+    for (k, v) in exported_pairs(body).map_err(|e| BootstrapError::Refused(e.to_string()))? {
         match k.first() {
-            Some(b'e') => {
-                let entity = decode_entity(v).map_err(refused)?;
-                projection.entities.insert(entity.id(), entity);
-            }
             Some(b'q') => quarantined += 1,
-            Some(b'm') if &k[1..] == b"watermark" => {
-                watermark = v
-                    .get(..8)
-                    .and_then(|b| b.try_into().ok())
-                    .map(|b| u64::from_be_bytes(b) as i64);
-            }
+            Some(b'm') if &k[1..] == b"watermark" => watermark = be_u64(v).map(|w| w as i64),
             _ => {}
         }
     }

@@ -90,6 +90,25 @@ const EXPORTED_TAGS: &[u8] = b"mebqwoOktn";
 /// per key in batches of 1,000, 11.8 µs in batches of 10,000).
 const IMPORT_CHUNK_KEYS: usize = 1_000;
 
+/// The layouts a store records under `m` (entities, time index, operation indexes) with
+/// this build's version of each: a snapshot must carry the same ones to be imported, and
+/// an abandoned import leaves them as `open` sets them on a new store.
+fn layout_formats() -> [(Vec<u8>, u8, &'static str); 3] {
+    [
+        (key(b'm', &[b"entity_format"]), ENTITY_FORMAT, "entity"),
+        (
+            key(b'm', &[b"time_index_format"]),
+            TIME_INDEX_FORMAT,
+            "time index",
+        ),
+        (
+            key(b'm', &[b"operation_index_format"]),
+            OPERATION_INDEX_FORMAT,
+            "operation index",
+        ),
+    ]
+}
+
 /// A log entry that could not be decoded, kept with its position and the error.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QuarantineRecord {
@@ -224,7 +243,7 @@ fn reclaim_sled_garbage(writes: usize) {
     }
 }
 
-fn be_u64(bytes: &[u8]) -> Option<u64> {
+pub(crate) fn be_u64(bytes: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(bytes.get(..8)?.try_into().ok()?))
 }
 
@@ -659,19 +678,7 @@ impl ProjectionStore {
         let pairs = exported_pairs(body)?;
         // Indexes in another build's layout would be read as this build's: such a snapshot
         // is refused before anything is written (its `m` keys come first).
-        for (format_key, ours, what) in [
-            (key(b'm', &[b"entity_format"]), ENTITY_FORMAT, "entity"),
-            (
-                key(b'm', &[b"time_index_format"]),
-                TIME_INDEX_FORMAT,
-                "time index",
-            ),
-            (
-                key(b'm', &[b"operation_index_format"]),
-                OPERATION_INDEX_FORMAT,
-                "operation index",
-            ),
-        ] {
+        for (format_key, ours, what) in layout_formats() {
             match pairs.iter().find(|(k, _)| *k == format_key.as_slice()) {
                 Some((_, v)) if *v == [ours] => {}
                 Some((_, v)) => {
@@ -740,19 +747,12 @@ impl ProjectionStore {
     /// is never taken for one of an older format.
     pub fn abandon_import(&self) -> Result<(), StoreError> {
         let marker = key(b'm', &[b"importing"]);
-        let formats = [
-            (key(b'm', &[b"entity_format"]), ENTITY_FORMAT),
-            (key(b'm', &[b"time_index_format"]), TIME_INDEX_FORMAT),
-            (
-                key(b'm', &[b"operation_index_format"]),
-                OPERATION_INDEX_FORMAT,
-            ),
-        ];
+        let formats = layout_formats();
         let kept = [key(b'm', &[b"source"]), key(b'm', &[b"copies_log"])];
         let stays = |k: &[u8]| {
             k == marker.as_slice()
                 || kept.iter().any(|m| m.as_slice() == k)
-                || formats.iter().any(|(m, _)| m.as_slice() == k)
+                || formats.iter().any(|(m, ..)| m.as_slice() == k)
         };
         let mut batch = sled::Batch::default();
         let mut in_batch = 0;
@@ -769,7 +769,7 @@ impl ProjectionStore {
                 in_batch = 0;
             }
         }
-        for (k, format) in formats {
+        for (k, format, _) in formats {
             batch.insert(k, &[format][..]);
         }
         batch.remove(marker);
@@ -1422,17 +1422,6 @@ mod tests {
         panic!("the garbage deferred before the batches was not freed by 5 batch writes");
     }
 
-    fn vcpu(total: u64) -> provledger_events::catalogue::Inventory {
-        provledger_events::catalogue::Inventory {
-            total,
-            reserved: 0,
-            allocation_ratio: provledger_events::catalogue::Ratio::ONE,
-            min_unit: 1,
-            max_unit: total,
-            step_size: 1,
-        }
-    }
-
     /// A service's store: claimed by a stream, keeping no copy of the log.
     fn service_store(dir: &std::path::Path) -> (sled::Db, ProjectionStore) {
         let db = sled::open(dir).expect("sled");
@@ -1450,6 +1439,8 @@ mod tests {
     /// again, still claimed by its stream and keeping no copy.
     #[test]
     fn an_import_is_invisible_until_finished_and_abandoned_without_a_trace() {
+        use provledger_events::catalogue::ConsumerKind;
+        use provledger_tests::workload::{provider_on, vcpu_claim};
         use std::sync::atomic::AtomicBool;
         let dir = tempfile::tempdir().expect("tempdir");
         let (_source_db, source) = service_store(&dir.path().join("source"));
@@ -1461,19 +1452,7 @@ mod tests {
                 id,
                 1,
                 Hash::ZERO,
-                CommitDraft::now(
-                    "t",
-                    vec![
-                        Event::ProviderRegistered {
-                            name: format!("node-{p}"),
-                            host: format!("node-{p}"),
-                        },
-                        Event::InventorySet {
-                            resource_class: "VCPU".into(),
-                            inventory: vcpu(16),
-                        },
-                    ],
-                ),
+                CommitDraft::now("t", provider_on(&format!("node-{p}"), 16)),
             );
             let claim = Commit::seal(
                 id,
@@ -1481,11 +1460,7 @@ mod tests {
                 inventory.hash,
                 CommitDraft::now(
                     "t",
-                    vec![Event::AllocationClaimed {
-                        consumer: Uuid::from_u128(10_000 + p),
-                        consumer_kind: provledger_events::catalogue::ConsumerKind::Instance,
-                        resources: [("VCPU".to_string(), 1)].into(),
-                    }],
+                    vcpu_claim(Uuid::from_u128(10_000 + p), ConsumerKind::Instance, 1),
                 ),
             );
             commits.push(inventory);
@@ -1567,13 +1542,7 @@ mod tests {
             AggregateId::provider(Uuid::from_u128(1)),
             1,
             Hash::ZERO,
-            CommitDraft::now(
-                "t",
-                vec![Event::InventorySet {
-                    resource_class: "VCPU".into(),
-                    inventory: vcpu(8),
-                }],
-            ),
+            CommitDraft::now("t", provider_on("node-after", 8)),
         );
         first.position = 1;
         follower.apply_batch(vec![Ok(first)]).expect("folded");

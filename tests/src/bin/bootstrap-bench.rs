@@ -18,7 +18,7 @@ use provledger_events::{
     AggregateId, CommitDraft, Event, EventLog, Expectation, JetStreamConfig, JetStreamLog,
 };
 use provledger_serve::ServeOptions;
-use provledger_tests::NatsServer;
+use provledger_tests::{workload, NatsServer};
 use uuid::Uuid;
 
 // serve runs here in process: on the allocator `provledger serve` runs on, as deployed.
@@ -167,21 +167,10 @@ async fn main() {
                 let consumer = |c: u64| Uuid::from_u128((u128::from(p) << 32) + u128::from(c));
                 for c in 0..COMMITS_PER_PROVIDER {
                     let events = match c {
-                        0 => vec![
-                            Event::ProviderRegistered {
-                                name: format!("node-{p}"),
-                                host: format!("node-{p}"),
-                            },
-                            Event::InventorySet {
-                                resource_class: "VCPU".into(),
-                                inventory: provledger_tests::workload::vcpu_inventory(1_000),
-                            },
-                        ],
-                        c if c % 2 == 1 => vec![Event::AllocationClaimed {
-                            consumer: consumer(c),
-                            consumer_kind: ConsumerKind::Instance,
-                            resources: BTreeMap::from([("VCPU".to_string(), 1)]),
-                        }],
+                        0 => workload::provider_on(&format!("node-{p}"), 1_000),
+                        c if c % 2 == 1 => {
+                            workload::vcpu_claim(consumer(c), ConsumerKind::Instance, 1)
+                        }
                         c => vec![Event::AllocationReleased {
                             consumer: consumer(c - 1),
                             reason: "instance deleted".into(),
