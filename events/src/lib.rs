@@ -19,6 +19,6 @@ pub use commit::{
 pub use ids::{short_aggregate, short_id, AggregateId, AggregateKind, Hash, Timestamp};
 pub use log::{
     AppendError, AppendOutcome, AppendStatus, AtomicItem, ChainTip, CommitStream, EventLog,
-    Expectation, HistoryEntry, InvalidBatch, JetStreamConfig, JetStreamLog, MemLog, ReadError,
-    SledLog, VersionConflict, WriteQueues, WriteTurn, ATOMIC_COMMITS_MAX,
+    Expectation, GroupStats, HistoryEntry, InvalidBatch, JetStreamConfig, JetStreamLog, MemLog,
+    ReadError, SledLog, VersionConflict, WriteQueues, WriteTurn, ATOMIC_COMMITS_MAX,
 };

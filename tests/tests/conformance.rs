@@ -8,8 +8,8 @@ use futures::StreamExt;
 use provledger_events::catalogue::ClusterStatus;
 use provledger_events::{
     verify_chain, AggregateId, AppendError, AppendStatus, AtomicItem, ChainViolation, Commit,
-    CommitDraft, Event, EventLog, Expectation, HistoryEntry, JetStreamConfig, JetStreamLog, MemLog,
-    ReadError, SledLog, VersionConflict,
+    CommitDraft, Event, EventLog, Expectation, GroupStats, HistoryEntry, JetStreamConfig,
+    JetStreamLog, MemLog, ReadError, SledLog, VersionConflict,
 };
 use provledger_tests::NatsServer;
 use uuid::Uuid;
@@ -20,6 +20,8 @@ trait Backend: Sized + Send {
     async fn open(&mut self) -> Self::Log;
     /// Closes the log and, for JetStream, restarts the server process on the same store.
     async fn close(&mut self, log: Self::Log);
+    /// Group writes of atomic sets the log made, and the sets they held.
+    fn group_stats(log: &Self::Log) -> GroupStats;
 }
 
 struct SledBackend {
@@ -35,6 +37,9 @@ impl Backend for SledBackend {
     }
     async fn open(&mut self) -> SledLog {
         SledLog::open(self.dir.path()).unwrap()
+    }
+    fn group_stats(log: &SledLog) -> GroupStats {
+        log.group_stats()
     }
     async fn close(&mut self, log: SledLog) {
         log.close();
@@ -54,6 +59,9 @@ impl Backend for MemBackend {
     }
     async fn open(&mut self) -> MemLog {
         self.log.clone()
+    }
+    fn group_stats(log: &MemLog) -> GroupStats {
+        log.group_stats()
     }
     async fn close(&mut self, log: MemLog) {
         drop(log);
@@ -75,6 +83,9 @@ impl Backend for JetStreamBackend {
         JetStreamLog::open(self.server.client().await, JetStreamConfig::default())
             .await
             .unwrap()
+    }
+    fn group_stats(log: &JetStreamLog) -> GroupStats {
+        log.group_stats()
     }
     async fn close(&mut self, log: JetStreamLog) {
         drop(log);
@@ -485,6 +496,61 @@ async fn atomic_appends_all_or_nothing<B: Backend>(mut b: B) {
     assert_eq!(log.last_position().await.unwrap(), end + 3);
 }
 
+/// Given 64 atomic sets of two new aggregates each, every 8th expecting a version its
+/// aggregates do not have, sent at once: exactly the stale sets are refused, every other
+/// lands whole at consecutive positions, and the sets were written in shared groups.
+async fn concurrent_atomic_sets_share_writes_and_a_stale_one_sinks_no_other<B: Backend>(mut b: B) {
+    let log = b.open().await;
+    let sets: Vec<(bool, Vec<AtomicItem>)> = (0..64)
+        .map(|n| {
+            let stale = n % 8 == 3;
+            let expect = match stale {
+                true => Expectation::Exactly(1),
+                false => Expectation::NoStream,
+            };
+            let items = vec![
+                item(cluster(), expect, status(n)),
+                item(cluster(), Expectation::Any, status(n + 100)),
+            ];
+            (stale, items)
+        })
+        .collect();
+    let before = B::group_stats(&log);
+    let answers = futures::future::join_all(sets.iter().map(|(_, items)| {
+        let log = log.clone();
+        let items = items.clone();
+        tokio::spawn(async move { log.append_atomic(items).await })
+    }))
+    .await;
+    let after = B::group_stats(&log);
+    for ((stale, items), answer) in sets.iter().zip(answers) {
+        match (stale, answer.unwrap()) {
+            (true, Err(AppendError::Conflicts { conflicts })) => {
+                assert_eq!(conflicts.len(), 1);
+                assert_eq!(conflicts[0].aggregate, items[0].aggregate);
+                assert_eq!(conflicts[0].actual, 0);
+            }
+            (false, Ok(outcomes)) => {
+                assert_eq!(outcomes.len(), 2);
+                assert_eq!(outcomes[1].position, outcomes[0].position + 1);
+                assert!(outcomes.iter().all(|o| o.version == 1));
+            }
+            (stale, other) => panic!("set (stale: {stale}) answered {other:?}"),
+        }
+        // An independent read finds each set whole or absent, as answered.
+        for i in items {
+            let commits = log.read_aggregate(i.aggregate).await.unwrap();
+            assert_eq!(commits.len(), usize::from(!stale), "{}", i.aggregate);
+        }
+    }
+    let (writes, grouped) = (after.writes - before.writes, after.sets - before.sets);
+    assert_eq!(grouped, 64, "every set went through the group commit");
+    assert!(
+        writes < grouped,
+        "64 concurrent sets took {writes} writes: none was shared"
+    );
+}
+
 macro_rules! conformance {
     ($backend:ident, $module:ident) => {
         mod $module {
@@ -496,7 +562,8 @@ macro_rules! conformance {
                 idempotent_retry,
                 subscribe_from_the_middle_while_appending,
                 reopen_loses_nothing_acknowledged,
-                atomic_appends_all_or_nothing);
+                atomic_appends_all_or_nothing,
+                concurrent_atomic_sets_share_writes_and_a_stale_one_sinks_no_other);
         }
     };
     (@tests $backend:ident, $($name:ident),*) => {
@@ -873,4 +940,68 @@ async fn jetstream_atomic_batches_beyond_the_servers_in_flight_limit_wait_their_
         logs[0].last_position().await.unwrap(),
         (2 * writers * rounds * 2) as u64
     );
+}
+
+/// Given sets whose aggregates another process moved after this one cached their heads
+/// (so the server, not the heads, refuses them): the group's batch is refused, the moved
+/// sets are refused alone on the heads read again, and every other set lands whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_a_batch_refused_for_one_moved_subject_is_split_and_the_others_land() {
+    let server = NatsServer::start().await;
+    let open = || async {
+        JetStreamLog::open(server.client().await, JetStreamConfig::default())
+            .await
+            .unwrap()
+    };
+    let (ours, theirs) = (open().await, open().await);
+    let aggregates: Vec<AggregateId> = (0..128).map(|_| cluster()).collect();
+    for (n, a) in aggregates.iter().enumerate() {
+        ours.append(*a, Expectation::NoStream, status(n))
+            .await
+            .unwrap();
+    }
+    // Another process writes version 2 of the first aggregate of every 8th set.
+    let moved: BTreeSet<usize> = (0..64).filter(|s| s % 8 == 5).collect();
+    for s in &moved {
+        theirs
+            .append(aggregates[2 * s], Expectation::Exactly(1), status(900))
+            .await
+            .unwrap();
+    }
+    // When 64 sets each expect version 1 of both its aggregates, at once.
+    let answers = futures::future::join_all((0..64).map(|s| {
+        let log = ours.clone();
+        let items = vec![
+            item(aggregates[2 * s], Expectation::Exactly(1), status(1000 + s)),
+            item(
+                aggregates[2 * s + 1],
+                Expectation::Exactly(1),
+                status(2000 + s),
+            ),
+        ];
+        tokio::spawn(async move { log.append_atomic(items).await })
+    }))
+    .await;
+    // Then exactly the moved sets are refused, naming version 2, and the rest land whole.
+    for (s, answer) in answers.into_iter().enumerate() {
+        let answer = answer.unwrap();
+        let mut versions = Vec::new();
+        for i in [2 * s, 2 * s + 1] {
+            versions.push(theirs.read_aggregate(aggregates[i]).await.unwrap().len());
+        }
+        if moved.contains(&s) {
+            match answer {
+                Err(AppendError::Conflicts { conflicts }) => {
+                    assert_eq!(conflicts.len(), 1, "{conflicts:?}");
+                    assert_eq!(conflicts[0].actual, 2);
+                }
+                other => panic!("moved set {s} answered {other:?}"),
+            }
+            assert_eq!(versions, vec![2, 1], "set {s} written in part");
+        } else {
+            assert!(answer.is_ok(), "set {s}: {answer:?}");
+            assert_eq!(versions, vec![2, 2], "set {s} not written whole");
+        }
+    }
+    assert!(ours.group_stats().writes < ours.group_stats().sets);
 }

@@ -27,6 +27,7 @@ use tokio::sync::Semaphore;
 use uuid::Uuid;
 
 use super::direct::{DirectReader, Start, DIRECT_BATCH_MESSAGES_MAX};
+use super::group_commit::{self, GroupCommit, GroupStats, SetAnswer, SetWriter};
 use super::{
     encode_for_append, recognise_batch_retry, validate_batch, AppendError, AppendOutcome,
     AppendStatus, AtomicItem, ChainTip, CommitStream, EventLog, Expectation, HistoryEntry,
@@ -312,6 +313,8 @@ struct Inner {
     batches: Semaphore,
     subscriptions: Arc<Semaphore>,
     write_queues: WriteQueues,
+    /// Concurrent atomic sets waiting to share one batch (`group_commit.rs`).
+    groups: GroupCommit,
     server_version: String,
 }
 
@@ -547,6 +550,7 @@ impl JetStreamLog {
                 batches: Semaphore::new(ATOMIC_BATCHES_IN_FLIGHT_MAX),
                 subscriptions: Arc::new(Semaphore::new(SUBSCRIPTIONS_MAX)),
                 write_queues: WriteQueues::default(),
+                groups: GroupCommit::default(),
                 config,
                 heads: Mutex::new(HashMap::new()),
                 server_version,
@@ -872,7 +876,7 @@ impl JetStreamLog {
     /// refused one stored nothing) with a growing pause, for at most
     /// [`BATCH_BUSY_WAIT_MAX`]: a writer waits its turn rather than being told the log is
     /// unavailable because others write.
-    async fn publish_batch(&self, messages: Vec<(String, u64, Uuid, Vec<u8>)>) -> BatchAck {
+    async fn publish_batch(&self, messages: Vec<BatchMessage>) -> BatchAck {
         let Ok(_turn) = self.inner.batches.acquire().await else {
             return BatchAck::Unavailable("the append window is closed".into());
         };
@@ -894,7 +898,7 @@ impl JetStreamLog {
         }
     }
 
-    async fn publish_batch_once(&self, messages: &[(String, u64, Uuid, Vec<u8>)]) -> BatchAck {
+    async fn publish_batch_once(&self, messages: &[BatchMessage]) -> BatchAck {
         let client = self.inner.context.client();
         let batch_id = Uuid::new_v4().to_string();
         let count = messages.len();
@@ -1109,6 +1113,295 @@ impl JetStreamLog {
     }
 }
 
+/// A set sealed on its aggregates' heads, ready to publish: its commits and their messages
+/// (subject, expected last subject sequence, commit id, bytes).
+struct SealedSet {
+    commits: Vec<Commit>,
+    messages: Vec<BatchMessage>,
+}
+
+type BatchMessage = (String, u64, Uuid, Vec<u8>);
+
+impl JetStreamLog {
+    /// Seals `items` on their heads (cached, or read), each expectation checked first: a
+    /// head that does not admit it is read again from the server, and only then is the set
+    /// refused (`Err(conflicts)`), because the cache may be stale.
+    async fn seal_set(
+        &self,
+        items: &[AtomicItem],
+    ) -> Result<Result<SealedSet, Vec<VersionConflict>>, AppendError> {
+        let mut heads = self.batch_heads(items).await?;
+        let mut conflicts = Vec::new();
+        for (item, head) in items.iter().zip(heads.iter_mut()) {
+            if !item.expect.admits(head.version) {
+                *head = self.fetch_head(&item.aggregate).await?;
+                if !item.expect.admits(head.version) {
+                    conflicts.push(VersionConflict {
+                        aggregate: item.aggregate,
+                        expected: item.expect,
+                        actual: head.version,
+                    });
+                }
+            }
+        }
+        if !conflicts.is_empty() {
+            return Ok(Err(conflicts));
+        }
+        let mut commits = Vec::with_capacity(items.len());
+        let mut messages = Vec::with_capacity(items.len());
+        for (item, head) in items.iter().zip(&heads) {
+            let commit = Commit::seal(
+                item.aggregate,
+                head.version + 1,
+                head.hash,
+                item.draft.clone(),
+            );
+            let bytes = encode_for_append(&commit)?;
+            let subject = self.inner.config.subject_for(&item.aggregate);
+            messages.push((subject, head.sequence, item.draft.commit_id, bytes));
+            commits.push(commit);
+        }
+        Ok(Ok(SealedSet { commits, messages }))
+    }
+
+    /// The outcomes of sets stored together by one batch whose last message got
+    /// `last_sequence`: the batch's messages take consecutive sequences, set after set.
+    fn stored_outcomes(&self, sets: &[&SealedSet], last_sequence: u64) -> Vec<Vec<AppendOutcome>> {
+        let total: usize = sets.iter().map(|s| s.commits.len()).sum();
+        assert!(
+            total as u64 <= last_sequence,
+            "a batch of {total} messages acknowledged at sequence {last_sequence}"
+        );
+        let mut sequence = last_sequence + 1 - total as u64;
+        let mut outcomes = Vec::with_capacity(sets.len());
+        for set in sets {
+            let mut answer = Vec::with_capacity(set.commits.len());
+            for commit in &set.commits {
+                self.remember_head(
+                    commit.aggregate,
+                    Head {
+                        version: commit.version,
+                        sequence,
+                        hash: commit.hash,
+                    },
+                );
+                answer.push(AppendOutcome {
+                    position: sequence,
+                    version: commit.version,
+                    status: AppendStatus::Appended,
+                });
+                sequence += 1;
+            }
+            outcomes.push(answer);
+        }
+        outcomes
+    }
+
+    /// One atomic set in a batch of its own.
+    async fn append_set(&self, items: Vec<AtomicItem>) -> SetAnswer {
+        for _ in 0..APPEND_ATTEMPTS_MAX {
+            let sealed = match self.seal_set(&items).await? {
+                Ok(sealed) => sealed,
+                Err(conflicts) => return self.conflicts_or_retry(&items, conflicts).await,
+            };
+            match self.publish_batch(sealed.messages.clone()).await {
+                BatchAck::Stored { last_sequence } => {
+                    let mut outcomes = self.stored_outcomes(&[&sealed], last_sequence);
+                    return Ok(outcomes.remove(0));
+                }
+                // A subject moved since the heads used: read them again; the expectations
+                // are checked on what is read (a message outside a chain moves its subject
+                // but not its version, and the batch then goes on after it).
+                BatchAck::WrongLastSequence => {
+                    for item in &items {
+                        self.fetch_head(&item.aggregate).await?;
+                    }
+                }
+                BatchAck::DuplicateId => return self.duplicate_in_set(&items).await,
+                BatchAck::Unavailable(reason) => return Err(AppendError::Unavailable { reason }),
+                // publish_batch has already waited its bound for a turn.
+                BatchAck::Busy => {
+                    return Err(unavailable(
+                        "the stream had too many atomic batches in flight",
+                    ))
+                }
+            }
+        }
+        Err(unavailable(format!(
+            "an atomic batch of {} commits lost the race {APPEND_ATTEMPTS_MAX} times in a row; retry later",
+            items.len()
+        )))
+    }
+
+    /// A set refused because one of its commit ids is in the duplicate window: the earlier
+    /// append's outcome, if it is the same set.
+    async fn duplicate_in_set(&self, items: &[AtomicItem]) -> SetAnswer {
+        let found = self.find_batch(items).await?;
+        // An atomic batch is stored whole or not at all: finding part of it, each part the
+        // same commit, means a reader lagged (a follower answered); a found commit that
+        // differs is a reused id.
+        let same = items.iter().zip(&found).all(|(item, f)| {
+            f.as_ref()
+                .is_none_or(|c| c.aggregate == item.aggregate && c.same_payload_as(&item.draft))
+        });
+        if same && found.iter().any(Option::is_none) && found.iter().any(Option::is_some) {
+            return Err(unavailable(
+                "part of an atomic batch found after a duplicate id; retry",
+            ));
+        }
+        recognise_batch_retry(items, &found)
+    }
+
+    /// Several atomic sets in one batch, each answered on its own. A set whose expectation
+    /// fails on the heads is refused alone before anything is sent. A batch the server
+    /// refuses for a moved subject is sent again without the sets refused on the heads read
+    /// then; when the heads do not tell which set was refused (a lagging replica answered,
+    /// or a publish was still in flight), or a commit id is a duplicate, each set is sent
+    /// in a batch of its own, so one stale set never sinks the others.
+    async fn write_group(&self, sets: Vec<Vec<AtomicItem>>) -> Vec<SetAnswer> {
+        let mut answers: Vec<Option<SetAnswer>> = (0..sets.len()).map(|_| None).collect();
+        let mut open: Vec<usize> = (0..sets.len()).collect();
+        for _ in 0..APPEND_ATTEMPTS_MAX {
+            let sealing =
+                futures::future::join_all(open.iter().map(|&s| self.seal_set(&sets[s]))).await;
+            let mut ready: Vec<(usize, SealedSet)> = Vec::with_capacity(open.len());
+            for (&s, sealed) in open.iter().zip(sealing) {
+                match sealed {
+                    Ok(Ok(sealed)) => ready.push((s, sealed)),
+                    Ok(Err(conflicts)) => {
+                        answers[s] = Some(self.conflicts_or_retry(&sets[s], conflicts).await)
+                    }
+                    Err(e) => answers[s] = Some(Err(e)),
+                }
+            }
+            if ready.is_empty() {
+                break;
+            }
+            let messages: Vec<BatchMessage> = ready
+                .iter()
+                .flat_map(|(_, set)| set.messages.iter().cloned())
+                .collect();
+            match self.publish_batch(messages).await {
+                BatchAck::Stored { last_sequence } => {
+                    let sealed: Vec<&SealedSet> = ready.iter().map(|(_, set)| set).collect();
+                    let outcomes = self.stored_outcomes(&sealed, last_sequence);
+                    for ((s, _), outcome) in ready.iter().zip(outcomes) {
+                        answers[*s] = Some(Ok(outcome));
+                    }
+                    break;
+                }
+                BatchAck::WrongLastSequence => {
+                    let moved = self.moved_sets(&ready).await;
+                    open = ready.iter().map(|(s, _)| *s).collect();
+                    match moved {
+                        // The sets sealed on moved heads are sealed again (or refused)
+                        // with the others on what was read.
+                        Ok(true) => {}
+                        Ok(false) => {
+                            self.each_alone(&sets, &open, &mut answers).await;
+                            break;
+                        }
+                        Err(e) => {
+                            for &s in &open {
+                                answers[s] = Some(Err(unavailable(e.to_string())));
+                            }
+                            break;
+                        }
+                    }
+                }
+                BatchAck::DuplicateId => {
+                    open = ready.iter().map(|(s, _)| *s).collect();
+                    self.each_alone(&sets, &open, &mut answers).await;
+                    break;
+                }
+                BatchAck::Unavailable(reason) => {
+                    for (s, _) in &ready {
+                        answers[*s] = Some(Err(AppendError::Unavailable {
+                            reason: reason.clone(),
+                        }));
+                    }
+                    break;
+                }
+                BatchAck::Busy => {
+                    for (s, _) in &ready {
+                        answers[*s] = Some(Err(unavailable(
+                            "the stream had too many atomic batches in flight",
+                        )));
+                    }
+                    break;
+                }
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| {
+                a.unwrap_or_else(|| {
+                    Err(unavailable(format!(
+                        "a group of atomic sets lost the race {APPEND_ATTEMPTS_MAX} times in a row; retry later"
+                    )))
+                })
+            })
+            .collect()
+    }
+
+    /// Whether any subject of the sets sealed for a refused batch moved past the sequence
+    /// it was sealed on (the heads are read again, and cached, on the way).
+    async fn moved_sets(&self, ready: &[(usize, SealedSet)]) -> Result<bool, AppendError> {
+        let items: Vec<(&Commit, u64)> = ready
+            .iter()
+            .flat_map(|(_, set)| {
+                set.commits
+                    .iter()
+                    .zip(&set.messages)
+                    .map(|(c, (_, expected, _, _))| (c, *expected))
+            })
+            .collect();
+        let heads =
+            futures::future::join_all(items.iter().map(|(c, _)| self.fetch_head(&c.aggregate)))
+                .await;
+        let mut moved = false;
+        for ((_, expected), head) in items.iter().zip(heads) {
+            moved |= head?.sequence != *expected;
+        }
+        Ok(moved)
+    }
+
+    /// Each of the `open` sets in a batch of its own, side by side.
+    async fn each_alone(
+        &self,
+        sets: &[Vec<AtomicItem>],
+        open: &[usize],
+        answers: &mut [Option<SetAnswer>],
+    ) {
+        let alone =
+            futures::future::join_all(open.iter().map(|&s| self.append_set(sets[s].clone()))).await;
+        for (&s, answer) in open.iter().zip(alone) {
+            answers[s] = Some(answer);
+        }
+    }
+}
+
+impl SetWriter for JetStreamLog {
+    async fn write_sets(&self, mut sets: Vec<Vec<AtomicItem>>) -> Vec<SetAnswer> {
+        match sets.len() {
+            1 => vec![self.append_set(sets.remove(0)).await],
+            _ => self.write_group(sets).await,
+        }
+    }
+
+    fn group_commit(&self) -> &GroupCommit {
+        &self.inner.groups
+    }
+}
+
+impl JetStreamLog {
+    /// How many group writes of atomic sets this handle (and its clones) made, and how many
+    /// sets they held.
+    pub fn group_stats(&self) -> GroupStats {
+        self.inner.groups.written()
+    }
+}
+
 impl EventLog for JetStreamLog {
     async fn append(
         &self,
@@ -1215,103 +1508,7 @@ impl EventLog for JetStreamLog {
         items: Vec<AtomicItem>,
     ) -> Result<Vec<AppendOutcome>, AppendError> {
         validate_batch(items.iter().map(|i| (i.aggregate, &i.draft)))?;
-        for _ in 0..APPEND_ATTEMPTS_MAX {
-            let mut heads = self.batch_heads(&items).await?;
-            let mut conflicts = Vec::new();
-            for (item, head) in items.iter().zip(heads.iter_mut()) {
-                if !item.expect.admits(head.version) {
-                    // The cache may be stale: only the server's view decides a conflict.
-                    *head = self.fetch_head(&item.aggregate).await?;
-                    if !item.expect.admits(head.version) {
-                        conflicts.push(VersionConflict {
-                            aggregate: item.aggregate,
-                            expected: item.expect,
-                            actual: head.version,
-                        });
-                    }
-                }
-            }
-            if !conflicts.is_empty() {
-                return self.conflicts_or_retry(&items, conflicts).await;
-            }
-            let mut sealed = Vec::with_capacity(items.len());
-            let mut messages = Vec::with_capacity(items.len());
-            for (item, head) in items.iter().zip(&heads) {
-                let commit = Commit::seal(
-                    item.aggregate,
-                    head.version + 1,
-                    head.hash,
-                    item.draft.clone(),
-                );
-                let bytes = encode_for_append(&commit)?;
-                let subject = self.inner.config.subject_for(&item.aggregate);
-                messages.push((subject, head.sequence, item.draft.commit_id, bytes));
-                sealed.push(commit);
-            }
-            match self.publish_batch(messages).await {
-                BatchAck::Stored { last_sequence } => {
-                    // The batch's messages take consecutive sequences ending at the ack's.
-                    let first = last_sequence + 1 - sealed.len() as u64;
-                    let mut outcomes = Vec::with_capacity(sealed.len());
-                    for (i, commit) in sealed.iter().enumerate() {
-                        let sequence = first + i as u64;
-                        self.remember_head(
-                            commit.aggregate,
-                            Head {
-                                version: commit.version,
-                                sequence,
-                                hash: commit.hash,
-                            },
-                        );
-                        outcomes.push(AppendOutcome {
-                            position: sequence,
-                            version: commit.version,
-                            status: AppendStatus::Appended,
-                        });
-                    }
-                    return Ok(outcomes);
-                }
-                // A subject moved since the heads used: read them again; the expectations
-                // are checked on what is read (a message outside a chain moves its subject
-                // but not its version, and the batch then goes on after it).
-                BatchAck::WrongLastSequence => {
-                    for item in &items {
-                        self.fetch_head(&item.aggregate).await?;
-                    }
-                }
-                BatchAck::DuplicateId => {
-                    let found = self.find_batch(&items).await?;
-                    // An atomic batch is stored whole or not at all: finding part of it,
-                    // each part the same commit, means a reader lagged (a follower
-                    // answered); a found commit that differs is a reused id.
-                    let same = items.iter().zip(&found).all(|(item, f)| {
-                        f.as_ref().is_none_or(|c| {
-                            c.aggregate == item.aggregate && c.same_payload_as(&item.draft)
-                        })
-                    });
-                    if same
-                        && found.iter().any(Option::is_none)
-                        && found.iter().any(Option::is_some)
-                    {
-                        return Err(unavailable(
-                            "part of an atomic batch found after a duplicate id; retry",
-                        ));
-                    }
-                    return recognise_batch_retry(&items, &found);
-                }
-                BatchAck::Unavailable(reason) => return Err(AppendError::Unavailable { reason }),
-                // publish_batch has already waited its bound for a turn.
-                BatchAck::Busy => {
-                    return Err(unavailable(
-                        "the stream had too many atomic batches in flight",
-                    ))
-                }
-            }
-        }
-        Err(unavailable(format!(
-            "an atomic batch of {} commits lost the race {APPEND_ATTEMPTS_MAX} times in a row; retry later",
-            items.len()
-        )))
+        group_commit::submit(self, items).await
     }
 
     async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {

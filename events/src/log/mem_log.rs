@@ -14,6 +14,7 @@ use futures::StreamExt;
 use tokio::sync::watch;
 use uuid::Uuid;
 
+use super::group_commit::{self, GroupCommit, GroupStats, SetAnswer, SetWriter};
 use super::{
     recognise_batch_retry, validate_batch, AppendError, AppendOutcome, AppendStatus, AtomicItem,
     CommitStream, EventLog, Expectation, ReadError, VersionConflict, WriteQueues,
@@ -113,6 +114,7 @@ pub struct MemLog {
     state: Arc<Mutex<State>>,
     appended: watch::Sender<u64>,
     write_queues: Arc<WriteQueues>,
+    groups: Arc<GroupCommit>,
 }
 
 impl Default for MemLog {
@@ -128,6 +130,7 @@ impl MemLog {
             state: Arc::new(Mutex::new(State::default())),
             appended,
             write_queues: Arc::default(),
+            groups: Arc::default(),
         }
     }
 
@@ -158,6 +161,98 @@ impl MemLog {
             .get(from..to)
             .map(<[Commit]>::to_vec)
             .unwrap_or_default()
+    }
+}
+
+impl MemLog {
+    /// One set of a group, checked and written under the lock the whole group holds.
+    fn write_set(s: &mut State, items: Vec<AtomicItem>) -> SetAnswer {
+        let found: Vec<Option<Commit>> = items
+            .iter()
+            .map(|i| {
+                s.by_id
+                    .get(&i.draft.commit_id)
+                    .map(|&at| s.commits[at].clone())
+            })
+            .collect();
+        if found.iter().any(Option::is_some) {
+            return recognise_batch_retry(&items, &found);
+        }
+        let heads: Vec<(u64, Hash)> = items.iter().map(|i| s.head(&i.aggregate)).collect();
+        let conflicts: Vec<VersionConflict> = items
+            .iter()
+            .zip(&heads)
+            .filter(|(i, (version, _))| !i.expect.admits(*version))
+            .map(|(i, (version, _))| VersionConflict {
+                aggregate: i.aggregate,
+                expected: i.expect,
+                actual: *version,
+            })
+            .collect();
+        if !conflicts.is_empty() {
+            return Err(AppendError::Conflicts { conflicts });
+        }
+        let mut outcomes = Vec::with_capacity(items.len());
+        for (item, (version, hash)) in items.into_iter().zip(heads) {
+            let commit = Commit::seal(item.aggregate, version + 1, hash, item.draft);
+            outcomes.push(s.push(commit));
+        }
+        Ok(outcomes)
+    }
+}
+
+impl SetWriter for MemLog {
+    /// A group as JetStream writes it: an injected unavailability refuses the whole group
+    /// (nothing written); each set is then checked on its own; an injected lost ack loses
+    /// the answer of every set the group wrote (they are in the log).
+    async fn write_sets(&self, sets: Vec<Vec<AtomicItem>>) -> Vec<SetAnswer> {
+        // The round trip a real backend's write takes, during which other sets queue.
+        tokio::task::yield_now().await;
+        let count = sets.len();
+        let mut s = self.lock();
+        if let Err(e) = s.injected_unavailable() {
+            let reason = e.to_string();
+            return (0..count)
+                .map(|_| {
+                    Err(AppendError::Unavailable {
+                        reason: reason.clone(),
+                    })
+                })
+                .collect();
+        }
+        let before = s.commits.len();
+        let mut answers: Vec<SetAnswer> = sets
+            .into_iter()
+            .map(|set| MemLog::write_set(&mut s, set))
+            .collect();
+        let last = s.commits.len() as u64;
+        if last as usize > before && s.fault(|p| p.lost_ack_per_mille) {
+            s.counts.lost_acks += 1;
+            for answer in answers.iter_mut() {
+                if matches!(answer, Ok(o) if o.iter().any(|o| o.status == AppendStatus::Appended)) {
+                    *answer = Err(AppendError::Unavailable {
+                        reason: "injected: the ack was lost".into(),
+                    });
+                }
+            }
+        }
+        drop(s);
+        if last as usize > before {
+            self.appended.send_replace(last);
+        }
+        answers
+    }
+
+    fn group_commit(&self) -> &GroupCommit {
+        &self.groups
+    }
+}
+
+impl MemLog {
+    /// How many group writes of atomic sets this handle (and its clones) made, and how many
+    /// sets they held.
+    pub fn group_stats(&self) -> GroupStats {
+        self.groups.written()
     }
 }
 
@@ -215,56 +310,7 @@ impl EventLog for MemLog {
         items: Vec<AtomicItem>,
     ) -> Result<Vec<AppendOutcome>, AppendError> {
         validate_batch(items.iter().map(|i| (i.aggregate, &i.draft)))?;
-        let outcomes = {
-            let mut s = self.lock();
-            s.injected_unavailable()?;
-            let found: Vec<Option<Commit>> = items
-                .iter()
-                .map(|i| {
-                    s.by_id
-                        .get(&i.draft.commit_id)
-                        .map(|&at| s.commits[at].clone())
-                })
-                .collect();
-            if found.iter().any(Option::is_some) {
-                return recognise_batch_retry(&items, &found);
-            }
-            let heads: Vec<(u64, Hash)> = items.iter().map(|i| s.head(&i.aggregate)).collect();
-            let conflicts: Vec<VersionConflict> = items
-                .iter()
-                .zip(&heads)
-                .filter(|(i, (version, _))| !i.expect.admits(*version))
-                .map(|(i, (version, _))| VersionConflict {
-                    aggregate: i.aggregate,
-                    expected: i.expect,
-                    actual: *version,
-                })
-                .collect();
-            if !conflicts.is_empty() {
-                return Err(AppendError::Conflicts { conflicts });
-            }
-            let mut outcomes = Vec::with_capacity(items.len());
-            for (item, (version, hash)) in items.into_iter().zip(heads) {
-                let aggregate = item.aggregate;
-                let commit = Commit::seal(aggregate, version + 1, hash, item.draft);
-                outcomes.push(s.push(commit));
-            }
-            // All were written at once; a lost ack loses the answer to all of them.
-            if s.fault(|p| p.lost_ack_per_mille) {
-                s.counts.lost_acks += 1;
-                let last = s.commits.len() as u64;
-                drop(s);
-                self.appended.send_replace(last);
-                return Err(AppendError::Unavailable {
-                    reason: "injected: the ack was lost".into(),
-                });
-            }
-            outcomes
-        };
-        if let Some(last) = outcomes.last() {
-            self.appended.send_replace(last.position);
-        }
-        Ok(outcomes)
+        group_commit::submit(self, items).await
     }
 
     async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {

@@ -4,6 +4,7 @@
 //! Only this module writes to the log. Everything above it sees commits, never bytes.
 
 mod direct;
+pub mod group_commit;
 pub mod jetstream_log;
 pub mod mem_log;
 pub mod sled_log;
@@ -20,6 +21,7 @@ use crate::codec::{DecodeError, EncodeError};
 use crate::commit::{Commit, CommitDraft, InvalidCommit};
 use crate::ids::AggregateId;
 
+pub use group_commit::{GroupCommit, GroupStats, GROUP_COMMITTERS_MAX, GROUP_MESSAGES_MAX};
 pub use jetstream_log::{
     parse_server_version, JetStreamConfig, JetStreamLog, MissingStream, OpenJetStreamError,
     SERVER_VERSION_MIN,

@@ -14,6 +14,7 @@
 //! A failed flush is fatal: after a refused fsync nothing says what reached the disk, so
 //! its waiters and every later append are refused until the data dir is reopened.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -24,6 +25,7 @@ use std::thread::JoinHandle;
 use futures::StreamExt;
 use tokio::sync::watch;
 
+use super::group_commit::{self, GroupCommit, GroupStats, SetAnswer, SetWriter};
 use super::{
     encode_for_append, recognise_batch_retry, validate_batch, AppendError, AppendOutcome,
     AppendStatus, AtomicItem, ChainTip, CommitStream, EventLog, Expectation, ReadError,
@@ -166,6 +168,8 @@ struct Shared {
     /// Fault injection for tests: the next flush fails as if the disk had refused it.
     fail_next_flush: AtomicBool,
     write_queues: WriteQueues,
+    /// Concurrent atomic sets waiting to share one sled batch (`group_commit.rs`).
+    groups: GroupCommit,
 }
 
 impl Shared {
@@ -294,6 +298,7 @@ impl SledLog {
             append_lock: Mutex::new(()),
             last_assigned: AtomicU64::new(last),
             write_queues: WriteQueues::default(),
+            groups: GroupCommit::default(),
             durable,
             flusher: Flusher {
                 requested: Mutex::new(false),
@@ -444,13 +449,60 @@ impl SledLog {
             .unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// [`EventLog::append_atomic`] under the append lock: every check first, then one
-    /// sled batch for every commit, so a crash keeps all of them or none.
-    fn apply_atomic(&self, items: Vec<AtomicItem>) -> Result<Vec<AppendOutcome>, AppendError> {
-        validate_batch(items.iter().map(|i| (i.aggregate, &i.draft)))?;
-        let _serial = self.serialise()?;
-        let tree = &self.shared.tree;
+    /// [`EventLog::append_atomic`] for a group of sets under the append lock: each set's
+    /// checks first (a retry recognised, its expectations on the heads the sets before it
+    /// in the group left), then one sled batch for every set admitted, so a crash keeps all
+    /// of them or none. A set refused is answered alone; the others are written.
+    fn apply_sets(&self, sets: Vec<Vec<AtomicItem>>) -> Vec<SetAnswer> {
+        let count = sets.len();
+        let _serial = match self.serialise() {
+            Ok(serial) => serial,
+            Err(e) => return (0..count).map(|_| Err(copy_unavailable(&e))).collect(),
+        };
+        let mut answers: Vec<Option<SetAnswer>> = (0..count).map(|_| None).collect();
+        let mut heads: HashMap<AggregateId, Head> = HashMap::new();
+        let mut batch = sled::Batch::default();
+        let mut next = self.shared.last_assigned.load(Ordering::SeqCst) + 1;
+        for (set, answer) in sets.into_iter().zip(answers.iter_mut()) {
+            match self.stage_set(set, &mut heads, &mut batch, next) {
+                Ok(Staged::Written(outcomes)) => {
+                    next += outcomes.len() as u64;
+                    *answer = Some(Ok(outcomes));
+                }
+                Ok(Staged::Answered(a)) => *answer = Some(a),
+                Err(e) => *answer = Some(Err(e)),
+            }
+        }
+        let written = next - 1;
+        if written > self.shared.last_assigned.load(Ordering::SeqCst) {
+            if let Err(e) = self.shared.tree.apply_batch(batch) {
+                // Nothing of the batch was applied: every set staged in it is unwritten.
+                let e = unavailable(e);
+                for a in answers.iter_mut() {
+                    if matches!(a, Some(Ok(o)) if o.iter().any(|o| o.status == AppendStatus::Appended))
+                    {
+                        *a = Some(Err(copy_unavailable(&e)));
+                    }
+                }
+                return answers.into_iter().flatten().collect();
+            }
+            self.shared.last_assigned.store(written, Ordering::SeqCst);
+        }
+        let answers: Vec<SetAnswer> = answers.into_iter().flatten().collect();
+        assert_eq!(answers.len(), count, "every set of a group is answered");
+        answers
+    }
 
+    /// Stages one set into the group's batch at positions from `first`: written (its
+    /// outcomes), or answered without writing (a retry recognised, a conflict).
+    fn stage_set(
+        &self,
+        items: Vec<AtomicItem>,
+        heads: &mut HashMap<AggregateId, Head>,
+        batch: &mut sled::Batch,
+        first: u64,
+    ) -> Result<Staged, AppendError> {
+        let tree = &self.shared.tree;
         let mut found = Vec::with_capacity(items.len());
         for item in &items {
             match tree
@@ -462,13 +514,15 @@ impl SledLog {
             }
         }
         if found.iter().any(Option::is_some) {
-            return recognise_batch_retry(&items, &found);
+            return Ok(Staged::Answered(recognise_batch_retry(&items, &found)));
         }
-
-        let mut heads = Vec::with_capacity(items.len());
+        let mut set_heads = Vec::with_capacity(items.len());
         let mut conflicts = Vec::new();
         for item in &items {
-            let head = self.head_of(&item.aggregate)?;
+            let head = match heads.get(&item.aggregate) {
+                Some(h) => *h,
+                None => self.head_of(&item.aggregate)?,
+            };
             if !item.expect.admits(head.version) {
                 conflicts.push(VersionConflict {
                     aggregate: item.aggregate,
@@ -476,44 +530,44 @@ impl SledLog {
                     actual: head.version,
                 });
             }
-            heads.push(head);
+            set_heads.push(head);
         }
         if !conflicts.is_empty() {
-            return Err(AppendError::Conflicts { conflicts });
+            return Ok(Staged::Answered(Err(AppendError::Conflicts { conflicts })));
         }
-
-        let first = self.shared.last_assigned.load(Ordering::SeqCst) + 1;
-        let mut batch = sled::Batch::default();
-        let mut outcomes = Vec::with_capacity(items.len());
-        for (i, (item, head)) in items.into_iter().zip(heads).enumerate() {
+        let mut sealed = Vec::with_capacity(items.len());
+        for (i, (item, head)) in items.into_iter().zip(set_heads).enumerate() {
             let position = first + i as u64;
             let version = head.version + 1;
-            let commit_id = item.draft.commit_id;
             let commit = Commit::seal(item.aggregate, version, head.hash, item.draft);
-            let bytes = encode_for_append(&commit)?;
+            sealed.push((position, encode_for_append(&commit)?, commit));
+        }
+        // Every commit encodes before any is staged: a set is staged whole or not at all.
+        let mut outcomes = Vec::with_capacity(sealed.len());
+        for (position, bytes, commit) in sealed {
             let new_head = Head {
-                version,
+                version: commit.version,
                 position,
                 hash: commit.hash,
             };
             batch.insert(&commit_key(position), bytes);
-            batch.insert(&head_key(&item.aggregate), &new_head.to_bytes()[..]);
+            batch.insert(&head_key(&commit.aggregate), &new_head.to_bytes()[..]);
             batch.insert(
-                &version_key(&item.aggregate, version),
+                &version_key(&commit.aggregate, commit.version),
                 &position.to_be_bytes()[..],
             );
-            batch.insert(&commit_id_key(&commit_id), &position.to_be_bytes()[..]);
+            batch.insert(
+                &commit_id_key(&commit.commit_id),
+                &position.to_be_bytes()[..],
+            );
+            heads.insert(commit.aggregate, new_head);
             outcomes.push(AppendOutcome {
                 position,
-                version,
+                version: commit.version,
                 status: AppendStatus::Appended,
             });
         }
-        tree.apply_batch(batch).map_err(unavailable)?;
-        self.shared
-            .last_assigned
-            .store(first + outcomes.len() as u64 - 1, Ordering::SeqCst);
-        Ok(outcomes)
+        Ok(Staged::Written(outcomes))
     }
 
     /// The aggregate's durable commits from version `from` on, through the version index:
@@ -736,6 +790,66 @@ fn flush_loop(shared: &Shared) {
     }
 }
 
+/// What staging one set of a group came to.
+enum Staged {
+    Written(Vec<AppendOutcome>),
+    Answered(SetAnswer),
+}
+
+/// The same unavailability for each set of a group (an `AppendError` is not `Clone`).
+fn copy_unavailable(e: &AppendError) -> AppendError {
+    AppendError::Unavailable {
+        reason: e.to_string(),
+    }
+}
+
+impl SetWriter for SledLog {
+    async fn write_sets(&self, sets: Vec<Vec<AtomicItem>>) -> Vec<SetAnswer> {
+        let count = sets.len();
+        let log = self.clone();
+        let answers = match tokio::task::spawn_blocking(move || log.apply_sets(sets)).await {
+            Ok(answers) => answers,
+            Err(e) => {
+                return (0..count)
+                    .map(|_| {
+                        Err(AppendError::Unavailable {
+                            reason: format!("the sled append task failed: {e}"),
+                        })
+                    })
+                    .collect()
+            }
+        };
+        // Acknowledged once the last of them is flushed (a retry of a set still waiting for
+        // its flush included).
+        let last = answers
+            .iter()
+            .flat_map(|a| a.iter().flatten().map(|o| o.position))
+            .max();
+        if let Some(last) = last {
+            if let Err(e) = self.wait_durable(last).await {
+                let e = copy_unavailable(&e);
+                return answers
+                    .into_iter()
+                    .map(|a| a.and_then(|_| Err(copy_unavailable(&e))))
+                    .collect();
+            }
+        }
+        answers
+    }
+
+    fn group_commit(&self) -> &GroupCommit {
+        &self.shared.groups
+    }
+}
+
+impl SledLog {
+    /// How many group writes of atomic sets this handle (and its clones) made, and how many
+    /// sets they held.
+    pub fn group_stats(&self) -> GroupStats {
+        self.shared.groups.written()
+    }
+}
+
 impl EventLog for SledLog {
     async fn append(
         &self,
@@ -760,18 +874,8 @@ impl EventLog for SledLog {
         &self,
         items: Vec<AtomicItem>,
     ) -> Result<Vec<AppendOutcome>, AppendError> {
-        let log = self.clone();
-        let outcomes = tokio::task::spawn_blocking(move || log.apply_atomic(items))
-            .await
-            .map_err(|e| AppendError::Unavailable {
-                reason: format!("the sled append task failed: {e}"),
-            })??;
-        // Acknowledged once the last of them is flushed (a retry of a batch still waiting
-        // for its flush included).
-        if let Some(last) = outcomes.iter().map(|o| o.position).max() {
-            self.wait_durable(last).await?;
-        }
-        Ok(outcomes)
+        validate_batch(items.iter().map(|i| (i.aggregate, &i.draft)))?;
+        group_commit::submit(self, items).await
     }
 
     async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {

@@ -190,33 +190,34 @@ impl FoldedElsewhere for FromTheLog {
 }
 
 /// Brings what the turn's slot knows of `aggregate` up to the log's head: the commits
-/// after its tip, or, when nothing is known yet, after the tip of a state folded elsewhere,
-/// or the whole aggregate.
+/// after the tip of whichever is newer, what the slot knows or a state folded elsewhere
+/// (another process may have taken the aggregate far past what this one last wrote, and
+/// serve's store has followed it: reading from the slot's tip would cost all of that), or
+/// the whole aggregate when neither knows it.
 async fn refresh<L: EventLog>(
     log: &L,
     aggregate: AggregateId,
     turn: &mut WriteTurn,
     elsewhere: &dyn FoldedElsewhere,
 ) -> Result<(), ReadError> {
-    if known_mut(turn).is_none() {
-        if let Some(entity) = elsewhere
-            .folded(aggregate)
-            .filter(|e| e.header().version > 0)
-        {
-            let header = entity.header();
-            let tip = ChainTip {
-                version: header.version,
-                position: header.last_position,
-                hash: header.hash,
-            };
-            **turn = Some(Box::new(Known {
-                entity: Some(entity),
-                tip,
-                recent: VecDeque::new(),
-                complete: false,
-                stale: true,
-            }));
-        }
+    let known_version = known_mut(turn).map(|k| k.version());
+    if let Some(entity) = elsewhere
+        .folded(aggregate)
+        .filter(|e| e.header().version > known_version.unwrap_or(0))
+    {
+        let header = entity.header();
+        let tip = ChainTip {
+            version: header.version,
+            position: header.last_position,
+            hash: header.hash,
+        };
+        **turn = Some(Box::new(Known {
+            entity: Some(entity),
+            tip,
+            recent: VecDeque::new(),
+            complete: false,
+            stale: true,
+        }));
     }
     if let Some(known) = known_mut(turn) {
         let newer = log.read_aggregate_after(aggregate, known.tip).await?;

@@ -1,0 +1,292 @@
+//! Group commit of atomic sets: the atomic appends one log handle (and its clones) is asked
+//! for at the same time are written together, as one write of the backend (one JetStream
+//! atomic batch, one sled batch), and each set is answered on its own.
+//!
+//! Why: nats-server commits atomic batches one at a time per stream, at a fixed cost per
+//! batch whatever its size (measured in `docs/benchmarks.md`), so one batch per request
+//! pins facts on several aggregates at the floor of that curve. Sharing the batch spreads
+//! the fixed cost over every request waiting for it.
+//!
+//! How: a request queues its set and, if fewer than [`GROUP_COMMITTERS_MAX`] committers
+//! run, starts one. A committer takes the queue's sets in arrival order, up to
+//! [`GROUP_MESSAGES_MAX`] commits, and writes them; while it waits on the backend, new
+//! requests queue, and the next write takes them all. Under no load a request is written at
+//! once, alone: nothing ever waits for others to arrive (no timer), only for the write in
+//! flight. Sets that share an aggregate or a commit id are never in one write (the second
+//! waits for the next), so every set's expectations are checked against the log as the
+//! sets before it left it, and a set is never split: each is written whole or not at all.
+//!
+//! The backend answers each set: a set whose expectation fails is refused alone
+//! ([`AppendError::Conflicts`]) and the others are written (`write_sets`).
+
+use std::collections::{HashSet, VecDeque};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use tokio::sync::oneshot;
+
+use super::{AppendError, AppendOutcome, AtomicItem, ATOMIC_COMMITS_MAX};
+
+/// Most commits one group write holds: nats-server takes at most 1,000 messages in one
+/// atomic batch.
+pub const GROUP_MESSAGES_MAX: usize = 1000;
+/// Group writes one log handle has in flight at once. The server commits one batch at a
+/// time; a second committer has its batch on the wire while the first is committed, so the
+/// server never idles for a round trip, and more would only make each batch smaller.
+pub const GROUP_COMMITTERS_MAX: usize = 2;
+const _: () = assert!(ATOMIC_COMMITS_MAX <= GROUP_MESSAGES_MAX);
+const _: () = assert!(GROUP_COMMITTERS_MAX >= 1);
+
+/// What one atomic set came to.
+pub type SetAnswer = Result<Vec<AppendOutcome>, AppendError>;
+
+/// A backend that writes several atomic sets in one write, answering each on its own: one
+/// answer per set, in the order given.
+pub(crate) trait SetWriter: Clone + Send + Sync + 'static {
+    fn write_sets(&self, sets: Vec<Vec<AtomicItem>>)
+        -> impl Future<Output = Vec<SetAnswer>> + Send;
+
+    /// The queue this handle (and its clones) groups its sets in.
+    fn group_commit(&self) -> &GroupCommit;
+}
+
+struct Pending {
+    items: Vec<AtomicItem>,
+    answer: oneshot::Sender<SetAnswer>,
+}
+
+#[derive(Default)]
+struct Queue {
+    pending: VecDeque<Pending>,
+    committers: usize,
+}
+
+/// The sets waiting to be written and the committers writing them, per log handle.
+#[derive(Default)]
+pub struct GroupCommit {
+    queue: Mutex<Queue>,
+    writes: AtomicU64,
+    sets: AtomicU64,
+}
+
+impl std::fmt::Debug for GroupCommit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let q = self.lock();
+        f.debug_struct("GroupCommit")
+            .field("pending", &q.pending.len())
+            .field("committers", &q.committers)
+            .finish()
+    }
+}
+
+impl GroupCommit {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets waiting for a write now (for tests and metrics).
+    pub fn pending(&self) -> usize {
+        self.lock().pending.len()
+    }
+
+    /// How many group writes this handle made, and how many sets they held.
+    pub fn written(&self) -> GroupStats {
+        GroupStats {
+            writes: self.writes.load(Ordering::Relaxed),
+            sets: self.sets.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Group writes made and the sets they held: sets / writes is the grouping achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupStats {
+    pub writes: u64,
+    pub sets: u64,
+}
+
+/// Queues `items` (validated by the caller) for the next group write of `writer` and waits
+/// for its answer.
+pub(crate) async fn submit<W: SetWriter>(writer: &W, items: Vec<AtomicItem>) -> SetAnswer {
+    debug_assert!(!items.is_empty() && items.len() <= ATOMIC_COMMITS_MAX);
+    let (answer, answered) = oneshot::channel();
+    let start_committer = {
+        let mut q = writer.group_commit().lock();
+        q.pending.push_back(Pending { items, answer });
+        let start = q.committers < GROUP_COMMITTERS_MAX;
+        if start {
+            q.committers += 1;
+        }
+        start
+    };
+    if start_committer {
+        // A task of its own: a caller that stops waiting (a dropped request) never strands
+        // the sets queued behind its own.
+        let writer = writer.clone();
+        tokio::spawn(async move {
+            let mut running = Running {
+                writer: &writer,
+                counted: true,
+            };
+            commit_until_empty(&mut running).await;
+        });
+    }
+    answered.await.unwrap_or_else(|_| {
+        Err(AppendError::Unavailable {
+            reason: "the group write holding this atomic set ended without an answer; retry with \
+                     the same commit ids"
+                .into(),
+        })
+    })
+}
+
+/// A committer, counted in its queue's `committers` until it finds the queue empty (counted
+/// out under the same lock, so a set queued just after is never left without a committer),
+/// or until its task ends otherwise (a panic, or dropped with its runtime).
+struct Running<'a, W: SetWriter> {
+    writer: &'a W,
+    counted: bool,
+}
+
+impl<W: SetWriter> Drop for Running<'_, W> {
+    fn drop(&mut self) {
+        if !self.counted {
+            return;
+        }
+        let mut q = self.writer.group_commit().lock();
+        q.committers -= 1;
+        // A committer that ended early leaves sets behind: with no other committer to take
+        // them, they are answered unavailable rather than left waiting forever.
+        if q.committers == 0 {
+            for p in q.pending.drain(..) {
+                let _ = p.answer.send(Err(AppendError::Unavailable {
+                    reason: "the group commit stopped; retry with the same commit ids".into(),
+                }));
+            }
+        }
+    }
+}
+
+async fn commit_until_empty<W: SetWriter>(running: &mut Running<'_, W>) {
+    let writer = running.writer;
+    loop {
+        let group = {
+            let mut q = writer.group_commit().lock();
+            let group = take_group(&mut q.pending);
+            if group.is_empty() {
+                q.committers -= 1;
+                running.counted = false;
+                return;
+            }
+            group
+        };
+        let (sets, answers): (Vec<_>, Vec<_>) =
+            group.into_iter().map(|p| (p.items, p.answer)).unzip();
+        let count = sets.len();
+        tracing::trace!(sets = count, "group write");
+        let stats = writer.group_commit();
+        stats.writes.fetch_add(1, Ordering::Relaxed);
+        stats.sets.fetch_add(count as u64, Ordering::Relaxed);
+        let results = writer.write_sets(sets).await;
+        assert_eq!(
+            results.len(),
+            count,
+            "a backend answered {} of {count} atomic sets",
+            results.len()
+        );
+        for (answer, result) in answers.into_iter().zip(results) {
+            // A caller that stopped waiting is told nothing; its set is in the log or not,
+            // whole, and a retry with the same commit ids finds out which.
+            let _ = answer.send(result);
+        }
+    }
+}
+
+/// The next group: queued sets in arrival order, up to [`GROUP_MESSAGES_MAX`] commits, none
+/// sharing an aggregate or a commit id with one taken before it (those wait for the next
+/// group, keeping their order).
+fn take_group(pending: &mut VecDeque<Pending>) -> Vec<Pending> {
+    let mut group = Vec::new();
+    let mut commits = 0;
+    let mut aggregates = HashSet::new();
+    let mut ids = HashSet::new();
+    let mut kept = VecDeque::new();
+    while let Some(p) = pending.pop_front() {
+        if commits + p.items.len() > GROUP_MESSAGES_MAX {
+            kept.push_back(p);
+            break;
+        }
+        let clashes = p
+            .items
+            .iter()
+            .any(|i| aggregates.contains(&i.aggregate) || ids.contains(&i.draft.commit_id));
+        if clashes {
+            kept.push_back(p);
+            continue;
+        }
+        for i in &p.items {
+            aggregates.insert(i.aggregate);
+            ids.insert(i.draft.commit_id);
+        }
+        commits += p.items.len();
+        group.push(p);
+    }
+    kept.append(pending);
+    *pending = kept;
+    group
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::commit::CommitDraft;
+    use crate::ids::{AggregateId, AggregateKind};
+    use crate::log::Expectation;
+
+    fn set(aggregates: &[u128]) -> Vec<AtomicItem> {
+        aggregates
+            .iter()
+            .map(|&n| AtomicItem {
+                aggregate: AggregateId::new(AggregateKind::Provider, uuid::Uuid::from_u128(n)),
+                expect: Expectation::Any,
+                draft: CommitDraft::now("t", vec![]),
+            })
+            .collect()
+    }
+
+    fn pending(items: Vec<AtomicItem>) -> Pending {
+        Pending {
+            items,
+            answer: oneshot::channel().0,
+        }
+    }
+
+    #[test]
+    fn a_group_never_holds_one_aggregate_twice_and_keeps_the_order_of_what_waits() {
+        // given sets on {1,2}, {2,3}, {4}, {3}
+        let mut queue: VecDeque<Pending> = [set(&[1, 2]), set(&[2, 3]), set(&[4]), set(&[3])]
+            .into_iter()
+            .map(pending)
+            .collect();
+        // when a group is taken
+        let group = take_group(&mut queue);
+        // then {2,3} waits (it shares 2), {4} and {3} ride along, and {2,3} is next
+        let sizes: Vec<usize> = group.iter().map(|p| p.items.len()).collect();
+        assert_eq!(sizes, vec![2, 1, 1]);
+        assert_eq!(queue.len(), 1);
+        assert_eq!(queue[0].items.len(), 2);
+    }
+
+    #[test]
+    fn a_group_holds_at_most_the_servers_batch_bound() {
+        // given 11 sets of 100 commits on distinct aggregates
+        let mut queue: VecDeque<Pending> = (0..11u128)
+            .map(|s| pending(set(&(s * 100..s * 100 + 100).collect::<Vec<_>>())))
+            .collect();
+        // when a group is taken, then it stops at 1,000 commits and the 11th waits
+        let group = take_group(&mut queue);
+        assert_eq!(group.iter().map(|p| p.items.len()).sum::<usize>(), 1000);
+        assert_eq!(queue.len(), 1);
+    }
+}
