@@ -21,4 +21,5 @@ pub use log::{
     AppendError, AppendOutcome, AppendStatus, AtomicItem, ChainTip, CommitStream, EventLog,
     Expectation, GroupStats, HistoryEntry, InvalidBatch, JetStreamConfig, JetStreamLog, MemLog,
     ReadError, SledLog, VersionConflict, WriteQueues, WriteTurn, ATOMIC_COMMITS_MAX,
+    GROUP_COMMITTERS_MAX, GROUP_MESSAGES_MAX,
 };

@@ -707,6 +707,67 @@ impl JetStreamLog {
         Ok((entries, head))
     }
 
+    /// The subject's last message: its sequence (0: none) and, if it is an intact commit of
+    /// this aggregate, its version. Only a refusal is decided on that version, never a head
+    /// (a writer's re-read verifies the chain before it decides again): it spares reading
+    /// every message after a stale cached head (another process may have written thousands
+    /// since this one last did) just to answer `conflict`.
+    async fn tail(&self, aggregate: &AggregateId) -> Result<(u64, Option<u64>), AppendError> {
+        let subject = self.inner.config.subject_for(aggregate);
+        let last = match self
+            .inner
+            .stream
+            .direct_get_last_for_subject(subject.clone())
+            .await
+        {
+            Ok(msg) => msg,
+            Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => return Ok((0, None)),
+            Err(e) => return Err(unavailable(format!("reading head of {aggregate}: {e}"))),
+        };
+        let version = stored_commit(
+            &self.inner.config.subject_prefix,
+            &subject,
+            last.sequence,
+            &last.payload,
+        )
+        .ok()
+        .map(|c| c.version);
+        Ok((last.sequence, version))
+    }
+
+    /// After the server refused a batch for a moved subject: each item whose subject moved
+    /// past the sequence it was sealed on (`expected`) is a conflict if its tail says so,
+    /// else its head is read again for the next seal.
+    async fn recheck(
+        &self,
+        items: &[AtomicItem],
+        expected: Vec<u64>,
+    ) -> Result<Recheck, AppendError> {
+        let mut conflicts = Vec::new();
+        let mut moved = false;
+        for (item, expected) in items.iter().zip(expected) {
+            let (sequence, version) = self.tail(&item.aggregate).await?;
+            if sequence == expected {
+                continue;
+            }
+            moved = true;
+            match version {
+                Some(actual) if !item.expect.admits(actual) => conflicts.push(VersionConflict {
+                    aggregate: item.aggregate,
+                    expected: item.expect,
+                    actual,
+                }),
+                _ => {
+                    self.fetch_head(&item.aggregate).await?;
+                }
+            }
+        }
+        Ok(match (conflicts.is_empty(), moved) {
+            (false, _) => Recheck::Conflicts(conflicts),
+            (true, moved) => Recheck::Moved(moved),
+        })
+    }
+
     /// The aggregate's head, read from the server. A cached head that is still the last
     /// message on the subject is used as it is; otherwise the messages after it (all of
     /// them, without one) are read and classified, so a head is never taken from a
@@ -1000,6 +1061,24 @@ impl JetStreamLog {
         Err(AppendError::Conflicts { conflicts })
     }
 
+    /// A set the server refused for its expectations once published: a refusal at once
+    /// when every id is young enough for the duplicate window (the server checks ids
+    /// before expectations, so such a set was not written before), else as
+    /// [`Self::conflicts_or_retry`] (a scan since each id was minted).
+    async fn refused_after_publish(
+        &self,
+        items: &[AtomicItem],
+        conflicts: Vec<VersionConflict>,
+    ) -> SetAnswer {
+        if items
+            .iter()
+            .all(|i| !self.maybe_late_retry(&i.draft.commit_id))
+        {
+            return Err(AppendError::Conflicts { conflicts });
+        }
+        self.conflicts_or_retry(items, conflicts).await
+    }
+
     /// Each item's commit id looked up on its aggregate.
     async fn find_batch(&self, items: &[AtomicItem]) -> Result<Vec<Option<Commit>>, AppendError> {
         let mut found = Vec::with_capacity(items.len());
@@ -1122,6 +1201,24 @@ struct SealedSet {
 
 type BatchMessage = (String, u64, Uuid, Vec<u8>);
 
+impl SealedSet {
+    /// The last subject sequence each message expects.
+    fn expected(&self) -> Vec<u64> {
+        self.messages
+            .iter()
+            .map(|(_, expected, _, _)| *expected)
+            .collect()
+    }
+}
+
+/// What reading a refused batch's subjects again found.
+enum Recheck {
+    /// Sets refused: their aggregates moved to versions their expectations do not admit.
+    Conflicts(Vec<VersionConflict>),
+    /// Whether any subject moved (its head was read again for the next seal).
+    Moved(bool),
+}
+
 impl JetStreamLog {
     /// Seals `items` on their heads (cached, or read), each expectation checked first: a
     /// head that does not admit it is read again from the server, and only then is the set
@@ -1213,8 +1310,10 @@ impl JetStreamLog {
                 // are checked on what is read (a message outside a chain moves its subject
                 // but not its version, and the batch then goes on after it).
                 BatchAck::WrongLastSequence => {
-                    for item in &items {
-                        self.fetch_head(&item.aggregate).await?;
+                    if let Recheck::Conflicts(conflicts) =
+                        self.recheck(&items, sealed.expected()).await?
+                    {
+                        return self.refused_after_publish(&items, conflicts).await;
                     }
                 }
                 BatchAck::DuplicateId => return self.duplicate_in_set(&items).await,
@@ -1291,22 +1390,37 @@ impl JetStreamLog {
                     break;
                 }
                 BatchAck::WrongLastSequence => {
-                    let moved = self.moved_sets(&ready).await;
-                    open = ready.iter().map(|(s, _)| *s).collect();
-                    match moved {
-                        // The sets sealed on moved heads are sealed again (or refused)
-                        // with the others on what was read.
-                        Ok(true) => {}
-                        Ok(false) => {
-                            self.each_alone(&sets, &open, &mut answers).await;
-                            break;
-                        }
-                        Err(e) => {
-                            for &s in &open {
-                                answers[s] = Some(Err(unavailable(e.to_string())));
+                    let rechecks = futures::future::join_all(
+                        ready
+                            .iter()
+                            .map(|(s, sealed)| self.recheck(&sets[*s], sealed.expected())),
+                    )
+                    .await;
+                    open = Vec::with_capacity(ready.len());
+                    let mut moved = false;
+                    for ((s, _), recheck) in ready.iter().zip(rechecks) {
+                        match recheck {
+                            // The set sealed on a moved head that no longer admits it is
+                            // refused alone.
+                            Ok(Recheck::Conflicts(conflicts)) => {
+                                answers[*s] =
+                                    Some(self.refused_after_publish(&sets[*s], conflicts).await);
+                                moved = true;
                             }
-                            break;
+                            Ok(Recheck::Moved(m)) => {
+                                moved |= m;
+                                open.push(*s);
+                            }
+                            Err(e) => answers[*s] = Some(Err(e)),
                         }
+                    }
+                    // No subject moved: the heads do not tell which set was refused.
+                    if !moved {
+                        self.each_alone(&sets, &open, &mut answers).await;
+                        break;
+                    }
+                    if open.is_empty() {
+                        break;
                     }
                 }
                 BatchAck::DuplicateId => {
@@ -1342,28 +1456,6 @@ impl JetStreamLog {
                 })
             })
             .collect()
-    }
-
-    /// Whether any subject of the sets sealed for a refused batch moved past the sequence
-    /// it was sealed on (the heads are read again, and cached, on the way).
-    async fn moved_sets(&self, ready: &[(usize, SealedSet)]) -> Result<bool, AppendError> {
-        let items: Vec<(&Commit, u64)> = ready
-            .iter()
-            .flat_map(|(_, set)| {
-                set.commits
-                    .iter()
-                    .zip(&set.messages)
-                    .map(|(c, (_, expected, _, _))| (c, *expected))
-            })
-            .collect();
-        let heads =
-            futures::future::join_all(items.iter().map(|(c, _)| self.fetch_head(&c.aggregate)))
-                .await;
-        let mut moved = false;
-        for ((_, expected), head) in items.iter().zip(heads) {
-            moved |= head?.sequence != *expected;
-        }
-        Ok(moved)
     }
 
     /// Each of the `open` sets in a batch of its own, side by side.
@@ -1486,6 +1578,23 @@ impl EventLog for JetStreamLog {
                 // decides a conflict: a message outside the chain (garbage, a replay) moves
                 // the subject but not the version, and the append then goes on after it.
                 Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
+                    if let (_, Some(actual)) = self.tail(&aggregate).await? {
+                        if !expect.admits(actual) {
+                            // The server checks a message id against its duplicate window
+                            // before the expected sequence: an id young enough for it was
+                            // not written before, and needs no scan for an earlier append.
+                            if !self.maybe_late_retry(&draft.commit_id) {
+                                return Err(AppendError::Conflict {
+                                    aggregate,
+                                    expected: expect,
+                                    actual,
+                                });
+                            }
+                            return self
+                                .conflict_or_retry(aggregate, expect, &draft, actual)
+                                .await;
+                        }
+                    }
                     // The cached head is still a valid prefix of the subject: only what
                     // follows it is read.
                     let fresh = self.fetch_head(&aggregate).await?;

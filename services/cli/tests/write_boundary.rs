@@ -995,3 +995,214 @@ async fn a_claim_and_the_step_that_accounts_for_it_are_one_atomic_batch() {
     assert!(batch.is_some(), "the claim was written in an atomic batch");
     assert_eq!(batch_of(step.position).await, batch);
 }
+
+/// A request of commits on two clusters; the reply's JSON, or `None` when no answer came
+/// within `wait` (serve gone, say).
+async fn try_cmd(client: &async_nats::Client, body: &Value, wait: Duration) -> Option<Value> {
+    let reply = tokio::time::timeout(wait, client.request(CMD, body.to_string().into())).await;
+    match reply {
+        Ok(Ok(reply)) => serde_json::from_slice(&reply.payload).ok(),
+        _ => None,
+    }
+}
+
+fn pair_request(first: &str, second: &str, expect_first: Value, n: usize) -> Value {
+    let status =
+        |d: String| json!([{"cluster_status_changed": {"status": "spawning", "description": d}}]);
+    json!({"commits": [
+        {"aggregate": first, "expect": expect_first, "commit_id": Uuid::now_v7(), "events": status(format!("a{n}"))},
+        {"aggregate": second, "expect": "any", "commit_id": Uuid::now_v7(), "events": status(format!("b{n}"))},
+    ]})
+}
+
+/// The commit ids of an aggregate's history, read from the stream.
+async fn commit_ids(log: &JetStreamLog, aggregate: &str) -> Vec<Uuid> {
+    let aggregate: AggregateId = aggregate.parse().unwrap();
+    let commits = log.read_aggregate(aggregate).await.unwrap();
+    commits.iter().map(|c| c.commit_id).collect()
+}
+
+fn ids_of(request: &Value) -> Vec<(String, Uuid)> {
+    request["commits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let id = c["commit_id"].as_str().unwrap().parse().unwrap();
+            (c["aggregate"].as_str().unwrap().to_string(), id)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_atomic_requests_at_once_one_in_eight_stale_only_the_stale_are_refused() {
+    // Given 128 clusters at version 1 written through serve, four of which another process
+    // then moved to version 2 behind serve's back (so serve's shared batch is refused by
+    // the server, not by what serve knows, and must be split),
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_serve, client) = started(&nats, &dir).await;
+    let mut clusters = Vec::new();
+    for _ in 0..128 {
+        clusters.push(created_cluster(&client).await.1);
+    }
+    let log = open_log(&nats).await;
+    let moved: BTreeSet<usize> = [1, 17, 33, 49].into();
+    for &r in &moved {
+        let status = samples::all()
+            .into_iter()
+            .find(|e| matches!(e, Event::ClusterStatusChanged { .. }))
+            .unwrap();
+        let draft = provledger_events::CommitDraft::now("other", vec![status]);
+        log.append(
+            clusters[2 * r].parse().unwrap(),
+            provledger_events::Expectation::Exactly(1),
+            draft,
+        )
+        .await
+        .unwrap();
+    }
+    // when 64 requests on two clusters each arrive at once, every 8th expecting version 0
+    // of its first cluster (stale), the moved ones expecting 2 (true), the rest 1,
+    let stale = |r: usize| r % 8 == 6;
+    let requests: Vec<Value> = (0..64)
+        .map(|r| {
+            let expect = match (stale(r), moved.contains(&r)) {
+                (true, _) => json!(0),
+                (false, true) => json!(2),
+                (false, false) => json!(1),
+            };
+            pair_request(&clusters[2 * r], &clusters[2 * r + 1], expect, r)
+        })
+        .collect();
+    let replies =
+        futures::future::join_all(requests.iter().map(|body| cmd(&client, body.clone()))).await;
+
+    // then exactly the stale ones are refused, naming their first cluster at version 1,
+    for (r, reply) in replies.iter().enumerate() {
+        if stale(r) {
+            assert_eq!(error_code(reply), Some("conflict"), "request {r}: {reply}");
+            let conflicts = reply["error"]["conflicts"].as_array().expect("conflicts");
+            assert_eq!(conflicts.len(), 1, "{reply}");
+            assert_eq!(conflicts[0]["aggregate"], clusters[2 * r], "{reply}");
+            assert_eq!(conflicts[0]["actual_version"], 1, "{reply}");
+        } else {
+            assert!(error_code(reply).is_none(), "request {r}: {reply}");
+            let commits = reply["data"]["commits"].as_array().unwrap();
+            let first = commits[0]["position"].as_u64().unwrap();
+            assert_eq!(commits[1]["position"], first + 1, "request {r}: {reply}");
+        }
+    }
+    // and an independent read of every cluster's history finds each request whole or
+    // absent, as answered.
+    for (r, request) in requests.iter().enumerate() {
+        for (aggregate, id) in ids_of(request) {
+            let held = commit_ids(&log, &aggregate).await.contains(&id);
+            assert_eq!(
+                held,
+                !stale(r),
+                "request {r}: {aggregate} holds {id}: {held}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_killed_during_group_commits_leaves_every_request_whole_or_absent() {
+    // Given 32 writers each sending atomic requests on its own two clusters through serve,
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut serve, client) = started(&nats, &dir).await;
+    let mut clusters = Vec::new();
+    for _ in 0..64 {
+        clusters.push(created_cluster(&client).await.1);
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..32)
+        .map(|w| {
+            let (client, stop) = (client.clone(), stop.clone());
+            let (first, second) = (clusters[2 * w].clone(), clusters[2 * w + 1].clone());
+            tokio::spawn(async move {
+                let mut sent = Vec::new();
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let request = pair_request(&first, &second, json!("any"), n);
+                    n += 1;
+                    let reply = try_cmd(&client, &request, Duration::from_secs(2)).await;
+                    let appended = reply
+                        .as_ref()
+                        .is_some_and(|r| r["data"]["commits"].is_array());
+                    sent.push((request, appended));
+                    if reply.is_none() {
+                        break;
+                    }
+                }
+                sent
+            })
+        })
+        .collect();
+    // when serve is killed with SIGKILL while they write, then restarted,
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    serve.kill();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut sent = Vec::new();
+    for w in writers {
+        sent.extend(w.await.unwrap());
+    }
+    let _serve = Serve::start(&nats, &dir.path().join("serve"));
+    common::wait_ready(&client).await;
+
+    // then every request answered as appended is there whole, every other one is whole or
+    // absent,
+    let log = open_log(&nats).await;
+    let mut histories = std::collections::HashMap::new();
+    for aggregate in &clusters {
+        histories.insert(aggregate.clone(), commit_ids(&log, aggregate).await);
+    }
+    let answered = sent.iter().filter(|(_, a)| *a).count();
+    assert!(
+        answered > 32,
+        "only {answered} requests were answered before the kill"
+    );
+    let mut unanswered = Vec::new();
+    for (request, appended) in &sent {
+        let held: Vec<bool> = ids_of(request)
+            .iter()
+            .map(|(aggregate, id)| histories[aggregate].contains(id))
+            .collect();
+        assert!(held[0] == held[1], "a request written in part: {request}");
+        if *appended {
+            assert!(
+                held[0],
+                "a request answered as appended is missing: {request}"
+            );
+        } else {
+            unanswered.push((request.clone(), held[0]));
+        }
+    }
+    eprintln!(
+        "{} requests, {answered} answered, {} unanswered of which {} landed",
+        sent.len(),
+        unanswered.len(),
+        unanswered.iter().filter(|(_, landed)| *landed).count()
+    );
+    // and a retry of each unanswered request (same commit ids) is recognised if it landed,
+    // written once if it did not.
+    for (request, landed) in &unanswered {
+        let reply = cmd(&client, request.clone()).await;
+        assert!(error_code(&reply).is_none(), "retry: {reply}");
+        let outcome = &reply["data"]["commits"][0]["outcome"];
+        match landed {
+            true => assert_eq!(outcome, "already_appended", "{reply}"),
+            false => assert_eq!(outcome, "appended", "{reply}"),
+        }
+        for (aggregate, id) in ids_of(request) {
+            let ids = commit_ids(&log, &aggregate).await;
+            assert_eq!(
+                ids.iter().filter(|i| **i == id).count(),
+                1,
+                "{aggregate}: {id}"
+            );
+        }
+    }
+}

@@ -458,7 +458,9 @@ async fn record_inner<L: EventLog>(
     // from what the process remembered.
     let mut fresh = false;
     for attempt in 0..DECIDE_ATTEMPTS_MAX {
-        if attempt > 0 && !fresh {
+        // The first lost round retries at once (its re-read is what was missing); only
+        // repeated losses, racers colliding in step, pause.
+        if attempt > 1 && !fresh {
             tokio::time::sleep(backoff(&draft, attempt)).await;
         }
         let needs_read = known_mut(&mut turn).is_none_or(|k| k.stale);
@@ -669,7 +671,9 @@ pub async fn record_atomic<L: EventLog>(
     let mut unavailable = 0;
     let mut fresh = false;
     for attempt in 0..DECIDE_ATTEMPTS_MAX {
-        if attempt > 0 && !fresh {
+        // The first lost round retries at once (its re-read is what was missing); only
+        // repeated losses, racers colliding in step, pause.
+        if attempt > 1 && !fresh {
             tokio::time::sleep(backoff(&facts[0].draft, attempt)).await;
         }
         let mut all_known = true;

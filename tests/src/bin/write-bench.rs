@@ -17,8 +17,12 @@
 //!    figures from its monitoring endpoint (consumers on the stream, memory); then again
 //!    under `deploy/nats/accounts.conf` (serve as `serve`, the clients as `provisioner`),
 //!    twice on one server: from an empty stream, then on the stream the first round left.
-//! 5. Atomic: 16 and 64 clients writing two providers per request (`cmd.append` with
-//!    `commits`, one JetStream atomic batch) next to one provider per request.
+//! 5. Atomic: 1, 16, 64 and 256 clients writing two providers per request (`cmd.append`
+//!    with `commits`: atomic sets, grouped into shared JetStream atomic batches) next to one
+//!    provider per request; the same through the client library (`record_atomic` vs
+//!    `record`, 64 tasks); raw JetStream atomic batches as the ceiling (two messages per
+//!    batch from as many publishers as clients, and one group's worth per batch); and the
+//!    first write on a provider another process deepened after serve last wrote it.
 //!
 //! Clients share one NATS connection per 16. Tables go to stdout, progress to stderr.
 //! PostgreSQL is 127.0.0.1:5432, user postgres, database test (trust auth); the bench
@@ -69,6 +73,8 @@ const HEALTH_SUBJECT: &str = "provledger.q.health";
 const ECHO_SUBJECT: &str = "wb.echo";
 const RAW_STREAM: &str = "WB_RAW";
 const RAW_PREFIX: &str = "wbraw";
+const RAW_BATCH_STREAM: &str = "WB_RAW_BATCH";
+const RAW_BATCH_PREFIX: &str = "wbbatch";
 const PG_CONFIG: &str = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=3";
 const PG_CONNECTIONS_CAP: usize = 64;
 
@@ -1080,12 +1086,15 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
     print_examples(run_errors(runs));
 }
 
-/// Facts on two aggregates at once: `cmd.append` with `commits` (one JetStream atomic
-/// batch) next to single commits, in the same run, over the same 1,000 providers.
+/// Facts on two aggregates at once: `cmd.append` with `commits` (atomic sets, which serve
+/// groups into shared JetStream atomic batches) next to single commits, in the same run,
+/// over the same 1,000 providers; then the same through the client library from 64 tasks;
+/// then raw JetStream atomic batches as the ceiling; then a first write after another
+/// process deepened a provider.
 async fn atomic(nats: &NatsServer, o: &Options) {
     let client = nats.client().await;
     let mut rows = Vec::new();
-    for clients in [16, 64] {
+    for clients in CLIENT_COUNTS {
         eprintln!("atomic: {clients} clients: single commits ...");
         let (ids, _) = register(&client, AGGREGATES).await;
         wait_caught_up(&client).await;
@@ -1114,7 +1123,7 @@ async fn atomic(nats: &NatsServer, o: &Options) {
     }
     println!();
     println!(
-        "## 5. Facts on several aggregates: cmd.append with `commits` (one atomic batch) vs single commits ({} s per row, 1,000 providers, expect any)",
+        "## 5. Facts on several aggregates: cmd.append with `commits` (atomic sets, grouped by serve) vs single commits ({} s per row, 1,000 providers, expect any)",
         o.duration.as_secs()
     );
     println!();
@@ -1138,6 +1147,379 @@ async fn atomic(nats: &NatsServer, o: &Options) {
         }
     }
     print_examples(run_errors(rows.iter().flat_map(|(_, a, b)| [a, b])));
+    library_atomic(nats, o).await;
+    raw_atomic(nats, o).await;
+    deep_first_write(nats, o).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// The client library's record_atomic, in process
+
+/// One task of the library workload: `record` on one provider, or `record_atomic` on two.
+struct LibraryWriter {
+    log: JetStreamLog,
+    providers: Vec<(AggregateId, AggregateId)>,
+    paired: bool,
+    next: usize,
+}
+
+fn inventory_draft() -> CommitDraft {
+    let events: Vec<Event> =
+        serde_json::from_value(json!([inventory(64)])).expect("inventory event");
+    CommitDraft::now("bench", events)
+}
+
+impl Writer for LibraryWriter {
+    async fn write(&mut self) -> Result<(), String> {
+        use provledger_client::write::{record, record_atomic, Fact, FromTheLog};
+        let (a, b) = self.providers[self.next % self.providers.len()];
+        self.next += 1;
+        let result = match self.paired {
+            false => record(&self.log, a, Expectation::Any, inventory_draft())
+                .await
+                .map(|_| ()),
+            true => {
+                let fact = |aggregate| Fact {
+                    aggregate,
+                    expect: Expectation::Any,
+                    draft: inventory_draft(),
+                };
+                record_atomic(
+                    &self.log,
+                    vec![fact(a), fact(b)],
+                    Default::default(),
+                    &FromTheLog,
+                )
+                .await
+                .map(|_| ())
+            }
+        };
+        result.map_err(|e| format!("library: {e}"))
+    }
+}
+
+/// `clients` tasks sharing one `JetStreamLog` (as a service linking the library does), over
+/// 1,000 providers registered through it.
+async fn library_writers(nats: &NatsServer, clients: usize, paired: bool) -> Vec<LibraryWriter> {
+    use provledger_client::write::record;
+    let log = JetStreamLog::open(nats.client().await, JetStreamConfig::default())
+        .await
+        .expect("opening the PROVLEDGER stream");
+    let ids: Vec<AggregateId> = (0..AGGREGATES)
+        .map(|_| AggregateId::provider(Uuid::now_v7()))
+        .collect();
+    futures::stream::iter(ids.iter().enumerate().map(|(n, id)| {
+        let log = log.clone();
+        async move {
+            let events: Vec<Event> =
+                serde_json::from_value(registration(n)).expect("registration events");
+            record(
+                &log,
+                *id,
+                Expectation::NoStream,
+                CommitDraft::now("bench", events),
+            )
+            .await
+            .expect("registering a provider through the library")
+        }
+    }))
+    .buffer_unordered(64)
+    .collect::<Vec<_>>()
+    .await;
+    let half = ids.len() / 2;
+    let pairs: Vec<(AggregateId, AggregateId)> =
+        (0..half).map(|i| (ids[i], ids[i + half])).collect();
+    (0..clients)
+        .map(|c| LibraryWriter {
+            log: log.clone(),
+            providers: share(&pairs, clients, c),
+            paired,
+            next: 0,
+        })
+        .collect()
+}
+
+async fn library_atomic(nats: &NatsServer, o: &Options) {
+    let clients = 64;
+    eprintln!("atomic: the client library, {clients} tasks: single commits ...");
+    let single = closed_loop(library_writers(nats, clients, false).await, o.duration).await;
+    eprintln!("atomic: the client library, {clients} tasks: record_atomic on two providers ...");
+    let paired = closed_loop(library_writers(nats, clients, true).await, o.duration).await;
+    println!();
+    println!(
+        "### The same through the client library: one `JetStreamLog` shared by {clients} tasks, `record` vs `record_atomic` ({} s each)",
+        o.duration.as_secs()
+    );
+    println!();
+    println!("| form | calls/s | commits/s | p50 | p99 | errors by code | commits/s ÷ single |");
+    println!("|---|---:|---:|---:|---:|---|---:|");
+    for (form, run, per_call) in [
+        ("`record`, one provider", &single, 1.0),
+        ("`record_atomic`, two providers", &paired, 2.0),
+    ] {
+        let l = run.all_latencies();
+        println!(
+            "| {form} | {:.0} | {:.0} | {} | {} | {} | {} |",
+            run.rate(),
+            run.rate() * per_call,
+            quantile(&l, 0.50),
+            quantile(&l, 0.99),
+            run.errors_by_code(),
+            ratio(run.rate() * per_call, single.rate()),
+        );
+    }
+    print_examples(run_errors([&single, &paired].into_iter()));
+}
+
+// ---------------------------------------------------------------------------------------
+// Raw JetStream atomic batches
+
+/// Publishes atomic batches of `per_batch` messages, each on its own subject of this
+/// writer with the subject's expected last sequence (tracked here: no other writer touches
+/// them), as provledger's batches do.
+struct RawBatchWriter {
+    client: async_nats::Client,
+    /// (subject, its last sequence)
+    subjects: Vec<(String, u64)>,
+    payload: Bytes,
+    per_batch: usize,
+    next: usize,
+}
+
+impl Writer for RawBatchWriter {
+    async fn write(&mut self) -> Result<(), String> {
+        let batch_id = Uuid::new_v4().to_string();
+        let count = self.per_batch;
+        let picked: Vec<usize> = (0..count)
+            .map(|i| (self.next + i) % self.subjects.len())
+            .collect();
+        self.next += count;
+        for (i, &at) in picked.iter().enumerate() {
+            let (subject, last) = &self.subjects[at];
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Nats-Batch-Id", batch_id.as_str());
+            headers.insert("Nats-Batch-Sequence", (i + 1).to_string().as_str());
+            headers.insert(
+                "Nats-Expected-Last-Subject-Sequence",
+                last.to_string().as_str(),
+            );
+            headers.insert("Nats-Msg-Id", Uuid::now_v7().to_string().as_str());
+            let is_last = i + 1 == count;
+            if is_last {
+                headers.insert("Nats-Batch-Commit", "1");
+            }
+            if i == 0 || is_last {
+                let reply = tokio::time::timeout(
+                    REQUEST_TIMEOUT,
+                    self.client.request_with_headers(
+                        subject.clone(),
+                        headers,
+                        self.payload.clone(),
+                    ),
+                )
+                .await
+                .map_err(|_| "timeout: no answer to the batch".to_string())?
+                .map_err(|e| format!("request_failed: {e}"))?;
+                let body: Value = match reply.payload.is_empty() {
+                    true => Value::Null,
+                    false => serde_json::from_slice(&reply.payload)
+                        .map_err(|e| format!("unreadable: {e}"))?,
+                };
+                if let Some(error) = body.get("error") {
+                    return Err(format!("refused: {error}"));
+                }
+                if is_last {
+                    let seq = body["seq"].as_u64().ok_or("unreadable: no seq")?;
+                    let first = seq + 1 - count as u64;
+                    for (k, &at) in picked.iter().enumerate() {
+                        self.subjects[at].1 = first + k as u64;
+                    }
+                }
+            } else {
+                self.client
+                    .publish_with_headers(subject.clone(), headers, self.payload.clone())
+                    .await
+                    .map_err(|e| format!("publish_failed: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `writers` raw batch writers of `per_batch` messages on the raw stream, each over
+/// subjects of its own holding one message.
+async fn raw_batch_writers(
+    nats: &NatsServer,
+    writers: usize,
+    per_batch: usize,
+    payload: &Bytes,
+) -> Vec<RawBatchWriter> {
+    let js = jetstream::new(nats.client().await);
+    let mut config = jetstream::stream::Config {
+        name: RAW_BATCH_STREAM.into(),
+        subjects: vec![format!("{RAW_BATCH_PREFIX}.>")],
+        storage: jetstream::stream::StorageType::File,
+        allow_direct: true,
+        deny_delete: true,
+        deny_purge: true,
+        ..Default::default()
+    };
+    config.allow_atomic_publish = true;
+    js.get_or_create_stream(config)
+        .await
+        .expect("creating the raw batch stream");
+    let conns = connections(nats, "bench", writers).await;
+    let mut out = Vec::new();
+    for w in 0..writers {
+        let mut subjects = Vec::new();
+        for _ in 0..(per_batch * 2).max(16) {
+            let subject = format!("{RAW_BATCH_PREFIX}.ev.provider.{}", Uuid::now_v7());
+            let ack = js
+                .publish(subject.clone(), payload.clone())
+                .await
+                .expect("publishing a raw subject's first message")
+                .await
+                .expect("the ack of a raw subject's first message");
+            subjects.push((subject, ack.sequence));
+        }
+        out.push(RawBatchWriter {
+            client: conns[w / CLIENTS_PER_CONNECTION].clone(),
+            subjects,
+            payload: payload.clone(),
+            per_batch,
+            next: 0,
+        });
+    }
+    out
+}
+
+/// The ceiling: raw atomic batches of two messages from as many publishers as clients
+/// (one request's set per batch), next to batches of `clients` messages from
+/// `GROUP_COMMITTERS_MAX` publishers (what a group commit of those clients' sets sends),
+/// and raw single publishes with an expectation as the reference of single commits.
+async fn raw_atomic(nats: &NatsServer, o: &Options) {
+    let payload = Bytes::from(vec![b'x'; commit_bytes()]);
+    let committers = provledger_events::GROUP_COMMITTERS_MAX;
+    let mut rows = Vec::new();
+    for clients in CLIENT_COUNTS {
+        eprintln!("atomic: raw JetStream, {clients} publishers of 2-message batches ...");
+        let per_request = closed_loop(
+            raw_batch_writers(nats, clients, 2, &payload).await,
+            o.duration,
+        )
+        .await;
+        let per_group = (2 * clients / committers).clamp(2, provledger_events::GROUP_MESSAGES_MAX);
+        eprintln!(
+            "atomic: raw JetStream, {committers} publishers of {per_group}-message batches ..."
+        );
+        let grouped = closed_loop(
+            raw_batch_writers(nats, committers, per_group, &payload).await,
+            o.duration,
+        )
+        .await;
+        eprintln!("atomic: raw JetStream, {clients} publishers of single messages ...");
+        let single = closed_loop(raw_writers(nats, clients, &payload).await, o.duration).await;
+        rows.push((clients, per_request, per_group, grouped, single));
+    }
+    println!();
+    println!(
+        "### The ceiling: raw JetStream atomic batches, no provledger ({} s per row, {}-byte messages, each on its own subject with `Nats-Expected-Last-Subject-Sequence`)",
+        o.duration.as_secs(),
+        payload.len()
+    );
+    println!();
+    println!("| clients | raw single publishes (direct get + publish) msgs/s | 2-message batches from `clients` publishers: msgs/s (p50) | batches of the group's size from {committers} publishers: size, msgs/s (p50) | grouped ÷ per-request |");
+    println!("|---:|---:|---:|---:|---:|");
+    for (clients, per_request, per_group, grouped, single) in &rows {
+        let (lr, lg) = (per_request.all_latencies(), grouped.all_latencies());
+        println!(
+            "| {clients} | {:.0} | {:.0} ({}) | {per_group}: {:.0} ({}) | {} |",
+            single.rate(),
+            per_request.rate() * 2.0,
+            quantile(&lr, 0.5),
+            grouped.rate() * *per_group as f64,
+            quantile(&lg, 0.5),
+            ratio(grouped.rate() * *per_group as f64, per_request.rate() * 2.0),
+        );
+    }
+    print_examples(run_errors(
+        rows.iter().flat_map(|(_, a, _, b, c)| [a, b, c]),
+    ));
+}
+
+// ---------------------------------------------------------------------------------------
+// A first write after another process deepened a provider
+
+/// Providers serve wrote 10 commits to, then another process (a `JetStreamLog` here) took to
+/// `depth` commits; serve catches up; then one `cmd.append` on each, next to one on a
+/// provider serve never wrote.
+async fn deep_first_write(nats: &NatsServer, o: &Options) {
+    const PROVIDERS: usize = 3;
+    let depth = *o.depths.last().unwrap_or(&100_000) as u64;
+    let client = nats.client().await;
+    let (deep, _) = register(&client, PROVIDERS).await;
+    for _ in 1..10 {
+        for id in &deep {
+            let reply = request(&client, APPEND_SUBJECT, bench_write(*id))
+                .await
+                .expect("a write through serve");
+            assert!(reply_error(&reply).is_none(), "a write through serve");
+        }
+    }
+    eprintln!("atomic: another process takes {PROVIDERS} providers from 10 to {depth} commits ...");
+    let log = JetStreamLog::open(nats.client().await, JetStreamConfig::default())
+        .await
+        .expect("opening the PROVLEDGER stream");
+    let started = Instant::now();
+    futures::future::join_all(deep.iter().map(|id| {
+        let log = log.clone();
+        async move {
+            let aggregate = AggregateId::provider(*id);
+            for v in 10..depth {
+                log.append(aggregate, Expectation::Exactly(v), inventory_draft())
+                    .await
+                    .expect("deepening a provider");
+            }
+        }
+    }))
+    .await;
+    let built = started.elapsed();
+    wait_caught_up(&client).await;
+    let (fresh, _) = register(&client, PROVIDERS).await;
+    wait_caught_up(&client).await;
+    let mut rows = Vec::new();
+    for (deep, fresh) in deep.iter().zip(&fresh) {
+        let mut timed = Vec::new();
+        for id in [deep, fresh] {
+            let sent = Instant::now();
+            let reply = request(&client, APPEND_SUBJECT, bench_write(*id))
+                .await
+                .expect("a write through serve");
+            let error = reply_error(&reply);
+            timed.push((sent.elapsed(), error));
+        }
+        rows.push(timed);
+    }
+    println!();
+    println!(
+        "### The first cmd.append on a provider another process took from 10 to {depth} commits after serve last wrote it, next to one on a provider serve never wrote (serve caught up first; {PROVIDERS} pairs; building took {built:.1?})"
+    );
+    println!();
+    println!("| pair | deepened provider | fresh provider | deepened ÷ fresh |");
+    println!("|---:|---:|---:|---:|");
+    for (n, timed) in rows.iter().enumerate() {
+        let show = |(d, e): &(Duration, Option<String>)| match e {
+            None => format!("{d:.2?}"),
+            Some(e) => format!("{d:.2?} ({e})"),
+        };
+        println!(
+            "| {} | {} | {} | {} |",
+            n + 1,
+            show(&timed[0]),
+            show(&timed[1]),
+            ratio(timed[0].0.as_secs_f64(), timed[1].0.as_secs_f64())
+        );
+    }
 }
 
 async fn depth(nats: &NatsServer, o: &Options) {
