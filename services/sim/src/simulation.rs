@@ -32,13 +32,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use provledger_client::deletion;
+use provledger_client::write::{record_atomic, Fact, FromTheLog, RecordError};
 use provledger_client::{
     idempotency_key, CancelNotices, Clock, Ledger, OperationRunner, RollbackDriver, SeededIds,
     Stamper, StepHook,
 };
 use provledger_events::catalogue::NodeGroupSpec;
 use provledger_events::log::{FaultCounts, FaultPlan, MemLog};
-use provledger_events::{AggregateId, AggregateKind, Commit, Event, EventLog, Timestamp};
+use provledger_events::{
+    AggregateId, AggregateKind, Commit, Event, EventLog, Expectation, Timestamp,
+};
 use provledger_projections::operation::OperationStatus;
 use provledger_projections::rollback::RetryPolicy;
 use provledger_projections::{Entity, Projection};
@@ -84,6 +87,11 @@ pub struct SeedReport {
     pub crashes: usize,
     /// Of those, the ones that died right after an executor acted.
     pub crashes_after_action: usize,
+    /// Atomic sets the log's group commit wrote, and in how many shared writes.
+    pub atomic_sets: u64,
+    pub atomic_writes: u64,
+    /// Writers of the storm's atomic sets that died mid-way (their future dropped).
+    pub storm_writers_died: usize,
 }
 
 /// One seed's result: the report, the broken invariants (empty when all hold) and the log,
@@ -405,8 +413,13 @@ pub async fn run_seed(seed: u64, config: &SimulationConfig) -> SeedOutcome {
         }
     }
 
+    // A boot storm of facts that move together, while the log still misbehaves.
+    let storm = atomic_storm(&ledger, &stamper, &mut choose).await;
+    let storm_writers_died = storm.iter().filter(|s| s.answer.is_none()).count();
+
     // The log heals and the executors stop failing; every operation is driven to its end.
     log.set_faults(None);
+    check_storm(&ledger, &log, storm, &mut violations).await;
     for e in infra.all() {
         e.fail_compensations(0);
     }
@@ -474,9 +487,119 @@ pub async fn run_seed(seed: u64, config: &SimulationConfig) -> SeedOutcome {
             read_unavailable: counts.read_unavailable,
             crashes,
             crashes_after_action,
+            atomic_sets: log.group_stats().sets,
+            atomic_writes: log.group_stats().writes,
+            storm_writers_died,
         },
         violations,
         commits,
+    }
+}
+
+/// Atomic sets of the storm, with what their writer was told.
+struct StormSet {
+    facts: Vec<Fact>,
+    /// Every 8th set expects a version its first aggregate never has.
+    stale: bool,
+    answer: Option<Result<(), String>>,
+}
+
+/// Sets of facts written together, all at once, so that the log's group commit shares its
+/// writes between them: every 8th set stale (it must be refused alone), some writers dying
+/// mid-way (their future dropped after its first poll, its set queued or not), the log
+/// refusing groups and losing their acks as the seed decides.
+async fn atomic_storm(ledger: &Ledger, stamper: &Stamper, choose: &mut Choices) -> Vec<StormSet> {
+    use provledger_events::catalogue::samples;
+    let create = samples::all().remove(0);
+    let mut sets: Vec<StormSet> = (0..(8 + choose.below(24) as usize))
+        .map(|n| {
+            let stale = n % 8 == 7;
+            let mut fact = |expect| Fact {
+                aggregate: AggregateId::cluster(choose.uuid()),
+                expect,
+                draft: stamper.draft("sim-storm", vec![create.clone()]),
+            };
+            let first = match stale {
+                true => Expectation::Exactly(1),
+                false => Expectation::NoStream,
+            };
+            StormSet {
+                facts: vec![fact(first), fact(Expectation::Any)],
+                stale,
+                answer: None,
+            }
+        })
+        .collect();
+    let dies: Vec<bool> = sets.iter().map(|_| choose.chance(150)).collect();
+    let writes = sets.iter().zip(&dies).map(|(set, dies)| {
+        let (ledger, facts) = (ledger.clone(), set.facts.clone());
+        let dies = *dies;
+        async move {
+            let write = record_atomic(&ledger, facts, Default::default(), &FromTheLog);
+            match dies {
+                true => tokio::time::timeout(std::time::Duration::ZERO, write)
+                    .await
+                    .ok(),
+                false => Some(write.await),
+            }
+        }
+    });
+    let answers = futures::future::join_all(writes).await;
+    for (set, answer) in sets.iter_mut().zip(answers) {
+        set.answer = answer.map(|a| a.map(|_| ()).map_err(|e| e.to_string()));
+    }
+    sets
+}
+
+/// On the healed log: every set is whole or absent, a set answered as written is there, a
+/// stale one never is; then each set not answered as written is sent again with the same
+/// commit ids: a stale one is refused again, any other lands (or is recognised) exactly
+/// once.
+async fn check_storm(
+    ledger: &Ledger,
+    log: &MemLog,
+    storm: Vec<StormSet>,
+    violations: &mut Vec<String>,
+) {
+    let commits = read_log(log).await;
+    let count = |id: Uuid| commits.iter().filter(|c| c.commit_id == id).count();
+    for (n, set) in storm.iter().enumerate() {
+        let held: Vec<usize> = set.facts.iter().map(|f| count(f.draft.commit_id)).collect();
+        if held.iter().any(|&h| h != held[0]) || held[0] > 1 {
+            violations.push(format!("storm set {n} written in part or twice: {held:?}"));
+        }
+        match (&set.answer, set.stale, held[0]) {
+            (Some(Ok(())), false, 1) | (Some(Err(_)), true, 0) | (None, true, 0) => {}
+            (Some(Err(_)) | None, false, _) => {}
+            (answer, stale, held) => violations.push(format!(
+                "storm set {n} (stale: {stale}) answered {answer:?} and held {held} times"
+            )),
+        }
+        if set.answer.as_ref().is_some_and(Result::is_ok) {
+            continue;
+        }
+        let again = record_atomic(ledger, set.facts.clone(), Default::default(), &FromTheLog).await;
+        match (set.stale, again) {
+            (true, Err(RecordError::Conflicts { .. })) | (false, Ok(_)) => {}
+            (stale, other) => violations.push(format!(
+                "storm set {n} (stale: {stale}) sent again answered {:?}",
+                other.map(|_| ())
+            )),
+        }
+    }
+    let commits = read_log(log).await;
+    for (n, set) in storm.iter().enumerate() {
+        for f in &set.facts {
+            let times = commits
+                .iter()
+                .filter(|c| c.commit_id == f.draft.commit_id)
+                .count();
+            if times != usize::from(!set.stale) {
+                violations.push(format!(
+                    "storm set {n}: a commit held {times} times after its retry"
+                ));
+            }
+        }
     }
 }
 

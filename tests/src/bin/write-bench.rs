@@ -57,7 +57,7 @@ use uuid::Uuid;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const USAGE: &str = "usage: write-bench [--quick] [--duration SECS] [--sustained SECS] \
-                     [--only throughput|depth|hot|sustained|atomic]";
+                     [--only throughput|depth|hot|sustained|atomic|mixed]";
 const AGGREGATES: usize = 1000;
 const CLIENT_COUNTS: [usize; 4] = [1, 16, 64, 256];
 const CLIENTS_PER_CONNECTION: usize = 16;
@@ -85,6 +85,8 @@ enum Phase {
     Hot,
     Sustained,
     Atomic,
+    /// Only the sustained run with half of the requests atomic pairs.
+    Mixed,
 }
 
 struct Options {
@@ -126,8 +128,9 @@ fn parse_options() -> Options {
                     Some("hot") => Phase::Hot,
                     Some("sustained") => Phase::Sustained,
                     Some("atomic") => Phase::Atomic,
+                    Some("mixed") => Phase::Mixed,
                     other => fail(format!(
-                        "--only takes throughput, depth, hot, sustained or atomic, not {other:?}"
+                        "--only takes throughput, depth, hot, sustained, atomic or mixed, not {other:?}"
                     )),
                 })
             }
@@ -1686,11 +1689,27 @@ async fn hot(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, payload_byte
 }
 
 /// 64 clients for `o.sustained` over 1,000 fresh providers, per 5-second window.
-async fn sustained(nats: &NatsServer, o: &Options, user: &str, title: &str) {
+/// Sustained writes; `mixed`: every other request is an atomic set on two providers.
+async fn sustained(nats: &NatsServer, o: &Options, user: &str, title: &str, mixed: bool) {
     let client = nats.client_as(user).await;
     let (ids, _) = register(&client, AGGREGATES).await;
     wait_caught_up(&client).await;
-    let payloads: Vec<Bytes> = ids.iter().map(|id| bench_write(*id)).collect();
+    let payloads: Vec<Bytes> = match mixed {
+        false => ids.iter().map(|id| bench_write(*id)).collect(),
+        true => ids
+            .chunks(2)
+            .flat_map(|two| {
+                let commit = |id: &Uuid| {
+                    json!({"aggregate": format!("provider/{id}"), "expect": "any",
+                           "events": [inventory(64)]})
+                };
+                [
+                    bench_write(two[0]),
+                    Bytes::from(json!({"commits": [commit(&two[0]), commit(&two[1])]}).to_string()),
+                ]
+            })
+            .collect(),
+    };
     let writers = requesters(nats, user, SUSTAINED_CLIENTS, APPEND_SUBJECT, &payloads).await;
     eprintln!(
         "sustained ({title}): {SUSTAINED_CLIENTS} clients for {} s ...",
@@ -1707,7 +1726,11 @@ async fn sustained(nats: &NatsServer, o: &Options, user: &str, title: &str) {
         o.sustained.as_secs()
     );
     println!();
-    println!("| window | commits/s | p50 | p99 | errors by code | consumers on {STREAM} (start → end) | nats-server mem (start → end) |");
+    let unit = match mixed {
+        true => "requests/s (half of them atomic pairs)",
+        false => "commits/s",
+    };
+    println!("| window | {unit} | p50 | p99 | errors by code | consumers on {STREAM} (start → end) | nats-server mem (start → end) |");
     println!("|---|---:|---:|---:|---|---:|---:|");
     let bounds = boundaries(o.sustained);
     let mut rates = Vec::new();
@@ -1738,7 +1761,7 @@ async fn sustained(nats: &NatsServer, o: &Options, user: &str, title: &str) {
     let all = run.all_latencies();
     println!();
     println!(
-        "- whole run: {:.0} commits/s, p50 {}, p99 {}, errors: {}",
+        "- whole run: {:.0} {unit}, p50 {}, p99 {}, errors: {}",
         run.rate(),
         quantile(&all, 0.5),
         quantile(&all, 0.99),
@@ -1835,7 +1858,7 @@ async fn main() {
         atomic(&nats, &o).await;
     }
     if o.runs(Phase::Sustained) {
-        sustained(&nats, &o, "bench", "no accounts").await;
+        sustained(&nats, &o, "bench", "no accounts", false).await;
     }
     serve.stop().await;
     drop(nats);
@@ -1862,9 +1885,25 @@ async fn main() {
                 &format!(
                     "deploy/nats/accounts.conf (serve as `serve`, clients as `provisioner@SERVICES`), {round}"
                 ),
+                false,
             )
             .await;
         }
+        serve.stop().await;
+    }
+    if o.runs(Phase::Sustained) || o.only == Some(Phase::Mixed) {
+        eprintln!("sustained, mixed: a new server with deploy/nats/accounts.conf ...");
+        let nats = NatsServer::start_hardened(true, false).await;
+        let serve = Serve::start(nats.url_as("serve"));
+        wait_caught_up(&nats.client_as("provisioner").await).await;
+        sustained(
+            &nats,
+            &o,
+            "provisioner",
+            "deploy/nats/accounts.conf, half of the requests atomic pairs (`commits` on two providers), a new server",
+            true,
+        )
+        .await;
         serve.stop().await;
     }
 }
