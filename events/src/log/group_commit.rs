@@ -11,8 +11,9 @@
 //! run, starts one. A committer takes the queue's sets in arrival order, up to
 //! [`GROUP_MESSAGES_MAX`] commits, and writes them; while it waits on the backend, new
 //! requests queue, and the next write takes them all. Under no load a request is written at
-//! once, alone: nothing ever waits for others to arrive (no timer), only for the write in
-//! flight. Sets that share an aggregate or a commit id are never in one write (the second
+//! once, alone: it waits only for the write in flight. Under load (the last write held
+//! several sets), the next write waits at most [`GROUP_LINGER`] for the writers just
+//! answered to send their next sets, so that they share one batch. Sets that share an aggregate or a commit id are never in one write (the second
 //! waits for the next), so every set's expectations are checked against the log as the
 //! sets before it left it, and a set is never split: each is written whole or not at all.
 //!
@@ -23,8 +24,9 @@ use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 
 use super::{AppendError, AppendOutcome, AtomicItem, ATOMIC_COMMITS_MAX};
 
@@ -37,6 +39,12 @@ pub const GROUP_MESSAGES_MAX: usize = 1000;
 /// commits/s with one, 4,969 / 13,579 / 17,639 with two and 4,089 / 9,157 / 16,613 with
 /// four.
 pub const GROUP_COMMITTERS_MAX: usize = 1;
+/// The longest a write waits, after a write of several sets, for the writers it just
+/// answered to send their next sets (they are the load: under it, a write that left at
+/// once would take only the few sets that arrived during the last one, and the writers
+/// would settle into halves taking turns, each paying the server's fixed cost per batch).
+/// A write after a write of one set, or one started on an empty queue, never waits.
+pub const GROUP_LINGER: Duration = Duration::from_millis(2);
 const _: () = assert!(ATOMIC_COMMITS_MAX <= GROUP_MESSAGES_MAX);
 const _: () = assert!(GROUP_COMMITTERS_MAX >= 1);
 
@@ -68,6 +76,8 @@ struct Queue {
 #[derive(Default)]
 pub struct GroupCommit {
     queue: Mutex<Queue>,
+    /// Told of each set queued: what a lingering committer waits on.
+    arrived: Notify,
     writes: AtomicU64,
     sets: AtomicU64,
 }
@@ -90,6 +100,13 @@ impl GroupCommit {
     /// Sets waiting for a write now (for tests and metrics).
     pub fn pending(&self) -> usize {
         self.lock().pending.len()
+    }
+
+    /// Sets and commits waiting for a write now.
+    fn queued(&self) -> (usize, usize) {
+        let q = self.lock();
+        let commits = q.pending.iter().map(|p| p.items.len()).sum();
+        (q.pending.len(), commits)
     }
 
     /// How many group writes this handle made, and how many sets they held.
@@ -122,6 +139,7 @@ pub(crate) async fn submit<W: SetWriter>(writer: &W, items: Vec<AtomicItem>) -> 
         }
         start
     };
+    writer.group_commit().arrived.notify_one();
     if start_committer {
         // A task of its own: a caller that stops waiting (a dropped request) never strands
         // the sets queued behind its own.
@@ -172,7 +190,11 @@ impl<W: SetWriter> Drop for Running<'_, W> {
 
 async fn commit_until_empty<W: SetWriter>(running: &mut Running<'_, W>) {
     let writer = running.writer;
+    let mut answered = 0;
     loop {
+        if answered > 1 {
+            linger(writer.group_commit(), answered).await;
+        }
         let group = {
             let mut q = writer.group_commit().lock();
             let group = take_group(&mut q.pending);
@@ -202,6 +224,27 @@ async fn commit_until_empty<W: SetWriter>(running: &mut Running<'_, W>) {
             // whole, and a retry with the same commit ids finds out which.
             let _ = answer.send(result);
         }
+        answered = count;
+    }
+}
+
+/// Waits, at most [`GROUP_LINGER`], until the `answered` writers of the last write have
+/// had the time to queue their next sets: until as many more sets are queued as were
+/// queued when it ended, or a group's worth of commits.
+async fn linger(groups: &GroupCommit, answered: usize) {
+    let (queued, commits) = groups.queued();
+    let want = queued + answered;
+    let deadline = tokio::time::Instant::now() + GROUP_LINGER;
+    let mut seen = (queued, commits);
+    while seen.0 < want && seen.1 < GROUP_MESSAGES_MAX {
+        // A set queued since the last look left a permit: nothing is missed.
+        if tokio::time::timeout_at(deadline, groups.arrived.notified())
+            .await
+            .is_err()
+        {
+            return;
+        }
+        seen = groups.queued();
     }
 }
 

@@ -33,7 +33,10 @@ fn seeds_hold_every_invariant() {
     // Atomic sets did share writes, some of their writers died mid-way, and acks were
     // lost: the storm's checks ran against grouped writes and their faults.
     assert!(writes < sets, "{sets} atomic sets took {writes} writes");
-    assert!(died > 0 && lost_acks > 0, "died {died}, lost acks {lost_acks}");
+    assert!(
+        died > 0 && lost_acks > 0,
+        "died {died}, lost acks {lost_acks}"
+    );
 }
 
 #[test]
