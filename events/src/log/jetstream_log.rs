@@ -828,18 +828,9 @@ impl JetStreamLog {
             .find_commit(*aggregate, draft.commit_id)
             .await
             .map_err(|e| unavailable(e.to_string()))?;
-        match found {
-            None => Ok(None),
-            Some(commit) if commit.same_payload_as(draft) => Ok(Some(AppendOutcome {
-                position: commit.position,
-                version: commit.version,
-                status: AppendStatus::AlreadyAppended,
-            })),
-            Some(commit) => Err(AppendError::CommitIdReused {
-                commit_id: draft.commit_id,
-                position: commit.position,
-            }),
-        }
+        found
+            .map(|commit| commit.retry_outcome(*aggregate, draft))
+            .transpose()
     }
 
     /// The aggregate's own, intact commit with this id stored at or after `since` (the
@@ -1341,7 +1332,7 @@ impl JetStreamLog {
         // differs is a reused id.
         let same = items.iter().zip(&found).all(|(item, f)| {
             f.as_ref()
-                .is_none_or(|c| c.aggregate == item.aggregate && c.same_payload_as(&item.draft))
+                .is_none_or(|c| c.retry_outcome(item.aggregate, &item.draft).is_ok())
         });
         if same && found.iter().any(Option::is_none) && found.iter().any(Option::is_some) {
             return Err(unavailable(
@@ -1546,18 +1537,9 @@ impl EventLog for JetStreamLog {
             };
             match ack {
                 Ok(ack) if ack.duplicate => {
+                    // (Decoded at the ack's sequence, which is its position.)
                     let stored = self.commit_at(ack.sequence).await?;
-                    if stored.aggregate == aggregate && stored.same_payload_as(&draft) {
-                        return Ok(AppendOutcome {
-                            position: ack.sequence,
-                            version: stored.version,
-                            status: AppendStatus::AlreadyAppended,
-                        });
-                    }
-                    return Err(AppendError::CommitIdReused {
-                        commit_id: draft.commit_id,
-                        position: ack.sequence,
-                    });
+                    return stored.retry_outcome(aggregate, &draft);
                 }
                 Ok(ack) => {
                     self.remember_head(

@@ -268,18 +268,7 @@ impl EventLog for MemLog {
             let mut s = self.lock();
             s.injected_unavailable()?;
             if let Some(&i) = s.by_id.get(&draft.commit_id) {
-                let earlier = &s.commits[i];
-                if earlier.aggregate == aggregate && earlier.same_payload_as(&draft) {
-                    return Ok(AppendOutcome {
-                        position: earlier.position,
-                        version: earlier.version,
-                        status: AppendStatus::AlreadyAppended,
-                    });
-                }
-                return Err(AppendError::CommitIdReused {
-                    commit_id: draft.commit_id,
-                    position: earlier.position,
-                });
+                return s.commits[i].retry_outcome(aggregate, &draft);
             }
             let (version, hash) = s.head(&aggregate);
             if !expect.admits(version) {

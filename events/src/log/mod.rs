@@ -171,6 +171,31 @@ pub fn validate_batch<'a>(
     Ok(())
 }
 
+impl Commit {
+    /// The retry rule, the one place it is written: a draft whose commit id is already this
+    /// commit's is the same append again (answered `AlreadyAppended` at this commit's
+    /// position and version, nothing written) if it is on the same aggregate with the same
+    /// payload; otherwise it reuses the id.
+    pub fn retry_outcome(
+        &self,
+        aggregate: AggregateId,
+        draft: &CommitDraft,
+    ) -> Result<AppendOutcome, AppendError> {
+        debug_assert_eq!(self.commit_id, draft.commit_id);
+        if self.aggregate == aggregate && self.same_payload_as(draft) {
+            return Ok(AppendOutcome {
+                position: self.position,
+                version: self.version,
+                status: AppendStatus::AlreadyAppended,
+            });
+        }
+        Err(AppendError::CommitIdReused {
+            commit_id: draft.commit_id,
+            position: self.position,
+        })
+    }
+}
+
 /// The answer to an atomic batch some of whose commit ids are already in the log, from
 /// what each lookup found (`None`: not there). The same batch again is recognised, each
 /// commit `AlreadyAppended`; anything else reused an id.
@@ -181,18 +206,7 @@ pub fn recognise_batch_retry(
     let mut outcomes = Vec::with_capacity(items.len());
     for (item, earlier) in items.iter().zip(found) {
         match earlier {
-            Some(c) if c.aggregate == item.aggregate && c.same_payload_as(&item.draft) => outcomes
-                .push(AppendOutcome {
-                    position: c.position,
-                    version: c.version,
-                    status: AppendStatus::AlreadyAppended,
-                }),
-            Some(c) => {
-                return Err(AppendError::CommitIdReused {
-                    commit_id: item.draft.commit_id,
-                    position: c.position,
-                })
-            }
+            Some(c) => outcomes.push(c.retry_outcome(item.aggregate, &item.draft)?),
             None => {
                 // Part of the batch is in the log and part is not: the ids found were
                 // written by another append, so this batch reuses them.

@@ -369,18 +369,7 @@ impl SledLog {
             .map_err(unavailable)?
         {
             let position = be_u64(&pos).unwrap_or(0);
-            let stored = self.commit_at(position)?;
-            if stored.aggregate == aggregate && stored.same_payload_as(&draft) {
-                return Ok(AppendOutcome {
-                    position,
-                    version: stored.version,
-                    status: AppendStatus::AlreadyAppended,
-                });
-            }
-            return Err(AppendError::CommitIdReused {
-                commit_id: draft.commit_id,
-                position,
-            });
+            return self.commit_at(position)?.retry_outcome(aggregate, &draft);
         }
 
         let head = self.head_of(&aggregate)?;

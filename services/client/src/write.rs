@@ -610,18 +610,16 @@ fn earlier_outcome(
     draft: &CommitDraft,
     id_names_the_fact: bool,
 ) -> Result<Recorded, RecordError> {
-    if id_names_the_fact || earlier.same_payload_as(draft) {
+    if id_names_the_fact {
         return Ok(Recorded::Appended(AppendOutcome {
             position: earlier.position,
             version: earlier.version,
             status: AppendStatus::AlreadyAppended,
         }));
     }
-    Err(AppendError::CommitIdReused {
-        commit_id: draft.commit_id,
-        position: earlier.position,
-    }
-    .into())
+    Ok(Recorded::Appended(
+        earlier.retry_outcome(earlier.aggregate, draft)?,
+    ))
 }
 
 /// Looks the draft's commit id up in the log (which bounds the search by the id's age
