@@ -1005,3 +1005,95 @@ async fn jetstream_a_batch_refused_for_one_moved_subject_is_split_and_the_others
     }
     assert!(ours.group_stats().writes < ours.group_stats().sets);
 }
+
+/// Given a commit another handle wrote with this draft (as this handle's own attempt whose
+/// ack was lost would be) after this handle cached the head: this handle's append of the
+/// same draft is refused by the server for its expected sequence (a one-replica stream
+/// checks it before the message id), and is answered as already appended, not a conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_a_retry_the_server_refuses_for_its_sequence_is_recognised() {
+    let server = NatsServer::start().await;
+    let open = || async {
+        JetStreamLog::open(server.client().await, JetStreamConfig::default())
+            .await
+            .unwrap()
+    };
+    let (ours, theirs) = (open().await, open().await);
+    let a = cluster();
+    ours.append(a, Expectation::NoStream, status(0))
+        .await
+        .unwrap();
+    let draft = status(1);
+    let first = theirs
+        .append(a, Expectation::Exactly(1), draft.clone())
+        .await
+        .unwrap();
+    let again = ours
+        .append(a, Expectation::Exactly(1), draft)
+        .await
+        .unwrap();
+    assert_eq!(again.status, AppendStatus::AlreadyAppended);
+    assert_eq!((again.position, again.version), (first.position, 2));
+    // And the same for an atomic set.
+    let b = cluster();
+    ours.append(b, Expectation::NoStream, status(2))
+        .await
+        .unwrap();
+    let set = vec![
+        item(b, Expectation::Exactly(1), status(3)),
+        item(cluster(), Expectation::NoStream, status(4)),
+    ];
+    let written = theirs.append_atomic(set.clone()).await.unwrap();
+    let recognised = ours.append_atomic(set).await.unwrap();
+    assert!(recognised
+        .iter()
+        .all(|o| o.status == AppendStatus::AlreadyAppended));
+    assert_eq!(recognised[0].position, written[0].position);
+}
+
+/// Given a replay of an aggregate's first commit published onto its subject after this
+/// handle cached the head: the next append at the right version lands (the replay is
+/// outside the chain, never a conflict).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_a_replayed_commit_on_the_subject_is_never_taken_for_a_conflict() {
+    let server = NatsServer::start().await;
+    let client = server.client().await;
+    let log = JetStreamLog::open(client.clone(), JetStreamConfig::default())
+        .await
+        .unwrap();
+    let a = cluster();
+    for v in 0..3u64 {
+        log.append(a, Expectation::Exactly(v), status(v as usize))
+            .await
+            .unwrap();
+    }
+    let first = log.read_aggregate(a).await.unwrap().remove(0);
+    let js = async_nats::jetstream::new(client);
+    js.publish(
+        log.config().subject_for(&a),
+        provledger_events::codec::encode(&first).unwrap().into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    let next = log
+        .append(a, Expectation::Exactly(3), status(3))
+        .await
+        .unwrap();
+    assert_eq!(next.version, 4);
+    // And an atomic set through the same handle.
+    js.publish(
+        log.config().subject_for(&a),
+        provledger_events::codec::encode(&first).unwrap().into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    let set = vec![
+        item(a, Expectation::Exactly(4), status(4)),
+        item(cluster(), Expectation::NoStream, status(5)),
+    ];
+    assert_eq!(log.append_atomic(set).await.unwrap()[0].version, 5);
+}

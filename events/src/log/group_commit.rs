@@ -141,14 +141,15 @@ pub(crate) async fn submit<W: SetWriter>(writer: &W, items: Vec<AtomicItem>) -> 
     };
     writer.group_commit().arrived.notify_one();
     if start_committer {
+        // Counted before the task exists: the guard moves into it, so a task that never
+        // runs (dropped with its runtime, or a spawn that panics) still counts itself out.
+        let mut running = Running {
+            writer: writer.clone(),
+            counted: true,
+        };
         // A task of its own: a caller that stops waiting (a dropped request) never strands
         // the sets queued behind its own.
-        let writer = writer.clone();
         tokio::spawn(async move {
-            let mut running = Running {
-                writer: &writer,
-                counted: true,
-            };
             commit_until_empty(&mut running).await;
         });
     }
@@ -164,12 +165,12 @@ pub(crate) async fn submit<W: SetWriter>(writer: &W, items: Vec<AtomicItem>) -> 
 /// A committer, counted in its queue's `committers` until it finds the queue empty (counted
 /// out under the same lock, so a set queued just after is never left without a committer),
 /// or until its task ends otherwise (a panic, or dropped with its runtime).
-struct Running<'a, W: SetWriter> {
-    writer: &'a W,
+struct Running<W: SetWriter> {
+    writer: W,
     counted: bool,
 }
 
-impl<W: SetWriter> Drop for Running<'_, W> {
+impl<W: SetWriter> Drop for Running<W> {
     fn drop(&mut self) {
         if !self.counted {
             return;
@@ -188,8 +189,8 @@ impl<W: SetWriter> Drop for Running<'_, W> {
     }
 }
 
-async fn commit_until_empty<W: SetWriter>(running: &mut Running<'_, W>) {
-    let writer = running.writer;
+async fn commit_until_empty<W: SetWriter>(running: &mut Running<W>) {
+    let writer = running.writer.clone();
     let mut answered = 0;
     loop {
         if answered > 1 {
@@ -250,7 +251,8 @@ async fn linger(groups: &GroupCommit, answered: usize) {
 
 /// The next group: queued sets in arrival order, up to [`GROUP_MESSAGES_MAX`] commits, none
 /// sharing an aggregate or a commit id with one taken before it (those wait for the next
-/// group, keeping their order).
+/// group). A set whose caller stopped waiting is dropped unwritten: nobody would learn its
+/// outcome, and its retry (same ids) must not find it half-way through a write.
 fn take_group(pending: &mut VecDeque<Pending>) -> Vec<Pending> {
     let mut group = Vec::new();
     let mut commits = 0;
@@ -258,6 +260,9 @@ fn take_group(pending: &mut VecDeque<Pending>) -> Vec<Pending> {
     let mut ids = HashSet::new();
     let mut kept = VecDeque::new();
     while let Some(p) = pending.pop_front() {
+        if p.answer.is_closed() {
+            continue;
+        }
         if commits + p.items.len() > GROUP_MESSAGES_MAX {
             kept.push_back(p);
             break;
@@ -300,20 +305,21 @@ mod tests {
             .collect()
     }
 
-    fn pending(items: Vec<AtomicItem>) -> Pending {
-        Pending {
-            items,
-            answer: oneshot::channel().0,
-        }
+    /// A queued set, with the receiver its caller waits on (kept by the test: a set whose
+    /// caller stopped waiting is dropped).
+    fn pending(items: Vec<AtomicItem>) -> (Pending, oneshot::Receiver<SetAnswer>) {
+        let (answer, waiting) = oneshot::channel();
+        (Pending { items, answer }, waiting)
+    }
+
+    fn queue(sets: Vec<Vec<AtomicItem>>) -> (VecDeque<Pending>, Vec<oneshot::Receiver<SetAnswer>>) {
+        sets.into_iter().map(pending).unzip()
     }
 
     #[test]
     fn a_group_never_holds_one_aggregate_twice_and_keeps_the_order_of_what_waits() {
         // given sets on {1,2}, {2,3}, {4}, {3}
-        let mut queue: VecDeque<Pending> = [set(&[1, 2]), set(&[2, 3]), set(&[4]), set(&[3])]
-            .into_iter()
-            .map(pending)
-            .collect();
+        let (mut queue, _waiting) = queue(vec![set(&[1, 2]), set(&[2, 3]), set(&[4]), set(&[3])]);
         // when a group is taken
         let group = take_group(&mut queue);
         // then {2,3} waits (it shares 2), {4} and {3} ride along, and {2,3} is next
@@ -326,12 +332,26 @@ mod tests {
     #[test]
     fn a_group_holds_at_most_the_servers_batch_bound() {
         // given 11 sets of 100 commits on distinct aggregates
-        let mut queue: VecDeque<Pending> = (0..11u128)
-            .map(|s| pending(set(&(s * 100..s * 100 + 100).collect::<Vec<_>>())))
-            .collect();
+        let (mut queue, _waiting) = queue(
+            (0..11u128)
+                .map(|s| set(&(s * 100..s * 100 + 100).collect::<Vec<_>>()))
+                .collect(),
+        );
         // when a group is taken, then it stops at 1,000 commits and the 11th waits
         let group = take_group(&mut queue);
         assert_eq!(group.iter().map(|p| p.items.len()).sum::<usize>(), 1000);
         assert_eq!(queue.len(), 1);
+    }
+
+    #[test]
+    fn a_set_whose_caller_stopped_waiting_is_dropped_unwritten() {
+        // given two sets, the first one's caller gone
+        let (mut queue, mut waiting) = queue(vec![set(&[1]), set(&[2])]);
+        drop(waiting.remove(0));
+        // when a group is taken, then only the second is in it
+        let group = take_group(&mut queue);
+        assert_eq!(group.len(), 1);
+        assert_eq!(group[0].items[0].aggregate, set(&[2])[0].aggregate);
+        assert!(queue.is_empty());
     }
 }

@@ -129,6 +129,13 @@ const ERR_BATCH_DUPLICATE_ID: u64 = 10201;
 /// already has as many batches in flight as it allows (nats-server's
 /// `max_batch_inflight_per_stream`, 50 by default): nothing of it was stored.
 const ERR_BATCH_TOO_MANY_IN_FLIGHT: u64 = 10210;
+/// JetStream's error code for an atomic batch holding more messages than the server's
+/// `max_batch_size` (1,000 by default; a server may be configured lower).
+const ERR_BATCH_TOO_LARGE: u64 = 10199;
+/// How many times a group of atomic sets is sent as one batch before its sets go alone: a
+/// first refusal for a moved subject removes the sets it refuses and sends the others
+/// again once; a second means a subject is hot or the heads do not tell.
+const GROUP_ROUNDS_MAX: usize = 2;
 /// How long an atomic batch's opening or commit waits for its answer.
 const BATCH_REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Atomic batches one process has in flight at once, below the server's default per
@@ -147,6 +154,8 @@ enum BatchAck {
     DuplicateId,
     /// Refused whole because too many batches are in flight; may be sent again.
     Busy,
+    /// Refused whole: more messages than the server takes in one batch.
+    TooLarge,
     Unavailable(String),
 }
 
@@ -736,27 +745,30 @@ impl JetStreamLog {
     }
 
     /// After the server refused a batch for a moved subject: each item whose subject moved
-    /// past the sequence it was sealed on (`expected`) is a conflict if its tail says so,
-    /// else its head is read again for the next seal.
+    /// past the sequence it was sealed on is a conflict if its tail is a commit beyond the
+    /// head it was sealed on that its expectation does not admit; else (a message outside
+    /// the chain, a replay of an older commit) its head is read again for the next seal. A
+    /// tail before the sealed sequence is a lagging replica's answer, not a move.
     async fn recheck(
         &self,
         items: &[AtomicItem],
-        expected: Vec<u64>,
+        sealed_on: Vec<SealedOn>,
     ) -> Result<Recheck, AppendError> {
         let mut conflicts = Vec::new();
         let mut moved = false;
-        for (item, expected) in items.iter().zip(expected) {
+        for (item, on) in items.iter().zip(sealed_on) {
             let (sequence, version) = self.tail(&item.aggregate).await?;
-            if sequence == expected {
+            if sequence <= on.sequence {
                 continue;
             }
             moved = true;
             match version {
-                Some(actual) if !item.expect.admits(actual) => conflicts.push(VersionConflict {
-                    aggregate: item.aggregate,
-                    expected: item.expect,
-                    actual,
-                }),
+                Some(actual) if actual > on.version && !item.expect.admits(actual) => conflicts
+                    .push(VersionConflict {
+                        aggregate: item.aggregate,
+                        expected: item.expect,
+                        actual,
+                    }),
                 _ => {
                     self.fetch_head(&item.aggregate).await?;
                 }
@@ -766,6 +778,37 @@ impl JetStreamLog {
             (false, _) => Recheck::Conflicts(conflicts),
             (true, moved) => Recheck::Moved(moved),
         })
+    }
+
+    /// The commit stored right after `sequence` on the aggregate's subject, if it is the
+    /// draft's (same commit id): where an earlier attempt sealed on that sequence landed,
+    /// its ack lost. nats-server checks a publish's expected sequence before its id on a
+    /// one-replica stream, and an atomic batch stops at its first failing message, so a
+    /// refused retry must be looked for; the server accepted that attempt only as the
+    /// subject's next message, so one direct get finds it.
+    async fn landed_after(
+        &self,
+        aggregate: &AggregateId,
+        sequence: u64,
+        draft: &CommitDraft,
+    ) -> Result<Option<Commit>, AppendError> {
+        let subject = self.inner.config.subject_for(aggregate);
+        let batch = self
+            .inner
+            .direct
+            .batch(Start::Sequence(sequence + 1), &subject, 1)
+            .await
+            .map_err(|e| unavailable(format!("reading {aggregate}: {e}")))?;
+        Ok(batch.messages.first().and_then(|m| {
+            stored_commit(
+                &self.inner.config.subject_prefix,
+                &subject,
+                m.sequence,
+                &m.payload,
+            )
+            .ok()
+            .filter(|c| c.commit_id == draft.commit_id)
+        }))
     }
 
     /// The aggregate's head, read from the server. A cached head that is still the last
@@ -1007,6 +1050,9 @@ impl JetStreamLog {
                     {
                         return BatchAck::Busy
                     }
+                    BatchReply::Refused { err_code, .. } if err_code == ERR_BATCH_TOO_LARGE => {
+                        return BatchAck::TooLarge
+                    }
                     other => {
                         return BatchAck::Unavailable(format!(
                             "atomic batch to {subject}: {}",
@@ -1052,15 +1098,29 @@ impl JetStreamLog {
         Err(AppendError::Conflicts { conflicts })
     }
 
-    /// A set the server refused for its expectations once published: a refusal at once
-    /// when every id is young enough for the duplicate window (the server checks ids
-    /// before expectations, so such a set was not written before), else as
+    /// A set the server refused for its expectations once published: the earlier attempt's
+    /// outcome if every commit of it is where that attempt, sealed on the same heads, would
+    /// have landed ([`Self::landed_after`]); else a refusal at once when every id is young
+    /// enough for the duplicate window (an attempt that landed under such an id, sealed on
+    /// these heads, is found there; one sealed on older heads would have met the server's
+    /// duplicate check, which comes first once its expectation holds), or as
     /// [`Self::conflicts_or_retry`] (a scan since each id was minted).
     async fn refused_after_publish(
         &self,
         items: &[AtomicItem],
+        sealed_on: &[SealedOn],
         conflicts: Vec<VersionConflict>,
     ) -> SetAnswer {
+        let mut landed = Vec::with_capacity(items.len());
+        for (item, on) in items.iter().zip(sealed_on) {
+            landed.push(
+                self.landed_after(&item.aggregate, on.sequence, &item.draft)
+                    .await?,
+            );
+        }
+        if landed.iter().all(Option::is_some) {
+            return recognise_batch_retry(items, &landed);
+        }
         if items
             .iter()
             .all(|i| !self.maybe_late_retry(&i.draft.commit_id))
@@ -1192,12 +1252,23 @@ struct SealedSet {
 
 type BatchMessage = (String, u64, Uuid, Vec<u8>);
 
+/// What one message of a set was sealed on: its subject's expected last sequence and the
+/// version of the head it extends.
+#[derive(Clone, Copy)]
+struct SealedOn {
+    sequence: u64,
+    version: u64,
+}
+
 impl SealedSet {
-    /// The last subject sequence each message expects.
-    fn expected(&self) -> Vec<u64> {
-        self.messages
+    fn sealed_on(&self) -> Vec<SealedOn> {
+        self.commits
             .iter()
-            .map(|(_, expected, _, _)| *expected)
+            .zip(&self.messages)
+            .map(|(c, (_, sequence, _, _))| SealedOn {
+                sequence: *sequence,
+                version: c.version - 1,
+            })
             .collect()
     }
 }
@@ -1302,12 +1373,20 @@ impl JetStreamLog {
                 // but not its version, and the batch then goes on after it).
                 BatchAck::WrongLastSequence => {
                     if let Recheck::Conflicts(conflicts) =
-                        self.recheck(&items, sealed.expected()).await?
+                        self.recheck(&items, sealed.sealed_on()).await?
                     {
-                        return self.refused_after_publish(&items, conflicts).await;
+                        return self
+                            .refused_after_publish(&items, &sealed.sealed_on(), conflicts)
+                            .await;
                     }
                 }
                 BatchAck::DuplicateId => return self.duplicate_in_set(&items).await,
+                BatchAck::TooLarge => {
+                    return Err(unavailable(format!(
+                        "nats-server takes fewer than {} messages in one atomic batch (its max_batch_size)",
+                        items.len()
+                    )))
+                }
                 BatchAck::Unavailable(reason) => return Err(AppendError::Unavailable { reason }),
                 // publish_batch has already waited its bound for a turn.
                 BatchAck::Busy => {
@@ -1351,7 +1430,7 @@ impl JetStreamLog {
     async fn write_group(&self, sets: Vec<Vec<AtomicItem>>) -> Vec<SetAnswer> {
         let mut answers: Vec<Option<SetAnswer>> = (0..sets.len()).map(|_| None).collect();
         let mut open: Vec<usize> = (0..sets.len()).collect();
-        for _ in 0..APPEND_ATTEMPTS_MAX {
+        for round in 0..GROUP_ROUNDS_MAX {
             let sealing =
                 futures::future::join_all(open.iter().map(|&s| self.seal_set(&sets[s]))).await;
             let mut ready: Vec<(usize, SealedSet)> = Vec::with_capacity(open.len());
@@ -1384,18 +1463,20 @@ impl JetStreamLog {
                     let rechecks = futures::future::join_all(
                         ready
                             .iter()
-                            .map(|(s, sealed)| self.recheck(&sets[*s], sealed.expected())),
+                            .map(|(s, sealed)| self.recheck(&sets[*s], sealed.sealed_on())),
                     )
                     .await;
                     open = Vec::with_capacity(ready.len());
                     let mut moved = false;
-                    for ((s, _), recheck) in ready.iter().zip(rechecks) {
+                    for ((s, sealed), recheck) in ready.iter().zip(rechecks) {
                         match recheck {
                             // The set sealed on a moved head that no longer admits it is
                             // refused alone.
                             Ok(Recheck::Conflicts(conflicts)) => {
-                                answers[*s] =
-                                    Some(self.refused_after_publish(&sets[*s], conflicts).await);
+                                let on = sealed.sealed_on();
+                                answers[*s] = Some(
+                                    self.refused_after_publish(&sets[*s], &on, conflicts).await,
+                                );
                                 moved = true;
                             }
                             Ok(Recheck::Moved(m)) => {
@@ -1405,8 +1486,11 @@ impl JetStreamLog {
                             Err(e) => answers[*s] = Some(Err(e)),
                         }
                     }
-                    // No subject moved: the heads do not tell which set was refused.
-                    if !moved {
+                    // No subject moved, the heads do not tell which set was refused; or a
+                    // subject moved again in the second round (a hot aggregate another
+                    // process writes): each set goes alone rather than the whole group
+                    // losing race after race.
+                    if !moved || round + 1 == GROUP_ROUNDS_MAX {
                         self.each_alone(&sets, &open, &mut answers).await;
                         break;
                     }
@@ -1414,7 +1498,9 @@ impl JetStreamLog {
                         break;
                     }
                 }
-                BatchAck::DuplicateId => {
+                // A duplicate id, or more messages than this server takes in one batch
+                // (its `max_batch_size` below 1,000): each set alone.
+                BatchAck::DuplicateId | BatchAck::TooLarge => {
                     open = ready.iter().map(|(s, _)| *s).collect();
                     self.each_alone(&sets, &open, &mut answers).await;
                     break;
@@ -1442,7 +1528,7 @@ impl JetStreamLog {
             .map(|a| {
                 a.unwrap_or_else(|| {
                     Err(unavailable(format!(
-                        "a group of atomic sets lost the race {APPEND_ATTEMPTS_MAX} times in a row; retry later"
+                        "a group of atomic sets was refused {GROUP_ROUNDS_MAX} times in a row; retry later"
                     )))
                 })
             })
@@ -1561,10 +1647,17 @@ impl EventLog for JetStreamLog {
                 // the subject but not the version, and the append then goes on after it.
                 Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
                     if let (_, Some(actual)) = self.tail(&aggregate).await? {
-                        if !expect.admits(actual) {
+                        // Only a commit beyond the head sealed on is another writer's: an
+                        // older one is a replay outside the chain, for fetch_head below.
+                        if actual > head.version && !expect.admits(actual) {
                             // The server checks a message id against its duplicate window
                             // before the expected sequence: an id young enough for it was
                             // not written before, and needs no scan for an earlier append.
+                            if let Some(earlier) =
+                                self.landed_after(&aggregate, head.sequence, &draft).await?
+                            {
+                                return earlier.retry_outcome(aggregate, &draft);
+                            }
                             if !self.maybe_late_retry(&draft.commit_id) {
                                 return Err(AppendError::Conflict {
                                     aggregate,

@@ -476,7 +476,7 @@ async fn record_inner<L: EventLog>(
         if let Some(recent) = known.recent_commit(&draft) {
             match log.read_position(recent.position).await? {
                 Some(earlier) if earlier.commit_id == draft.commit_id => {
-                    return earlier_outcome(&earlier, &draft, id_names_the_fact)
+                    return earlier_outcome(aggregate, &earlier, &draft, id_names_the_fact)
                 }
                 // The log does not hold it where it was seen: know the aggregate again.
                 _ => {
@@ -526,7 +526,7 @@ async fn record_inner<L: EventLog>(
             let older = known.may_hold_older(&draft);
             if older {
                 if let Some(earlier) = find_earlier(log, aggregate, &draft).await? {
-                    return earlier_outcome(&earlier, &draft, id_names_the_fact);
+                    return earlier_outcome(aggregate, &earlier, &draft, id_names_the_fact);
                 }
             }
             return answer;
@@ -534,7 +534,7 @@ async fn record_inner<L: EventLog>(
         // A retry older than the log's own duplicate detection would be written twice.
         if known.may_hold_older(&draft) && !log.recognises_retry_on_append(&draft.commit_id) {
             if let Some(earlier) = find_earlier(log, aggregate, &draft).await? {
-                return earlier_outcome(&earlier, &draft, id_names_the_fact);
+                return earlier_outcome(aggregate, &earlier, &draft, id_names_the_fact);
             }
         }
         let tip = known.tip;
@@ -586,7 +586,7 @@ async fn record_inner<L: EventLog>(
                 known.stale = true;
                 if let Some(earlier) = log.read_position(position).await? {
                     if earlier.commit_id == draft.commit_id {
-                        return earlier_outcome(&earlier, &draft, id_names_the_fact);
+                        return earlier_outcome(aggregate, &earlier, &draft, id_names_the_fact);
                     }
                 }
                 return Err(AppendError::CommitIdReused {
@@ -606,6 +606,7 @@ async fn record_inner<L: EventLog>(
 
 /// The answer to a draft whose commit id is already in the log.
 fn earlier_outcome(
+    aggregate: AggregateId,
     earlier: &Commit,
     draft: &CommitDraft,
     id_names_the_fact: bool,
@@ -617,9 +618,7 @@ fn earlier_outcome(
             status: AppendStatus::AlreadyAppended,
         }));
     }
-    Ok(Recorded::Appended(
-        earlier.retry_outcome(earlier.aggregate, draft)?,
-    ))
+    Ok(Recorded::Appended(earlier.retry_outcome(aggregate, draft)?))
 }
 
 /// Looks the draft's commit id up in the log (which bounds the search by the id's age
@@ -890,7 +889,7 @@ async fn earlier_facts<L: EventLog>(
     let mut answers = Vec::with_capacity(facts.len());
     for ((fact, earlier), turn) in facts.iter().zip(&found).zip(turns.iter_mut()) {
         match earlier {
-            Some(c) => answers.push(earlier_outcome(c, &fact.draft, false)?),
+            Some(c) => answers.push(earlier_outcome(fact.aggregate, c, &fact.draft, false)?),
             None => {
                 let Some(known) = known_mut(turn) else {
                     unreachable!("refresh leaves a known state in the slot");
