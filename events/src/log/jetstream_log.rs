@@ -17,7 +17,7 @@
 //!   tail, a retry scan or the whole stream creates nothing on the server. Only the live
 //!   tail (`subscribe`) holds a consumer, at most [`SUBSCRIPTIONS_MAX`] per log handle.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -136,6 +136,9 @@ const ERR_BATCH_TOO_LARGE: u64 = 10199;
 /// first refusal for a moved subject removes the sets it refuses and sends the others
 /// again once; a second means a subject is hot or the heads do not tell.
 const GROUP_ROUNDS_MAX: usize = 2;
+/// Commit ids a handle remembers as sent without an answer; past it the set is cleared
+/// (a retry then forgotten is still recognised by the write path's re-read).
+const UNANSWERED_IDS_MAX: usize = 4096;
 /// How long an atomic batch's opening or commit waits for its answer.
 const BATCH_REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Atomic batches one process has in flight at once, below the server's default per
@@ -324,6 +327,10 @@ struct Inner {
     write_queues: WriteQueues,
     /// Concurrent atomic sets waiting to share one batch (`group_commit.rs`).
     groups: GroupCommit,
+    /// Commit ids whose publish this handle sent without learning its outcome (a lost ack,
+    /// a timeout), at most [`UNANSWERED_IDS_MAX`]: a retry of one of them that the server
+    /// refuses for its sequence is looked for where it would have landed.
+    unanswered: Mutex<HashSet<Uuid>>,
     server_version: String,
 }
 
@@ -560,6 +567,7 @@ impl JetStreamLog {
                 subscriptions: Arc::new(Semaphore::new(SUBSCRIPTIONS_MAX)),
                 write_queues: WriteQueues::default(),
                 groups: GroupCommit::default(),
+                unanswered: Mutex::new(HashSet::new()),
                 config,
                 heads: Mutex::new(HashMap::new()),
                 server_version,
@@ -721,7 +729,7 @@ impl JetStreamLog {
     /// (a writer's re-read verifies the chain before it decides again): it spares reading
     /// every message after a stale cached head (another process may have written thousands
     /// since this one last did) just to answer `conflict`.
-    async fn tail(&self, aggregate: &AggregateId) -> Result<(u64, Option<u64>), AppendError> {
+    async fn tail(&self, aggregate: &AggregateId) -> Result<(u64, Option<Commit>), AppendError> {
         let subject = self.inner.config.subject_for(aggregate);
         let last = match self
             .inner
@@ -733,15 +741,37 @@ impl JetStreamLog {
             Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => return Ok((0, None)),
             Err(e) => return Err(unavailable(format!("reading head of {aggregate}: {e}"))),
         };
-        let version = stored_commit(
+        let commit = stored_commit(
             &self.inner.config.subject_prefix,
             &subject,
             last.sequence,
             &last.payload,
         )
-        .ok()
-        .map(|c| c.version);
-        Ok((last.sequence, version))
+        .ok();
+        Ok((last.sequence, commit))
+    }
+
+    /// Remembers commit ids sent without an answer.
+    fn note_unanswered<'a>(&self, ids: impl Iterator<Item = &'a Uuid>) {
+        let mut unanswered = self
+            .inner
+            .unanswered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for id in ids {
+            if unanswered.len() >= UNANSWERED_IDS_MAX {
+                unanswered.clear();
+            }
+            unanswered.insert(*id);
+        }
+    }
+
+    fn was_unanswered(&self, id: &Uuid) -> bool {
+        self.inner
+            .unanswered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(id)
     }
 
     /// After the server refused a batch for a moved subject: each item whose subject moved
@@ -757,7 +787,8 @@ impl JetStreamLog {
         let mut conflicts = Vec::new();
         let mut moved = false;
         for (item, on) in items.iter().zip(sealed_on) {
-            let (sequence, version) = self.tail(&item.aggregate).await?;
+            let (sequence, last) = self.tail(&item.aggregate).await?;
+            let version = last.map(|c| c.version);
             if sequence <= on.sequence {
                 continue;
             }
@@ -793,22 +824,26 @@ impl JetStreamLog {
         draft: &CommitDraft,
     ) -> Result<Option<Commit>, AppendError> {
         let subject = self.inner.config.subject_for(aggregate);
-        let batch = self
+        // One plain direct get (a batch get's end-of-batch count costs the server a walk of
+        // the subject's index).
+        let next = match self
             .inner
-            .direct
-            .batch(Start::Sequence(sequence + 1), &subject, 1)
+            .stream
+            .direct_get_next_for_subject(subject.clone(), Some(sequence + 1))
             .await
-            .map_err(|e| unavailable(format!("reading {aggregate}: {e}")))?;
-        Ok(batch.messages.first().and_then(|m| {
-            stored_commit(
-                &self.inner.config.subject_prefix,
-                &subject,
-                m.sequence,
-                &m.payload,
-            )
-            .ok()
-            .filter(|c| c.commit_id == draft.commit_id)
-        }))
+        {
+            Ok(msg) => msg,
+            Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(unavailable(format!("reading {aggregate}: {e}"))),
+        };
+        Ok(stored_commit(
+            &self.inner.config.subject_prefix,
+            &subject,
+            next.sequence,
+            &next.payload,
+        )
+        .ok()
+        .filter(|c| c.commit_id == draft.commit_id))
     }
 
     /// The aggregate's head, read from the server. A cached head that is still the last
@@ -1111,15 +1146,20 @@ impl JetStreamLog {
         sealed_on: &[SealedOn],
         conflicts: Vec<VersionConflict>,
     ) -> SetAnswer {
-        let mut landed = Vec::with_capacity(items.len());
-        for (item, on) in items.iter().zip(sealed_on) {
-            landed.push(
-                self.landed_after(&item.aggregate, on.sequence, &item.draft)
-                    .await?,
-            );
-        }
-        if landed.iter().all(Option::is_some) {
-            return recognise_batch_retry(items, &landed);
+        if items
+            .iter()
+            .any(|i| self.was_unanswered(&i.draft.commit_id))
+        {
+            let mut landed = Vec::with_capacity(items.len());
+            for (item, on) in items.iter().zip(sealed_on) {
+                landed.push(
+                    self.landed_after(&item.aggregate, on.sequence, &item.draft)
+                        .await?,
+                );
+            }
+            if landed.iter().all(Option::is_some) {
+                return recognise_batch_retry(items, &landed);
+            }
         }
         if items
             .iter()
@@ -1387,7 +1427,10 @@ impl JetStreamLog {
                         items.len()
                     )))
                 }
-                BatchAck::Unavailable(reason) => return Err(AppendError::Unavailable { reason }),
+                BatchAck::Unavailable(reason) => {
+                    self.note_unanswered(items.iter().map(|i| &i.draft.commit_id));
+                    return Err(AppendError::Unavailable { reason });
+                }
                 // publish_batch has already waited its bound for a turn.
                 BatchAck::Busy => {
                     return Err(unavailable(
@@ -1507,6 +1550,7 @@ impl JetStreamLog {
                 }
                 BatchAck::Unavailable(reason) => {
                     for (s, _) in &ready {
+                        self.note_unanswered(sets[*s].iter().map(|i| &i.draft.commit_id));
                         answers[*s] = Some(Err(AppendError::Unavailable {
                             reason: reason.clone(),
                         }));
@@ -1646,18 +1690,27 @@ impl EventLog for JetStreamLog {
                 // decides a conflict: a message outside the chain (garbage, a replay) moves
                 // the subject but not the version, and the append then goes on after it.
                 Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
-                    if let (_, Some(actual)) = self.tail(&aggregate).await? {
+                    if let (_, Some(last)) = self.tail(&aggregate).await? {
+                        // This draft, landed by an earlier attempt whose answer was lost.
+                        if last.commit_id == draft.commit_id {
+                            return last.retry_outcome(aggregate, &draft);
+                        }
+                        let actual = last.version;
                         // Only a commit beyond the head sealed on is another writer's: an
                         // older one is a replay outside the chain, for fetch_head below.
                         if actual > head.version && !expect.admits(actual) {
-                            // The server checks a message id against its duplicate window
-                            // before the expected sequence: an id young enough for it was
-                            // not written before, and needs no scan for an earlier append.
-                            if let Some(earlier) =
-                                self.landed_after(&aggregate, head.sequence, &draft).await?
-                            {
-                                return earlier.retry_outcome(aggregate, &draft);
+                            // An attempt of this handle whose answer was lost may have
+                            // landed right after that head, others writing after it.
+                            if self.was_unanswered(&draft.commit_id) {
+                                if let Some(earlier) =
+                                    self.landed_after(&aggregate, head.sequence, &draft).await?
+                                {
+                                    return earlier.retry_outcome(aggregate, &draft);
+                                }
                             }
+                            // Else an id young enough for the duplicate window needs no
+                            // scan: another process's attempt that landed is found by the
+                            // write path's re-read (`record`), which reads what is new.
                             if !self.maybe_late_retry(&draft.commit_id) {
                                 return Err(AppendError::Conflict {
                                     aggregate,
@@ -1679,7 +1732,10 @@ impl EventLog for JetStreamLog {
                             .await;
                     }
                 }
-                Err(e) => return Err(unavailable(format!("ack from {subject}: {e}"))),
+                Err(e) => {
+                    self.note_unanswered(std::iter::once(&draft.commit_id));
+                    return Err(unavailable(format!("ack from {subject}: {e}")));
+                }
             }
         }
         Err(unavailable(format!(

@@ -57,7 +57,7 @@ use uuid::Uuid;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const USAGE: &str = "usage: write-bench [--quick] [--duration SECS] [--sustained SECS] \
-                     [--only throughput|depth|hot|sustained|atomic|mixed]";
+                     [--only throughput|depth|hot|sustained|atomic|mixed|deep]";
 const AGGREGATES: usize = 1000;
 const CLIENT_COUNTS: [usize; 4] = [1, 16, 64, 256];
 const CLIENTS_PER_CONNECTION: usize = 16;
@@ -87,6 +87,8 @@ enum Phase {
     Atomic,
     /// Only the sustained run with half of the requests atomic pairs.
     Mixed,
+    /// Only the first write after another process deepened a provider (also in `atomic`).
+    Deep,
 }
 
 struct Options {
@@ -129,8 +131,9 @@ fn parse_options() -> Options {
                     Some("sustained") => Phase::Sustained,
                     Some("atomic") => Phase::Atomic,
                     Some("mixed") => Phase::Mixed,
+                    Some("deep") => Phase::Deep,
                     other => fail(format!(
-                        "--only takes throughput, depth, hot, sustained, atomic or mixed, not {other:?}"
+                        "--only takes throughput, depth, hot, sustained, atomic, mixed or deep, not {other:?}"
                     )),
                 })
             }
@@ -1856,6 +1859,9 @@ async fn main() {
     }
     if o.runs(Phase::Atomic) {
         atomic(&nats, &o).await;
+    }
+    if o.only == Some(Phase::Deep) {
+        deep_first_write(&nats, &o).await;
     }
     if o.runs(Phase::Sustained) {
         sustained(&nats, &o, "bench", "no accounts", false).await;
