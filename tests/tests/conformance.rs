@@ -942,18 +942,20 @@ async fn jetstream_atomic_batches_beyond_the_servers_in_flight_limit_wait_their_
     );
 }
 
+/// A handle on the server's stream: two of them stand for two processes.
+async fn open_jetstream(server: &NatsServer) -> JetStreamLog {
+    JetStreamLog::open(server.client().await, JetStreamConfig::default())
+        .await
+        .unwrap()
+}
+
 /// Given sets whose aggregates another process moved after this one cached their heads
 /// (so the server, not the heads, refuses them): the group's batch is refused, the moved
 /// sets are refused alone on the heads read again, and every other set lands whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jetstream_a_batch_refused_for_one_moved_subject_is_split_and_the_others_land() {
     let server = NatsServer::start().await;
-    let open = || async {
-        JetStreamLog::open(server.client().await, JetStreamConfig::default())
-            .await
-            .unwrap()
-    };
-    let (ours, theirs) = (open().await, open().await);
+    let (ours, theirs) = (open_jetstream(&server).await, open_jetstream(&server).await);
     let aggregates: Vec<AggregateId> = (0..128).map(|_| cluster()).collect();
     for (n, a) in aggregates.iter().enumerate() {
         ours.append(*a, Expectation::NoStream, status(n))
@@ -1013,12 +1015,7 @@ async fn jetstream_a_batch_refused_for_one_moved_subject_is_split_and_the_others
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jetstream_a_retry_the_server_refuses_for_its_sequence_is_recognised() {
     let server = NatsServer::start().await;
-    let open = || async {
-        JetStreamLog::open(server.client().await, JetStreamConfig::default())
-            .await
-            .unwrap()
-    };
-    let (ours, theirs) = (open().await, open().await);
+    let (ours, theirs) = (open_jetstream(&server).await, open_jetstream(&server).await);
     let a = cluster();
     ours.append(a, Expectation::NoStream, status(0))
         .await
@@ -1057,10 +1054,7 @@ async fn jetstream_a_retry_the_server_refuses_for_its_sequence_is_recognised() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jetstream_a_replayed_commit_on_the_subject_is_never_taken_for_a_conflict() {
     let server = NatsServer::start().await;
-    let client = server.client().await;
-    let log = JetStreamLog::open(client.clone(), JetStreamConfig::default())
-        .await
-        .unwrap();
+    let log = open_jetstream(&server).await;
     let a = cluster();
     for v in 0..3u64 {
         log.append(a, Expectation::Exactly(v), status(v as usize))
@@ -1068,29 +1062,20 @@ async fn jetstream_a_replayed_commit_on_the_subject_is_never_taken_for_a_conflic
             .unwrap();
     }
     let first = log.read_aggregate(a).await.unwrap().remove(0);
-    let js = async_nats::jetstream::new(client);
-    js.publish(
-        log.config().subject_for(&a),
-        provledger_events::codec::encode(&first).unwrap().into(),
-    )
-    .await
-    .unwrap()
-    .await
-    .unwrap();
+    let replay = || async {
+        let bytes = provledger_events::codec::encode(&first).unwrap();
+        let js = async_nats::jetstream::new(server.client().await);
+        let ack = js.publish(log.config().subject_for(&a), bytes.into());
+        ack.await.unwrap().await.unwrap();
+    };
+    replay().await;
     let next = log
         .append(a, Expectation::Exactly(3), status(3))
         .await
         .unwrap();
     assert_eq!(next.version, 4);
     // And an atomic set through the same handle.
-    js.publish(
-        log.config().subject_for(&a),
-        provledger_events::codec::encode(&first).unwrap().into(),
-    )
-    .await
-    .unwrap()
-    .await
-    .unwrap();
+    replay().await;
     let set = vec![
         item(a, Expectation::Exactly(4), status(4)),
         item(cluster(), Expectation::NoStream, status(5)),

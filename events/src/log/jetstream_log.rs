@@ -657,10 +657,21 @@ impl JetStreamLog {
 
     /// The stream sequence of the last message on the aggregate's subject, 0 for none.
     async fn last_subject_sequence(&self, aggregate: &AggregateId) -> Result<u64, ReadError> {
+        Ok(self
+            .last_message(aggregate)
+            .await?
+            .map_or(0, |m| m.sequence))
+    }
+
+    /// The last message on the aggregate's subject, `None` for none.
+    async fn last_message(
+        &self,
+        aggregate: &AggregateId,
+    ) -> Result<Option<jetstream::message::StreamMessage>, ReadError> {
         let subject = self.inner.config.subject_for(aggregate);
         match self.inner.stream.direct_get_last_for_subject(subject).await {
-            Ok(msg) => Ok(msg.sequence),
-            Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => Ok(0),
+            Ok(msg) => Ok(Some(msg)),
+            Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => Ok(None),
             Err(e) => Err(read_unavailable(format!(
                 "reading head of {aggregate}: {e}"
             ))),
@@ -731,15 +742,12 @@ impl JetStreamLog {
     /// since this one last did) just to answer `conflict`.
     async fn tail(&self, aggregate: &AggregateId) -> Result<(u64, Option<Commit>), AppendError> {
         let subject = self.inner.config.subject_for(aggregate);
-        let last = match self
-            .inner
-            .stream
-            .direct_get_last_for_subject(subject.clone())
+        let Some(last) = self
+            .last_message(aggregate)
             .await
-        {
-            Ok(msg) => msg,
-            Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => return Ok((0, None)),
-            Err(e) => return Err(unavailable(format!("reading head of {aggregate}: {e}"))),
+            .map_err(|e| unavailable(e.to_string()))?
+        else {
+            return Ok((0, None));
         };
         let commit = stored_commit(
             &self.inner.config.subject_prefix,
@@ -921,19 +929,8 @@ impl JetStreamLog {
         since: Option<Timestamp>,
     ) -> Result<Option<Commit>, ReadError> {
         let subject = self.inner.config.subject_for(aggregate);
-        let last = match self
-            .inner
-            .stream
-            .direct_get_last_for_subject(subject.clone())
-            .await
-        {
-            Ok(msg) => msg,
-            Err(e) if e.kind() == stream::DirectGetErrorKind::NotFound => return Ok(None),
-            Err(e) => {
-                return Err(read_unavailable(format!(
-                    "reading head of {aggregate}: {e}"
-                )))
-            }
+        let Some(last) = self.last_message(aggregate).await? else {
+            return Ok(None);
         };
         let since = since.and_then(|t| {
             time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(t.unix_ms()) * 1_000_000)
