@@ -29,7 +29,8 @@
 //! creates and drops its own `wb_*` tables, and skips PostgreSQL if it is unreachable.
 //!
 //! Usage: `cargo run --release -p provledger-tests --bin write-bench -- [--quick]
-//! [--duration SECS] [--sustained SECS] [--only throughput|depth|hot|sustained]`
+//! [--duration SECS] [--sustained SECS]
+//! [--only throughput|depth|hot|sustained|atomic|mixed|deep]`
 
 use std::collections::BTreeMap;
 use std::future::Future;
