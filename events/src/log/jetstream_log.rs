@@ -1130,13 +1130,13 @@ impl JetStreamLog {
         Err(AppendError::Conflicts { conflicts })
     }
 
-    /// A set the server refused for its expectations once published: the earlier attempt's
-    /// outcome if every commit of it is where that attempt, sealed on the same heads, would
-    /// have landed ([`Self::landed_after`]); else a refusal at once when every id is young
-    /// enough for the duplicate window (an attempt that landed under such an id, sealed on
-    /// these heads, is found there; one sealed on older heads would have met the server's
-    /// duplicate check, which comes first once its expectation holds), or as
-    /// [`Self::conflicts_or_retry`] (a scan since each id was minted).
+    /// A set the server refused for its expectations once published. If this handle sent
+    /// one of its ids without an answer, the set is first looked for where that attempt,
+    /// sealed on the same heads, would have landed ([`Self::landed_after`]): found whole, it
+    /// is that attempt's outcome. Else a refusal at once when every id is young enough for
+    /// the duplicate window (another process's attempt that landed is found by the write
+    /// path's re-read, `record_atomic`), or as [`Self::conflicts_or_retry`] (a scan since
+    /// each id was minted).
     async fn refused_after_publish(
         &self,
         items: &[AtomicItem],
@@ -1319,6 +1319,12 @@ enum Recheck {
 }
 
 impl JetStreamLog {
+    /// How many group writes of atomic sets this handle (and its clones) made, and how many
+    /// sets they held.
+    pub fn group_stats(&self) -> GroupStats {
+        self.inner.groups.written()
+    }
+
     /// Seals `items` on their heads (cached, or read), each expectation checked first: a
     /// head that does not admit it is read again from the server, and only then is the set
     /// refused (`Err(conflicts)`), because the cache may be stale.
@@ -1409,12 +1415,9 @@ impl JetStreamLog {
                 // are checked on what is read (a message outside a chain moves its subject
                 // but not its version, and the batch then goes on after it).
                 BatchAck::WrongLastSequence => {
-                    if let Recheck::Conflicts(conflicts) =
-                        self.recheck(&items, sealed.sealed_on()).await?
-                    {
-                        return self
-                            .refused_after_publish(&items, &sealed.sealed_on(), conflicts)
-                            .await;
+                    let on = sealed.sealed_on();
+                    if let Recheck::Conflicts(conflicts) = self.recheck(&items, on.clone()).await? {
+                        return self.refused_after_publish(&items, &on, conflicts).await;
                     }
                 }
                 BatchAck::DuplicateId => return self.duplicate_in_set(&items).await,
@@ -1601,14 +1604,6 @@ impl SetWriter for JetStreamLog {
 
     fn group_commit(&self) -> &GroupCommit {
         &self.inner.groups
-    }
-}
-
-impl JetStreamLog {
-    /// How many group writes of atomic sets this handle (and its clones) made, and how many
-    /// sets they held.
-    pub fn group_stats(&self) -> GroupStats {
-        self.inner.groups.written()
     }
 }
 

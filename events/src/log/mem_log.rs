@@ -165,6 +165,12 @@ impl MemLog {
 }
 
 impl MemLog {
+    /// How many group writes of atomic sets this handle (and its clones) made, and how many
+    /// sets they held.
+    pub fn group_stats(&self) -> GroupStats {
+        self.groups.written()
+    }
+
     /// One set of a group, checked and written under the lock the whole group holds.
     fn write_set(s: &mut State, items: Vec<AtomicItem>) -> SetAnswer {
         let found: Vec<Option<Commit>> = items
@@ -245,14 +251,6 @@ impl SetWriter for MemLog {
 
     fn group_commit(&self) -> &GroupCommit {
         &self.groups
-    }
-}
-
-impl MemLog {
-    /// How many group writes of atomic sets this handle (and its clones) made, and how many
-    /// sets they held.
-    pub fn group_stats(&self) -> GroupStats {
-        self.groups.written()
     }
 }
 
