@@ -20,6 +20,6 @@ pub use ids::{short_aggregate, short_id, AggregateId, AggregateKind, Hash, Times
 pub use log::{
     AppendError, AppendOutcome, AppendStatus, AtomicItem, ChainTip, CommitStream, EventLog,
     Expectation, GroupStats, HistoryEntry, InvalidBatch, JetStreamConfig, JetStreamLog, MemLog,
-    ReadError, SledLog, VersionConflict, WriteQueues, WriteTurn, ATOMIC_COMMITS_MAX,
-    GROUP_COMMITTERS_MAX, GROUP_MESSAGES_MAX,
+    ReadError, SledLog, VersionConflict, ATOMIC_COMMITS_MAX, GROUP_COMMITTERS_MAX,
+    GROUP_MESSAGES_MAX,
 };

@@ -141,7 +141,9 @@ async fn a_leak_it_holds_is_removed_by_a_recorded_remove_leaked_operation() {
     // Given a record made by hand (no key), unknown to an empty ledger
     assert_eq!(create(&client, "rogue.example", None).await["ok"], true);
     let dir = tempfile::tempdir().expect("a temp dir");
-    let ledger = Ledger::Embedded(SledLog::open(dir.path()).expect("a sled log"));
+    let ledger = provledger_client::Writer::new(Ledger::Embedded(
+        SledLog::open(dir.path()).expect("a sled log"),
+    ));
     let held = read_inventory(&client, "provledger", "dns", WAIT, |_| {})
         .await
         .expect("an inventory");

@@ -31,7 +31,7 @@ use super::group_commit::{self, GroupCommit, GroupStats, SetAnswer, SetWriter};
 use super::{
     encode_for_append, recognise_batch_retry, validate_batch, AppendError, AppendOutcome,
     AppendStatus, AtomicItem, ChainTip, CommitStream, EventLog, Expectation, HistoryEntry,
-    ReadError, VersionConflict, WriteQueues,
+    ReadError, VersionConflict,
 };
 use crate::codec;
 use crate::commit::{Commit, CommitDraft};
@@ -324,7 +324,6 @@ struct Inner {
     /// Atomic batches in flight ([`ATOMIC_BATCHES_IN_FLIGHT_MAX`]).
     batches: Semaphore,
     subscriptions: Arc<Semaphore>,
-    write_queues: WriteQueues,
     /// Concurrent atomic sets waiting to share one batch (`group_commit.rs`).
     groups: GroupCommit,
     /// Commit ids whose publish this handle sent without learning its outcome (a lost ack,
@@ -565,7 +564,6 @@ impl JetStreamLog {
                 window: Semaphore::new(config.ack_window),
                 batches: Semaphore::new(ATOMIC_BATCHES_IN_FLIGHT_MAX),
                 subscriptions: Arc::new(Semaphore::new(SUBSCRIPTIONS_MAX)),
-                write_queues: WriteQueues::default(),
                 groups: GroupCommit::default(),
                 unanswered: Mutex::new(HashSet::new()),
                 config,
@@ -1880,10 +1878,6 @@ impl EventLog for JetStreamLog {
                 "scanning {aggregate} for commit {commit_id} took over {RETRY_SCAN_TIMEOUT:?}"
             ))
         })?
-    }
-
-    fn write_queues(&self) -> &WriteQueues {
-        &self.inner.write_queues
     }
 
     fn recognises_retry_on_append(&self, commit_id: &Uuid) -> bool {

@@ -17,7 +17,7 @@ use uuid::Uuid;
 use super::group_commit::{self, GroupCommit, GroupStats, SetAnswer, SetWriter};
 use super::{
     recognise_batch_retry, validate_batch, AppendError, AppendOutcome, AppendStatus, AtomicItem,
-    CommitStream, EventLog, Expectation, ReadError, VersionConflict, WriteQueues,
+    CommitStream, EventLog, Expectation, ReadError, VersionConflict,
 };
 use crate::commit::{Commit, CommitDraft};
 use crate::ids::{AggregateId, Hash};
@@ -113,7 +113,6 @@ impl State {
 pub struct MemLog {
     state: Arc<Mutex<State>>,
     appended: watch::Sender<u64>,
-    write_queues: Arc<WriteQueues>,
     groups: Arc<GroupCommit>,
 }
 
@@ -129,7 +128,6 @@ impl MemLog {
         MemLog {
             state: Arc::new(Mutex::new(State::default())),
             appended,
-            write_queues: Arc::default(),
             groups: Arc::default(),
         }
     }
@@ -312,10 +310,6 @@ impl EventLog for MemLog {
             .get(&aggregate)
             .map(|v| v.iter().map(|&i| s.commits[i].clone()).collect())
             .unwrap_or_default())
-    }
-
-    fn write_queues(&self) -> &WriteQueues {
-        &self.write_queues
     }
 
     async fn read_all(&self, from: u64) -> Result<CommitStream, ReadError> {

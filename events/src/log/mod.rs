@@ -8,7 +8,6 @@ pub mod group_commit;
 pub mod jetstream_log;
 pub mod mem_log;
 pub mod sled_log;
-pub mod write_queue;
 
 use std::fmt;
 use std::future::Future;
@@ -28,7 +27,6 @@ pub use jetstream_log::{
 };
 pub use mem_log::{FaultCounts, FaultPlan, MemLog};
 pub use sled_log::{OpenSledError, SledLog};
-pub use write_queue::{WriteQueues, WriteSlot, WriteTurn, WRITE_QUEUES_MAX};
 
 /// What the writer believes the aggregate's version to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -476,9 +474,6 @@ pub trait EventLog: Send + Sync {
         let _ = (aggregate, tip);
         async { Ok(true) }
     }
-
-    /// This log's per-aggregate write queues, shared by every clone of the handle.
-    fn write_queues(&self) -> &WriteQueues;
 
     /// Whether an append of a draft with this commit id would itself recognise an earlier
     /// commit with that id: always for sled (its commit-id index) and the in-memory log;

@@ -29,7 +29,7 @@ use super::group_commit::{self, GroupCommit, GroupStats, SetAnswer, SetWriter};
 use super::{
     encode_for_append, recognise_batch_retry, validate_batch, AppendError, AppendOutcome,
     AppendStatus, AtomicItem, ChainTip, CommitStream, EventLog, Expectation, ReadError,
-    VersionConflict, WriteQueues,
+    VersionConflict,
 };
 use crate::codec;
 use crate::commit::{Commit, CommitDraft};
@@ -167,7 +167,6 @@ struct Shared {
     flush_failure: Mutex<Option<String>>,
     /// Fault injection for tests: the next flush fails as if the disk had refused it.
     fail_next_flush: AtomicBool,
-    write_queues: WriteQueues,
     /// Concurrent atomic sets waiting to share one sled batch (`group_commit.rs`).
     groups: GroupCommit,
 }
@@ -297,7 +296,6 @@ impl SledLog {
             dir: dir.clone(),
             append_lock: Mutex::new(()),
             last_assigned: AtomicU64::new(last),
-            write_queues: WriteQueues::default(),
             groups: GroupCommit::default(),
             durable,
             flusher: Flusher {
@@ -915,10 +913,6 @@ impl EventLog for SledLog {
                 reason: e.to_string(),
             })?;
         Ok((commit.aggregate == aggregate).then_some(commit))
-    }
-
-    fn write_queues(&self) -> &WriteQueues {
-        &self.shared.write_queues
     }
 
     async fn read_all(&self, from: u64) -> Result<CommitStream, ReadError> {

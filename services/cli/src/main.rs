@@ -10,7 +10,7 @@ mod duration;
 
 use commands::state::LogPoint;
 use commands::{append::AppendArgs, CommandError};
-use provledger_client::{Ledger, LedgerOptions};
+use provledger_client::{Ledger, LedgerOptions, Writer};
 use provledger_events::{AggregateId, Expectation};
 use provledger_projections::rollback::RetryPolicy;
 use provledger_serve::ServeOptions;
@@ -488,7 +488,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                 actor,
                 force,
             };
-            let result = commands::append::run(&ledger, args, cli.json).await;
+            let result = commands::append::run(&Writer::new(ledger.clone()), args, cli.json).await;
             ledger.close();
             result
         }
@@ -568,9 +568,10 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             if fix_orphans {
                 let json = cli.json;
                 with_ledger(&options, |ledger| async move {
-                    let result = commands::placement::release_orphans(&ledger, json)
-                        .await
-                        .map(|_| ());
+                    let result =
+                        commands::placement::release_orphans(&Writer::new(ledger.clone()), json)
+                            .await
+                            .map(|_| ());
                     (ledger, result)
                 })
                 .await?;
@@ -581,8 +582,14 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             action: ProviderCommand::Delete { id, host, cascade },
         } => {
             with_ledger(&options, |ledger| async move {
-                let result =
-                    commands::placement::delete(&ledger, id, host, cascade, cli.json).await;
+                let result = commands::placement::delete(
+                    &Writer::new(ledger.clone()),
+                    id,
+                    host,
+                    cascade,
+                    cli.json,
+                )
+                .await;
                 (ledger, result)
             })
             .await
@@ -590,14 +597,22 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
         Command::Recover { dry_run } => {
             let opts = options.clone();
             with_ledger(&options, |ledger| async move {
-                let result = commands::recover::run(&ledger, &opts, dry_run, cli.json).await;
+                let result =
+                    commands::recover::run(&Writer::new(ledger.clone()), &opts, dry_run, cli.json)
+                        .await;
                 (ledger, result)
             })
             .await
         }
         Command::HealAllocations { dry_run, instance } => {
             with_ledger(&options, |ledger| async move {
-                let result = commands::placement::heal(&ledger, instance, dry_run, cli.json).await;
+                let result = commands::placement::heal(
+                    &Writer::new(ledger.clone()),
+                    instance,
+                    dry_run,
+                    cli.json,
+                )
+                .await;
                 (ledger, result)
             })
             .await
@@ -668,7 +683,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                         actor,
                     }),
                 };
-                let result = commands::drift::run(&ledger, args).await;
+                let result = commands::drift::run(&Writer::new(ledger.clone()), args).await;
                 (ledger, result)
             })
             .await
@@ -678,7 +693,12 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             with_ledger(&options, |ledger| async move {
                 let result = match action {
                     RollbackCommand::Plan { operation_id } => {
-                        commands::rollback::plan(&ledger, operation_id, cli.json).await
+                        commands::rollback::plan(
+                            &Writer::new(ledger.clone()),
+                            operation_id,
+                            cli.json,
+                        )
+                        .await
                     }
                     RollbackCommand::Resolve {
                         operation_id,
@@ -687,7 +707,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                         actor,
                     } => {
                         commands::rollback::resolve(
-                            &ledger,
+                            &Writer::new(ledger.clone()),
                             operation_id,
                             compensation,
                             &reason,
@@ -702,7 +722,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                     } => {
                         let url = executors_url.or(cli.nats.clone());
                         commands::rollback::run(
-                            &ledger,
+                            &Writer::new(ledger.clone()),
                             operation_id,
                             url.as_deref(),
                             &auth,

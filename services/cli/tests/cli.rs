@@ -423,7 +423,7 @@ async fn rollback_plan_then_run_embedded() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap().to_string();
     let log = SledLog::open(dir.path()).unwrap();
-    let ledger = Ledger::Embedded(log.clone());
+    let ledger = provledger_client::Writer::new(Ledger::Embedded(log.clone()));
     let provider = Uuid::now_v7();
     register_compute_node(&ledger, provider, "cn", 2, "t")
         .await
@@ -597,7 +597,7 @@ async fn a_failed_create(
     use uuid::Uuid;
 
     let log = SledLog::open(d).unwrap();
-    let ledger = Ledger::Embedded(log.clone());
+    let ledger = provledger_client::Writer::new(Ledger::Embedded(log.clone()));
     let provider = Uuid::now_v7();
     register_compute_node(&ledger, provider, "cn", 64, "t")
         .await

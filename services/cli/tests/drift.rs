@@ -24,7 +24,7 @@ use common::{http_get, provledger, sample, text, wait_ready, Serve};
 
 struct Env {
     nats: NatsServer,
-    ledger: Ledger,
+    ledger: provledger_client::Writer<Ledger>,
     infra: Arc<SimInfrastructure>,
     provisioner: Provisioner,
     provider: Uuid,
@@ -166,7 +166,7 @@ async fn a_vm_deleted_by_hand_is_missing_and_nothing_is_written() {
     let env = env().await;
     let (instance, boot) = env.booted().await;
     assert!(env.infra.hypervisor.remove_by_hand(&instance.to_string()));
-    let end = env.ledger.last_position().await.expect("end");
+    let end = env.ledger.log().last_position().await.expect("end");
     // When drift asks only the hypervisor
     let (code, report) = env.drift(&["--executor", "hypervisor"]);
     // Then the VM is missing, naming the instance, the boot and its step; exit 1
@@ -180,7 +180,7 @@ async fn a_vm_deleted_by_hand_is_missing_and_nothing_is_written() {
     assert_eq!(f["step"], format!("create_vm:{instance}"));
     assert_eq!(code, 1);
     // And nothing was written to the log
-    assert_eq!(env.ledger.last_position().await.expect("end"), end);
+    assert_eq!(env.ledger.log().last_position().await.expect("end"), end);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -215,7 +215,7 @@ async fn fix_leaked_removes_a_leaked_record_through_a_recorded_compensation() {
     let env = env().await;
     env.booted().await;
     env.infra.dns.create_by_hand("rogue.example", "by hand");
-    let end = env.ledger.last_position().await.expect("end");
+    let end = env.ledger.log().last_position().await.expect("end");
     // When drift --fix leaked --dry-run runs
     let (code, report) = env.drift(&["--fix", "leaked", "--dry-run"]);
     // Then it plans the removal, writes nothing and asks nothing: the record is still there
@@ -227,7 +227,7 @@ async fn fix_leaked_removes_a_leaked_record_through_a_recorded_compensation() {
     assert_eq!(removals[0]["resource"], "rogue.example");
     assert_eq!(removals[0]["compensation"]["action"], "unregister_dns");
     assert_eq!(code, 1, "{report:#}");
-    assert_eq!(env.ledger.last_position().await.expect("end"), end);
+    assert_eq!(env.ledger.log().last_position().await.expect("end"), end);
     assert!(env.infra.dns.has("rogue.example"));
     // And without a reason, a real fix is refused before anything is read or written
     let url = env.nats.url();

@@ -198,7 +198,7 @@ async fn only_designated_writers_reach_the_log_and_cmd_append_records_who_asked(
     // When a library writer connected as the auditor records two facts atomically (one
     // JetStream batch), it is refused as denied too, not as unavailable.
     {
-        use provledger_client::write::{record_atomic, Fact, FromTheLog, RecordError};
+        use provledger_client::write::{Fact, FromTheLog, RecordError};
         let (_client, log) = provledger_client::open_jetstream(
             &nats.url_as("auditor"),
             "auditor-library",
@@ -239,13 +239,13 @@ async fn only_designated_writers_reach_the_log_and_cmd_append_records_who_asked(
                 ),
             },
         ];
-        let refused = record_atomic(
-            &log,
-            facts,
-            provledger_projections::decide::DecideOptions::default(),
-            &FromTheLog,
-        )
-        .await;
+        let refused = provledger_client::Writer::new(log)
+            .record_atomic(
+                facts,
+                provledger_projections::decide::DecideOptions::default(),
+                &FromTheLog,
+            )
+            .await;
         assert!(
             matches!(refused, Err(RecordError::PermissionDenied { .. })),
             "{refused:?}"

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use provledger_client::CancelNotices;
 use provledger_client::Ledger;
-use provledger_client::{read_entity, OperationError, OperationRunner, StepHook};
+use provledger_client::{OperationError, OperationRunner, StepHook};
 use provledger_events::catalogue::{ClusterStatus, NodeGroupSpec};
 use provledger_events::{AggregateId, EventLog};
 use provledger_projections::operation::{OperationState, OperationStatus};
@@ -39,7 +39,7 @@ const FAST: &[&str] = &[
 
 struct Env {
     nats: NatsServer,
-    ledger: Ledger,
+    ledger: provledger_client::Writer<Ledger>,
     client: async_nats::Client,
     infra: Arc<SimInfrastructure>,
     provider: Uuid,
@@ -107,14 +107,18 @@ impl Env {
     }
 
     async fn operation(&self, id: Uuid) -> OperationState {
-        match read_entity(&self.ledger, AggregateId::operation(id)).await {
+        match self.ledger.read_current(AggregateId::operation(id)).await {
             Ok(Some(Entity::Operation(op))) => *op,
             other => panic!("operation {id}: {other:?}"),
         }
     }
 
     async fn allocations(&self) -> usize {
-        match read_entity(&self.ledger, AggregateId::provider(self.provider)).await {
+        match self
+            .ledger
+            .read_current(AggregateId::provider(self.provider))
+            .await
+        {
             Ok(Some(Entity::Provider(p))) => p.allocations.len(),
             other => panic!("{other:?}"),
         }
@@ -123,7 +127,7 @@ impl Env {
     /// Counts of each event name in an aggregate's history.
     async fn event_counts(&self, id: AggregateId) -> HashMap<String, usize> {
         let mut counts = HashMap::new();
-        for commit in self.ledger.read_aggregate(id).await.expect("history") {
+        for commit in self.ledger.log().read_aggregate(id).await.expect("history") {
             for e in &commit.events {
                 *counts.entry(e.name()).or_insert(0) += 1;
             }
@@ -324,7 +328,7 @@ async fn a_delete_through_cmd_append_cancels_a_running_create() {
                 let deadline = Instant::now() + Duration::from_secs(20);
                 loop {
                     if let Ok(Some(Entity::Operation(o))) =
-                        read_entity(&ledger, AggregateId::operation(op)).await
+                        ledger.read_current(AggregateId::operation(op)).await
                     {
                         if o.target_deleted {
                             return;
@@ -373,7 +377,7 @@ async fn a_delete_through_cmd_append_cancels_a_running_create() {
         Duration::from_secs(30),
         || async {
             matches!(
-                read_entity(&env.ledger, AggregateId::cluster(cluster)).await,
+                env.ledger.read_current(AggregateId::cluster(cluster)).await,
                 Ok(Some(Entity::Cluster(c))) if c.status == Some(ClusterStatus::Deleted)
             )
         },

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use provledger_client::read_entity;
+use provledger_client::Writer;
 use provledger_events::catalogue::{samples, ClusterStatus};
 use provledger_events::{AggregateId, Event, EventLog, JetStreamConfig, JetStreamLog};
 use provledger_projections::Entity;
@@ -104,7 +104,8 @@ async fn thirty_racing_claims_with_expect_any_never_overcommit_and_every_ack_is_
 
     // ...then every acknowledged claim is held, and nothing else.
     let log = open_log(&nats).await;
-    let Some(Entity::Provider(state)) = read_entity(&log, AggregateId::provider(provider))
+    let Some(Entity::Provider(state)) = Writer::new(log.clone())
+        .read_current(AggregateId::provider(provider))
         .await
         .unwrap()
     else {
@@ -185,7 +186,8 @@ async fn a_status_change_racing_a_delete_is_never_acknowledged_after_it() {
                 }
             }
         }
-        let Some(Entity::Cluster(state)) = read_entity(&log, AggregateId::cluster(cluster))
+        let Some(Entity::Cluster(state)) = Writer::new(log.clone())
+            .read_current(AggregateId::cluster(cluster))
             .await
             .unwrap()
         else {
@@ -258,7 +260,9 @@ async fn delete_over_nats_is_idempotent_and_says_so() {
     let target = AggregateId::cluster(cluster);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
-        if let Some(Entity::Cluster(c)) = read_entity(&log, target).await.unwrap() {
+        if let Some(Entity::Cluster(c)) =
+            Writer::new(log.clone()).read_current(target).await.unwrap()
+        {
             if c.status == Some(ClusterStatus::Deleted) {
                 break;
             }
@@ -787,7 +791,7 @@ async fn fifty_writers_racing_the_same_expectation_have_exactly_one_winner_each_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_after_the_duplicate_window_answers_its_first_position() {
-    use provledger_client::write::{record, Recorded};
+    use provledger_client::write::Recorded;
     use provledger_events::{AppendStatus, CommitDraft, Expectation};
     // Given a stream whose duplicate window is one second, and a commit written by one
     // process followed by more commits than another process keeps the ids of (so that only
@@ -799,12 +803,15 @@ async fn a_retry_after_the_duplicate_window_answers_its_first_position() {
         duplicate_window: Duration::from_secs(1),
         ..Default::default()
     };
-    let first = JetStreamLog::open(nats.client().await, config.clone())
-        .await
-        .expect("open");
+    let first = Writer::new(
+        JetStreamLog::open(nats.client().await, config.clone())
+            .await
+            .expect("open"),
+    );
     let cluster = AggregateId::cluster(Uuid::now_v7());
     let create = CommitDraft::now("test", vec![samples::all().remove(0)]);
-    record(&first, cluster, Expectation::NoStream, create)
+    first
+        .record(cluster, Expectation::NoStream, create)
         .await
         .expect("create");
     let status = |n: usize| Event::ClusterStatusChanged {
@@ -812,7 +819,8 @@ async fn a_retry_after_the_duplicate_window_answers_its_first_position() {
         description: format!("step {n}"),
     };
     let retried = CommitDraft::now("test", vec![status(0)]);
-    let Recorded::Appended(original) = record(&first, cluster, Expectation::Any, retried.clone())
+    let Recorded::Appended(original) = first
+        .record(cluster, Expectation::Any, retried.clone())
         .await
         .expect("the original")
     else {
@@ -821,16 +829,20 @@ async fn a_retry_after_the_duplicate_window_answers_its_first_position() {
     let more = provledger_client::write::RECENT_COMMITS_MAX + 30;
     for n in 1..=more {
         let d = CommitDraft::now("test", vec![status(n)]);
-        record(&first, cluster, Expectation::Any, d)
+        first
+            .record(cluster, Expectation::Any, d)
             .await
             .expect("more");
     }
     // when another process retries it once the window has passed,
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let second = JetStreamLog::open(nats.client().await, config)
-        .await
-        .expect("open");
-    let again = record(&second, cluster, Expectation::Any, retried.clone())
+    let second = Writer::new(
+        JetStreamLog::open(nats.client().await, config)
+            .await
+            .expect("open"),
+    );
+    let again = second
+        .record(cluster, Expectation::Any, retried.clone())
         .await
         .expect("the retry");
     // then it answers the first position and nothing was written twice.
@@ -839,7 +851,7 @@ async fn a_retry_after_the_duplicate_window_answers_its_first_position() {
     };
     assert_eq!(outcome.status, AppendStatus::AlreadyAppended);
     assert_eq!(outcome.position, original.position);
-    let commits = second.read_aggregate(cluster).await.unwrap();
+    let commits = second.log().read_aggregate(cluster).await.unwrap();
     assert_eq!(commits.len(), 2 + more);
     assert_eq!(
         commits
@@ -927,7 +939,7 @@ async fn a_claim_and_the_step_that_accounts_for_it_are_one_atomic_batch() {
     // Given a boot on a JetStream ledger.
     let nats = NatsServer::start().await;
     let log = open_log(&nats).await;
-    let ledger = provledger_client::Ledger::JetStream(log.clone());
+    let ledger = Writer::new(provledger_client::Ledger::JetStream(log.clone()));
     let provider = Uuid::now_v7();
     register_compute_node(&ledger, provider, "cn", 64, "test")
         .await

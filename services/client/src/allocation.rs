@@ -5,8 +5,7 @@
 use provledger_events::{AggregateId, CommitDraft, Event, EventLog, Expectation};
 use provledger_projections::Entity;
 
-use crate::ledger::read_entity;
-use crate::write::{record, RecordError};
+use crate::write::{RecordError, Writer};
 
 /// Releases `consumer`'s allocation on `provider` if it is still there (idempotent: no
 /// provider or no allocation is success). The release is decided by the one write path on
@@ -16,7 +15,7 @@ use crate::write::{record, RecordError};
 /// operation). Shared by the driver's ledger-internal compensation and the provisioning
 /// flows' terminations.
 pub async fn release_allocation<L: EventLog>(
-    log: &L,
+    writer: &Writer<L>,
     provider: uuid::Uuid,
     consumer: uuid::Uuid,
     reason: &str,
@@ -24,12 +23,16 @@ pub async fn release_allocation<L: EventLog>(
 ) -> Result<(), String> {
     let provider = AggregateId::provider(provider);
     let released = Event::allocation_released(consumer, reason);
-    match record(log, provider, Expectation::Any, draft(vec![released])).await {
+    match writer
+        .record(provider, Expectation::Any, draft(vec![released]))
+        .await
+    {
         Ok(_) => Ok(()),
         // Refused: fine if there is nothing to release (no provider, no such allocation:
         // what was asked for is true); otherwise the refusal is the answer.
         Err(RecordError::Rejected(rejection)) => {
-            match read_entity(log, provider)
+            match writer
+                .read_current(provider)
                 .await
                 .map_err(|e| e.to_string())?
             {
@@ -50,7 +53,7 @@ const RETURN_TO_SOURCE_ATTEMPTS_MAX: usize = 8;
 /// (`facts::return_to_source_events`, decided at the provider's exact version; nothing to
 /// do when the migration holds nothing there). Idempotent.
 pub async fn return_to_source<L: EventLog>(
-    log: &L,
+    writer: &Writer<L>,
     provider: uuid::Uuid,
     instance: uuid::Uuid,
     migration: uuid::Uuid,
@@ -59,7 +62,8 @@ pub async fn return_to_source<L: EventLog>(
 ) -> Result<(), String> {
     let aggregate = AggregateId::provider(provider);
     for _ in 0..RETURN_TO_SOURCE_ATTEMPTS_MAX {
-        let Some(Entity::Provider(source)) = read_entity(log, aggregate)
+        let Some(Entity::Provider(source)) = writer
+            .read_current(aggregate)
             .await
             .map_err(|e| e.to_string())?
         else {
@@ -70,13 +74,13 @@ pub async fn return_to_source<L: EventLog>(
         ) else {
             return Ok(());
         };
-        match record(
-            log,
-            aggregate,
-            Expectation::Exactly(source.header.version),
-            draft(events),
-        )
-        .await
+        match writer
+            .record(
+                aggregate,
+                Expectation::Exactly(source.header.version),
+                draft(events),
+            )
+            .await
         {
             Ok(_) => return Ok(()),
             Err(RecordError::Conflict { .. }) => continue,

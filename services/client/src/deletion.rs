@@ -17,8 +17,8 @@ use uuid::Uuid;
 
 use crate::cancel::CancelNotices;
 use crate::clock::Stamper;
-use crate::ledger::{derived_commit_id, read_entity, Ledger};
-use crate::write::{RecordError, Recorded};
+use crate::ledger::{derived_commit_id, Ledger};
+use crate::write::{RecordError, Recorded, Writer};
 
 /// What a delete request found. Repeating a delete is idempotent and says so.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,14 +58,14 @@ pub fn cancellable_in_flight(entity: &Entity) -> Option<Uuid> {
 /// Records the delete request (unless the target is already deleting or deleted) and
 /// cancels the operation in flight on it. Returns the outcome and the cancelled operation.
 pub async fn request_delete(
-    ledger: &Ledger,
+    ledger: &Writer<Ledger>,
     notices: &CancelNotices,
     target: AggregateId,
     reason: &str,
     actor: &str,
     stamper: &Stamper,
 ) -> Result<(DeleteRequestOutcome, Option<Uuid>), DeleteError> {
-    let entity = read_entity(ledger, target).await.map_err(ledger_error)?;
+    let entity = ledger.read_current(target).await.map_err(ledger_error)?;
     let Some(entity) = entity else {
         return Ok((DeleteRequestOutcome::Unknown, None));
     };
@@ -109,14 +109,15 @@ pub async fn request_delete(
 /// log (once: a deterministic commit id), then the cancel notice. `Ok(false)` when the
 /// operation is already closed or already noticed.
 pub async fn notice_target_deletion(
-    ledger: &Ledger,
+    ledger: &Writer<Ledger>,
     notices: &CancelNotices,
     op: Uuid,
     reason: &str,
     actor: &str,
     stamper: &Stamper,
 ) -> Result<bool, DeleteError> {
-    let Some(Entity::Operation(state)) = read_entity(ledger, AggregateId::operation(op))
+    let Some(Entity::Operation(state)) = ledger
+        .read_current(AggregateId::operation(op))
         .await
         .map_err(ledger_error)?
     else {
@@ -142,17 +143,18 @@ pub async fn notice_target_deletion(
 /// node groups and no operation in flight (a cluster), or no allocation (an instance).
 /// Returns whether the target is deleted now.
 pub async fn complete_deletion(
-    ledger: &Ledger,
+    ledger: &Writer<Ledger>,
     target: AggregateId,
     actor: &str,
     stamper: &Stamper,
 ) -> Result<bool, DeleteError> {
-    let Some(entity) = read_entity(ledger, target).await.map_err(ledger_error)? else {
+    let Some(entity) = ledger.read_current(target).await.map_err(ledger_error)? else {
         return Ok(false);
     };
     let runs_on = match &entity {
         Entity::Instance(i) => match i.provider_id {
-            Some(provider) => match read_entity(ledger, AggregateId::provider(provider))
+            Some(provider) => match ledger
+                .read_current(AggregateId::provider(provider))
                 .await
                 .map_err(ledger_error)?
             {

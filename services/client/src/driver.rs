@@ -31,8 +31,8 @@ use uuid::Uuid;
 use crate::allocation::{release_allocation, return_to_source};
 use crate::clock::Stamper;
 use crate::executors::{CompensationExecutor, CompensationRequest};
-use crate::ledger::{derived_commit_id, read_entity, Ledger};
-use crate::write::{record_atomic, Fact, FromTheLog, RecordError};
+use crate::ledger::{derived_commit_id, Ledger};
+use crate::write::{Fact, FromTheLog, RecordError, Writer};
 
 /// Driver steps per `drive` call. Each step records something or waits at most
 /// `RECHECK_MS_MAX`; a plan has at most a few thousand compensations with a bounded number
@@ -64,8 +64,12 @@ fn ledger_error(e: impl std::fmt::Display) -> DriveError {
 }
 
 /// A started operation as folded from the log, or `NotFound`.
-pub async fn read_operation<L: EventLog>(log: &L, id: Uuid) -> Result<OperationState, DriveError> {
-    match read_entity(log, AggregateId::operation(id))
+pub async fn read_operation<L: EventLog>(
+    log: &Writer<L>,
+    id: Uuid,
+) -> Result<OperationState, DriveError> {
+    match log
+        .read_current(AggregateId::operation(id))
         .await
         .map_err(ledger_error)?
     {
@@ -79,7 +83,7 @@ pub async fn read_operation<L: EventLog>(log: &L, id: Uuid) -> Result<OperationS
 /// every compensation not done a fresh budget of attempts; a driver then goes on from where
 /// it stopped. `Ok(false)`: the operation does not need attention (nothing written).
 pub async fn resume_needs_attention(
-    ledger: &Ledger,
+    ledger: &Writer<Ledger>,
     id: Uuid,
     reason: &str,
     actor: &str,
@@ -97,7 +101,7 @@ pub async fn resume_needs_attention(
 /// An operator's decision about `op`, recorded at the version it was decided on: a
 /// concurrent change makes it a conflict rather than a decision on stale state.
 async fn record_at_version(
-    ledger: &Ledger,
+    ledger: &Writer<Ledger>,
     op: &OperationState,
     events: Vec<Event>,
     actor: &str,
@@ -121,7 +125,7 @@ async fn record_at_version(
 /// version with the operator as actor. Returns the events recorded (with
 /// `rollback_resumed` when it was the last compensation not done: a driver then finishes).
 pub async fn resolve_compensation(
-    ledger: &Ledger,
+    ledger: &Writer<Ledger>,
     id: Uuid,
     compensation_id: Uuid,
     reason: &str,
@@ -139,7 +143,7 @@ pub async fn resolve_compensation(
 /// aggregate, with the operator as actor. A [`RollbackDriver`] then carries the removals
 /// out, as it does any rollback.
 pub async fn record_leak_removal(
-    ledger: &Ledger,
+    ledger: &Writer<Ledger>,
     operation: Uuid,
     events: Vec<Event>,
     actor: &str,
@@ -159,7 +163,7 @@ pub async fn record_leak_removal(
 
 /// The plan the planner gives for `op` now, with a bundle's children read from the log.
 pub async fn plan_for<L: EventLog>(
-    log: &L,
+    log: &Writer<L>,
     op: &OperationState,
 ) -> Result<RollbackPlan, DriveError> {
     let mut children = Vec::new();
@@ -183,7 +187,7 @@ pub(crate) enum DriveStep {
 }
 
 pub struct RollbackDriver {
-    ledger: Ledger,
+    ledger: Writer<Ledger>,
     executors: Arc<dyn CompensationExecutor>,
     policy: RetryPolicy,
     actor: String,
@@ -192,7 +196,7 @@ pub struct RollbackDriver {
 
 impl RollbackDriver {
     pub fn new(
-        ledger: Ledger,
+        ledger: Writer<Ledger>,
         executors: Arc<dyn CompensationExecutor>,
         policy: RetryPolicy,
         actor: &str,
@@ -416,15 +420,18 @@ impl RollbackDriver {
         };
         let operation = op.header.id.id;
         for _ in 0..VM_GONE_ATTEMPTS_MAX {
-            let Some(Entity::Instance(state)) =
-                read_entity(&self.ledger, AggregateId::instance(instance_id))
-                    .await
-                    .map_err(|e| e.to_string())?
+            let Some(Entity::Instance(state)) = self
+                .ledger
+                .read_current(AggregateId::instance(instance_id))
+                .await
+                .map_err(|e| e.to_string())?
             else {
                 return Ok(());
             };
             let cluster = match state.cluster_id {
-                Some(id) => match read_entity(&self.ledger, AggregateId::cluster(id))
+                Some(id) => match self
+                    .ledger
+                    .read_current(AggregateId::cluster(id))
                     .await
                     .map_err(|e| e.to_string())?
                 {
@@ -448,7 +455,11 @@ impl RollbackDriver {
             if facts.is_empty() {
                 return Ok(());
             }
-            match record_atomic(&self.ledger, facts, DecideOptions::default(), &FromTheLog).await {
+            match self
+                .ledger
+                .record_atomic(facts, DecideOptions::default(), &FromTheLog)
+                .await
+            {
                 Ok(_) => return Ok(()),
                 // The instance or its cluster moved on in between: decide again.
                 Err(RecordError::Rejections { .. }) | Err(RecordError::Conflicts { .. }) => {}
@@ -472,7 +483,9 @@ impl RollbackDriver {
         };
         let operation = op.header.id.id;
         let target = plan.target;
-        let entity = read_entity(&self.ledger, target)
+        let entity = self
+            .ledger
+            .read_current(target)
             .await
             .map_err(ledger_error)?;
         let events = rollback_target_events(op, entity.as_ref(), outcome);

@@ -16,7 +16,7 @@ use provledger_projections::lease::renewal_not_before;
 use uuid::Uuid;
 
 use crate::clock::Stamper;
-use crate::write::{record, RecordError};
+use crate::write::{RecordError, Writer};
 
 /// A task this worker holds.
 #[derive(Debug, Clone)]
@@ -35,7 +35,7 @@ impl TaskLease {
     /// A lease outside `LEASE_MS_MIN..=LEASE_MS_MAX` is refused by the decider
     /// (`lease_too_short`, `lease_too_long`).
     pub async fn start<L: EventLog>(
-        log: &L,
+        writer: &Writer<L>,
         instance: Uuid,
         task: TaskState,
         worker: &str,
@@ -46,13 +46,13 @@ impl TaskLease {
         let until = since.plus_ms(lease_ms(lease));
         let event = Event::task_started(task, worker, until);
         let aggregate = AggregateId::instance(instance);
-        record(
-            log,
-            aggregate,
-            Expectation::Any,
-            stamper.draft_at(since, worker, vec![event]),
-        )
-        .await?;
+        writer
+            .record(
+                aggregate,
+                Expectation::Any,
+                stamper.draft_at(since, worker, vec![event]),
+            )
+            .await?;
         Ok(TaskLease {
             instance: aggregate,
             task,
@@ -77,7 +77,7 @@ impl TaskLease {
     /// nothing. Returns whether a renewal was recorded.
     pub async fn renew_if_due<L: EventLog>(
         &mut self,
-        log: &L,
+        writer: &Writer<L>,
         stamper: &Stamper,
     ) -> Result<bool, RecordError> {
         let now = stamper.now();
@@ -86,13 +86,13 @@ impl TaskLease {
         }
         let until = now.plus_ms(lease_ms(self.lease));
         let event = Event::task_lease_renewed(&self.worker, until);
-        record(
-            log,
-            self.instance,
-            Expectation::Any,
-            stamper.draft_at(now, &self.worker, vec![event]),
-        )
-        .await?;
+        writer
+            .record(
+                self.instance,
+                Expectation::Any,
+                stamper.draft_at(now, &self.worker, vec![event]),
+            )
+            .await?;
         self.since = now;
         self.until = until;
         Ok(true)
@@ -101,20 +101,20 @@ impl TaskLease {
     /// Records `task_finished` with `outcome`.
     pub async fn finish<L: EventLog>(
         self,
-        log: &L,
+        writer: &Writer<L>,
         outcome: TaskOutcome,
         reason: &str,
         stamper: &Stamper,
     ) -> Result<(), RecordError> {
         let event = Event::task_finished(self.task, outcome, reason);
-        record(
-            log,
-            self.instance,
-            Expectation::Any,
-            stamper.draft(&self.worker, vec![event]),
-        )
-        .await
-        .map(|_| ())
+        writer
+            .record(
+                self.instance,
+                Expectation::Any,
+                stamper.draft(&self.worker, vec![event]),
+            )
+            .await
+            .map(|_| ())
     }
 }
 

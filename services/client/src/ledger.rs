@@ -8,9 +8,7 @@ use provledger_events::log::{MissingStream, OpenJetStreamError, OpenSledError};
 use provledger_events::{
     AggregateId, AppendError, AppendOutcome, ChainTip, Commit, CommitDraft, CommitStream, EventLog,
     Expectation, HistoryEntry, JetStreamConfig, JetStreamLog, MemLog, ReadError, SledLog,
-    WriteQueues,
 };
-use provledger_projections::Entity;
 
 /// Where the ledger lives; mirrors the CLI's global options.
 #[derive(Debug, Clone)]
@@ -329,26 +327,6 @@ impl Ledger {
         }
     }
 
-    /// Writes through the one decided write path ([`crate::write::record`]): the commit is
-    /// appended only if the fold applies it, at exactly the version it was decided at.
-    pub async fn record(
-        &self,
-        aggregate: AggregateId,
-        expect: Expectation,
-        draft: CommitDraft,
-    ) -> Result<crate::write::Recorded, crate::write::RecordError> {
-        crate::write::record(self, aggregate, expect, draft).await
-    }
-
-    /// Writes a fact under a derived commit id ([`crate::write::record_fact`]).
-    pub async fn record_fact(
-        &self,
-        aggregate: AggregateId,
-        draft: CommitDraft,
-    ) -> Result<crate::write::Recorded, crate::write::RecordError> {
-        crate::write::record_fact(self, aggregate, draft).await
-    }
-
     /// Flushes and releases what the ledger holds (the data-dir lock when embedded).
     pub fn close(self) {
         if let Ledger::Embedded(log) = self {
@@ -445,14 +423,6 @@ impl EventLog for Ledger {
         }
     }
 
-    fn write_queues(&self) -> &WriteQueues {
-        match self {
-            Ledger::Embedded(l) => l.write_queues(),
-            Ledger::JetStream(l) => l.write_queues(),
-            Ledger::Memory(l) => l.write_queues(),
-        }
-    }
-
     fn recognises_retry_on_append(&self, commit_id: &uuid::Uuid) -> bool {
         match self {
             Ledger::Embedded(l) => l.recognises_retry_on_append(commit_id),
@@ -484,18 +454,6 @@ impl EventLog for Ledger {
             Ledger::Memory(l) => l.last_position().await,
         }
     }
-}
-
-/// The current state of one aggregate, folded from the log (not from a projection, so it
-/// is as fresh as the log). `None` when the aggregate has no commit.
-///
-/// Reads only what is newer than what this process already knows of the aggregate (see
-/// [`crate::write::read_current`]), so reading it again and again costs what changed.
-pub async fn read_entity<L: EventLog>(
-    log: &L,
-    aggregate: AggregateId,
-) -> Result<Option<Entity>, ReadError> {
-    crate::write::read_current(log, aggregate).await
 }
 
 /// A deterministic commit id for a driver or deleter write, so that a retry or a racing

@@ -2,10 +2,11 @@
 //!
 //! It owns:
 //! - [`Ledger`]: the configured event log (embedded sled, or JetStream when a NATS URL is
-//!   given) behind one `EventLog`, and [`read_entity`], an aggregate's state folded from
-//!   the log itself;
-//! - [`write`]: the one write path ([`write::record`], [`Ledger::record`]): read, decide
-//!   with the pure append decider, append at exactly that version;
+//!   given) behind one `EventLog`; storage only;
+//! - [`write`]: the one write path, [`Writer`]: a process's turns per aggregate and what it
+//!   knows of each (an aggregate's current state, folded from the log itself, is
+//!   [`Writer::read_current`]); read, decide with the pure append decider, append at
+//!   exactly that version;
 //! - [`OperationRunner`]: the one entry point through which a service runs an operation.
 //!   It records the start, each stage and step with its effect and compensation, and
 //!   catches every error, panic and cancellation in one place (Sahara's problems 1 and 2);
@@ -59,11 +60,12 @@ pub use executors::{
 };
 pub use lease::TaskLease;
 pub use ledger::{
-    connect_nats, derived_commit_id, open_jetstream, parse_nats_urls, read_entity,
-    redacted_nats_url, Ledger, LedgerOptions, NatsAuth, OpenLedgerError,
+    connect_nats, derived_commit_id, open_jetstream, parse_nats_urls, redacted_nats_url, Ledger,
+    LedgerOptions, NatsAuth, OpenLedgerError,
 };
 pub use port::{ActionFuture, Infrastructure};
 pub use runner::{
     idempotency_key, ActOutput, OperationCtx, OperationError, OperationRunner, OperationSpec,
     RunReport, StepError, StepHook, StepOutput,
 };
+pub use write::Writer;

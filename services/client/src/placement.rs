@@ -31,11 +31,9 @@ use provledger_projections::{Entity, Projection};
 use uuid::Uuid;
 
 use crate::clock::Stamper;
-use crate::ledger::{derived_commit_id, read_entity};
+use crate::ledger::derived_commit_id;
 use crate::view::{entities, fold_log, StateView, ViewError};
-use crate::write::{
-    record, record_atomic, record_fact, record_with, Fact, FromTheLog, RecordError, Recorded,
-};
+use crate::write::{Fact, FromTheLog, RecordError, Recorded, Writer};
 
 #[doc(no_inline)]
 pub use crate::view::LogView;
@@ -79,7 +77,7 @@ impl From<ViewError> for PlacementError {
 /// compute service does when a node comes up: `provider_registered` then one
 /// `inventory_set` per resource class, on a provider that must not exist yet.
 pub async fn register_provider<L: EventLog>(
-    log: &L,
+    writer: &Writer<L>,
     provider: Uuid,
     name: &str,
     host: &str,
@@ -93,20 +91,20 @@ pub async fn register_provider<L: EventLog>(
             .iter()
             .map(|(class, inventory)| Event::inventory_set(class.clone(), *inventory)),
     );
-    record(
-        log,
-        AggregateId::provider(provider),
-        Expectation::NoStream,
-        stamper.draft(actor, events),
-    )
-    .await
+    writer
+        .record(
+            AggregateId::provider(provider),
+            Expectation::NoStream,
+            stamper.draft(actor, events),
+        )
+        .await
 }
 
 /// Sets one inventory of a provider (the hardware changed), decided at the provider's
 /// exact version: an inventory below what is allocated is refused (`below_usage`) unless
 /// `force` says the hardware really shrank.
 pub async fn set_inventory<L: EventLog>(
-    log: &L,
+    writer: &Writer<L>,
     provider: Uuid,
     resource_class: &str,
     inventory: Inventory,
@@ -115,17 +113,17 @@ pub async fn set_inventory<L: EventLog>(
     stamper: &Stamper,
 ) -> Result<Recorded, RecordError> {
     let event = Event::inventory_set(resource_class, inventory);
-    record_with(
-        log,
-        AggregateId::provider(provider),
-        Expectation::Any,
-        stamper.draft(actor, vec![event]),
-        DecideOptions {
-            force,
-            ..Default::default()
-        },
-    )
-    .await
+    writer
+        .record_with(
+            AggregateId::provider(provider),
+            Expectation::Any,
+            stamper.draft(actor, vec![event]),
+            DecideOptions {
+                force,
+                ..Default::default()
+            },
+        )
+        .await
 }
 
 /// The whole state folded from the log (for the CLI's `--host` and tools; placement's
@@ -152,10 +150,10 @@ pub async fn holds_on<V: StateView>(
 }
 
 async fn provider_state<L: EventLog>(
-    log: &L,
+    writer: &Writer<L>,
     provider: Uuid,
 ) -> Result<ProviderState, PlacementError> {
-    match read_entity(log, AggregateId::provider(provider)).await {
+    match writer.read_current(AggregateId::provider(provider)).await {
         Ok(Some(Entity::Provider(p))) if p.status.is_some() => Ok(*p),
         Ok(_) => Err(PlacementError::NotFound(provider)),
         Err(e) => Err(PlacementError::Read(e.to_string())),
@@ -168,7 +166,7 @@ async fn provider_state<L: EventLog>(
 /// crash finishes the job. `view` says why each allocation is there (each consumer read by
 /// id); the provider and every write are decided from the log.
 pub async fn delete_provider<L: EventLog, V: StateView>(
-    log: &L,
+    writer: &Writer<L>,
     view: &V,
     provider: Uuid,
     cascade: bool,
@@ -179,7 +177,7 @@ pub async fn delete_provider<L: EventLog, V: StateView>(
     let mut released: Vec<Hold> = Vec::new();
     let mut conflicts = 0;
     loop {
-        let state = provider_state(log, provider).await?;
+        let state = provider_state(writer, provider).await?;
         // The view is read only to say why each allocation is there: one consumer each.
         let holds = match state.allocations.is_empty() {
             true => Vec::new(),
@@ -209,13 +207,9 @@ pub async fn delete_provider<L: EventLog, V: StateView>(
         // One commit id per version: a retry whose answer was lost is recognised.
         let mut draft = stamper.draft(actor, events);
         draft.commit_id = derived_commit_id(provider, &format!("delete/{}", state.header.version));
-        match record(
-            log,
-            aggregate,
-            Expectation::Exactly(state.header.version),
-            draft,
-        )
-        .await
+        match writer
+            .record(aggregate, Expectation::Exactly(state.header.version), draft)
+            .await
         {
             Ok(_) if refusal => return Ok(ProviderDeletion::Refused { holds }),
             Ok(_) => {
@@ -243,7 +237,7 @@ pub async fn delete_provider<L: EventLog, V: StateView>(
 /// releases span several commits, or any delete, stopped by a crash): serve's sweep runs
 /// it, so a delete is never left in the middle. Returns the providers it finished.
 pub async fn finish_provider_deletes<L: EventLog, V: StateView>(
-    log: &L,
+    writer: &Writer<L>,
     view: &V,
     actor: &str,
     stamper: &Stamper,
@@ -254,7 +248,7 @@ pub async fn finish_provider_deletes<L: EventLog, V: StateView>(
             continue;
         }
         let id = p.header.id.id;
-        match delete_provider(log, view, id, false, actor, stamper).await {
+        match delete_provider(writer, view, id, false, actor, stamper).await {
             Ok(ProviderDeletion::Deleted { released }) => {
                 tracing::info!(provider = %id, released = released.len(), "a provider delete found half done was finished");
                 finished.push(id);
@@ -271,7 +265,7 @@ pub async fn finish_provider_deletes<L: EventLog, V: StateView>(
 /// Releases one allocation with its reason, once (a derived commit id: a re-run after a
 /// crash finds it recorded).
 async fn release<L: EventLog>(
-    log: &L,
+    writer: &Writer<L>,
     provider: Uuid,
     hold: &Hold,
     why: &str,
@@ -281,7 +275,10 @@ async fn release<L: EventLog>(
     let event = Event::allocation_released(hold.consumer, format!("{why}: {}", hold.why));
     let mut draft = stamper.draft(actor, vec![event]);
     draft.commit_id = derived_commit_id(provider, &format!("release/{}/{}", hold.consumer, why));
-    match record_fact(log, AggregateId::provider(provider), draft).await {
+    match writer
+        .record_fact(AggregateId::provider(provider), draft)
+        .await
+    {
         Ok(_) => Ok(()),
         // Released meanwhile by someone else: what was asked for is true.
         Err(RecordError::Rejected(_)) => Ok(()),
@@ -303,7 +300,7 @@ pub struct HealReport {
 /// one's allocations by consumer); each claim is decided against the log by the write path
 /// (capacity at the provider's exact version).
 pub async fn heal_allocations<L: EventLog, V: StateView>(
-    log: &L,
+    writer: &Writer<L>,
     view: &V,
     only: Option<Uuid>,
     dry_run: bool,
@@ -358,7 +355,7 @@ pub async fn heal_allocations<L: EventLog, V: StateView>(
                 }
             })
             .collect();
-        match record_atomic(log, facts, DecideOptions::default(), &FromTheLog).await {
+        match writer.record_atomic(facts, DecideOptions::default(), &FromTheLog).await {
             Ok(_) => report.healed.push((instance, provider)),
             Err(RecordError::Rejections { rejections }) => report.failed.push((
                 instance,
@@ -385,7 +382,7 @@ pub async fn heal_allocations<L: EventLog, V: StateView>(
 /// their consumers come from `view`; each release is written on the provider through the
 /// write path (a consumer released meanwhile is left as it is).
 pub async fn fix_orphans<L: EventLog, V: StateView>(
-    log: &L,
+    writer: &Writer<L>,
     view: &V,
     dry_run: bool,
     actor: &str,
@@ -403,7 +400,7 @@ pub async fn fix_orphans<L: EventLog, V: StateView>(
         for (provider, hold) in &found {
             debug_assert_eq!(hold.hold, AllocationHold::Orphan);
             release(
-                log,
+                writer,
                 *provider,
                 hold,
                 "orphan released by audit --fix-orphans",

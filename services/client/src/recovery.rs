@@ -50,7 +50,7 @@ use crate::executors::request_ok;
 use crate::ledger::derived_commit_id;
 use crate::placement::PlacementError;
 use crate::view::{entities, StateView};
-use crate::write::{record_atomic, record_fact, Fact, FromTheLog, RecordError};
+use crate::write::{Fact, FromTheLog, RecordError, Writer};
 
 /// The actor every sweep records with: racing replicas then write identical payloads.
 pub const RECOVERY_ACTOR: &str = "provledger-recovery";
@@ -141,7 +141,7 @@ impl SweepReport {
 /// One sweep over every instance of `view`. `dry_run` writes nothing. Re-issues are
 /// recorded as pending; [`deliver_reissues`] sends them.
 pub async fn sweep<L: EventLog, V: StateView>(
-    log: &L,
+    writer: &Writer<L>,
     view: &V,
     dry_run: bool,
     stamper: &Stamper,
@@ -176,7 +176,9 @@ pub async fn sweep<L: EventLog, V: StateView>(
                 continue;
             }
         };
-        entry.outcome = match record_atomic(log, facts, DecideOptions::default(), &FromTheLog).await
+        entry.outcome = match writer
+            .record_atomic(facts, DecideOptions::default(), &FromTheLog)
+            .await
         {
             Ok(recorded)
                 if recorded.iter().all(|r| {
@@ -308,13 +310,13 @@ pub async fn due_reissues<V: StateView>(
 /// Sends one worker's due re-issues, at most [`REISSUES_IN_FLIGHT_PER_WORKER`] at once:
 /// each attempt recorded before it is sent, its outcome after.
 pub async fn deliver_to_worker<L: EventLog>(
-    log: &L,
+    writer: &Writer<L>,
     reissuer: &dyn Reissuer,
     dues: Vec<Due>,
     stamper: &Stamper,
 ) -> DeliveryReport {
     let outcomes: Vec<Attempt> = futures::stream::iter(dues)
-        .map(|due| deliver_one(log, reissuer, due, stamper))
+        .map(|due| deliver_one(writer, reissuer, due, stamper))
         .buffer_unordered(REISSUES_IN_FLIGHT_PER_WORKER)
         .collect()
         .await;
@@ -339,7 +341,7 @@ pub async fn deliver_to_worker<L: EventLog>(
 /// outcome (the CLI's round; serve runs each worker's on its own task, so that a worker
 /// that never answers holds no other's, nor the next round).
 pub async fn deliver_reissues<L: EventLog, V: StateView>(
-    log: &L,
+    writer: &Writer<L>,
     view: &V,
     reissuer: &dyn Reissuer,
     policy: &ReissuePolicy,
@@ -350,7 +352,7 @@ pub async fn deliver_reissues<L: EventLog, V: StateView>(
     let reports = futures::future::join_all(
         by_worker
             .into_values()
-            .map(|dues| deliver_to_worker(log, reissuer, dues, stamper)),
+            .map(|dues| deliver_to_worker(writer, reissuer, dues, stamper)),
     )
     .await;
     let mut report = DeliveryReport {
@@ -374,7 +376,7 @@ enum Attempt {
 
 /// Records the attempt at the instance's version, sends it, records its outcome.
 async fn deliver_one<L: EventLog>(
-    log: &L,
+    writer: &Writer<L>,
     reissuer: &dyn Reissuer,
     due: Due,
     stamper: &Stamper,
@@ -391,7 +393,10 @@ async fn deliver_one<L: EventLog>(
         expect: Expectation::Exactly(due.version),
         draft,
     };
-    match record_atomic(log, vec![fact], DecideOptions::default(), &FromTheLog).await {
+    match writer
+        .record_atomic(vec![fact], DecideOptions::default(), &FromTheLog)
+        .await
+    {
         // Only the writer whose append took the attempt sends it; a replica that finds it
         // already appended (same derived id) leaves it to that one.
         Ok(recorded)
@@ -419,7 +424,7 @@ async fn deliver_one<L: EventLog>(
     };
     let mut draft = stamper.draft(RECOVERY_ACTOR, vec![event]);
     draft.commit_id = derived_commit_id(request_id, &what);
-    if let Err(e) = record_fact(log, due.instance, draft).await {
+    if let Err(e) = writer.record_fact(due.instance, draft).await {
         // The instance was deleted meanwhile (nothing is pending on it any more), or the
         // log is unavailable: an attempt without an outcome is sent again after the reply
         // wait, and the worker is idempotent by request id.

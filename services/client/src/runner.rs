@@ -25,8 +25,8 @@ use uuid::Uuid;
 use crate::cancel::CancelNotices;
 use crate::clock::Stamper;
 use crate::driver::RollbackDriver;
-use crate::ledger::{read_entity, Ledger};
-use crate::write::{record_atomic, Fact, FromTheLog, RecordError, Recorded};
+use crate::ledger::Ledger;
+use crate::write::{Fact, FromTheLog, RecordError, Recorded, Writer};
 
 /// Appends to the operation retried after a version conflict (each conflict means another
 /// writer, a canceller or a deleter, got in between).
@@ -202,7 +202,7 @@ pub type StepHook = Arc<
 /// Runs operations against one ledger.
 #[derive(Clone)]
 pub struct OperationRunner {
-    ledger: Ledger,
+    ledger: Writer<Ledger>,
     notices: CancelNotices,
     driver: Option<Arc<RollbackDriver>>,
     actor: String,
@@ -224,7 +224,7 @@ struct CtxState {
 }
 
 struct CtxInner {
-    ledger: Ledger,
+    ledger: Writer<Ledger>,
     id: Uuid,
     kind: OperationKind,
     target: AggregateId,
@@ -282,7 +282,7 @@ impl OperationRunner {
     /// driven in this process before `run` returns (embedded mode). Without it the
     /// operation is left failed for `serve` to plan and drive.
     pub fn new(
-        ledger: Ledger,
+        ledger: Writer<Ledger>,
         notices: CancelNotices,
         driver: Option<Arc<RollbackDriver>>,
         actor: &str,
@@ -312,7 +312,7 @@ impl OperationRunner {
         self
     }
 
-    pub fn ledger(&self) -> &Ledger {
+    pub fn ledger(&self) -> &Writer<Ledger> {
         &self.ledger
     }
 
@@ -383,7 +383,11 @@ impl OperationRunner {
         }
         let state = match driven {
             Some(op) => Some(op),
-            None => match read_entity(&self.ledger, AggregateId::operation(operation_id)).await {
+            None => match self
+                .ledger
+                .read_current(AggregateId::operation(operation_id))
+                .await
+            {
                 Ok(Some(Entity::Operation(op))) => Some(*op),
                 _ => None,
             },
@@ -458,7 +462,7 @@ impl OperationCtx {
         self.inner.target
     }
 
-    pub fn ledger(&self) -> &Ledger {
+    pub fn ledger(&self) -> &Writer<Ledger> {
         &self.inner.ledger
     }
 
@@ -506,7 +510,10 @@ impl OperationCtx {
     /// Reads the operation from the log and notes a cancellation, if one is recorded.
     async fn refresh(&self) -> Result<u64, OperationError> {
         let op = AggregateId::operation(self.inner.id);
-        let Some(Entity::Operation(state)) = read_entity(&self.inner.ledger, op)
+        let Some(Entity::Operation(state)) = self
+            .inner
+            .ledger
+            .read_current(op)
             .await
             .map_err(ledger_error)?
         else {
@@ -924,13 +931,10 @@ impl OperationCtx {
 
     /// One atomic set through the write path, each fact decided against the log.
     async fn record_together(&self, facts: Vec<Fact>) -> Result<Vec<Recorded>, RecordError> {
-        record_atomic(
-            &self.inner.ledger,
-            facts,
-            DecideOptions::default(),
-            &FromTheLog,
-        )
-        .await
+        self.inner
+            .ledger
+            .record_atomic(facts, DecideOptions::default(), &FromTheLog)
+            .await
     }
 
     /// Records a child operation of this one (a bundle's).

@@ -8,7 +8,7 @@
 //! recovery sweep never fold the log).
 //!
 //! A view only tells what to try. Every write a decision leads to still goes through the
-//! one decided write path (`write::record` / `write::record_fact`), which reads the
+//! one decided write path (`Writer::record` / `Writer::record_fact`), which reads the
 //! aggregate it writes from the log and appends at that exact version: a claim, a release
 //! or a recovery decided from a view that lags the log is checked against the log by the
 //! decider, and refused or re-decided, never applied blindly.

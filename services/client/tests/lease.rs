@@ -25,7 +25,7 @@ impl Clock for ManualClock {
 
 #[tokio::test]
 async fn renewals_are_bounded_to_one_per_half_lease_and_an_expired_one_is_recovered() {
-    let log = MemLog::new();
+    let log = provledger_client::Writer::new(MemLog::new());
     let clock = Arc::new(ManualClock(AtomicI64::new(1_800_000_000_000)));
     let stamper = Stamper::new(clock.clone(), Arc::new(SeededIds::new(1)));
     let vm = Uuid::from_u128(5);
@@ -42,13 +42,14 @@ async fn renewals_are_bounded_to_one_per_half_lease_and_an_expired_one_is_recove
         outcome: TaskOutcome::Succeeded,
         reason: String::new(),
     };
-    log.append(
-        AggregateId::instance(vm),
-        Expectation::NoStream,
-        stamper.draft("t", vec![create, finish_scheduling]),
-    )
-    .await
-    .unwrap();
+    log.log()
+        .append(
+            AggregateId::instance(vm),
+            Expectation::NoStream,
+            stamper.draft("t", vec![create, finish_scheduling]),
+        )
+        .await
+        .unwrap();
 
     // Given a task started with a 10 s lease...
     let mut lease = TaskLease::start(
@@ -81,25 +82,35 @@ async fn renewals_are_bounded_to_one_per_half_lease_and_an_expired_one_is_recove
         }
     };
     assert_eq!(
-        recover(&state(log.clone()).await, clock.now()),
+        recover(&state(log.log().clone()).await, clock.now()),
         None,
         "a live lease"
     );
     // When the worker stops renewing (it died), the recovery rules see an interrupted task
     // once the lease has expired.
     let until = lease.until();
-    assert!(recover(&state(log.clone()).await, until.plus_ms(1)).is_some());
+    assert!(recover(&state(log.log().clone()).await, until.plus_ms(1)).is_some());
     // A finished task is nothing to recover.
     lease
         .finish(&log, TaskOutcome::Succeeded, "", &stamper)
         .await
         .unwrap();
-    assert_eq!(recover(&state(log.clone()).await, until.plus_ms(1)), None);
+    assert_eq!(
+        recover(&state(log.log().clone()).await, until.plus_ms(1)),
+        None
+    );
 }
 
 /// An active instance with no task in progress, on a manual clock at `start` ms.
-async fn idle_instance(start: i64) -> (MemLog, Arc<ManualClock>, Stamper, Uuid) {
-    let log = MemLog::new();
+async fn idle_instance(
+    start: i64,
+) -> (
+    provledger_client::Writer<MemLog>,
+    Arc<ManualClock>,
+    Stamper,
+    Uuid,
+) {
+    let log = provledger_client::Writer::new(MemLog::new());
     let clock = Arc::new(ManualClock(AtomicI64::new(start)));
     let stamper = Stamper::new(clock.clone(), Arc::new(SeededIds::new(2)));
     let vm = Uuid::from_u128(6);
@@ -118,13 +129,14 @@ async fn idle_instance(start: i64) -> (MemLog, Arc<ManualClock>, Stamper, Uuid) 
             reason: String::new(),
         },
     ];
-    log.append(
-        AggregateId::instance(vm),
-        Expectation::NoStream,
-        stamper.draft("t", events),
-    )
-    .await
-    .unwrap();
+    log.log()
+        .append(
+            AggregateId::instance(vm),
+            Expectation::NoStream,
+            stamper.draft("t", events),
+        )
+        .await
+        .unwrap();
     (log, clock, stamper, vm)
 }
 

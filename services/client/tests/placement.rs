@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use provledger_client::placement::{delete_provider, LogView, ProviderDeletion};
-use provledger_client::write::{record, RecordError};
+use provledger_client::write::RecordError;
 use provledger_client::Stamper;
+use provledger_client::Writer;
 use provledger_events::catalogue::ConsumerKind;
 use provledger_events::{
     AggregateId, AppendError, AppendOutcome, Commit, CommitDraft, CommitStream, Event, EventLog,
@@ -72,9 +73,6 @@ impl EventLog for DiesBeforeDelete {
     async fn last_position(&self) -> Result<u64, ReadError> {
         self.inner.last_position().await
     }
-    fn write_queues(&self) -> &provledger_events::WriteQueues {
-        self.inner.write_queues()
-    }
 }
 
 fn claim(consumer: Uuid, n: u64) -> Vec<Event> {
@@ -86,10 +84,10 @@ fn claim(consumer: Uuid, n: u64) -> Vec<Event> {
 }
 
 async fn provider_state(
-    log: &DiesBeforeDelete,
+    log: &Writer<DiesBeforeDelete>,
     p: AggregateId,
 ) -> provledger_projections::provider::ProviderState {
-    match Entity::fold(p, &log.read_aggregate(p).await.unwrap()) {
+    match Entity::fold(p, &log.log().read_aggregate(p).await.unwrap()) {
         Some(Entity::Provider(s)) => *s,
         other => panic!("{other:?}"),
     }
@@ -102,19 +100,18 @@ fn provider_with_vcpus(total: u64) -> Vec<Event> {
 
 /// A provider on a dying log, with `allocations` claims of 1 VCPU.
 async fn provider_holding(
-    log: &DiesBeforeDelete,
+    log: &Writer<DiesBeforeDelete>,
     allocations: usize,
     stamper: &Stamper,
 ) -> (Uuid, AggregateId) {
     let provider = Uuid::now_v7();
     let p = AggregateId::provider(provider);
     let register = provider_with_vcpus(allocations as u64 + 8);
-    record(log, p, Expectation::NoStream, stamper.draft("t", register))
+    log.record(p, Expectation::NoStream, stamper.draft("t", register))
         .await
         .unwrap();
     for _ in 0..allocations {
-        record(
-            log,
+        log.record(
             p,
             Expectation::Any,
             stamper.draft("t", claim(Uuid::now_v7(), 1)),
@@ -126,9 +123,9 @@ async fn provider_holding(
 }
 
 /// Every release written on `p`, by consumer.
-async fn releases(log: &DiesBeforeDelete, p: AggregateId) -> BTreeMap<Uuid, Vec<String>> {
+async fn releases(log: &Writer<DiesBeforeDelete>, p: AggregateId) -> BTreeMap<Uuid, Vec<String>> {
     let mut by_consumer: BTreeMap<Uuid, Vec<String>> = BTreeMap::new();
-    for c in log.read_aggregate(p).await.unwrap() {
+    for c in log.log().read_aggregate(p).await.unwrap() {
         for e in c.events {
             if let Event::AllocationReleased { consumer, reason } = e {
                 by_consumer.entry(consumer).or_default().push(reason);
@@ -144,15 +141,15 @@ async fn a_cascade_that_dies_writes_all_of_a_commit_or_none_and_is_finished_by_w
     use provledger_projections::facts::CASCADE_RELEASES_PER_COMMIT;
     use provledger_projections::provider::ProviderStatus;
     let dir = tempfile::tempdir().unwrap();
-    let log = DiesBeforeDelete {
+    let log = Writer::new(DiesBeforeDelete {
         inner: SledLog::open(dir.path()).unwrap(),
         dead: Arc::new(AtomicBool::new(true)),
-    };
+    });
     let stamper = Stamper::system();
 
     // Given a cascade of a few allocations (one commit) whose process dies writing it...
     let (small, s) = provider_holding(&log, 3, &stamper).await;
-    let died = delete_provider(&log, &LogView::new(&log), small, true, "t", &stamper).await;
+    let died = delete_provider(&log, &LogView::new(log.log()), small, true, "t", &stamper).await;
     assert!(died.is_err(), "{died:?}");
     // ...then nothing of it was written: still active, holding its three allocations.
     let state = provider_state(&log, s).await;
@@ -163,7 +160,7 @@ async fn a_cascade_that_dies_writes_all_of_a_commit_or_none_and_is_finished_by_w
     // commit that deletes the provider...
     let many = CASCADE_RELEASES_PER_COMMIT + 44;
     let (large, l) = provider_holding(&log, many, &stamper).await;
-    let died = delete_provider(&log, &LogView::new(&log), large, true, "t", &stamper).await;
+    let died = delete_provider(&log, &LogView::new(log.log()), large, true, "t", &stamper).await;
     assert!(died.is_err(), "{died:?}");
     // ...then nothing is orphaned: the delete is recorded (claims refused), the first
     // commit's allocations released with their reason, the rest still held.
@@ -171,13 +168,13 @@ async fn a_cascade_that_dies_writes_all_of_a_commit_or_none_and_is_finished_by_w
     assert_eq!(state.status, Some(ProviderStatus::Deleting));
     assert!(state.deleting_cascade);
     assert_eq!(state.allocations.len(), 44);
-    let late = record(
-        &log,
-        l,
-        Expectation::Any,
-        stamper.draft("t", claim(Uuid::now_v7(), 1)),
-    )
-    .await;
+    let late = log
+        .record(
+            l,
+            Expectation::Any,
+            stamper.draft("t", claim(Uuid::now_v7(), 1)),
+        )
+        .await;
     assert!(matches!(late, Err(RecordError::Rejected(_))), "{late:?}");
     let first = releases(&log, l).await;
     assert_eq!(first.len(), CASCADE_RELEASES_PER_COMMIT);
@@ -185,8 +182,8 @@ async fn a_cascade_that_dies_writes_all_of_a_commit_or_none_and_is_finished_by_w
 
     // When, after the restart, serve's sweep finds it half done (no one re-runs it), it
     // finishes it: deleted, every allocation released exactly once.
-    log.dead.store(false, Ordering::SeqCst);
-    let finished = finish_provider_deletes(&log, &LogView::new(&log), "sweep", &stamper)
+    log.log().dead.store(false, Ordering::SeqCst);
+    let finished = finish_provider_deletes(&log, &LogView::new(log.log()), "sweep", &stamper)
         .await
         .unwrap();
     assert_eq!(finished, vec![large]);
@@ -214,23 +211,22 @@ async fn a_cascade_that_dies_writes_all_of_a_commit_or_none_and_is_finished_by_w
 async fn a_delete_racing_claims_never_deletes_a_provider_that_gained_an_allocation() {
     for round in 0..10 {
         let dir = tempfile::tempdir().unwrap();
-        let log = DiesBeforeDelete {
+        let log = Writer::new(DiesBeforeDelete {
             inner: SledLog::open(dir.path()).unwrap(),
             dead: Arc::new(AtomicBool::new(false)),
-        };
+        });
         let stamper = Stamper::system();
         let provider = Uuid::now_v7();
         let p = AggregateId::provider(provider);
         let register = provider_with_vcpus(64);
-        record(&log, p, Expectation::NoStream, stamper.draft("t", register))
+        log.record(p, Expectation::NoStream, stamper.draft("t", register))
             .await
             .unwrap();
         // Given a plain delete and eight claims racing...
         let claims = (0..8).map(|_| {
             let (log, stamper) = (log.clone(), stamper.clone());
             tokio::spawn(async move {
-                record(
-                    &log,
+                log.record(
                     p,
                     Expectation::Any,
                     stamper.draft("t", claim(Uuid::now_v7(), 1)),
@@ -242,7 +238,15 @@ async fn a_delete_racing_claims_never_deletes_a_provider_that_gained_an_allocati
         let delete = {
             let (log, stamper) = (log.clone(), stamper.clone());
             tokio::spawn(async move {
-                delete_provider(&log, &LogView::new(&log), provider, false, "t", &stamper).await
+                delete_provider(
+                    &log,
+                    &LogView::new(log.log()),
+                    provider,
+                    false,
+                    "t",
+                    &stamper,
+                )
+                .await
             })
         };
         let acknowledged = futures::future::join_all(claims)
@@ -284,22 +288,16 @@ async fn a_heal_decided_on_a_stale_view_never_claims_for_an_instance_deleted_sin
     use provledger_client::view::StateView;
     // Given a provider and two active instances on it holding no allocation,
     let dir = tempfile::tempdir().unwrap();
-    let log = SledLog::open(dir.path()).unwrap();
+    let log = Writer::new(SledLog::open(dir.path()).unwrap());
     let provider = Uuid::now_v7();
     let p = AggregateId::provider(provider);
     let draft = |events| CommitDraft::now("test", events);
-    record(
-        &log,
-        p,
-        Expectation::NoStream,
-        draft(provider_with_vcpus(8)),
-    )
-    .await
-    .unwrap();
+    log.record(p, Expectation::NoStream, draft(provider_with_vcpus(8)))
+        .await
+        .unwrap();
     let (kept, deleted) = (Uuid::now_v7(), Uuid::now_v7());
     for vm in [kept, deleted] {
-        record(
-            &log,
+        log.record(
             AggregateId::instance(vm),
             Expectation::NoStream,
             draft(provledger_tests::workload::instance_running_on(provider)),
@@ -308,11 +306,10 @@ async fn a_heal_decided_on_a_stale_view_never_claims_for_an_instance_deleted_sin
         .unwrap();
     }
     // a view read now (a replica's store that will lag),
-    let view = LogView::new(&log);
+    let view = LogView::new(log.log());
     assert_eq!(view.instances().await.unwrap().len(), 2);
     // and one instance deleted after that read,
-    record(
-        &log,
+    log.record(
         AggregateId::instance(deleted),
         Expectation::Any,
         draft(vec![
@@ -329,7 +326,7 @@ async fn a_heal_decided_on_a_stale_view_never_claims_for_an_instance_deleted_sin
         .await
         .unwrap();
     // then only the live instance is claimed for; nothing is claimed for the deleted one.
-    let state = match Entity::fold(p, &log.read_aggregate(p).await.unwrap()) {
+    let state = match Entity::fold(p, &log.log().read_aggregate(p).await.unwrap()) {
         Some(Entity::Provider(s)) => *s,
         other => panic!("{other:?}"),
     };
@@ -348,7 +345,7 @@ async fn a_provider_registered_through_the_client_refuses_an_inventory_below_usa
     use provledger_tests::workload::vcpu_inventory;
     // Given a provider registered with 8 VCPU and a claim of 6 on it,
     let dir = tempfile::tempdir().unwrap();
-    let log = SledLog::open(dir.path()).unwrap();
+    let log = Writer::new(SledLog::open(dir.path()).unwrap());
     let stamper = Stamper::system();
     let provider = Uuid::now_v7();
     let inventories = BTreeMap::from([("VCPU".to_string(), vcpu_inventory(8))]);
@@ -356,8 +353,7 @@ async fn a_provider_registered_through_the_client_refuses_an_inventory_below_usa
         .await
         .unwrap();
     let p = AggregateId::provider(provider);
-    record(
-        &log,
+    log.record(
         p,
         Expectation::Any,
         CommitDraft::now("test", claim(Uuid::now_v7(), 6)),

@@ -6,8 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use provledger_client::write::{
-    record, record_atomic, Fact, FromTheLog, RecordError, Recorded, RECENT_COMMITS_MAX,
-    UNAVAILABLE_RETRIES_MAX,
+    Fact, FromTheLog, RecordError, Recorded, Writer, RECENT_COMMITS_MAX, UNAVAILABLE_RETRIES_MAX,
 };
 use provledger_events::catalogue::{samples, ConsumerKind, Inventory, Ratio};
 use provledger_events::{
@@ -121,10 +120,6 @@ impl EventLog for LostAcks {
     async fn last_position(&self) -> Result<u64, ReadError> {
         self.inner.last_position().await
     }
-
-    fn write_queues(&self) -> &provledger_events::WriteQueues {
-        self.inner.write_queues()
-    }
 }
 
 fn draft(n: u128, events: Vec<Event>) -> CommitDraft {
@@ -138,9 +133,10 @@ fn draft(n: u128, events: Vec<Event>) -> CommitDraft {
     }
 }
 
-async fn provider_with_capacity(log: &LostAcks, provider: AggregateId) {
+async fn provider_with_capacity(writer: &Writer<LostAcks>, provider: AggregateId) {
     let events = provledger_tests::workload::provider_on("cn1", 8);
-    record(log, provider, Expectation::NoStream, draft(1, events))
+    writer
+        .record(provider, Expectation::NoStream, draft(1, events))
         .await
         .expect("provider");
 }
@@ -157,20 +153,17 @@ fn claim(consumer: Uuid) -> Event {
 async fn a_claim_whose_ack_is_lost_is_recorded_once_and_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
     let log = LostAcks::open(dir.path());
+    let writer = Writer::new(log.clone());
     let provider = AggregateId::provider(Uuid::from_u128(7));
-    provider_with_capacity(&log, provider).await;
+    provider_with_capacity(&writer, provider).await;
     let consumer = Uuid::from_u128(42);
 
     // Given the claim's ack is lost once...
     log.lose.store(1, Ordering::SeqCst);
-    let recorded = record(
-        &log,
-        provider,
-        Expectation::Any,
-        draft(2, vec![claim(consumer)]),
-    )
-    .await
-    .expect("retried with the same commit id");
+    let recorded = writer
+        .record(provider, Expectation::Any, draft(2, vec![claim(consumer)]))
+        .await
+        .expect("retried with the same commit id");
 
     // ...then the caller learns it is recorded, and it is recorded once.
     let Recorded::Appended(outcome) = recorded else {
@@ -191,18 +184,19 @@ async fn a_claim_whose_ack_is_lost_is_recorded_once_and_acknowledged() {
 async fn a_log_that_stays_unavailable_is_reported_after_the_named_bound() {
     let dir = tempfile::tempdir().unwrap();
     let log = LostAcks::open(dir.path());
+    let writer = Writer::new(log.clone());
     let provider = AggregateId::provider(Uuid::from_u128(7));
-    provider_with_capacity(&log, provider).await;
+    provider_with_capacity(&writer, provider).await;
     // Given a log that refuses every append...
     log.down.store(true, Ordering::SeqCst);
     log.attempts.store(0, Ordering::SeqCst);
-    let result = record(
-        &log,
-        provider,
-        Expectation::Any,
-        draft(10, vec![claim(Uuid::from_u128(100))]),
-    )
-    .await;
+    let result = writer
+        .record(
+            provider,
+            Expectation::Any,
+            draft(10, vec![claim(Uuid::from_u128(100))]),
+        )
+        .await;
     // ...then the write tries the bound's number of times, reports `Unavailable`, and
     // nothing was written.
     assert!(
@@ -238,11 +232,13 @@ async fn a_write_reads_only_what_is_new_however_long_the_aggregate() {
     // Given a provider with 500 commits, written through this process,
     let dir = tempfile::tempdir().unwrap();
     let log = LostAcks::open(dir.path());
+    let writer = Writer::new(log.clone());
     let provider = AggregateId::provider(Uuid::now_v7());
-    provider_with_capacity(&log, provider).await;
+    provider_with_capacity(&writer, provider).await;
     for n in 0..500u128 {
         let d = draft(1_000 + n, vec![inventory(8 + (n as u64 % 2))]);
-        record(&log, provider, Expectation::Any, d)
+        writer
+            .record(provider, Expectation::Any, d)
             .await
             .expect("deepen");
     }
@@ -255,7 +251,7 @@ async fn a_write_reads_only_what_is_new_however_long_the_aggregate() {
             0 => Expectation::Any,
             _ => Expectation::Exactly(501 + n),
         };
-        let recorded = record(&log, provider, expect, d).await.expect("write");
+        let recorded = writer.record(provider, expect, d).await.expect("write");
         assert_eq!(recorded.version(), 502 + n);
     }
     assert_eq!(log.commits_read.load(Ordering::SeqCst), 0);
@@ -270,14 +266,10 @@ async fn a_write_reads_only_what_is_new_however_long_the_aggregate() {
         .await
         .expect("another writer");
     log.commits_read.store(0, Ordering::SeqCst);
-    let recorded = record(
-        &log,
-        provider,
-        Expectation::Any,
-        draft(3_001, vec![inventory(9)]),
-    )
-    .await
-    .expect("decided after the other writer");
+    let recorded = writer
+        .record(provider, Expectation::Any, draft(3_001, vec![inventory(9)]))
+        .await
+        .expect("decided after the other writer");
     assert_eq!(recorded.version(), version + 2);
     assert_eq!(log.commits_read.load(Ordering::SeqCst), 1);
 }
@@ -302,6 +294,7 @@ async fn an_atomic_retry_past_the_kept_commits_is_recognised_not_refused() {
     // Given two clusters written together at versions 1,
     let dir = tempfile::tempdir().unwrap();
     let log = LostAcks::open(dir.path());
+    let writer = Writer::new(log.clone());
     let (a, b) = (
         AggregateId::cluster(Uuid::now_v7()),
         AggregateId::cluster(Uuid::now_v7()),
@@ -311,20 +304,23 @@ async fn an_atomic_retry_past_the_kept_commits_is_recognised_not_refused() {
         fact(a, Expectation::NoStream, draft(10, vec![create.clone()])),
         fact(b, Expectation::NoStream, draft(11, vec![create])),
     ];
-    let first = record_atomic(&log, facts.clone(), Default::default(), &FromTheLog)
+    let first = writer
+        .record_atomic(facts.clone(), Default::default(), &FromTheLog)
         .await
         .unwrap();
     // and more commits on each than a process keeps the ids of,
     for (k, aggregate) in [a, b].into_iter().enumerate() {
         for n in 0..RECENT_COMMITS_MAX + 30 {
             let id = 1_000 * (k as u128 + 1) + n as u128;
-            record(&log, aggregate, Expectation::Any, draft(id, status(n)))
+            writer
+                .record(aggregate, Expectation::Any, draft(id, status(n)))
                 .await
                 .unwrap();
         }
     }
     // when the same set is sent again (its answer was lost), expecting what was true then,
-    let again = record_atomic(&log, facts, Default::default(), &FromTheLog)
+    let again = writer
+        .record_atomic(facts, Default::default(), &FromTheLog)
         .await
         .expect("recognised, not a conflict");
     // then each fact answers its first position, already appended.
@@ -340,8 +336,9 @@ async fn an_already_true_fact_beside_a_claim_whose_ack_is_lost_answers_already_d
     // Given a provider and an instance already being deleted,
     let dir = tempfile::tempdir().unwrap();
     let log = LostAcks::open(dir.path());
+    let writer = Writer::new(log.clone());
     let provider = AggregateId::provider(Uuid::now_v7());
-    provider_with_capacity(&log, provider).await;
+    provider_with_capacity(&writer, provider).await;
     let vm = AggregateId::instance(Uuid::now_v7());
     let delete = Event::InstanceDeleteRequested {
         reason: "user".into(),
@@ -350,10 +347,12 @@ async fn an_already_true_fact_beside_a_claim_whose_ack_is_lost_answers_already_d
         .into_iter()
         .find(|e| matches!(e, Event::InstanceCreateRequested { .. }))
         .unwrap();
-    record(&log, vm, Expectation::NoStream, draft(20, vec![create]))
+    writer
+        .record(vm, Expectation::NoStream, draft(20, vec![create]))
         .await
         .unwrap();
-    record(&log, vm, Expectation::Any, draft(21, vec![delete.clone()]))
+    writer
+        .record(vm, Expectation::Any, draft(21, vec![delete.clone()]))
         .await
         .unwrap();
     // when a set holding that delete request again and a claim loses its ack once,
@@ -362,7 +361,8 @@ async fn an_already_true_fact_beside_a_claim_whose_ack_is_lost_answers_already_d
         fact(vm, Expectation::Any, draft(22, vec![delete])),
         fact(provider, Expectation::Any, draft(23, vec![claim(vm.id)])),
     ];
-    let answers = record_atomic(&log, facts, Default::default(), &FromTheLog)
+    let answers = writer
+        .record_atomic(facts, Default::default(), &FromTheLog)
         .await
         .expect("no CommitIdReused for the fact left out");
     // then the delete answers already done and the claim is written once.

@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 use crate::projector::Touched;
 use crate::store::ProjectionStore;
-use provledger_client::{deletion, CancelNotices, Ledger, RollbackDriver, Stamper};
+use provledger_client::{deletion, CancelNotices, Ledger, RollbackDriver, Stamper, Writer};
 
 /// How often open rollbacks and deletions are looked at without a new commit (backoff
 /// timers and lost replies come due without any commit).
@@ -70,7 +70,7 @@ fn is_deleting(entity: &Entity) -> bool {
 
 pub(crate) struct RollbackWorker {
     pub(crate) store: ProjectionStore,
-    pub(crate) ledger: Ledger,
+    pub(crate) ledger: Writer<Ledger>,
     pub(crate) driver: Arc<RollbackDriver>,
     pub(crate) notices: CancelNotices,
     pub(crate) applied: watch::Receiver<u64>,
@@ -164,7 +164,7 @@ impl RollbackWorker {
             }
             return out;
         }
-        let mut stream = match self.ledger.read_all(from).await {
+        let mut stream = match self.ledger.log().read_all(from).await {
             Ok(stream) => stream,
             Err(e) => {
                 tracing::warn!(error = %e, from, to, "cannot read the stream back");

@@ -30,6 +30,7 @@ use provledger_client::recovery::{
 };
 use provledger_client::{
     open_jetstream, CancelNotices, Ledger, NatsExecutors, OpenLedgerError, RollbackDriver, Stamper,
+    Writer,
 };
 use provledger_projections::recovery::ReissuePolicy;
 use provledger_projections::rollback::RetryPolicy;
@@ -247,6 +248,7 @@ pub async fn run(
         store,
         applied: projector.applied(),
         log: log.clone(),
+        writer: Writer::new(Ledger::JetStream(log.clone())),
         stream: options.stream.clone(),
         served_by: std::sync::OnceLock::new(),
         min_position_wait: options.min_position_wait,
@@ -286,7 +288,7 @@ pub async fn run(
         None => None,
     };
 
-    let ledger = Ledger::JetStream(log.clone());
+    let ledger = ctx.writer.clone();
     let executors = Arc::new(NatsExecutors {
         client: client.clone(),
         subject_prefix: options.subject_prefix.clone(),
@@ -353,7 +355,7 @@ pub async fn run(
     }
     let (stop_worker, worker_shutdown) = watch::channel(false);
     let recovery_task = options.recovery_interval.map(|interval| {
-        let ledger = Ledger::JetStream(log.clone());
+        let ledger = ctx.writer.clone();
         // The sweep walks the store's instances (never folds the log); each recovery is
         // recorded at the instance's exact version in the log, so one decided from a store
         // that lags is refused (`raced`) and decided again by the next sweep.

@@ -110,7 +110,8 @@ fn failed_create(nodes: usize) -> provledger_projections::operation::OperationSt
 
 async fn embedded_rollback(nodes: u32) -> (f64, usize) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let ledger = Ledger::Embedded(SledLog::open(dir.path()).expect("sled"));
+    let ledger =
+        provledger_client::Writer::new(Ledger::Embedded(SledLog::open(dir.path()).expect("sled")));
     let infra = Arc::new(SimInfrastructure::default());
     let driver = Arc::new(RollbackDriver::new(
         ledger.clone(),
@@ -147,6 +148,7 @@ async fn embedded_rollback(nodes: u32) -> (f64, usize) {
     let report = prov.create_cluster(request).await;
     // Time the rollback alone: from the failure to the finish, both recorded in the log.
     let commits = ledger
+        .log()
         .read_aggregate(AggregateId::operation(report.operation_id))
         .await
         .expect("history");

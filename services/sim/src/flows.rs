@@ -24,9 +24,9 @@ use uuid::Uuid;
 
 use provledger_client::deletion::{self, DeleteError, DeleteRequestOutcome};
 use provledger_client::{
-    derived_commit_id, read_entity, release_allocation, ActOutput, CompensationExecutor,
-    CompensationRequest, Infrastructure, OperationCtx, OperationError, OperationRunner,
-    OperationSpec, RunReport, Stamper, StepOutput,
+    derived_commit_id, release_allocation, ActOutput, CompensationExecutor, CompensationRequest,
+    Infrastructure, OperationCtx, OperationError, OperationRunner, OperationSpec, RunReport,
+    Stamper, StepOutput, Writer,
 };
 
 use crate::executors::{DHCP, DNS, HYPERVISOR, IPAM, PLUGIN};
@@ -116,17 +116,18 @@ fn remove_node(node: Uuid) -> Compensation {
 /// steps declared (found by their effect's `node` detail, since an IP or a DNS name does
 /// not name the node) and its configure step's. Empty for a node without a record.
 pub(crate) async fn node_removal<L: EventLog>(
-    log: &L,
+    writer: &Writer<L>,
     node: Uuid,
 ) -> Result<Vec<Compensation>, String> {
-    let commits = log
+    let commits = writer
+        .log()
         .read_aggregate(AggregateId::instance(node))
         .await
         .map_err(|e| e.to_string())?;
     let Some(creator) = commits.first().and_then(|c| c.operation_id) else {
         return Ok(Vec::new());
     };
-    let op = match read_entity(log, AggregateId::operation(creator)).await {
+    let op = match writer.read_current(AggregateId::operation(creator)).await {
         Ok(Some(Entity::Operation(op))) => op,
         Ok(_) => return Ok(Vec::new()),
         Err(e) => return Err(e.to_string()),
@@ -156,19 +157,19 @@ pub(crate) async fn node_removal<L: EventLog>(
 /// (no reservation, ratio 1, any amount from 1 to `vcpus`): the one place the demo, the
 /// tests and the benchmark create the provider their flows claim on.
 pub async fn register_compute_node<L: EventLog>(
-    log: &L,
+    writer: &Writer<L>,
     provider: Uuid,
     name: &str,
     vcpus: u64,
     actor: &str,
 ) -> Result<AppendOutcome, AppendError> {
-    register_compute_node_stamped(log, provider, name, vcpus, actor, &Stamper::system()).await
+    register_compute_node_stamped(writer, provider, name, vcpus, actor, &Stamper::system()).await
 }
 
 /// [`register_compute_node`] with the commit stamped by `stamper` (a simulation's seeded
 /// clock and ids).
 pub async fn register_compute_node_stamped<L: EventLog>(
-    log: &L,
+    writer: &Writer<L>,
     provider: Uuid,
     name: &str,
     vcpus: u64,
@@ -185,7 +186,7 @@ pub async fn register_compute_node_stamped<L: EventLog>(
     };
     let inventories = BTreeMap::from([("VCPU".to_string(), inventory)]);
     let recorded = provledger_client::placement::register_provider(
-        log,
+        writer,
         provider,
         name,
         name,
@@ -580,7 +581,9 @@ impl Provisioner {
         let group = group.to_string();
         self.runner
             .run(spec, |ctx| async move {
-                let Some(Entity::Cluster(state)) = read_entity(ctx.ledger(), target)
+                let Some(Entity::Cluster(state)) = ctx
+                    .ledger()
+                    .read_current(target)
                     .await
                     .map_err(|e| OperationError::Ledger(e.to_string()))?
                 else {
@@ -710,7 +713,7 @@ impl Provisioner {
         // The instance record closed and its membership ended, together.
         let instance = AggregateId::instance(node);
         let mut facts = Vec::new();
-        if let Ok(Some(Entity::Instance(i))) = read_entity(ctx.ledger(), instance).await {
+        if let Ok(Some(Entity::Instance(i))) = ctx.ledger().read_current(instance).await {
             if i.vm_state != Some(VmState::Deleted) {
                 let mut events = Vec::new();
                 if !i.delete_requested {
@@ -784,7 +787,8 @@ impl Provisioner {
                 deleted,
             }));
         }
-        let entity = read_entity(ledger, target)
+        let entity = ledger
+            .read_current(target)
             .await
             .map_err(|e| DeleteError::Ledger(e.to_string()))?;
         let op = entity.as_ref().and_then(deletion::cancellable_in_flight);
@@ -810,7 +814,7 @@ impl Provisioner {
             Ok(begun) => begun,
             Err(report) => return Ok(report),
         };
-        let members: Vec<(String, Uuid)> = match read_entity(ledger, target).await {
+        let members: Vec<(String, Uuid)> = match ledger.read_current(target).await {
             Ok(Some(Entity::Cluster(c))) => c
                 .node_groups
                 .iter()
@@ -829,12 +833,15 @@ impl Provisioner {
                     for (group, node) in &members {
                         // A read that fails is the step's failure, never "no provider":
                         // that would leave the node's allocation behind for good.
-                        let provider =
-                            match read_entity(ctx.ledger(), AggregateId::instance(*node)).await {
-                                Ok(Some(Entity::Instance(i))) => i.provider_id,
-                                Ok(_) => None,
-                                Err(e) => return Err(OperationError::Ledger(e.to_string())),
-                            };
+                        let provider = match ctx
+                            .ledger()
+                            .read_current(AggregateId::instance(*node))
+                            .await
+                        {
+                            Ok(Some(Entity::Instance(i))) => i.provider_id,
+                            Ok(_) => None,
+                            Err(e) => return Err(OperationError::Ledger(e.to_string())),
+                        };
                         self.terminate_node(&ctx, cluster, group, *node, provider)
                             .await?;
                     }
@@ -874,7 +881,7 @@ impl Provisioner {
                 ctx.stage(stage::TERMINATE).await?;
                 // Removing a VM that is already gone (a rolled-back boot) is a no-op.
                 self.terminate_vm_step(&ctx, instance).await?;
-                let provider = match read_entity(ctx.ledger(), target).await {
+                let provider = match ctx.ledger().read_current(target).await {
                     Ok(Some(Entity::Instance(i))) => i.provider_id,
                     Ok(_) => None,
                     Err(e) => return Err(OperationError::Ledger(e.to_string())),

@@ -32,10 +32,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use provledger_client::deletion;
-use provledger_client::write::{record_atomic, Fact, FromTheLog, RecordError};
+use provledger_client::write::{Fact, FromTheLog, RecordError};
 use provledger_client::{
     idempotency_key, CancelNotices, Clock, Ledger, OperationRunner, RollbackDriver, SeededIds,
-    Stamper, StepHook,
+    Stamper, StepHook, Writer,
 };
 use provledger_events::catalogue::NodeGroupSpec;
 use provledger_events::log::{FaultCounts, FaultPlan, MemLog};
@@ -186,7 +186,7 @@ pub fn run_seed_blocking(seed: u64, config: &SimulationConfig) -> SeedOutcome {
 pub async fn run_seed(seed: u64, config: &SimulationConfig) -> SeedOutcome {
     let mut choose = Choices(seed);
     let log = MemLog::new();
-    let ledger = Ledger::Memory(log.clone());
+    let ledger = Writer::new(Ledger::Memory(log.clone()));
     let stamper = Stamper::new(
         Arc::new(TokioClock {
             start: tokio::time::Instant::now(),
@@ -262,7 +262,7 @@ pub async fn run_seed(seed: u64, config: &SimulationConfig) -> SeedOutcome {
     let vcpus = 8 + choose.below(24);
     let mut violations = Vec::new();
     if let Err(e) =
-        register_compute_node_stamped(&log, provider, "cn-1", vcpus, "sim", &stamper).await
+        register_compute_node_stamped(&ledger, provider, "cn-1", vcpus, "sim", &stamper).await
     {
         violations.push(format!("registering the compute node: {e}"));
     }
@@ -508,7 +508,11 @@ struct StormSet {
 /// writes between them: every 8th set stale (it must be refused alone), some writers dying
 /// mid-way (their future dropped after its first poll, its set queued or not), the log
 /// refusing groups and losing their acks as the seed decides.
-async fn atomic_storm(ledger: &Ledger, stamper: &Stamper, choose: &mut Choices) -> Vec<StormSet> {
+async fn atomic_storm(
+    ledger: &Writer<Ledger>,
+    stamper: &Stamper,
+    choose: &mut Choices,
+) -> Vec<StormSet> {
     use provledger_events::catalogue::samples;
     let create = samples::all().remove(0);
     let mut sets: Vec<StormSet> = (0..(8 + choose.below(24) as usize))
@@ -535,7 +539,7 @@ async fn atomic_storm(ledger: &Ledger, stamper: &Stamper, choose: &mut Choices) 
         let (ledger, facts) = (ledger.clone(), set.facts.clone());
         let dies = *dies;
         async move {
-            let write = record_atomic(&ledger, facts, Default::default(), &FromTheLog);
+            let write = ledger.record_atomic(facts, Default::default(), &FromTheLog);
             match dies {
                 true => tokio::time::timeout(std::time::Duration::ZERO, write)
                     .await
@@ -556,7 +560,7 @@ async fn atomic_storm(ledger: &Ledger, stamper: &Stamper, choose: &mut Choices) 
 /// commit ids: a stale one is refused again, any other lands (or is recognised) exactly
 /// once.
 async fn check_storm(
-    ledger: &Ledger,
+    ledger: &Writer<Ledger>,
     log: &MemLog,
     storm: Vec<StormSet>,
     violations: &mut Vec<String>,
@@ -578,7 +582,9 @@ async fn check_storm(
         if set.answer.as_ref().is_some_and(Result::is_ok) {
             continue;
         }
-        let again = record_atomic(ledger, set.facts.clone(), Default::default(), &FromTheLog).await;
+        let again = ledger
+            .record_atomic(set.facts.clone(), Default::default(), &FromTheLog)
+            .await;
         match (set.stale, again) {
             (true, Err(RecordError::Conflicts { .. })) | (false, Ok(_)) => {}
             (stale, other) => violations.push(format!(
@@ -610,8 +616,8 @@ fn pick(choose: &mut Choices, from: &[Uuid]) -> Option<Uuid> {
     Some(from[choose.below(from.len() as u64) as usize])
 }
 
-async fn members(ledger: &Ledger, cluster: Uuid) -> Vec<Uuid> {
-    match provledger_client::read_entity(ledger, AggregateId::cluster(cluster)).await {
+async fn members(ledger: &Writer<Ledger>, cluster: Uuid) -> Vec<Uuid> {
+    match ledger.read_current(AggregateId::cluster(cluster)).await {
         Ok(Some(Entity::Cluster(c))) => c
             .node_groups
             .iter()
@@ -622,8 +628,8 @@ async fn members(ledger: &Ledger, cluster: Uuid) -> Vec<Uuid> {
 }
 
 /// The operation marked in flight on a cluster or instance, if any.
-async fn in_flight_on(ledger: &Ledger, target: AggregateId) -> Option<Uuid> {
-    match provledger_client::read_entity(ledger, target).await {
+async fn in_flight_on(ledger: &Writer<Ledger>, target: AggregateId) -> Option<Uuid> {
+    match ledger.read_current(target).await {
         Ok(Some(Entity::Cluster(c))) => c.in_flight.map(|f| f.operation_id),
         Ok(Some(Entity::Instance(i))) => i.in_flight.map(|f| f.operation_id),
         _ => None,
@@ -653,10 +659,9 @@ async fn operation_ids(log: &MemLog) -> Vec<Uuid> {
 
 /// An operator's cancellation of an operation still running (its runner died), recorded
 /// once (a derived commit id).
-async fn cancel_if_running(ledger: &Ledger, stamper: &Stamper, op: Uuid) {
+async fn cancel_if_running(ledger: &Writer<Ledger>, stamper: &Stamper, op: Uuid) {
     let id = AggregateId::operation(op);
-    let Ok(Some(Entity::Operation(state))) = provledger_client::read_entity(ledger, id).await
-    else {
+    let Ok(Some(Entity::Operation(state))) = ledger.read_current(id).await else {
         return;
     };
     if state.status != Some(OperationStatus::Running) || state.cancellation_reason.is_some() {

@@ -11,9 +11,7 @@ use provledger_client::deletion::{self, DeleteRequestOutcome};
 use provledger_client::CancelNotices;
 use provledger_client::Ledger;
 use provledger_client::RollbackDriver;
-use provledger_client::{
-    read_entity, OperationError, OperationRunner, OperationSpec, StepHook, StepOutput,
-};
+use provledger_client::{OperationError, OperationRunner, OperationSpec, StepHook, StepOutput};
 use provledger_events::catalogue::{
     BundlePolicy, ClusterStatus, CompensationAction, Effect, EffectKind, NodeGroupSpec,
     OperationKind, Origin, VmState,
@@ -43,7 +41,7 @@ fn fast_retries() -> RetryPolicy {
 type Trigger = Arc<Mutex<Option<(String, String)>>>;
 
 struct World {
-    ledger: Ledger,
+    ledger: provledger_client::Writer<Ledger>,
     infra: Arc<SimInfrastructure>,
     prov: Provisioner,
     provider: Uuid,
@@ -58,7 +56,8 @@ struct World {
 
 async fn world(vcpus: u64) -> World {
     let dir = tempfile::tempdir().expect("tempdir");
-    let ledger = Ledger::Embedded(SledLog::open(dir.path()).expect("sled"));
+    let ledger =
+        provledger_client::Writer::new(Ledger::Embedded(SledLog::open(dir.path()).expect("sled")));
     let infra = Arc::new(SimInfrastructure::default());
     let notices = CancelNotices::local();
     let driver = Arc::new(RollbackDriver::new(
@@ -145,7 +144,7 @@ impl World {
     }
 
     async fn entity(&self, id: AggregateId) -> Option<Entity> {
-        read_entity(&self.ledger, id).await.expect("read")
+        self.ledger.read_current(id).await.expect("read")
     }
 
     async fn cluster(&self, id: Uuid) -> provledger_projections::cluster::ClusterState {
@@ -1040,6 +1039,7 @@ async fn a_cancellation_whose_runner_died_is_recorded_by_the_driver_and_rolled_b
         },
     ];
     w.ledger
+        .log()
         .append(
             AggregateId::operation(op),
             Expectation::NoStream,
@@ -1092,6 +1092,7 @@ async fn a_rollback_whose_driver_crashed_after_the_target_outcome_is_finished_by
     .with_operation(op);
     draft.commit_id = provledger_client::derived_commit_id(op, "target_outcome");
     w.ledger
+        .log()
         .append(cluster, Expectation::Any, draft)
         .await
         .expect("the crashed driver's outcome");
@@ -1109,6 +1110,7 @@ async fn a_rollback_whose_driver_crashed_after_the_target_outcome_is_finished_by
     assert!(w.infra.inventory().is_empty(), "{:?}", w.infra.inventory());
     let outcome_commits = w
         .ledger
+        .log()
         .read_aggregate(cluster)
         .await
         .unwrap()

@@ -1164,7 +1164,7 @@ async fn atomic(nats: &NatsServer, o: &Options) {
 
 /// One task of the library workload: `record` on one provider, or `record_atomic` on two.
 struct LibraryWriter {
-    log: JetStreamLog,
+    log: provledger_client::Writer<JetStreamLog>,
     providers: Vec<(AggregateId, AggregateId)>,
     paired: bool,
     next: usize,
@@ -1178,11 +1178,13 @@ fn inventory_draft() -> CommitDraft {
 
 impl Writer for LibraryWriter {
     async fn write(&mut self) -> Result<(), String> {
-        use provledger_client::write::{record, record_atomic, Fact, FromTheLog};
+        use provledger_client::write::{Fact, FromTheLog};
         let (a, b) = self.providers[self.next % self.providers.len()];
         self.next += 1;
         let result = match self.paired {
-            false => record(&self.log, a, Expectation::Any, inventory_draft())
+            false => self
+                .log
+                .record(a, Expectation::Any, inventory_draft())
                 .await
                 .map(|_| ()),
             true => {
@@ -1191,14 +1193,10 @@ impl Writer for LibraryWriter {
                     expect: Expectation::Any,
                     draft: inventory_draft(),
                 };
-                record_atomic(
-                    &self.log,
-                    vec![fact(a), fact(b)],
-                    Default::default(),
-                    &FromTheLog,
-                )
-                .await
-                .map(|_| ())
+                self.log
+                    .record_atomic(vec![fact(a), fact(b)], Default::default(), &FromTheLog)
+                    .await
+                    .map(|_| ())
             }
         };
         result.map_err(|e| format!("library: {e}"))
@@ -1208,10 +1206,11 @@ impl Writer for LibraryWriter {
 /// `clients` tasks sharing one `JetStreamLog` (as a service linking the library does), over
 /// 1,000 providers registered through it.
 async fn library_writers(nats: &NatsServer, clients: usize, paired: bool) -> Vec<LibraryWriter> {
-    use provledger_client::write::record;
-    let log = JetStreamLog::open(nats.client().await, JetStreamConfig::default())
-        .await
-        .expect("opening the PROVLEDGER stream");
+    let log = provledger_client::Writer::new(
+        JetStreamLog::open(nats.client().await, JetStreamConfig::default())
+            .await
+            .expect("opening the PROVLEDGER stream"),
+    );
     let ids: Vec<AggregateId> = (0..AGGREGATES)
         .map(|_| AggregateId::provider(Uuid::now_v7()))
         .collect();
@@ -1220,8 +1219,7 @@ async fn library_writers(nats: &NatsServer, clients: usize, paired: bool) -> Vec
         async move {
             let events: Vec<Event> =
                 serde_json::from_value(registration(n)).expect("registration events");
-            record(
-                &log,
+            log.record(
                 *id,
                 Expectation::NoStream,
                 CommitDraft::now("bench", events),

@@ -6,8 +6,9 @@ use provledger_events::{AggregateId, AppendStatus, CommitDraft, Event, Expectati
 use uuid::Uuid;
 
 use super::{print_json, CommandError};
-use provledger_client::write::{record_with, Recorded};
+use provledger_client::write::Recorded;
 use provledger_client::Ledger;
+use provledger_client::Writer;
 use provledger_projections::decide::DecideOptions;
 
 pub struct AppendArgs {
@@ -60,8 +61,12 @@ pub fn read_events_source(source: &str) -> Result<String, CommandError> {
     }
 }
 
-pub async fn run(ledger: &Ledger, args: AppendArgs, json: bool) -> Result<(), CommandError> {
-    if let Ledger::Embedded(log) = ledger {
+pub async fn run(
+    ledger: &Writer<Ledger>,
+    args: AppendArgs,
+    json: bool,
+) -> Result<(), CommandError> {
+    if let Ledger::Embedded(log) = ledger.log() {
         if let Some(source) = provledger_serve::ProjectionStore::copied_stream(log.db())? {
             return Err(CommandError::BadInput(format!(
                 "{} holds the projection copy of {source}; append with --nats instead",
@@ -78,18 +83,18 @@ pub async fn run(ledger: &Ledger, args: AppendArgs, json: bool) -> Result<(), Co
         events: args.events,
     };
     let commit_id = draft.commit_id;
-    let recorded = record_with(
-        ledger,
-        args.aggregate,
-        args.expect,
-        draft,
-        // An operator's own append: no authenticated worker, the lease-holder rules only.
-        DecideOptions {
-            force: args.force,
-            caller_worker: None,
-        },
-    )
-    .await?;
+    let recorded = ledger
+        .record_with(
+            args.aggregate,
+            args.expect,
+            draft,
+            // An operator's own append: no authenticated worker, the lease-holder rules only.
+            DecideOptions {
+                force: args.force,
+                caller_worker: None,
+            },
+        )
+        .await?;
     let (position, version, status) = match recorded {
         Recorded::Appended(o) if o.status == AppendStatus::AlreadyAppended => {
             (o.position, o.version, "already_appended")

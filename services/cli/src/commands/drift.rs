@@ -12,6 +12,7 @@ use std::time::Duration;
 use provledger_client::inventory::{
     compare_inventory, confirmed, fold_log, Asked, InventoryError, LogFolded,
 };
+use provledger_client::Writer;
 use provledger_client::{
     record_leak_removal, Ledger, NatsAuth, NatsExecutors, RollbackDriver, Stamper,
 };
@@ -64,16 +65,20 @@ struct Operations {
 
 impl Operations {
     /// Folds the commits after `self.done.position` up to the log's end.
-    async fn catch_up(&mut self, ledger: &Ledger, what: &str) -> Result<(), CommandError> {
-        let end = ledger.last_position().await?;
+    async fn catch_up(&mut self, ledger: &Writer<Ledger>, what: &str) -> Result<(), CommandError> {
+        let end = ledger.log().last_position().await?;
         if end <= self.done.position {
             return Ok(());
         }
         let from = self.done.position + 1;
         let bar = progress_bar(end - self.done.position, what);
-        fold_log(ledger, &mut self.fold, &mut self.done, end, |position| {
-            bar.set_position(position - from + 1)
-        })
+        fold_log(
+            ledger.log(),
+            &mut self.fold,
+            &mut self.done,
+            end,
+            |position| bar.set_position(position - from + 1),
+        )
         .await?;
         bar.finish_and_clear();
         let (open, reduced) = self.fold.counts();
@@ -89,7 +94,7 @@ impl Operations {
     }
 }
 
-pub async fn run(ledger: &Ledger, args: DriftArgs<'_>) -> Result<(), CommandError> {
+pub async fn run(ledger: &Writer<Ledger>, args: DriftArgs<'_>) -> Result<(), CommandError> {
     let url = args.executors_url.ok_or_else(|| {
         CommandError::BadInput(
             "drift asks the executors over NATS: pass --executors-url URL (or --nats)".into(),
@@ -148,7 +153,7 @@ pub async fn run(ledger: &Ledger, args: DriftArgs<'_>) -> Result<(), CommandErro
 /// the inventories: an operation that started on one meanwhile made it uncertain, not
 /// leaked), recorded as one `remove_leaked` operation and driven as its rollback.
 async fn fix_leaked(
-    ledger: &Ledger,
+    ledger: &Writer<Ledger>,
     client: &async_nats::Client,
     findings: &[Finding],
     fix: &Fix,

@@ -6,6 +6,7 @@ use provledger_client::placement::{
     delete_provider, fix_orphans, heal_allocations, providers_on_host, read_projection, LogView,
     PlacementError, ProviderDeletion,
 };
+use provledger_client::Writer;
 use provledger_client::{Ledger, Stamper};
 use provledger_projections::placement::Hold;
 use uuid::Uuid;
@@ -49,7 +50,7 @@ fn hold_json(hold: &Hold) -> serde_json::Value {
 /// Deletes one provider, or every provider on a host one by one (each fully released and
 /// deleted before the next, so a crash never leaves one half done).
 pub async fn delete(
-    ledger: &Ledger,
+    ledger: &Writer<Ledger>,
     provider: Option<Uuid>,
     host: Option<String>,
     cascade: bool,
@@ -59,7 +60,7 @@ pub async fn delete(
     let targets = match (provider, host) {
         (Some(p), None) => vec![p],
         (None, Some(h)) => {
-            let projection = read_projection(ledger).await?;
+            let projection = read_projection(ledger.log()).await?;
             let ids = providers_on_host(&projection, &h);
             if ids.is_empty() {
                 return Err(CommandError::Problem(format!(
@@ -79,7 +80,7 @@ pub async fn delete(
     for id in targets {
         // A CLI run is not a request path: it decides from the log folded (a view per
         // provider, so each sees what the previous deletes wrote).
-        let view = LogView::new(ledger);
+        let view = LogView::new(ledger.log());
         let outcome = delete_provider(ledger, &view, id, cascade, "cli", &stamper).await?;
         match &outcome {
             ProviderDeletion::Deleted { released } => {
@@ -138,12 +139,12 @@ pub async fn delete(
 /// heal-allocations, with nova-manage's exit codes: 0 healed, 4 nothing to do, 1 some
 /// could not be healed.
 pub async fn heal(
-    ledger: &Ledger,
+    ledger: &Writer<Ledger>,
     instance: Option<Uuid>,
     dry_run: bool,
     json: bool,
 ) -> Result<(), CommandError> {
-    let view = LogView::new(ledger);
+    let view = LogView::new(ledger.log());
     let report =
         heal_allocations(ledger, &view, instance, dry_run, "cli", &Stamper::system()).await?;
     if json {
@@ -180,8 +181,8 @@ pub async fn heal(
 }
 
 /// `audit --fix-orphans`: releases the orphan allocations, only those, with reasons.
-pub async fn release_orphans(ledger: &Ledger, json: bool) -> Result<usize, CommandError> {
-    let view = LogView::new(ledger);
+pub async fn release_orphans(ledger: &Writer<Ledger>, json: bool) -> Result<usize, CommandError> {
+    let view = LogView::new(ledger.log());
     let released = fix_orphans(ledger, &view, false, "cli", &Stamper::system()).await?;
     if !json {
         for (provider, hold) in &released {

@@ -13,6 +13,7 @@ use provledger_client::recovery::{
     deliver_reissues, sweep, NatsReissuer, PendingReissueLine, RecoverReport, RECOVERY_ACTOR,
 };
 use provledger_client::view::{LogView, StateView};
+use provledger_client::Writer;
 use provledger_client::{connect_nats, Ledger, LedgerOptions, Stamper};
 use provledger_projections::recovery::ReissuePolicy;
 
@@ -21,12 +22,12 @@ use super::{print_json, CommandError};
 const REISSUE_REPLY_WAIT: Duration = Duration::from_secs(10);
 
 pub async fn run(
-    ledger: &Ledger,
+    ledger: &Writer<Ledger>,
     options: &LedgerOptions,
     dry_run: bool,
     json: bool,
 ) -> Result<(), CommandError> {
-    let view = LogView::new(ledger);
+    let view = LogView::new(ledger.log());
     let stamper = Stamper::system();
     let report = sweep(ledger, &view, dry_run, &stamper).await?;
     // Provider deletes a crash left half done are finished too (not in a dry run).
@@ -44,7 +45,7 @@ pub async fn run(
             };
             let policy = ReissuePolicy::new(REISSUE_REPLY_WAIT.as_millis() as i64);
             // A fresh view: the sweep's recoveries (and their re-issues) are in the log.
-            let view = LogView::new(ledger);
+            let view = LogView::new(ledger.log());
             let ready = BTreeSet::new();
             Some(deliver_reissues(ledger, &view, &reissuer, &policy, &ready, &stamper).await?)
         }
@@ -53,7 +54,7 @@ pub async fn run(
     // What is still pending once this command is done.
     let pending: Vec<PendingReissueLine> = match dry_run {
         true => Vec::new(),
-        false => LogView::new(ledger)
+        false => LogView::new(ledger.log())
             .instances()
             .await
             .map_err(|e| CommandError::Problem(e.to_string()))?

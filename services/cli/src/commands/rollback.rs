@@ -13,6 +13,7 @@ use provledger_projections::rollback::RetryPolicy;
 use uuid::Uuid;
 
 use super::{print_json, CommandError};
+use provledger_client::Writer;
 use provledger_client::{
     plan_for, read_operation, resume_needs_attention, CompensationExecutor, CompensationFuture,
     CompensationRequest, DriveError, Ledger, NatsExecutors, RollbackDriver, Stamper,
@@ -37,7 +38,7 @@ fn command_error(e: DriveError) -> CommandError {
 /// compensation by hand; when none is left, the rollback is resumed, and this command
 /// finishes it (nothing is requested of any executor: every compensation is done).
 pub async fn resolve(
-    ledger: &Ledger,
+    ledger: &Writer<Ledger>,
     id: Uuid,
     compensation_id: Uuid,
     reason: &str,
@@ -90,7 +91,7 @@ pub async fn resolve(
     finish_report(&op, id, json)
 }
 
-pub async fn plan(ledger: &Ledger, id: Uuid, json: bool) -> Result<(), CommandError> {
+pub async fn plan(ledger: &Writer<Ledger>, id: Uuid, json: bool) -> Result<(), CommandError> {
     let op = read_operation(ledger, id).await.map_err(command_error)?;
     let (plan, recorded) = match &op.rollback_plan {
         Some(plan) => (
@@ -161,7 +162,7 @@ impl CompensationExecutor for NoExecutors {
 /// decided at the operation's exact version, gives every compensation not done a fresh
 /// budget of attempts; the driver then goes on from where it stopped.
 async fn resume_if_needs_attention(
-    ledger: &Ledger,
+    ledger: &Writer<Ledger>,
     id: Uuid,
     json: bool,
 ) -> Result<(), CommandError> {
@@ -181,7 +182,7 @@ async fn resume_if_needs_attention(
 }
 
 pub async fn run(
-    ledger: &Ledger,
+    ledger: &Writer<Ledger>,
     id: Uuid,
     executors_url: Option<&str>,
     auth: &provledger_client::NatsAuth,

@@ -103,7 +103,7 @@ pub async fn ledger_with_executors(
     vcpus: u64,
 ) -> (
     async_nats::Client,
-    provledger_client::Ledger,
+    provledger_client::Writer<provledger_client::Ledger>,
     std::sync::Arc<provledger_sim::SimInfrastructure>,
     uuid::Uuid,
 ) {
@@ -117,7 +117,7 @@ pub async fn ledger_with_executors(
     )
     .await
     .expect("jetstream");
-    let ledger = provledger_client::Ledger::JetStream(log);
+    let ledger = provledger_client::Writer::new(provledger_client::Ledger::JetStream(log));
     let infra = std::sync::Arc::new(provledger_sim::SimInfrastructure::default());
     infra
         .clone()
@@ -290,7 +290,7 @@ pub fn sample(scrape: &str, name_and_labels: &str) -> Option<f64> {
 #[allow(dead_code)]
 pub async fn fail_a_create(
     client: &async_nats::Client,
-    ledger: &provledger_client::Ledger,
+    ledger: &provledger_client::Writer<provledger_client::Ledger>,
     infra: &std::sync::Arc<provledger_sim::SimInfrastructure>,
     provider: uuid::Uuid,
 ) -> uuid::Uuid {

@@ -1,9 +1,7 @@
 //! `cmd.append` for publishers not written in Rust: validated against the catalogue and
 //! the target's state, then appended like any other writer would.
 
-use provledger_client::write::{
-    record_atomic, record_with_folded, Fact, FoldedElsewhere, RecordError, Recorded,
-};
+use provledger_client::write::{Fact, FoldedElsewhere, RecordError, Recorded};
 use provledger_events::{
     AggregateId, AppendError, AppendStatus, CommitDraft, Event, Expectation, ReadError,
     ATOMIC_COMMITS_MAX,
@@ -38,7 +36,11 @@ pub(crate) async fn append(
     // (the store only spares reading what it already folded).
     let options = decide_options(&req, caller)?;
     let store = StoreFolded(&ctx.store);
-    match record_with_folded(&ctx.log, aggregate, expect, draft, options, &store).await {
+    match ctx
+        .writer
+        .record_with_folded(aggregate, expect, draft, options, &store)
+        .await
+    {
         Ok(recorded) => Ok(to_data(&AppendData {
             commit: commit_outcome(&recorded),
             actor,
@@ -89,7 +91,7 @@ async fn append_atomic(
         });
     }
     let store = StoreFolded(&ctx.store);
-    match record_atomic(&ctx.log, facts, options, &store).await {
+    match ctx.writer.record_atomic(facts, options, &store).await {
         Ok(recorded) => Ok(to_data(&AtomicAppendData {
             commits: recorded.iter().map(commit_outcome).collect(),
             actor,

@@ -17,6 +17,7 @@ mod worker;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use provledger_client::{Ledger, Writer};
 use provledger_events::{AggregateKind, EventLog, JetStreamLog};
 use serde_json::Value;
 use tokio::sync::watch;
@@ -110,6 +111,9 @@ pub(crate) struct QueryContext {
     pub(crate) store: ProjectionStore,
     pub(crate) applied: watch::Receiver<u64>,
     pub(crate) log: JetStreamLog,
+    /// This replica's write path over `log` (one per process: its writers of one
+    /// aggregate take turns, and what it knows of each serves every write).
+    pub(crate) writer: Writer<Ledger>,
     pub(crate) stream: String,
     /// The replica's id: its micro service id, set once the service has started (no
     /// request is answered before).

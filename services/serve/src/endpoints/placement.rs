@@ -13,7 +13,7 @@
 use provledger_client::placement::{
     delete_provider, fix_orphans, heal_allocations, PlacementError, ProviderDeletion,
 };
-use provledger_client::Stamper;
+use provledger_client::{Stamper, Writer};
 use provledger_events::{AggregateKind, EventLog};
 use provledger_projections::Entity;
 use serde_json::{Map, Value};
@@ -90,19 +90,19 @@ pub(crate) async fn provider_delete(
     let cascade = opt_bool(&req, "cascade")?;
     let actor = actor(&req, caller, "nats:cmd.provider.delete")?;
     caught_up_with_log(ctx).await?;
-    delete_with(&ctx.log, &ctx.store, id, cascade, &actor).await
+    delete_with(&ctx.writer, &ctx.store, id, cascade, &actor).await
 }
 
 /// `provider_delete` once the request is read: the provider from `log`, why each
 /// allocation is there from `store` (each consumer by id).
 async fn delete_with<L: EventLog>(
-    log: &L,
+    writer: &Writer<L>,
     store: &ProjectionStore,
     id: Uuid,
     cascade: bool,
     actor: &str,
 ) -> Result<Value, QueryError> {
-    match delete_provider(log, store, id, cascade, actor, &Stamper::system())
+    match delete_provider(writer, store, id, cascade, actor, &Stamper::system())
         .await
         .map_err(placement_error)?
     {
@@ -134,19 +134,19 @@ pub(crate) async fn heal(
     let instance = opt_uuid(&req, "instance")?;
     let actor = actor(&req, caller, "nats:cmd.heal_allocations")?;
     caught_up_with_log(ctx).await?;
-    heal_with(&ctx.log, &ctx.store, instance, dry_run, &actor).await
+    heal_with(&ctx.writer, &ctx.store, instance, dry_run, &actor).await
 }
 
 /// `heal` once the request is read: the instances and who holds allocations from `store`,
 /// each claim written to `log` through the write path.
 async fn heal_with<L: EventLog>(
-    log: &L,
+    writer: &Writer<L>,
     store: &ProjectionStore,
     instance: Option<Uuid>,
     dry_run: bool,
     actor: &str,
 ) -> Result<Value, QueryError> {
-    let report = heal_allocations(log, store, instance, dry_run, actor, &Stamper::system())
+    let report = heal_allocations(writer, store, instance, dry_run, actor, &Stamper::system())
         .await
         .map_err(placement_error)?;
     Ok(to_data(&HealData { report, dry_run }))
@@ -163,18 +163,18 @@ pub(crate) async fn orphans(
     let dry_run = opt_bool(&req, "dry_run")?;
     let actor = actor(&req, caller, "nats:cmd.fix_orphans")?;
     caught_up_with_log(ctx).await?;
-    orphans_with(&ctx.log, &ctx.store, dry_run, &actor).await
+    orphans_with(&ctx.writer, &ctx.store, dry_run, &actor).await
 }
 
 /// `orphans` once the request is read: the providers and their consumers from `store`,
 /// each release written to `log` through the write path.
 async fn orphans_with<L: EventLog>(
-    log: &L,
+    writer: &Writer<L>,
     store: &ProjectionStore,
     dry_run: bool,
     actor: &str,
 ) -> Result<Value, QueryError> {
-    let found = fix_orphans(log, store, dry_run, actor, &Stamper::system())
+    let found = fix_orphans(writer, store, dry_run, actor, &Stamper::system())
         .await
         .map_err(placement_error)?;
     Ok(to_data(&FixOrphansData {
@@ -194,11 +194,11 @@ mod tests {
 
     use provledger_client::placement::LogView;
     use provledger_client::recovery::sweep;
-    use provledger_client::write::record;
+    use provledger_client::Writer;
     use provledger_events::catalogue::{ConsumerKind, Inventory, Ratio, TaskState, VmState};
     use provledger_events::{
         AggregateId, AppendError, AppendOutcome, ChainTip, Commit, CommitDraft, CommitStream,
-        Event, Expectation, HistoryEntry, ReadError, SledLog, Timestamp, WriteQueues,
+        Event, Expectation, HistoryEntry, ReadError, SledLog, Timestamp,
     };
     use provledger_tests::workload::{instance_running_on as running_on, provider_on};
 
@@ -252,9 +252,6 @@ mod tests {
         ) -> Result<Option<Commit>, ReadError> {
             self.inner.find_commit(aggregate, commit_id).await
         }
-        fn write_queues(&self) -> &WriteQueues {
-            self.inner.write_queues()
-        }
         fn recognises_retry_on_append(&self, commit_id: &Uuid) -> bool {
             self.inner.recognises_retry_on_append(commit_id)
         }
@@ -294,10 +291,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let sled = SledLog::open(dir.path()).expect("sled log");
         let store = ProjectionStore::open(sled.db()).expect("store");
-        let log = CountsFolds {
+        let counts = CountsFolds {
             inner: sled.clone(),
             folds: Arc::default(),
         };
+        let log = Writer::new(counts.clone());
         let stamper = Stamper::system();
         let (p, running, unallocated, deleted, stuck) = (
             Uuid::now_v7(),
@@ -334,7 +332,7 @@ mod tests {
             if aggregate == AggregateId::instance(stuck) {
                 draft.recorded_at = started_at;
             }
-            record(&log, aggregate, Expectation::Any, draft)
+            log.record(aggregate, Expectation::Any, draft)
                 .await
                 .expect("record");
         }
@@ -350,13 +348,13 @@ mod tests {
             .expect_err("refused");
         assert_eq!(refused.code, ErrorCode::Conflict, "{}", refused.message);
         assert_eq!(refused.extra["holds"].as_array().map(Vec::len), Some(3));
-        assert_eq!(log.folds(), 0, "the refused delete folded the log");
+        assert_eq!(counts.folds(), 0, "the refused delete folded the log");
 
         let healed = heal_with(&log, &store, None, true, "t")
             .await
             .expect("heal");
         assert_eq!(healed["healed"], json!([[unallocated, p]]), "{healed}");
-        assert_eq!(log.folds(), 0, "the heal dry run folded the log");
+        assert_eq!(counts.folds(), 0, "the heal dry run folded the log");
 
         let found = orphans_with(&log, &store, true, "t")
             .await
@@ -367,13 +365,13 @@ mod tests {
             "{found}"
         );
         assert_eq!(found["orphans"][0]["hold"]["consumer"], json!(deleted));
-        assert_eq!(log.folds(), 0, "the orphan dry run folded the log");
+        assert_eq!(counts.folds(), 0, "the orphan dry run folded the log");
 
         let swept = sweep(&log, &store, true, &stamper).await.expect("sweep");
         assert_eq!(swept.examined, 4);
         assert_eq!(swept.recoveries.len(), 1, "{swept:?}");
         assert_eq!(swept.recoveries[0].instance, stuck);
-        assert_eq!(log.folds(), 0, "the recovery sweep folded the log");
+        assert_eq!(counts.folds(), 0, "the recovery sweep folded the log");
 
         // The writes decided from the store go through the write path, still no fold.
         let healed = heal_with(&log, &store, None, false, "t")
@@ -393,12 +391,11 @@ mod tests {
             Some(4),
             "{deleted_reply}"
         );
-        assert_eq!(log.folds(), 0, "a placement write folded the log");
+        assert_eq!(counts.folds(), 0, "a placement write folded the log");
 
         // The counter does see a fold: the log itself as the view reads it whole.
         let other = Uuid::now_v7();
-        record(
-            &log,
+        log.record(
             AggregateId::provider(other),
             Expectation::Any,
             stamper.draft(
@@ -411,7 +408,7 @@ mod tests {
         )
         .await
         .expect("record");
-        record(&log, AggregateId::provider(other), Expectation::Any, {
+        log.record(AggregateId::provider(other), Expectation::Any, {
             stamper.draft(
                 "t",
                 vec![Event::InventorySet {
@@ -429,21 +426,20 @@ mod tests {
         })
         .await
         .expect("record");
-        record(
-            &log,
+        log.record(
             AggregateId::provider(other),
             Expectation::Any,
             stamper.draft("t", claim(running)),
         )
         .await
         .expect("record");
-        let by_log = delete_provider(&log, &LogView::new(&log), other, false, "t", &stamper)
+        let by_log = delete_provider(&log, &LogView::new(log.log()), other, false, "t", &stamper)
             .await
             .expect("delete");
         assert!(
             matches!(by_log, ProviderDeletion::Refused { ref holds } if holds.len() == 1),
             "{by_log:?}"
         );
-        assert_eq!(log.folds(), 1);
+        assert_eq!(counts.folds(), 1);
     }
 }

@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use provledger_client::{
-    deletion, read_entity, CancelNotices, Ledger, OperationRunner, RollbackDriver, SeededIds,
-    Stamper, StepHook, SystemClock,
+    deletion, CancelNotices, Ledger, OperationRunner, RollbackDriver, SeededIds, Stamper, StepHook,
+    SystemClock, Writer,
 };
 use provledger_events::catalogue::{ConsumerKind, NodeGroupSpec};
 use provledger_events::{
@@ -31,7 +31,7 @@ type Fault = (&'static str, &'static str, u32);
 
 /// One scenario's world: its executors, its compute node and its provisioning service.
 struct World {
-    ledger: Ledger,
+    ledger: Writer<Ledger>,
     infra: Arc<SimInfrastructure>,
     prov: Provisioner,
     provider: Uuid,
@@ -60,7 +60,7 @@ fn workers(count: u32) -> NodeGroupSpec {
 
 /// The step hook through which the demo's user deletes a cluster mid-create.
 fn delete_hook(
-    ledger: &Ledger,
+    ledger: &Writer<Ledger>,
     notices: &CancelNotices,
     stamper: &Stamper,
     delete_at: &Arc<Mutex<Option<(Uuid, String)>>>,
@@ -99,7 +99,7 @@ fn delete_hook(
 }
 
 async fn world(log: &SledLog, stamper: &Stamper, node: &str) -> Result<World, String> {
-    let ledger = Ledger::Embedded(log.clone());
+    let ledger = Writer::new(Ledger::Embedded(log.clone()));
     let start = log.last_position().await.map_err(|e| e.to_string())?;
     let infra = Arc::new(SimInfrastructure::default());
     let notices = CancelNotices::local();
@@ -153,6 +153,7 @@ impl World {
         let mut out = Vec::new();
         let mut stream = self
             .ledger
+            .log()
             .read_all(self.start + 1)
             .await
             .map_err(|e| e.to_string())?;
@@ -163,7 +164,9 @@ impl World {
     }
 
     async fn outcome(&self, id: Uuid) -> Result<OperationOutcome, String> {
-        let Some(Entity::Operation(op)) = read_entity(&self.ledger, AggregateId::operation(id))
+        let Some(Entity::Operation(op)) = self
+            .ledger
+            .read_current(AggregateId::operation(id))
             .await
             .map_err(|e| e.to_string())?
         else {
@@ -199,7 +202,9 @@ impl World {
             operations.push(self.outcome(*op).await?);
         }
         let target = AggregateId::cluster(cluster);
-        let Some(Entity::Cluster(c)) = read_entity(&self.ledger, target)
+        let Some(Entity::Cluster(c)) = self
+            .ledger
+            .read_current(target)
             .await
             .map_err(|e| e.to_string())?
         else {
@@ -258,6 +263,7 @@ impl World {
         let stamper = self.prov.runner.stamper().clone();
         let version = self
             .ledger
+            .log()
             .read_aggregate(provider)
             .await
             .map_err(|e| e.to_string())?
@@ -274,11 +280,13 @@ impl World {
         };
         let (first, second) = (stamper.id(), stamper.id());
         self.ledger
+            .log()
             .append(provider, Expectation::Exactly(version), claim(first))
             .await
             .map_err(|e| e.to_string())?;
         match self
             .ledger
+            .log()
             .append(provider, Expectation::Exactly(version), claim(second))
             .await
         {
@@ -288,6 +296,7 @@ impl World {
                      the scheduler re-read and claimed at v{actual}"
                 ));
                 self.ledger
+                    .log()
                     .append(provider, Expectation::Exactly(actual), claim(second))
                     .await
                     .map_err(|e| e.to_string())?;
@@ -304,6 +313,7 @@ impl World {
             );
             let once = self
                 .ledger
+                .log()
                 .append(provider, Expectation::Any, release.clone())
                 .await
                 .map_err(|e| e.to_string())?;
@@ -311,6 +321,7 @@ impl World {
                 // The scheduler lost the ack and retries with the same commit id.
                 let again = self
                     .ledger
+                    .log()
                     .append(provider, Expectation::Any, release)
                     .await
                     .map_err(|e| e.to_string())?;
