@@ -66,6 +66,20 @@ impl CommitDraft {
             });
         }
         for (index, event) in self.events.iter().enumerate() {
+            if let Some(name) = event
+                .executor_names()
+                .into_iter()
+                .find(|n| !crate::catalogue::operation::executor_name_is_valid(n))
+            {
+                return Err(InvalidCommit::BadExecutorName {
+                    index,
+                    event: event.name(),
+                    name: name
+                        .chars()
+                        .take(crate::catalogue::operation::EXECUTOR_NAME_BYTES_MAX)
+                        .collect(),
+                });
+            }
             if !event.belongs_to(aggregate.kind) {
                 return Err(InvalidCommit::WrongAggregateKind {
                     index,
@@ -95,6 +109,14 @@ pub enum InvalidCommit {
     },
     #[error("the encoded commit is {size} bytes, above the limit of {max}")]
     TooLarge { size: usize, max: usize },
+    /// `name` is shown Debug-escaped and cut at the longest valid length: it is hostile
+    /// until checked, and this message reaches logs and replies.
+    #[error("event #{index} ({event}) names executor {name:?}, which is not an executor name: 1 to {max} ASCII letters, digits, '_' or '-'", max = crate::catalogue::operation::EXECUTOR_NAME_BYTES_MAX)]
+    BadExecutorName {
+        index: usize,
+        event: String,
+        name: String,
+    },
 }
 
 /// One commit as stored: one or more events for one aggregate, appended atomically.
@@ -403,5 +425,37 @@ mod tests {
             InvalidCommit::WrongAggregateKind { index: 0, .. }
         ));
         assert!(err.to_string().contains("cluster_status_changed"));
+    }
+
+    #[test]
+    fn validate_refuses_an_executor_name_outside_its_grammar() {
+        use crate::catalogue::{samples, Event};
+        let operation = AggregateId::operation(Uuid::nil());
+        let named = |name: &str| {
+            let mut event = samples::all()
+                .into_iter()
+                .find(|e| matches!(e, Event::StepStarted { .. }))
+                .expect("a step_started sample");
+            if let Event::StepStarted { executor, .. } = &mut event {
+                *executor = name.into();
+            }
+            CommitDraft::now("t", vec![event])
+        };
+        // Given names that would forge a metric line, address another executor's subjects,
+        // or are too long, then each is refused naming the event...
+        let forged = "rt3evil\"} 7\nprovledger_ready 0\nx{a=\"";
+        for bad in [forged, "dns.>", "a b", "", &"x".repeat(65)] {
+            let err = named(bad).validate(&operation).unwrap_err();
+            assert!(
+                matches!(err, InvalidCommit::BadExecutorName { index: 0, .. }),
+                "{bad:?}: {err:?}"
+            );
+            // ...and the message carries no raw line break.
+            assert!(!err.to_string().contains('\n'), "{err}");
+        }
+        // ...while identifiers pass.
+        for good in ["ipam", "dns-x", "Hyper_V2", &"x".repeat(64)] {
+            named(good).validate(&operation).expect(good);
+        }
     }
 }

@@ -365,6 +365,29 @@ fn trial_fold(
                 });
             }
         }
+        if let (
+            Entity::Operation(op),
+            Event::CompensationResolved {
+                compensation_id, ..
+            },
+        ) = (&trial, event)
+        {
+            let ledgers = op.compensations.iter().find(|c| {
+                c.planned.compensation_id == *compensation_id
+                    && !crate::rollback::resolvable_by_hand(&c.planned.compensation)
+            });
+            if let Some(c) = ledgers {
+                return Err(AppendRejection::NotApplicable {
+                    target,
+                    index,
+                    event: event.name(),
+                    problem: format!(
+                        "compensation {compensation_id} is the ledger's own ({}): provledger applies it when the rollback resumes, so it cannot be resolved by hand",
+                        crate::planner::action_word(&c.planned.compensation.action)
+                    ),
+                });
+            }
+        }
         if let Entity::Instance(instance) = &trial {
             // On an instance that does not exist yet the fold answers `not_found`.
             if instance.vm_state.is_some() {

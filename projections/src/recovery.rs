@@ -13,7 +13,7 @@
 //!
 //! | task | rule |
 //! |---|---|
-//! | deleting | re-drive the delete (if that fails: error, never dropped) |
+//! | deleting | re-drive the delete, pending until its worker acknowledges; one no worker ever started: error. Never dropped |
 //! | building (scheduling, spawning, networking), started, lease expired | error, and release the build's claim |
 //! | building, never started | leave alone |
 //! | image uploading (snapshot) | clear the task |

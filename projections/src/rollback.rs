@@ -188,6 +188,15 @@ pub enum ResolveRefusal {
     },
 }
 
+/// Whether an operator may record `compensation` as done by hand: an executor's, yes; the
+/// ledger's own (a claim's release, a migration's return to its source) no, since
+/// provledger applies it itself when the rollback resumes, and a resolve would end the
+/// rollback with the claim still held. The decider refuses such a resolve on every write
+/// path (`decide::decide_append_with`), not only `rollback resolve`.
+pub fn resolvable_by_hand(compensation: &provledger_events::catalogue::Compensation) -> bool {
+    compensation.executor != Executor::Ledger
+}
+
 /// An operator resolves a stuck compensation of a rollback in `needs_attention` (done by
 /// hand): `compensation_resolved`, and, when it was the last compensation not done,
 /// `rollback_resumed` too, so that a driver (serve, `rollback run`) finishes the rollback
@@ -225,7 +234,7 @@ pub fn resolve(
             compensation: compensation_id,
         });
     }
-    if c.planned.compensation.executor == Executor::Ledger {
+    if !resolvable_by_hand(&c.planned.compensation) {
         return Err(ResolveRefusal::LedgerCompensation {
             operation,
             compensation: compensation_id,

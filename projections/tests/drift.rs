@@ -437,6 +437,30 @@ fn another_ip_under_the_same_key_is_mismatched() {
 }
 
 #[test]
+fn a_recorded_resource_held_under_another_key_is_mismatched_never_leaked() {
+    // Given a boot that recorded 10.0.0.5 for the node under the step's key
+    let given = Given::succeeded_boot();
+    // When IPAM holds 10.0.0.5 under another key (re-keyed at the executor)
+    let ipam = [held("10.0.0.5", Some("another-key"), &[("node", node())])];
+    // Then it is the ledger's resource: one mismatch on the key, neither leaked (which
+    // `drift --fix leaked` would remove) nor missing
+    let f = one_finding(&given, "ipam", &ipam);
+    assert_eq!(f.kind, FindingKind::Mismatched, "{f:#?}");
+    assert_eq!(f.differences.len(), 1, "{f:#?}");
+    assert_eq!(f.differences[0].attr, "key");
+    assert_eq!(
+        (
+            f.differences[0].ledger.as_str(),
+            f.differences[0].executor.as_str()
+        ),
+        (KEY_IP, "another-key")
+    );
+    // And a leak removal planned from these findings removes nothing
+    let plan = provledger_projections::leak_removal::plan_leak_removal(&[f]);
+    assert!(plan.removals.is_empty(), "{plan:?}");
+}
+
+#[test]
 fn an_ip_held_for_another_node_is_mismatched() {
     // Given a boot that recorded 10.0.0.5 for NODE
     let given = Given::succeeded_boot();

@@ -281,6 +281,41 @@ pub enum Event {
 }
 
 impl Event {
+    /// Every executor name this event carries (a step's executor, its effect's, its
+    /// compensation's, a plan's compensations'): each becomes a NATS subject token, a
+    /// metric label, HTML and log text, so each is checked against
+    /// [`operation::executor_name_is_valid`] before it is written.
+    pub fn executor_names(&self) -> Vec<&str> {
+        fn of(c: &Compensation) -> Option<&str> {
+            match &c.executor {
+                Executor::Service(name) => Some(name),
+                Executor::Ledger => None,
+            }
+        }
+        match self {
+            Event::StepDone {
+                effect,
+                compensation,
+                ..
+            } => std::iter::once(effect.executor.as_str())
+                .chain(compensation.as_ref().and_then(of))
+                .collect(),
+            Event::StepStarted {
+                executor,
+                compensation,
+                ..
+            } => std::iter::once(executor.as_str())
+                .chain(compensation.as_ref().and_then(of))
+                .collect(),
+            Event::RollbackPlanned { plan } => plan
+                .compensations
+                .iter()
+                .filter_map(|p| of(&p.compensation))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The kinds of aggregate this event may be recorded on.
     pub fn belongs_to(&self, kind: AggregateKind) -> bool {
         match self {

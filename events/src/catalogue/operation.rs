@@ -131,6 +131,21 @@ pub enum CompensationAction {
     ReturnToSource,
 }
 
+/// The longest executor name, in bytes.
+pub const EXECUTOR_NAME_BYTES_MAX: usize = 64;
+
+/// The grammar of an executor name: 1 to [`EXECUTOR_NAME_BYTES_MAX`] ASCII letters,
+/// digits, `_` or `-`. A name is one NATS subject token (`<prefix>.exec.<name>.compensate`:
+/// a `.`, `*` or `>` would address another executor's subjects), a metric label and a word
+/// of HTML and logs: nothing in it may need escaping.
+pub fn executor_name_is_valid(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= EXECUTOR_NAME_BYTES_MAX
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// Who carries out a compensation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]

@@ -160,15 +160,19 @@ impl<'a> Comparison<'a> {
 
     /// The record an item joins: by key (the newest recorded under it), else by name (the
     /// oldest record the ledger made without a key, or any record when the executor keeps
-    /// no keys).
+    /// no keys), else by name under another key: a resource the ledger holds at this
+    /// executor is the ledger's whatever key the executor now files it under (the key then
+    /// shows as a difference), never a leak that `drift --fix leaked` would remove.
     fn joined(&self, key: Option<&str>, resource: &str) -> Option<usize> {
         let at = self.at?;
         let keyed = key.and_then(|k| at.with_key(k).max());
-        keyed.or_else(|| {
-            at.named(resource)
-                .filter(|&i| key.is_none() || at.slots[i].record.key.is_none())
-                .min()
-        })
+        keyed
+            .or_else(|| {
+                at.named(resource)
+                    .filter(|&i| key.is_none() || at.slots[i].record.key.is_none())
+                    .min()
+            })
+            .or_else(|| at.named(resource).filter(|&i| at.slots[i].is_held()).min())
     }
 
     /// The findings of one page of the executor's inventory.
@@ -217,6 +221,15 @@ impl<'a> Comparison<'a> {
 
 fn differences(r: &RecordedResource, item: &InventoryItem) -> Vec<Difference> {
     let mut out = Vec::new();
+    if let (Some(ours), Some(theirs)) = (&r.key, &item.key) {
+        if !ours.is(theirs) {
+            out.push(Difference {
+                attr: "key".into(),
+                ledger: ours.to_string(),
+                executor: theirs.clone(),
+            });
+        }
+    }
     if !r.resource.is_empty() && !r.resource.is(&item.resource) {
         out.push(Difference {
             attr: "resource".into(),

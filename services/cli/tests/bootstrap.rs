@@ -361,6 +361,58 @@ async fn a_snapshot_with_one_flipped_byte_is_refused_and_the_replica_catches_up_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_whose_metadata_claims_an_implausible_size_is_refused_not_allocated() {
+    // Given a published snapshot whose object metadata was rewritten to claim 2^62 bytes
+    // (the metadata message of the object store's stream, rolled up in place),
+    let nats = NatsServer::start().await;
+    let client = nats.client().await;
+    let log = common::stream(&nats).await;
+    let dir = tempfile::tempdir().unwrap();
+    let aggregates = write_history(&log, 300, 0).await;
+    publish_a_snapshot(&nats, &log, &dir.path().join("publisher")).await;
+    let js = log.context();
+    let stream = js.get_stream(format!("OBJ_{BUCKET}")).await.unwrap();
+    let meta_subject = format!("$O.{BUCKET}.M.>");
+    let info = js.get_stream(format!("OBJ_{BUCKET}")).await.unwrap();
+    let (subject, _) = info
+        .info_with_subjects(meta_subject.as_str())
+        .await
+        .unwrap()
+        .next()
+        .await
+        .expect("the object's metadata")
+        .unwrap();
+    let last = stream
+        .get_last_raw_message_by_subject(&subject)
+        .await
+        .unwrap();
+    let mut meta: Value = serde_json::from_slice(&last.payload).unwrap();
+    meta["size"] = json!(1u64 << 62);
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Rollup", "sub");
+    js.publish_with_headers(subject, headers, meta.to_string().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let end = log.last_position().await.unwrap();
+
+    // when a new replica starts with the bucket,
+    let replica_dir = dir.path().join("replica");
+    let mut replica = Serve::start_with(&nats, &replica_dir, &["--snapshot-bucket", BUCKET]);
+    wait_ready_at(&client, end).await;
+    // then it did not abort: the snapshot is refused naming the bound, and the replica
+    // caught up from position 1.
+    let said = log_of(&replica_dir);
+    assert!(
+        said.contains("snapshot not used") && said.contains("SNAPSHOT_BYTES_MAX"),
+        "{said}"
+    );
+    assert_answers_the_rebuild(&client, &log, &aggregates, end).await;
+    assert!(replica.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_from_a_published_snapshot_prints_what_a_replay_from_position_1_prints() {
     // Given a published snapshot, then more commits on the aggregates it covers and others,
     let nats = NatsServer::start().await;

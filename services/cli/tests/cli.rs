@@ -735,6 +735,27 @@ async fn resolving_each_stuck_compensation_by_hand_lets_the_rollback_finish_and_
     .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(text(&out).contains("the ledger's own"), "{}", text(&out));
+    // ...so is the same resolve written as a plain append: the rule is the decider's, on
+    // every write path (cmd.append's too), or the rollback would end with the claim held...
+    let events = format!(
+        r#"[{{"compensation_resolved": {{"compensation_id": "{ledger_own}", "reason": "x"}}}}]"#
+    );
+    let append = args(&[
+        "append",
+        &format!("operation/{op}"),
+        "--expect",
+        "any",
+        "--events",
+        "-",
+    ]);
+    let out = tokio::task::spawn_blocking(move || {
+        let append: Vec<&str> = append.iter().map(String::as_str).collect();
+        provledger(&append, &events)
+    })
+    .await
+    .unwrap();
+    assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("the ledger's own"), "{}", text(&out));
     let out = run(args(&[
         "rollback",
         "resolve",

@@ -320,6 +320,17 @@ async fn only_designated_writers_reach_the_log_and_cmd_append_records_who_asked(
         .unwrap();
     let ready: Value = serde_json::from_slice(&ready.payload).unwrap();
     assert_eq!(ready["data"]["worker"], "w1", "{ready}");
+    // It may not say so for another worker: that would skip w2's backoff on every call.
+    let other = worker
+        .request(
+            "provledger.cmd.worker.ready",
+            json!({"worker": "w2"}).to_string().into(),
+        )
+        .await
+        .unwrap();
+    let other: Value = serde_json::from_slice(&other.payload).unwrap();
+    assert_eq!(other["error"]["code"], "rejected", "{other}");
+    assert_eq!(other["error"]["reason"], "another_worker", "{other}");
     let reissues = worker
         .subscribe("provledger.worker.w1.reissue")
         .await

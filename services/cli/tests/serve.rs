@@ -696,3 +696,81 @@ async fn waits_for_a_far_min_position_are_bounded_and_health_still_answers() {
         .count();
     assert!(turned_away >= 600 - 256, "only {turned_away} turned away");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_requests_holding_the_console_leave_metrics_writes_and_shutdown_working() {
+    use std::io::Write;
+    // Given serve with the console and the metrics on listeners of their own...
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (console, metrics) = (provledger_tests::free_port(), provledger_tests::free_port());
+    let mut serve = Serve::start_with(
+        &nats,
+        &dir.path().join("serve"),
+        &[
+            "--http",
+            &format!("127.0.0.1:{console}"),
+            "--metrics-addr",
+            &format!("127.0.0.1:{metrics}"),
+        ],
+    );
+    let client = nats.client().await;
+    common::wait_ready(&client).await;
+    let files = |pid: u32| {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let before = files(serve.pid());
+
+    // ...when 400 connections each send half a request to the console and hold it...
+    let held: Vec<std::net::TcpStream> = (0..400)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", console)).expect("connect");
+            s.write_all(b"GET /operations HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                .expect("half a request");
+            s
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // ...then serve holds at most the console's cap of them (the rest wait in the kernel's
+    // backlog, holding none of its file handles)...
+    let during = files(serve.pid());
+    assert!(
+        during <= before + 256 + 8,
+        "{during} open files, {before} before"
+    );
+    // ...the metrics listener answers, and says the replica is ready...
+    let (status, body) = common::http_get(metrics, "/metrics").expect("a scrape");
+    assert_eq!(status, 200);
+    assert_eq!(
+        common::sample(&body, "provledger_ready"),
+        Some(1.0),
+        "{body}"
+    );
+    // ...writes and reads over NATS go on (the projector keeps its file handles)...
+    let mut last = 0;
+    for _ in 0..11 {
+        let create = serde_json::to_value(vec![samples::all().remove(0)]).unwrap();
+        let (reply, code) = ask(
+            &client,
+            "provledger.cmd.append",
+            json!({"aggregate": format!("cluster/{}", Uuid::now_v7()), "expect": "none", "events": create}),
+        )
+        .await;
+        assert!(code.is_none(), "{reply}");
+        last = reply["data"]["position"].as_u64().expect("appended");
+    }
+    wait_position(&client, last).await;
+
+    // ...and SIGTERM still stops serve, the half requests held: it drains within bounds.
+    let started = Instant::now();
+    assert!(serve.terminate().success());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(held);
+}

@@ -633,6 +633,29 @@ async fn oversized_requests_and_answers_always_get_a_reply() {
         reply.to_string()
     );
     assert!(reply.to_string().len() < 4096, "the echo is bounded");
+    // An error says which replica answered, as every reply does.
+    assert!(reply["served_by"].is_string(), "{reply}");
+
+    // A step naming an executor that would forge metric lines, or address another
+    // executor's subjects, is refused naming the grammar; nothing is written.
+    let mut step = samples::all()
+        .into_iter()
+        .find(|e| matches!(e, Event::StepStarted { .. }))
+        .expect("a step_started sample");
+    if let Event::StepStarted { executor, .. } = &mut step {
+        *executor = "evil\"} 7\nprovledger_ready 0\nprovledger_injected{a=\"".into();
+    }
+    let operation = format!("operation/{}", Uuid::now_v7());
+    let reply = cmd(
+        &client,
+        json!({"aggregate": operation, "expect": "any", "events": [step]}),
+    )
+    .await;
+    assert_eq!(error_code(&reply), Some("bad_request"), "{reply}");
+    assert!(
+        reply.to_string().contains("not an executor name"),
+        "{reply}"
+    );
 
     // Three clusters whose descriptions weigh 400 kB each: lists and histories would
     // exceed a reply; they come in pages bounded by bytes, and nothing is lost.

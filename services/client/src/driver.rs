@@ -57,6 +57,10 @@ pub enum DriveError {
     StepsExhausted(Uuid),
     #[error(transparent)]
     Resolve(#[from] provledger_projections::rollback::ResolveRefusal),
+    /// A decision of the operator's (a resolve, a resume, a leak removal) the write path
+    /// refused or could not write, typed: a conflict, a rejection, a permissions refusal.
+    #[error(transparent)]
+    Write(#[from] RecordError),
 }
 
 fn ledger_error(e: impl std::fmt::Display) -> DriveError {
@@ -115,8 +119,7 @@ async fn record_at_version(
             Expectation::Exactly(op.header.version),
             draft,
         )
-        .await
-        .map_err(ledger_error)?;
+        .await?;
     Ok(())
 }
 
@@ -156,8 +159,7 @@ pub async fn record_leak_removal(
             Expectation::NoStream,
             draft,
         )
-        .await
-        .map_err(ledger_error)?;
+        .await?;
     Ok(())
 }
 

@@ -63,6 +63,18 @@ struct RawReply {
 /// Why one executor's inventory could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum InventoryError {
+    /// One executor's whole inventory took longer than the bound: each page came within
+    /// the reply wait, but an executor that answers slowly for ever must not hold drift
+    /// (or serve's sweep) for hours.
+    #[error("executor {executor:?} did not finish its inventory within {bound:?} (INVENTORY_READ_MAX); it is reported unread")]
+    TooSlow { executor: String, bound: Duration },
+    /// A name outside the executor grammar (written before names had one, or forged): it
+    /// is never turned into a subject, where a `.`, `*` or `>` would ask someone else.
+    #[error(
+        "{executor:?} is not an executor name (1 to {max} ASCII letters, digits, '_' or '-'); it was not asked",
+        max = provledger_events::catalogue::operation::EXECUTOR_NAME_BYTES_MAX
+    )]
+    BadName { executor: String },
     #[error(
         "executor {executor:?} does not answer {subject} (no responders): is it running, on \
          this NATS server, and does it implement the inventory protocol (docs/drift.md)?"
@@ -123,6 +135,7 @@ impl InventoryError {
             self,
             InventoryError::NoResponders { .. }
                 | InventoryError::Timeout { .. }
+                | InventoryError::TooSlow { .. }
                 | InventoryError::Request { .. }
         )
     }
@@ -205,6 +218,14 @@ pub async fn read_inventory_pages(
     reply_wait: Duration,
     mut on_page: impl FnMut(Vec<InventoryItem>),
 ) -> Result<u64, InventoryError> {
+    if !provledger_events::catalogue::operation::executor_name_is_valid(executor) {
+        return Err(InventoryError::BadName {
+            executor: executor
+                .chars()
+                .take(provledger_events::catalogue::operation::EXECUTOR_NAME_BYTES_MAX)
+                .collect(),
+        });
+    }
     let subject = inventory_subject(subject_prefix, executor);
     let mut count = 0;
     let mut request = InventoryRequest {
@@ -226,14 +247,36 @@ pub async fn read_inventory_pages(
     })
 }
 
+/// The longest one executor's whole inventory may take to read.
+pub const INVENTORY_READ_MAX: Duration = Duration::from_secs(300);
+/// At most this many items behind one executor's `leaked` and `mismatched` findings are
+/// kept to confirm them (and listed); past it they are counted, not held.
+pub const SUSPECTS_KEPT_MAX: usize = 10_000;
+/// ... and at most this many bytes of them.
+pub const SUSPECT_BYTES_MAX: usize = 16 << 20;
+/// How many executors drift (and serve's sweep) reads at once.
+pub const EXECUTORS_READ_AT_ONCE: usize = 4;
+
+/// What bounds one executor's read.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadBounds {
+    /// For one page to come back.
+    pub reply_wait: Duration,
+    /// For the whole inventory ([`INVENTORY_READ_MAX`]).
+    pub whole: Duration,
+}
+
 /// One executor's inventory as compared: how many items it held (or why it could not be
 /// read), and the items behind its `leaked` and `mismatched` findings, kept to confirm
-/// them against a later ledger. The rest of the inventory is never held: it is compared a
-/// page at a time.
+/// them against a later ledger (at most [`SUSPECTS_KEPT_MAX`] items and
+/// [`SUSPECT_BYTES_MAX`] bytes; those past it are counted in `suspects_not_kept`). The
+/// rest of the inventory is never held: it is compared a page at a time.
 pub struct Asked {
     pub executor: String,
     pub held: Result<u64, InventoryError>,
     pub suspects: Vec<InventoryItem>,
+    /// Items behind findings that were past the bounds: not listed, not confirmed.
+    pub suspects_not_kept: u64,
     /// The `missing` findings against the ledger as read before asking (those of the
     /// suspects are found again from the items by [`confirmed`]).
     pub missing: Vec<Finding>,
@@ -245,24 +288,47 @@ pub async fn compare_inventory(
     client: &async_nats::Client,
     subject_prefix: &str,
     executor: &str,
-    reply_wait: Duration,
+    bounds: ReadBounds,
     ledger: &LedgerResources,
     mut on_page: impl FnMut(usize),
 ) -> Asked {
     let mut comparison = Comparison::new(ledger, executor);
     let mut suspects = Vec::new();
-    let held = read_inventory_pages(client, subject_prefix, executor, reply_wait, |page| {
-        on_page(page.len());
-        let found = comparison.items(&page);
-        if !found.is_empty() {
-            let named: BTreeSet<&str> = found.iter().map(|f| f.resource.as_str()).collect();
-            suspects.extend(
-                page.into_iter()
-                    .filter(|i| named.contains(i.resource.as_str())),
-            );
-        }
-    })
-    .await;
+    let mut kept_bytes = 0;
+    let mut not_kept = 0u64;
+    let read = read_inventory_pages(
+        client,
+        subject_prefix,
+        executor,
+        bounds.reply_wait,
+        |page| {
+            on_page(page.len());
+            let found = comparison.items(&page);
+            if !found.is_empty() {
+                let named: BTreeSet<&str> = found.iter().map(|f| f.resource.as_str()).collect();
+                for item in page
+                    .into_iter()
+                    .filter(|i| named.contains(i.resource.as_str()))
+                {
+                    let size = item_bytes(&item);
+                    if suspects.len() < SUSPECTS_KEPT_MAX && kept_bytes + size <= SUSPECT_BYTES_MAX
+                    {
+                        kept_bytes += size;
+                        suspects.push(item);
+                    } else {
+                        not_kept += 1;
+                    }
+                }
+            }
+        },
+    );
+    let held = match tokio::time::timeout(bounds.whole, read).await {
+        Ok(held) => held,
+        Err(_) => Err(InventoryError::TooSlow {
+            executor: executor.to_string(),
+            bound: bounds.whole,
+        }),
+    };
     let missing = match &held {
         Ok(_) => comparison.finish(),
         Err(_) => Vec::new(),
@@ -271,8 +337,79 @@ pub async fn compare_inventory(
         executor: executor.to_string(),
         held,
         suspects,
+        suspects_not_kept: not_kept,
         missing,
     }
+}
+
+/// About what an item costs to keep: its strings and a fixed overhead.
+fn item_bytes(item: &InventoryItem) -> usize {
+    const OVERHEAD: usize = 128;
+    OVERHEAD
+        + item.kind.len()
+        + item.resource.len()
+        + item.key.as_ref().map_or(0, String::len)
+        + item.entity.as_ref().map_or(0, String::len)
+        + item
+            .attrs
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 48)
+            .sum::<usize>()
+}
+
+/// Reads every executor in `executors` (at most [`EXECUTORS_READ_AT_ONCE`] at once), each
+/// within `bounds`, comparing with `ledger`; answers in the order given. `on_page` hears
+/// which executor each page came from and how many items it brought.
+pub async fn compare_inventories(
+    client: &async_nats::Client,
+    subject_prefix: &str,
+    executors: &[String],
+    bounds: ReadBounds,
+    ledger: &LedgerResources,
+    on_page: &(dyn Fn(&str, usize) + Sync),
+) -> Vec<Asked> {
+    use futures::StreamExt;
+    let mut pending = futures::stream::FuturesOrdered::new();
+    let mut waiting = executors.iter();
+    for executor in waiting.by_ref().take(EXECUTORS_READ_AT_ONCE) {
+        pending.push_back(read_one(
+            client,
+            subject_prefix,
+            executor,
+            bounds,
+            ledger,
+            on_page,
+        ));
+    }
+    let mut asked = Vec::with_capacity(executors.len());
+    while let Some(one) = pending.next().await {
+        asked.push(one);
+        if let Some(executor) = waiting.next() {
+            pending.push_back(read_one(
+                client,
+                subject_prefix,
+                executor,
+                bounds,
+                ledger,
+                on_page,
+            ));
+        }
+    }
+    asked
+}
+
+/// One executor of [`compare_inventories`]: one future type for all of them.
+fn read_one<'a>(
+    client: &'a async_nats::Client,
+    subject_prefix: &'a str,
+    executor: &'a str,
+    bounds: ReadBounds,
+    ledger: &'a LedgerResources,
+    on_page: &'a (dyn Fn(&str, usize) + Sync),
+) -> impl std::future::Future<Output = Asked> + Send + 'a {
+    compare_inventory(client, subject_prefix, executor, bounds, ledger, move |n| {
+        on_page(executor, n)
+    })
 }
 
 /// The findings of `asked` that still stand against `ledger` (read after the

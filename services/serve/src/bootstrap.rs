@@ -359,6 +359,15 @@ pub async fn publish(
     Ok(())
 }
 
+/// The largest snapshot a replica fetches (a store of millions of entities exports a few
+/// GiB). The object's metadata states its size, but only serve's credentials can write the
+/// bucket and metadata can still lie: an implausible size is refused before anything is
+/// allocated (`Vec::with_capacity` of 2^62 bytes aborts the process), and a body that
+/// outgrows the bound while it is read is refused too.
+pub const SNAPSHOT_BYTES_MAX: usize = 16 << 30;
+/// What is reserved up front from the stated size; the rest grows as chunks come.
+const SNAPSHOT_PREALLOC_BYTES_MAX: usize = 256 << 20;
+
 /// A snapshot as fetched: its bytes and the blake3 of its body, hashed as the chunks came
 /// in (so that an 800 MB body costs no second pass).
 pub struct Fetched {
@@ -386,7 +395,13 @@ pub async fn fetch(
         }
         Err(e) => return Err(unavailable(e.to_string())),
     };
-    let mut bytes = Vec::with_capacity(object.info().size);
+    let stated = object.info().size;
+    if stated > SNAPSHOT_BYTES_MAX {
+        return Err(BootstrapError::Refused(format!(
+            "{bucket_name}: the snapshot's metadata states {stated} bytes, over the {SNAPSHOT_BYTES_MAX} a replica fetches (SNAPSHOT_BYTES_MAX); publish a new one with `provledger snapshot`"
+        )));
+    }
+    let mut bytes = Vec::with_capacity(stated.min(SNAPSHOT_PREALLOC_BYTES_MAX));
     let mut hasher = blake3::Hasher::new();
     let mut hashed = 0;
     let mut chunk = vec![0u8; 1 << 20];
@@ -397,6 +412,11 @@ pub async fn fetch(
             .map_err(|e| unavailable(e.to_string()))?;
         if n == 0 {
             break;
+        }
+        if bytes.len() + n > SNAPSHOT_BYTES_MAX {
+            return Err(BootstrapError::Refused(format!(
+                "{bucket_name}: the snapshot holds more than {SNAPSHOT_BYTES_MAX} bytes (SNAPSHOT_BYTES_MAX)"
+            )));
         }
         bytes.extend_from_slice(&chunk[..n]);
         // The body's bytes are hashed as soon as the head says where they start.

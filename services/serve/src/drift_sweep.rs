@@ -11,7 +11,9 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use provledger_client::inventory::{compare_inventory, confirmed};
+use provledger_client::inventory::{
+    compare_inventories, confirmed, ReadBounds, INVENTORY_READ_MAX,
+};
 use provledger_events::{AggregateKind, Timestamp};
 use provledger_projections::drift::{Finding, LedgerResources, Names, OperationResources};
 use provledger_projections::Entity;
@@ -29,6 +31,14 @@ pub struct ExecutorRead {
     pub held: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Findings past the bounds of what a sweep keeps (`SUSPECTS_KEPT_MAX`): counted, not
+    /// listed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub leaks_not_listed: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What one sweep found.
@@ -97,19 +107,20 @@ pub(crate) async fn sweep_once(
 ) -> Result<DriftSweep, StoreError> {
     let started = std::time::Instant::now();
     let before = stored_resources(store)?;
-    let mut asked = Vec::new();
-    for executor in before.executors() {
-        let one = compare_inventory(
-            at.client,
-            at.subject_prefix,
-            &executor,
-            at.reply_wait,
-            &before,
-            |_| {},
-        )
-        .await;
-        asked.push(one);
-    }
+    let executors: Vec<String> = before.executors().into_iter().collect();
+    let bounds = ReadBounds {
+        reply_wait: at.reply_wait,
+        whole: INVENTORY_READ_MAX,
+    };
+    let asked = compare_inventories(
+        at.client,
+        at.subject_prefix,
+        &executors,
+        bounds,
+        &before,
+        &|_, _| {},
+    )
+    .await;
     drop(before);
     // After the inventories: the store has applied at least every intent recorded before
     // an executor acted on it.
@@ -122,11 +133,13 @@ pub(crate) async fn sweep_once(
                 name: a.executor,
                 held: Some(held),
                 error: None,
+                leaks_not_listed: a.suspects_not_kept,
             },
             Err(e) => ExecutorRead {
                 name: a.executor,
                 held: None,
                 error: Some(e.to_string()),
+                leaks_not_listed: 0,
             },
         })
         .collect();

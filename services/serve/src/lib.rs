@@ -31,6 +31,7 @@ pub mod bootstrap;
 mod console;
 pub mod drift_sweep;
 mod endpoints;
+mod http;
 pub mod messages;
 mod metrics;
 mod projector;

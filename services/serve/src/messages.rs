@@ -326,6 +326,10 @@ pub struct Reply<T> {
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct ErrorReply {
     pub error: ErrorBody,
+    /// The id of the replica that answered (absent only before it has joined the
+    /// service, when it answers nothing else either).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_by: Option<String>,
 }
 
 /// An error: `code` and `message` always, the other fields where the code says.

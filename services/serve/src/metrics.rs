@@ -18,7 +18,7 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -62,13 +62,44 @@ pub(crate) struct StatusLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct DriftLabels {
-    pub(crate) executor: String,
+    pub(crate) executor: Escaped,
     pub(crate) kind: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ExecutorLabels {
-    pub(crate) executor: String,
+    pub(crate) executor: Escaped,
+}
+
+/// How many executors get series of their own per drift sweep; the others are summed into
+/// one series labelled [`OTHER_EXECUTORS`]. Executor names are chosen by whoever records a
+/// step, so without a bound one service could make a scrape as large as it likes.
+pub const DRIFT_EXECUTOR_SERIES_MAX: usize = 64;
+/// The label of the executors past [`DRIFT_EXECUTOR_SERIES_MAX`] (not a valid executor
+/// name, so it cannot be confused with one).
+pub const OTHER_EXECUTORS: &str = "(other)";
+
+/// A label value from outside (an executor's name, as recorded in the log). Names are
+/// checked against their grammar when written, but the log may hold older or forged ones:
+/// the value is encoded escaped as OpenMetrics requires (`\\`, `\"`, `\n`; the
+/// exposition library writes values raw), so no value can end its series or start
+/// another.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub(crate) struct Escaped(pub(crate) String);
+
+impl EncodeLabelValue for Escaped {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write;
+        for c in self.0.chars() {
+            match c {
+                '\\' => encoder.write_str("\\\\")?,
+                '"' => encoder.write_str("\\\"")?,
+                '\n' => encoder.write_str("\\n")?,
+                c => encoder.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -333,27 +364,57 @@ impl Metrics {
     /// A drift sweep finished: its findings replace the last sweep's (an executor or kind
     /// no longer found reads 0, not its old count).
     pub(crate) fn drift_swept(&self, sweep: &crate::drift_sweep::DriftSweep) {
+        use provledger_projections::drift::FindingKind;
+        const KINDS: usize = FindingKind::ALL.len();
         self.drift_findings.clear();
         self.drift_unread.clear();
+        // Findings and unread per executor; past the bound, the executors with the fewest
+        // findings (then by name) share the `(other)` series.
+        let mut by_executor: std::collections::BTreeMap<&str, ([usize; KINDS], bool)> =
+            Default::default();
         for e in &sweep.executors {
-            for kind in provledger_projections::drift::FindingKind::ALL {
-                let n = sweep
-                    .findings
-                    .iter()
-                    .filter(|f| f.executor == e.name && f.kind == kind)
-                    .count();
+            by_executor.entry(e.name.as_str()).or_default().1 |= e.error.is_some();
+        }
+        for f in &sweep.findings {
+            let slot = FindingKind::ALL.iter().position(|k| *k == f.kind);
+            if let (Some(counts), Some(slot)) = (by_executor.get_mut(f.executor.as_str()), slot) {
+                counts.0[slot] += 1;
+            }
+        }
+        let mut ranked: Vec<(&str, ([usize; KINDS], bool))> = by_executor.into_iter().collect();
+        ranked.sort_by_key(|(name, (counts, _))| {
+            (std::cmp::Reverse(counts.iter().sum::<usize>()), *name)
+        });
+        let mut series: Vec<(String, [usize; KINDS], bool)> = Vec::new();
+        for (i, (name, (counts, unread))) in ranked.into_iter().enumerate() {
+            if i < DRIFT_EXECUTOR_SERIES_MAX {
+                series.push((name.to_string(), counts, unread));
+                continue;
+            }
+            if series.len() == DRIFT_EXECUTOR_SERIES_MAX {
+                series.push((OTHER_EXECUTORS.to_string(), [0; KINDS], false));
+            }
+            if let Some(other) = series.last_mut() {
+                for (sum, n) in other.1.iter_mut().zip(counts) {
+                    *sum += n;
+                }
+                other.2 |= unread;
+            }
+        }
+        for (name, counts, unread) in series {
+            for (kind, n) in FindingKind::ALL.iter().zip(counts) {
                 self.drift_findings
                     .get_or_create(&DriftLabels {
-                        executor: e.name.clone(),
+                        executor: Escaped(name.clone()),
                         kind: kind.as_str().into(),
                     })
                     .set(i64::try_from(n).unwrap_or(i64::MAX));
             }
             self.drift_unread
                 .get_or_create(&ExecutorLabels {
-                    executor: e.name.clone(),
+                    executor: Escaped(name),
                 })
-                .set(i64::from(e.error.is_some()));
+                .set(i64::from(unread));
         }
         let outcome =
             match sweep.findings.is_empty() && sweep.executors.iter().all(|e| e.error.is_none()) {
@@ -450,12 +511,14 @@ pub(crate) async fn serve_metrics(
         .route("/health", get(health))
         .with_state(ctx);
     Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            tracing::warn!(error = %e, "the metrics endpoint stopped");
-        }
+        crate::http::serve(
+            "metrics",
+            listener,
+            app,
+            crate::http::METRICS_LIMITS,
+            shutdown,
+        )
+        .await;
     }))
 }
 
@@ -500,5 +563,93 @@ mod tests {
             let series = format!("provledger_operations{{status={word}}} 0");
             assert!(scrape.contains(&series), "no {series} in:\n{scrape}");
         }
+    }
+
+    #[test]
+    fn a_scrape_parses_and_stays_bounded_whatever_executor_names_the_log_holds() {
+        use provledger_projections::drift::{Finding, FindingKind};
+        // Given a drift sweep over an executor whose name would forge metric lines (the log
+        // may hold one written before names had a grammar, or forged) and 3,000 others,
+        // each holding a leak (the hostile one five)...
+        let hostile = "rt3evil\"} 7\nprovledger_ready 0\nprovledger_rt3_injected{a=\"";
+        let names: Vec<String> = std::iter::once(hostile.to_string())
+            .chain((0..3_000).map(|i| format!("svc-{i:04}")))
+            .collect();
+        let leak = |executor: &str, n: usize| Finding {
+            kind: FindingKind::Leaked,
+            executor: executor.into(),
+            resource: format!("r{n}"),
+            key: None,
+            entity: None,
+            operation_id: None,
+            step: None,
+            differences: Vec::new(),
+            reason: String::new(),
+            action: String::new(),
+            undo: None,
+        };
+        let mut findings: Vec<Finding> = (0..5).map(|n| leak(hostile, n)).collect();
+        findings.extend(names.iter().skip(1).map(|n| leak(n, 0)));
+        let sweep = crate::drift_sweep::DriftSweep {
+            finished_at: String::new(),
+            took_ms: 0,
+            position: 0,
+            executors: names
+                .iter()
+                .map(|name| crate::drift_sweep::ExecutorRead {
+                    name: name.clone(),
+                    held: Some(1),
+                    error: None,
+                    leaks_not_listed: 0,
+                })
+                .collect(),
+            findings,
+        };
+        let metrics = Metrics::new();
+        metrics.drift_swept(&sweep);
+        // ...when scraped, then the scrape parses as OpenMetrics...
+        let scrape = metrics.encode().expect("encodes");
+        let parsed = openmetrics_parser::openmetrics::parse_openmetrics(&scrape)
+            .unwrap_or_else(|e| panic!("{e:?} in:\n{scrape}"));
+        // ...no line was forged...
+        assert!(
+            !parsed.families.contains_key("provledger_rt3_injected"),
+            "{scrape}"
+        );
+        assert_eq!(
+            parsed.families["provledger_ready"].iter_samples().count(),
+            1
+        );
+        // ...the hostile name is one label value, as it was...
+        let findings = &parsed.families["provledger_drift_findings"];
+        let executors: std::collections::BTreeSet<String> = findings
+            .iter_samples()
+            .filter_map(|s| {
+                s.get_labelset()
+                    .ok()
+                    .and_then(|l| l.get_label_value("executor").map(str::to_string))
+            })
+            .collect();
+        assert!(executors.contains(hostile), "{executors:?}");
+        // ...and the series are bounded: the executors past the bound share one.
+        assert_eq!(executors.len(), DRIFT_EXECUTOR_SERIES_MAX + 1);
+        assert!(executors.contains(OTHER_EXECUTORS));
+        let leaked_elsewhere = findings
+            .iter_samples()
+            .find(|s| {
+                s.get_labelset().is_ok_and(|l| {
+                    l.get_label_value("executor") == Some(OTHER_EXECUTORS)
+                        && l.get_label_value("kind") == Some("leaked")
+                })
+            })
+            .map(|s| format!("{:?}", s.value));
+        let expected = 3_000usize.saturating_sub(DRIFT_EXECUTOR_SERIES_MAX - 1);
+        assert!(
+            leaked_elsewhere
+                .as_deref()
+                .is_some_and(|v| v.contains(&expected.to_string())),
+            "{leaked_elsewhere:?}, expected {expected}"
+        );
+        assert!(scrape.len() < 64 * 1024, "{} bytes", scrape.len());
     }
 }

@@ -547,7 +547,11 @@ pub async fn run(
                     Some(("unavailable", Some("busy"))),
                     None,
                 );
-                tokio::spawn(respond_busy(endpoint, request));
+                tokio::spawn(respond_busy(
+                    endpoint,
+                    request,
+                    ctx.served_by.get().cloned(),
+                ));
                 continue;
             }
             Err(tokio::sync::TryAcquireError::Closed) => break,
@@ -721,9 +725,10 @@ fn notify_systemd(state: &str) {
     }
 }
 
-/// A refusal as a reply: the contract's body and the micro-service error headers, both
-/// bounded (a message may echo a huge request).
-fn refusal(e: &QueryError) -> (async_nats::HeaderMap, Vec<u8>) {
+/// A refusal as a reply: the contract's body (with `served_by`, the replica's id, as every
+/// reply) and the micro-service error headers, both bounded (a message may echo a huge
+/// request).
+fn refusal(e: &QueryError, served_by: Option<&str>) -> (async_nats::HeaderMap, Vec<u8>) {
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(
         async_nats::service::NATS_SERVICE_ERROR,
@@ -733,17 +738,28 @@ fn refusal(e: &QueryError) -> (async_nats::HeaderMap, Vec<u8>) {
         async_nats::service::NATS_SERVICE_ERROR_CODE,
         e.code.numeric().to_string().as_str(),
     );
-    (headers, serde_json::to_vec(&e.body()).unwrap_or_default())
+    let mut body = e.body();
+    if let (Some(object), Some(id)) = (body.as_object_mut(), served_by) {
+        object.insert("served_by".into(), id.into());
+    }
+    (headers, serde_json::to_vec(&body).unwrap_or_default())
 }
 
 /// The answer of a replica whose request slots are all taken.
-async fn respond_busy(endpoint: Endpoint, request: async_nats::service::Request) {
-    let (headers, bytes) = refusal(&QueryError::new(
+async fn respond_busy(
+    endpoint: Endpoint,
+    request: async_nats::service::Request,
+    served_by: Option<String>,
+) {
+    let (headers, bytes) = refusal(
+        &QueryError::new(
         ErrorCode::Unavailable,
         format!(
             "this replica has {REQUESTS_IN_FLIGHT_MAX} requests in hand (REQUESTS_IN_FLIGHT_MAX); retry, or ask another replica"
         ),
-    ));
+        ),
+        served_by.as_deref(),
+    );
     send_reply(endpoint, request, headers, bytes).await;
 }
 
@@ -851,12 +867,14 @@ async fn respond_in_span(
                         bytes.len(),
                         ctx.reply_bytes_max
                     ),
-                ))
+                    ),
+                    ctx.served_by.get().map(String::as_str),
+                )
             }
         }
         Err(e) => {
             tracing::debug!(endpoint = endpoint.suffix(), code = e.code.as_str(), message = %bounded(&e.message), "request refused");
-            refusal(&e)
+            refusal(&e, ctx.served_by.get().map(String::as_str))
         }
     };
     send_reply(endpoint, request, headers, bytes).await;

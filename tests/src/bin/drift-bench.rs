@@ -560,7 +560,10 @@ async fn phase_drift(dir: &Path, ops: usize, nats: Option<&str>) -> Value {
                     &client,
                     SUBJECT_PREFIX,
                     r.executor,
-                    INVENTORY_REPLY_WAIT,
+                    provledger_client::inventory::ReadBounds {
+                        reply_wait: INVENTORY_REPLY_WAIT,
+                        whole: provledger_client::inventory::INVENTORY_READ_MAX,
+                    },
                     &ledger,
                     |n| items += n as f64,
                 )

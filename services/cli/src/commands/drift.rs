@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use provledger_client::inventory::{
-    compare_inventory, confirmed, fold_log, Asked, InventoryError, LogFolded,
+    compare_inventories, confirmed, fold_log, Asked, InventoryError, LogFolded, ReadBounds,
+    INVENTORY_READ_MAX,
 };
 use provledger_client::Writer;
 use provledger_client::{
@@ -100,6 +101,14 @@ pub async fn run(ledger: &Writer<Ledger>, args: DriftArgs<'_>) -> Result<(), Com
             "drift asks the executors over NATS: pass --executors-url URL (or --nats)".into(),
         )
     })?;
+    if let Some(name) = &args.executor {
+        if !provledger_events::catalogue::operation::executor_name_is_valid(name) {
+            return Err(CommandError::BadInput(format!(
+                "--executor {name:?}: an executor name is 1 to {} ASCII letters, digits, '_' or '-'",
+                provledger_events::catalogue::operation::EXECUTOR_NAME_BYTES_MAX
+            )));
+        }
+    }
     if let Some(fix) = &args.fix {
         if !fix.dry_run && fix.reason.trim().is_empty() {
             return Err(CommandError::BadInput(
@@ -120,21 +129,25 @@ pub async fn run(ledger: &Writer<Ledger>, args: DriftArgs<'_>) -> Result<(), Com
         None => before.executors(),
     };
     let client = provledger_client::connect_nats(url, "provledger-drift", args.auth).await?;
-    let mut asked = Vec::new();
-    for executor in &executors {
-        let bar = progress_bar(0, &format!("inventory of {executor}"));
-        let one = compare_inventory(
-            &client,
-            args.subject_prefix,
-            executor,
-            INVENTORY_REPLY_WAIT,
-            &before,
-            |n| bar.inc(n as u64),
-        )
-        .await;
-        bar.finish_and_clear();
-        asked.push(one);
-    }
+    let executors: Vec<String> = executors.into_iter().collect();
+    let bar = progress_bar(
+        0,
+        &format!("inventories of {} executor(s)", executors.len()),
+    );
+    let bounds = ReadBounds {
+        reply_wait: INVENTORY_REPLY_WAIT,
+        whole: INVENTORY_READ_MAX,
+    };
+    let asked = compare_inventories(
+        &client,
+        args.subject_prefix,
+        &executors,
+        bounds,
+        &before,
+        &|_, n| bar.inc(n as u64),
+    )
+    .await;
+    bar.finish_and_clear();
     drop(before);
     // Intent before effect: whatever an executor answered it holds had its intent recorded
     // before, so reading the commits appended while asking leaves nothing it made unknown.
@@ -237,6 +250,9 @@ fn report(
         let executors: Vec<serde_json::Value> = asked
             .iter()
             .map(|a| match &a.held {
+                Ok(held) if a.suspects_not_kept > 0 => serde_json::json!({
+                    "name": a.executor, "held": held, "leaks_not_listed": a.suspects_not_kept,
+                }),
                 Ok(held) => serde_json::json!({"name": a.executor, "held": held}),
                 Err(e) => serde_json::json!({"name": a.executor, "error": e.to_string()}),
             })
@@ -254,6 +270,14 @@ fn report(
         match &a.held {
             Ok(held) => println!("{}: {} held", a.executor, held),
             Err(e) => println!("{}: not read: {e}", a.executor),
+        }
+        if a.suspects_not_kept > 0 {
+            println!(
+                "{}: too many findings to list: the first {} shown, {} more not listed (SUSPECTS_KEPT_MAX); fix what is shown and run drift again",
+                a.executor,
+                a.suspects.len(),
+                a.suspects_not_kept
+            );
         }
     }
     for f in findings {

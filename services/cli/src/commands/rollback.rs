@@ -30,6 +30,8 @@ fn command_error(e: DriveError) -> CommandError {
         )),
         DriveError::Plan(refusal) => CommandError::Problem(refusal.to_string()),
         DriveError::Resolve(refusal) => CommandError::Problem(refusal.to_string()),
+        // A refusal (permissions, conflict, rejection) exits 1 as any write's does.
+        DriveError::Write(e) => CommandError::from(e),
         other => CommandError::Infrastructure(other.to_string()),
     }
 }
@@ -229,5 +231,22 @@ fn finish_report(op: &OperationState, id: Uuid, json: bool) -> Result<(), Comman
             "operation {id} needs attention: {} compensation(s) remain",
             op.remaining.len()
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use provledger_client::write::RecordError;
+
+    #[test]
+    fn a_write_refused_for_permissions_exits_1_as_docs_operations_promises() {
+        // Given a resolve whose write NATS refused for this user's permissions...
+        let denied = DriveError::Write(RecordError::PermissionDenied {
+            aggregate: provledger_events::AggregateId::operation(Uuid::nil()),
+            message: "Permissions Violation for Publish".into(),
+        });
+        // ...then the command found a problem (exit 1), not an infrastructure failure (3).
+        assert_eq!(command_error(denied).exit_code(), 1);
     }
 }

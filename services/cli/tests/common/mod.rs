@@ -48,6 +48,11 @@ impl Serve {
         Serve { child }
     }
 
+    #[allow(dead_code)]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn kill(&mut self) {
         // std's kill is SIGKILL on unix: no chance to flush or finish a batch.
         let _ = self.child.kill();

@@ -127,12 +127,14 @@ pub(crate) async fn serve_console(
         let shutdown = async move {
             let _ = stop.wait_for(|s| *s).await;
         };
-        if let Err(e) = axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            tracing::warn!(error = %e, "the console stopped");
-        }
+        crate::http::serve(
+            "console",
+            listener,
+            app,
+            crate::http::CONSOLE_LIMITS,
+            shutdown,
+        )
+        .await;
     }))
 }
 

@@ -349,7 +349,7 @@ impl QueryContext {
             Endpoint::ProviderDelete => placement::provider_delete(self, payload, caller).await,
             Endpoint::HealAllocations => placement::heal(self, payload, caller).await,
             Endpoint::FixOrphans => placement::orphans(self, payload, caller).await,
-            Endpoint::WorkerReady => worker::ready(self, payload),
+            Endpoint::WorkerReady => worker::ready(self, payload, caller),
             Endpoint::OperationList => entities::operation_list(self, payload),
             Endpoint::Drift => health::drift(self, payload),
         }

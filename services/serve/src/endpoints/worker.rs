@@ -2,9 +2,14 @@
 //! delivers its pending re-issues at its next round without waiting for their backoff
 //! (`provledger_client::recovery::deliver_reissues`). Without it a worker still receives
 //! them, within the backoff's bound (`REISSUE_BACKOFF_MAX_MS`).
+//!
+//! A worker may say only that *it* listens, as for its task events: when the server vouches
+//! for the caller (`Nats-Request-Info`), `worker` must be the caller's own worker id, else
+//! any caller could make serve skip another worker's backoff on every call.
 
 use serde_json::Value;
 
+use super::caller::Caller;
 use super::error::{to_data, ErrorCode, QueryError};
 use super::request::{check_fields, object, opt_str};
 use super::QueryContext;
@@ -13,7 +18,11 @@ use crate::messages::{RequestFields, WorkerReadyData, WorkerReadyRequest};
 /// The longest worker id accepted: it is one token of a NATS subject.
 const WORKER_ID_BYTES_MAX: usize = 256;
 
-pub(crate) fn ready(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
+pub(crate) fn ready(
+    ctx: &QueryContext,
+    payload: &[u8],
+    caller: &Caller,
+) -> Result<Value, QueryError> {
     let req = object(payload)?;
     check_fields(&req, WorkerReadyRequest::FIELDS)?;
     let worker = opt_str(&req, "worker")?.unwrap_or_default();
@@ -27,6 +36,16 @@ pub(crate) fn ready(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryEr
             ErrorCode::BadRequest,
             "`worker` must be a worker id: one NATS subject token (no '.', '*', '>' or space), at most 256 bytes".to_string(),
         ));
+    }
+    if let Some(own) = caller.worker().filter(|own| !own.is(worker)) {
+        return Err(QueryError::new(
+            ErrorCode::Rejected,
+            format!(
+                "a worker may say only that it listens itself: the server vouches this caller is worker {:?}, not {worker:?}",
+                own.as_str()
+            ),
+        )
+        .with("reason", "another_worker".into()));
     }
     let delivering = ctx.workers_ready.note(worker);
     Ok(to_data(&WorkerReadyData {
