@@ -226,15 +226,20 @@ impl ReissuePolicy {
 }
 
 /// The attempt of a pending re-issue that is due at `now`, if one is: the first at once;
-/// after a failure, once the backoff has passed (at once if the worker just said it is
-/// listening: `worker_ready`); after an attempt with no outcome, once it counts as lost;
-/// after [`REISSUE_ATTEMPTS_MAX`] attempts, only when the worker says it listens.
+/// after a failure, once the backoff has passed (at once if the worker said it is
+/// listening since the last attempt was sent: `ready_at`); after an attempt with no
+/// outcome, once it counts as lost; after [`REISSUE_ATTEMPTS_MAX`] attempts, only when
+/// the worker said it listens since the last attempt. So a ready call grants one attempt,
+/// never a series: a worker that says it listens in a loop and never answers gets one
+/// attempt per reply wait, not one per call.
 pub fn reissue_due(
     pending: &crate::instance::PendingReissue,
     now: Timestamp,
     policy: &ReissuePolicy,
-    worker_ready: bool,
+    ready_at: Option<Timestamp>,
 ) -> Option<u32> {
+    let worker_ready =
+        ready_at.is_some_and(|ready| pending.attempted_at.is_none_or(|sent| ready > sent));
     let next = pending.attempts + 1;
     if pending.attempts >= REISSUE_ATTEMPTS_MAX && !worker_ready {
         return None; // given up until the worker says it listens

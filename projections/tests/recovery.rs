@@ -233,24 +233,39 @@ fn a_pending_reissue_is_due_by_its_backoff_its_worker_or_a_lost_attempt() {
         last_failed_at: None,
         last_error: None,
     };
-    assert_eq!(reissue_due(&p, t(0), &policy, false), Some(1));
-    // Attempt 1 in flight: not again before the reply wait, then it counts as lost.
+    assert_eq!(reissue_due(&p, t(0), &policy, None), Some(1));
+    // Attempt 1 in flight: not again before the reply wait, then it counts as lost; a
+    // ready said before it was sent grants nothing more.
     p.attempts = 1;
     p.attempted_at = Some(t(0));
-    assert_eq!(reissue_due(&p, t(9_999), &policy, true), None);
-    assert_eq!(reissue_due(&p, t(10_000), &policy, false), Some(2));
-    // Attempt 3 failed at 5 s: the backoff is 4 s, skipped if the worker is ready.
+    assert_eq!(reissue_due(&p, t(9_999), &policy, Some(t(-1))), None);
+    assert_eq!(reissue_due(&p, t(10_000), &policy, None), Some(2));
+    // Attempt 3 sent at 4 s, failed at 5 s: the backoff is 4 s, skipped if the worker
+    // said it listens since the attempt was sent.
     p.attempts = 3;
+    p.attempted_at = Some(t(4_000));
     p.last_failed_at = Some(t(5_000));
-    assert_eq!(reissue_due(&p, t(8_999), &policy, false), None);
-    assert_eq!(reissue_due(&p, t(8_999), &policy, true), Some(4));
-    assert_eq!(reissue_due(&p, t(9_000), &policy, false), Some(4));
+    assert_eq!(reissue_due(&p, t(8_999), &policy, None), None);
+    assert_eq!(reissue_due(&p, t(8_999), &policy, Some(t(6_000))), Some(4));
+    assert_eq!(reissue_due(&p, t(8_999), &policy, Some(t(3_000))), None);
+    assert_eq!(reissue_due(&p, t(9_000), &policy, None), Some(4));
     // Capped: after 19 failures the wait is 30 s, not 2^18 s.
     p.attempts = 19;
-    assert_eq!(reissue_due(&p, t(34_999), &policy, false), None);
-    assert_eq!(reissue_due(&p, t(35_000), &policy, false), Some(20));
-    // Given up after REISSUE_ATTEMPTS_MAX attempts: only its worker's "ready" sends it.
+    assert_eq!(reissue_due(&p, t(34_999), &policy, None), None);
+    assert_eq!(reissue_due(&p, t(35_000), &policy, None), Some(20));
+    // Given up after REISSUE_ATTEMPTS_MAX attempts: only its worker's "ready" sends it,
+    // one attempt per ready said after the last attempt, never a series.
     p.attempts = provledger_projections::recovery::REISSUE_ATTEMPTS_MAX;
-    assert_eq!(reissue_due(&p, t(3_600_000), &policy, false), None);
-    assert_eq!(reissue_due(&p, t(3_600_000), &policy, true), Some(21));
+    p.attempted_at = Some(t(3_000_000));
+    assert_eq!(reissue_due(&p, t(3_600_000), &policy, None), None);
+    assert_eq!(
+        reissue_due(&p, t(3_600_000), &policy, Some(t(3_500_000))),
+        Some(21)
+    );
+    p.attempts += 1;
+    p.attempted_at = Some(t(3_600_000));
+    assert_eq!(
+        reissue_due(&p, t(3_600_001), &policy, Some(t(3_500_000))),
+        None
+    );
 }

@@ -607,3 +607,62 @@ async fn serve_killed_during_a_recovery_sweep_recovers_everything_once_after_res
     .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }
+
+/// Given serve whose own sweep ran at start only (the next is an hour away), and a worker
+/// that died powering an instance off; when `provledger recover` records the recovery and
+/// its delivery fails (the successor is not listening yet), and the successor subscribes a
+/// moment later without saying so; then serve delivers the re-issue within the backoff
+/// (1 s after the failure, at most 30 s), not at its next sweep: it wakes on a re-issue
+/// anyone recorded. And `recover`'s attempt, decided on the instance's current state, is
+/// not lost to an unrelated commit on the instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reissue_recover_left_undelivered_is_delivered_by_serve_within_the_backoff() {
+    const ID: &str = "0190c0de-0000-7000-8000-00000000e001";
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let client = nats.client().await;
+    let _serve = common::Serve::start_with(
+        &nats,
+        &dir.path().join("serve"),
+        &["--recovery-interval", "3600"],
+    );
+    common::wait_ready(&client).await;
+    powering_off_under(&client, ID, "successor").await;
+    tokio::time::sleep(SHORT_LEASE_RUN_OUT).await;
+
+    // recover records the recovery and tries once: nobody listens yet.
+    let (url, data) = (nats.url(), dir.path().join("cli"));
+    let out = tokio::task::spawn_blocking(move || {
+        provledger(
+            &[
+                "--nats",
+                url.as_str(),
+                "--data-dir",
+                data.to_str().unwrap(),
+                "recover",
+            ],
+            "",
+        )
+    })
+    .await
+    .unwrap();
+    let said = text(&out);
+    assert!(said.contains("1 not delivered"), "{said}");
+    assert!(said.contains("0 taken by another replica"), "{said}");
+
+    // The successor subscribes (and says nothing): serve sends it the re-issue.
+    let subscribed = std::time::Instant::now();
+    let seen = answering_worker(&client, "successor").await;
+    wait_for("the re-issue from serve", 30, || {
+        !seen.lock().unwrap().is_empty()
+    })
+    .await;
+    assert!(
+        subscribed.elapsed() < std::time::Duration::from_secs(30),
+        "{:?}",
+        subscribed.elapsed()
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen[0]["action"], "power_off", "{seen:?}");
+    assert_eq!(seen[0]["instance_id"], ID, "{seen:?}");
+}

@@ -28,7 +28,7 @@
 //! `{"ok": true}` or `{"ok": false, "error": "..."}`) and must be idempotent by
 //! `request_id`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -216,8 +216,8 @@ pub struct DeliveryReport {
     pub sent: usize,
     pub delivered: usize,
     pub failed: usize,
-    /// Attempts another replica took, or that met a newer version of the instance (the
-    /// next round decides again).
+    /// Attempts another replica took (or that the instance no longer needs: its task
+    /// moved on meanwhile); this round sent nothing for them.
     pub raced: usize,
 }
 
@@ -253,7 +253,6 @@ pub struct PendingReissueLine {
 /// One pending re-issue whose next attempt is due.
 pub struct Due {
     instance: AggregateId,
-    version: u64,
     request: ReissueRequest,
     worker: String,
 }
@@ -261,12 +260,11 @@ pub struct Due {
 /// The pending re-issues of `view` whose next attempt is due at the stamper's time
 /// (`provledger_projections::recovery::reissue_due`; `ready`: workers that just said they
 /// listen, whose backoff is skipped), by worker, and how many are still retried on their
-/// own (not given up after `REISSUE_ATTEMPTS_MAX`). One attempt per instance: each is
-/// decided at the instance's version.
+/// own (not given up after `REISSUE_ATTEMPTS_MAX`). One attempt per instance and round.
 pub async fn due_reissues<V: StateView>(
     view: &V,
     policy: &ReissuePolicy,
-    ready: &BTreeSet<String>,
+    ready: &BTreeMap<String, provledger_events::Timestamp>,
     stamper: &Stamper,
 ) -> Result<(BTreeMap<String, Vec<Due>>, usize), PlacementError> {
     let now = stamper.now();
@@ -282,8 +280,8 @@ pub async fn due_reissues<V: StateView>(
             if taken {
                 continue;
             }
-            let ready = ready.contains(&pending.worker);
-            let Some(attempt) = reissue_due(pending, now, policy, ready) else {
+            let ready_at = ready.get(&pending.worker).copied();
+            let Some(attempt) = reissue_due(pending, now, policy, ready_at) else {
                 continue;
             };
             taken = true;
@@ -292,7 +290,6 @@ pub async fn due_reissues<V: StateView>(
                 .or_default()
                 .push(Due {
                     instance: instance.header.id,
-                    version: instance.header.version,
                     worker: pending.worker.clone(),
                     request: ReissueRequest {
                         request_id: pending.request_id,
@@ -345,7 +342,7 @@ pub async fn deliver_reissues<L: EventLog, V: StateView>(
     view: &V,
     reissuer: &dyn Reissuer,
     policy: &ReissuePolicy,
-    ready: &BTreeSet<String>,
+    ready: &BTreeMap<String, provledger_events::Timestamp>,
     stamper: &Stamper,
 ) -> Result<DeliveryReport, PlacementError> {
     let (by_worker, pending) = due_reissues(view, policy, ready, stamper).await?;
@@ -388,9 +385,14 @@ async fn deliver_one<L: EventLog>(
         vec![Event::reissue_attempted(request_id, attempt)],
     );
     draft.commit_id = derived_commit_id(request_id, &format!("attempt/{attempt}"));
+    // Decided on the instance's current state, not at the version the view showed: the
+    // fold applies an attempt only to a re-issue still pending, at exactly the next
+    // attempt number, so an unrelated commit on the instance meanwhile (the rollback
+    // worker clearing an operation) no longer races it away; a replica that took this
+    // attempt first holds its derived commit id, and this one then sends nothing.
     let fact = Fact {
         aggregate: due.instance,
-        expect: Expectation::Exactly(due.version),
+        expect: Expectation::Any,
         draft,
     };
     match writer

@@ -137,6 +137,11 @@ pub struct Projector {
     snapshot_due_since: Option<u64>,
     applied: watch::Sender<u64>,
     touched: std::sync::Arc<Touched>,
+    /// Woken once a batch applied a re-issue that is (again) due to be sent
+    /// (`reissue_requested`, `reissue_failed`), whoever wrote it: serve's delivery does
+    /// not wait for its own sweep to learn of a re-issue `recover` or another replica
+    /// recorded.
+    reissues: std::sync::Arc<tokio::sync::Notify>,
     on_violation: OnChainViolation,
     metrics: FoldMetrics,
     /// Where each snapshot taken is also handed for publishing (`--snapshot-bucket`),
@@ -166,6 +171,7 @@ impl Projector {
             snapshot_due_since,
             applied,
             touched: std::sync::Arc::default(),
+            reissues: std::sync::Arc::default(),
             on_violation: OnChainViolation::Fail,
             metrics: FoldMetrics::default(),
             publisher: None,
@@ -210,6 +216,11 @@ impl Projector {
         std::sync::Arc::clone(&self.touched)
     }
 
+    /// Notified when a batch applied a re-issue to send (see the field).
+    pub fn reissues(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        std::sync::Arc::clone(&self.reissues)
+    }
+
     /// The last position applied, for read-your-writes waits and replies.
     pub fn applied(&self) -> watch::Receiver<u64> {
         self.applied.subscribe()
@@ -252,6 +263,7 @@ impl Projector {
         let mut checkpoint = self.checkpoint;
         let mut watermark = self.watermark;
         let mut failure = None;
+        let mut reissue_news = false;
         for entry in entries {
             match entry {
                 Ok(commit) => {
@@ -285,6 +297,12 @@ impl Projector {
                     }
                     self.fold(&commit, &mut batch, &mut dirty)?;
                     self.metrics.folded(&commit.events);
+                    reissue_news |= commit.events.iter().any(|e| {
+                        matches!(
+                            e,
+                            Event::ReissueRequested { .. } | Event::ReissueFailed { .. }
+                        )
+                    });
                     if watermark.is_none_or(|w| commit.recorded_at.unix_ms() > w) {
                         watermark = Some(commit.recorded_at.unix_ms());
                         // Every rise, not one per batch: `--at TIME` must resolve to the
@@ -334,6 +352,10 @@ impl Projector {
             self.watermark = watermark;
             self.touched.record(dirty.iter().copied(), checkpoint);
             self.applied.send_replace(checkpoint);
+            if reissue_news {
+                // A permit is kept when nobody waits: the next wait returns at once.
+                self.reissues.notify_one();
+            }
             if self.cache.len() > CACHE_ENTITIES_MAX {
                 self.cache.clear();
             }

@@ -310,6 +310,7 @@ pub async fn run(
     };
 
     let applied = projector.applied();
+    let reissues_news = projector.reissues();
     let (stop_projector, projector_shutdown) = watch::channel(false);
     let projector_log = log.clone();
     let mut projector_task = spawn_projector_thread(projector, projector_log, projector_shutdown)?;
@@ -369,6 +370,7 @@ pub async fn run(
             i64::try_from(options.executor_reply_wait.as_millis()).unwrap_or(i64::MAX),
         );
         let ctx = ctx.clone();
+        let reissues_news = reissues_news.clone();
         ctx.workers_ready.enable();
         let reissuer = Arc::new(reissuer);
         let mut shutdown = worker_shutdown.clone();
@@ -380,7 +382,7 @@ pub async fn run(
             let mut next_sweep = tokio::time::Instant::now();
             let mut busy: std::collections::BTreeMap<String, tokio::task::JoinHandle<()>> =
                 Default::default();
-            let mut carried = std::collections::BTreeSet::new();
+            let mut carried = crate::endpoints::ReadyWorkers::new();
             loop {
                 let stamper = Stamper::system();
                 if tokio::time::Instant::now() >= next_sweep {
@@ -414,8 +416,8 @@ pub async fn run(
                             if busy.contains_key(&worker) {
                                 // Its previous attempts are still out; a "ready" it sent
                                 // meanwhile counts for the next round.
-                                if ready.contains(&worker) {
-                                    carried.insert(worker);
+                                if let Some(at) = ready.get(&worker) {
+                                    carried.insert(worker, *at);
                                 }
                                 continue;
                             }
@@ -448,6 +450,10 @@ pub async fn run(
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
                     _ = ctx.workers_ready.wake.notified() => {}
+                    // A re-issue recorded or failed by anyone (`recover`, another replica):
+                    // its next attempt is due now or after its backoff, not at the next
+                    // sweep.
+                    _ = reissues_news.notified() => {}
                     _ = shutdown.changed() => {
                         for task in busy.values() {
                             task.abort();

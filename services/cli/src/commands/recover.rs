@@ -5,7 +5,6 @@
 //! until its worker acknowledges). Exit 1 while any re-issue is pending or a recovery
 //! failed, each named.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use provledger_client::placement::finish_provider_deletes;
@@ -46,7 +45,7 @@ pub async fn run(
             let policy = ReissuePolicy::new(REISSUE_REPLY_WAIT.as_millis() as i64);
             // A fresh view: the sweep's recoveries (and their re-issues) are in the log.
             let view = LogView::new(ledger.log());
-            let ready = BTreeSet::new();
+            let ready = std::collections::BTreeMap::new();
             Some(deliver_reissues(ledger, &view, &reissuer, &policy, &ready, &stamper).await?)
         }
         _ => None,
@@ -113,8 +112,8 @@ pub async fn run(
         }
         if let Some(d) = &delivery {
             println!(
-                "re-issues: {} sent, {} delivered, {} not delivered",
-                d.sent, d.delivered, d.failed
+                "re-issues: {} sent, {} delivered, {} not delivered, {} taken by another replica or no longer needed",
+                d.sent, d.delivered, d.failed, d.raced
             );
         }
         for p in &pending {

@@ -161,14 +161,19 @@ impl Readiness {
 }
 
 /// Workers that said they are listening (`cmd.worker.ready`) since the delivery loop last
-/// looked, and the wake-up of that loop. Bounded: past [`WORKERS_READY_MAX`] names the
-/// newest are dropped (their re-issues still go within the backoff's bound).
+/// looked, each with when it last said so (a ready grants one attempt sent after it:
+/// `provledger_projections::recovery::reissue_due`), and the wake-up of that loop.
+/// Bounded: past [`WORKERS_READY_MAX`] names the newest are dropped (their re-issues still
+/// go within the backoff's bound).
 #[derive(Default)]
 pub(crate) struct WorkersReady {
     /// `None` when this replica delivers no re-issues (recovery off).
-    names: std::sync::Mutex<Option<std::collections::BTreeSet<String>>>,
+    names: std::sync::Mutex<Option<ReadyWorkers>>,
     pub(crate) wake: tokio::sync::Notify,
 }
+
+/// Ready workers, with when each last said so.
+pub(crate) type ReadyWorkers = std::collections::BTreeMap<String, provledger_events::Timestamp>;
 
 /// Distinct ready workers remembered between two delivery rounds.
 pub const WORKERS_READY_MAX: usize = 4_096;
@@ -186,15 +191,15 @@ impl WorkersReady {
         let Some(names) = names.as_mut() else {
             return false;
         };
-        if names.len() < WORKERS_READY_MAX {
-            names.insert(worker.to_string());
+        if names.len() < WORKERS_READY_MAX || names.contains_key(worker) {
+            names.insert(worker.to_string(), provledger_events::Timestamp::now());
         }
         self.wake.notify_one();
         true
     }
 
     /// The workers noted since the last call.
-    pub(crate) fn take(&self) -> std::collections::BTreeSet<String> {
+    pub(crate) fn take(&self) -> ReadyWorkers {
         let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
         names.as_mut().map(std::mem::take).unwrap_or_default()
     }
