@@ -339,20 +339,94 @@ impl OperationView {
             compensations: state
                 .compensations
                 .iter()
-                .map(|c| CompensationView {
-                    compensation_id: c.planned.compensation_id,
-                    stage: c.planned.stage.clone(),
-                    step: c.planned.step.clone(),
-                    action: c.planned.compensation.action.clone(),
-                    executor: c.planned.compensation.executor.clone(),
-                    resource: c.planned.compensation.resource.clone(),
-                    state: c.progress,
-                    attempts: c.attempts,
-                    last_error: c.last_error.clone(),
-                    resolved: c.resolved.clone(),
-                })
+                .map(|c| CompensationView::of(c))
                 .collect(),
             remaining: state.remaining.clone(),
+            progress: FoldProgress::of(&state.header),
+        }
+    }
+}
+
+impl CompensationView {
+    fn of(c: &crate::operation::CompensationState) -> Self {
+        CompensationView {
+            compensation_id: c.planned.compensation_id,
+            stage: c.planned.stage.clone(),
+            step: c.planned.step.clone(),
+            action: c.planned.compensation.action.clone(),
+            executor: c.planned.compensation.executor.clone(),
+            resource: c.planned.compensation.resource.clone(),
+            state: c.progress,
+            attempts: c.attempts,
+            last_error: c.last_error.clone(),
+            resolved: c.resolved.clone(),
+        }
+    }
+}
+
+/// The most compensations not done an [`OperationSummary`] lists (the others are counted):
+/// a list holds many operations, and one of 5,000 steps must not fill a reply.
+pub const SUMMARY_NOT_DONE_MAX: usize = 20;
+
+/// An operation as lists show it (`q.operation.list`, `provledger operation list`): what an
+/// operator triages by, bounded whatever the operation's size. Its steps, effects, plan
+/// and every compensation are in its view (`q.operation.get`).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct OperationSummary {
+    pub id: Uuid,
+    pub kind: Option<OperationKind>,
+    pub target: Option<AggregateId>,
+    pub parent_id: Option<Uuid>,
+    pub status: Option<OperationStatus>,
+    /// The current stage.
+    pub stage: Option<String>,
+    pub error: Option<OperationError>,
+    pub cancellation_reason: Option<String>,
+    pub target_deleted: bool,
+    pub rollback_outcome: Option<RollbackOutcome>,
+    /// Completed steps.
+    pub steps: usize,
+    /// Steps started whose outcome is unknown.
+    pub started: usize,
+    pub children: usize,
+    /// The rollback plan's compensations, and how many of them are not done.
+    pub compensations: usize,
+    pub compensations_not_done: usize,
+    /// The first [`SUMMARY_NOT_DONE_MAX`] compensations not done, in plan order.
+    pub not_done: Vec<CompensationView>,
+    #[serde(flatten)]
+    pub progress: FoldProgress,
+}
+
+impl OperationSummary {
+    pub fn of(state: &OperationState) -> Self {
+        let not_done: Vec<&crate::operation::CompensationState> = state
+            .compensations
+            .iter()
+            .map(|c| &**c)
+            .filter(|c| c.progress != CompensationProgress::Done)
+            .collect();
+        OperationSummary {
+            id: state.header.id.id,
+            kind: state.kind,
+            target: state.target,
+            parent_id: state.parent_id,
+            status: state.status,
+            stage: state.current_stage.clone(),
+            error: state.error.clone(),
+            cancellation_reason: state.cancellation_reason.clone(),
+            target_deleted: state.target_deleted,
+            rollback_outcome: state.rollback_outcome,
+            steps: state.steps.len(),
+            started: state.started.len(),
+            children: state.children.len(),
+            compensations: state.compensations.len(),
+            compensations_not_done: not_done.len(),
+            not_done: not_done
+                .into_iter()
+                .take(SUMMARY_NOT_DONE_MAX)
+                .map(CompensationView::of)
+                .collect(),
             progress: FoldProgress::of(&state.header),
         }
     }

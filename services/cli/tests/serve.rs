@@ -774,3 +774,94 @@ async fn half_requests_holding_the_console_leave_metrics_writes_and_shutdown_wor
     );
     drop(held);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_of_five_thousand_steps_never_hides_the_others_from_the_worklist() {
+    // Given a running operation of 5,000 steps (its view weighs megabytes) and a small one...
+    let nats = NatsServer::start().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let _serve = Serve::start(&nats, &tmp.path().join("serve"));
+    let client = nats.client().await;
+    common::wait_ready(&client).await;
+    let log = open_log(&nats).await;
+    let started = |target: Uuid| -> Event {
+        serde_json::from_value(json!({"operation_started": {
+            "kind": "boot_instance", "target": format!("instance/{target}"), "parent_id": null,
+            "stages": [{"name": "act", "policy": "compensate"}], "bundle_policy": null}}))
+        .unwrap()
+    };
+    let big = Uuid::now_v7();
+    let big_op = AggregateId::operation(big);
+    append(&log, big_op, vec![started(Uuid::now_v7())]).await;
+    append(
+        &log,
+        big_op,
+        vec![serde_json::from_value(json!({"stage_started": {"stage": "act"}})).unwrap()],
+    )
+    .await;
+    let step = |n: usize| -> Event {
+        serde_json::from_value(json!({"step_done": {
+            "stage": "act", "step": format!("acquire_ip:{n:05}"),
+            "effect": {"kind": "ip_acquired", "resource": format!("10.{}.{}.{}", n / 65536, (n / 256) % 256, n % 256),
+                "executor": "ipam", "origin": "created", "detail": {"node": format!("node-{n:05}")}},
+            "compensation": {"action": "release_ip", "executor": {"service": "ipam"},
+                "resource": format!("10.{}.{}.{}", n / 65536, (n / 256) % 256, n % 256), "args": {}}}}))
+        .unwrap()
+    };
+    for chunk in (0..5_000).collect::<Vec<_>>().chunks(1_000) {
+        append(&log, big_op, chunk.iter().map(|&n| step(n)).collect()).await;
+    }
+    let small = Uuid::now_v7();
+    let end = append(
+        &log,
+        AggregateId::operation(small),
+        vec![started(Uuid::now_v7())],
+    )
+    .await;
+    wait_position(&client, end).await;
+
+    // ...when the worklist is asked for the running operations...
+    let (listed, code) = ask(
+        &client,
+        "provledger.q.operation.list",
+        json!({"status": "running"}),
+    )
+    .await;
+    // ...then both are there, each as a summary that counts the big one's steps.
+    assert!(code.is_none(), "{listed:.300}");
+    let items = listed["data"].as_array().expect("a page");
+    assert_eq!(items.len(), 2, "{listed:.300}");
+    let big_summary = items
+        .iter()
+        .find(|o| o["id"] == json!(big.to_string()))
+        .expect("the big one");
+    assert_eq!(big_summary["steps"], 5_000, "{big_summary}");
+    assert!(
+        listed.to_string().len() < 16 * 1024,
+        "{} bytes",
+        listed.to_string().len()
+    );
+    // And the CLI's worklist lists both, over NATS.
+    let url = nats.url();
+    let out = tokio::task::spawn_blocking(move || {
+        common::provledger(
+            &[
+                "--nats",
+                url.as_str(),
+                "operation",
+                "list",
+                "--status",
+                "running",
+            ],
+            "",
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", common::text(&out));
+    let said = common::text(&out);
+    assert!(
+        said.contains(&big.to_string()) && said.contains(&small.to_string()),
+        "{said}"
+    );
+}

@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 use proptest::prelude::*;
 use provledger_events::catalogue::samples;
 use provledger_events::{Commit, Event};
-use provledger_projections::view::{ClusterView, InstanceView, OperationView, ProviderView};
+use provledger_projections::view::{
+    ClusterView, InstanceView, OperationSummary, OperationView, ProviderView,
+};
 use provledger_projections::{Entity, Projection};
 use provledger_serve::messages::*;
 use provledger_tests::docs::{comment, fenced_block};
@@ -106,7 +108,7 @@ fn schemas() -> BTreeMap<&'static str, Schema> {
         ("q.allocation.by_consumer.reply", sent::<Reply<Vec<ConsumerAllocation>>>()),
         ("q.operation.get.reply", sent::<Reply<OperationView>>()),
         ("q.operation.list.request", schema_of::<OperationListRequest>()),
-        ("q.operation.list.reply", sent::<Reply<Vec<OperationView>>>()),
+        ("q.operation.list.reply", sent::<Reply<Vec<OperationSummary>>>()),
         ("q.drift.request", schema_of::<DriftRequest>()),
         ("q.drift.reply", sent::<Reply<DriftData>>()),
         ("q.history.request", schema_of::<HistoryRequest>()),

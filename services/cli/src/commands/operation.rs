@@ -28,7 +28,12 @@ pub async fn list_local(log: &SledLog, req: ListRequest, json: bool) -> Result<(
     let store = open_local_store(log).await?;
     let mut views = Vec::new();
     for entity in store.operations(&req.filter, req.after).take(req.limit) {
-        views.push(entity?.view());
+        if let provledger_projections::Entity::Operation(op) = entity? {
+            views.push(
+                serde_json::to_value(provledger_projections::view::OperationSummary::of(&op))
+                    .unwrap_or(Value::Null),
+            );
+        }
     }
     print_list(&views, &req, json);
     Ok(())
@@ -87,11 +92,7 @@ fn print_list(views: &[Value], req: &ListRequest, json: bool) {
 fn line(v: &Value) -> String {
     let word = |field: &str| v[field].as_str().unwrap_or("-").to_string();
     let id = v["id"].as_str().unwrap_or("-");
-    let open = v["compensations"].as_array().map_or(0, |cs| {
-        cs.iter()
-            .filter(|c| c["state"].as_str() != Some("done"))
-            .count()
-    });
+    let open = v["compensations_not_done"].as_u64().unwrap_or(0);
     let mut out = format!(
         "{id}  {:<20} {:<16} {}",
         word("kind"),

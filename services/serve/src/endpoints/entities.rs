@@ -61,7 +61,26 @@ pub(crate) fn operation_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value
             .transpose()?,
     };
     let after = opt_uuid(&req, "after")?;
-    page(ctx, &req, ctx.store.operations(&filter, after), |_| true)
+    // Summaries, not views: one operation of thousands of steps must not fill the page
+    // (or a reply) and hide the others; its view is `q.operation.get`.
+    page(
+        ctx,
+        &req,
+        ctx.store.operations(&filter, after),
+        |_| true,
+        summary,
+    )
+}
+
+/// An operation as lists show it.
+fn summary(entity: &Entity) -> Value {
+    match entity {
+        Entity::Operation(op) => {
+            serde_json::to_value(provledger_projections::view::OperationSummary::of(op))
+                .unwrap_or(Value::Null)
+        }
+        other => other.view(),
+    }
 }
 
 /// Instances, optionally of one cluster, on one host or in one task state.
@@ -89,7 +108,13 @@ pub(super) fn list(
     keep: impl Fn(&Entity) -> bool,
 ) -> Result<Value, QueryError> {
     let after = opt_uuid(req, "after")?;
-    page(ctx, req, ctx.store.entities_of(kind, after), keep)
+    page(
+        ctx,
+        req,
+        ctx.store.entities_of(kind, after),
+        keep,
+        Entity::view,
+    )
 }
 
 /// Up to `limit` of `entities` that `keep` accepts, bounded by the reply's bytes too.
@@ -98,6 +123,7 @@ fn page(
     req: &Map<String, Value>,
     entities: impl Iterator<Item = Result<Entity, StoreError>>,
     keep: impl Fn(&Entity) -> bool,
+    render: impl Fn(&Entity) -> Value,
 ) -> Result<Value, QueryError> {
     let limit = opt_u64(req, "limit")?.map_or(LIST_LIMIT_DEFAULT, |l| l as usize);
     if limit == 0 || limit > LIST_LIMIT_MAX {
@@ -109,7 +135,7 @@ fn page(
     for entity in entities {
         let entity = entity?;
         if keep(&entity) {
-            let view = entity.view();
+            let view = render(&entity);
             let size = serde_json::to_vec(&view).map_or(0, |v| v.len());
             // A page is bounded by bytes as well as by count: it ends before the entity
             // that would not fit (the caller goes on with `after`). A single entity
