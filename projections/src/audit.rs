@@ -46,6 +46,11 @@ pub enum Check {
     /// A rollback that stopped after its compensations ran out of attempts: what it left
     /// is still out there until an operator acts.
     NeedsAttention,
+    /// A rolled-back operation whose release of an allocation was recorded done by hand
+    /// (`compensation_resolved`, which the decider refuses for the ledger's own
+    /// compensations since; a log may hold one from before), while the provider still
+    /// holds it.
+    HeldAfterRollback,
 }
 
 /// One finding.
@@ -263,7 +268,10 @@ pub fn check_invariants(projection: &Projection, now: Timestamp) -> Vec<Violatio
             Entity::Provider(p) => provider_invariants(p, projection, &mut out),
             Entity::Cluster(c) => cluster_invariants(c, projection, &mut out),
             Entity::Instance(i) => instance_invariants(i, now, &mut out),
-            Entity::Operation(o) => operation_invariants(o, &mut out),
+            Entity::Operation(o) => {
+                operation_invariants(o, &mut out);
+                held_after_rollback(o, projection, &mut out);
+            }
         }
     }
     out
@@ -425,6 +433,49 @@ fn instance_invariants(i: &InstanceState, now: Timestamp, out: &mut Vec<Violatio
                     "run `provledger recover` so the stuck task is re-driven or errored",
                 )
                 .with_version(i.header.version),
+            );
+        }
+    }
+}
+
+/// Each allocation a rolled-back operation's plan released only by hand and that its
+/// provider still holds.
+fn held_after_rollback(o: &OperationState, projection: &Projection, out: &mut Vec<Violation>) {
+    use provledger_events::catalogue::{CompensationAction, Executor};
+    if o.status != Some(OperationStatus::RolledBack) {
+        return;
+    }
+    for c in &o.compensations {
+        let planned = &c.planned.compensation;
+        if planned.executor != Executor::Ledger
+            || planned.action != CompensationAction::ReleaseAllocation
+            || c.resolved.is_none()
+        {
+            continue;
+        }
+        let provider = planned
+            .args
+            .get("provider_id")
+            .and_then(|p| p.parse::<Uuid>().ok());
+        let consumer = planned.resource.parse::<Uuid>().ok();
+        let (Some(provider), Some(consumer)) = (provider, consumer) else {
+            continue;
+        };
+        let held = matches!(
+            projection.get(&AggregateId::provider(provider)),
+            Some(Entity::Provider(p)) if p.allocations.contains_key(&consumer)
+        );
+        if held {
+            out.push(
+                Violation::at(
+                    Check::HeldAfterRollback,
+                    Some(o.header.id),
+                    format!(
+                        "rolled back, but provider {provider} still holds the allocation of {consumer}: its release was resolved by hand, not applied"
+                    ),
+                    "release it: `provledger audit --fix-orphans` if nothing uses it any more, or an allocation_released on the provider with the reason",
+                )
+                .with_version(o.header.version),
             );
         }
     }

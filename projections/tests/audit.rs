@@ -398,3 +398,111 @@ fn an_effect_recorded_after_its_rollback_was_planned_is_found() {
         report.violations[0]
     );
 }
+
+#[test]
+fn an_allocation_a_rolled_back_operation_released_only_by_hand_is_found() {
+    use provledger_events::catalogue::{
+        Compensation, CompensationAction, Effect, EffectKind, Executor, Origin,
+        PlannedCompensation, RollbackOutcome, RollbackPlan, TargetOutcome,
+    };
+    // Given a boot whose claim's release (the ledger's own compensation) was resolved by
+    // hand in a log written before the decider refused it, the rollback then finished...
+    let op = AggregateId::operation(Uuid::from_u128(3));
+    let release = Compensation {
+        action: CompensationAction::ReleaseAllocation,
+        executor: Executor::Ledger,
+        resource: instance().id.to_string(),
+        args: BTreeMap::from([("provider_id".to_string(), provider().id.to_string())]),
+    };
+    let compensation_id = Uuid::from_u128(77);
+    let boot = vec![
+        Event::OperationStarted {
+            kind: OperationKind::BootInstance,
+            target: instance(),
+            parent_id: None,
+            stages: vec![StageSpec {
+                name: "schedule".into(),
+                policy: StagePolicy::Compensate,
+            }],
+            bundle_policy: None,
+        },
+        Event::StageStarted {
+            stage: "schedule".into(),
+        },
+        Event::StepDone {
+            stage: "schedule".into(),
+            step: "claim".into(),
+            effect: Effect {
+                kind: EffectKind::AllocationClaimed,
+                resource: instance().id.to_string(),
+                executor: "ledger".into(),
+                origin: Origin::Created,
+                detail: Default::default(),
+            },
+            compensation: Some(release.clone()),
+        },
+        Event::OperationFailed {
+            stage: "schedule".into(),
+            step: None,
+            error: "no host".into(),
+        },
+        Event::RollbackPlanned {
+            plan: RollbackPlan {
+                rule: "compensate".into(),
+                target: instance(),
+                compensations: vec![PlannedCompensation {
+                    compensation_id,
+                    stage: "schedule".into(),
+                    step: "claim".into(),
+                    compensation: release,
+                }],
+                retained: vec![],
+                target_outcome: TargetOutcome::Error {
+                    description: "failed".into(),
+                },
+            },
+        },
+        Event::RollbackFinished {
+            outcome: RollbackOutcome::NeedsAttention,
+            remaining: vec![compensation_id],
+        },
+        Event::CompensationResolved {
+            compensation_id,
+            reason: "by hand".into(),
+        },
+        Event::RollbackResumed {
+            reason: "every stuck compensation resolved by hand".into(),
+        },
+        Event::RollbackFinished {
+            outcome: RollbackOutcome::RolledBack,
+            remaining: vec![],
+        },
+    ];
+    let mut steps: Vec<ScriptStep> = vec![
+        (provider(), vec![registered(), vcpu(8)]),
+        (instance(), vec![create_instance()]),
+        (provider(), vec![claim(instance(), 1)]),
+        (op, boot),
+    ];
+    // ...then audit names the allocation the rollback left held...
+    let report = audit(&script::seal(&steps), LATER);
+    assert!(
+        checks(&report).contains(&Check::HeldAfterRollback),
+        "{:?}",
+        report.violations
+    );
+    // ...and once it is released, nothing is left to report.
+    steps.push((
+        provider(),
+        vec![Event::AllocationReleased {
+            consumer: instance().id,
+            reason: "released by hand".into(),
+        }],
+    ));
+    let report = audit(&script::seal(&steps), LATER);
+    assert!(
+        !checks(&report).contains(&Check::HeldAfterRollback),
+        "{:?}",
+        report.violations
+    );
+}
