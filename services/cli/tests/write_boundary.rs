@@ -588,8 +588,31 @@ async fn serve_whose_projector_dies_stops_answering_and_exits_non_zero() {
         tree.insert(key, vec![value[0], 0xff, 0xff, 0xff]).unwrap();
         db.flush().unwrap();
     }
-    let mut serve = Serve::start(&nats, &data);
+    // (with console and metrics connections holding half a request, which must not keep
+    // serve alive)
+    let (console, metrics) = (provledger_tests::free_port(), provledger_tests::free_port());
+    let mut serve = Serve::start_with(
+        &nats,
+        &data,
+        &[
+            "--http",
+            &format!("127.0.0.1:{console}"),
+            "--metrics-addr",
+            &format!("127.0.0.1:{metrics}"),
+        ],
+    );
     common::wait_ready(&client).await;
+    let _held: Vec<std::net::TcpStream> = [console, metrics]
+        .iter()
+        .flat_map(|&port| std::iter::repeat_n(port, 25))
+        .map(|port| {
+            use std::io::Write;
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+            s.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                .expect("half a request");
+            s
+        })
+        .collect();
     // ...when a commit for it arrives, the projector cannot fold it and stops...
     let changed = cmd(
         &client,
