@@ -248,8 +248,49 @@ pub struct OperationView {
     pub compensations: Vec<CompensationView>,
     /// The compensations left when a rollback finished `needs_attention`.
     pub remaining: Vec<Uuid>,
+    /// Present when the view was asked for in parts (`q.operation.get` with `steps_from`,
+    /// `compensations_from`, `parts_limit`): where each list starts and its total.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parts: Option<Box<ViewParts>>,
     #[serde(flatten)]
     pub progress: FoldProgress,
+}
+
+/// Which part of an operation's lists a view holds.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ViewParts {
+    pub steps_from: usize,
+    pub steps_total: usize,
+    /// `started` is windowed from `steps_from` too.
+    pub started_total: usize,
+    pub compensations_from: usize,
+    pub compensations_total: usize,
+    pub limit: usize,
+}
+
+impl OperationView {
+    /// This view with at most `limit` of its steps and started steps from `steps_from`,
+    /// and of its compensations from `compensations_from`: an operation of any size in
+    /// parts a reply can carry.
+    pub fn part(mut self, steps_from: usize, compensations_from: usize, limit: usize) -> Self {
+        fn window<T>(list: &mut Vec<T>, from: usize, limit: usize) {
+            let from = from.min(list.len());
+            list.drain(..from);
+            list.truncate(limit);
+        }
+        self.parts = Some(Box::new(ViewParts {
+            steps_from,
+            steps_total: self.steps.len(),
+            started_total: self.started.len(),
+            compensations_from,
+            compensations_total: self.compensations.len(),
+            limit,
+        }));
+        window(&mut self.steps, steps_from, limit);
+        window(&mut self.started, steps_from, limit);
+        window(&mut self.compensations, compensations_from, limit);
+        self
+    }
 }
 
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -342,6 +383,7 @@ impl OperationView {
                 .map(|c| CompensationView::of(c))
                 .collect(),
             remaining: state.remaining.clone(),
+            parts: None,
             progress: FoldProgress::of(&state.header),
         }
     }

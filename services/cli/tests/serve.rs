@@ -864,4 +864,45 @@ async fn an_operation_of_five_thousand_steps_never_hides_the_others_from_the_wor
         said.contains(&big.to_string()) && said.contains(&small.to_string()),
         "{said}"
     );
+
+    // The big one's view comes in parts (whole, it may be over a reply: `too_large` then
+    // says to ask for parts): in parts of 1,000 steps it comes whole, each step once, in
+    // order.
+    let mut steps = Vec::new();
+    for _ in 0..10 {
+        let part = query(
+            &client,
+            "operation.get",
+            json!({"id": big, "steps_from": steps.len(), "parts_limit": 1_000}),
+        )
+        .await;
+        assert_eq!(
+            part["data"]["parts"]["steps_total"],
+            5_000,
+            "{:.300}",
+            part.to_string()
+        );
+        let page = part["data"]["steps"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if page.is_empty() {
+            break;
+        }
+        steps.extend(page);
+    }
+    assert_eq!(steps.len(), 5_000);
+    assert!(steps
+        .iter()
+        .enumerate()
+        .all(|(n, s)| s["name"] == json!(format!("acquire_ip:{n:05}"))));
+    // Parts are for operations only.
+    let (refused, code) = ask(
+        &client,
+        "provledger.q.cluster.get",
+        json!({"id": Uuid::now_v7(), "steps_from": 0}),
+    )
+    .await;
+    assert!(code.is_some(), "{refused}");
+    assert_eq!(refused["error"]["code"], "bad_request", "{refused}");
 }

@@ -39,7 +39,7 @@ macro_rules! request_fields {
 
 request_fields! {
     HealthRequest => [];
-    GetRequest => ["id", "min_position"];
+    GetRequest => ["id", "min_position", "steps_from", "compensations_from", "parts_limit"];
     ClusterListRequest => ["status", "limit", "after"];
     InstanceListRequest => ["cluster_id", "host", "task_state", "limit", "after"];
     OperationListRequest => ["status", "kind", "target", "limit", "after"];
@@ -90,6 +90,20 @@ pub struct GetRequest {
     /// to `--min-position-wait-ms`, then answers `stale`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_position: Option<u64>,
+    /// `q.operation.get` only: the operation's `steps` from this index (0-based). With
+    /// `compensations_from` and `parts_limit` it answers an operation of any size in parts;
+    /// the view then carries `parts`, each list's total. Without them the whole view is
+    /// answered, or `too_large` for one over a reply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps_from: Option<u64>,
+    /// `q.operation.get` only: its `compensations` from this index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compensations_from: Option<u64>,
+    /// `q.operation.get` only: at most this many of each of `steps`, `started` and
+    /// `compensations` (1..=1000, default 100 once paging).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub parts_limit: Option<u64>,
 }
 
 /// The paging fields of every list: at most `limit` (1..=1000, default 100) entities in id

@@ -163,6 +163,7 @@ fn stopped_rollback() -> OperationView {
             compensation(2, CompensationProgress::Failed, 5),
         ],
         remaining: vec![Uuid::from_u128(2)],
+        parts: None,
         progress: FoldProgress {
             version: 9,
             last_position: 90,

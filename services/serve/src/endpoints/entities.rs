@@ -27,8 +27,30 @@ pub(crate) async fn get(
     let req = object(payload)?;
     check_fields(&req, GetRequest::FIELDS)?;
     let id = AggregateId::new(kind, req_uuid(&req, "id")?);
+    let steps_from = opt_u64(&req, "steps_from")?;
+    let compensations_from = opt_u64(&req, "compensations_from")?;
+    let parts_limit = opt_u64(&req, "parts_limit")?;
+    let parts = steps_from.is_some() || compensations_from.is_some() || parts_limit.is_some();
+    if parts && kind != AggregateKind::Operation {
+        return Err(bad(
+            "steps_from",
+            "`steps_from`, `compensations_from` and `parts_limit` page an operation's lists (q.operation.get only)",
+        ));
+    }
+    let limit = parts_limit.unwrap_or(PARTS_LIMIT_DEFAULT);
+    if parts && !(1..=PARTS_LIMIT_MAX).contains(&limit) {
+        return Err(bad("parts_limit", format!("must be 1..={PARTS_LIMIT_MAX}")));
+    }
     ctx.wait_for(opt_u64(&req, "min_position")?).await?;
     match ctx.store.entity(&id)? {
+        Some(Entity::Operation(op)) if parts => Ok(serde_json::to_value(
+            provledger_projections::view::OperationView::of(&op).part(
+                usize::try_from(steps_from.unwrap_or(0)).unwrap_or(usize::MAX),
+                usize::try_from(compensations_from.unwrap_or(0)).unwrap_or(usize::MAX),
+                usize::try_from(limit).unwrap_or(usize::MAX),
+            ),
+        )
+        .unwrap_or(Value::Null)),
         Some(entity) => Ok(entity.view()),
         None => Err(QueryError::new(
             ErrorCode::NotFound,
@@ -36,6 +58,10 @@ pub(crate) async fn get(
         )),
     }
 }
+
+/// How many of each of an operation's lists a part holds, by default and at most.
+const PARTS_LIMIT_DEFAULT: u64 = 100;
+const PARTS_LIMIT_MAX: u64 = 1_000;
 
 /// Clusters, optionally of one `status`.
 pub(crate) fn cluster_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
