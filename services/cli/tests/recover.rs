@@ -613,8 +613,7 @@ async fn serve_killed_during_a_recovery_sweep_recovers_everything_once_after_res
 /// its delivery fails (the successor is not listening yet), and the successor subscribes a
 /// moment later without saying so; then serve delivers the re-issue within the backoff
 /// (1 s after the failure, at most 30 s), not at its next sweep: it wakes on a re-issue
-/// anyone recorded. And `recover`'s attempt, decided on the instance's current state, is
-/// not lost to an unrelated commit on the instance.
+/// anyone recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reissue_recover_left_undelivered_is_delivered_by_serve_within_the_backoff() {
     const ID: &str = "0190c0de-0000-7000-8000-00000000e001";
@@ -646,9 +645,12 @@ async fn a_reissue_recover_left_undelivered_is_delivered_by_serve_within_the_bac
     })
     .await
     .unwrap();
+    // Nobody listens yet: its attempt failed, or serve (woken by the recovery recover
+    // wrote) took it first (then recover counts it taken, or not yet due while serve's is
+    // in flight); either way nothing was delivered.
     let said = text(&out);
-    assert!(said.contains("1 not delivered"), "{said}");
-    assert!(said.contains("0 taken by another replica"), "{said}");
+    assert!(said.contains("re-issues: "), "{said}");
+    assert!(said.contains(" 0 delivered,"), "{said}");
 
     // The successor subscribes (and says nothing): serve sends it the re-issue.
     let subscribed = std::time::Instant::now();

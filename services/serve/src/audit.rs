@@ -231,7 +231,7 @@ impl LastAudits {
 /// serve's audit (`--audit-interval`): the whole log through the auditor once caught up,
 /// then every interval, each result kept for the console and logged. It only reads.
 pub(crate) async fn audit_sweeps(
-    ctx: std::sync::Arc<crate::endpoints::QueryContext>,
+    ctx: std::sync::Arc<crate::replica::QueryContext>,
     interval: std::time::Duration,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {

@@ -156,7 +156,7 @@ pub(crate) async fn sweep_once(
 /// returning early), keeping the last sweep and exporting
 /// it as metrics.
 pub(crate) async fn run(
-    ctx: std::sync::Arc<crate::endpoints::QueryContext>,
+    ctx: std::sync::Arc<crate::replica::QueryContext>,
     subject_prefix: String,
     reply_wait: Duration,
     mut shutdown: tokio::sync::watch::Receiver<bool>,

@@ -35,6 +35,7 @@ mod http;
 pub mod messages;
 mod metrics;
 mod projector;
+mod replica;
 mod rollback_worker;
 mod service;
 mod store;

@@ -27,7 +27,7 @@ use prometheus_client::registry::Registry;
 use provledger_events::Event;
 use provledger_projections::operation::OperationStatus;
 
-use crate::endpoints::QueryContext;
+use crate::replica::QueryContext;
 
 /// The content type of the OpenMetrics text format Prometheus scrapes.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

@@ -18,9 +18,10 @@ use tokio::sync::{watch, Semaphore};
 use crate::bootstrap::{BootstrapError, PublishedSnapshot};
 use crate::endpoints::caller::Caller;
 use crate::endpoints::error::{bounded, ErrorCode, QueryError};
-use crate::endpoints::{Endpoint, QueryContext};
+use crate::endpoints::Endpoint;
 use crate::metrics::{serve_metrics, Metrics};
 use crate::projector::{OnChainViolation, Projector, ProjectorError};
+use crate::replica::QueryContext;
 use crate::rollback_worker::RollbackWorker;
 use crate::store::{ProjectionStore, StoreError};
 use crate::trace::TraceParent;
@@ -382,7 +383,7 @@ pub async fn run(
             let mut next_sweep = tokio::time::Instant::now();
             let mut busy: std::collections::BTreeMap<String, tokio::task::JoinHandle<()>> =
                 Default::default();
-            let mut carried = crate::endpoints::ReadyWorkers::new();
+            let mut carried = crate::replica::ReadyWorkers::new();
             loop {
                 let stamper = Stamper::system();
                 if tokio::time::Instant::now() >= next_sweep {

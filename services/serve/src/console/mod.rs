@@ -44,7 +44,7 @@ use provledger_projections::Entity;
 use tokio::sync::{watch, Semaphore};
 use uuid::Uuid;
 
-use crate::endpoints::QueryContext;
+use crate::replica::QueryContext;
 use crate::store::OperationFilter;
 use pages::{History, ListFilter};
 

@@ -6,8 +6,8 @@ use serde_json::Value;
 
 use super::error::{to_data, QueryError};
 use super::request::{check_fields, object, opt_u64, req_uuid};
-use super::QueryContext;
 use crate::messages::{AllocationByConsumerRequest, ConsumerAllocation, RequestFields};
+use crate::replica::QueryContext;
 
 pub(crate) async fn by_consumer(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
     let req = object(payload)?;

@@ -12,11 +12,11 @@ use serde_json::{json, Map, Value};
 use super::caller::Caller;
 use super::error::{bad, to_data, ErrorCode, QueryError};
 use super::request::{check_fields, object, opt_str, opt_uuid, req_aggregate};
-use super::QueryContext;
 use crate::messages::{
     AppendData, AppendOutcomeWord, AppendRequest, AtomicAppendData, AtomicAppendRequest,
     AtomicCommit, CommitOutcome, RequestFields,
 };
+use crate::replica::QueryContext;
 
 pub(crate) async fn append(
     ctx: &QueryContext,

@@ -8,10 +8,10 @@ use serde_json::{Map, Value};
 
 use super::error::{bad, ErrorCode, QueryError};
 use super::request::{check_fields, object, opt_str, opt_u64, opt_uuid, req_uuid};
-use super::QueryContext;
 use crate::messages::{
     ClusterListRequest, GetRequest, InstanceListRequest, OperationListRequest, RequestFields,
 };
+use crate::replica::QueryContext;
 use crate::store::{OperationFilter, StoreError};
 
 /// Default and maximum `limit` of the list endpoints.

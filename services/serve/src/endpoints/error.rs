@@ -1,62 +1,10 @@
-//! The contract's error codes and the refusal every endpoint answers with.
+//! The refusal every endpoint answers with, in the contract's error codes
+//! (`messages::ErrorCode`).
 
 use serde_json::{json, Map, Value};
 
+pub(crate) use crate::messages::ErrorCode;
 use crate::store::StoreError;
-
-/// The contract's error codes, stable at the NATS boundary. The serde form is the word
-/// sent (`as_str`; a test keeps them equal), for the schema of the error reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorCode {
-    NotFound,
-    BadRequest,
-    Stale,
-    Conflict,
-    TargetDeleted,
-    /// The append decider refused a write the fold would not apply; `reason` says why.
-    Rejected,
-    /// A stored commit breaks its aggregate's hash chain; `aggregate` and `version` name it.
-    Integrity,
-    /// The answer would exceed the server's max payload; the message says how to ask for
-    /// less (a smaller `limit`, paging with `after` or `from_version`).
-    TooLarge,
-    Unavailable,
-    Internal,
-}
-
-impl ErrorCode {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            ErrorCode::NotFound => "not_found",
-            ErrorCode::BadRequest => "bad_request",
-            ErrorCode::Stale => "stale",
-            ErrorCode::Conflict => "conflict",
-            ErrorCode::TargetDeleted => "target_deleted",
-            ErrorCode::Rejected => "rejected",
-            ErrorCode::Integrity => "integrity",
-            ErrorCode::TooLarge => "too_large",
-            ErrorCode::Unavailable => "unavailable",
-            ErrorCode::Internal => "internal",
-        }
-    }
-
-    /// The numeric `Nats-Service-Error-Code` header, HTTP-like as NATS micro services use.
-    pub(crate) fn numeric(self) -> u16 {
-        match self {
-            ErrorCode::NotFound => 404,
-            ErrorCode::BadRequest => 400,
-            ErrorCode::Stale => 408,
-            ErrorCode::Conflict => 409,
-            ErrorCode::TargetDeleted => 410,
-            ErrorCode::Rejected => 422,
-            ErrorCode::Integrity => 502,
-            ErrorCode::TooLarge => 413,
-            ErrorCode::Unavailable => 503,
-            ErrorCode::Internal => 500,
-        }
-    }
-}
 
 /// A refused or failed request: a code, a message, and optional extra fields.
 #[derive(Debug, Clone)]

@@ -1,18 +1,14 @@
 //! `q.health` and `q.drift`: what this replica says of itself. `q.health`: readiness, the applied position, the lag behind the stream's end, the
 //! quarantine and the snapshots of the replica that answers. A replica joins the queue
 //! group only once it has caught up with the stream's end as read at its start; after
-//! that, `ready` is false while it lags more than [`READY_LAG_MAX`] positions behind.
+//! that, `ready` is false while it lags more than [`crate::replica::READY_LAG_MAX`] positions behind.
 
 use serde_json::Value;
 
 use super::error::{to_data, ErrorCode, QueryError};
 use super::request::{check_fields, object};
-use super::QueryContext;
 use crate::messages::{DriftData, DriftRequest, HealthData, HealthRequest, RequestFields};
-
-/// How far behind the stream's end a replica may fall and still say it is ready: a busy
-/// stream keeps every replica a few batches behind, which is not "not ready".
-pub(crate) const READY_LAG_MAX: u64 = 1_000;
+use crate::replica::QueryContext;
 
 pub(crate) async fn health(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
     check_fields(&object(payload)?, HealthRequest::FIELDS)?;

@@ -7,8 +7,8 @@ use serde_json::{json, Value};
 
 use super::error::{bad, to_data, ErrorCode, QueryError};
 use super::request::{check_fields, object, opt_str, opt_u64, req_aggregate};
-use super::QueryContext;
 use crate::messages::{HistoryRequest, RequestFields, StateAtData, StateAtRequest};
+use crate::replica::QueryContext;
 
 /// Every commit of the aggregate, each with its rendered timeline.
 pub(crate) async fn history(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {

@@ -1,5 +1,5 @@
 //! The query and command endpoints, one file per group, each answering its request from
-//! the [`QueryContext`]. Every request is JSON; a malformed one answers `bad_request`
+//! the replica's state ([`QueryContext`], `crate::replica`). Every request is JSON; a malformed one answers `bad_request`
 //! naming the field (`request`), and every refusal carries one of the contract's error
 //! codes (`error`).
 
@@ -15,15 +15,12 @@ mod request;
 mod worker;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
-use provledger_client::{Ledger, Writer};
-use provledger_events::{AggregateKind, EventLog, JetStreamLog};
+use provledger_events::AggregateKind;
 use serde_json::Value;
-use tokio::sync::watch;
 
-use crate::store::ProjectionStore;
-pub use error::ErrorCode;
+use crate::replica::QueryContext;
+pub(crate) use error::ErrorCode;
 use error::QueryError;
 
 /// The endpoints under `<prefix>.q.` and `<prefix>.cmd.`.
@@ -106,105 +103,6 @@ impl Endpoint {
     }
 }
 
-/// What every handler reads.
-pub(crate) struct QueryContext {
-    pub(crate) store: ProjectionStore,
-    pub(crate) applied: watch::Receiver<u64>,
-    pub(crate) log: JetStreamLog,
-    /// This replica's write path over `log` (one per process: its writers of one
-    /// aggregate take turns, and what it knows of each serves every write).
-    pub(crate) writer: Writer<Ledger>,
-    pub(crate) stream: String,
-    /// The replica's id: its micro service id, set once the service has started (no
-    /// request is answered before).
-    pub(crate) served_by: std::sync::OnceLock<String>,
-    pub(crate) min_position_wait: Duration,
-    /// Set when the projector stopped for good: from then on this replica's state is
-    /// frozen, so every request is answered `unavailable` while serve drains and exits.
-    pub(crate) projector_failed: std::sync::OnceLock<String>,
-    /// The stream's end when this replica started, set once it had applied it and joined
-    /// the queue group: `ready` in q.health.
-    pub(crate) caught_up_to: std::sync::OnceLock<u64>,
-    /// The largest reply this service sends; lists fill pages up to half of it.
-    pub(crate) reply_bytes_max: usize,
-    /// Queries waiting for a `min_position` right now (at most [`MIN_POSITION_WAITS_MAX`]).
-    pub(crate) min_position_waits: AtomicUsize,
-    /// Workers that said they listen again, for the re-issue delivery to serve first.
-    pub(crate) workers_ready: WorkersReady,
-    pub(crate) metrics: std::sync::Arc<crate::metrics::Metrics>,
-    /// The NATS connection, whose state says whether this replica can be ready.
-    pub(crate) client: async_nats::Client,
-    /// The drift sweep's last findings (`q.drift`).
-    pub(crate) drift: crate::drift_sweep::DriftSweeps,
-    /// The last audit this replica ran (`--audit-interval`), for the console.
-    pub(crate) audits: crate::audit::LastAudits,
-}
-
-/// Whether this replica can answer from current state, and if not, why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Readiness {
-    pub(crate) ready: bool,
-    pub(crate) nats_connected: bool,
-    /// Why it is not ready (`None` when it is).
-    pub(crate) reason: Option<String>,
-    /// The position applied when it looked.
-    pub(crate) position: u64,
-    /// The stream's end, when it could be read.
-    pub(crate) end: Option<u64>,
-}
-
-impl Readiness {
-    /// Positions between the stream's end and what was applied, when the end was read.
-    pub(crate) fn lag(&self) -> Option<u64> {
-        self.end.map(|end| end.saturating_sub(self.position))
-    }
-}
-
-/// Workers that said they are listening (`cmd.worker.ready`) since the delivery loop last
-/// looked, each with when it last said so (a ready grants one attempt sent after it:
-/// `provledger_projections::recovery::reissue_due`), and the wake-up of that loop.
-/// Bounded: past [`WORKERS_READY_MAX`] names the newest are dropped (their re-issues still
-/// go within the backoff's bound).
-#[derive(Default)]
-pub(crate) struct WorkersReady {
-    /// `None` when this replica delivers no re-issues (recovery off).
-    names: std::sync::Mutex<Option<ReadyWorkers>>,
-    pub(crate) wake: tokio::sync::Notify,
-}
-
-/// Ready workers, with when each last said so.
-pub(crate) type ReadyWorkers = std::collections::BTreeMap<String, provledger_events::Timestamp>;
-
-/// Distinct ready workers remembered between two delivery rounds.
-pub const WORKERS_READY_MAX: usize = 4_096;
-
-impl WorkersReady {
-    /// Makes this replica deliver re-issues (its recovery runs).
-    pub(crate) fn enable(&self) {
-        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
-        names.get_or_insert_with(Default::default);
-    }
-
-    /// Notes `worker`; whether this replica delivers re-issues.
-    pub(crate) fn note(&self, worker: &str) -> bool {
-        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(names) = names.as_mut() else {
-            return false;
-        };
-        if names.len() < WORKERS_READY_MAX || names.contains_key(worker) {
-            names.insert(worker.to_string(), provledger_events::Timestamp::now());
-        }
-        self.wake.notify_one();
-        true
-    }
-
-    /// The workers noted since the last call.
-    pub(crate) fn take(&self) -> ReadyWorkers {
-        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
-        names.as_mut().map(std::mem::take).unwrap_or_default()
-    }
-}
-
 /// Queries that may wait for a `min_position` at once. Well below serve's requests in
 /// flight, so that waiting queries can never take every slot from health checks and
 /// commands.
@@ -232,59 +130,6 @@ impl Drop for WaitSlot<'_> {
 }
 
 impl QueryContext {
-    /// The bytes of data a list or history page holds at most: half a reply, leaving
-    /// room for the envelope.
-    pub(crate) fn page_bytes_max(&self) -> usize {
-        self.reply_bytes_max / 2
-    }
-
-    pub(crate) fn position(&self) -> u64 {
-        *self.applied.borrow()
-    }
-
-    /// Ready means: caught up once and joined the queue group, the projector running,
-    /// connected to NATS, and no more than [`health::READY_LAG_MAX`] positions behind.
-    pub(crate) async fn readiness(&self) -> Readiness {
-        let nats_connected = self.nats_connected();
-        let position = self.position();
-        let end = match nats_connected {
-            true => self.log.last_position().await.ok(),
-            false => None,
-        };
-        let lag = end.map(|end| end.saturating_sub(position));
-        let reason = if let Some(why) = self.projector_failed.get() {
-            Some(format!("the projector stopped: {why}"))
-        } else if self.caught_up_to.get().is_none() {
-            Some("catching up with the stream's end as read at start".to_string())
-        } else if !nats_connected {
-            Some("the NATS connection is lost; reconnecting".to_string())
-        } else {
-            match lag {
-                None => Some("the stream's end cannot be read".to_string()),
-                Some(lag) if lag > health::READY_LAG_MAX => Some(format!(
-                    "{lag} positions behind the stream's end (more than {})",
-                    health::READY_LAG_MAX
-                )),
-                Some(_) => None,
-            }
-        };
-        Readiness {
-            ready: reason.is_none(),
-            nats_connected,
-            reason,
-            position,
-            end,
-        }
-    }
-
-    /// Whether the NATS connection is up now.
-    pub(crate) fn nats_connected(&self) -> bool {
-        matches!(
-            self.client.connection_state(),
-            async_nats::connection::State::Connected
-        )
-    }
-
     /// Read-your-writes: waits (bounded in time, and in how many wait at once) until the
     /// projection has applied `min`.
     async fn wait_for(&self, min: Option<u64>) -> Result<(), QueryError> {

@@ -28,7 +28,7 @@ use crate::store::ProjectionStore;
 use super::caller::Caller;
 use super::error::{bad, to_data, ErrorCode, QueryError};
 use super::request::{check_fields, object, opt_str, opt_uuid, req_uuid};
-use super::QueryContext;
+use crate::replica::QueryContext;
 
 fn placement_error(e: PlacementError) -> QueryError {
     match e {

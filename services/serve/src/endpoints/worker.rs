@@ -12,8 +12,8 @@ use serde_json::Value;
 use super::caller::Caller;
 use super::error::{to_data, ErrorCode, QueryError};
 use super::request::{check_fields, object, opt_str};
-use super::QueryContext;
 use crate::messages::{RequestFields, WorkerReadyData, WorkerReadyRequest};
+use crate::replica::QueryContext;
 
 /// The longest worker id accepted: it is one token of a NATS subject.
 const WORKER_ID_BYTES_MAX: usize = 256;
