@@ -324,12 +324,40 @@ async fn a_replica_bootstrapped_from_a_snapshot_answers_as_one_that_caught_up() 
     assert!(written.len() > 150, "{} aggregates compared", written.len());
 }
 
+/// A new replica started with the bucket in `dir`/replica: it refuses the published
+/// snapshot (its log says why, with `why` in it), never says it bootstrapped from it, and
+/// catches up from position 1 to the stream's state at `end`, entity by entity, its
+/// history whole; then it stops cleanly.
+async fn a_new_replica_refuses_the_snapshot(
+    nats: &NatsServer,
+    log: &JetStreamLog,
+    dir: &Path,
+    aggregates: &[AggregateId],
+    end: u64,
+    why: &str,
+) {
+    let client = nats.client().await;
+    let replica_dir = dir.join("replica");
+    let mut replica = Serve::start_with(nats, &replica_dir, &["--snapshot-bucket", BUCKET]);
+    wait_ready_at(&client, end).await;
+    let said = log_of(&replica_dir);
+    assert!(
+        said.contains("snapshot not used") && said.contains(why),
+        "{said}"
+    );
+    assert!(
+        !said.contains("bootstrapped from a published snapshot"),
+        "{said}"
+    );
+    assert_answers_the_rebuild(&client, log, aggregates, end).await;
+    assert!(replica.terminate().success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_with_one_flipped_byte_is_refused_and_the_replica_catches_up_from_position_1() {
     // Given a published snapshot with one byte of its body flipped (republished, so the
     // object store's own digest matches what it holds),
     let nats = NatsServer::start().await;
-    let client = nats.client().await;
     let log = common::stream(&nats).await;
     let dir = tempfile::tempdir().unwrap();
     let aggregates = write_history(&log, 300, 0).await;
@@ -340,24 +368,9 @@ async fn a_snapshot_with_one_flipped_byte_is_refused_and_the_replica_catches_up_
     republish(&log, &bytes).await;
     let end = log.last_position().await.unwrap();
 
-    // when a new replica starts with the bucket,
-    let replica_dir = dir.path().join("replica");
-    let mut replica = Serve::start_with(&nats, &replica_dir, &["--snapshot-bucket", BUCKET]);
-    wait_ready_at(&client, end).await;
-    // then the snapshot is refused,
-    let said = log_of(&replica_dir);
-    assert!(
-        said.contains("snapshot not used") && said.contains("blake3"),
-        "{said}"
-    );
-    assert!(
-        !said.contains("bootstrapped from a published snapshot"),
-        "{said}"
-    );
-    // and the replica caught up from position 1 to the stream's state, entity by entity,
-    // its history whole.
-    assert_answers_the_rebuild(&client, &log, &aggregates, end).await;
-    assert!(replica.terminate().success());
+    // when a new replica starts with the bucket, then the snapshot is refused (blake3),
+    // and the replica caught up from position 1.
+    a_new_replica_refuses_the_snapshot(&nats, &log, dir.path(), &aggregates, end, "blake3").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -365,7 +378,6 @@ async fn a_snapshot_whose_metadata_claims_an_implausible_size_is_refused_not_all
     // Given a published snapshot whose object metadata was rewritten to claim 2^62 bytes
     // (the metadata message of the object store's stream, rolled up in place),
     let nats = NatsServer::start().await;
-    let client = nats.client().await;
     let log = common::stream(&nats).await;
     let dir = tempfile::tempdir().unwrap();
     let aggregates = write_history(&log, 300, 0).await;
@@ -397,19 +409,10 @@ async fn a_snapshot_whose_metadata_claims_an_implausible_size_is_refused_not_all
         .unwrap();
     let end = log.last_position().await.unwrap();
 
-    // when a new replica starts with the bucket,
-    let replica_dir = dir.path().join("replica");
-    let mut replica = Serve::start_with(&nats, &replica_dir, &["--snapshot-bucket", BUCKET]);
-    wait_ready_at(&client, end).await;
-    // then it did not abort: the snapshot is refused naming the bound, and the replica
-    // caught up from position 1.
-    let said = log_of(&replica_dir);
-    assert!(
-        said.contains("snapshot not used") && said.contains("SNAPSHOT_BYTES_MAX"),
-        "{said}"
-    );
-    assert_answers_the_rebuild(&client, &log, &aggregates, end).await;
-    assert!(replica.terminate().success());
+    // when a new replica starts with the bucket, then it did not abort: the snapshot is
+    // refused naming the bound, and the replica caught up from position 1.
+    let bound = "SNAPSHOT_BYTES_MAX";
+    a_new_replica_refuses_the_snapshot(&nats, &log, dir.path(), &aggregates, end, bound).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

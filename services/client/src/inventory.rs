@@ -371,20 +371,13 @@ pub async fn compare_inventories(
     use futures::StreamExt;
     let mut pending = futures::stream::FuturesOrdered::new();
     let mut waiting = executors.iter();
-    for executor in waiting.by_ref().take(EXECUTORS_READ_AT_ONCE) {
-        pending.push_back(read_one(
-            client,
-            subject_prefix,
-            executor,
-            bounds,
-            ledger,
-            on_page,
-        ));
-    }
     let mut asked = Vec::with_capacity(executors.len());
-    while let Some(one) = pending.next().await {
-        asked.push(one);
-        if let Some(executor) = waiting.next() {
+    loop {
+        // Keep EXECUTORS_READ_AT_ONCE in flight while any is waiting.
+        while pending.len() < EXECUTORS_READ_AT_ONCE {
+            let Some(executor) = waiting.next() else {
+                break;
+            };
             pending.push_back(read_one(
                 client,
                 subject_prefix,
@@ -393,6 +386,10 @@ pub async fn compare_inventories(
                 ledger,
                 on_page,
             ));
+        }
+        match pending.next().await {
+            Some(one) => asked.push(one),
+            None => break,
         }
     }
     asked

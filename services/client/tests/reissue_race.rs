@@ -7,7 +7,7 @@ use provledger_client::recovery::{
 };
 use provledger_client::view::LogView;
 use provledger_client::{Stamper, Writer};
-use provledger_events::catalogue::{OperationKind, TaskOutcome, TaskState, VmState};
+use provledger_events::catalogue::{OperationKind, TaskState};
 use provledger_events::{AggregateId, Event, EventLog, Expectation, MemLog, Timestamp};
 use provledger_projections::recovery::ReissuePolicy;
 
@@ -28,30 +28,12 @@ async fn an_unrelated_commit_between_the_view_and_the_attempt_does_not_race_it_a
     let stamper = Stamper::system();
     let vm = AggregateId::instance(uuid::Uuid::now_v7());
     let expired = Timestamp::from_unix_ms(stamper.now().unix_ms() - 60_000);
-    let events = vec![
-        Event::InstanceCreateRequested {
-            name: "vm".into(),
-            cluster_id: None,
-            node_group: None,
-            flavor: "m1".into(),
-            resources: Default::default(),
-            image: "img".into(),
-        },
-        Event::TaskFinished {
-            task_state: TaskState::Scheduling,
-            outcome: TaskOutcome::Succeeded,
-            reason: String::new(),
-        },
-        Event::VmStateChanged {
-            vm_state: VmState::Active,
-            reason: String::new(),
-        },
-        Event::TaskStarted {
-            task_state: TaskState::PoweringOff,
-            worker_id: "w1".into(),
-            lease_until: expired,
-        },
-    ];
+    let mut events = provledger_tests::workload::instance_running_on(uuid::Uuid::now_v7());
+    events.push(Event::TaskStarted {
+        task_state: TaskState::PoweringOff,
+        worker_id: "w1".into(),
+        lease_until: expired,
+    });
     writer
         .log()
         .append(vm, Expectation::NoStream, stamper.draft("t", events))

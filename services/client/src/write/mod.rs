@@ -651,7 +651,11 @@ impl<L: EventLog> Attempts<'_, L> {
             let commit = match known.recent_commit(&fact.draft) {
                 Some(recent) => match self.log.read_position(recent.position).await? {
                     Some(c) if c.commit_id == fact.draft.commit_id => Some(c),
-                    _ => None,
+                    // The log does not hold it where it was seen: know the aggregate again.
+                    _ => {
+                        self.read_again();
+                        return Ok(Earlier::Moved);
+                    }
                 },
                 None => {
                     self.log
@@ -659,11 +663,6 @@ impl<L: EventLog> Attempts<'_, L> {
                         .await?
                 }
             };
-            if commit.is_none() && known.recent_commit(&fact.draft).is_some() {
-                // The log does not hold it where it was seen: know the aggregate again.
-                self.read_again();
-                return Ok(Earlier::Moved);
-            }
             found.push(commit);
         }
         let Some(reused) = found
