@@ -298,9 +298,20 @@ pub fn check_chain(aggregate: &AggregateId, commits: &[Commit]) -> Result<(), In
 /// valid and each `prev_hash` equal to the previous commit's hash. Returns every violation.
 pub fn verify_chain(aggregate: &AggregateId, commits: &[Commit]) -> Vec<ChainViolation> {
     let mut violations = Vec::new();
-    let mut prev = Hash::ZERO;
-    for (i, commit) in commits.iter().enumerate() {
-        let expected = i as u64 + 1;
+    verify_segment(aggregate, 0, Hash::ZERO, commits, &mut violations);
+    violations
+}
+
+/// [`verify_chain`] for commits that follow version `after` whose hash is `prev`.
+pub(crate) fn verify_segment<'a>(
+    aggregate: &AggregateId,
+    after: u64,
+    mut prev: Hash,
+    commits: impl IntoIterator<Item = &'a Commit>,
+    violations: &mut Vec<ChainViolation>,
+) {
+    for (i, commit) in commits.into_iter().enumerate() {
+        let expected = after + i as u64 + 1;
         if commit.aggregate != *aggregate {
             violations.push(ChainViolation::ForeignCommit {
                 aggregate: *aggregate,
@@ -332,7 +343,6 @@ pub fn verify_chain(aggregate: &AggregateId, commits: &[Commit]) -> Vec<ChainVio
         }
         prev = commit.hash;
     }
-    violations
 }
 
 #[cfg(test)]

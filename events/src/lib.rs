@@ -11,6 +11,7 @@ pub mod codec;
 pub mod commit;
 pub mod ids;
 pub mod log;
+pub mod loss;
 
 pub use catalogue::Event;
 pub use commit::{
@@ -23,3 +24,4 @@ pub use log::{
     ReadError, SledLog, VersionConflict, ATOMIC_COMMITS_MAX, GROUP_COMMITTERS_MAX,
     GROUP_MESSAGES_MAX,
 };
+pub use loss::{HeldChain, HeldStep, LossRefusal, LostVersions, OpenLosses};

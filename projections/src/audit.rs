@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use provledger_events::catalogue::ConsumerKind;
-use provledger_events::{AggregateId, Commit, Timestamp};
+use provledger_events::{AggregateId, Commit, HeldChain, HeldStep, LostVersions, Timestamp};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -51,6 +51,9 @@ pub enum Check {
     /// compensations since; a log may hold one from before), while the provider still
     /// holds it.
     HeldAfterRollback,
+    /// Versions of an aggregate missing from the log (the server dropped them) that no
+    /// operator has acknowledged: every read and write of it answers `integrity`.
+    LostCommits,
 }
 
 /// One finding.
@@ -101,6 +104,22 @@ pub struct AuditReport {
     /// Compensations an operator resolved by hand, with who and why: not violations, but
     /// what an auditor reads (drift still checks each resource at its executor).
     pub resolved_by_hand: Vec<ResolvedByHand>,
+    /// Losses an operator acknowledged (`loss_acknowledged`), with who and why: not
+    /// violations (the positions they lost are not reported missing), but what an auditor
+    /// reads.
+    pub acknowledged_losses: Vec<AcknowledgedLoss>,
+}
+
+/// One `loss_acknowledged`: the aggregate, the versions, the commit's actor, the reason and
+/// where the acknowledgement is in the log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AcknowledgedLoss {
+    pub aggregate: String,
+    pub from_version: u64,
+    pub to_version: u64,
+    pub actor: String,
+    pub reason: String,
+    pub position: u64,
 }
 
 /// One `compensation_resolved`: the operation, the compensation, the commit's actor, the
@@ -123,6 +142,14 @@ pub struct Auditor {
     /// A log anyone may publish to (JetStream): a commit that does not extend its chain is
     /// quarantined there, as every reader does, rather than a break of the chain.
     quarantine_link_breaks: bool,
+    /// Aggregates read past a loss, as the projector holds them (`provledger_events::loss`),
+    /// with the position of their last commit before it.
+    held: std::collections::HashMap<AggregateId, (HeldChain, u64)>,
+    /// Ranges of positions found missing, reported at the end unless a loss explains them.
+    missing: Vec<(u64, u64)>,
+    /// Where each acknowledged loss lies in the log: after the last commit before it,
+    /// before the commit that revealed it.
+    loss_windows: Vec<(u64, u64)>,
 }
 
 const CHAIN_ACTION: &str = "the stored log was altered or damaged: restore this aggregate's commits from a replica or backup, and find who wrote there";
@@ -148,24 +175,8 @@ impl Auditor {
 
     fn advance(&mut self, position: u64) {
         if position > self.next_position {
-            let missing = if position - 1 == self.next_position {
-                format!("position {} is missing", self.next_position)
-            } else {
-                format!(
-                    "positions {}..={} are missing",
-                    self.next_position,
-                    position - 1
-                )
-            };
-            self.record(
-                Violation::at(
-                    Check::PositionContinuity,
-                    None,
-                    missing,
-                    "commits were lost from the log: compare with another replica of the stream",
-                )
-                .with_position(self.next_position),
-            );
+            // Reported at the end: a loss found later may explain it.
+            self.missing.push((self.next_position, position - 1));
         } else if position < self.next_position {
             self.record(
                 Violation::at(
@@ -185,42 +196,91 @@ impl Auditor {
     }
 
     /// One commit of the log. A commit that does not extend its aggregate's chain is
-    /// reported and not folded, so the invariants are checked on the valid history only.
+    /// reported and not folded, so the invariants are checked on the valid history only. A
+    /// commit past a loss is held as the projector holds it, and folded once acknowledged.
     pub fn commit(&mut self, commit: &Commit) {
         self.advance(commit.position);
-        if let Err(violation) = self.projection.apply_checked(commit) {
-            if self.quarantine_link_breaks {
-                let subject = commit.aggregate.to_string();
-                self.quarantine_at(commit.position, &subject, &violation.to_string());
-                return;
+        let aggregate = commit.aggregate;
+        if let Some((chain, before)) = self.held.get_mut(&aggregate) {
+            let before = *before;
+            match chain.step(commit.clone()) {
+                HeldStep::Held => {}
+                HeldStep::Resumed(commits) => {
+                    self.held.remove(&aggregate);
+                    let revealed = commits.first().map_or(commit.position, |c| c.position);
+                    self.loss_windows.push((before, revealed));
+                    for c in &commits {
+                        self.projection.apply(c);
+                        self.counted(c);
+                    }
+                }
+                HeldStep::Outside(reason) => self.break_of_chain(commit, reason),
             }
-            self.record(
-                Violation::at(
-                    Check::HashChain,
-                    Some(commit.aggregate),
-                    violation.to_string(),
-                    CHAIN_ACTION,
-                )
-                .with_version(commit.version)
-                .with_position(commit.position),
+            return;
+        }
+        let (version, position) = self
+            .projection
+            .get(&aggregate)
+            .map_or((0, 0), |e| (e.header().version, e.header().last_position));
+        if let Some(loss) = LostVersions::before(&aggregate, version, commit) {
+            self.held.insert(
+                aggregate,
+                (HeldChain::start(loss, commit.clone()), position),
             );
             return;
         }
+        if let Err(violation) = self.projection.apply_checked(commit) {
+            return self.break_of_chain(commit, violation.to_string());
+        }
+        self.counted(commit);
+    }
+
+    fn break_of_chain(&mut self, commit: &Commit, problem: String) {
+        if self.quarantine_link_breaks {
+            let subject = commit.aggregate.to_string();
+            return self.quarantine_at(commit.position, &subject, &problem);
+        }
+        self.record(
+            Violation::at(
+                Check::HashChain,
+                Some(commit.aggregate),
+                problem,
+                CHAIN_ACTION,
+            )
+            .with_version(commit.version)
+            .with_position(commit.position),
+        );
+    }
+
+    /// Counts a commit folded, and what an auditor reads of it.
+    fn counted(&mut self, commit: &Commit) {
         self.report.commits += 1;
         self.report.events += commit.events.len() as u64;
         for event in &commit.events {
-            if let provledger_events::Event::CompensationResolved {
-                compensation_id,
-                reason,
-            } = event
-            {
-                self.report.resolved_by_hand.push(ResolvedByHand {
+            match event {
+                provledger_events::Event::CompensationResolved {
+                    compensation_id,
+                    reason,
+                } => self.report.resolved_by_hand.push(ResolvedByHand {
                     operation: commit.aggregate.to_string(),
                     compensation_id: *compensation_id,
                     actor: commit.actor.clone(),
                     reason: reason.clone(),
                     position: commit.position,
-                });
+                }),
+                provledger_events::Event::LossAcknowledged {
+                    from_version,
+                    to_version,
+                    reason,
+                } => self.report.acknowledged_losses.push(AcknowledgedLoss {
+                    aggregate: commit.aggregate.to_string(),
+                    from_version: *from_version,
+                    to_version: *to_version,
+                    actor: commit.actor.clone(),
+                    reason: reason.clone(),
+                    position: commit.position,
+                }),
+                _ => {}
             }
         }
     }
@@ -250,6 +310,45 @@ impl Auditor {
         if end >= self.next_position {
             self.advance(end + 1);
             self.report.position = end;
+        }
+        let mut held: Vec<_> = std::mem::take(&mut self.held).into_iter().collect();
+        held.sort_by_key(|(id, _)| id.to_string());
+        for (aggregate, (chain, _)) in held {
+            for loss in chain.open.as_slice() {
+                self.record(
+                    Violation::at(
+                        Check::LostCommits,
+                        Some(aggregate),
+                        format!("integrity: {loss}"),
+                        "the log's server lost these commits: restore them from a replica or a backup of the stream if one has them; otherwise check the aggregate's real state and acknowledge the loss (`provledger integrity acknowledge`)",
+                    )
+                    .with_version(loss.from_version)
+                    .with_position(loss.next_position),
+                );
+            }
+        }
+        for (from, to) in std::mem::take(&mut self.missing) {
+            let explained = self
+                .loss_windows
+                .iter()
+                .any(|(after, before)| *after < from && to < *before);
+            if explained {
+                continue;
+            }
+            let missing = if from == to {
+                format!("position {from} is missing")
+            } else {
+                format!("positions {from}..={to} are missing")
+            };
+            self.record(
+                Violation::at(
+                    Check::PositionContinuity,
+                    None,
+                    missing,
+                    "commits were lost from the log: compare with another replica of the stream",
+                )
+                .with_position(from),
+            );
         }
         self.report.aggregates = self.projection.entities.len();
         let mut invariants = check_invariants(&self.projection, now);

@@ -157,6 +157,22 @@ impl Entity {
         header.hash = commit.hash;
         header.updated_at = Some(commit.recorded_at);
         for event in &commit.events {
+            if let Event::LossAcknowledged {
+                from_version,
+                to_version,
+                reason,
+            } = event
+            {
+                // Not a change of state but a note that stays with it: the state was
+                // folded without the lost versions, on someone's word.
+                let problem = format!(
+                    "versions {from_version} to {to_version} were lost from the log; {} acknowledged the loss: {reason}",
+                    commit.actor
+                );
+                self.header_mut()
+                    .record_anomaly(&ctx, event.name(), problem);
+                continue;
+            }
             if let Err(problem) = self.fold_event(event, &ctx) {
                 self.header_mut()
                     .record_anomaly(&ctx, event.name(), problem);

@@ -266,6 +266,12 @@ impl NatsServer {
         self.spec.port
     }
 
+    /// The directory of the server's JetStream store (its `.blk` files hold the messages):
+    /// what a test damages while the server is stopped.
+    pub fn store_dir(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
     /// `host:port` of the server's HTTP monitoring endpoint (`/varz`, `/jsz`): every
     /// configuration the harness renders has one.
     pub fn monitor_addr(&self) -> String {
@@ -282,6 +288,18 @@ impl NatsServer {
     /// [`NatsServer::start_again`]: NATS lost for as long as the caller likes.
     pub fn kill(&mut self) {
         self.stop();
+    }
+
+    /// Stops the process as an operator would (SIGTERM: it flushes its store and writes its
+    /// indexes), keeping its port and store for [`NatsServer::start_again`].
+    pub fn shut_down(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
+            let _ = child.wait();
+        }
     }
 
     /// Starts a killed server again on the same port and store.

@@ -14,6 +14,17 @@ use super::{
 use crate::ids::{AggregateId, Timestamp};
 
 impl Event {
+    // ---- any aggregate: an operator's acknowledgement of a loss ----
+
+    /// The acknowledgement of `loss` (`crate::loss`), with the operator's reason.
+    pub fn loss_acknowledged(loss: &crate::loss::LostVersions, reason: String) -> Event {
+        Event::LossAcknowledged {
+            from_version: loss.from_version,
+            to_version: loss.to_version,
+            reason,
+        }
+    }
+
     // ---- operation: what the runner records of the service's own calls ----
 
     pub fn operation_started(

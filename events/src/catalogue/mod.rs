@@ -278,6 +278,20 @@ pub enum Event {
         compensation_id: Uuid,
         reason: String,
     },
+
+    // ---- any aggregate: an operator's hand on a damaged chain ----
+    /// An operator acknowledged that versions `from_version..=to_version` of this
+    /// aggregate are lost from the log (the server dropped their messages, e.g. a damaged
+    /// store block): until then every read and write of the aggregate answers `integrity`.
+    /// Appended only by `provledger integrity acknowledge`, right after the chain's tip past
+    /// the gap, naming exactly one open loss; the commit's actor says who, `reason` why
+    /// the state is trusted without them. The aggregate then continues, its state folded
+    /// without the lost commits (each projection notes the gap as an anomaly).
+    LossAcknowledged {
+        from_version: u64,
+        to_version: u64,
+        reason: String,
+    },
 }
 
 impl Event {
@@ -322,6 +336,7 @@ impl Event {
             Event::InFlightOperationSet { .. } | Event::InFlightOperationCleared { .. } => {
                 matches!(kind, AggregateKind::Cluster | AggregateKind::Instance)
             }
+            Event::LossAcknowledged { .. } => true,
             other => other.home_kind() == Some(kind),
         }
     }
@@ -380,9 +395,9 @@ impl Event {
             | Event::RollbackResumed { .. }
             | Event::StepStarted { .. }
             | Event::CompensationResolved { .. } => Operation,
-            Event::InFlightOperationSet { .. } | Event::InFlightOperationCleared { .. } => {
-                return None
-            }
+            Event::InFlightOperationSet { .. }
+            | Event::InFlightOperationCleared { .. }
+            | Event::LossAcknowledged { .. } => return None,
         })
     }
 

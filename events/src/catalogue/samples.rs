@@ -285,6 +285,12 @@ pub fn all() -> Vec<Event> {
             compensation_id: id(5),
             reason: "released 10.0.0.3 by hand in the IPAM console (ticket OPS-1234)".into(),
         },
+        Event::LossAcknowledged {
+            from_version: 2,
+            to_version: 2,
+            reason: "store block damaged on nats-1; state checked against the IPAM (OPS-1240)"
+                .into(),
+        },
     ]
 }
 

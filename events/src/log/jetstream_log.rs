@@ -36,6 +36,7 @@ use super::{
 use crate::codec;
 use crate::commit::{Commit, CommitDraft};
 use crate::ids::{uuid_v7_unix_ms, AggregateId, Hash, Timestamp, CLOCK_SKEW_MS_MAX};
+use crate::loss::{LostVersions, OpenLosses};
 
 /// async-nats' limit of unacknowledged publishes per context.
 pub const MAX_ACK_INFLIGHT: usize = 5000;
@@ -253,36 +254,55 @@ pub enum MissingStream {
 /// An aggregate's head: the tip of its valid chain (`version`, `hash`) and the stream
 /// sequence of the last message on its subject (`sequence`, valid or not), which the next
 /// publish expects. They differ when something outside the chain was published last.
-#[derive(Debug, Clone, Copy)]
+/// `open` holds the losses found on the way (`crate::loss`) that no commit after them
+/// acknowledges: while there is one, nothing but its acknowledgement is appended and reads
+/// answer `integrity`.
+#[derive(Debug, Clone)]
 struct Head {
     version: u64,
     sequence: u64,
     hash: Hash,
+    open: OpenLosses,
 }
 
-/// Whether a message on `aggregate`'s subject extends the chain whose tip is `head`.
-/// Anything else (garbage, another aggregate's commit, a modified commit, a replay of an
-/// earlier version, a forged link) is quarantined: readers skip it and the chain goes on
-/// from its last valid commit, so no message can stop an aggregate from being written.
+impl Head {
+    fn at(version: u64, sequence: u64, hash: Hash) -> Head {
+        Head {
+            version,
+            sequence,
+            hash,
+            open: OpenLosses::EMPTY,
+        }
+    }
+}
+
+/// Whether a message on `aggregate`'s subject extends the chain whose tip is `head`, pushed
+/// onto `out` as one entry (two for a loss: the missing versions, then the commit after).
+/// An intact commit of this aggregate past the next version reveals a loss
+/// (`crate::loss`): it opens one on the head and the chain goes on from it, so readers
+/// answer `integrity` and writers refuse until it is acknowledged. Anything else (garbage,
+/// another aggregate's commit, a modified commit, a replay of an earlier version, a commit
+/// at the next version that does not link) is quarantined: readers skip it and the chain
+/// goes on from its last valid commit, so no such message stops an aggregate.
 fn classify(
     aggregate: &AggregateId,
+    subject: &str,
     head: &mut Head,
     payload: &[u8],
     sequence: u64,
-) -> HistoryEntry {
-    let subject_reason = |reason: String| HistoryEntry::Quarantined {
+    out: &mut Vec<HistoryEntry>,
+) {
+    // Any message moves the subject: the next publish must expect it as the last one, or
+    // every append after it would fail its sequence check.
+    head.sequence = sequence;
+    let quarantined = |reason: String| HistoryEntry::Quarantined {
         position: sequence,
-        subject: String::new(),
+        subject: subject.to_string(),
         reason,
     };
     let commit = match codec::decode(payload, sequence) {
         Ok(c) => c,
-        Err(e) => {
-            // Garbage moves the subject too: the next publish must expect it as the last
-            // message, or every append after it would fail its sequence check.
-            head.sequence = sequence;
-            return subject_reason(format!("undecodable: {e}"));
-        }
+        Err(e) => return out.push(quarantined(format!("undecodable: {e}"))),
     };
     let reason = if commit.aggregate != *aggregate {
         format!("foreign: a commit of {}", commit.aggregate)
@@ -293,7 +313,13 @@ fn classify(
             "replayed: v{} again after v{}",
             commit.version, head.version
         )
-    } else if commit.version != head.version + 1 || commit.prev_hash != head.hash {
+    } else if let Some(loss) = LostVersions::before(aggregate, head.version, &commit) {
+        head.open.open(loss);
+        out.push(HistoryEntry::Lost(loss));
+        head.version = commit.version;
+        head.hash = commit.hash;
+        return out.push(HistoryEntry::Commit(commit));
+    } else if commit.prev_hash != head.hash {
         format!(
             "forged: v{} does not link to v{}",
             commit.version, head.version
@@ -301,17 +327,17 @@ fn classify(
     } else {
         head.version = commit.version;
         head.hash = commit.hash;
-        head.sequence = sequence;
-        return HistoryEntry::Commit(commit);
+        head.open.close_by(&commit);
+        return out.push(HistoryEntry::Commit(commit));
     };
-    head.sequence = sequence;
-    subject_reason(reason)
+    out.push(quarantined(reason))
 }
 
 const EMPTY_HEAD: Head = Head {
     version: 0,
     sequence: 0,
     hash: Hash::ZERO,
+    open: OpenLosses::EMPTY,
 };
 
 struct Inner {
@@ -634,7 +660,7 @@ impl JetStreamLog {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(aggregate)
-            .copied()
+            .cloned()
     }
 
     /// Caches a head read or written. Heads only move forward: a slow reader that read an
@@ -651,6 +677,14 @@ impl JetStreamLog {
             heads.clear();
         }
         heads.insert(aggregate, head);
+    }
+
+    fn forget_head(&self, aggregate: &AggregateId) {
+        self.inner
+            .heads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(aggregate);
     }
 
     /// The stream sequence of the last message on the aggregate's subject, 0 for none.
@@ -694,11 +728,7 @@ impl JetStreamLog {
             Some(to) => to,
             None => self.last_subject_sequence(&aggregate).await?,
         };
-        let head = Head {
-            version: before.version,
-            sequence: before.position,
-            hash: before.hash,
-        };
+        let head = Head::at(before.version, before.position, before.hash);
         let (entries, _) = self
             .scan_subject(&aggregate, before.position + 1, to, head)
             .await?;
@@ -724,11 +754,14 @@ impl JetStreamLog {
             .await
             .map_err(|e| read_unavailable(format!("reading {aggregate}: {e}")))?;
         for msg in messages {
-            let mut entry = classify(aggregate, &mut head, &msg.payload, msg.sequence);
-            if let HistoryEntry::Quarantined { subject: s, .. } = &mut entry {
-                s.clone_from(&subject);
-            }
-            entries.push(entry);
+            classify(
+                aggregate,
+                &subject,
+                &mut head,
+                &msg.payload,
+                msg.sequence,
+                &mut entries,
+            );
         }
         Ok((entries, head))
     }
@@ -873,7 +906,7 @@ impl JetStreamLog {
             .scan_subject(aggregate, from, last, start)
             .await
             .map_err(|e| unavailable(e.to_string()))?;
-        self.remember_head(*aggregate, head);
+        self.remember_head(*aggregate, head.clone());
         Ok(head)
     }
 
@@ -1333,8 +1366,10 @@ impl JetStreamLog {
         let mut heads = self.batch_heads(items).await?;
         let mut conflicts = Vec::new();
         for (item, head) in items.iter().zip(heads.iter_mut()) {
+            crate::loss::admits(&item.draft, head.open.as_slice())?;
             if !item.expect.admits(head.version) {
                 *head = self.fetch_head(&item.aggregate).await?;
+                crate::loss::admits(&item.draft, head.open.as_slice())?;
                 if !item.expect.admits(head.version) {
                     conflicts.push(VersionConflict {
                         aggregate: item.aggregate,
@@ -1377,14 +1412,15 @@ impl JetStreamLog {
         for set in sets {
             let mut answer = Vec::with_capacity(set.commits.len());
             for commit in &set.commits {
-                self.remember_head(
-                    commit.aggregate,
-                    Head {
-                        version: commit.version,
-                        sequence,
-                        hash: commit.hash,
-                    },
-                );
+                if crate::loss::acknowledged_range(&commit.events).is_some() {
+                    // Which losses remain open is learnt by the next read of the subject.
+                    self.forget_head(&commit.aggregate);
+                } else {
+                    self.remember_head(
+                        commit.aggregate,
+                        Head::at(commit.version, sequence, commit.hash),
+                    );
+                }
                 answer.push(AppendOutcome {
                     position: sequence,
                     version: commit.version,
@@ -1628,9 +1664,13 @@ impl EventLog for JetStreamLog {
                 None if expect == Expectation::NoStream => EMPTY_HEAD,
                 None => self.fetch_head(&aggregate).await?,
             };
+            // A loss answers before any expectation: `conflict` would invite a write at
+            // the version before the gap, which forks the chain.
+            crate::loss::admits(&draft, head.open.as_slice())?;
             if !expect.admits(head.version) {
                 // The cache may be stale: only the server's view decides a conflict.
                 head = self.fetch_head(&aggregate).await?;
+                crate::loss::admits(&draft, head.open.as_slice())?;
                 if !expect.admits(head.version) {
                     return self
                         .conflict_or_retry(aggregate, expect, &draft, head.version)
@@ -1662,12 +1702,15 @@ impl EventLog for JetStreamLog {
                     return stored.retry_outcome(aggregate, &draft);
                 }
                 Ok(ack) => {
+                    let mut open = head.open.clone();
+                    open.close_by(&commit);
                     self.remember_head(
                         aggregate,
                         Head {
                             version,
                             sequence: ack.sequence,
                             hash: commit.hash,
+                            open,
                         },
                     );
                     return Ok(AppendOutcome {
@@ -1742,13 +1785,15 @@ impl EventLog for JetStreamLog {
     }
 
     async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {
-        Ok(self
-            .aggregate_history(aggregate)
-            .await?
+        let history = self.aggregate_history(aggregate).await?;
+        if let Some(loss) = HistoryEntry::open_losses(&history).first() {
+            return Err(ReadError::Lost(*loss));
+        }
+        Ok(history
             .into_iter()
             .filter_map(|e| match e {
                 HistoryEntry::Commit(c) => Some(c),
-                HistoryEntry::Quarantined { .. } => None,
+                HistoryEntry::Quarantined { .. } | HistoryEntry::Lost(_) => None,
             })
             .collect())
     }
@@ -1777,13 +1822,11 @@ impl EventLog for JetStreamLog {
         let cached = self
             .cached_head(&aggregate)
             .filter(|h| h.version == after.version && h.hash == after.hash);
-        let start = cached.unwrap_or(Head {
-            version: after.version,
-            sequence: after.position,
-            hash: after.hash,
-        });
+        let start = cached
+            .clone()
+            .unwrap_or(Head::at(after.version, after.position, after.hash));
         let subject = self.inner.config.subject_for(&aggregate);
-        let mut head = start;
+        let mut head = start.clone();
         let mut commits = Vec::new();
         let mut next = start.sequence + 1;
         loop {
@@ -1798,13 +1841,21 @@ impl EventLog for JetStreamLog {
             let Some(tail) = batch.messages.last().map(|m| m.sequence) else {
                 break;
             };
+            let mut entries = Vec::with_capacity(batch.messages.len());
             for msg in batch.messages {
-                if let HistoryEntry::Commit(c) =
-                    classify(&aggregate, &mut head, &msg.payload, msg.sequence)
-                {
-                    commits.push(c);
-                }
+                classify(
+                    &aggregate,
+                    &subject,
+                    &mut head,
+                    &msg.payload,
+                    msg.sequence,
+                    &mut entries,
+                );
             }
+            commits.extend(entries.into_iter().filter_map(|e| match e {
+                HistoryEntry::Commit(c) => Some(c),
+                _ => None,
+            }));
             if !more {
                 break;
             }
@@ -1817,10 +1868,14 @@ impl EventLog for JetStreamLog {
         // next append would read the whole subject.
         let confirmed =
             cached.is_some() || !commits.is_empty() || self.tip_is_stored(&aggregate, after).await;
+        let lost = head.open.first().copied();
         if confirmed {
             self.remember_head(aggregate, head);
         }
-        Ok(commits)
+        match lost {
+            Some(loss) => Err(ReadError::Lost(loss)),
+            None => Ok(commits),
+        }
     }
 
     async fn read_position(&self, position: u64) -> Result<Option<Commit>, ReadError> {

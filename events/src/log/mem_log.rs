@@ -260,6 +260,9 @@ impl EventLog for MemLog {
         draft: CommitDraft,
     ) -> Result<AppendOutcome, AppendError> {
         draft.validate(&aggregate)?;
+        // Only provledger writes this log, in order: no version is ever lost from it, so
+        // there is no loss to acknowledge (`crate::loss`).
+        crate::loss::admits(&draft, &[])?;
         let position = {
             let mut s = self.lock();
             s.injected_unavailable()?;
@@ -295,6 +298,9 @@ impl EventLog for MemLog {
         items: Vec<AtomicItem>,
     ) -> Result<Vec<AppendOutcome>, AppendError> {
         validate_batch(items.iter().map(|i| (i.aggregate, &i.draft)))?;
+        for item in &items {
+            crate::loss::admits(&item.draft, &[])?;
+        }
         group_commit::submit(self, items).await
     }
 

@@ -270,6 +270,10 @@ pub enum AppendError {
     Corrupt { position: u64, error: DecodeError },
     #[error("event log unavailable: {reason}")]
     Unavailable { reason: String },
+    /// The aggregate has a lost commit not yet acknowledged (and this draft is not its
+    /// acknowledgement), or the draft acknowledges a loss the aggregate does not have.
+    #[error(transparent)]
+    Loss(#[from] crate::loss::LossRefusal),
 }
 
 /// Why reading the log failed, or one entry that could not be decoded.
@@ -295,6 +299,10 @@ pub enum ReadError {
     },
     #[error("event log unavailable: {reason}")]
     Unavailable { reason: String },
+    /// Versions of the aggregate read are missing from the log and no operator has
+    /// acknowledged it (`crate::loss`): nothing past them is folded.
+    #[error("integrity: {0}")]
+    Lost(crate::loss::LostVersions),
 }
 
 impl ReadError {
@@ -314,7 +322,7 @@ impl ReadError {
                 reason,
                 payload,
             } => Some((*position, subject, reason.clone(), payload)),
-            ReadError::Unavailable { .. } => None,
+            ReadError::Unavailable { .. } | ReadError::Lost(_) => None,
         }
     }
 }
@@ -330,6 +338,8 @@ pub enum HistoryEntry {
         subject: String,
         reason: String,
     },
+    /// Versions missing before the next entry (`crate::loss`), in place.
+    Lost(crate::loss::LostVersions),
 }
 
 impl HistoryEntry {
@@ -337,16 +347,68 @@ impl HistoryEntry {
     pub fn commit(&self) -> Option<&Commit> {
         match self {
             HistoryEntry::Commit(c) => Some(c),
-            HistoryEntry::Quarantined { .. } => None,
+            HistoryEntry::Quarantined { .. } | HistoryEntry::Lost(_) => None,
         }
     }
 
-    /// Where the entry lies in the log.
+    /// Where the entry lies in the log (a loss: where the commit after it lies).
     pub fn position(&self) -> u64 {
         match self {
             HistoryEntry::Commit(c) => c.position,
             HistoryEntry::Quarantined { position, .. } => *position,
+            HistoryEntry::Lost(l) => l.next_position,
         }
+    }
+
+    /// Every break in the chain of a history (oldest entry first), as [`verify_chain`]
+    /// finds them in its commits, except at a loss: the commit after a [`HistoryEntry::Lost`]
+    /// starts the chain again (its predecessor is what is missing; the loss itself is
+    /// reported by [`HistoryEntry::open_losses`] until acknowledged).
+    ///
+    /// [`verify_chain`]: crate::commit::verify_chain
+    pub fn verify(
+        aggregate: &AggregateId,
+        entries: &[HistoryEntry],
+    ) -> Vec<crate::commit::ChainViolation> {
+        let mut violations = Vec::new();
+        let mut start = (0, crate::ids::Hash::ZERO);
+        let mut segment: Vec<&Commit> = Vec::new();
+        for entry in entries {
+            match entry {
+                HistoryEntry::Commit(c) if segment.is_empty() && start.0 > 0 => {
+                    start.1 = c.prev_hash;
+                    segment.push(c);
+                }
+                HistoryEntry::Commit(c) => segment.push(c),
+                HistoryEntry::Lost(l) => {
+                    crate::commit::verify_segment(
+                        aggregate,
+                        start.0,
+                        start.1,
+                        segment.drain(..),
+                        &mut violations,
+                    );
+                    start = (l.to_version, crate::ids::Hash::ZERO);
+                }
+                HistoryEntry::Quarantined { .. } => {}
+            }
+        }
+        crate::commit::verify_segment(aggregate, start.0, start.1, segment, &mut violations);
+        violations
+    }
+
+    /// The losses of a history (oldest entry first) that no later commit of it
+    /// acknowledges: what makes its aggregate answer `integrity`.
+    pub fn open_losses(entries: &[HistoryEntry]) -> crate::loss::OpenLosses {
+        let mut open = crate::loss::OpenLosses::default();
+        for entry in entries {
+            match entry {
+                HistoryEntry::Lost(l) => open.open(*l),
+                HistoryEntry::Commit(c) => open.close_by(c),
+                HistoryEntry::Quarantined { .. } => {}
+            }
+        }
+        open
     }
 }
 

@@ -359,6 +359,9 @@ impl SledLog {
         draft: CommitDraft,
     ) -> Result<AppendOutcome, AppendError> {
         draft.validate(&aggregate)?;
+        // Only provledger writes this log, in order: no version is ever lost from it, so
+        // there is no loss to acknowledge (`crate::loss`).
+        crate::loss::admits(&draft, &[])?;
         let _serial = self.serialise()?;
         let tree = &self.shared.tree;
 
@@ -862,6 +865,9 @@ impl EventLog for SledLog {
         items: Vec<AtomicItem>,
     ) -> Result<Vec<AppendOutcome>, AppendError> {
         validate_batch(items.iter().map(|i| (i.aggregate, &i.draft)))?;
+        for item in &items {
+            crate::loss::admits(&item.draft, &[])?;
+        }
         group_commit::submit(self, items).await
     }
 

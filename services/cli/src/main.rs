@@ -280,6 +280,12 @@ enum Command {
         #[arg(long, requires = "fix", default_value = "operator")]
         actor: String,
     },
+    /// An aggregate whose chain lost commits (the log's server dropped them): acknowledge
+    /// the loss so that it is read and written again.
+    Integrity {
+        #[command(subcommand)]
+        action: IntegrityCommand,
+    },
     /// Show (dry run) or record and drive the rollback plan of a failed operation.
     Rollback {
         #[command(subcommand)]
@@ -392,6 +398,26 @@ enum OperationCommand {
         /// Go on after this operation id (the last one of the previous page).
         #[arg(long)]
         after: Option<Uuid>,
+    },
+}
+
+#[derive(Subcommand)]
+enum IntegrityCommand {
+    /// Record, in the log, that versions of an aggregate are lost and its state is trusted
+    /// without them (`history` shows the loss). Needs publish rights on the stream (the
+    /// `writer` user under deploy/nats/accounts.conf).
+    Acknowledge {
+        /// The aggregate, as KIND/ID.
+        aggregate: AggregateId,
+        /// The lost versions as `history` and the integrity error name them: N or N-M.
+        #[arg(long)]
+        lost: commands::integrity::LostRange,
+        /// Why the state is trusted without them (what was checked, a ticket).
+        #[arg(long)]
+        reason: String,
+        /// Who acknowledges: the commit's actor.
+        #[arg(long, default_value = "operator")]
+        actor: String,
     },
 }
 
@@ -687,6 +713,22 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                 (ledger, result)
             })
             .await
+        }
+        Command::Integrity {
+            action:
+                IntegrityCommand::Acknowledge {
+                    aggregate,
+                    lost,
+                    reason,
+                    actor,
+                },
+        } => {
+            let ledger = Ledger::open_existing(&options).await?;
+            let result =
+                commands::integrity::acknowledge(&ledger, aggregate, lost, reason, actor, cli.json)
+                    .await;
+            ledger.close();
+            result
         }
         Command::Rollback { action } => {
             let auth = options.nats_auth.clone();

@@ -697,6 +697,22 @@ async fn waits_for_a_far_min_position_are_bounded_and_health_still_answers() {
     assert!(turned_away >= 600 - 256, "only {turned_away} turned away");
 }
 
+/// Raises this process's soft limit of open files to `files` (at most its hard limit).
+fn raise_own_open_files_to(files: u64) {
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+    unsafe {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        if limit.rlim_cur < files {
+            limit.rlim_cur = files.min(limit.rlim_max);
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_requests_holding_the_console_leave_metrics_writes_and_shutdown_working() {
     use std::io::Write;
@@ -704,7 +720,8 @@ async fn half_requests_holding_the_console_leave_metrics_writes_and_shutdown_wor
     let nats = NatsServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let (console, metrics) = (provledger_tests::free_port(), provledger_tests::free_port());
-    let mut serve = Serve::start_with(
+    // at the soft limit of open files a unit without LimitNOFILE gets (1,024)...
+    let mut serve = Serve::start_with_open_files(
         &nats,
         &dir.path().join("serve"),
         &[
@@ -713,9 +730,12 @@ async fn half_requests_holding_the_console_leave_metrics_writes_and_shutdown_wor
             "--metrics-addr",
             &format!("127.0.0.1:{metrics}"),
         ],
+        1_024,
     );
     let client = nats.client().await;
     common::wait_ready(&client).await;
+    // (This process holds the other end of every connection: it needs more than 1,100.)
+    raise_own_open_files_to(4_096);
     let files = |pid: u32| {
         std::fs::read_dir(format!("/proc/{pid}/fd"))
             .map(|d| d.count())
@@ -723,8 +743,8 @@ async fn half_requests_holding_the_console_leave_metrics_writes_and_shutdown_wor
     };
     let before = files(serve.pid());
 
-    // ...when 400 connections each send half a request to the console and hold it...
-    let held: Vec<std::net::TcpStream> = (0..400)
+    // ...when 1,100 connections each send half a request to the console and hold it...
+    let held: Vec<std::net::TcpStream> = (0..1_100)
         .map(|_| {
             let mut s = std::net::TcpStream::connect(("127.0.0.1", console)).expect("connect");
             s.write_all(b"GET /operations HTTP/1.1\r\nHost: 127.0.0.1\r\n")

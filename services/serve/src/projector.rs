@@ -14,7 +14,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use provledger_events::codec;
 use provledger_events::{
-    AggregateId, AggregateKind, Commit, Event, EventLog, IntegrityError, ReadError,
+    AggregateId, AggregateKind, Commit, Event, EventLog, HeldChain, HeldStep, IntegrityError,
+    LostVersions, ReadError,
 };
 use provledger_projections::Entity;
 use tokio::sync::watch;
@@ -116,6 +117,13 @@ pub enum OnChainViolation {
     Fail,
 }
 
+/// What a commit read in log order does (`Projector::past_loss`).
+enum PastLoss {
+    Fold(Vec<Commit>),
+    Held,
+    Violation(Box<Commit>, String),
+}
+
 /// What one batch did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct BatchOutcome {
@@ -123,6 +131,8 @@ pub struct BatchOutcome {
     pub events: usize,
     pub quarantined: usize,
     pub skipped: usize,
+    /// Commits held past a loss in their aggregate's chain, not folded (yet).
+    pub held: usize,
 }
 
 pub struct Projector {
@@ -149,6 +159,9 @@ pub struct Projector {
     publisher: Option<(tokio::sync::mpsc::Sender<PublishedSnapshot>, String)>,
     /// Whether the store keeps a copy of each commit (`ProjectionStore::copies_log`).
     copies_log: bool,
+    /// Aggregates read past a loss, whose commits are held, not folded, until it is
+    /// acknowledged (`provledger_events::loss`): few, all kept.
+    held: HashMap<AggregateId, HeldChain>,
 }
 
 impl Projector {
@@ -156,6 +169,7 @@ impl Projector {
         let checkpoint = store.checkpoint()?;
         let watermark = store.watermark()?;
         let copies_log = store.copies_log()?;
+        let held = store.held_chains()?.into_iter().collect();
         let (applied, _) = watch::channel(checkpoint);
         // A snapshot deferred before a restart is still due.
         let newest = store.snapshots()?.last().copied().unwrap_or(0);
@@ -176,6 +190,7 @@ impl Projector {
             metrics: FoldMetrics::default(),
             publisher: None,
             copies_log,
+            held,
         })
     }
 
@@ -271,49 +286,63 @@ impl Projector {
                         outcome.skipped += 1;
                         continue;
                     }
-                    if let Err(violation) = self.load(commit.aggregate)?.check_next(&commit) {
-                        match self.on_violation {
+                    let at = commit.position;
+                    let to_fold = match self.past_loss(commit, &mut batch)? {
+                        PastLoss::Fold(commits) => commits,
+                        PastLoss::Held => {
+                            outcome.held += 1;
+                            checkpoint = at;
+                            continue;
+                        }
+                        PastLoss::Violation(commit, violation) => match self.on_violation {
                             OnChainViolation::Fail => {
-                                failure = Some(ProjectorError::Integrity(
-                                    IntegrityError::from_violation(commit.aggregate, &violation),
-                                ));
+                                failure = Some(ProjectorError::Integrity(IntegrityError {
+                                    aggregate: commit.aggregate,
+                                    version: commit.version,
+                                    position: commit.position,
+                                    problem: violation,
+                                }));
                                 break;
                             }
                             OnChainViolation::Quarantine => {
-                                tracing::warn!(position = commit.position, %violation, "commit outside its aggregate's chain quarantined");
+                                tracing::warn!(position = at, %violation, "commit outside its aggregate's chain quarantined");
                                 batch.quarantine.push(QuarantineRecord {
-                                    position: commit.position,
+                                    position: at,
                                     subject: commit.aggregate.to_string(),
-                                    error: violation.to_string(),
+                                    error: violation,
                                     payload_len: 0,
                                     payload_head_hex: String::new(),
                                 });
                                 outcome.quarantined += 1;
                                 self.metrics.quarantined(true);
-                                checkpoint = commit.position;
+                                checkpoint = at;
                                 continue;
                             }
+                        },
+                    };
+                    for commit in to_fold {
+                        self.fold(&commit, &mut batch, &mut dirty)?;
+                        self.metrics.folded(&commit.events);
+                        reissue_news |= commit.events.iter().any(|e| {
+                            matches!(
+                                e,
+                                Event::ReissueRequested { .. } | Event::ReissueFailed { .. }
+                            )
+                        });
+                        if watermark.is_none_or(|w| commit.recorded_at.unix_ms() > w) {
+                            watermark = Some(commit.recorded_at.unix_ms());
+                            // Every rise, not one per batch: `--at TIME` must resolve to the
+                            // same position on replicas that batch differently. (Commits
+                            // held past a loss are folded at the position that resumed
+                            // them.)
+                            batch
+                                .watermark_rises
+                                .push((commit.recorded_at.unix_ms(), at));
                         }
+                        outcome.folded += 1;
+                        outcome.events += commit.events.len();
                     }
-                    self.fold(&commit, &mut batch, &mut dirty)?;
-                    self.metrics.folded(&commit.events);
-                    reissue_news |= commit.events.iter().any(|e| {
-                        matches!(
-                            e,
-                            Event::ReissueRequested { .. } | Event::ReissueFailed { .. }
-                        )
-                    });
-                    if watermark.is_none_or(|w| commit.recorded_at.unix_ms() > w) {
-                        watermark = Some(commit.recorded_at.unix_ms());
-                        // Every rise, not one per batch: `--at TIME` must resolve to the
-                        // same position on replicas that batch differently.
-                        batch
-                            .watermark_rises
-                            .push((commit.recorded_at.unix_ms(), commit.position));
-                    }
-                    outcome.folded += 1;
-                    outcome.events += commit.events.len();
-                    checkpoint = commit.position;
+                    checkpoint = at;
                 }
                 Err(e) => match e.quarantine_parts() {
                     None => {
@@ -365,6 +394,46 @@ impl Projector {
             Some(e) => Err(e),
             None => Ok(outcome),
         }
+    }
+
+    /// What the commit does to its aggregate's chain: extends it (fold it), reveals a loss
+    /// or lies past one (held until acknowledged; the last acknowledgement hands back
+    /// every commit held), or breaks it (the violation, in words).
+    fn past_loss(
+        &mut self,
+        commit: Commit,
+        batch: &mut StoreBatch,
+    ) -> Result<PastLoss, StoreError> {
+        let aggregate = commit.aggregate;
+        if let Some(chain) = self.held.get_mut(&aggregate) {
+            let step = chain.step(commit.clone());
+            return Ok(match step {
+                HeldStep::Held => {
+                    batch.held.push((aggregate, Some(chain.clone())));
+                    PastLoss::Held
+                }
+                HeldStep::Resumed(commits) => {
+                    tracing::warn!(%aggregate, position = commit.position, commits = commits.len(), "every loss acknowledged; the commits held past it are folded");
+                    self.held.remove(&aggregate);
+                    batch.held.push((aggregate, None));
+                    PastLoss::Fold(commits)
+                }
+                HeldStep::Outside(reason) => PastLoss::Violation(Box::new(commit), reason),
+            });
+        }
+        let entity = self.load(aggregate)?;
+        let tip = entity.header().version;
+        if let Some(loss) = LostVersions::before(&aggregate, tip, &commit) {
+            tracing::error!(%loss, "commits lost from the log: the aggregate is held until an operator acknowledges");
+            let chain = HeldChain::start(loss, commit);
+            batch.held.push((aggregate, Some(chain.clone())));
+            self.held.insert(aggregate, chain);
+            return Ok(PastLoss::Held);
+        }
+        Ok(match entity.check_next(&commit) {
+            Ok(()) => PastLoss::Fold(vec![commit]),
+            Err(violation) => PastLoss::Violation(Box::new(commit), violation.to_string()),
+        })
     }
 
     fn fold(

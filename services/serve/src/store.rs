@@ -28,7 +28,8 @@
 use provledger_client::view::{StateView, ViewError};
 use provledger_events::codec::{self, DecodeError};
 use provledger_events::{
-    check_chain, AggregateId, AggregateKind, Commit, IntegrityError, Timestamp,
+    check_chain, AggregateId, AggregateKind, Commit, HeldChain, IntegrityError, LostVersions,
+    Timestamp,
 };
 use provledger_projections::instance::InstanceState;
 use provledger_projections::provider::ProviderState;
@@ -84,7 +85,7 @@ pub enum StoreError {
 
 /// The key tags a published snapshot carries: all of the projection's state, not the copy
 /// of the log (`c`, `h`: the stream holds it) nor the local snapshots (`s`, `S`).
-const EXPORTED_TAGS: &[u8] = b"mebqwoOktn";
+const EXPORTED_TAGS: &[u8] = b"mebqwoOktnl";
 /// Keys per sled batch while importing a snapshot, so memory stays bounded. Smaller
 /// batches are cheaper per key in sled 0.34 (150,000 keys of 1.6 kB written alone: 9.3 µs
 /// per key in batches of 1,000, 11.8 µs in batches of 10,000).
@@ -132,6 +133,9 @@ pub struct StoreBatch {
     pub watermark_rises: Vec<(i64, u64)>,
     /// Every operation written in this batch, for the operation indexes.
     pub operations: Vec<OperationIndexEntry>,
+    /// Aggregates read past a loss (`provledger_events::loss`): their held chain as it
+    /// stands, or `None` once it resumed.
+    pub held: Vec<(AggregateId, Option<HeldChain>)>,
     pub checkpoint: u64,
 }
 
@@ -817,6 +821,42 @@ impl ProjectionStore {
         }
     }
 
+    /// Every aggregate the projector holds past a loss, with its held chain.
+    pub fn held_chains(&self) -> Result<Vec<(AggregateId, HeldChain)>, StoreError> {
+        let mut out = Vec::new();
+        for r in self.tree.scan_prefix([b'l']) {
+            let (_, v) = r?;
+            let chain: HeldChain = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt {
+                what: "a held chain".into(),
+                reason: e.to_string(),
+            })?;
+            let aggregate =
+                chain
+                    .held
+                    .first()
+                    .map(|c| c.aggregate)
+                    .ok_or_else(|| StoreError::Corrupt {
+                        what: "a held chain".into(),
+                        reason: "it holds no commit".into(),
+                    })?;
+            out.push((aggregate, chain));
+        }
+        Ok(out)
+    }
+
+    /// The loss that keeps `id` from being read, if the projector holds it past one: what
+    /// a query answers (`integrity`) instead of a state folded before the loss.
+    pub fn open_loss(&self, id: &AggregateId) -> Result<Option<LostVersions>, StoreError> {
+        let Some(v) = self.tree.get(key(b'l', &[&id.key_bytes()]))? else {
+            return Ok(None);
+        };
+        let chain: HeldChain = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt {
+            what: format!("the held chain of {id}"),
+            reason: e.to_string(),
+        })?;
+        Ok(chain.open.first().copied())
+    }
+
     pub fn entity(&self, id: &AggregateId) -> Result<Option<Entity>, StoreError> {
         self.tree
             .get(key(b'e', &[&id.key_bytes()]))?
@@ -835,6 +875,7 @@ impl ProjectionStore {
             + batch.quarantine.len()
             + batch.watermark_rises.len()
             + 5 * batch.operations.len()
+            + batch.held.len()
             + 2;
         for (position, aggregate, version, bytes) in batch.commits {
             let pos = position.to_be_bytes();
@@ -876,6 +917,14 @@ impl ProjectionStore {
             b.insert(key(b'm', &[b"watermark"]), &(*ms as u64).to_be_bytes()[..]);
         }
         self.index_operations(&mut b, batch.operations, true)?;
+        for (id, chain) in batch.held {
+            let k = key(b'l', &[&id.key_bytes()]);
+            match chain {
+                // A held chain is plain serde data: its JSON cannot fail to encode.
+                Some(chain) => b.insert(k, serde_json::to_vec(&chain).unwrap_or_default()),
+                None => b.remove(k),
+            }
+        }
         b.insert(
             key(b'm', &[b"checkpoint"]),
             &batch.checkpoint.to_be_bytes()[..],

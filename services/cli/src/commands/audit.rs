@@ -158,6 +158,12 @@ fn print_report(report: &AuditReport, notes: &[String], seconds: f64, json: bool
             r.operation, r.compensation_id, r.actor, r.position, r.reason
         );
     }
+    for l in &report.acknowledged_losses {
+        println!(
+            "loss acknowledged: {} v{}..=v{} by {} at position {}: {}",
+            l.aggregate, l.from_version, l.to_version, l.actor, l.position, l.reason
+        );
+    }
     for note in notes {
         println!("note: {note}");
     }

@@ -1,7 +1,7 @@
 //! `provledger history KIND/ID`: an aggregate's commits, oldest first, with a chain check,
 //! and anything else found on its subject (quarantined entries) in place.
 
-use provledger_events::{verify_chain, AggregateId, EventLog, HistoryEntry};
+use provledger_events::{AggregateId, EventLog, HistoryEntry};
 use provledger_projections::timeline;
 
 use super::{print_json, CommandError};
@@ -38,7 +38,20 @@ pub async fn run(ledger: &Ledger, aggregate: AggregateId, json: bool) -> Result<
             "{aggregate} not found: it has no commits in this ledger (check --data-dir / --nats)"
         )));
     }
-    let violations = verify_chain(&aggregate, &commits);
+    let violations = HistoryEntry::verify(&aggregate, &entries);
+    let open_losses = HistoryEntry::open_losses(&entries);
+    let lost: Vec<serde_json::Value> = entries
+        .iter()
+        .filter_map(|e| match e {
+            HistoryEntry::Lost(l) => Some(serde_json::json!({
+                "from_version": l.from_version,
+                "to_version": l.to_version,
+                "next_position": l.next_position,
+                "acknowledged": !open_losses.as_slice().contains(l),
+            })),
+            _ => None,
+        })
+        .collect();
     let quarantined: Vec<serde_json::Value> = entries
         .iter()
         .filter_map(|e| match e {
@@ -49,7 +62,7 @@ pub async fn run(ledger: &Ledger, aggregate: AggregateId, json: bool) -> Result<
             } => Some(serde_json::json!({
                 "position": position, "subject": subject, "reason": reason,
             })),
-            HistoryEntry::Commit(_) => None,
+            HistoryEntry::Commit(_) | HistoryEntry::Lost(_) => None,
         })
         .collect();
     if json {
@@ -57,6 +70,7 @@ pub async fn run(ledger: &Ledger, aggregate: AggregateId, json: bool) -> Result<
             "aggregate": aggregate.to_string(),
             "commits": commits,
             "quarantined": quarantined,
+            "lost": lost,
             "chain_violations": violations.iter().map(|v| v.to_string()).collect::<Vec<_>>(),
         }));
     } else {
@@ -78,9 +92,20 @@ pub async fn run(ledger: &Ledger, aggregate: AggregateId, json: bool) -> Result<
                 HistoryEntry::Quarantined {
                     position, reason, ..
                 } => println!("-- QUARANTINED at #{position}: {reason} (not part of the chain)"),
+                HistoryEntry::Lost(l) if open_losses.as_slice().contains(l) => {
+                    println!(
+                        "-- LOST v{}: missing from the log, not acknowledged",
+                        l.range()
+                    )
+                }
+                HistoryEntry::Lost(l) => {
+                    println!("-- LOST v{}: missing from the log; acknowledged", l.range())
+                }
             }
         }
-        if violations.is_empty() {
+        if let Some(loss) = open_losses.first() {
+            println!("hash chain: BROKEN, integrity: {loss}");
+        } else if violations.is_empty() {
             println!(
                 "hash chain: ok ({} commits, {} quarantined)",
                 commits.len(),
@@ -92,7 +117,9 @@ pub async fn run(ledger: &Ledger, aggregate: AggregateId, json: bool) -> Result<
             }
         }
     }
-    if violations.is_empty() {
+    if let Some(loss) = open_losses.first() {
+        Err(CommandError::Problem(format!("integrity: {loss}")))
+    } else if violations.is_empty() {
         Ok(())
     } else {
         Err(CommandError::Problem(format!(

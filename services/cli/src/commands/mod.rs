@@ -7,6 +7,7 @@ pub mod completions;
 pub mod demo;
 pub mod drift;
 pub mod history;
+pub mod integrity;
 pub mod operation;
 pub mod placement;
 pub mod query;
@@ -20,7 +21,7 @@ pub mod state;
 use provledger_client::write::RecordError;
 use provledger_client::OpenLedgerError;
 use provledger_events::log::{OpenJetStreamError, OpenSledError};
-use provledger_events::{AppendError, ReadError};
+use provledger_events::{AppendError, LossRefusal, ReadError};
 
 /// A failed command: what went wrong, what to do, and the exit code.
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +105,10 @@ impl From<AppendError> for CommandError {
                 CommandError::BadInput(e.to_string())
             }
             AppendError::Corrupt { .. } => CommandError::Problem(e.to_string()),
+            AppendError::Loss(LossRefusal::Lost(_)) => CommandError::Problem(e.to_string()),
+            AppendError::Loss(LossRefusal::NotAnOpenLoss { .. }) => {
+                CommandError::BadInput(e.to_string())
+            }
             AppendError::Unavailable { .. } => CommandError::Infrastructure(e.to_string()),
         }
     }
@@ -128,7 +133,7 @@ impl From<RecordError> for CommandError {
 impl From<ReadError> for CommandError {
     fn from(e: ReadError) -> Self {
         match e {
-            ReadError::Undecodable { .. } | ReadError::OutsideChain { .. } => {
+            ReadError::Undecodable { .. } | ReadError::OutsideChain { .. } | ReadError::Lost(_) => {
                 CommandError::Problem(e.to_string())
             }
             ReadError::Unavailable { .. } => CommandError::Infrastructure(e.to_string()),

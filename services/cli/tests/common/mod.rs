@@ -26,8 +26,46 @@ impl Serve {
     /// Starts serve on a NATS URL of the caller's choosing (a user in it, say).
     #[allow(dead_code)]
     pub fn start_at(url: &str, dir: &Path, extra: &[&str]) -> Serve {
+        Self::spawn(url, dir, extra, None)
+    }
+
+    /// Starts serve with a soft limit of `files` open files, as a systemd unit without
+    /// `LimitNOFILE` gives it (1,024).
+    #[allow(dead_code)]
+    pub fn start_with_open_files(
+        nats: &NatsServer,
+        dir: &Path,
+        extra: &[&str],
+        files: u64,
+    ) -> Serve {
+        Self::spawn(&nats.url(), dir, extra, Some(files))
+    }
+
+    fn spawn(url: &str, dir: &Path, extra: &[&str], files: Option<u64>) -> Serve {
         let log = std::fs::File::create(dir.with_extension("log")).expect("serve log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_provledger"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_provledger"));
+        if let Some(files) = files {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: between fork and exec only setrlimit runs, which is async-signal-safe
+            // and touches no memory of the parent.
+            unsafe {
+                command.pre_exec(move || {
+                    let mut limit = libc::rlimit {
+                        rlim_cur: 0,
+                        rlim_max: 0,
+                    };
+                    if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    limit.rlim_cur = files.min(limit.rlim_max);
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = command
             .args([
                 "serve",
                 "--min-position-wait-ms",

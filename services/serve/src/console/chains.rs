@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use provledger_events::{AggregateId, ChainTip, HistoryEntry};
+use provledger_events::{AggregateId, ChainTip, HistoryEntry, OpenLosses};
 
 /// Aggregates whose verified chain is kept (about 6 KB each); past it the whole map is
 /// dropped and each page pays one whole read again.
@@ -25,6 +25,8 @@ pub(crate) struct Verified {
     pub(crate) through: ChainTip,
     pub(crate) commits: usize,
     pub(crate) quarantined: usize,
+    /// Losses found so far that no later commit acknowledges (`provledger_events::loss`).
+    pub(crate) losses: OpenLosses,
     /// The tips of the newest commits, oldest first: at most `window + 1`, the first being
     /// the commit just before the page (where reading the page starts).
     pub(crate) newest: VecDeque<ChainTip>,
@@ -36,6 +38,7 @@ impl Verified {
             through: ChainTip::EMPTY,
             commits: 0,
             quarantined: 0,
+            losses: OpenLosses::EMPTY,
             newest: VecDeque::new(),
         }
     }
@@ -55,6 +58,7 @@ impl Verified {
                         hash: c.hash,
                     };
                     self.commits += 1;
+                    self.losses.close_by(c);
                     self.newest.push_back(self.through);
                     while self.newest.len() > window + 1 {
                         self.newest.pop_front();
@@ -67,6 +71,13 @@ impl Verified {
                     // The chain stays where it was; the subject moves past the message.
                     self.through.position = *position;
                     self.quarantined += 1;
+                }
+                // The commit after the loss, which follows it, moves the tip.
+                HistoryEntry::Lost(l) => {
+                    if l.next_position > applied {
+                        return;
+                    }
+                    self.losses.open(*l);
                 }
             }
         }

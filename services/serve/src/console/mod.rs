@@ -38,7 +38,7 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::Router;
 pub use chains::CHAINS_KEPT_MAX;
-use provledger_events::{verify_chain, AggregateId, AggregateKind, EventLog, HistoryEntry};
+use provledger_events::{AggregateId, AggregateKind, EventLog, HistoryEntry};
 use provledger_projections::view::EntityView;
 use provledger_projections::Entity;
 use tokio::sync::{watch, Semaphore};
@@ -428,6 +428,12 @@ async fn history_of(
         // link checked); whatever did not is counted as quarantined.
         violations: Vec::new(),
         quarantined: verified.quarantined,
+        lost: verified
+            .losses
+            .as_slice()
+            .iter()
+            .map(|l| format!("integrity: {l}"))
+            .collect(),
         earlier_from: first
             .filter(|v| *v > 1)
             .map(|v| v.saturating_sub(HISTORY_PAGE as u64).max(1)),
@@ -452,11 +458,19 @@ pub(crate) fn history_page(
         .filter_map(HistoryEntry::commit)
         .cloned()
         .collect();
-    let violations = verify_chain(id, &commits)
+    let violations = HistoryEntry::verify(id, &entries)
         .iter()
         .map(|v| (v.position(), v.to_string()))
         .collect();
-    let quarantined = entries.len() - commits.len();
+    let quarantined = entries
+        .iter()
+        .filter(|e| matches!(e, HistoryEntry::Quarantined { .. }))
+        .count();
+    let lost = HistoryEntry::open_losses(&entries)
+        .as_slice()
+        .iter()
+        .map(|l| format!("integrity: {l}"))
+        .collect();
     // Entries are in log order; a page is HISTORY_PAGE commits from `from`, or the last.
     let versions: Vec<u64> = commits.iter().map(|c| c.version).collect();
     let first = match from {
@@ -478,8 +492,9 @@ pub(crate) fn history_page(
                     page.push(e);
                 }
             }
-            // A message outside the chain shows where it lies: after the commit before it.
-            HistoryEntry::Quarantined { .. } => {
+            // A message outside the chain, or a loss, shows where it lies: after the commit
+            // before it.
+            HistoryEntry::Quarantined { .. } | HistoryEntry::Lost(_) => {
                 if in_page || (first == 1 && page.is_empty()) {
                     page.push(e)
                 }
@@ -492,6 +507,7 @@ pub(crate) fn history_page(
         commits: commits.len(),
         violations,
         quarantined,
+        lost,
         earlier_from: (first > 1).then(|| first.saturating_sub(HISTORY_PAGE as u64).max(1)),
         later_from: (last < newest).then_some(last + 1),
         path,

@@ -444,6 +444,8 @@ pub(crate) struct History {
     pub(crate) violations: Vec<(u64, String)>,
     /// Messages on the aggregate's subject that are not part of its chain.
     pub(crate) quarantined: usize,
+    /// Losses in the chain no commit acknowledges yet, as words (`integrity`).
+    pub(crate) lost: Vec<String>,
     /// The version of the page's first commit, when the page does not start at 1.
     pub(crate) earlier_from: Option<u64>,
     /// The version where the next page starts, when there is one.
@@ -456,7 +458,13 @@ pub(crate) struct History {
 /// shown in place, in red, never left out.
 pub(crate) fn history_section(history: &History) -> String {
     let mut out = String::new();
-    if history.violations.is_empty() && history.quarantined == 0 {
+    if !history.lost.is_empty() {
+        out.push_str("<div class=\"alert\" id=\"chain\" data-chain=\"lost\"><b>integrity: commits lost from the log</b><ul>");
+        for l in &history.lost {
+            let _ = write!(out, "<li>{}</li>", esc(l));
+        }
+        out.push_str("</ul></div>");
+    } else if history.violations.is_empty() && history.quarantined == 0 {
         let _ = write!(
             out,
             "<p class=\"ok\" id=\"chain\" data-chain=\"verified\">hash chain verified: {} commits, every link intact</p>",
@@ -541,6 +549,24 @@ pub(crate) fn history_section(history: &History) -> String {
                     format!("<b>&#x2717; quarantined</b>: {}", esc(reason)),
                 ],
             ),
+            HistoryEntry::Lost(l) => {
+                let open = history.lost.contains(&format!("integrity: {l}"));
+                (
+                    open,
+                    vec![
+                        format!("v{}", l.range()),
+                        format!("before #{}", l.next_position),
+                        String::new(),
+                        String::new(),
+                        "missing from the log".into(),
+                        if open {
+                            "<b>&#x2717; lost</b>".into()
+                        } else {
+                            "lost; acknowledged".into()
+                        },
+                    ],
+                )
+            }
         })
         .collect();
     out.push_str("<table class=\"history\"><thead><tr><th>version</th><th>position</th><th>recorded</th><th>actor</th><th>events</th><th>chain</th></tr></thead><tbody>");

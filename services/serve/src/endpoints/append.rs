@@ -3,8 +3,8 @@
 
 use provledger_client::write::{Fact, FoldedElsewhere, RecordError, Recorded};
 use provledger_events::{
-    AggregateId, AppendError, AppendStatus, CommitDraft, Event, Expectation, ReadError,
-    ATOMIC_COMMITS_MAX,
+    AggregateId, AppendError, AppendStatus, CommitDraft, Event, Expectation, LossRefusal,
+    ReadError, ATOMIC_COMMITS_MAX,
 };
 use provledger_projections::decide::{AlreadyDone, AppendRejection, DecideOptions};
 use serde_json::{json, Map, Value};
@@ -301,6 +301,8 @@ fn append_error(e: AppendError) -> QueryError {
         }
         e @ (AppendError::Invalid(_) | AppendError::Encode(_)) => bad("events", e.to_string()),
         e @ AppendError::InvalidBatch(_) => bad("commits", e.to_string()),
+        AppendError::Loss(LossRefusal::Lost(l)) => l.into(),
+        e @ AppendError::Loss(LossRefusal::NotAnOpenLoss { .. }) => bad("events", e.to_string()),
         e @ AppendError::Unavailable { .. } => {
             QueryError::new(ErrorCode::Unavailable, e.to_string())
         }
@@ -313,6 +315,7 @@ fn append_error(e: AppendError) -> QueryError {
 fn read_error(e: ReadError) -> QueryError {
     match e {
         e @ ReadError::Unavailable { .. } => QueryError::new(ErrorCode::Unavailable, e.to_string()),
+        ReadError::Lost(l) => l.into(),
         e => QueryError::new(ErrorCode::Internal, e.to_string()),
     }
 }

@@ -42,6 +42,10 @@ pub(crate) async fn get(
         return Err(bad("parts_limit", format!("must be 1..={PARTS_LIMIT_MAX}")));
     }
     ctx.wait_for(opt_u64(&req, "min_position")?).await?;
+    // Never the state folded before a loss as if it were the aggregate's.
+    if let Some(loss) = ctx.store.open_loss(&id)? {
+        return Err(loss.into());
+    }
     match ctx.store.entity(&id)? {
         Some(Entity::Operation(op)) if parts => Ok(serde_json::to_value(
             provledger_projections::view::OperationView::of(&op).part(

@@ -66,6 +66,18 @@ impl From<StoreError> for QueryError {
     }
 }
 
+/// A loss in the aggregate's chain (`provledger_events::loss`): `integrity`, naming the
+/// missing versions and where the commit after them lies.
+impl From<provledger_events::LostVersions> for QueryError {
+    fn from(l: provledger_events::LostVersions) -> Self {
+        QueryError::new(ErrorCode::Integrity, format!("integrity: {l}"))
+            .with("aggregate", l.aggregate.to_string().into())
+            .with("version", l.from_version.into())
+            .with("lost_to_version", l.to_version.into())
+            .with("position", l.next_position.into())
+    }
+}
+
 /// The longest error message sent: a message may echo the request (an aggregate string of
 /// megabytes), and an error must always fit in a reply.
 pub(crate) const ERROR_MESSAGE_BYTES_MAX: usize = 1024;

@@ -57,11 +57,12 @@ async fn aggregate_commits(
     if ctx.store.copies_log()? {
         return Ok(ctx.store.aggregate_commits(id, to)?);
     }
-    let mut commits = ctx.log.read_aggregate(*id).await.map_err(|e| {
-        QueryError::new(
+    let mut commits = ctx.log.read_aggregate(*id).await.map_err(|e| match e {
+        provledger_events::ReadError::Lost(loss) => loss.into(),
+        e => QueryError::new(
             ErrorCode::Unavailable,
             format!("reading {id}'s history from the stream: {e}"),
-        )
+        ),
     })?;
     commits.retain(|c| c.position <= to);
     Ok(commits)

@@ -1,0 +1,256 @@
+//! A commit lost mid-chain (nats-server dropped it after a damaged store block) is told
+//! from a forged one, answered `integrity` by every read and write of its aggregate, and
+//! acknowledged by an operator, in the log, before the aggregate continues.
+
+use std::time::Duration;
+
+use provledger_events::catalogue::ClusterStatus;
+use provledger_events::{AggregateId, CommitDraft, Event, EventLog, Expectation};
+use provledger_tests::NatsServer;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+mod common;
+
+fn status(description: &str) -> Vec<Event> {
+    vec![Event::ClusterStatusChanged {
+        status: ClusterStatus::Active,
+        description: description.into(),
+    }]
+}
+
+fn create() -> Vec<Event> {
+    vec![Event::ClusterCreateRequested {
+        name: "web".into(),
+        plugin: "vanilla".into(),
+        node_groups: vec![],
+    }]
+}
+
+/// Flips one byte of the only place `marker` occurs in the server's store files.
+fn flip_in_store(store: &std::path::Path, marker: &str) {
+    let mut hits = 0;
+    for entry in walk(store) {
+        if entry.extension().is_some_and(|e| e == "blk") {
+            let mut bytes = std::fs::read(&entry).unwrap();
+            if let Some(at) = bytes
+                .windows(marker.len())
+                .position(|w| w == marker.as_bytes())
+            {
+                bytes[at] ^= 0x20;
+                std::fs::write(&entry, bytes).unwrap();
+                hits += 1;
+            }
+        }
+    }
+    assert_eq!(hits, 1, "the marker is in exactly one block");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+const CMD: &str = "provledger.cmd.append";
+
+async fn ask(client: &async_nats::Client, subject: &str, body: Value) -> Value {
+    let reply = tokio::time::timeout(
+        Duration::from_secs(20),
+        client.request(subject.to_string(), body.to_string().into()),
+    )
+    .await
+    .expect("reply in time")
+    .expect("request");
+    serde_json::from_slice(&reply.payload).expect("JSON reply")
+}
+
+/// Given cluster X with three commits and cluster Y with one, the server shut down, one
+/// byte of X's v2 flipped in its store file and the server started again (it drops v2:
+/// its position answers 404, and v3 stays).
+async fn x_lost_its_v2() -> (NatsServer, AggregateId, AggregateId) {
+    let mut nats = NatsServer::start().await;
+    let log = common::stream(&nats).await;
+    let x = AggregateId::cluster(Uuid::now_v7());
+    let y = AggregateId::cluster(Uuid::now_v7());
+    log.append(x, Expectation::NoStream, CommitDraft::now("t", create()))
+        .await
+        .unwrap();
+    log.append(
+        x,
+        Expectation::Exactly(1),
+        CommitDraft::now("t", status("marker-of-version-two")),
+    )
+    .await
+    .unwrap();
+    log.append(
+        x,
+        Expectation::Exactly(2),
+        CommitDraft::now("t", status("three")),
+    )
+    .await
+    .unwrap();
+    log.append(y, Expectation::NoStream, CommitDraft::now("t", create()))
+        .await
+        .unwrap();
+    drop(log);
+    nats.shut_down();
+    flip_in_store(&nats.store_dir(), "marker-of-version-two");
+    nats.start_again().await;
+    let log = common::stream(&nats).await;
+    let stream = log.context().get_stream("PROVLEDGER").await.unwrap();
+    assert!(
+        stream.direct_get(2).await.is_err() && stream.direct_get(3).await.is_ok(),
+        "the server dropped the damaged v2 and kept v3"
+    );
+    (nats, x, y)
+}
+
+fn cli(nats: &NatsServer, args: &[&str]) -> std::process::Output {
+    let url = nats.url();
+    let mut all = vec!["--nats", url.as_str()];
+    all.extend_from_slice(args);
+    common::provledger(&all, "")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_lost_mid_chain_answers_integrity_everywhere_until_acknowledged() {
+    let (nats, x, y) = x_lost_its_v2().await;
+    let (xs, ys) = (x.to_string(), y.to_string());
+
+    // When the CLI reads X, then `state` and `history` exit 1 naming the lost version,
+    let state = cli(&nats, &["state", &xs]);
+    assert_eq!(state.status.code(), Some(1), "{}", common::text(&state));
+    assert!(
+        common::text(&state).contains("integrity")
+            && common::text(&state).contains("version 2 is missing"),
+        "{}",
+        common::text(&state)
+    );
+    let history = cli(&nats, &["history", &xs]);
+    assert_eq!(history.status.code(), Some(1), "{}", common::text(&history));
+    assert!(
+        common::text(&history).contains("LOST v2"),
+        "{}",
+        common::text(&history)
+    );
+    // while Y is unaffected; audit names the loss as one (and not as a quarantine).
+    assert!(cli(&nats, &["state", &ys]).status.success());
+    let audit = cli(&nats, &["audit"]);
+    assert_eq!(audit.status.code(), Some(1), "{}", common::text(&audit));
+    assert!(
+        common::text(&audit).contains("[lost_commits]")
+            && !common::text(&audit).contains("[quarantine]"),
+        "{}",
+        common::text(&audit)
+    );
+
+    // When a fresh replica serves X, then its get answers integrity (Y its state),
+    let dir = tempfile::tempdir().unwrap();
+    let mut serve = common::Serve::start(&nats, &dir.path().join("fresh"));
+    let client = nats.client().await;
+    common::wait_ready(&client).await;
+    let get = |id: &AggregateId| json!({"id": id.id.to_string(), "min_position": 4});
+    let reply = ask(&client, "provledger.q.cluster.get", get(&x)).await;
+    assert_eq!(reply["error"]["code"], "integrity", "{reply}");
+    assert_eq!(reply["error"]["version"], 2, "{reply}");
+    let reply = ask(&client, "provledger.q.cluster.get", get(&y)).await;
+    assert!(reply["error"].is_null(), "{reply}");
+
+    // and every form of cmd.append on X answers integrity: nothing is written, nothing forks.
+    let log = common::stream(&nats).await;
+    let before = log.last_position().await.unwrap();
+    let change = json!([{"cluster_status_changed": {"status": "error", "description": "fork?"}}]);
+    for expect in [json!(1), json!("any"), json!(3)] {
+        let reply = ask(
+            &client,
+            CMD,
+            json!({"aggregate": xs, "expect": expect, "events": change}),
+        )
+        .await;
+        assert_eq!(
+            reply["error"]["code"], "integrity",
+            "expect {expect}: {reply}"
+        );
+    }
+    let reply = ask(
+        &client,
+        CMD,
+        json!({"commits": [{"aggregate": xs, "expect": 3, "events": change},
+                           {"aggregate": ys, "expect": 1, "events": change}]}),
+    )
+    .await;
+    assert_eq!(reply["error"]["code"], "integrity", "atomic: {reply}");
+    assert_eq!(
+        log.last_position().await.unwrap(),
+        before,
+        "nothing was written"
+    );
+
+    // When an operator acknowledges the loss (a wrong range is refused first),
+    let wrong = cli(
+        &nats,
+        &[
+            "integrity",
+            "acknowledge",
+            &xs,
+            "--lost",
+            "2-3",
+            "--reason",
+            "x",
+        ],
+    );
+    assert_eq!(wrong.status.code(), Some(2), "{}", common::text(&wrong));
+    let ack = cli(
+        &nats,
+        &[
+            "integrity",
+            "acknowledge",
+            &xs,
+            "--lost",
+            "2",
+            "--reason",
+            "checked against the IPAM",
+            "--actor",
+            "oncall",
+        ],
+    );
+    assert!(ack.status.success(), "{}", common::text(&ack));
+
+    // then X is read again, at v4, with the loss noted; history shows it acknowledged;
+    let state = cli(&nats, &["--json", "state", &xs]);
+    assert!(state.status.success(), "{}", common::text(&state));
+    let history = cli(&nats, &["history", &xs]);
+    assert!(history.status.success(), "{}", common::text(&history));
+    assert!(common::text(&history).contains("LOST v2: missing from the log; acknowledged"));
+    let audit = cli(&nats, &["audit"]);
+    assert!(audit.status.success(), "{}", common::text(&audit));
+    assert!(
+        common::text(&audit).contains("loss acknowledged: "),
+        "{}",
+        common::text(&audit)
+    );
+    // the running replica folds the commits it held, and writes continue after v4.
+    let reply = ask(
+        &client,
+        "provledger.q.cluster.get",
+        json!({"id": x.id.to_string(), "min_position": before + 1}),
+    )
+    .await;
+    assert_eq!(reply["data"]["version"], 4, "{reply}");
+    let reply = ask(
+        &client,
+        CMD,
+        json!({"aggregate": xs, "expect": 4, "events": change}),
+    )
+    .await;
+    assert!(reply["error"].is_null(), "{reply}");
+    serve.kill();
+}
