@@ -202,9 +202,13 @@ impl Timestamp {
             Err(_) => format!("@{}ms", self.0),
         }
     }
-    pub fn parse_rfc3339(s: &str) -> Result<Self, String> {
+    pub fn parse_rfc3339(s: &str) -> Result<Self, InvalidText> {
         let t = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
-            .map_err(|e| format!("{s:?} is not an RFC 3339 timestamp: {e}"))?;
+            .map_err(|e| InvalidText {
+                what: "an RFC 3339 timestamp",
+                text: s.to_string(),
+                reason: e.to_string(),
+            })?;
         Ok(Timestamp((t.unix_timestamp_nanos() / 1_000_000) as i64))
     }
     pub fn plus_ms(self, ms: i64) -> Self {
@@ -268,10 +272,14 @@ impl Hash {
     }
 
     /// Parses 64 hex digits (either case), as blake3 does.
-    pub fn from_hex(s: &str) -> Result<Self, String> {
+    pub fn from_hex(s: &str) -> Result<Self, InvalidText> {
         blake3::Hash::from_hex(s)
             .map(|h| Hash(*h.as_bytes()))
-            .map_err(|e| format!("hash {s:?} is not 64 hex digits: {e}"))
+            .map_err(|e| InvalidText {
+                what: "a hash of 64 hex digits",
+                text: s.to_string(),
+                reason: e.to_string(),
+            })
     }
 }
 
@@ -359,6 +367,16 @@ pub fn uuid_v7_unix_ms(id: &Uuid) -> Option<i64> {
         | (u64::from(b[4]) << 8)
         | u64::from(b[5]);
     i64::try_from(ms).ok()
+}
+
+/// Text that does not parse as the value asked for (a timestamp, a hash, an expectation):
+/// what was expected, the text (Debug-quoted when shown) and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not {what}: {reason}")]
+pub struct InvalidText {
+    pub what: &'static str,
+    pub text: String,
+    pub reason: String,
 }
 
 #[cfg(test)]

@@ -77,7 +77,7 @@ impl Header {
 /// decides per event whether an anomalous event still changes state: a fact about the
 /// outside world (an effect that happened, hardware that changed) is applied anyway so
 /// nothing real is forgotten; an impossible transition is not applied.
-pub type FoldResult = Result<(), String>;
+pub(crate) type FoldResult = Result<(), String>;
 
 /// A fold's helper: the anomaly text for an event on an entity that was never created.
 pub(crate) fn not_created(kind: &str) -> String {

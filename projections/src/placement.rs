@@ -169,25 +169,36 @@ pub fn plan_heal<'i>(
             Ok(resources) => plan
                 .claims
                 .push((id, i.provider_id.unwrap_or_default(), resources)),
-            Err(reason) => plan.skipped.push((id, reason)),
+            Err(reason) => plan.skipped.push((id, reason.to_string())),
         }
     }
     plan
 }
 
+/// Why `heal-allocations` leaves an instance alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HealSkip {
+    #[error("deleted or being deleted")]
+    Deleted,
+    #[error("task {0:?} in progress; heal it once the task ends")]
+    TaskInProgress(provledger_events::catalogue::TaskState),
+    #[error("no host: it was never scheduled")]
+    NoHost,
+    #[error("its flavor records no resources to claim")]
+    NoResources,
+}
+
 /// For an instance that holds no allocation: the resources to claim on its host
 /// (`provider_id`), or why it is left alone.
-pub fn heal_claim(i: &InstanceState) -> Result<BTreeMap<String, u64>, String> {
+pub fn heal_claim(i: &InstanceState) -> Result<BTreeMap<String, u64>, HealSkip> {
     if matches!(i.vm_state, Some(VmState::Deleted) | None) || i.delete_requested {
-        Err("deleted or being deleted".to_string())
+        Err(HealSkip::Deleted)
     } else if let Some(task) = i.task_state {
-        Err(format!(
-            "task {task:?} in progress; heal it once the task ends"
-        ))
+        Err(HealSkip::TaskInProgress(task))
     } else if i.provider_id.is_none() {
-        Err("no host: it was never scheduled".to_string())
+        Err(HealSkip::NoHost)
     } else if i.resources.is_empty() {
-        Err("its flavor records no resources to claim".to_string())
+        Err(HealSkip::NoResources)
     } else {
         Ok(i.resources.to_map())
     }

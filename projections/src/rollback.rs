@@ -260,19 +260,19 @@ pub fn resolve(
     Ok(events)
 }
 
-/// The record of a compensation attempt's outcome: done, or failed with the executor's
-/// reason (each written once: its commit id derives from the returned name).
+/// The record of a compensation attempt's outcome: done (`failure` None), or failed with
+/// the executor's reason (each written once: its commit id derives from the returned name).
 pub fn attempt_outcome(
     compensation_id: Uuid,
     attempt: u32,
-    outcome: Result<(), String>,
+    failure: Option<String>,
 ) -> (String, Event) {
-    match outcome {
-        Ok(()) => (
+    match failure {
+        None => (
             "done".to_string(),
             Event::CompensationDone { compensation_id },
         ),
-        Err(error) => (
+        Some(error) => (
             format!("failed/{attempt}"),
             Event::CompensationFailed {
                 compensation_id,

@@ -35,11 +35,9 @@ impl Ratio {
     pub const SCALE: u32 = 1000;
     pub const ONE: Ratio = Ratio(1000);
 
-    pub fn from_f64(value: f64) -> Result<Self, String> {
+    pub fn from_f64(value: f64) -> Result<Self, InvalidRatio> {
         if !value.is_finite() || value <= 0.0 || value > 1_000_000.0 {
-            return Err(format!(
-                "allocation_ratio {value} must be a positive number up to 1e6"
-            ));
+            return Err(InvalidRatio { value });
         }
         Ok(Ratio((value * f64::from(Self::SCALE)).round() as u32))
     }
@@ -47,6 +45,13 @@ impl Ratio {
     pub fn as_f64(self) -> f64 {
         f64::from(self.0) / f64::from(Self::SCALE)
     }
+}
+
+/// An allocation ratio out of range.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error("allocation_ratio {value} must be a positive number up to 1e6")]
+pub struct InvalidRatio {
+    pub value: f64,
 }
 
 impl fmt::Display for Ratio {

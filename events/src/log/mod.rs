@@ -60,14 +60,19 @@ impl fmt::Display for Expectation {
 }
 
 impl FromStr for Expectation {
-    type Err = String;
+    type Err = crate::ids::InvalidText;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "any" => Ok(Expectation::Any),
             "none" => Ok(Expectation::NoStream),
-            n => n.parse::<u64>().map(Expectation::Exactly).map_err(|_| {
-                format!("expectation {s:?} must be \"any\", \"none\" or a version number")
-            }),
+            n => n
+                .parse::<u64>()
+                .map(Expectation::Exactly)
+                .map_err(|e| crate::ids::InvalidText {
+                    what: "an expectation (\"any\", \"none\" or a version number)",
+                    text: s.to_string(),
+                    reason: e.to_string(),
+                }),
         }
     }
 }

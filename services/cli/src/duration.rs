@@ -6,13 +6,22 @@
 
 use std::time::Duration;
 
+/// A duration flag's value that is not a duration: the text and what to write instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not a duration ({reason}): write it with a unit (500ms, 30s, 2m) or as a bare number of {bare_unit}")]
+pub struct InvalidDuration {
+    text: String,
+    reason: String,
+    bare_unit: &'static str,
+}
+
 /// A duration whose bare number is milliseconds (the flags once spelled `*-ms`).
-pub fn millis_or_humantime(text: &str) -> Result<Duration, String> {
+pub fn millis_or_humantime(text: &str) -> Result<Duration, InvalidDuration> {
     parse(text, Duration::from_millis, "milliseconds")
 }
 
 /// A duration whose bare number is seconds (`--recovery-interval`).
-pub fn seconds_or_humantime(text: &str) -> Result<Duration, String> {
+pub fn seconds_or_humantime(text: &str) -> Result<Duration, InvalidDuration> {
     parse(text, Duration::from_secs, "seconds")
 }
 
@@ -24,13 +33,19 @@ pub fn whole_millis_at_least_one(duration: Duration) -> i64 {
         .max(1)
 }
 
-fn parse(text: &str, bare: fn(u64) -> Duration, bare_unit: &str) -> Result<Duration, String> {
+fn parse(
+    text: &str,
+    bare: fn(u64) -> Duration,
+    bare_unit: &'static str,
+) -> Result<Duration, InvalidDuration> {
     let text = text.trim();
     if let Ok(number) = text.parse::<u64>() {
         return Ok(bare(number));
     }
-    humantime::parse_duration(text).map_err(|e| {
-        format!("{text:?} is not a duration ({e}): write it with a unit (500ms, 30s, 2m) or as a bare number of {bare_unit}")
+    humantime::parse_duration(text).map_err(|e| InvalidDuration {
+        text: text.to_string(),
+        reason: e.to_string(),
+        bare_unit,
     })
 }
 
@@ -62,7 +77,7 @@ mod tests {
         // Given: a unit humantime does not know, a negative number, nothing.
         for text in ["5x", "-5", ""] {
             // When / then: refused, with the accepted spellings.
-            let error = millis_or_humantime(text).unwrap_err();
+            let error = millis_or_humantime(text).unwrap_err().to_string();
             assert!(error.contains("500ms, 30s, 2m"), "{error}");
         }
     }

@@ -20,7 +20,7 @@ pub async fn release_allocation<L: EventLog>(
     consumer: uuid::Uuid,
     reason: &str,
     draft: impl Fn(Vec<Event>) -> CommitDraft,
-) -> Result<(), String> {
+) -> Result<(), RecordError> {
     let provider = AggregateId::provider(provider);
     let released = Event::allocation_released(consumer, reason);
     match writer
@@ -30,19 +30,13 @@ pub async fn release_allocation<L: EventLog>(
         Ok(_) => Ok(()),
         // Refused: fine if there is nothing to release (no provider, no such allocation:
         // what was asked for is true); otherwise the refusal is the answer.
-        Err(RecordError::Rejected(rejection)) => {
-            match writer
-                .read_current(provider)
-                .await
-                .map_err(|e| e.to_string())?
-            {
-                Some(Entity::Provider(p)) if p.allocations.contains_key(&consumer) => {
-                    Err(rejection.to_string())
-                }
-                _ => Ok(()),
+        Err(RecordError::Rejected(rejection)) => match writer.read_current(provider).await? {
+            Some(Entity::Provider(p)) if p.allocations.contains_key(&consumer) => {
+                Err(RecordError::Rejected(rejection))
             }
-        }
-        Err(e) => Err(e.to_string()),
+            _ => Ok(()),
+        },
+        Err(e) => Err(e),
     }
 }
 
@@ -59,14 +53,10 @@ pub async fn return_to_source<L: EventLog>(
     migration: uuid::Uuid,
     reason: &str,
     draft: impl Fn(Vec<Event>) -> CommitDraft,
-) -> Result<(), String> {
+) -> Result<(), RecordError> {
     let aggregate = AggregateId::provider(provider);
     for _ in 0..RETURN_TO_SOURCE_ATTEMPTS_MAX {
-        let Some(Entity::Provider(source)) = writer
-            .read_current(aggregate)
-            .await
-            .map_err(|e| e.to_string())?
-        else {
+        let Some(Entity::Provider(source)) = writer.read_current(aggregate).await? else {
             return Ok(()); // no such provider: nothing is held there
         };
         let Some(events) = provledger_projections::facts::return_to_source_events(
@@ -84,10 +74,11 @@ pub async fn return_to_source<L: EventLog>(
         {
             Ok(_) => return Ok(()),
             Err(RecordError::Conflict { .. }) => continue,
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e),
         }
     }
-    Err(format!(
-        "{aggregate}: {RETURN_TO_SOURCE_ATTEMPTS_MAX} attempts in a row met a newer version"
-    ))
+    Err(RecordError::Contended {
+        aggregate,
+        attempts: RETURN_TO_SOURCE_ATTEMPTS_MAX,
+    })
 }

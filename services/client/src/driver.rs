@@ -52,19 +52,16 @@ pub enum DriveError {
     #[error(transparent)]
     Plan(#[from] PlanRefusal),
     #[error("the event log failed: {0}")]
-    Ledger(String),
+    Read(#[from] provledger_events::ReadError),
     #[error("operation {0}: gave up after {DRIVE_STEPS_MAX} driver steps")]
     StepsExhausted(Uuid),
     #[error(transparent)]
     Resolve(#[from] provledger_projections::rollback::ResolveRefusal),
-    /// A decision of the operator's (a resolve, a resume, a leak removal) the write path
-    /// refused or could not write, typed: a conflict, a rejection, a permissions refusal.
+    /// A write the write path refused or could not make, typed: a conflict, a rejection, a
+    /// permissions refusal, the log unavailable (an operator's decision, or the driver's
+    /// own record of an attempt).
     #[error(transparent)]
     Write(#[from] RecordError),
-}
-
-fn ledger_error(e: impl std::fmt::Display) -> DriveError {
-    DriveError::Ledger(e.to_string())
 }
 
 /// A started operation as folded from the log, or `NotFound`.
@@ -72,11 +69,7 @@ pub async fn read_operation<L: EventLog>(
     log: &Writer<L>,
     id: Uuid,
 ) -> Result<OperationState, DriveError> {
-    match log
-        .read_current(AggregateId::operation(id))
-        .await
-        .map_err(ledger_error)?
-    {
+    match log.read_current(AggregateId::operation(id)).await? {
         Some(Entity::Operation(op)) if op.kind.is_some() => Ok(*op),
         _ => Err(DriveError::NotFound(id)),
     }
@@ -269,7 +262,7 @@ impl RollbackDriver {
         {
             Ok(_) => Ok(true),
             Err(RecordError::Conflict { .. }) => Ok(false),
-            Err(e) => Err(ledger_error(e)),
+            Err(e) => Err(DriveError::Write(e)),
         }
     }
 
@@ -307,12 +300,9 @@ impl RollbackDriver {
                 if let Err(error) = &outcome {
                     tracing::warn!(operation = %id, compensation = %c, attempt, %error, "compensation failed");
                 }
-                let (what, event) = attempt_outcome(c, attempt, outcome);
+                let (what, event) = attempt_outcome(c, attempt, outcome.err());
                 let draft = self.fact(id, derived_commit_id(c, &what), vec![event]);
-                self.ledger
-                    .record_fact(op.header.id, draft)
-                    .await
-                    .map_err(ledger_error)?;
+                self.ledger.record_fact(op.header.id, draft).await?;
                 Ok(DriveStep::Progressed)
             }
             RollbackAction::WaitUntil(until) => Ok(DriveStep::Wait(until)),
@@ -378,7 +368,9 @@ impl RollbackDriver {
                     "rollback of operation {operation} (compensation {})",
                     c.compensation_id
                 );
-                release_allocation(&self.ledger, provider()?, consumer()?, &reason, draft).await
+                release_allocation(&self.ledger, provider()?, consumer()?, &reason, draft)
+                    .await
+                    .map_err(|e| e.to_string())
             }
             // The migration (its operation's id) is the consumer holding the source:
             // `args.migration_id`, or the operation being rolled back.
@@ -402,6 +394,7 @@ impl RollbackDriver {
                     draft,
                 )
                 .await
+                .map_err(|e| e.to_string())
             }
             ref other => Err(format!(
                 "the ledger cannot carry out {other:?}; name the service that owns it"
@@ -485,11 +478,7 @@ impl RollbackDriver {
         };
         let operation = op.header.id.id;
         let target = plan.target;
-        let entity = self
-            .ledger
-            .read_current(target)
-            .await
-            .map_err(ledger_error)?;
+        let entity = self.ledger.read_current(target).await?;
         let events = rollback_target_events(op, entity.as_ref(), outcome);
         if events.is_empty()
             || !matches!(
@@ -504,10 +493,7 @@ impl RollbackDriver {
             derived_commit_id(operation, "target_outcome"),
             events,
         );
-        self.ledger
-            .record_fact(target, draft)
-            .await
-            .map_err(ledger_error)?;
+        self.ledger.record_fact(target, draft).await?;
         Ok(())
     }
 }

@@ -75,9 +75,33 @@ impl CompensationReply {
     }
 }
 
-pub type CompensationFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
+/// Why an executor or a worker did not do what it was asked, as the port reports it: a
+/// retry policy (and an operator) can tell a peer it never reached from one that refused.
+/// The message is the reason recorded in the log (`compensation_failed`, `reissue_failed`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerError {
+    /// No answer: nobody listens on its subject, the reply wait passed, the connection
+    /// failed. Trying again later may work.
+    #[error("{0}")]
+    Unreachable(String),
+    /// It answered that it did not do it (`{"ok": false, "error": ...}`): its reason.
+    #[error("{0}")]
+    Refused(String),
+    /// It answered something that is not a reply of the protocol.
+    #[error("{0}")]
+    BadReply(String),
+}
 
-/// Carries out one external compensation; `Err` holds the executor's reason.
+/// The reason as the log records it (the flows' steps and the driver keep reasons as text).
+impl From<PeerError> for String {
+    fn from(e: PeerError) -> String {
+        e.to_string()
+    }
+}
+
+pub type CompensationFuture<'a> = Pin<Box<dyn Future<Output = Result<(), PeerError>> + Send + 'a>>;
+
+/// Carries out one external compensation; `Err` says why not.
 pub trait CompensationExecutor: Send + Sync {
     fn compensate<'a>(
         &'a self,
@@ -113,26 +137,31 @@ impl CompensationExecutor for NatsExecutors {
 }
 
 /// One request to a service that answers `{"ok": true}` or `{"ok": false, "error": ...}`
-/// (executors, workers), bounded by `reply_wait`; `Err` holds the reason.
+/// (executors, workers), bounded by `reply_wait`.
 pub(crate) async fn request_ok<T: Serialize>(
     client: &async_nats::Client,
     subject: String,
     request: &T,
     reply_wait: Duration,
-) -> Result<(), String> {
-    let body = serde_json::to_vec(request).map_err(|e| e.to_string())?;
+) -> Result<(), PeerError> {
+    // The requests are plain serde structs: encoding them cannot fail.
+    let body = serde_json::to_vec(request).expect("a request encodes as JSON");
     let reply = tokio::time::timeout(reply_wait, client.request(subject.clone(), body.into()))
         .await
-        .map_err(|_| format!("no reply from {subject} within {reply_wait:?}"))?
-        .map_err(|e| format!("request to {subject}: {e}"))?;
+        .map_err(|_| {
+            PeerError::Unreachable(format!("no reply from {subject} within {reply_wait:?}"))
+        })?
+        .map_err(|e| PeerError::Unreachable(format!("request to {subject}: {e}")))?;
     let reply: CompensationReply = serde_json::from_slice(&reply.payload)
-        .map_err(|e| format!("unreadable reply from {subject}: {e}"))?;
+        .map_err(|e| PeerError::BadReply(format!("unreadable reply from {subject}: {e}")))?;
     if reply.ok && reply.nothing_to_undo {
         tracing::info!(%subject, "the executor had nothing to undo (it never acted under the key)");
     }
     match (reply.ok, reply.error) {
         (true, _) => Ok(()),
-        (false, error) => Err(error.unwrap_or_else(|| "refused without a reason".into())),
+        (false, error) => Err(PeerError::Refused(
+            error.unwrap_or_else(|| "refused without a reason".into()),
+        )),
     }
 }
 

@@ -56,7 +56,8 @@ pub use driver::{
     DriveError, RollbackDriver,
 };
 pub use executors::{
-    CompensationExecutor, CompensationFuture, CompensationReply, CompensationRequest, NatsExecutors,
+    CompensationExecutor, CompensationFuture, CompensationReply, CompensationRequest,
+    NatsExecutors, PeerError,
 };
 pub use lease::TaskLease;
 pub use ledger::{

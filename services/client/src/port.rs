@@ -6,10 +6,10 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::executors::{CompensationExecutor, CompensationFuture};
+use crate::executors::{CompensationExecutor, CompensationFuture, PeerError};
 
-/// A forward action's outcome: `Err` holds the executor's reason.
-pub type ActionFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, String>> + Send + 'a>>;
+/// A forward action's outcome: `Err` says why the executor did not do it.
+pub type ActionFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, PeerError>> + Send + 'a>>;
 
 /// The infrastructure a provisioning flow acts on: forward actions by executor name, and
 /// compensations (through [`CompensationExecutor`]). Every forward action carries the

@@ -46,7 +46,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::clock::Stamper;
-use crate::executors::request_ok;
+use crate::executors::{request_ok, PeerError};
 use crate::ledger::derived_commit_id;
 use crate::placement::PlacementError;
 use crate::view::{entities, StateView};
@@ -68,7 +68,7 @@ pub struct ReissueRequest {
     pub attempt: u32,
 }
 
-pub type ReissueFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
+pub type ReissueFuture<'a> = Pin<Box<dyn Future<Output = Result<(), PeerError>> + Send + 'a>>;
 
 /// Delivers re-issued tasks to the worker that owns the instance.
 pub trait Reissuer: Send + Sync {
@@ -103,9 +103,9 @@ pub struct NoWorkers;
 impl Reissuer for NoWorkers {
     fn reissue<'a>(&'a self, worker: &'a str, _request: &'a ReissueRequest) -> ReissueFuture<'a> {
         Box::pin(async move {
-            Err(format!(
+            Err(PeerError::Unreachable(format!(
                 "worker {worker:?} is not reachable: run the sweep with --nats where it listens"
-            ))
+            )))
         })
     }
 }
@@ -119,7 +119,41 @@ pub struct Recovered {
     pub reissue: Option<Reissue>,
     /// "recorded", "already_recorded" (another sweep did), "raced" (the instance changed;
     /// the next sweep decides again), "would_record" (dry run), or "failed: ...".
-    pub outcome: String,
+    #[schemars(with = "String")]
+    pub outcome: RecoveryOutcome,
+}
+
+/// What a sweep did with one recovery. Shown (and serialized) as the words of
+/// [`Recovered::outcome`]: the JSON form is a string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecoveryOutcome {
+    /// A dry run: nothing written.
+    WouldRecord,
+    Recorded,
+    /// Another sweep (a replica, `recover`) recorded it first.
+    AlreadyRecorded,
+    /// The instance changed since the view: nothing written, decided again next time.
+    Raced,
+    /// Not recorded, and why (the log unavailable, the view unreadable).
+    Failed(String),
+}
+
+impl std::fmt::Display for RecoveryOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecoveryOutcome::WouldRecord => f.write_str("would_record"),
+            RecoveryOutcome::Recorded => f.write_str("recorded"),
+            RecoveryOutcome::AlreadyRecorded => f.write_str("already_recorded"),
+            RecoveryOutcome::Raced => f.write_str("raced"),
+            RecoveryOutcome::Failed(why) => write!(f, "failed: {why}"),
+        }
+    }
+}
+
+impl Serialize for RecoveryOutcome {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, schemars::JsonSchema)]
@@ -133,7 +167,7 @@ impl SweepReport {
     pub fn written(&self) -> usize {
         self.recoveries
             .iter()
-            .filter(|r| r.outcome == "recorded")
+            .filter(|r| r.outcome == RecoveryOutcome::Recorded)
             .count()
     }
 }
@@ -162,7 +196,7 @@ pub async fn sweep<L: EventLog, V: StateView>(
             rule: decision.rule.to_string(),
             reason: decision.reason.clone(),
             reissue: decision.reissue,
-            outcome: "would_record".into(),
+            outcome: RecoveryOutcome::WouldRecord,
         };
         if dry_run {
             report.recoveries.push(entry);
@@ -171,7 +205,8 @@ pub async fn sweep<L: EventLog, V: StateView>(
         let facts = match recovery_writes(view, instance, &decision, stamper).await {
             Ok(facts) => facts,
             Err(e) => {
-                entry.outcome = format!("failed: reading what the recovery moves: {e}");
+                entry.outcome =
+                    RecoveryOutcome::Failed(format!("reading what the recovery moves: {e}"));
                 report.recoveries.push(entry);
                 continue;
             }
@@ -186,17 +221,17 @@ pub async fn sweep<L: EventLog, V: StateView>(
                         .is_some_and(|o| o.status == AppendStatus::AlreadyAppended)
                 }) =>
             {
-                "already_recorded".into()
+                RecoveryOutcome::AlreadyRecorded
             }
-            Ok(_) => "recorded".into(),
+            Ok(_) => RecoveryOutcome::Recorded,
             // The instance moved on, or what the view showed is no longer so in the log
             // (a claim released meanwhile): nothing was written; the next sweep decides
             // again on fresher state.
             Err(RecordError::Conflict { .. })
             | Err(RecordError::Conflicts { .. })
             | Err(RecordError::Rejections { .. })
-            | Err(RecordError::Rejected(_)) => "raced".into(),
-            Err(e) => format!("failed: {e}"),
+            | Err(RecordError::Rejected(_)) => RecoveryOutcome::Raced,
+            Err(e) => RecoveryOutcome::Failed(e.to_string()),
         };
         report.recoveries.push(entry);
     }
@@ -418,7 +453,7 @@ async fn deliver_one<L: EventLog>(
         Err(error) => {
             tracing::warn!(instance = %due.instance, worker = %due.worker, %request_id, attempt, %error, "re-issue not delivered; retried after the backoff");
             (
-                Event::reissue_failed(request_id, attempt, error),
+                Event::reissue_failed(request_id, attempt, error.to_string()),
                 format!("failed/{attempt}"),
                 Attempt::Failed,
             )

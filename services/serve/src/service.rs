@@ -27,7 +27,7 @@ use crate::store::{ProjectionStore, StoreError};
 use crate::trace::TraceParent;
 use provledger_client::placement::finish_provider_deletes;
 use provledger_client::recovery::{
-    deliver_to_worker, due_reissues, sweep, NatsReissuer, RECOVERY_ACTOR,
+    deliver_to_worker, due_reissues, sweep, NatsReissuer, RecoveryOutcome, RECOVERY_ACTOR,
 };
 use provledger_client::{
     open_jetstream, CancelNotices, Ledger, NatsExecutors, OpenLedgerError, RollbackDriver, Stamper,
@@ -390,7 +390,7 @@ pub async fn run(
                     match sweep(&ledger, &store, false, &stamper).await {
                         Ok(report) if report.written() > 0 => {
                             for recovered in &report.recoveries {
-                                if recovered.outcome == "recorded" {
+                                if recovered.outcome == RecoveryOutcome::Recorded {
                                     ctx.metrics.recovered(&recovered.rule);
                                 }
                             }

@@ -12,7 +12,7 @@ use futures::StreamExt;
 use provledger_client::inventory::{inventory_subject, InventoryPage, InventoryRequest};
 use provledger_client::{
     ActionFuture, CompensationExecutor, CompensationFuture, CompensationReply, CompensationRequest,
-    Infrastructure, NatsExecutors,
+    Infrastructure, NatsExecutors, PeerError,
 };
 use provledger_events::catalogue::{CompensationAction, DetailKey};
 use provledger_projections::drift::InventoryItem;
@@ -610,7 +610,13 @@ impl CompensationExecutor for SimInfrastructure {
         executor: &'a str,
         request: &'a CompensationRequest,
     ) -> CompensationFuture<'a> {
-        Box::pin(async move { self.named(executor)?.compensate_now(request).map(|_| ()) })
+        Box::pin(async move {
+            self.named(executor)
+                .map_err(PeerError::Unreachable)?
+                .compensate_now(request)
+                .map(|_| ())
+                .map_err(PeerError::Refused)
+        })
     }
 }
 
@@ -624,8 +630,10 @@ impl Infrastructure for SimInfrastructure {
     ) -> CompensationFuture<'a> {
         Box::pin(async move {
             if self
-                .named(executor)?
-                .call(action, resource, idempotency_key)?
+                .named(executor)
+                .map_err(PeerError::Unreachable)?
+                .call(action, resource, idempotency_key)
+                .map_err(PeerError::Refused)?
             {
                 // The runner's process died after the action: no answer ever comes.
                 std::future::pending::<()>().await;
@@ -640,7 +648,10 @@ impl Infrastructure for SimInfrastructure {
         idempotency_key: &'a str,
     ) -> ActionFuture<'a, String> {
         Box::pin(async move {
-            let (ip, crash) = self.ipam.take_ip(node, idempotency_key)?;
+            let (ip, crash) = self
+                .ipam
+                .take_ip(node, idempotency_key)
+                .map_err(PeerError::Refused)?;
             if crash {
                 std::future::pending::<()>().await;
             }

@@ -752,7 +752,7 @@ impl Provisioner {
             ctx.draft(events)
         })
         .await
-        .map_err(OperationError::Ledger)
+        .map_err(|e| OperationError::Ledger(e.to_string()))
     }
 
     /// The first half of a delete: records the request (idempotent), then drives the

@@ -26,8 +26,14 @@
 //!   `compare_inventory` (what `provledger drift` and serve's sweep run) from executors
 //!   this process (the parent) serves on a private nats-server.
 //!
+//! `--endless CLI [CLI ...]` measures something else (issue 35): each given `provledger`
+//! binary running `drift --executor endless` against an executor whose inventory never
+//! ends (every page 1,000 unknown items of ~250 bytes, always one more page), served by
+//! this process on a private nats-server: its peak RSS (`/usr/bin/time`), its wall time and
+//! its exit code, side by side, one binary after the other.
+//!
 //! Usage: `cargo run --release -p provledger-tests --bin drift-bench [-- --ops N]
-//! [--no-nats]`. The NATS row needs `NATS_SERVER_BIN` (or `.tools/nats-server`).
+//! [--no-nats]`, or `drift-bench --endless target/release/provledger [OLD/provledger]`. The NATS row needs `NATS_SERVER_BIN` (or `.tools/nats-server`).
 //! Temp data goes under `DRIFT_BENCH_DIR` (default: the system temp dir).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -52,7 +58,8 @@ use provledger_projections::stages::{stage, stages_of};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-const USAGE: &str = "usage: drift-bench [--ops N] [--no-nats]";
+const USAGE: &str =
+    "usage: drift-bench [--ops N] [--no-nats] | drift-bench --endless CLI [CLI ...]";
 const OPS_DEFAULT: usize = 250_000;
 /// Injected drift of each kind: ten findings per kind spread over the log needs ten
 /// operations apart from one another by at least two.
@@ -661,6 +668,7 @@ struct Options {
     phase: Option<String>,
     dir: Option<PathBuf>,
     nats_url: Option<String>,
+    endless: Vec<PathBuf>,
 }
 
 fn parse_options() -> Options {
@@ -674,6 +682,7 @@ fn parse_options() -> Options {
         phase: None,
         dir: None,
         nats_url: None,
+        endless: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -689,6 +698,12 @@ fn parse_options() -> Options {
             "--phase" => o.phase = args.next(),
             "--dir" => o.dir = args.next().map(PathBuf::from),
             "--nats-url" => o.nats_url = args.next(),
+            "--endless" => {
+                o.endless = args.by_ref().map(PathBuf::from).collect();
+                if o.endless.is_empty() {
+                    fail("--endless takes one or more provledger binaries".into())
+                }
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0)
@@ -835,6 +850,9 @@ fn drift_rows(label: &str, d: &Value, effects: f64) -> Vec<Row> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let o = parse_options();
+    if !o.endless.is_empty() {
+        return endless(&o.endless).await;
+    }
     if let Some(phase) = &o.phase {
         let dir = o
             .dir
@@ -927,6 +945,89 @@ async fn main() {
     }
     println!();
     println!("Each row group is one child process; a sub-phase's peak RSS is that process's VmHWM when the sub-phase ended (so far), the total's at its end. Live heap: the bytes its own allocations held at the end of the sub-phase (RSS also counts sled's page cache and what the allocator keeps after frees).");
+}
+
+/// An executor named `endless` whose inventory never ends: every page 1,000 items no
+/// operation made, each ~250 bytes, and always a next page.
+async fn endless_executor(client: async_nats::Client) {
+    let mut requests = client
+        .subscribe("provledger.exec.endless.inventory")
+        .await
+        .expect("subscribe");
+    let mut page = 0u64;
+    while let Some(request) = requests.next().await {
+        page += 1;
+        let items: Vec<Value> = (0..1_000)
+            .map(|i| {
+                json!({"kind": "ip", "resource": format!("10.{page}.{i}.{}", "x".repeat(200)),
+                       "key": format!("unknown-{page}-{i}")})
+            })
+            .collect();
+        let reply = json!({"items": items, "next": format!("{page:012}")});
+        if let Some(to) = request.reply {
+            let _ = client.publish(to, reply.to_string().into()).await;
+        }
+    }
+}
+
+/// `--endless`: each binary's `drift --executor endless`, its peak RSS and wall time.
+async fn endless(binaries: &[PathBuf]) {
+    let nats = provledger_tests::NatsServer::start().await;
+    // The stream exists (drift reads the ledger first).
+    let log = provledger_events::JetStreamLog::open(
+        nats.client().await,
+        provledger_events::JetStreamConfig::default(),
+    )
+    .await
+    .expect("the stream");
+    drop(log);
+    let executor = tokio::spawn(endless_executor(nats.client().await));
+    println!("| binary | exit | wall time | peak RSS | what it says of `endless` |");
+    println!("|---|---:|---:|---:|---|");
+    for binary in binaries {
+        let out = tokio::process::Command::new("/usr/bin/time")
+            .args(["-f", "%M %e"])
+            .arg(binary)
+            .args([
+                "--nats",
+                &nats.url(),
+                "--json",
+                "drift",
+                "--executor",
+                "endless",
+            ])
+            .output()
+            .await
+            .expect("run /usr/bin/time");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let last = stderr.lines().last().unwrap_or_default().to_string();
+        let mut parts = last.split_whitespace();
+        let kb: f64 = parts
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN);
+        let secs: f64 = parts
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN);
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let said = report["executors"]
+            .as_array()
+            .and_then(|e| e.first())
+            .map_or_else(
+                || stderr.lines().next().unwrap_or_default().to_string(),
+                Value::to_string,
+            );
+        let said: String = said.chars().take(160).collect();
+        println!(
+            "| {} | {} | {secs:.1} s | {:.0} MiB | {} |",
+            binary.display(),
+            out.status.code().map_or("signal".into(), |c| c.to_string()),
+            kb / 1024.0,
+            said.replace('|', "/")
+        );
+    }
+    executor.abort();
 }
 
 /// `drift-nats`: a private nats-server, the four executors answering from the parent.

@@ -3,6 +3,7 @@
 //! (`provledger_events::loss`), so that the aggregate is read and written again.
 
 use provledger_client::Ledger;
+use provledger_events::ids::InvalidText;
 use provledger_events::{
     AggregateId, CommitDraft, Event, EventLog, Expectation, HistoryEntry, LostVersions,
 };
@@ -17,21 +18,26 @@ pub struct LostRange {
 }
 
 impl std::str::FromStr for LostRange {
-    type Err = String;
+    type Err = InvalidText;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let invalid = |reason: &str| InvalidText {
+            what: "a version or a range of versions (2, 2-5)",
+            text: s.to_string(),
+            reason: reason.to_string(),
+        };
         let version = |t: &str| {
             t.trim()
                 .parse::<u64>()
                 .ok()
                 .filter(|v| *v > 0)
-                .ok_or_else(|| format!("{t:?} is not a version (1, 2, ...)"))
+                .ok_or_else(|| invalid(&format!("{t:?} is not a version (1, 2, ...)")))
         };
         let (from_version, to_version) = match s.split_once('-') {
             Some((a, b)) => (version(a)?, version(b)?),
             None => (version(s)?, version(s)?),
         };
         if from_version > to_version {
-            return Err(format!("{s:?}: the first version comes first (2-5)"));
+            return Err(invalid("the first version comes first"));
         }
         Ok(LostRange {
             from_version,

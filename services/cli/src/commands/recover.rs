@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use provledger_client::placement::finish_provider_deletes;
 use provledger_client::recovery::{
-    deliver_reissues, sweep, NatsReissuer, PendingReissueLine, RecoverReport, RECOVERY_ACTOR,
+    deliver_reissues, sweep, NatsReissuer, PendingReissueLine, RecoverReport, RecoveryOutcome,
+    RECOVERY_ACTOR,
 };
 use provledger_client::view::{LogView, StateView};
 use provledger_client::Writer;
@@ -73,7 +74,7 @@ pub async fn run(
     let failed = report
         .recoveries
         .iter()
-        .filter(|r| r.outcome.starts_with("failed"))
+        .filter(|r| matches!(r.outcome, RecoveryOutcome::Failed(_)))
         .count();
     if json {
         let printed = RecoverReport {

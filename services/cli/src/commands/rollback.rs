@@ -16,7 +16,7 @@ use super::{print_json, CommandError};
 use provledger_client::Writer;
 use provledger_client::{
     plan_for, read_operation, resume_needs_attention, CompensationExecutor, CompensationFuture,
-    CompensationRequest, DriveError, Ledger, NatsExecutors, RollbackDriver, Stamper,
+    CompensationRequest, DriveError, Ledger, NatsExecutors, PeerError, RollbackDriver, Stamper,
 };
 
 /// How long `rollback run` waits for one executor's reply.
@@ -32,6 +32,8 @@ fn command_error(e: DriveError) -> CommandError {
         DriveError::Resolve(refusal) => CommandError::Problem(refusal.to_string()),
         // A refusal (permissions, conflict, rejection) exits 1 as any write's does.
         DriveError::Write(e) => CommandError::from(e),
+        // A loss in the operation's chain exits 1, the log unavailable 3.
+        DriveError::Read(e) => CommandError::from(e),
         other => CommandError::Infrastructure(other.to_string()),
     }
 }
@@ -152,10 +154,10 @@ impl CompensationExecutor for NoExecutors {
         _request: &'a CompensationRequest,
     ) -> CompensationFuture<'a> {
         Box::pin(async move {
-            Err(format!(
+            Err(PeerError::Unreachable(format!(
                 "executor {executor:?} is not reachable: pass --executors-url with the NATS \
                  server it listens on"
-            ))
+            )))
         })
     }
 }

@@ -6,6 +6,7 @@
 use std::str::FromStr;
 
 use indicatif::{ProgressBar, ProgressStyle};
+use provledger_events::ids::InvalidText;
 use provledger_events::{AggregateId, EventLog, JetStreamLog, SledLog, Timestamp};
 use provledger_projections::Entity;
 
@@ -22,14 +23,18 @@ pub enum LogPoint {
 }
 
 impl FromStr for LogPoint {
-    type Err = String;
+    type Err = InvalidText;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if let Ok(p) = s.parse::<u64>() {
             return Ok(LogPoint::Position(p));
         }
         Timestamp::parse_rfc3339(s)
             .map(LogPoint::Time)
-            .map_err(|e| format!("{s:?} is neither a log position nor an RFC 3339 time: {e}"))
+            .map_err(|e| InvalidText {
+                what: "a log position or an RFC 3339 time",
+                text: s.to_string(),
+                reason: e.reason,
+            })
     }
 }
 
