@@ -210,6 +210,38 @@ async fn an_ip_changed_by_hand_is_mismatched() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fix_leaked_never_removes_what_the_ledger_recorded_even_under_another_key() {
+    // Given a booted instance whose DNS record (made by the ledger's boot) was filed again
+    // at DNS under another idempotency key,
+    let env = env().await;
+    env.booted().await;
+    let records = env.infra.dns.resources();
+    assert_eq!(records.len(), 1, "{records:?}");
+    let name = records[0].clone();
+    assert!(env.infra.dns.rekey_by_hand(&name, "imported-by-hand-0001"));
+    // when drift --fix leaked runs with a reason,
+    let (_, report) = env.drift(&[
+        "--executor",
+        "dns",
+        "--fix",
+        "leaked",
+        "--reason",
+        "cleanup",
+    ]);
+    // then the record is a mismatch (the ledger made it), never a leak, and it is still
+    // held at DNS: nothing was sent to remove it.
+    let found = findings(&report);
+    assert!(found.iter().all(|f| f["kind"] != "leaked"), "{report:#}");
+    assert!(
+        found
+            .iter()
+            .any(|f| f["kind"] == "mismatched" && f["resource"] == name.as_str()),
+        "{report:#}"
+    );
+    assert!(env.infra.dns.has(&name), "{report:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fix_leaked_removes_a_leaked_record_through_a_recorded_compensation() {
     // Given a booted instance, and a DNS record someone made by hand
     let env = env().await;

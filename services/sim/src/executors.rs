@@ -281,6 +281,17 @@ impl SimExecutor {
         s.key_of.remove(resource);
     }
 
+    /// A held resource filed again by hand under another idempotency key (an operator
+    /// re-importing records, a migration between IPAMs); `false` if it was not held.
+    pub fn rekey_by_hand(&self, resource: &str, key: &str) -> bool {
+        let mut s = self.lock();
+        if !s.resources.contains_key(resource) {
+            return false;
+        }
+        s.key_of.insert(resource.to_string(), key.to_string());
+        true
+    }
+
     /// A resource removed by hand; `true` if it was held.
     pub fn remove_by_hand(&self, resource: &str) -> bool {
         let mut s = self.lock();
