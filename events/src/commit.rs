@@ -189,11 +189,18 @@ impl Commit {
             prev_hash: &self.prev_hash,
         };
         let mut hasher = blake3::Hasher::new();
-        // Encoding into a hasher cannot fail for these types: every field is a plain
-        // serde value with no custom error path; if it ever did, the empty input would
-        // give a hash that fails verification loudly rather than silently.
-        let bytes =
-            bincode::serde::encode_to_vec(&fields, bincode::config::standard()).unwrap_or_default();
+        // Encoding these fields cannot fail: every one is a plain serde value with no custom
+        // error path and no size limit is configured. If it ever did, every commit would
+        // hash the same empty input, and a chain would no longer tell one commit from
+        // another: stop rather than seal that.
+        let bytes = bincode::serde::encode_to_vec(&fields, bincode::config::standard())
+            .expect("the hash input (plain serde fields) encodes");
+        assert!(
+            !bytes.is_empty(),
+            "the hash input of v{} of {} encoded to nothing",
+            self.version,
+            self.aggregate
+        );
         hasher.update(&bytes);
         Hash(*hasher.finalize().as_bytes())
     }

@@ -487,7 +487,10 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
         nats_auth: cli.auth.nats_auth(),
     };
     match cli.command {
+        #[cfg(feature = "demo")]
         Command::Demo { verbose } => commands::demo::run(&cli.data_dir, verbose, cli.json).await,
+        #[cfg(not(feature = "demo"))]
+        Command::Demo { .. } => Err(without_the_simulator("demo")),
         Command::Completions { shell } => commands::completions::completions(shell, Cli::command()),
         Command::Man { out_dir } => commands::completions::man(Cli::command(), out_dir.as_deref()),
         Command::Append {
@@ -643,6 +646,9 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             })
             .await
         }
+        #[cfg(not(feature = "demo"))]
+        Command::Simulate { .. } => Err(without_the_simulator("simulate")),
+        #[cfg(feature = "demo")]
         Command::Simulate {
             seeds,
             seed,
@@ -875,6 +881,15 @@ fn exit_quietly_on_a_closed_pipe() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+}
+
+/// `demo` and `simulate` in a build without the simulator (the production build).
+#[cfg(not(feature = "demo"))]
+fn without_the_simulator(command: &str) -> CommandError {
+    CommandError::BadInput(format!(
+        "this provledger is built without the simulator (the production build): `{command}` \
+         needs it; run `cargo run --release -p provledger --features demo -- {command}`"
+    ))
 }
 
 fn main() -> ExitCode {

@@ -320,7 +320,18 @@ impl Projector {
                             }
                         },
                     };
+                    let mut previous = 0;
                     for commit in to_fold {
+                        // Commits held past a loss come back in their order in the log
+                        // (the last is this one, past the checkpoint).
+                        assert!(
+                            commit.position > previous,
+                            "{} v{} at position {} folded after position {previous}",
+                            commit.aggregate,
+                            commit.version,
+                            commit.position
+                        );
+                        previous = commit.position;
                         self.fold(&commit, &mut batch, &mut dirty)?;
                         self.metrics.folded(&commit.events);
                         reissue_news |= commit.events.iter().any(|e| {

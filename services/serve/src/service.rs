@@ -749,7 +749,12 @@ fn refusal(e: &QueryError, served_by: Option<&str>) -> (async_nats::HeaderMap, V
     if let (Some(object), Some(id)) = (body.as_object_mut(), served_by) {
         object.insert("served_by".into(), id.into());
     }
-    (headers, serde_json::to_vec(&body).unwrap_or_default())
+    (
+        headers,
+        serde_json::to_vec(&body).expect(
+            "an error reply: plain serde data (string keys, no fallible impls) encodes as JSON",
+        ),
+    )
 }
 
 /// The answer of a replica whose request slots are all taken.
@@ -862,7 +867,9 @@ async fn respond_in_span(
                 "data": data,
                 "served_by": ctx.served_by.get(),
             });
-            let bytes = serde_json::to_vec(&body).unwrap_or_default();
+            let bytes = serde_json::to_vec(&body).expect(
+                "a reply: plain serde data (string keys, no fallible impls) encodes as JSON",
+            );
             if bytes.len() <= ctx.reply_bytes_max {
                 (async_nats::HeaderMap::new(), bytes)
             } else {

@@ -897,7 +897,7 @@ impl ProjectionStore {
             }
         }
         for record in batch.quarantine {
-            let json = serde_json::to_vec(&record).unwrap_or_default();
+            let json = serde_json::to_vec(&record).expect("a quarantine record: plain serde data (string keys, no fallible impls) encodes as JSON");
             b.insert(key(b'q', &[&record.position.to_be_bytes()]), json);
         }
         // The batch's rises as one entry: keyed by the first, the rest in its value (a
@@ -920,8 +920,10 @@ impl ProjectionStore {
         for (id, chain) in batch.held {
             let k = key(b'l', &[&id.key_bytes()]);
             match chain {
-                // A held chain is plain serde data: its JSON cannot fail to encode.
-                Some(chain) => b.insert(k, serde_json::to_vec(&chain).unwrap_or_default()),
+                Some(chain) => b.insert(
+                    k,
+                    serde_json::to_vec(&chain).expect("a held chain: plain serde data (string keys, no fallible impls) encodes as JSON"),
+                ),
                 None => b.remove(k),
             }
         }

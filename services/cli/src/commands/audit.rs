@@ -125,7 +125,9 @@ pub async fn run(options: &LedgerOptions, json: bool) -> Result<(), CommandError
 
 fn print_report(report: &AuditReport, notes: &[String], seconds: f64, json: bool) {
     if json {
-        let mut value = serde_json::to_value(report).unwrap_or_default();
+        let mut value = serde_json::to_value(report).expect(
+            "an audit report: plain serde data (string keys, no fallible impls) encodes as JSON",
+        );
         value["ok"] = report.violations.is_empty().into();
         value["notes"] = notes.into();
         value["seconds"] = seconds.into();
@@ -143,7 +145,8 @@ fn print_report(report: &AuditReport, notes: &[String], seconds: f64, json: bool
         if let Some(p) = v.position {
             at.push(format!("position {p}"));
         }
-        let check = serde_json::to_value(v.check).unwrap_or_default();
+        let check = serde_json::to_value(v.check)
+            .expect("a check: plain serde data (string keys, no fallible impls) encodes as JSON");
         println!(
             "VIOLATION [{}] {}: {}\n    what to do: {}",
             check.as_str().unwrap_or("?"),
@@ -177,7 +180,9 @@ fn print_report(report: &AuditReport, notes: &[String], seconds: f64, json: bool
         let by_check: Vec<String> = counts(&report.violations)
             .iter()
             .map(|(c, n)| {
-                let name = serde_json::to_value(c).unwrap_or_default();
+                let name = serde_json::to_value(c).expect(
+                    "a check: plain serde data (string keys, no fallible impls) encodes as JSON",
+                );
                 format!("{} {n}", name.as_str().unwrap_or("?"))
             })
             .collect();

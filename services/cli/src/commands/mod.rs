@@ -4,6 +4,7 @@
 pub mod append;
 pub mod audit;
 pub mod completions;
+#[cfg(feature = "demo")]
 pub mod demo;
 pub mod drift;
 pub mod history;
@@ -15,6 +16,7 @@ pub mod recover;
 pub mod replay;
 pub mod rollback;
 pub mod serve;
+#[cfg(feature = "demo")]
 pub mod simulate;
 pub mod state;
 

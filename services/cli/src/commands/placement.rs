@@ -44,7 +44,8 @@ fn describe(hold: &Hold) -> String {
 }
 
 fn hold_json(hold: &Hold) -> serde_json::Value {
-    serde_json::to_value(hold).unwrap_or_default()
+    serde_json::to_value(hold)
+        .expect("a hold: plain serde data (string keys, no fallible impls) encodes as JSON")
 }
 
 /// Deletes one provider, or every provider on a host one by one (each fully released and
@@ -148,7 +149,8 @@ pub async fn heal(
     let report =
         heal_allocations(ledger, &view, instance, dry_run, "cli", &Stamper::system()).await?;
     if json {
-        let mut v = serde_json::to_value(&report).unwrap_or_default();
+        let mut v = serde_json::to_value(&report)
+            .expect("a report: plain serde data (string keys, no fallible impls) encodes as JSON");
         v["dry_run"] = dry_run.into();
         print_json(&v);
     } else {

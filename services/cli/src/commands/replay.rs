@@ -15,7 +15,8 @@ use super::{print_json, CommandError};
 fn print_summary(projection: &Projection, quarantined: usize, json: bool) {
     let summary = projection.summary();
     if json {
-        let mut v = serde_json::to_value(&summary).unwrap_or_default();
+        let mut v = serde_json::to_value(&summary)
+            .expect("a summary: plain serde data (string keys, no fallible impls) encodes as JSON");
         v["quarantined"] = quarantined.into();
         print_json(&v);
         return;

@@ -746,12 +746,23 @@ impl<L: EventLog> Attempts<'_, L> {
                     let fact = &self.facts[i];
                     let tip = decision.tips[i];
                     let known = &mut self.turns[i];
+                    // Appended at exactly the version decided on: the log took the
+                    // expectation `Exactly(tip)`, so anything else is a log that broke it,
+                    // and a state decided at one version would be recorded at another.
+                    assert!(
+                        outcome.status != AppendStatus::Appended
+                            || outcome.version == tip.version + 1,
+                        "{} appended at v{} at position {}, decided at v{} (expected exactly v{})",
+                        fact.aggregate,
+                        outcome.version,
+                        outcome.position,
+                        tip.version + 1,
+                        tip.version
+                    );
                     // Sealed here on the tip decided at and landed at the next version: it
-                    // extends what is known. A duplicate the log recognised, or another
-                    // version, is read before the next write.
-                    if outcome.status == AppendStatus::Appended
-                        && outcome.version == tip.version + 1
-                    {
+                    // extends what is known. A duplicate the log recognised is read before
+                    // the next write.
+                    if outcome.status == AppendStatus::Appended {
                         let mut commit = Commit::seal(
                             fact.aggregate,
                             outcome.version,

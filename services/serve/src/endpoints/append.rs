@@ -286,7 +286,7 @@ fn rejected(rejection: &AppendRejection) -> QueryError {
     if let AppendRejection::ClaimRefused { refusal, .. } = rejection {
         error = error.with(
             "classes",
-            serde_json::to_value(&refusal.classes).unwrap_or_default(),
+            serde_json::to_value(&refusal.classes).expect("refused classes: plain serde data (string keys, no fallible impls) encodes as JSON"),
         );
     }
     error

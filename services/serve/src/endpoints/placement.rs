@@ -118,7 +118,7 @@ async fn delete_with<L: EventLog>(
             ),
         )
         .with("reason", "allocations_remain".into())
-        .with("holds", serde_json::to_value(&holds).unwrap_or_default())),
+        .with("holds", serde_json::to_value(&holds).expect("holds: plain serde data (string keys, no fallible impls) encodes as JSON"))),
     }
 }
 
