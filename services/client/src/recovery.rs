@@ -172,6 +172,38 @@ impl SweepReport {
     }
 }
 
+/// What one recovery round did: the sweep over every instance, and the provider deletes a
+/// crash left half done, finished (none in a dry run). Each part answers on its own: a
+/// sweep that failed does not keep the deletes from being finished.
+#[derive(Debug)]
+pub struct RecoveryRound {
+    pub sweep: Result<SweepReport, PlacementError>,
+    pub provider_deletes_finished: Result<Vec<Uuid>, PlacementError>,
+}
+
+/// One recovery round, the one serve runs on start and every `--recovery-interval` and
+/// `provledger recover` runs once: [`sweep`], then
+/// [`crate::placement::finish_provider_deletes`]. Re-issues are delivered apart
+/// ([`deliver_reissues`], [`deliver_to_worker`]): serve keeps delivering between rounds.
+pub async fn recovery_round<L: EventLog, V: StateView>(
+    writer: &Writer<L>,
+    view: &V,
+    dry_run: bool,
+    stamper: &Stamper,
+) -> RecoveryRound {
+    let sweep = sweep(writer, view, dry_run, stamper).await;
+    let provider_deletes_finished = match dry_run {
+        true => Ok(Vec::new()),
+        false => {
+            crate::placement::finish_provider_deletes(writer, view, RECOVERY_ACTOR, stamper).await
+        }
+    };
+    RecoveryRound {
+        sweep,
+        provider_deletes_finished,
+    }
+}
+
 /// One sweep over every instance of `view`. `dry_run` writes nothing. Re-issues are
 /// recorded as pending; [`deliver_reissues`] sends them.
 pub async fn sweep<L: EventLog, V: StateView>(

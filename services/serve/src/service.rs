@@ -25,9 +25,8 @@ use crate::replica::QueryContext;
 use crate::rollback_worker::RollbackWorker;
 use crate::store::{ProjectionStore, StoreError};
 use crate::trace::TraceParent;
-use provledger_client::placement::finish_provider_deletes;
 use provledger_client::recovery::{
-    deliver_to_worker, due_reissues, sweep, NatsReissuer, RecoveryOutcome, RECOVERY_ACTOR,
+    deliver_to_worker, due_reissues, recovery_round, NatsReissuer, RecoveryOutcome,
 };
 use provledger_client::{
     open_jetstream, CancelNotices, Ledger, NatsExecutors, OpenLedgerError, RollbackDriver, Stamper,
@@ -387,7 +386,8 @@ pub async fn run(
             loop {
                 let stamper = Stamper::system();
                 if tokio::time::Instant::now() >= next_sweep {
-                    match sweep(&ledger, &store, false, &stamper).await {
+                    let round = recovery_round(&ledger, &store, false, &stamper).await;
+                    match round.sweep {
                         Ok(report) if report.written() > 0 => {
                             for recovered in &report.recoveries {
                                 if recovered.outcome == RecoveryOutcome::Recorded {
@@ -400,10 +400,8 @@ pub async fn run(
                         Err(e) => tracing::warn!(error = %e, "stuck-state recovery sweep failed"),
                     }
                     // A provider delete a crash left half done (a cascade spanning several
-                    // commits) is finished here: nobody has to run it again.
-                    if let Err(e) =
-                        finish_provider_deletes(&ledger, &store, RECOVERY_ACTOR, &stamper).await
-                    {
+                    // commits) is finished in the round: nobody has to run it again.
+                    if let Err(e) = round.provider_deletes_finished {
                         tracing::warn!(error = %e, "finishing provider deletes failed");
                     }
                     next_sweep = tokio::time::Instant::now() + interval;

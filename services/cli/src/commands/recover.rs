@@ -7,10 +7,9 @@
 
 use std::time::Duration;
 
-use provledger_client::placement::finish_provider_deletes;
 use provledger_client::recovery::{
-    deliver_reissues, sweep, NatsReissuer, PendingReissueLine, RecoverReport, RecoveryOutcome,
-    RECOVERY_ACTOR,
+    deliver_reissues, recovery_round, NatsReissuer, PendingReissueLine, RecoverReport,
+    RecoveryOutcome,
 };
 use provledger_client::view::{LogView, StateView};
 use provledger_client::Writer;
@@ -29,12 +28,9 @@ pub async fn run(
 ) -> Result<(), CommandError> {
     let view = LogView::new(ledger.log());
     let stamper = Stamper::system();
-    let report = sweep(ledger, &view, dry_run, &stamper).await?;
-    // Provider deletes a crash left half done are finished too (not in a dry run).
-    let providers_finished = match dry_run {
-        true => Vec::new(),
-        false => finish_provider_deletes(ledger, &view, RECOVERY_ACTOR, &stamper).await?,
-    };
+    let round = recovery_round(ledger, &view, dry_run, &stamper).await;
+    let report = round.sweep?;
+    let providers_finished = round.provider_deletes_finished?;
     let delivery = match (&options.nats_url, dry_run) {
         (Some(url), false) => {
             let client = connect_nats(url, "provledger-recover", &options.nats_auth).await?;
