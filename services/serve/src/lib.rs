@@ -35,6 +35,7 @@ mod http;
 pub mod messages;
 mod metrics;
 mod projector;
+mod recovery_loop;
 mod replica;
 mod rollback_worker;
 mod service;
