@@ -421,56 +421,17 @@ pub async fn run(
 
     // The projector only returns before shutdown when it failed (an error or a panic):
     // this replica would then answer from a frozen state, so it says so and exits.
-    loop {
-        let next = tokio::select! {
-            next = requests.next() => next,
-            _ = &mut shutdown => break,
-            joined = &mut projector_task => {
-                let reason = match &joined {
-                    Ok((_, Err(e))) => e.to_string(),
-                    Ok((_, Ok(()))) => "it returned without being asked to".to_string(),
-                    Err(e) => format!("its task ended: {e}"),
-                };
-                tracing::error!(%reason, "the projector stopped; serve answers unavailable and exits");
-                let _ = ctx.projector_failed.set(reason);
-                projector_ended = Some(joined);
-                break;
-            }
-        };
-        let Some((endpoint, request)) = next else {
-            break;
-        };
-        // Health has slots of its own: a replica whose request slots are all taken by
-        // slow requests still says how it is, at once.
-        let slots = match endpoint {
-            Endpoint::Health => &health_slots,
-            _ => &slots,
-        };
-        // Never wait for a slot here: this loop also takes health checks and the
-        // shutdown; a replica with every slot taken answers `unavailable` at once.
-        let permit = match Arc::clone(slots).try_acquire_owned() {
-            Ok(permit) => permit,
-            Err(tokio::sync::TryAcquireError::NoPermits) => {
-                ctx.metrics.answered(
-                    endpoint.suffix(),
-                    Duration::ZERO,
-                    Some(("unavailable", Some("busy"))),
-                    None,
-                );
-                tokio::spawn(respond_busy(
-                    endpoint,
-                    request,
-                    ctx.served_by.get().cloned(),
-                ));
-                continue;
-            }
-            Err(tokio::sync::TryAcquireError::Closed) => break,
-        };
-        let ctx = Arc::clone(&ctx);
-        tokio::spawn(async move {
-            respond(&ctx, endpoint, request).await;
-            drop(permit);
-        });
+    if let Some(joined) = take_requests(
+        &ctx,
+        &mut requests,
+        &slots,
+        &health_slots,
+        shutdown.as_mut(),
+        &mut projector_task,
+    )
+    .await
+    {
+        projector_ended = Some(joined);
     }
 
     tracing::info!("shutting down: draining requests in hand");
@@ -555,6 +516,68 @@ impl Drop for AbortOnDrop {
 
 /// The projector handed back when its thread ends, with why it ended.
 type ProjectorEnded = (Projector, Result<(), ProjectorError>);
+
+/// Takes requests, each on a task of its own within its slots, until shutdown, the end of
+/// the requests, or the projector's end (then what it ended with: the replica says so and
+/// exits).
+async fn take_requests<S: Future<Output = ()>>(
+    ctx: &Arc<QueryContext>,
+    requests: &mut (impl futures::Stream<Item = (Endpoint, async_nats::service::Request)> + Unpin),
+    slots: &Arc<Semaphore>,
+    health_slots: &Arc<Semaphore>,
+    mut shutdown: std::pin::Pin<&mut S>,
+    projector_task: &mut tokio::sync::oneshot::Receiver<ProjectorEnded>,
+) -> Option<Result<ProjectorEnded, tokio::sync::oneshot::error::RecvError>> {
+    loop {
+        let next = tokio::select! {
+            next = requests.next() => next,
+            _ = &mut shutdown => return None,
+            joined = &mut *projector_task => {
+                let reason = match &joined {
+                    Ok((_, Err(e))) => e.to_string(),
+                    Ok((_, Ok(()))) => "it returned without being asked to".to_string(),
+                    Err(e) => format!("its task ended: {e}"),
+                };
+                tracing::error!(%reason, "the projector stopped; serve answers unavailable and exits");
+                let _ = ctx.projector_failed.set(reason);
+                return Some(joined);
+            }
+        };
+        // The requests ended (the service stopped): no projector end to report.
+        let (endpoint, request) = next?;
+        // Health has slots of its own: a replica whose request slots are all taken by
+        // slow requests still says how it is, at once.
+        let slots = match endpoint {
+            Endpoint::Health => health_slots,
+            _ => slots,
+        };
+        // Never wait for a slot here: this loop also takes health checks and the
+        // shutdown; a replica with every slot taken answers `unavailable` at once.
+        let permit = match Arc::clone(slots).try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                ctx.metrics.answered(
+                    endpoint.suffix(),
+                    Duration::ZERO,
+                    Some(("unavailable", Some("busy"))),
+                    None,
+                );
+                tokio::spawn(respond_busy(
+                    endpoint,
+                    request,
+                    ctx.served_by.get().cloned(),
+                ));
+                continue;
+            }
+            Err(tokio::sync::TryAcquireError::Closed) => return None,
+        };
+        let ctx = Arc::clone(ctx);
+        tokio::spawn(async move {
+            respond(&ctx, endpoint, request).await;
+            drop(permit);
+        });
+    }
+}
 
 /// Runs the projector on a thread of its own, with a single-threaded runtime: its sled
 /// batches block that thread only, never one of the runtime's workers that answer
