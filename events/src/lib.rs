@@ -24,4 +24,4 @@ pub use log::{
     ReadError, SledLog, VersionConflict, ATOMIC_COMMITS_MAX, GROUP_COMMITTERS_MAX,
     GROUP_MESSAGES_MAX,
 };
-pub use loss::{HeldChain, HeldStep, LossRefusal, LostVersions, OpenLosses};
+pub use loss::{HeldChain, HeldChains, HeldStep, LossRefusal, LostVersions, OpenLosses, Passage};

@@ -173,6 +173,10 @@ pub struct HeldChain {
     pub tip_hash: crate::ids::Hash,
     /// Every commit of the chain since the first loss, oldest first.
     pub held: Vec<Commit>,
+    /// The position of the aggregate's last commit before the first loss (0: none): the
+    /// lost commits lay between it and the first one held.
+    #[serde(default)]
+    pub after_position: u64,
 }
 
 /// What a commit does to a [`HeldChain`].
@@ -187,8 +191,9 @@ pub enum HeldStep {
 }
 
 impl HeldChain {
-    /// The chain from the commit that revealed `loss`, which it holds.
-    pub fn start(loss: LostVersions, commit: Commit) -> Self {
+    /// The chain from the commit that revealed `loss`, which it holds; the aggregate's
+    /// last commit before it was at `after_position`.
+    pub fn start(loss: LostVersions, commit: Commit, after_position: u64) -> Self {
         let mut open = OpenLosses::default();
         open.open(loss);
         HeldChain {
@@ -196,6 +201,7 @@ impl HeldChain {
             tip_version: commit.version,
             tip_hash: commit.hash,
             held: vec![commit],
+            after_position,
         }
     }
 
@@ -221,6 +227,69 @@ impl HeldChain {
         } else {
             HeldStep::Held
         }
+    }
+}
+
+/// Every aggregate a reader in log order holds past a loss (the projector, the auditor):
+/// the one place that decides, commit by commit, whether a commit is read as usual, held,
+/// or hands back everything held.
+#[derive(Debug, Clone, Default)]
+pub struct HeldChains(std::collections::HashMap<AggregateId, HeldChain>);
+
+/// What [`HeldChains::pass`] decided for one commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Passage {
+    /// Neither held nor revealing a loss: checked against its chain and folded as usual.
+    Read,
+    /// Held, not folded: its aggregate's held chain as it stands now.
+    Held(HeldChain),
+    /// The last open loss acknowledged: every commit held, this one last, to fold now;
+    /// the lost commits lay after `after_position` and before the first of them.
+    Resumed {
+        commits: Vec<Commit>,
+        after_position: u64,
+    },
+    /// Not part of its held chain (a replay, a modified commit, a broken link): why.
+    Outside(String),
+}
+
+impl HeldChains {
+    pub fn new(chains: impl IntoIterator<Item = (AggregateId, HeldChain)>) -> Self {
+        HeldChains(chains.into_iter().collect())
+    }
+
+    /// Decides `commit`, whose aggregate's chain as folded so far ends at `tip_version`,
+    /// its last commit at `tip_position` (what is held is not folded). A commit read as
+    /// usual is not copied.
+    pub fn pass(&mut self, commit: &Commit, tip_version: u64, tip_position: u64) -> Passage {
+        let aggregate = commit.aggregate;
+        if let Some(chain) = self.0.get_mut(&aggregate) {
+            let after_position = chain.after_position;
+            return match chain.step(commit.clone()) {
+                HeldStep::Held => Passage::Held(chain.clone()),
+                HeldStep::Resumed(commits) => {
+                    self.0.remove(&aggregate);
+                    Passage::Resumed {
+                        commits,
+                        after_position,
+                    }
+                }
+                HeldStep::Outside(reason) => Passage::Outside(reason),
+            };
+        }
+        match LostVersions::before(&aggregate, tip_version, commit) {
+            Some(loss) => {
+                let chain = HeldChain::start(loss, commit.clone(), tip_position);
+                self.0.insert(aggregate, chain.clone());
+                Passage::Held(chain)
+            }
+            None => Passage::Read,
+        }
+    }
+
+    /// Every aggregate held, with its chain.
+    pub fn iter(&self) -> impl Iterator<Item = (&AggregateId, &HeldChain)> {
+        self.0.iter()
     }
 }
 
@@ -281,7 +350,7 @@ mod tests {
         let v3 = Commit::seal(x, 3, Hash([9; 32]), draft(status()));
         let v4 = Commit::seal(x, 4, v3.hash, draft(status()));
         let v6 = Commit::seal(x, 6, Hash([8; 32]), draft(status()));
-        let mut chain = HeldChain::start(LostVersions::before(&x, 1, &v3).unwrap(), v3);
+        let mut chain = HeldChain::start(LostVersions::before(&x, 1, &v3).unwrap(), v3, 1);
         assert_eq!(chain.step(v4.clone()), HeldStep::Held);
         // a replay is outside, and holds nothing;
         assert!(matches!(chain.step(v4), HeldStep::Outside(_)));

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use provledger_events::catalogue::ConsumerKind;
-use provledger_events::{AggregateId, Commit, HeldChain, HeldStep, LostVersions, Timestamp};
+use provledger_events::{AggregateId, Commit, HeldChains, Passage, Timestamp};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -144,7 +144,7 @@ pub struct Auditor {
     quarantine_link_breaks: bool,
     /// Aggregates read past a loss, as the projector holds them (`provledger_events::loss`),
     /// with the position of their last commit before it.
-    held: std::collections::HashMap<AggregateId, (HeldChain, u64)>,
+    held: HeldChains,
     /// Ranges of positions found missing, reported at the end unless a loss explains them.
     missing: Vec<(u64, u64)>,
     /// Where each acknowledged loss lies in the log: after the last commit before it,
@@ -200,39 +200,31 @@ impl Auditor {
     /// commit past a loss is held as the projector holds it, and folded once acknowledged.
     pub fn commit(&mut self, commit: &Commit) {
         self.advance(commit.position);
-        let aggregate = commit.aggregate;
-        if let Some((chain, before)) = self.held.get_mut(&aggregate) {
-            let before = *before;
-            match chain.step(commit.clone()) {
-                HeldStep::Held => {}
-                HeldStep::Resumed(commits) => {
-                    self.held.remove(&aggregate);
-                    let revealed = commits.first().map_or(commit.position, |c| c.position);
-                    self.loss_windows.push((before, revealed));
-                    for c in &commits {
-                        self.projection.apply(c);
-                        self.counted(c);
-                    }
-                }
-                HeldStep::Outside(reason) => self.break_of_chain(commit, reason),
-            }
-            return;
-        }
         let (version, position) = self
             .projection
-            .get(&aggregate)
+            .get(&commit.aggregate)
             .map_or((0, 0), |e| (e.header().version, e.header().last_position));
-        if let Some(loss) = LostVersions::before(&aggregate, version, commit) {
-            self.held.insert(
-                aggregate,
-                (HeldChain::start(loss, commit.clone()), position),
-            );
-            return;
+        match self.held.pass(commit, version, position) {
+            Passage::Read => {
+                if let Err(violation) = self.projection.apply_checked(commit) {
+                    return self.break_of_chain(commit, violation.to_string());
+                }
+                self.counted(commit);
+            }
+            Passage::Held(_) => {}
+            Passage::Resumed {
+                commits,
+                after_position,
+            } => {
+                let revealed = commits.first().map_or(commit.position, |c| c.position);
+                self.loss_windows.push((after_position, revealed));
+                for c in &commits {
+                    self.projection.apply(c);
+                    self.counted(c);
+                }
+            }
+            Passage::Outside(reason) => self.break_of_chain(commit, reason),
         }
-        if let Err(violation) = self.projection.apply_checked(commit) {
-            return self.break_of_chain(commit, violation.to_string());
-        }
-        self.counted(commit);
     }
 
     fn break_of_chain(&mut self, commit: &Commit, problem: String) {
@@ -311,9 +303,10 @@ impl Auditor {
             self.advance(end + 1);
             self.report.position = end;
         }
-        let mut held: Vec<_> = std::mem::take(&mut self.held).into_iter().collect();
+        let held = std::mem::take(&mut self.held);
+        let mut held: Vec<_> = held.iter().collect();
         held.sort_by_key(|(id, _)| id.to_string());
-        for (aggregate, (chain, _)) in held {
+        for (&aggregate, chain) in held {
             for loss in chain.open.as_slice() {
                 self.record(
                     Violation::at(

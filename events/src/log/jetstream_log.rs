@@ -679,6 +679,22 @@ impl JetStreamLog {
         heads.insert(aggregate, head);
     }
 
+    /// The aggregate's whole subject, classified, and the losses it leaves open.
+    async fn whole_history(
+        &self,
+        aggregate: AggregateId,
+    ) -> Result<(Vec<HistoryEntry>, OpenLosses), ReadError> {
+        let last = self.last_subject_sequence(&aggregate).await?;
+        if last == 0 {
+            return Ok((Vec::new(), OpenLosses::EMPTY));
+        }
+        let (entries, head) = self.scan_subject(&aggregate, 1, last, EMPTY_HEAD).await?;
+        let open = head.open.clone();
+        // A whole read is the freshest head there is: the next append needs no lookup.
+        self.remember_head(aggregate, head);
+        Ok((entries, open))
+    }
+
     fn forget_head(&self, aggregate: &AggregateId) {
         self.inner
             .heads
@@ -1785,8 +1801,8 @@ impl EventLog for JetStreamLog {
     }
 
     async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {
-        let history = self.aggregate_history(aggregate).await?;
-        if let Some(loss) = HistoryEntry::open_losses(&history).first() {
+        let (history, open) = self.whole_history(aggregate).await?;
+        if let Some(loss) = open.first() {
             return Err(ReadError::Lost(*loss));
         }
         Ok(history
@@ -1802,14 +1818,7 @@ impl EventLog for JetStreamLog {
         &self,
         aggregate: AggregateId,
     ) -> Result<Vec<HistoryEntry>, ReadError> {
-        let last = self.last_subject_sequence(&aggregate).await?;
-        if last == 0 {
-            return Ok(Vec::new());
-        }
-        let (entries, head) = self.scan_subject(&aggregate, 1, last, EMPTY_HEAD).await?;
-        // A whole read is the freshest head there is: the next append needs no lookup.
-        self.remember_head(aggregate, head);
-        Ok(entries)
+        Ok(self.whole_history(aggregate).await?.0)
     }
 
     async fn read_aggregate_after(

@@ -14,8 +14,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use provledger_events::codec;
 use provledger_events::{
-    AggregateId, AggregateKind, Commit, Event, EventLog, HeldChain, HeldStep, IntegrityError,
-    LostVersions, ReadError,
+    AggregateId, AggregateKind, Commit, Event, EventLog, HeldChains, IntegrityError, Passage,
+    ReadError,
 };
 use provledger_projections::Entity;
 use tokio::sync::watch;
@@ -161,7 +161,7 @@ pub struct Projector {
     copies_log: bool,
     /// Aggregates read past a loss, whose commits are held, not folded, until it is
     /// acknowledged (`provledger_events::loss`): few, all kept.
-    held: HashMap<AggregateId, HeldChain>,
+    held: HeldChains,
 }
 
 impl Projector {
@@ -169,7 +169,7 @@ impl Projector {
         let checkpoint = store.checkpoint()?;
         let watermark = store.watermark()?;
         let copies_log = store.copies_log()?;
-        let held = store.held_chains()?.into_iter().collect();
+        let held = HeldChains::new(store.held_chains()?);
         let (applied, _) = watch::channel(checkpoint);
         // A snapshot deferred before a restart is still due.
         let newest = store.snapshots()?.last().copied().unwrap_or(0);
@@ -416,34 +416,30 @@ impl Projector {
         batch: &mut StoreBatch,
     ) -> Result<PastLoss, StoreError> {
         let aggregate = commit.aggregate;
-        if let Some(chain) = self.held.get_mut(&aggregate) {
-            let step = chain.step(commit.clone());
-            return Ok(match step {
-                HeldStep::Held => {
-                    batch.held.push((aggregate, Some(chain.clone())));
-                    PastLoss::Held
+        let position = commit.position;
+        let header = self.load(aggregate)?.header();
+        let (tip_version, tip_position) = (header.version, header.last_position);
+        Ok(match self.held.pass(&commit, tip_version, tip_position) {
+            Passage::Read => match self.load(aggregate)?.check_next(&commit) {
+                Ok(()) => PastLoss::Fold(vec![commit]),
+                Err(violation) => PastLoss::Violation(Box::new(commit), violation.to_string()),
+            },
+            Passage::Held(chain) => {
+                // This commit revealed a loss (the one found just before it).
+                for loss in chain.open.as_slice() {
+                    if loss.next_position == position {
+                        tracing::error!(%loss, "commits lost from the log: the aggregate is held until an operator acknowledges");
+                    }
                 }
-                HeldStep::Resumed(commits) => {
-                    tracing::warn!(%aggregate, position = commit.position, commits = commits.len(), "every loss acknowledged; the commits held past it are folded");
-                    self.held.remove(&aggregate);
-                    batch.held.push((aggregate, None));
-                    PastLoss::Fold(commits)
-                }
-                HeldStep::Outside(reason) => PastLoss::Violation(Box::new(commit), reason),
-            });
-        }
-        let entity = self.load(aggregate)?;
-        let tip = entity.header().version;
-        if let Some(loss) = LostVersions::before(&aggregate, tip, &commit) {
-            tracing::error!(%loss, "commits lost from the log: the aggregate is held until an operator acknowledges");
-            let chain = HeldChain::start(loss, commit);
-            batch.held.push((aggregate, Some(chain.clone())));
-            self.held.insert(aggregate, chain);
-            return Ok(PastLoss::Held);
-        }
-        Ok(match entity.check_next(&commit) {
-            Ok(()) => PastLoss::Fold(vec![commit]),
-            Err(violation) => PastLoss::Violation(Box::new(commit), violation.to_string()),
+                batch.held.push((aggregate, Some(chain)));
+                PastLoss::Held
+            }
+            Passage::Resumed { commits, .. } => {
+                tracing::warn!(%aggregate, position, commits = commits.len(), "every loss acknowledged; the commits held past it are folded");
+                batch.held.push((aggregate, None));
+                PastLoss::Fold(commits)
+            }
+            Passage::Outside(reason) => PastLoss::Violation(Box::new(commit), reason),
         })
     }
 
