@@ -14,7 +14,7 @@ use provledger_events::catalogue::{
 };
 use provledger_events::{AggregateId, Timestamp};
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::cluster::ClusterState;
@@ -26,7 +26,7 @@ use crate::operation::{
 use crate::provider::{ProviderState, ProviderStatus};
 
 /// The fields every entity's view carries besides its own.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct FoldProgress {
     /// The aggregate's version: the number of its commits folded.
     pub version: u64,
@@ -50,7 +50,7 @@ impl FoldProgress {
 }
 
 /// A cluster (`q.cluster.get`).
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct ClusterView {
     pub id: Uuid,
     pub name: String,
@@ -66,7 +66,7 @@ pub struct ClusterView {
     pub progress: FoldProgress,
 }
 
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct NodeGroupView {
     pub name: String,
     /// The desired count: the spec's, or the last scale target.
@@ -103,7 +103,7 @@ impl ClusterView {
 }
 
 /// An instance (`q.instance.get`).
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct InstanceView {
     pub id: Uuid,
     pub name: String,
@@ -163,7 +163,7 @@ impl InstanceView {
 }
 
 /// A resource provider (`q.provider.get`).
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct ProviderView {
     pub id: Uuid,
     pub name: String,
@@ -184,7 +184,7 @@ pub struct ProviderView {
 }
 
 /// One consumer's allocation on a provider.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct AllocationView {
     pub consumer: Uuid,
     pub consumer_kind: ConsumerKind,
@@ -221,7 +221,7 @@ impl ProviderView {
 }
 
 /// An operation (`q.operation.get`).
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct OperationView {
     pub id: Uuid,
     pub kind: Option<OperationKind>,
@@ -257,7 +257,7 @@ pub struct OperationView {
 }
 
 /// Which part of an operation's lists a view holds.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct ViewParts {
     pub steps_from: usize,
     pub steps_total: usize,
@@ -293,7 +293,7 @@ impl OperationView {
     }
 }
 
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct StepView {
     pub stage: String,
     pub name: String,
@@ -304,7 +304,7 @@ pub struct StepView {
     pub compensation_id: Option<Uuid>,
 }
 
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct StartedStepView {
     pub stage: String,
     pub name: String,
@@ -315,13 +315,13 @@ pub struct StartedStepView {
 }
 
 /// The one state of a started step: its outcome is not recorded.
-#[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OutcomeUnknown {
     OutcomeUnknown,
 }
 
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct CompensationView {
     pub compensation_id: Uuid,
     pub stage: String,
@@ -413,7 +413,7 @@ pub const SUMMARY_NOT_DONE_MAX: usize = 20;
 /// An operation as lists show it (`q.operation.list`, `provledger operation list`): what an
 /// operator triages by, bounded whatever the operation's size. Its steps, effects, plan
 /// and every compensation are in its view (`q.operation.get`).
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct OperationSummary {
     pub id: Uuid,
     pub kind: Option<OperationKind>,
@@ -476,7 +476,7 @@ impl OperationSummary {
 
 /// Any entity's view, as `q.state_at` and the lists answer it: the kind is told by the
 /// fields (a list holds one kind; `state_at` names the aggregate asked for).
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum EntityView {
     Cluster(ClusterView),

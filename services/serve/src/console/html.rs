@@ -1,22 +1,205 @@
-//! The console's HTML building blocks: escaping, the page frame, links to entities and
-//! status badges. Pure: strings in, strings out.
+//! The console's HTML building blocks: the [`Html`] type and its [`html!`] macro (the only
+//! ways to make markup, so every value is escaped by its type), the page frame, links to
+//! entities and status badges. Pure: values in, markup out.
 
-use std::fmt::Write as _;
+use std::fmt;
 
 use provledger_events::{AggregateId, AggregateKind};
 use uuid::Uuid;
 
-/// Text made safe for HTML element content and attribute values.
-pub(crate) fn esc(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
+/// Markup. Nothing outside this module can turn a string into one without escaping it:
+/// markup comes from escaped text ([`Html::text`], or any string given to [`html!`]), from
+/// markup written in the source ([`html!`]'s literal, [`Html::lit`]), or from joining
+/// markup. So a page cannot show an unescaped value by forgetting to escape it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Html(String);
+
+impl Html {
+    pub(crate) fn new() -> Html {
+        Html(String::new())
+    }
+
+    /// Text, escaped for element content and attribute values alike.
+    pub(crate) fn text(text: &str) -> Html {
+        let mut out = Html::new();
+        out.push(text);
+        out
+    }
+
+    /// Markup written in the source: a `&'static str` is a literal or a constant, never
+    /// a value read from outside.
+    pub(crate) fn lit(markup: &'static str) -> Html {
+        Html(markup.to_string())
+    }
+
+    /// Appends a part: markup as it is, text escaped, numbers as digits.
+    pub(crate) fn push(&mut self, part: impl Render) {
+        part.render(&mut self.0);
+    }
+
+    /// The parts with `separator` (markup from the source) between them.
+    pub(crate) fn join(parts: impl IntoIterator<Item = Html>, separator: &'static str) -> Html {
+        let mut out = Html::new();
+        for (i, part) in parts.into_iter().enumerate() {
+            if i > 0 {
+                out.0.push_str(separator);
+            }
+            out.0.push_str(&part.0);
+        }
+        out
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The response body: the one way markup leaves the console.
+    pub(crate) fn into_body(self) -> axum::response::Html<String> {
+        axum::response::Html(self.0)
+    }
+
+    /// [`html!`]'s output. Only the macro calls it: it has checked that its format string
+    /// names no argument inline, so every argument went through [`Render`].
+    #[doc(hidden)]
+    pub(crate) fn from_checked_args(args: fmt::Arguments<'_>) -> Html {
+        Html(args.to_string())
+    }
+}
+
+impl std::ops::Deref for Html {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Html {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How a value becomes part of a page: markup as it is, text escaped, numbers and ids as
+/// they print (digits, hex and dashes cannot carry markup).
+pub(crate) trait Render {
+    fn render(&self, out: &mut String);
+}
+
+impl Render for Html {
+    fn render(&self, out: &mut String) {
+        out.push_str(&self.0);
+    }
+}
+
+impl Render for str {
+    fn render(&self, out: &mut String) {
+        for c in self.chars() {
+            match c {
+                '&' => out.push_str("&amp;"),
+                '<' => out.push_str("&lt;"),
+                '>' => out.push_str("&gt;"),
+                '"' => out.push_str("&quot;"),
+                '\'' => out.push_str("&#39;"),
+                c => out.push(c),
+            }
+        }
+    }
+}
+
+impl Render for String {
+    fn render(&self, out: &mut String) {
+        self.as_str().render(out)
+    }
+}
+
+macro_rules! render_as_printed {
+    ($($t:ty),*) => {$(
+        impl Render for $t {
+            fn render(&self, out: &mut String) {
+                use std::fmt::Write as _;
+                // Writing to a String cannot fail.
+                let _ = write!(out, "{self}");
+            }
+        }
+    )*};
+}
+render_as_printed!(u8, u16, u32, u64, usize, i64, Uuid);
+
+impl<T: Render + ?Sized> Render for &T {
+    fn render(&self, out: &mut String) {
+        (**self).render(out)
+    }
+}
+
+impl<T: Render> Render for Option<T> {
+    fn render(&self, out: &mut String) {
+        if let Some(v) = self {
+            v.render(out)
+        }
+    }
+}
+
+/// An argument of [`html!`], displayed through [`Render`].
+#[doc(hidden)]
+pub(crate) struct Rendered<'a, T: ?Sized>(pub(crate) &'a T);
+
+impl<T: Render + ?Sized> fmt::Display for Rendered<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = String::new();
+        self.0.render(&mut out);
+        f.write_str(&out)
+    }
+}
+
+/// Whether a format string has only `{}` placeholders (and `{{`, `}}`): an argument named
+/// inside the string (`{name}`) would be captured by `format_args!` directly, past
+/// [`Render`], so [`html!`] refuses it when it compiles.
+#[doc(hidden)]
+pub(crate) const fn only_positional(format: &str) -> bool {
+    let b = format.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'{' {
+            if i + 1 < b.len() && (b[i + 1] == b'{' || b[i + 1] == b'}') {
+                i += 2;
+                continue;
+            }
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Markup from a format string written in the source and arguments that are each
+/// rendered by type ([`Render`]): text is escaped, markup kept. Only `{}` placeholders:
+/// an inline `{name}` does not compile.
+macro_rules! html {
+    ($format:literal $(, $arg:expr)* $(,)?) => {{
+        const _: () = assert!(
+            $crate::console::html::only_positional($format),
+            "html!: use {{}} placeholders only, so every argument is rendered by type"
+        );
+        $crate::console::html::Html::from_checked_args(format_args!(
+            $format $(, $crate::console::html::Rendered(&$arg))*
+        ))
+    }};
+}
+pub(crate) use html;
+
+/// Percent-encodes a query value (letters, digits and `-_.~/` kept).
+pub(crate) fn url_encode(value: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for b in value.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                out.push(b as char)
+            }
+            b => {
+                // Writing to a String cannot fail.
+                let _ = write!(out, "%{b:02X}");
+            }
         }
     }
     out
@@ -43,16 +226,16 @@ pub(crate) fn entity_path(id: &AggregateId) -> String {
 }
 
 /// A link to an entity's page, labelled with its kind and id.
-pub(crate) fn entity_link(id: &AggregateId) -> String {
-    format!(
+pub(crate) fn entity_link(id: &AggregateId) -> Html {
+    html!(
         "<a href=\"{}\"><code>{}</code></a>",
         entity_path(id),
-        esc(&id.to_string())
+        id.to_string()
     )
 }
 
 /// A link to an operation's page.
-pub(crate) fn operation_link(id: &Uuid) -> String {
+pub(crate) fn operation_link(id: &Uuid) -> Html {
     entity_link(&AggregateId::new(AggregateKind::Operation, *id))
 }
 
@@ -79,30 +262,30 @@ pub(crate) fn tone(status: &str) -> &'static str {
 }
 
 /// A status word as a coloured badge.
-pub(crate) fn badge(status: &str) -> String {
-    format!(
+pub(crate) fn badge(status: &str) -> Html {
+    html!(
         "<span class=\"badge {}\" data-status=\"{}\">{}</span>",
         tone(status),
-        esc(status),
-        esc(status)
+        status,
+        status
     )
 }
 
-/// A simple table: a header row and escaped-or-HTML cells (cells are HTML already).
-pub(crate) fn table(class: &str, head: &[&str], rows: &[Vec<String>]) -> String {
-    let mut out = format!("<table class=\"{class}\"><thead><tr>");
+/// A simple table: a header row (text) and cells (markup).
+pub(crate) fn table(class: &'static str, head: &[&str], rows: &[Vec<Html>]) -> Html {
+    let mut out = html!("<table class=\"{}\"><thead><tr>", class);
     for h in head {
-        let _ = write!(out, "<th>{}</th>", esc(h));
+        out.push(html!("<th>{}</th>", h));
     }
-    out.push_str("</tr></thead><tbody>");
+    out.push(Html::lit("</tr></thead><tbody>"));
     for row in rows {
-        out.push_str("<tr>");
+        out.push(Html::lit("<tr>"));
         for cell in row {
-            let _ = write!(out, "<td>{cell}</td>");
+            out.push(html!("<td>{}</td>", cell));
         }
-        out.push_str("</tr>");
+        out.push(Html::lit("</tr>"));
     }
-    out.push_str("</tbody></table>");
+    out.push(Html::lit("</tbody></table>"));
     out
 }
 
@@ -118,25 +301,33 @@ pub(crate) struct Frame<'a> {
 }
 
 /// A whole page around `content` (the part a live page replaces).
-pub(crate) fn page(frame: &Frame<'_>, content: &str) -> String {
-    let live = if frame.live { LIVE_SCRIPT } else { "" };
-    format!(
+pub(crate) fn page(frame: &Frame<'_>, content: &Html) -> Html {
+    let (live, live_note) = if frame.live {
+        (
+            Html::lit(LIVE_SCRIPT),
+            Html::lit(" · <span id=\"live-state\">live</span>"),
+        )
+    } else {
+        (Html::new(), Html::new())
+    };
+    html!(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
 <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-<title>{title} · provledger</title><style>{STYLE}</style></head><body data-position=\"{position}\">\
+<title>{} · provledger</title><style>{}</style></head><body data-position=\"{}\">\
 <header><a class=\"brand\" href=\"/operations\">provledger</a>\
 <nav><a href=\"/operations\">Operations</a><a href=\"/operations?status=needs_attention\">Needs attention</a>\
 <a href=\"/clusters\">Clusters</a><a href=\"/providers\">Providers</a><a href=\"/health\">Health</a></nav>\
-<span class=\"where\">{stream} · <span id=\"position\">position {position}</span>{live_note}</span></header>\
-<main><h1>{title}</h1><div id=\"live\">{content}</div></main>{live}</body></html>\n",
-        title = esc(frame.title),
-        stream = esc(frame.stream),
-        position = frame.position,
-        live_note = if frame.live {
-            " · <span id=\"live-state\">live</span>"
-        } else {
-            ""
-        },
+<span class=\"where\">{} · <span id=\"position\">position {}</span>{}</span></header>\
+<main><h1>{}</h1><div id=\"live\">{}</div></main>{}</body></html>\n",
+        frame.title,
+        Html::lit(STYLE),
+        frame.position,
+        frame.stream,
+        frame.position,
+        live_note,
+        frame.title,
+        content,
+        live,
     )
 }
 

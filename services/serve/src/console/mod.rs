@@ -34,7 +34,7 @@ use std::time::Duration;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::Router;
 pub use chains::CHAINS_KEPT_MAX;
@@ -46,6 +46,7 @@ use uuid::Uuid;
 
 use crate::replica::QueryContext;
 use crate::store::OperationFilter;
+use html::html;
 use pages::{History, ListFilter};
 
 /// Page requests answered at once; more are answered 503 at once (the console must never
@@ -164,13 +165,13 @@ impl IntoResponse for PageError {
             PageError::NotFound(_) => StatusCode::NOT_FOUND,
             PageError::Busy | PageError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
-        let body = format!(
+        let body = html!(
             "<!doctype html><html><head><meta charset=\"utf-8\"><title>{}</title></head><body><h1>{}</h1><p id=\"error\">{}</p><p><a href=\"/operations\">operations</a></p></body></html>",
             status.as_u16(),
-            status,
-            html::esc(&self.to_string())
+            status.to_string(),
+            self.to_string()
         );
-        (status, Html(body)).into_response()
+        (status, body.into_body()).into_response()
     }
 }
 
@@ -196,7 +197,7 @@ impl Console {
         title: &str,
         live: bool,
         params: &Params,
-        content: String,
+        content: html::Html,
     ) -> Response {
         let body = if params.fragment {
             content
@@ -211,7 +212,7 @@ impl Console {
                 &content,
             )
         };
-        ([(header::CACHE_CONTROL, "no-store")], Html(body)).into_response()
+        ([(header::CACHE_CONTROL, "no-store")], body.into_body()).into_response()
     }
 }
 
@@ -521,10 +522,11 @@ fn unchanged(p: &Params, entity: &Entity) -> Option<Response> {
 }
 
 /// The page's content, marked with the entity's version for its live refreshes.
-fn versioned(entity: &Entity, content: String) -> String {
-    format!(
-        "<span hidden id=\"shown-version\" data-version=\"{}\"></span>{content}",
-        entity.header().version
+fn versioned(entity: &Entity, content: html::Html) -> html::Html {
+    html!(
+        "<span hidden id=\"shown-version\" data-version=\"{}\"></span>{}",
+        entity.header().version,
+        content
     )
 }
 

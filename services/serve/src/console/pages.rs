@@ -2,17 +2,15 @@
 //! Pure: what a page shows is a function of what it is given (the handlers in `mod.rs`
 //! read the store and the stream), so a page can be tested without a server.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-
 use provledger_events::{AggregateId, AggregateKind, HistoryEntry};
 use provledger_projections::timeline;
 use provledger_projections::view::{
     ClusterView, CompensationView, InstanceView, OperationView, ProviderView,
 };
+use std::collections::BTreeMap;
 use uuid::Uuid;
 
-use super::html::{badge, entity_link, esc, operation_link, table, word};
+use super::html::{badge, entity_link, html, operation_link, table, url_encode, word, Html};
 use super::plan::plan_diagram;
 
 /// The operation list's filters, as the query string gives them.
@@ -46,22 +44,6 @@ impl ListFilter {
     }
 }
 
-/// Percent-encodes a query value (letters, digits and `-_.~/` kept).
-pub(crate) fn url_encode(value: &str) -> String {
-    let mut out = String::new();
-    for b in value.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
-                out.push(b as char)
-            }
-            b => {
-                let _ = write!(out, "%{b:02X}");
-            }
-        }
-    }
-    out
-}
-
 /// The statuses an operator filters on, needs_attention first.
 pub(crate) const STATUSES: [&str; 8] = [
     "needs_attention",
@@ -88,49 +70,46 @@ pub(crate) fn resume_command(op: &OperationView) -> Option<String> {
     }
 }
 
-fn compensations_summary(op: &OperationView) -> String {
+fn compensations_summary(op: &OperationView) -> Html {
     if op.compensations.is_empty() {
-        return String::new();
+        return Html::new();
     }
     let done = op
         .compensations
         .iter()
         .filter(|c| word(&c.state) == "done")
         .count();
-    format!("{done}/{} undone", op.compensations.len())
+    html!("{}/{} undone", done, op.compensations.len())
 }
 
-fn failure(op: &OperationView) -> String {
+fn failure(op: &OperationView) -> Html {
     match &op.error {
-        Some(e) => format!(
+        Some(e) => html!(
             "{}{}: {}",
-            esc(&e.stage),
-            e.step
-                .as_deref()
-                .map(|s| format!(" / {}", esc(s)))
-                .unwrap_or_default(),
-            esc(&e.message)
+            e.stage,
+            e.step.as_deref().map(|s| html!(" / {}", s)),
+            e.message
         ),
         None => op
             .cancellation_reason
             .as_deref()
-            .map(|r| format!("cancelled: {}", esc(r)))
+            .map(|r| html!("cancelled: {}", r))
             .unwrap_or_default(),
     }
 }
 
-fn operation_rows(ops: &[OperationView]) -> Vec<Vec<String>> {
+fn operation_rows(ops: &[OperationView]) -> Vec<Vec<Html>> {
     ops.iter()
         .map(|op| {
             vec![
                 operation_link(&op.id),
-                op.kind.as_ref().map(|k| esc(&word(k))).unwrap_or_default(),
+                Html::text(&op.kind.as_ref().map(word).unwrap_or_default()),
                 op.target.as_ref().map(entity_link).unwrap_or_default(),
                 op.status
                     .as_ref()
                     .map(|s| badge(&word(s)))
                     .unwrap_or_default(),
-                op.stage.as_deref().map(esc).unwrap_or_default(),
+                Html::text(op.stage.as_deref().unwrap_or_default()),
                 failure(op),
                 compensations_summary(op),
             ]
@@ -155,29 +134,33 @@ pub(crate) fn operations(
     attention: Option<&[OperationView]>,
     rows: &[OperationView],
     next_before: Option<Uuid>,
-) -> String {
-    let mut out = String::new();
-    out.push_str("<form class=\"filters\" method=\"get\" action=\"/operations\">");
-    out.push_str("<label>status<select name=\"status\"><option value=\"\">any</option>");
+) -> Html {
+    let mut out = Html::lit(
+        "<form class=\"filters\" method=\"get\" action=\"/operations\">\
+<label>status<select name=\"status\"><option value=\"\">any</option>",
+    );
     for s in STATUSES {
         let selected = if filter.status.as_deref() == Some(s) {
             " selected"
         } else {
             ""
         };
-        let _ = write!(out, "<option value=\"{s}\"{selected}>{s}</option>");
+        out.push(html!(
+            "<option value=\"{}\"{}>{}</option>",
+            s,
+            Html::lit(selected),
+            s
+        ));
     }
-    let _ = write!(
-        out,
+    out.push(html!(
         "</select></label><label>kind<input name=\"kind\" value=\"{}\" placeholder=\"create_cluster\"></label>\
 <label>target<input name=\"target\" size=\"44\" value=\"{}\" placeholder=\"cluster/UUID\"></label>\
 <button type=\"submit\">filter</button></form>",
-        esc(filter.kind.as_deref().unwrap_or("")),
-        esc(filter.target.as_deref().unwrap_or(""))
-    );
+        filter.kind.as_deref().unwrap_or(""),
+        filter.target.as_deref().unwrap_or("")
+    ));
     if let Some(attention) = attention {
-        let _ = write!(
-            out,
+        out.push(html!(
             "<h2 id=\"needs-attention\">Needs attention ({}{})</h2>",
             attention.len(),
             if attention.len() >= super::ATTENTION_SHOWN_MAX {
@@ -185,22 +168,22 @@ pub(crate) fn operations(
             } else {
                 ""
             }
-        );
+        ));
         if attention.is_empty() {
-            out.push_str("<p class=\"muted\">No rollback is stopped.</p>");
+            out.push(Html::lit("<p class=\"muted\">No rollback is stopped.</p>"));
         } else {
-            out.push_str(&table(
+            out.push(table(
                 "operations attention",
                 &OPERATION_HEAD,
                 &operation_rows(attention),
             ));
         }
-        out.push_str("<h2>All operations</h2>");
+        out.push(Html::lit("<h2>All operations</h2>"));
     }
     if rows.is_empty() {
-        out.push_str("<p class=\"muted\">No operation matches.</p>");
+        out.push(Html::lit("<p class=\"muted\">No operation matches.</p>"));
     } else {
-        out.push_str(&table(
+        out.push(table(
             "operations all",
             &OPERATION_HEAD,
             &operation_rows(rows),
@@ -209,10 +192,12 @@ pub(crate) fn operations(
     if let Some(before) = next_before {
         let query = filter.query();
         let sep = if query.is_empty() { "" } else { "&" };
-        let _ = write!(
-            out,
-            "<p><a href=\"/operations?{query}{sep}before={before}\">older operations</a></p>"
-        );
+        out.push(html!(
+            "<p><a href=\"/operations?{}{}before={}\">older operations</a></p>",
+            query,
+            sep,
+            before
+        ));
     }
     out
 }
@@ -220,57 +205,69 @@ pub(crate) fn operations(
 /// One operation: what it is, where it stopped, the command to move it on, its stages,
 /// the rollback plan drawn (above the steps: it is what an operator came for), its steps,
 /// and its own history (the timeline).
-pub(crate) fn operation(op: &OperationView, history: &History) -> String {
-    let mut out = String::new();
+pub(crate) fn operation(op: &OperationView, history: &History) -> Html {
+    let mut out = operation_summary(op);
+    out.push(stages_section(op));
+    out.push(Html::lit("<h2>Rollback plan</h2>"));
+    out.push(plan_section(op));
+    out.push(Html::lit("<h2>Steps</h2>"));
+    out.push(steps_section(op));
+    out.push(Html::lit("<h2>Timeline</h2>"));
+    out.push(history_section(history));
+    out
+}
+
+/// What the operation is, where it stopped, and the command to move it on.
+fn operation_summary(op: &OperationView) -> Html {
     let status = op.status.as_ref().map(word).unwrap_or_default();
-    let _ = write!(
-        out,
+    let mut out = html!(
         "<div class=\"box\"><p>{} {} on {} · status {} · version {}</p>",
-        esc(&op.kind.as_ref().map(word).unwrap_or_default()),
+        op.kind.as_ref().map(word).unwrap_or_default(),
         operation_link(&op.id),
-        op.target.as_ref().map(entity_link).unwrap_or_default(),
+        op.target.as_ref().map(entity_link),
         badge(&status),
         op.progress.version
     );
     if let Some(parent) = op.parent_id {
-        let _ = write!(out, "<p>part of bundle {}</p>", operation_link(&parent));
+        out.push(html!("<p>part of bundle {}</p>", operation_link(&parent)));
     }
     if !op.children.is_empty() {
-        out.push_str("<p>children: ");
-        for c in &op.children {
-            let _ = write!(out, "{} ", operation_link(c));
-        }
-        out.push_str("</p>");
+        out.push(html!(
+            "<p>children: {} </p>",
+            Html::join(op.children.iter().map(operation_link), " ")
+        ));
     }
     if op.target_deleted {
-        out.push_str(
+        out.push(Html::lit(
             "<p>the target is being deleted by a user: data-holding nodes are removed too</p>",
-        );
+        ));
     }
     let failed = failure(op);
     if !failed.is_empty() {
-        let _ = write!(out, "<p class=\"alert\">failed in {failed}</p>");
+        out.push(html!("<p class=\"alert\">failed in {}</p>", failed));
     }
     if let Some(cmd) = resume_command(op) {
-        let _ = write!(
-            out,
+        out.push(html!(
             "<p>To move it on: <code class=\"cmd\" id=\"resume\">{}</code></p>",
-            esc(&cmd)
-        );
+            cmd
+        ));
     }
-    out.push_str("</div>");
+    out.push(Html::lit("</div>"));
+    out
+}
 
-    out.push_str("<h2>Stages</h2><div class=\"stages\">");
+/// The stages, the current one marked, each with its policy on failure.
+fn stages_section(op: &OperationView) -> Html {
+    let mut out = Html::lit("<h2>Stages</h2><div class=\"stages\">");
     for stage in &op.stages {
         let current = op.stage.as_deref() == Some(stage.name.as_str());
         let reached = op.steps.iter().any(|s| s.stage == stage.name)
             || op.started.iter().any(|s| s.stage == stage.name);
-        let _ = write!(
-            out,
+        out.push(html!(
             "<div class=\"stage{}\"><b>{}</b><br><span class=\"muted\">on failure: {}</span><br>{}</div>",
             if current { " current" } else { "" },
-            esc(&stage.name),
-            esc(&word(&stage.policy)),
+            stage.name,
+            word(&stage.policy),
             if current {
                 "current"
             } else if reached {
@@ -278,107 +275,106 @@ pub(crate) fn operation(op: &OperationView, history: &History) -> String {
             } else {
                 "not reached"
             }
-        );
+        ));
     }
-    out.push_str("</div>");
+    out.push(Html::lit("</div>"));
+    out
+}
 
-    out.push_str("<h2>Rollback plan</h2>");
-    match &op.rollback_plan {
-        None => out.push_str("<p class=\"muted\">No rollback plan is recorded.</p>"),
-        Some(plan) => {
-            let _ = write!(
-                out,
-                "<div class=\"box\" id=\"plan\"><p>rule: {}</p><p>target {} ends {}</p>",
-                esc(&plan.rule),
-                entity_link(&plan.target),
-                esc(&target_outcome(&plan.target_outcome))
-            );
-            if let Some(outcome) = &op.rollback_outcome {
-                let _ = write!(out, "<p>rollback ended {}</p>", badge(&word(outcome)));
-            }
-            out.push_str(&plan_diagram(op));
-            if !plan.retained.is_empty() {
-                out.push_str("<p>kept on purpose:</p>");
-                let rows: Vec<Vec<String>> = plan
-                    .retained
-                    .iter()
-                    .map(|r| {
-                        vec![
-                            esc(&r.stage),
-                            esc(&r.step),
-                            format!("<code>{}</code>", esc(&r.resource)),
-                            esc(&r.why),
-                        ]
-                    })
-                    .collect();
-                out.push_str(&table(
-                    "retained",
-                    &["stage", "step", "resource", "why"],
-                    &rows,
-                ));
-            }
-            out.push_str(&remaining_by_executor(&op.compensations));
-            out.push_str("</div>");
-        }
+/// The rollback plan drawn, what it keeps on purpose, and what is still held.
+fn plan_section(op: &OperationView) -> Html {
+    let Some(plan) = &op.rollback_plan else {
+        return Html::lit("<p class=\"muted\">No rollback plan is recorded.</p>");
+    };
+    let mut out = html!(
+        "<div class=\"box\" id=\"plan\"><p>rule: {}</p><p>target {} ends {}</p>",
+        plan.rule,
+        entity_link(&plan.target),
+        target_outcome(&plan.target_outcome)
+    );
+    if let Some(outcome) = &op.rollback_outcome {
+        out.push(html!("<p>rollback ended {}</p>", badge(&word(outcome))));
     }
-    out.push_str("<h2>Steps</h2>");
-    let mut rows: Vec<Vec<String>> = op
+    out.push(plan_diagram(op));
+    if !plan.retained.is_empty() {
+        out.push(Html::lit("<p>kept on purpose:</p>"));
+        let rows: Vec<Vec<Html>> = plan
+            .retained
+            .iter()
+            .map(|r| {
+                vec![
+                    Html::text(&r.stage),
+                    Html::text(&r.step),
+                    html!("<code>{}</code>", r.resource),
+                    Html::text(&r.why),
+                ]
+            })
+            .collect();
+        out.push(table(
+            "retained",
+            &["stage", "step", "resource", "why"],
+            &rows,
+        ));
+    }
+    out.push(remaining_by_executor(&op.compensations));
+    out.push(Html::lit("</div>"));
+    out
+}
+
+/// The steps recorded, then those started whose outcome is not known.
+fn steps_section(op: &OperationView) -> Html {
+    let mut rows: Vec<Vec<Html>> = op
         .steps
         .iter()
         .map(|s| {
             vec![
-                esc(&s.stage),
-                esc(&s.name),
-                format!(
+                Html::text(&s.stage),
+                Html::text(&s.name),
+                html!(
                     "{} <code>{}</code> at {}",
-                    esc(&word(&s.effect.kind)),
-                    esc(&s.effect.resource),
-                    esc(&s.effect.executor)
+                    word(&s.effect.kind),
+                    s.effect.resource,
+                    s.effect.executor
                 ),
                 s.compensation
                     .as_ref()
                     .map(|c| {
-                        format!(
+                        html!(
                             "{} <code>{}</code> at {}",
-                            esc(&word(&c.action)),
-                            esc(&c.resource),
-                            esc(&executor_name(&c.executor))
+                            word(&c.action),
+                            c.resource,
+                            executor_name(&c.executor)
                         )
                     })
-                    .unwrap_or_else(|| "<span class=\"muted\">none declared</span>".into()),
+                    .unwrap_or_else(|| Html::lit("<span class=\"muted\">none declared</span>")),
                 badge(&word(&s.state)),
             ]
         })
         .collect();
     rows.extend(op.started.iter().map(|s| {
         vec![
-            esc(&s.stage),
-            esc(&s.name),
-            format!(
+            Html::text(&s.stage),
+            Html::text(&s.name),
+            html!(
                 "asked of {} under key <code>{}</code>",
-                esc(&s.executor),
-                esc(&s.idempotency_key)
+                s.executor,
+                s.idempotency_key
             ),
             s.compensation
                 .as_ref()
-                .map(|c| format!("{} by key", esc(&word(&c.action))))
+                .map(|c| html!("{} by key", word(&c.action)))
                 .unwrap_or_default(),
             badge("outcome_unknown"),
         ]
     }));
     if rows.is_empty() {
-        out.push_str("<p class=\"muted\">No step recorded.</p>");
-    } else {
-        out.push_str(&table(
-            "steps",
-            &["stage", "step", "effect", "declared compensation", "state"],
-            &rows,
-        ));
+        return Html::lit("<p class=\"muted\">No step recorded.</p>");
     }
-
-    out.push_str("<h2>Timeline</h2>");
-    out.push_str(&history_section(history));
-    out
+    table(
+        "steps",
+        &["stage", "step", "effect", "declared compensation", "state"],
+        &rows,
+    )
 }
 
 fn target_outcome(outcome: &provledger_events::catalogue::TargetOutcome) -> String {
@@ -399,7 +395,7 @@ pub(crate) fn executor_name(executor: &provledger_events::catalogue::Executor) -
 }
 
 /// What is still not undone, by executor: where an operator has to look.
-fn remaining_by_executor(compensations: &[CompensationView]) -> String {
+fn remaining_by_executor(compensations: &[CompensationView]) -> Html {
     let mut by: BTreeMap<String, Vec<&CompensationView>> = BTreeMap::new();
     for c in compensations {
         // Resolved by hand: an operator says the executor no longer holds it.
@@ -409,24 +405,24 @@ fn remaining_by_executor(compensations: &[CompensationView]) -> String {
     }
     if by.is_empty() {
         return if compensations.is_empty() {
-            String::new()
+            Html::new()
         } else {
-            "<p class=\"ok\" id=\"remaining\">Nothing remains at any executor.</p>".into()
+            Html::lit("<p class=\"ok\" id=\"remaining\">Nothing remains at any executor.</p>")
         };
     }
-    let rows: Vec<Vec<String>> = by
+    let rows: Vec<Vec<Html>> = by
         .iter()
         .map(|(executor, cs)| {
             vec![
-                esc(executor),
-                cs.iter()
-                    .map(|c| format!("<code>{}</code>", esc(&c.resource)))
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                Html::text(executor),
+                Html::join(
+                    cs.iter().map(|c| html!("<code>{}</code>", c.resource)),
+                    ", ",
+                ),
             ]
         })
         .collect();
-    format!(
+    html!(
         "<div id=\"remaining\"><p>still held (not undone):</p>{}</div>",
         table("remaining", &["executor", "resources"], &rows)
     )
@@ -456,273 +452,322 @@ pub(crate) struct History {
 
 /// The chain verdict, then the page of entries: a broken link or a quarantined message is
 /// shown in place, in red, never left out.
-pub(crate) fn history_section(history: &History) -> String {
-    let mut out = String::new();
-    if !history.lost.is_empty() {
-        out.push_str("<div class=\"alert\" id=\"chain\" data-chain=\"lost\"><b>integrity: commits lost from the log</b><ul>");
-        for l in &history.lost {
-            let _ = write!(out, "<li>{}</li>", esc(l));
-        }
-        out.push_str("</ul></div>");
-    } else if history.violations.is_empty() && history.quarantined == 0 {
-        let _ = write!(
-            out,
-            "<p class=\"ok\" id=\"chain\" data-chain=\"verified\">hash chain verified: {} commits, every link intact</p>",
-            history.commits
-        );
-    } else {
-        let _ = write!(
-            out,
-            "<div class=\"alert\" id=\"chain\" data-chain=\"broken\"><b>hash chain broken</b>: {} violation(s), {} message(s) on the subject outside the chain<ul>",
-            history.violations.len(),
-            history.quarantined
-        );
-        for (_, v) in history.violations.iter().take(super::VIOLATIONS_SHOWN_MAX) {
-            let _ = write!(out, "<li>{}</li>", esc(v));
-        }
-        for e in &history.entries {
-            if let HistoryEntry::Quarantined {
-                position, reason, ..
-            } = e
-            {
-                let _ = write!(out, "<li>position {position}: {}</li>", esc(reason));
-            }
-        }
-        out.push_str("</ul></div>");
-    }
+pub(crate) fn history_section(history: &History) -> Html {
+    let mut out = chain_verdict(history);
     if let Some(from) = history.earlier_from {
-        let _ = write!(
-            out,
-            "<p><a href=\"{}?from={from}\">earlier commits</a></p>",
-            history.path
-        );
+        out.push(html!(
+            "<p><a href=\"{}?from={}\">earlier commits</a></p>",
+            history.path,
+            from
+        ));
     }
-    let rows: Vec<(bool, Vec<String>)> = history
-        .entries
-        .iter()
-        .map(|e| match e {
-            HistoryEntry::Commit(c) => {
-                let broken: Vec<&str> = history
-                    .violations
-                    .iter()
-                    .filter(|(p, _)| *p == c.position)
-                    .map(|(_, v)| v.as_str())
-                    .collect();
-                let lines = timeline::render(c)
-                    .iter()
-                    .map(|l| esc(l))
-                    .collect::<Vec<_>>()
-                    .join("<br>");
-                let link = if broken.is_empty() {
-                    format!(
-                        "<span title=\"prev {}\">&#x2713; {}</span>",
-                        esc(&c.prev_hash.to_string()),
-                        esc(&short_hash(&c.hash.to_string()))
-                    )
-                } else {
-                    format!("<b>&#x2717; broken</b>: {}", esc(&broken.join("; ")))
-                };
-                (
-                    !broken.is_empty(),
-                    vec![
-                        format!("v{}", c.version),
-                        format!("#{}", c.position),
-                        esc(&c.recorded_at.to_string()),
-                        esc(&c.actor),
-                        lines,
-                        link,
-                    ],
-                )
-            }
-            HistoryEntry::Quarantined {
-                position,
-                subject,
-                reason,
-            } => (
-                true,
-                vec![
-                    "—".into(),
-                    format!("#{position}"),
-                    String::new(),
-                    String::new(),
-                    format!("<code>{}</code>: not part of the chain", esc(subject)),
-                    format!("<b>&#x2717; quarantined</b>: {}", esc(reason)),
-                ],
-            ),
-            HistoryEntry::Lost(l) => {
-                let open = history.lost.contains(&format!("integrity: {l}"));
-                (
-                    open,
-                    vec![
-                        format!("v{}", l.range()),
-                        format!("before #{}", l.next_position),
-                        String::new(),
-                        String::new(),
-                        "missing from the log".into(),
-                        if open {
-                            "<b>&#x2717; lost</b>".into()
-                        } else {
-                            "lost; acknowledged".into()
-                        },
-                    ],
-                )
-            }
-        })
-        .collect();
-    out.push_str("<table class=\"history\"><thead><tr><th>version</th><th>position</th><th>recorded</th><th>actor</th><th>events</th><th>chain</th></tr></thead><tbody>");
-    for (broken, row) in rows {
-        out.push_str(if broken {
+    out.push(Html::lit("<table class=\"history\"><thead><tr><th>version</th><th>position</th><th>recorded</th><th>actor</th><th>events</th><th>chain</th></tr></thead><tbody>"));
+    for entry in &history.entries {
+        let (broken, row) = history_row(history, entry);
+        out.push(Html::lit(if broken {
             "<tr class=\"broken\">"
         } else {
             "<tr>"
-        });
+        }));
         for cell in row {
-            let _ = write!(out, "<td>{cell}</td>");
+            out.push(html!("<td>{}</td>", cell));
         }
-        out.push_str("</tr>");
+        out.push(Html::lit("</tr>"));
     }
-    out.push_str("</tbody></table>");
+    out.push(Html::lit("</tbody></table>"));
     if let Some(from) = history.later_from {
-        let _ = write!(
-            out,
-            "<p><a href=\"{}?from={from}\">later commits</a></p>",
-            history.path
-        );
+        out.push(html!(
+            "<p><a href=\"{}?from={}\">later commits</a></p>",
+            history.path,
+            from
+        ));
     }
     out
+}
+
+/// Whether the whole chain holds: lost commits, or verified, or every violation and every
+/// message outside the chain.
+fn chain_verdict(history: &History) -> Html {
+    if !history.lost.is_empty() {
+        let mut out = Html::lit("<div class=\"alert\" id=\"chain\" data-chain=\"lost\"><b>integrity: commits lost from the log</b><ul>");
+        for l in &history.lost {
+            out.push(html!("<li>{}</li>", l));
+        }
+        out.push(Html::lit("</ul></div>"));
+        return out;
+    }
+    if history.violations.is_empty() && history.quarantined == 0 {
+        return html!(
+            "<p class=\"ok\" id=\"chain\" data-chain=\"verified\">hash chain verified: {} commits, every link intact</p>",
+            history.commits
+        );
+    }
+    let mut out = html!(
+        "<div class=\"alert\" id=\"chain\" data-chain=\"broken\"><b>hash chain broken</b>: {} violation(s), {} message(s) on the subject outside the chain<ul>",
+        history.violations.len(),
+        history.quarantined
+    );
+    for (_, v) in history.violations.iter().take(super::VIOLATIONS_SHOWN_MAX) {
+        out.push(html!("<li>{}</li>", v));
+    }
+    for e in &history.entries {
+        if let HistoryEntry::Quarantined {
+            position, reason, ..
+        } = e
+        {
+            out.push(html!("<li>position {}: {}</li>", position, reason));
+        }
+    }
+    out.push(Html::lit("</ul></div>"));
+    out
+}
+
+/// One entry's row, and whether it is shown as broken.
+fn history_row(history: &History, entry: &HistoryEntry) -> (bool, Vec<Html>) {
+    match entry {
+        HistoryEntry::Commit(c) => {
+            let broken: Vec<&str> = history
+                .violations
+                .iter()
+                .filter(|(p, _)| *p == c.position)
+                .map(|(_, v)| v.as_str())
+                .collect();
+            let lines = Html::join(timeline::render(c).iter().map(|l| Html::text(l)), "<br>");
+            let link = if broken.is_empty() {
+                html!(
+                    "<span title=\"prev {}\">&#x2713; {}</span>",
+                    c.prev_hash.to_string(),
+                    short_hash(&c.hash.to_string())
+                )
+            } else {
+                html!("<b>&#x2717; broken</b>: {}", broken.join("; "))
+            };
+            (
+                !broken.is_empty(),
+                vec![
+                    html!("v{}", c.version),
+                    html!("#{}", c.position),
+                    Html::text(&c.recorded_at.to_string()),
+                    Html::text(&c.actor),
+                    lines,
+                    link,
+                ],
+            )
+        }
+        HistoryEntry::Quarantined {
+            position,
+            subject,
+            reason,
+        } => (
+            true,
+            vec![
+                Html::lit("—"),
+                html!("#{}", position),
+                Html::new(),
+                Html::new(),
+                html!("<code>{}</code>: not part of the chain", subject),
+                html!("<b>&#x2717; quarantined</b>: {}", reason),
+            ],
+        ),
+        HistoryEntry::Lost(l) => {
+            let open = history.lost.contains(&format!("integrity: {l}"));
+            (
+                open,
+                vec![
+                    html!("v{}", l.range().to_string()),
+                    html!("before #{}", l.next_position),
+                    Html::new(),
+                    Html::new(),
+                    Html::lit("missing from the log"),
+                    Html::lit(if open {
+                        "<b>&#x2717; lost</b>"
+                    } else {
+                        "lost; acknowledged"
+                    }),
+                ],
+            )
+        }
+    }
 }
 
 fn short_hash(hash: &str) -> String {
     hash.chars().take(12).collect()
 }
 
-fn in_flight(operation: Option<Uuid>, kind: Option<String>) -> String {
+fn in_flight(operation: Option<Uuid>, kind: Option<String>) -> Html {
     match operation {
-        Some(op) => format!(
+        Some(op) => html!(
             "<p>operation in flight: {} {}</p>",
-            esc(&kind.unwrap_or_default()),
+            kind.unwrap_or_default(),
             operation_link(&op)
         ),
-        None => "<p class=\"muted\">no operation in flight</p>".into(),
+        None => Html::lit("<p class=\"muted\">no operation in flight</p>"),
     }
 }
 
 /// A cluster: its state, node groups and their instances, the operation in flight.
-pub(crate) fn cluster(c: &ClusterView, history: &History) -> String {
-    let mut out = String::new();
+pub(crate) fn cluster(c: &ClusterView, history: &History) -> Html {
     let status = c.status.as_ref().map(word).unwrap_or_default();
-    let _ = write!(
-        out,
+    let mut out = html!(
         "<div class=\"box\"><p><b>{}</b> ({}) · {} · version {}</p><p>{}</p>{}</div>",
-        esc(&c.name),
-        esc(&c.plugin),
+        c.name,
+        c.plugin,
         badge(&status),
         c.progress.version,
-        esc(&c.status_description),
+        c.status_description,
         in_flight(c.operation_id, c.operation_kind.as_ref().map(word))
     );
-    out.push_str("<h2>Node groups</h2>");
-    let rows: Vec<Vec<String>> = c
+    out.push(Html::lit("<h2>Node groups</h2>"));
+    let rows: Vec<Vec<Html>> = c
         .node_groups
         .iter()
         .map(|g| {
             vec![
-                esc(&g.name),
-                g.count.to_string(),
-                esc(&g.flavor),
-                g.instance_ids
-                    .iter()
-                    .map(|i| entity_link(&AggregateId::new(AggregateKind::Instance, *i)))
-                    .collect::<Vec<_>>()
-                    .join("<br>"),
+                Html::text(&g.name),
+                html!("{}", g.count),
+                Html::text(&g.flavor),
+                Html::join(
+                    g.instance_ids
+                        .iter()
+                        .map(|i| entity_link(&AggregateId::new(AggregateKind::Instance, *i))),
+                    "<br>",
+                ),
             ]
         })
         .collect();
-    out.push_str(&table(
+    out.push(table(
         "groups",
         &["group", "count", "flavor", "instances"],
         &rows,
     ));
-    out.push_str("<h2>History</h2>");
-    out.push_str(&history_section(history));
+    out.push(Html::lit("<h2>History</h2>"));
+    out.push(history_section(history));
     out
 }
 
+/// `class=v, class=v` for a resource map.
+fn resources_text(resources: &BTreeMap<String, u64>) -> String {
+    resources
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// An instance: where it runs, its task and lease, its cluster and operation.
-pub(crate) fn instance(i: &InstanceView, history: &History) -> String {
-    let mut out = String::new();
+pub(crate) fn instance(i: &InstanceView, history: &History) -> Html {
     let rows = vec![
-        vec!["name".into(), esc(&i.name)],
+        vec![Html::lit("name"), Html::text(&i.name)],
         vec![
-            "vm state".into(),
+            Html::lit("vm state"),
             i.vm_state
                 .as_ref()
                 .map(|s| badge(&word(s)))
                 .unwrap_or_default(),
         ],
         vec![
-            "task".into(),
+            Html::lit("task"),
             i.task_state
                 .as_ref()
                 .map(|s| badge(&word(s)))
-                .unwrap_or_else(|| "none".into()),
+                .unwrap_or_else(|| Html::lit("none")),
         ],
-        vec!["power".into(), esc(&word(&i.power_state))],
+        vec![Html::lit("power"), Html::text(&word(&i.power_state))],
         vec![
-            "cluster".into(),
+            Html::lit("cluster"),
             i.cluster_id
                 .map(|c| entity_link(&AggregateId::new(AggregateKind::Cluster, c)))
                 .unwrap_or_default(),
         ],
-        vec!["host".into(), esc(i.host.as_deref().unwrap_or(""))],
         vec![
-            "provider".into(),
+            Html::lit("host"),
+            Html::text(i.host.as_deref().unwrap_or("")),
+        ],
+        vec![
+            Html::lit("provider"),
             i.provider_id
                 .map(|p| entity_link(&AggregateId::new(AggregateKind::Provider, p)))
                 .unwrap_or_default(),
         ],
         vec![
-            "resources".into(),
-            esc(&i
-                .resources
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(", ")),
+            Html::lit("resources"),
+            Html::text(&resources_text(&i.resources)),
         ],
         vec![
-            "task lease".into(),
+            Html::lit("task lease"),
             match (&i.task_worker, &i.task_lease_until) {
-                (Some(w), Some(until)) => format!("{} until {}", esc(w), esc(&until.to_string())),
-                _ => "none".into(),
+                (Some(w), Some(until)) => html!("{} until {}", w, until.to_string()),
+                _ => Html::lit("none"),
             },
         ],
-        vec!["delete requested".into(), i.delete_requested.to_string()],
-        vec!["version".into(), i.progress.version.to_string()],
+        vec![
+            Html::lit("delete requested"),
+            Html::lit(if i.delete_requested { "true" } else { "false" }),
+        ],
+        vec![Html::lit("version"), html!("{}", i.progress.version)],
     ];
-    out.push_str(&table("fields", &["", ""], &rows));
-    out.push_str(&in_flight(i.operation_id, None));
-    out.push_str("<h2>History</h2>");
-    out.push_str(&history_section(history));
+    let mut out = table("fields", &["", ""], &rows);
+    out.push(in_flight(i.operation_id, None));
+    out.push(Html::lit("<h2>History</h2>"));
+    out.push(history_section(history));
     out
 }
 
 /// A provider: capacity against usage per resource class, and who holds what.
-pub(crate) fn provider(p: &ProviderView, history: &History) -> String {
-    let mut out = String::new();
+pub(crate) fn provider(p: &ProviderView, history: &History) -> Html {
     let status = p.status.as_ref().map(word).unwrap_or_default();
-    let _ = write!(
-        out,
+    let mut out = html!(
         "<div class=\"box\"><p><b>{}</b> on host <code>{}</code> · {} · version {}</p></div>",
-        esc(&p.name),
-        esc(&p.host),
+        p.name,
+        p.host,
         badge(&status),
         p.progress.version
     );
-    out.push_str("<h2>Allocations against capacity</h2>");
+    out.push(Html::lit("<h2>Allocations against capacity</h2>"));
+    out.push(capacity_table(p));
+    let rows: Vec<Vec<Html>> = p
+        .allocations
+        .iter()
+        .take(super::ALLOCATIONS_SHOWN_MAX)
+        .map(|a| {
+            let kind = word(&a.consumer_kind);
+            let consumer = match kind.as_str() {
+                "instance" => entity_link(&AggregateId::new(AggregateKind::Instance, a.consumer)),
+                "operation" => operation_link(&a.consumer),
+                _ => html!("<code>{}</code>", a.consumer),
+            };
+            vec![
+                consumer,
+                Html::text(&kind),
+                Html::text(&resources_text(&a.resources)),
+            ]
+        })
+        .collect();
+    out.push(html!(
+        "<h2>Allocations ({}{})</h2>",
+        p.allocations.len(),
+        (p.allocations.len() > super::ALLOCATIONS_SHOWN_MAX)
+            .then(|| html!(", first {} shown", super::ALLOCATIONS_SHOWN_MAX))
+    ));
+    if rows.is_empty() {
+        out.push(Html::lit("<p class=\"muted\">none</p>"));
+    } else {
+        out.push(table(
+            "allocations",
+            &["consumer", "kind", "resources"],
+            &rows,
+        ));
+    }
+    out.push(Html::lit("<h2>History</h2>"));
+    out.push(history_section(history));
+    out
+}
+
+/// Usage against capacity per resource class, as bars.
+fn capacity_table(p: &ProviderView) -> Html {
     let classes: std::collections::BTreeSet<&String> =
         p.capacity.keys().chain(p.usage.keys()).collect();
-    let rows: Vec<Vec<String>> = classes
+    let rows: Vec<Vec<Html>> = classes
         .into_iter()
         .map(|class| {
             let capacity = p.capacity.get(class).copied().unwrap_or(0);
@@ -734,18 +779,19 @@ pub(crate) fn provider(p: &ProviderView, history: &History) -> String {
                 .map_or(100, |p| p.min(100));
             let over = used > capacity;
             vec![
-                esc(class),
-                used.to_string(),
-                capacity.to_string(),
-                format!(
-                    "<span class=\"bar\"><span class=\"{}\" style=\"width:{pct}%\"></span></span> {}",
+                Html::text(class),
+                html!("{}", used),
+                html!("{}", capacity),
+                html!(
+                    "<span class=\"bar\"><span class=\"{}\" style=\"width:{}%\"></span></span> {}",
                     if over { "over" } else { "" },
+                    pct,
                     if over { "over capacity" } else { "" }
                 ),
             ]
         })
         .collect();
-    out.push_str(&table(
+    table(
         "capacity",
         &[
             "resource class",
@@ -754,69 +800,24 @@ pub(crate) fn provider(p: &ProviderView, history: &History) -> String {
             "",
         ],
         &rows,
-    ));
-    let rows: Vec<Vec<String>> = p
-        .allocations
-        .iter()
-        .take(super::ALLOCATIONS_SHOWN_MAX)
-        .map(|a| {
-            let kind = word(&a.consumer_kind);
-            let consumer = match kind.as_str() {
-                "instance" => entity_link(&AggregateId::new(AggregateKind::Instance, a.consumer)),
-                "operation" => operation_link(&a.consumer),
-                _ => format!("<code>{}</code>", a.consumer),
-            };
-            vec![
-                consumer,
-                esc(&kind),
-                esc(&a
-                    .resources
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")),
-            ]
-        })
-        .collect();
-    let _ = write!(
-        out,
-        "<h2>Allocations ({}{})</h2>",
-        p.allocations.len(),
-        if p.allocations.len() > super::ALLOCATIONS_SHOWN_MAX {
-            format!(", first {} shown", super::ALLOCATIONS_SHOWN_MAX)
-        } else {
-            String::new()
-        }
-    );
-    if rows.is_empty() {
-        out.push_str("<p class=\"muted\">none</p>");
-    } else {
-        out.push_str(&table(
-            "allocations",
-            &["consumer", "kind", "resources"],
-            &rows,
-        ));
-    }
-    out.push_str("<h2>History</h2>");
-    out.push_str(&history_section(history));
-    out
+    )
 }
 
 /// A list of clusters or providers: one link per entity with its status.
-pub(crate) fn entity_list(rows: &[(AggregateId, String, String)], next: Option<String>) -> String {
-    let mut out = String::new();
+pub(crate) fn entity_list(rows: &[(AggregateId, String, String)], next: Option<String>) -> Html {
+    let mut out = Html::new();
     if rows.is_empty() {
-        out.push_str("<p class=\"muted\">None yet.</p>");
+        out.push(Html::lit("<p class=\"muted\">None yet.</p>"));
     }
-    let rows: Vec<Vec<String>> = rows
+    let rows: Vec<Vec<Html>> = rows
         .iter()
-        .map(|(id, name, status)| vec![entity_link(id), esc(name), badge(status)])
+        .map(|(id, name, status)| vec![entity_link(id), Html::text(name), badge(status)])
         .collect();
     if !rows.is_empty() {
-        out.push_str(&table("entities", &["id", "name", "status"], &rows));
+        out.push(table("entities", &["id", "name", "status"], &rows));
     }
     if let Some(next) = next {
-        let _ = write!(out, "<p><a href=\"{next}\">next page</a></p>");
+        out.push(html!("<p><a href=\"{}\">next page</a></p>", next));
     }
     out
 }
@@ -836,107 +837,109 @@ pub(crate) struct HealthView {
     pub(crate) audit_interval: Option<std::time::Duration>,
 }
 
-pub(crate) fn health(h: &HealthView) -> String {
-    let mut out = String::new();
+pub(crate) fn health(h: &HealthView) -> Html {
     let lag = h.end.map(|e| e.saturating_sub(h.position));
     let rows = vec![
         vec![
-            "ready".into(),
+            Html::lit("ready"),
             if h.ready {
                 badge("ready")
             } else {
-                format!(
+                html!(
                     "{} {}",
                     badge("not_ready"),
-                    esc(h.reason.as_deref().unwrap_or(""))
+                    h.reason.as_deref().unwrap_or("")
                 )
             },
         ],
-        vec!["position applied".into(), h.position.to_string()],
+        vec![Html::lit("position applied"), html!("{}", h.position)],
         vec![
-            "stream end".into(),
-            h.end.map_or("cannot be read".into(), |e| e.to_string()),
+            Html::lit("stream end"),
+            h.end
+                .map_or(Html::lit("cannot be read"), |e| html!("{}", e)),
         ],
         vec![
-            "lag".into(),
-            lag.map_or("unknown".into(), |l| format!("{l} positions")),
+            Html::lit("lag"),
+            lag.map_or(Html::lit("unknown"), |l| html!("{} positions", l)),
         ],
         vec![
-            "caught up at start to".into(),
-            h.caught_up_to.map_or("not yet".into(), |p| p.to_string()),
+            Html::lit("caught up at start to"),
+            h.caught_up_to
+                .map_or(Html::lit("not yet"), |p| html!("{}", p)),
         ],
         vec![
-            "NATS".into(),
-            if h.nats_connected {
-                "connected".into()
+            Html::lit("NATS"),
+            Html::lit(if h.nats_connected {
+                "connected"
             } else {
-                "disconnected".into()
-            },
+                "disconnected"
+            }),
         ],
         vec![
-            "quarantined entries".into(),
-            h.quarantined_total.to_string(),
+            Html::lit("quarantined entries"),
+            html!("{}", h.quarantined_total),
         ],
     ];
-    out.push_str(&table("fields", &["", ""], &rows));
-    out.push_str("<h2>Last audit</h2>");
-    if let Some((at, why)) = &h.audit_failed {
-        let _ = write!(
-            out,
-            "<p class=\"alert\" id=\"audit-failed\">the audit of {} could not run: {}</p>",
-            esc(&at.to_string()),
-            esc(why)
-        );
-    }
-    match &h.audit {
-        None => {
-            let _ = write!(
-                out,
-                "<p class=\"muted\" id=\"audit\">{}</p>",
-                match h.audit_interval {
-                    Some(i) => format!(
-                        "no audit has finished yet on this replica (one runs every {} s)",
-                        i.as_secs()
-                    ),
-                    None => "this replica runs no audit (`serve --audit-interval`); run `provledger audit --nats URL` by hand".into(),
-                }
-            );
-        }
-        Some(a) => {
-            let class = if a.violations == 0 { "ok" } else { "alert" };
-            let _ = write!(
-                out,
-                "<div class=\"{class}\" id=\"audit\">finished {} in {} ms: {} commits read up to position {}, {} violation(s)",
-                esc(&a.finished_at.to_string()),
-                a.took_ms,
-                a.commits,
-                a.position,
-                a.violations
-            );
-            if !a.first.is_empty() {
-                out.push_str("<ul>");
-                for v in &a.first {
-                    let _ = write!(out, "<li>{}</li>", esc(v));
-                }
-                out.push_str("</ul>");
-            }
-            out.push_str("</div>");
-        }
-    }
-    out.push_str("<h2>Quarantine</h2>");
+    let mut out = table("fields", &["", ""], &rows);
+    out.push(Html::lit("<h2>Last audit</h2>"));
+    out.push(last_audit(h));
+    out.push(Html::lit("<h2>Quarantine</h2>"));
     if h.quarantined.is_empty() {
-        out.push_str("<p class=\"muted\">Nothing quarantined.</p>");
+        out.push(Html::lit("<p class=\"muted\">Nothing quarantined.</p>"));
     } else {
-        let rows: Vec<Vec<String>> = h
+        let rows: Vec<Vec<Html>> = h
             .quarantined
             .iter()
-            .map(|(p, s, r)| vec![format!("#{p}"), format!("<code>{}</code>", esc(s)), esc(r)])
+            .map(|(p, s, r)| vec![html!("#{}", p), html!("<code>{}</code>", s), Html::text(r)])
             .collect();
-        out.push_str(&table(
+        out.push(table(
             "quarantine",
             &["position", "subject", "reason"],
             &rows,
         ));
     }
+    out
+}
+
+/// The replica's last audit, or why there is none.
+fn last_audit(h: &HealthView) -> Html {
+    let mut out = Html::new();
+    if let Some((at, why)) = &h.audit_failed {
+        out.push(html!(
+            "<p class=\"alert\" id=\"audit-failed\">the audit of {} could not run: {}</p>",
+            at.to_string(),
+            why
+        ));
+    }
+    let Some(a) = &h.audit else {
+        out.push(html!(
+            "<p class=\"muted\" id=\"audit\">{}</p>",
+            match h.audit_interval {
+                Some(i) => format!(
+                    "no audit has finished yet on this replica (one runs every {} s)",
+                    i.as_secs()
+                ),
+                None => "this replica runs no audit (`serve --audit-interval`); run `provledger audit --nats URL` by hand".into(),
+            }
+        ));
+        return out;
+    };
+    out.push(html!(
+        "<div class=\"{}\" id=\"audit\">finished {} in {} ms: {} commits read up to position {}, {} violation(s)",
+        if a.violations == 0 { "ok" } else { "alert" },
+        a.finished_at.to_string(),
+        a.took_ms,
+        a.commits,
+        a.position,
+        a.violations
+    ));
+    if !a.first.is_empty() {
+        out.push(Html::lit("<ul>"));
+        for v in &a.first {
+            out.push(html!("<li>{}</li>", v));
+        }
+        out.push(Html::lit("</ul>"));
+    }
+    out.push(Html::lit("</div>"));
     out
 }

@@ -3,11 +3,9 @@
 //! requested, planned, failed, or stuck: failed and left when the rollback stopped), with
 //! its attempts and the executor that holds the resource. Pure SVG, no script.
 
-use std::fmt::Write as _;
-
 use provledger_projections::view::{CompensationView, OperationView};
 
-use super::html::{esc, word};
+use super::html::{html, word, Html};
 use super::pages::executor_name;
 
 /// Compensations drawn; the rest are counted under the drawing (a plan of thousands is
@@ -47,15 +45,19 @@ fn colours(standing: &str) -> (&'static str, &'static str) {
 }
 
 /// The plan of `op` as an inline SVG, with an accessible list of the same content.
-pub(crate) fn plan_diagram(op: &OperationView) -> String {
+pub(crate) fn plan_diagram(op: &OperationView) -> Html {
     let drawn: Vec<&CompensationView> = op.compensations.iter().take(PLAN_DRAWN_MAX).collect();
     if drawn.is_empty() {
-        return "<p class=\"muted\">The plan undoes nothing (every resource is kept or was never made).</p>".into();
+        return Html::lit("<p class=\"muted\">The plan undoes nothing (every resource is kept or was never made).</p>");
     }
     let height = drawn.len() * ROW_HEIGHT + 10;
-    let mut svg = format!(
-        "<svg class=\"plan\" id=\"plan-diagram\" role=\"img\" aria-label=\"rollback plan\" width=\"{WIDTH}\" height=\"{height}\" viewBox=\"0 0 {WIDTH} {height}\" xmlns=\"http://www.w3.org/2000/svg\">\
-<defs><marker id=\"arrow\" markerWidth=\"8\" markerHeight=\"8\" refX=\"4\" refY=\"4\" orient=\"auto\"><path d=\"M0,0 L8,4 L0,8 z\" fill=\"#8a96a3\"/></marker></defs>"
+    let mut svg = html!(
+        "<svg class=\"plan\" id=\"plan-diagram\" role=\"img\" aria-label=\"rollback plan\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\" xmlns=\"http://www.w3.org/2000/svg\">\
+<defs><marker id=\"arrow\" markerWidth=\"8\" markerHeight=\"8\" refX=\"4\" refY=\"4\" orient=\"auto\"><path d=\"M0,0 L8,4 L0,8 z\" fill=\"#8a96a3\"/></marker></defs>",
+        WIDTH,
+        height,
+        WIDTH,
+        height
     );
     let mut previous_stage: Option<&str> = None;
     for (i, c) in drawn.iter().enumerate() {
@@ -67,61 +69,72 @@ pub(crate) fn plan_diagram(op: &OperationView) -> String {
                 .find(|s| s.name == c.stage)
                 .map(|s| word(&s.policy))
                 .unwrap_or_default();
-            let _ = write!(
-                svg,
+            svg.push(html!(
                 "<text x=\"4\" y=\"{}\" font-weight=\"600\">{}</text><text x=\"4\" y=\"{}\" fill=\"#6b7785\">policy: {}</text>",
                 y + 14,
-                esc(&c.stage),
+                c.stage,
                 y + 29,
-                esc(&policy)
-            );
+                policy
+            ));
             previous_stage = Some(c.stage.as_str());
         }
-        let standing = standing(op, c);
-        let (fill, stroke) = colours(standing);
-        let x = STAGE_COLUMN;
-        let w = WIDTH - STAGE_COLUMN - 6;
-        let _ = write!(
-            svg,
-            "<g class=\"compensation\" data-standing=\"{standing}\" data-id=\"{}\">\
-<rect x=\"{x}\" y=\"{y}\" width=\"{w}\" height=\"{BOX_HEIGHT}\" rx=\"5\" fill=\"{fill}\" stroke=\"{stroke}\" stroke-width=\"1.5\"/>\
-<text x=\"{}\" y=\"{}\">{}. {} <tspan font-family=\"monospace\">{}</tspan> at {}</text>\
-<text x=\"{}\" y=\"{}\" fill=\"#3b4652\">{} · {} attempt(s){}</text></g>",
-            c.compensation_id,
-            x + 10,
-            y + 14,
-            i + 1,
-            esc(&word(&c.action)),
-            esc(&truncate(&c.resource, 40)),
-            esc(&executor_name(&c.executor)),
-            x + 10,
-            y + 28,
-            standing,
-            c.attempts,
-            c.last_error
-                .as_deref()
-                .map(|e| format!(" · last error: {}", esc(&truncate(e, 60))))
-                .unwrap_or_default(),
-        );
+        svg.push(compensation_box(op, c, i, y));
         if i + 1 < drawn.len() {
-            let ax = x + 24;
-            let _ = write!(
-                svg,
-                "<line x1=\"{ax}\" y1=\"{}\" x2=\"{ax}\" y2=\"{}\" stroke=\"#8a96a3\" marker-end=\"url(#arrow)\"/>",
+            let ax = STAGE_COLUMN + 24;
+            svg.push(html!(
+                "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#8a96a3\" marker-end=\"url(#arrow)\"/>",
+                ax,
                 y + BOX_HEIGHT,
+                ax,
                 y + ROW_HEIGHT - 3
-            );
+            ));
         }
     }
-    svg.push_str("</svg>");
+    svg.push(Html::lit("</svg>"));
     let more = op.compensations.len().saturating_sub(PLAN_DRAWN_MAX);
     if more > 0 {
-        let _ = write!(
-            svg,
-            "<p class=\"muted\">{more} more compensation(s) not drawn (PLAN_DRAWN_MAX = {PLAN_DRAWN_MAX}); `provledger rollback plan` lists them all.</p>"
-        );
+        svg.push(html!(
+            "<p class=\"muted\">{} more compensation(s) not drawn (PLAN_DRAWN_MAX = {}); `provledger rollback plan` lists them all.</p>",
+            more,
+            PLAN_DRAWN_MAX
+        ));
     }
     svg
+}
+
+/// One compensation's box, the `i`th drawn, at height `y`.
+fn compensation_box(op: &OperationView, c: &CompensationView, i: usize, y: usize) -> Html {
+    let standing = standing(op, c);
+    let (fill, stroke) = colours(standing);
+    let x = STAGE_COLUMN;
+    let w = WIDTH - STAGE_COLUMN - 6;
+    html!(
+        "<g class=\"compensation\" data-standing=\"{}\" data-id=\"{}\">\
+<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" rx=\"5\" fill=\"{}\" stroke=\"{}\" stroke-width=\"1.5\"/>\
+<text x=\"{}\" y=\"{}\">{}. {} <tspan font-family=\"monospace\">{}</tspan> at {}</text>\
+<text x=\"{}\" y=\"{}\" fill=\"#3b4652\">{} · {} attempt(s){}</text></g>",
+        standing,
+        c.compensation_id,
+        x,
+        y,
+        w,
+        BOX_HEIGHT,
+        fill,
+        stroke,
+        x + 10,
+        y + 14,
+        i + 1,
+        word(&c.action),
+        truncate(&c.resource, 40),
+        executor_name(&c.executor),
+        x + 10,
+        y + 28,
+        standing,
+        c.attempts,
+        c.last_error
+            .as_deref()
+            .map(|e| html!(" · last error: {}", truncate(e, 60))),
+    )
 }
 
 fn truncate(text: &str, max: usize) -> String {

@@ -14,7 +14,7 @@ use provledger_projections::operation::{CompensationProgress, OperationStatus};
 use provledger_projections::view::{CompensationView, FoldProgress, OperationView};
 use uuid::Uuid;
 
-use super::html::esc;
+use super::html::Html;
 use super::pages::{self, History, ListFilter};
 use super::plan::plan_diagram;
 use super::{history_page, Params};
@@ -230,7 +230,7 @@ fn the_worklist_comes_before_the_list_and_the_next_page_keeps_the_filters() {
     assert!(attention < all);
     assert!(
         html.contains(&format!(
-            "/operations?kind=create_cluster&limit=20&before={}",
+            "/operations?kind=create_cluster&amp;limit=20&amp;before={}",
             Uuid::from_u128(5)
         )),
         "{html}"
@@ -243,7 +243,10 @@ fn text_from_the_log_is_escaped() {
     op.compensations[1].last_error = Some("<script>alert(1)</script>".into());
     let html = pages::operation(&op, &History::default());
     assert!(!html.contains("<script>alert"), "{html}");
-    assert_eq!(esc("<a href='x'>&"), "&lt;a href=&#39;x&#39;&gt;&amp;");
+    assert_eq!(
+        &*Html::text("<a href='x'>&"),
+        "&lt;a href=&#39;x&#39;&gt;&amp;"
+    );
 }
 
 #[test]
@@ -297,4 +300,284 @@ fn a_verified_chain_keeps_its_tip_its_counts_and_the_page_window() {
     let mut short = super::chains::Verified::new();
     short.extend(&entries(chain(2)), 100, 5);
     assert_eq!(short.window_start(5), provledger_events::ChainTip::EMPTY);
+}
+
+/// Markup a hostile writer puts in every free-text field: an element, both quotes, an
+/// ampersand. Found unescaped on a page, it would be markup the page runs.
+const HOSTILE: &str = "<i id=hostile>'\"&";
+
+/// Where one string sits in a JSON value: a leaf, or an object's key.
+#[derive(Clone)]
+enum Spot {
+    Leaf(Vec<Step>),
+    Key(Vec<Step>, String),
+}
+
+#[derive(Clone)]
+enum Step {
+    Key(String),
+    Index(usize),
+}
+
+fn spots(v: &serde_json::Value, at: Vec<Step>, out: &mut Vec<Spot>) {
+    match v {
+        serde_json::Value::String(_) => out.push(Spot::Leaf(at)),
+        serde_json::Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                let mut next = at.clone();
+                next.push(Step::Index(i));
+                spots(item, next, out);
+            }
+        }
+        serde_json::Value::Object(map) => {
+            for (k, item) in map {
+                out.push(Spot::Key(at.clone(), k.clone()));
+                let mut next = at.clone();
+                next.push(Step::Key(k.clone()));
+                spots(item, next, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn at_mut<'a>(v: &'a mut serde_json::Value, path: &[Step]) -> &'a mut serde_json::Value {
+    path.iter().fold(v, |v, step| match step {
+        Step::Key(k) => &mut v[k.as_str()],
+        Step::Index(i) => &mut v[*i],
+    })
+}
+
+/// `value` with every string its type accepts as free text (map keys included) replaced by
+/// [`HOSTILE`], and how many were. A replacement is kept only when the typed value holds
+/// it exactly (serialized back, the JSON is the same), so enum words, ids and times stay.
+fn poisoned<T: serde::Serialize + serde::de::DeserializeOwned>(value: &T) -> (T, usize) {
+    let mut json = serde_json::to_value(value).expect("a view serializes");
+    let mut all = Vec::new();
+    spots(&json, Vec::new(), &mut all);
+    let mut kept = 0;
+    for (n, spot) in all.into_iter().enumerate() {
+        let mut candidate = json.clone();
+        match &spot {
+            Spot::Leaf(path) => {
+                *at_mut(&mut candidate, path) = serde_json::Value::String(HOSTILE.into())
+            }
+            Spot::Key(path, key) => {
+                let serde_json::Value::Object(map) = at_mut(&mut candidate, path) else {
+                    continue;
+                };
+                let Some(item) = map.remove(key) else {
+                    continue;
+                };
+                map.insert(format!("{HOSTILE}{n}"), item);
+            }
+        }
+        let typed: Result<T, _> = serde_json::from_value(candidate.clone());
+        if let Ok(typed) = typed {
+            if serde_json::to_value(&typed).ok().as_ref() == Some(&candidate) {
+                json = candidate;
+                kept += 1;
+            }
+        }
+    }
+    (
+        serde_json::from_value(json).expect("kept only what round-trips"),
+        kept,
+    )
+}
+
+fn assert_escaped(page: &str, what: &str) {
+    assert!(
+        !page.contains("<i id=hostile>"),
+        "{what}: unescaped markup in {page}"
+    );
+    assert!(
+        page.contains("&lt;i id=hostile&gt;&#39;&quot;&amp;"),
+        "{what}: the hostile text is not shown at all, so the test proves nothing: {page}"
+    );
+}
+
+fn full_operation() -> OperationView {
+    use provledger_events::catalogue::{
+        Compensation, Effect, EffectKind, OperationKind, Origin, RetainedResource,
+    };
+    use provledger_projections::operation::{OperationError, StepProgress};
+    use provledger_projections::view::{OutcomeUnknown, StartedStepView, StepView};
+    let mut op = stopped_rollback();
+    op.kind = Some(OperationKind::CreateCluster);
+    op.parent_id = Some(Uuid::from_u128(3));
+    op.children = vec![Uuid::from_u128(4)];
+    op.target_deleted = true;
+    op.error = Some(OperationError {
+        stage: "spawn".into(),
+        step: Some("vm-2".into()),
+        message: "boot failed".into(),
+    });
+    op.cancellation_reason = Some("asked".into());
+    let compensation = Compensation {
+        action: CompensationAction::TerminateVm,
+        executor: Executor::Service("hypervisor".into()),
+        resource: "vm-1".into(),
+        args: [("a".to_string(), "b".to_string())].into(),
+    };
+    op.steps = vec![StepView {
+        stage: "spawn".into(),
+        name: "vm-1".into(),
+        effect: Effect {
+            kind: EffectKind::VmCreated,
+            resource: "vm-1".into(),
+            executor: "hypervisor".into(),
+            origin: Origin::Created,
+            detail: [("k".to_string(), "v".to_string())].into(),
+        },
+        compensation: Some(compensation.clone()),
+        state: StepProgress::Done,
+        compensation_id: None,
+    }];
+    op.started = vec![StartedStepView {
+        stage: "spawn".into(),
+        name: "vm-3".into(),
+        executor: "hypervisor".into(),
+        idempotency_key: "key-3".into(),
+        compensation: Some(compensation),
+        state: OutcomeUnknown::OutcomeUnknown,
+    }];
+    if let Some(plan) = op.rollback_plan.as_mut() {
+        plan.retained = vec![RetainedResource {
+            stage: "spawn".into(),
+            step: "vm-0".into(),
+            resource: "disk-0".into(),
+            why: "holds data".into(),
+        }];
+    }
+    op
+}
+
+/// A history with a commit whose actor and events carry text, a broken link, a message
+/// outside the chain and a loss, every text in it hostile.
+fn hostile_history() -> History {
+    let mut commits = chain(2);
+    commits[1].actor = HOSTILE.into();
+    commits[1].events = vec![Event::ClusterStatusChanged {
+        status: ClusterStatus::Active,
+        description: HOSTILE.into(),
+    }];
+    let mut entries = entries(commits);
+    entries.push(HistoryEntry::Quarantined {
+        position: 99,
+        subject: HOSTILE.into(),
+        reason: HOSTILE.into(),
+    });
+    let mut history = history_page(&cluster(), entries, None, "/clusters/x".into());
+    history.violations.push((20, HOSTILE.into()));
+    history
+}
+
+#[test]
+fn every_text_a_page_shows_is_escaped_whatever_a_writer_put_in_it() {
+    // Given views in which every free-text field (and every map key) holds markup...
+    let (op, op_fields) = poisoned(&full_operation());
+    assert!(
+        op_fields >= 25,
+        "only {op_fields} operation fields were poisoned"
+    );
+    let history = hostile_history();
+    // ...when every page that shows them is rendered, then each shows the text escaped.
+    assert_escaped(&pages::operation(&op, &history), "operation page");
+    assert_escaped(&plan_diagram(&op), "plan drawing");
+    assert_escaped(&pages::history_section(&history), "history");
+    let filter = ListFilter {
+        status: None,
+        kind: Some(HOSTILE.into()),
+        target: Some(HOSTILE.into()),
+        limit: None,
+    };
+    let list = pages::operations(
+        &filter,
+        Some(std::slice::from_ref(&op)),
+        std::slice::from_ref(&op),
+        None,
+    );
+    assert_escaped(&list, "operation list");
+    let rows = vec![(cluster(), HOSTILE.to_string(), HOSTILE.to_string())];
+    assert_escaped(
+        &pages::entity_list(&rows, Some(format!("/clusters?after={HOSTILE}"))),
+        "entity list",
+    );
+    let health = pages::HealthView {
+        ready: false,
+        reason: Some(HOSTILE.into()),
+        position: 1,
+        end: None,
+        caught_up_to: None,
+        nats_connected: true,
+        quarantined: vec![(1, HOSTILE.into(), HOSTILE.into())],
+        quarantined_total: 1,
+        audit: Some(crate::audit::LastAudit {
+            finished_at: Timestamp(0),
+            took_ms: 1,
+            position: 1,
+            commits: 1,
+            violations: 1,
+            first: vec![HOSTILE.into()],
+        }),
+        audit_failed: Some((Timestamp(0), HOSTILE.into())),
+        audit_interval: None,
+    };
+    assert_escaped(&pages::health(&health), "health");
+    let frame = super::html::Frame {
+        title: HOSTILE,
+        stream: HOSTILE,
+        position: 1,
+        live: true,
+    };
+    assert_escaped(&super::html::page(&frame, &Html::new()), "page frame");
+}
+
+#[test]
+fn every_text_a_cluster_instance_or_provider_page_shows_is_escaped() {
+    use provledger_projections::view::{ClusterView, InstanceView, ProviderView};
+    // The fold's progress is flattened into each view.
+    let with_progress = |mut v: serde_json::Value| {
+        v["version"] = 1.into();
+        v["last_position"] = 1.into();
+        v["anomalies"] = serde_json::json!([]);
+        v["anomaly_count"] = 0.into();
+        v
+    };
+    let json = with_progress(serde_json::json!({
+        "id": Uuid::from_u128(1), "name": "c", "plugin": "p", "status": null,
+        "status_description": "d",
+        "node_groups": [{"name": "g", "count": 1, "flavor": "f", "processes": ["x"],
+                         "instance_ids": [Uuid::from_u128(2)]}],
+        "operation_id": Uuid::from_u128(3), "operation_kind": null
+    }));
+    let cluster_view: ClusterView = serde_json::from_value(json).expect("a cluster view");
+    let (c, n) = poisoned(&cluster_view);
+    assert!(n >= 6, "only {n} cluster fields were poisoned");
+    assert_escaped(&pages::cluster(&c, &hostile_history()), "cluster page");
+
+    let json = with_progress(serde_json::json!({
+        "id": Uuid::from_u128(1), "name": "i", "origin": null, "cluster_id": Uuid::from_u128(2),
+        "node_group": "g", "flavor": "f", "resources": {"VCPU": 1}, "vm_state": null,
+        "task_state": null, "power_state": "running", "host": "h", "provider_id": Uuid::from_u128(3),
+        "task_worker": "w", "task_lease_since": null, "task_lease_until": Timestamp(5),
+        "delete_requested": false, "pending_reissues": [], "operation_id": Uuid::from_u128(4)
+    }));
+    let instance_view: InstanceView = serde_json::from_value(json).expect("an instance view");
+    let (i, n) = poisoned(&instance_view);
+    assert!(n >= 5, "only {n} instance fields were poisoned");
+    assert_escaped(&pages::instance(&i, &hostile_history()), "instance page");
+
+    let json = with_progress(serde_json::json!({
+        "id": Uuid::from_u128(1), "name": "p", "host": "h", "status": null, "inventories": {},
+        "capacity": {"VCPU": 4}, "usage": {"VCPU": 1},
+        "allocations": [{"consumer": Uuid::from_u128(5), "consumer_kind": "instance",
+                         "resources": {"VCPU": 1}}],
+        "last_delete_refusal": null
+    }));
+    let provider_view: ProviderView = serde_json::from_value(json).expect("a provider view");
+    let (p, n) = poisoned(&provider_view);
+    assert!(n >= 5, "only {n} provider fields were poisoned");
+    assert_escaped(&pages::provider(&p, &hostile_history()), "provider page");
 }
