@@ -18,10 +18,13 @@
 //!   tail (`subscribe`) holds a consumer, at most [`SUBSCRIPTIONS_MAX`] per log handle.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, context::PublishErrorKind, stream};
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use async_nats::jetstream::publish::PublishAck;
+use async_nats::jetstream::{self, consumer, stream};
 use futures::StreamExt;
 use tokio::sync::Semaphore;
 use uuid::Uuid;
@@ -1524,97 +1527,13 @@ impl JetStreamLog {
         let mut answers: Vec<Option<SetAnswer>> = (0..sets.len()).map(|_| None).collect();
         let mut open: Vec<usize> = (0..sets.len()).collect();
         for round in 0..GROUP_ROUNDS_MAX {
-            let sealing =
-                futures::future::join_all(open.iter().map(|&s| self.seal_set(&sets[s]))).await;
-            let mut ready: Vec<(usize, SealedSet)> = Vec::with_capacity(open.len());
-            for (&s, sealed) in open.iter().zip(sealing) {
-                match sealed {
-                    Ok(Ok(sealed)) => ready.push((s, sealed)),
-                    Ok(Err(conflicts)) => {
-                        answers[s] = Some(self.conflicts_or_retry(&sets[s], conflicts).await)
-                    }
-                    Err(e) => answers[s] = Some(Err(e)),
-                }
-            }
+            let ready = self.seal_open(&sets, &open, &mut answers).await;
             if ready.is_empty() {
                 break;
             }
-            let messages: Vec<BatchMessage> = ready
-                .iter()
-                .flat_map(|(_, set)| set.messages.iter().cloned())
-                .collect();
-            match self.publish_batch(messages).await {
-                BatchAck::Stored { last_sequence } => {
-                    let sealed: Vec<&SealedSet> = ready.iter().map(|(_, set)| set).collect();
-                    let outcomes = self.stored_outcomes(&sealed, last_sequence);
-                    for ((s, _), outcome) in ready.iter().zip(outcomes) {
-                        answers[*s] = Some(Ok(outcome));
-                    }
-                    break;
-                }
-                BatchAck::WrongLastSequence => {
-                    let rechecks = futures::future::join_all(
-                        ready
-                            .iter()
-                            .map(|(s, sealed)| self.recheck(&sets[*s], sealed.sealed_on())),
-                    )
-                    .await;
-                    open = Vec::with_capacity(ready.len());
-                    let mut moved = false;
-                    for ((s, sealed), recheck) in ready.iter().zip(rechecks) {
-                        match recheck {
-                            // The set sealed on a moved head that no longer admits it is
-                            // refused alone.
-                            Ok(Recheck::Conflicts(conflicts)) => {
-                                let on = sealed.sealed_on();
-                                answers[*s] = Some(
-                                    self.refused_after_publish(&sets[*s], &on, conflicts).await,
-                                );
-                                moved = true;
-                            }
-                            Ok(Recheck::Moved(m)) => {
-                                moved |= m;
-                                open.push(*s);
-                            }
-                            Err(e) => answers[*s] = Some(Err(e)),
-                        }
-                    }
-                    // No subject moved, the heads do not tell which set was refused; or a
-                    // subject moved again in the second round (a hot aggregate another
-                    // process writes): each set goes alone rather than the whole group
-                    // losing race after race.
-                    if !moved || round + 1 == GROUP_ROUNDS_MAX {
-                        self.each_alone(&sets, &open, &mut answers).await;
-                        break;
-                    }
-                    if open.is_empty() {
-                        break;
-                    }
-                }
-                // A duplicate id, or more messages than this server takes in one batch
-                // (its `max_batch_size` below 1,000): each set alone.
-                BatchAck::DuplicateId | BatchAck::TooLarge => {
-                    open = ready.iter().map(|(s, _)| *s).collect();
-                    self.each_alone(&sets, &open, &mut answers).await;
-                    break;
-                }
-                BatchAck::Unavailable(reason) => {
-                    for (s, _) in &ready {
-                        self.note_unanswered(sets[*s].iter().map(|i| &i.draft.commit_id));
-                        answers[*s] = Some(Err(AppendError::Unavailable {
-                            reason: reason.clone(),
-                        }));
-                    }
-                    break;
-                }
-                BatchAck::Busy => {
-                    for (s, _) in &ready {
-                        answers[*s] = Some(Err(unavailable(
-                            "the stream had too many atomic batches in flight",
-                        )));
-                    }
-                    break;
-                }
+            open = self.publish_group(&sets, &ready, round, &mut answers).await;
+            if open.is_empty() {
+                break;
             }
         }
         answers
@@ -1627,6 +1546,127 @@ impl JetStreamLog {
                 })
             })
             .collect()
+    }
+
+    /// Seals each of the `open` sets on its aggregates' heads, side by side: the sets ready
+    /// to publish. A set its heads refuse, or that cannot be sealed, is answered.
+    async fn seal_open(
+        &self,
+        sets: &[Vec<AtomicItem>],
+        open: &[usize],
+        answers: &mut [Option<SetAnswer>],
+    ) -> Vec<(usize, SealedSet)> {
+        let sealing =
+            futures::future::join_all(open.iter().map(|&s| self.seal_set(&sets[s]))).await;
+        let mut ready: Vec<(usize, SealedSet)> = Vec::with_capacity(open.len());
+        for (&s, sealed) in open.iter().zip(sealing) {
+            match sealed {
+                Ok(Ok(sealed)) => ready.push((s, sealed)),
+                Ok(Err(conflicts)) => {
+                    answers[s] = Some(self.conflicts_or_retry(&sets[s], conflicts).await)
+                }
+                Err(e) => answers[s] = Some(Err(e)),
+            }
+        }
+        ready
+    }
+
+    /// Publishes the `ready` sets of round `round` as one batch and answers the sets the
+    /// server's reply settles: the sets left to seal and send again in the next round
+    /// (none once every set is answered).
+    async fn publish_group(
+        &self,
+        sets: &[Vec<AtomicItem>],
+        ready: &[(usize, SealedSet)],
+        round: usize,
+        answers: &mut [Option<SetAnswer>],
+    ) -> Vec<usize> {
+        let messages: Vec<BatchMessage> = ready
+            .iter()
+            .flat_map(|(_, set)| set.messages.iter().cloned())
+            .collect();
+        match self.publish_batch(messages).await {
+            BatchAck::Stored { last_sequence } => {
+                let sealed: Vec<&SealedSet> = ready.iter().map(|(_, set)| set).collect();
+                let outcomes = self.stored_outcomes(&sealed, last_sequence);
+                for ((s, _), outcome) in ready.iter().zip(outcomes) {
+                    answers[*s] = Some(Ok(outcome));
+                }
+                Vec::new()
+            }
+            BatchAck::WrongLastSequence => {
+                self.after_group_moved(sets, ready, round, answers).await
+            }
+            // A duplicate id, or more messages than this server takes in one batch
+            // (its `max_batch_size` below 1,000): each set alone.
+            BatchAck::DuplicateId | BatchAck::TooLarge => {
+                let open: Vec<usize> = ready.iter().map(|(s, _)| *s).collect();
+                self.each_alone(sets, &open, answers).await;
+                Vec::new()
+            }
+            BatchAck::Unavailable(reason) => {
+                for (s, _) in ready {
+                    self.note_unanswered(sets[*s].iter().map(|i| &i.draft.commit_id));
+                    answers[*s] = Some(Err(AppendError::Unavailable {
+                        reason: reason.clone(),
+                    }));
+                }
+                Vec::new()
+            }
+            BatchAck::Busy => {
+                for (s, _) in ready {
+                    answers[*s] = Some(Err(unavailable(
+                        "the stream had too many atomic batches in flight",
+                    )));
+                }
+                Vec::new()
+            }
+        }
+    }
+
+    /// After the server refused a group's batch for a moved subject, in round `round`: a
+    /// set sealed on a head that no longer admits it is refused alone, and the sets left to
+    /// seal and send again are returned; none when each set went alone instead.
+    async fn after_group_moved(
+        &self,
+        sets: &[Vec<AtomicItem>],
+        ready: &[(usize, SealedSet)],
+        round: usize,
+        answers: &mut [Option<SetAnswer>],
+    ) -> Vec<usize> {
+        let rechecks = futures::future::join_all(
+            ready
+                .iter()
+                .map(|(s, sealed)| self.recheck(&sets[*s], sealed.sealed_on())),
+        )
+        .await;
+        let mut open = Vec::with_capacity(ready.len());
+        let mut moved = false;
+        for ((s, sealed), recheck) in ready.iter().zip(rechecks) {
+            match recheck {
+                // The set sealed on a moved head that no longer admits it is
+                // refused alone.
+                Ok(Recheck::Conflicts(conflicts)) => {
+                    let on = sealed.sealed_on();
+                    answers[*s] = Some(self.refused_after_publish(&sets[*s], &on, conflicts).await);
+                    moved = true;
+                }
+                Ok(Recheck::Moved(m)) => {
+                    moved |= m;
+                    open.push(*s);
+                }
+                Err(e) => answers[*s] = Some(Err(e)),
+            }
+        }
+        // No subject moved, the heads do not tell which set was refused; or a
+        // subject moved again in the second round (a hot aggregate another
+        // process writes): each set goes alone rather than the whole group
+        // losing race after race.
+        if !moved || round + 1 == GROUP_ROUNDS_MAX {
+            self.each_alone(sets, &open, answers).await;
+            return Vec::new();
+        }
+        open
     }
 
     /// Each of the `open` sets in a batch of its own, side by side.
@@ -1657,6 +1697,164 @@ impl SetWriter for JetStreamLog {
     }
 }
 
+/// One commit appended on its own (`EventLog::append`): the steps of its attempts.
+impl JetStreamLog {
+    /// The head an append of `draft` seals on: the cached one (a new aggregate needs none),
+    /// read again from the server when it does not admit `expect`. Breaks with the earlier
+    /// outcome of a retry the server's view refuses; a loss or a conflict is the error.
+    async fn head_admitting(
+        &self,
+        aggregate: AggregateId,
+        expect: Expectation,
+        draft: &CommitDraft,
+    ) -> Result<ControlFlow<AppendOutcome, Head>, AppendError> {
+        let mut head = match self.cached_head(&aggregate) {
+            Some(h) => h,
+            // A new aggregate needs no lookup: expected subject sequence 0 makes the
+            // server refuse the publish if the aggregate exists after all.
+            None if expect == Expectation::NoStream => EMPTY_HEAD,
+            None => self.fetch_head(&aggregate).await?,
+        };
+        // A loss answers before any expectation: `conflict` would invite a write at
+        // the version before the gap, which forks the chain.
+        crate::loss::admits(draft, head.open.as_slice())?;
+        if !expect.admits(head.version) {
+            // The cache may be stale: only the server's view decides a conflict.
+            head = self.fetch_head(&aggregate).await?;
+            crate::loss::admits(draft, head.open.as_slice())?;
+            if !expect.admits(head.version) {
+                return self
+                    .conflict_or_retry(aggregate, expect, draft, head.version)
+                    .await
+                    .map(ControlFlow::Break);
+            }
+        }
+        Ok(ControlFlow::Continue(head))
+    }
+
+    /// Publishes `commit` on `subject`, expecting `expected_sequence` as the subject's last
+    /// message, within the window of in-flight acks: the server's ack or refusal, or
+    /// `Unavailable` when the publish could not be sent.
+    async fn publish_commit(
+        &self,
+        subject: &str,
+        commit: &Commit,
+        expected_sequence: u64,
+    ) -> Result<Result<PublishAck, PublishError>, AppendError> {
+        let bytes = encode_for_append(commit)?;
+        let publish = jetstream::message::PublishMessage::build()
+            .payload(bytes.into())
+            .message_id(commit.commit_id.to_string())
+            .expected_last_subject_sequence(expected_sequence);
+        // The permit bounds sends plus outstanding acks (see MAX_ACK_INFLIGHT).
+        let _permit = self.inner.window.acquire().await.map_err(unavailable)?;
+        let ack_future = self
+            .inner
+            .context
+            .send_publish(subject.to_string(), publish)
+            .await
+            .map_err(|e| unavailable(format!("publish to {subject}: {e}")))?;
+        Ok(ack_future.await)
+    }
+
+    /// Remembers the head left by `commit`, sealed on `head` and stored at `sequence` (the
+    /// losses it acknowledges closed), and answers the append.
+    fn appended(
+        &self,
+        aggregate: AggregateId,
+        head: &Head,
+        commit: &Commit,
+        sequence: u64,
+    ) -> AppendOutcome {
+        let mut open = head.open.clone();
+        open.close_by(commit);
+        self.remember_head(
+            aggregate,
+            Head {
+                version: commit.version,
+                sequence,
+                hash: commit.hash,
+                open,
+            },
+        );
+        AppendOutcome {
+            position: sequence,
+            version: commit.version,
+            status: AppendStatus::Appended,
+        }
+    }
+
+    /// After the server refused a publish sealed on `head` because the subject moved:
+    /// breaks with the outcome of an earlier attempt of this draft found landed, fails with
+    /// a conflict when another writer's commit does not admit `expect`, or continues (the
+    /// head read again) for another attempt.
+    async fn after_subject_moved(
+        &self,
+        aggregate: AggregateId,
+        expect: Expectation,
+        draft: &CommitDraft,
+        head: &Head,
+    ) -> Result<ControlFlow<AppendOutcome>, AppendError> {
+        if let (_, Some(last)) = self.tail(&aggregate).await? {
+            // This draft, landed by an earlier attempt whose answer was lost.
+            if last.commit_id == draft.commit_id {
+                return last.retry_outcome(aggregate, draft).map(ControlFlow::Break);
+            }
+            let actual = last.version;
+            // Only a commit beyond the head sealed on is another writer's: an
+            // older one is a replay outside the chain, for fetch_head below.
+            if actual > head.version && !expect.admits(actual) {
+                return self
+                    .refused_by_another_writer(aggregate, expect, draft, head, actual)
+                    .await
+                    .map(ControlFlow::Break);
+            }
+        }
+        // The cached head is still a valid prefix of the subject: only what
+        // follows it is read.
+        let fresh = self.fetch_head(&aggregate).await?;
+        if !expect.admits(fresh.version) {
+            return self
+                .conflict_or_retry(aggregate, expect, draft, fresh.version)
+                .await
+                .map(ControlFlow::Break);
+        }
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// An append sealed on `head` whose subject another writer took to version `actual`,
+    /// which `expect` does not admit: the outcome of this draft if an earlier attempt of it
+    /// landed, else the conflict.
+    async fn refused_by_another_writer(
+        &self,
+        aggregate: AggregateId,
+        expect: Expectation,
+        draft: &CommitDraft,
+        head: &Head,
+        actual: u64,
+    ) -> Result<AppendOutcome, AppendError> {
+        // An attempt of this handle whose answer was lost may have
+        // landed right after that head, others writing after it.
+        if self.was_unanswered(&draft.commit_id) {
+            if let Some(earlier) = self.landed_after(&aggregate, head.sequence, draft).await? {
+                return earlier.retry_outcome(aggregate, draft);
+            }
+        }
+        // Else an id young enough for the duplicate window needs no
+        // scan: another process's attempt that landed is found by the
+        // write path's re-read (`record`), which reads what is new.
+        if !self.maybe_late_retry(&draft.commit_id) {
+            return Err(AppendError::Conflict {
+                aggregate,
+                expected: expect,
+                actual,
+            });
+        }
+        self.conflict_or_retry(aggregate, expect, draft, actual)
+            .await
+    }
+}
+
 impl EventLog for JetStreamLog {
     async fn append(
         &self,
@@ -1673,112 +1871,31 @@ impl EventLog for JetStreamLog {
         }
 
         for _ in 0..APPEND_ATTEMPTS_MAX {
-            let mut head = match self.cached_head(&aggregate) {
-                Some(h) => h,
-                // A new aggregate needs no lookup: expected subject sequence 0 makes the
-                // server refuse the publish if the aggregate exists after all.
-                None if expect == Expectation::NoStream => EMPTY_HEAD,
-                None => self.fetch_head(&aggregate).await?,
+            let head = match self.head_admitting(aggregate, expect, &draft).await? {
+                ControlFlow::Continue(head) => head,
+                ControlFlow::Break(outcome) => return Ok(outcome),
             };
-            // A loss answers before any expectation: `conflict` would invite a write at
-            // the version before the gap, which forks the chain.
-            crate::loss::admits(&draft, head.open.as_slice())?;
-            if !expect.admits(head.version) {
-                // The cache may be stale: only the server's view decides a conflict.
-                head = self.fetch_head(&aggregate).await?;
-                crate::loss::admits(&draft, head.open.as_slice())?;
-                if !expect.admits(head.version) {
-                    return self
-                        .conflict_or_retry(aggregate, expect, &draft, head.version)
-                        .await;
-                }
-            }
             let version = head.version + 1;
             let commit = Commit::seal(aggregate, version, head.hash, draft.clone());
-            let bytes = encode_for_append(&commit)?;
-            let publish = jetstream::message::PublishMessage::build()
-                .payload(bytes.into())
-                .message_id(draft.commit_id.to_string())
-                .expected_last_subject_sequence(head.sequence);
-            let ack = {
-                // The permit bounds sends plus outstanding acks (see MAX_ACK_INFLIGHT).
-                let _permit = self.inner.window.acquire().await.map_err(unavailable)?;
-                let ack_future = self
-                    .inner
-                    .context
-                    .send_publish(subject.clone(), publish)
-                    .await
-                    .map_err(|e| unavailable(format!("publish to {subject}: {e}")))?;
-                ack_future.await
-            };
-            match ack {
+            match self
+                .publish_commit(&subject, &commit, head.sequence)
+                .await?
+            {
                 Ok(ack) if ack.duplicate => {
                     // (Decoded at the ack's sequence, which is its position.)
                     let stored = self.commit_at(ack.sequence).await?;
                     return stored.retry_outcome(aggregate, &draft);
                 }
-                Ok(ack) => {
-                    let mut open = head.open.clone();
-                    open.close_by(&commit);
-                    self.remember_head(
-                        aggregate,
-                        Head {
-                            version,
-                            sequence: ack.sequence,
-                            hash: commit.hash,
-                            open,
-                        },
-                    );
-                    return Ok(AppendOutcome {
-                        position: ack.sequence,
-                        version,
-                        status: AppendStatus::Appended,
-                    });
-                }
+                Ok(ack) => return Ok(self.appended(aggregate, &head, &commit, ack.sequence)),
                 // The subject moved since the head we expected. Only the chain's version
                 // decides a conflict: a message outside the chain (garbage, a replay) moves
                 // the subject but not the version, and the append then goes on after it.
                 Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
-                    if let (_, Some(last)) = self.tail(&aggregate).await? {
-                        // This draft, landed by an earlier attempt whose answer was lost.
-                        if last.commit_id == draft.commit_id {
-                            return last.retry_outcome(aggregate, &draft);
-                        }
-                        let actual = last.version;
-                        // Only a commit beyond the head sealed on is another writer's: an
-                        // older one is a replay outside the chain, for fetch_head below.
-                        if actual > head.version && !expect.admits(actual) {
-                            // An attempt of this handle whose answer was lost may have
-                            // landed right after that head, others writing after it.
-                            if self.was_unanswered(&draft.commit_id) {
-                                if let Some(earlier) =
-                                    self.landed_after(&aggregate, head.sequence, &draft).await?
-                                {
-                                    return earlier.retry_outcome(aggregate, &draft);
-                                }
-                            }
-                            // Else an id young enough for the duplicate window needs no
-                            // scan: another process's attempt that landed is found by the
-                            // write path's re-read (`record`), which reads what is new.
-                            if !self.maybe_late_retry(&draft.commit_id) {
-                                return Err(AppendError::Conflict {
-                                    aggregate,
-                                    expected: expect,
-                                    actual,
-                                });
-                            }
-                            return self
-                                .conflict_or_retry(aggregate, expect, &draft, actual)
-                                .await;
-                        }
-                    }
-                    // The cached head is still a valid prefix of the subject: only what
-                    // follows it is read.
-                    let fresh = self.fetch_head(&aggregate).await?;
-                    if !expect.admits(fresh.version) {
-                        return self
-                            .conflict_or_retry(aggregate, expect, &draft, fresh.version)
-                            .await;
+                    if let ControlFlow::Break(outcome) = self
+                        .after_subject_moved(aggregate, expect, &draft, &head)
+                        .await?
+                    {
+                        return Ok(outcome);
                     }
                 }
                 Err(e) => {

@@ -1,5 +1,10 @@
 //! The `provledger` command. Exit codes: 0 success, 1 the command found a problem,
 //! 2 bad usage or input, 3 infrastructure unavailable.
+//!
+//! It parses, calls a crate and prints; it holds no business rule. `commands/` has one file
+//! per subcommand; errors map to the contract's exit codes in `commands/mod.rs`. `demo` and
+//! `simulate` are built only with the `demo` feature, so the production binary links no
+//! simulator. Its tests run the binary against real sled dirs and private nats-servers.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -153,88 +158,14 @@ enum Command {
         verbose: bool,
     },
     /// Append events (the catalogue's JSON form) to one aggregate as one commit.
-    Append {
-        /// The aggregate, as KIND/ID (KIND is cluster, instance, provider or operation).
-        aggregate: AggregateId,
-        /// any, none (no commit yet) or the exact current version.
-        #[arg(long)]
-        expect: Expectation,
-        /// A file with a JSON list of events, or - for stdin.
-        #[arg(long)]
-        events: String,
-        /// Reuse a commit id to make a retry idempotent.
-        #[arg(long)]
-        commit_id: Option<Uuid>,
-        #[arg(long)]
-        operation_id: Option<Uuid>,
-        #[arg(long)]
-        causation_id: Option<Uuid>,
-        #[arg(long, default_value = "cli")]
-        actor: String,
-        /// Accept an inventory below current usage (hardware that really shrank); the
-        /// provider is then reported as over capacity until it fits again.
-        #[arg(long)]
-        force: bool,
-    },
+    Append(AppendFlags),
     /// An aggregate's commits, oldest first, decoded, with a hash-chain check.
     History {
         /// The aggregate, as KIND/ID.
         aggregate: AggregateId,
     },
     /// The projection service: consume the log, keep sled state, answer queries. Needs --nats.
-    Serve {
-        /// Longest wait for a query's min_position before answering `stale` (500ms, 2s;
-        /// a bare number is milliseconds).
-        #[arg(long, visible_alias = "min-position-wait-ms", default_value = "2s", value_parser = duration::millis_or_humantime)]
-        min_position_wait: Duration,
-        /// Snapshot the projection each time this many positions are passed (0: never).
-        #[arg(long, default_value_t = provledger_serve::SNAPSHOT_EVERY_POSITIONS_DEFAULT)]
-        snapshot_every: u64,
-        /// Attempts per compensation before the operation needs attention.
-        #[arg(long, default_value_t = 5)]
-        compensation_attempts_max: u32,
-        /// Wait after a failed compensation attempt, doubled per attempt (capped at 30 s);
-        /// a bare number is milliseconds.
-        #[arg(long, visible_alias = "compensation-backoff-ms", default_value = "500ms", value_parser = duration::millis_or_humantime)]
-        compensation_backoff: Duration,
-        /// How long a compensation request may go unanswered before it counts as lost; a
-        /// bare number is milliseconds.
-        #[arg(long, visible_alias = "compensation-reply-wait-ms", default_value = "30s", value_parser = duration::millis_or_humantime)]
-        compensation_reply_wait: Duration,
-        /// Time between stuck-state recovery sweeps (one runs on start; 0: never); a bare
-        /// number is seconds.
-        #[arg(long, default_value = "60s", value_parser = duration::seconds_or_humantime)]
-        recovery_interval: Duration,
-        /// Time between drift sweeps (the executors' inventories against the store, as
-        /// `provledger drift`; findings in q.drift and the metrics; 0: never, the
-        /// default); a bare number is seconds.
-        #[arg(long, default_value = "0", value_parser = duration::seconds_or_humantime)]
-        drift_interval: Duration,
-        /// Created once this replica has caught up and joined the queue group, removed
-        /// when it stops or loses NATS (a per-replica readiness probe).
-        #[arg(long, value_name = "PATH")]
-        ready_file: Option<PathBuf>,
-        /// Answer Prometheus scrapes on http://ADDR/metrics (and readiness on
-        /// http://ADDR/health), e.g. 127.0.0.1:9464. Off by default.
-        #[arg(long, env = "PROVLEDGER_METRICS_ADDR", value_name = "ADDR")]
-        metrics_addr: Option<std::net::SocketAddr>,
-        /// A JetStream object store bucket: each projection snapshot is also published
-        /// there, and a replica whose data dir is new bootstraps from the one published
-        /// (checked by hash and against the stream's chain tips; refused, it catches up
-        /// from position 1). Off by default.
-        #[arg(long, env = "PROVLEDGER_SNAPSHOT_BUCKET", value_name = "BUCKET")]
-        snapshot_bucket: Option<String>,
-        /// Serve the read-only operator's console on http://ADDR/ (operations, rollback
-        /// plans, entities with their verified history, health), e.g. 127.0.0.1:8080. Off
-        /// by default; it has no authentication: see docs/console.md.
-        #[arg(long, env = "PROVLEDGER_HTTP_ADDR", value_name = "ADDR")]
-        http: Option<std::net::SocketAddr>,
-        /// Audit the whole log once caught up and then this often (as `provledger audit`;
-        /// the last result on the console's health page; 0: never, the default); a bare
-        /// number is seconds.
-        #[arg(long, default_value = "0", value_parser = duration::seconds_or_humantime)]
-        audit_interval: Duration,
-    },
+    Serve(ServeFlags),
     /// An aggregate's projected state, now or at a past position or time.
     State {
         /// The aggregate, as KIND/ID.
@@ -258,28 +189,7 @@ enum Command {
     /// Compare what the executors hold (their inventory over NATS) with what the ledger
     /// records. Exit 1 with findings (leaked, missing, mismatched); writes nothing unless
     /// --fix leaked.
-    Drift {
-        /// Ask only this executor (default: every executor the ledger names).
-        #[arg(long)]
-        executor: Option<String>,
-        /// NATS server where the executors answer inventory requests; defaults to --nats.
-        #[arg(long, env = "PROVLEDGER_EXECUTORS_URL")]
-        executors_url: Option<String>,
-        /// Remove the leaked resources through the compensation path, recorded in the
-        /// ledger as a remove_leaked operation (each adopted as discovered, then
-        /// compensated). Only `leaked` is fixable: `missing` is the entity's operator's.
-        #[arg(long, value_enum)]
-        fix: Option<DriftFix>,
-        /// With --fix: print what would be removed and write nothing.
-        #[arg(long, requires = "fix")]
-        dry_run: bool,
-        /// With --fix: why, for the log (a ticket, who checked that nothing uses them).
-        #[arg(long, requires = "fix")]
-        reason: Option<String>,
-        /// With --fix: who asks; the commit's actor.
-        #[arg(long, requires = "fix", default_value = "operator")]
-        actor: String,
-    },
+    Drift(DriftFlags),
     /// An aggregate whose chain lost commits (the log's server dropped them): acknowledge
     /// the loss so that it is read and written again.
     Integrity {
@@ -477,171 +387,173 @@ fn init_tracing(default: &str, format: LogFormat) {
     }
 }
 
+/// `append`'s flags.
+#[derive(clap::Args)]
+struct AppendFlags {
+    /// The aggregate, as KIND/ID (KIND is cluster, instance, provider or operation).
+    aggregate: AggregateId,
+    /// any, none (no commit yet) or the exact current version.
+    #[arg(long)]
+    expect: Expectation,
+    /// A file with a JSON list of events, or - for stdin.
+    #[arg(long)]
+    events: String,
+    /// Reuse a commit id to make a retry idempotent.
+    #[arg(long)]
+    commit_id: Option<Uuid>,
+    #[arg(long)]
+    operation_id: Option<Uuid>,
+    #[arg(long)]
+    causation_id: Option<Uuid>,
+    #[arg(long, default_value = "cli")]
+    actor: String,
+    /// Accept an inventory below current usage (hardware that really shrank); the
+    /// provider is then reported as over capacity until it fits again.
+    #[arg(long)]
+    force: bool,
+}
+
+/// `serve`'s flags.
+#[derive(clap::Args)]
+struct ServeFlags {
+    /// Longest wait for a query's min_position before answering `stale` (500ms, 2s;
+    /// a bare number is milliseconds).
+    #[arg(long, visible_alias = "min-position-wait-ms", default_value = "2s", value_parser = duration::millis_or_humantime)]
+    min_position_wait: Duration,
+    /// Snapshot the projection each time this many positions are passed (0: never).
+    #[arg(long, default_value_t = provledger_serve::SNAPSHOT_EVERY_POSITIONS_DEFAULT)]
+    snapshot_every: u64,
+    /// Attempts per compensation before the operation needs attention.
+    #[arg(long, default_value_t = 5)]
+    compensation_attempts_max: u32,
+    /// Wait after a failed compensation attempt, doubled per attempt (capped at 30 s);
+    /// a bare number is milliseconds.
+    #[arg(long, visible_alias = "compensation-backoff-ms", default_value = "500ms", value_parser = duration::millis_or_humantime)]
+    compensation_backoff: Duration,
+    /// How long a compensation request may go unanswered before it counts as lost; a
+    /// bare number is milliseconds.
+    #[arg(long, visible_alias = "compensation-reply-wait-ms", default_value = "30s", value_parser = duration::millis_or_humantime)]
+    compensation_reply_wait: Duration,
+    /// Time between stuck-state recovery sweeps (one runs on start; 0: never); a bare
+    /// number is seconds.
+    #[arg(long, default_value = "60s", value_parser = duration::seconds_or_humantime)]
+    recovery_interval: Duration,
+    /// Time between drift sweeps (the executors' inventories against the store, as
+    /// `provledger drift`; findings in q.drift and the metrics; 0: never, the
+    /// default); a bare number is seconds.
+    #[arg(long, default_value = "0", value_parser = duration::seconds_or_humantime)]
+    drift_interval: Duration,
+    /// Created once this replica has caught up and joined the queue group, removed
+    /// when it stops or loses NATS (a per-replica readiness probe).
+    #[arg(long, value_name = "PATH")]
+    ready_file: Option<PathBuf>,
+    /// Answer Prometheus scrapes on http://ADDR/metrics (and readiness on
+    /// http://ADDR/health), e.g. 127.0.0.1:9464. Off by default.
+    #[arg(long, env = "PROVLEDGER_METRICS_ADDR", value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// A JetStream object store bucket: each projection snapshot is also published
+    /// there, and a replica whose data dir is new bootstraps from the one published
+    /// (checked by hash and against the stream's chain tips; refused, it catches up
+    /// from position 1). Off by default.
+    #[arg(long, env = "PROVLEDGER_SNAPSHOT_BUCKET", value_name = "BUCKET")]
+    snapshot_bucket: Option<String>,
+    /// Serve the read-only operator's console on http://ADDR/ (operations, rollback
+    /// plans, entities with their verified history, health), e.g. 127.0.0.1:8080. Off
+    /// by default; it has no authentication: see docs/console.md.
+    #[arg(long, env = "PROVLEDGER_HTTP_ADDR", value_name = "ADDR")]
+    http: Option<std::net::SocketAddr>,
+    /// Audit the whole log once caught up and then this often (as `provledger audit`;
+    /// the last result on the console's health page; 0: never, the default); a bare
+    /// number is seconds.
+    #[arg(long, default_value = "0", value_parser = duration::seconds_or_humantime)]
+    audit_interval: Duration,
+}
+
+/// `drift`'s flags.
+#[derive(clap::Args)]
+struct DriftFlags {
+    /// Ask only this executor (default: every executor the ledger names).
+    #[arg(long)]
+    executor: Option<String>,
+    /// NATS server where the executors answer inventory requests; defaults to --nats.
+    #[arg(long, env = "PROVLEDGER_EXECUTORS_URL")]
+    executors_url: Option<String>,
+    /// Remove the leaked resources through the compensation path, recorded in the
+    /// ledger as a remove_leaked operation (each adopted as discovered, then
+    /// compensated). Only `leaked` is fixable: `missing` is the entity's operator's.
+    #[arg(long, value_enum)]
+    fix: Option<DriftFix>,
+    /// With --fix: print what would be removed and write nothing.
+    #[arg(long, requires = "fix")]
+    dry_run: bool,
+    /// With --fix: why, for the log (a ticket, who checked that nothing uses them).
+    #[arg(long, requires = "fix")]
+    reason: Option<String>,
+    /// With --fix: who asks; the commit's actor.
+    #[arg(long, requires = "fix", default_value = "operator")]
+    actor: String,
+}
+
+/// What every command shares: where the ledger is, and how to print.
+struct Globals {
+    options: LedgerOptions,
+    json: bool,
+}
+
 async fn run(cli: Cli) -> Result<(), CommandError> {
-    let options = LedgerOptions {
-        nats_url: cli.nats.clone(),
-        data_dir: cli.data_dir.clone(),
-        stream: cli.stream.clone(),
-        subject_prefix: cli.subject_prefix.clone(),
-        stream_replicas: cli.stream_replicas,
-        nats_auth: cli.auth.nats_auth(),
+    let g = Globals {
+        options: LedgerOptions {
+            nats_url: cli.nats.clone(),
+            data_dir: cli.data_dir.clone(),
+            stream: cli.stream.clone(),
+            subject_prefix: cli.subject_prefix.clone(),
+            stream_replicas: cli.stream_replicas,
+            nats_auth: cli.auth.nats_auth(),
+        },
+        json: cli.json,
     };
+    let json = g.json;
     match cli.command {
         #[cfg(feature = "demo")]
-        Command::Demo { verbose } => commands::demo::run(&cli.data_dir, verbose, cli.json).await,
+        Command::Demo { verbose } => commands::demo::run(&cli.data_dir, verbose, json).await,
         #[cfg(not(feature = "demo"))]
         Command::Demo { .. } => Err(without_the_simulator("demo")),
         Command::Completions { shell } => commands::completions::completions(shell, Cli::command()),
         Command::Man { out_dir } => commands::completions::man(Cli::command(), out_dir.as_deref()),
-        Command::Append {
-            aggregate,
-            expect,
-            events,
-            commit_id,
-            operation_id,
-            causation_id,
-            actor,
-            force,
-        } => {
-            let events = commands::append::read_events_source(&events)?;
-            // Parse before opening the ledger so bad input never waits on infrastructure.
-            let events = commands::append::parse_events(&events)?;
-            let ledger = Ledger::open(&options).await?;
-            let args = AppendArgs {
-                aggregate,
-                expect,
-                events,
-                commit_id,
-                operation_id,
-                causation_id,
-                actor,
-                force,
-            };
-            let result = commands::append::run(&Writer::new(ledger.clone()), args, cli.json).await;
-            ledger.close();
-            result
-        }
+        Command::Append(flags) => append(flags, &g).await,
         Command::History { aggregate } => {
-            let ledger = Ledger::open_existing(&options).await?;
-            let result = commands::history::run(&ledger, aggregate, cli.json).await;
-            ledger.close();
-            result
-        }
-        Command::Serve {
-            min_position_wait,
-            snapshot_every,
-            compensation_attempts_max,
-            compensation_backoff,
-            compensation_reply_wait,
-            recovery_interval,
-            drift_interval,
-            ready_file,
-            metrics_addr,
-            snapshot_bucket,
-            http,
-            audit_interval,
-        } => {
-            let nats_url = cli.nats.clone().ok_or_else(|| {
-                CommandError::BadInput(
-                    "serve needs --nats URL (or PROVLEDGER_NATS_URL): it answers queries over NATS"
-                        .into(),
-                )
-            })?;
-            let serve_options = ServeOptions {
-                nats_url,
-                data_dir: cli.data_dir.clone(),
-                stream: cli.stream.clone(),
-                subject_prefix: cli.subject_prefix.clone(),
-                stream_replicas: cli.stream_replicas,
-                nats_auth: options.nats_auth.clone(),
-                min_position_wait,
-                snapshot_every,
-                retry: RetryPolicy {
-                    attempts_max: compensation_attempts_max.max(1),
-                    backoff_base_ms: duration::whole_millis_at_least_one(compensation_backoff),
-                    reply_wait_ms: duration::whole_millis_at_least_one(compensation_reply_wait),
-                    ..RetryPolicy::default()
-                },
-                // An executor that does not answer within the reply wait has failed this
-                // attempt; the request itself waits at most that long.
-                executor_reply_wait: compensation_reply_wait
-                    .clamp(Duration::from_millis(1), Duration::from_secs(30)),
-                recovery_interval: (!recovery_interval.is_zero()).then_some(recovery_interval),
-                drift_interval: (!drift_interval.is_zero()).then_some(drift_interval),
-                ready_file,
-                metrics_addr,
-                snapshot_bucket,
-                http_addr: http,
-                audit_interval: (!audit_interval.is_zero()).then_some(audit_interval),
-            };
-            commands::serve::run(serve_options).await
-        }
-        Command::State { aggregate, at } => {
-            with_ledger(&options, |ledger| async move {
-                let result = match &ledger {
-                    Ledger::Embedded(log) => {
-                        commands::state::state_local(log, aggregate, at, cli.json).await
-                    }
-                    Ledger::Memory(_) => Err(commands::CommandError::BadInput(
-                        "an in-memory ledger cannot be read from the command line".into(),
-                    )),
-                    Ledger::JetStream(log) => {
-                        commands::state::state_remote(log, aggregate, at, cli.json).await
-                    }
-                };
+            with_ledger(&g.options, |ledger| async move {
+                let result = commands::history::run(&ledger, aggregate, json).await;
                 (ledger, result)
             })
             .await
         }
-        Command::Audit { fix_orphans } => {
-            if fix_orphans {
-                let json = cli.json;
-                with_ledger(&options, |ledger| async move {
-                    let result =
-                        commands::placement::release_orphans(&Writer::new(ledger.clone()), json)
-                            .await
-                            .map(|_| ());
-                    (ledger, result)
-                })
-                .await?;
-            }
-            commands::audit::run(&options, cli.json).await
-        }
+        Command::Serve(flags) => commands::serve::run(serve_options(flags, &g)?).await,
+        Command::State { aggregate, at } => state(aggregate, at, &g).await,
+        Command::Audit { fix_orphans } => audit(fix_orphans, &g).await,
         Command::Provider {
             action: ProviderCommand::Delete { id, host, cascade },
         } => {
-            with_ledger(&options, |ledger| async move {
-                let result = commands::placement::delete(
-                    &Writer::new(ledger.clone()),
-                    id,
-                    host,
-                    cascade,
-                    cli.json,
-                )
-                .await;
+            with_ledger(&g.options, |ledger| async move {
+                let writer = Writer::new(ledger.clone());
+                let result = commands::placement::delete(&writer, id, host, cascade, json).await;
                 (ledger, result)
             })
             .await
         }
         Command::Recover { dry_run } => {
-            let opts = options.clone();
-            with_ledger(&options, |ledger| async move {
-                let result =
-                    commands::recover::run(&Writer::new(ledger.clone()), &opts, dry_run, cli.json)
-                        .await;
+            let opts = g.options.clone();
+            with_ledger(&g.options, |ledger| async move {
+                let writer = Writer::new(ledger.clone());
+                let result = commands::recover::run(&writer, &opts, dry_run, json).await;
                 (ledger, result)
             })
             .await
         }
         Command::HealAllocations { dry_run, instance } => {
-            with_ledger(&options, |ledger| async move {
-                let result = commands::placement::heal(
-                    &Writer::new(ledger.clone()),
-                    instance,
-                    dry_run,
-                    cli.json,
-                )
-                .await;
+            with_ledger(&g.options, |ledger| async move {
+                let writer = Writer::new(ledger.clone());
+                let result = commands::placement::heal(&writer, instance, dry_run, json).await;
                 (ledger, result)
             })
             .await
@@ -653,207 +565,292 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             seeds,
             seed,
             operations,
-        } => {
-            // Each seed runs on its own paused runtime: off this one.
-            let (seeds, first) = match seed {
-                Some(s) if seeds == 200 => (1, s),
-                Some(s) => (seeds, s),
-                None => (seeds, 0),
-            };
-            let json = cli.json;
-            tokio::task::spawn_blocking(move || {
-                commands::simulate::run(seeds, first, operations, json)
-            })
-            .await
-            .map_err(|e| commands::CommandError::Infrastructure(format!("simulation task: {e}")))?
-        }
+        } => simulate(seeds, seed, operations, json).await,
         Command::Replay {
             to,
             snapshot_bucket,
-        } => {
-            with_ledger(&options, |ledger| async move {
-                let result = match &ledger {
-                    Ledger::Embedded(_) if snapshot_bucket.is_some() => {
-                        Err(commands::CommandError::BadInput(
-                            "--snapshot-bucket reads a JetStream object store: give --nats".into(),
-                        ))
-                    }
-                    Ledger::Embedded(log) => {
-                        commands::replay::replay_local(log, to, cli.json).await
-                    }
-                    Ledger::Memory(_) => Err(commands::CommandError::BadInput(
-                        "an in-memory ledger cannot be read from the command line".into(),
-                    )),
-                    Ledger::JetStream(log) => {
-                        commands::replay::replay_remote(log, to, snapshot_bucket, cli.json).await
-                    }
-                };
-                (ledger, result)
-            })
-            .await
-        }
-        Command::Drift {
-            executor,
-            executors_url,
-            fix,
-            dry_run,
-            reason,
-            actor,
-        } => {
-            let url = executors_url.or(cli.nats.clone());
-            let auth = options.nats_auth.clone();
-            with_ledger(&options, |ledger| async move {
-                let args = commands::drift::DriftArgs {
-                    executor,
-                    executors_url: url.as_deref(),
-                    auth: &auth,
-                    subject_prefix: &cli.subject_prefix,
-                    json: cli.json,
-                    fix: fix.map(|DriftFix::Leaked| commands::drift::Fix {
-                        dry_run,
-                        reason: reason.unwrap_or_default(),
-                        actor,
-                    }),
-                };
-                let result = commands::drift::run(&Writer::new(ledger.clone()), args).await;
-                (ledger, result)
-            })
-            .await
-        }
-        Command::Integrity {
-            action:
-                IntegrityCommand::Acknowledge {
-                    aggregate,
-                    lost,
-                    reason,
-                    actor,
-                },
-        } => {
-            let ledger = Ledger::open_existing(&options).await?;
-            let result =
-                commands::integrity::acknowledge(&ledger, aggregate, lost, reason, actor, cli.json)
-                    .await;
-            ledger.close();
-            result
-        }
-        Command::Rollback { action } => {
-            let auth = options.nats_auth.clone();
-            with_ledger(&options, |ledger| async move {
-                let result = match action {
-                    RollbackCommand::Plan { operation_id } => {
-                        commands::rollback::plan(
-                            &Writer::new(ledger.clone()),
-                            operation_id,
-                            cli.json,
-                        )
-                        .await
-                    }
-                    RollbackCommand::Resolve {
-                        operation_id,
-                        compensation,
-                        reason,
-                        actor,
-                    } => {
-                        commands::rollback::resolve(
-                            &Writer::new(ledger.clone()),
-                            operation_id,
-                            compensation,
-                            &reason,
-                            &actor,
-                            cli.json,
-                        )
-                        .await
-                    }
-                    RollbackCommand::Run {
-                        operation_id,
-                        executors_url,
-                    } => {
-                        let url = executors_url.or(cli.nats.clone());
-                        commands::rollback::run(
-                            &Writer::new(ledger.clone()),
-                            operation_id,
-                            url.as_deref(),
-                            &auth,
-                            &cli.subject_prefix,
-                            cli.json,
-                        )
-                        .await
-                    }
-                };
-                (ledger, result)
-            })
-            .await
-        }
-        Command::Operation {
-            action:
-                OperationCommand::List {
-                    status,
-                    kind,
-                    target,
-                    limit,
-                    after,
-                },
-        } => {
-            if !(1..=1000).contains(&limit) {
-                return Err(CommandError::BadInput(format!(
-                    "--limit must be 1 to 1000, not {limit}"
-                )));
-            }
-            let req = commands::operation::ListRequest {
-                filter: provledger_serve::OperationFilter {
-                    status,
-                    kind,
-                    target,
-                },
-                limit,
-                after,
-            };
-            match &cli.nats {
-                Some(url) => {
-                    commands::operation::list_remote(
-                        url,
-                        &options.nats_auth,
-                        &cli.subject_prefix,
-                        req,
-                        cli.json,
-                    )
-                    .await
-                }
-                None => {
-                    with_ledger(&options, |ledger| async move {
-                        let result = match &ledger {
-                            Ledger::Embedded(log) => {
-                                commands::operation::list_local(log, req, cli.json).await
-                            }
-                            _ => Err(CommandError::BadInput(
-                                "operation list reads a data dir, or a service with --nats".into(),
-                            )),
-                        };
-                        (ledger, result)
-                    })
-                    .await
-                }
-            }
-        }
+        } => replay(to, snapshot_bucket, &g).await,
+        Command::Drift(flags) => drift(flags, &g).await,
+        Command::Integrity { action } => integrity(action, &g).await,
+        Command::Rollback { action } => rollback(action, &g).await,
+        Command::Operation { action } => operation(action, &g).await,
         Command::Query {
             endpoint,
             request,
             timeout,
         } => {
-            let nats_url = cli.nats.clone().ok_or_else(|| {
+            let nats_url = g.options.nats_url.clone().ok_or_else(|| {
                 CommandError::BadInput("query needs --nats URL (or PROVLEDGER_NATS_URL)".into())
             })?;
-            commands::query::run(
-                &nats_url,
-                &options.nats_auth,
-                &cli.subject_prefix,
-                &endpoint,
-                request,
-                timeout,
-            )
-            .await
+            let (auth, prefix) = (&g.options.nats_auth, &g.options.subject_prefix);
+            commands::query::run(&nats_url, auth, prefix, &endpoint, request, timeout).await
         }
     }
+}
+
+/// `audit`, after releasing the orphan allocations with --fix-orphans.
+async fn audit(fix_orphans: bool, g: &Globals) -> Result<(), CommandError> {
+    let json = g.json;
+    if fix_orphans {
+        with_ledger(&g.options, |ledger| async move {
+            let writer = Writer::new(ledger.clone());
+            let result = commands::placement::release_orphans(&writer, json)
+                .await
+                .map(|_| ());
+            (ledger, result)
+        })
+        .await?;
+    }
+    commands::audit::run(&g.options, json).await
+}
+
+/// `integrity acknowledge`.
+async fn integrity(action: IntegrityCommand, g: &Globals) -> Result<(), CommandError> {
+    let IntegrityCommand::Acknowledge {
+        aggregate,
+        lost,
+        reason,
+        actor,
+    } = action;
+    let json = g.json;
+    with_ledger(&g.options, |ledger| async move {
+        let result =
+            commands::integrity::acknowledge(&ledger, aggregate, lost, reason, actor, json).await;
+        (ledger, result)
+    })
+    .await
+}
+
+/// `append`: the events parsed before the ledger is opened, so bad input never waits on
+/// infrastructure.
+async fn append(flags: AppendFlags, g: &Globals) -> Result<(), CommandError> {
+    let events = commands::append::read_events_source(&flags.events)?;
+    let events = commands::append::parse_events(&events)?;
+    let ledger = Ledger::open(&g.options).await?;
+    let args = AppendArgs {
+        aggregate: flags.aggregate,
+        expect: flags.expect,
+        events,
+        commit_id: flags.commit_id,
+        operation_id: flags.operation_id,
+        causation_id: flags.causation_id,
+        actor: flags.actor,
+        force: flags.force,
+    };
+    let result = commands::append::run(&Writer::new(ledger.clone()), args, g.json).await;
+    ledger.close();
+    result
+}
+
+/// `serve`'s options from its flags.
+fn serve_options(flags: ServeFlags, g: &Globals) -> Result<ServeOptions, CommandError> {
+    let nats_url = g.options.nats_url.clone().ok_or_else(|| {
+        CommandError::BadInput(
+            "serve needs --nats URL (or PROVLEDGER_NATS_URL): it answers queries over NATS".into(),
+        )
+    })?;
+    let every = |d: Duration| (!d.is_zero()).then_some(d);
+    Ok(ServeOptions {
+        nats_url,
+        data_dir: g.options.data_dir.clone(),
+        stream: g.options.stream.clone(),
+        subject_prefix: g.options.subject_prefix.clone(),
+        stream_replicas: g.options.stream_replicas,
+        nats_auth: g.options.nats_auth.clone(),
+        min_position_wait: flags.min_position_wait,
+        snapshot_every: flags.snapshot_every,
+        retry: RetryPolicy {
+            attempts_max: flags.compensation_attempts_max.max(1),
+            backoff_base_ms: duration::whole_millis_at_least_one(flags.compensation_backoff),
+            reply_wait_ms: duration::whole_millis_at_least_one(flags.compensation_reply_wait),
+            ..RetryPolicy::default()
+        },
+        // An executor that does not answer within the reply wait has failed this attempt;
+        // the request itself waits at most that long.
+        executor_reply_wait: flags
+            .compensation_reply_wait
+            .clamp(Duration::from_millis(1), Duration::from_secs(30)),
+        recovery_interval: every(flags.recovery_interval),
+        drift_interval: every(flags.drift_interval),
+        ready_file: flags.ready_file,
+        metrics_addr: flags.metrics_addr,
+        snapshot_bucket: flags.snapshot_bucket,
+        http_addr: flags.http,
+        audit_interval: every(flags.audit_interval),
+    })
+}
+
+/// `state`: from the data dir, or from the stream with --nats.
+async fn state(
+    aggregate: AggregateId,
+    at: Option<LogPoint>,
+    g: &Globals,
+) -> Result<(), CommandError> {
+    let json = g.json;
+    with_ledger(&g.options, |ledger| async move {
+        let result = match &ledger {
+            Ledger::Embedded(log) => commands::state::state_local(log, aggregate, at, json).await,
+            Ledger::Memory(_) => Err(commands::CommandError::BadInput(
+                "an in-memory ledger cannot be read from the command line".into(),
+            )),
+            Ledger::JetStream(log) => commands::state::state_remote(log, aggregate, at, json).await,
+        };
+        (ledger, result)
+    })
+    .await
+}
+
+/// `simulate`: each seed runs on its own paused runtime, off this one.
+#[cfg(feature = "demo")]
+async fn simulate(
+    seeds: u64,
+    seed: Option<u64>,
+    operations: usize,
+    json: bool,
+) -> Result<(), CommandError> {
+    let (seeds, first) = match seed {
+        Some(s) if seeds == 200 => (1, s),
+        Some(s) => (seeds, s),
+        None => (seeds, 0),
+    };
+    tokio::task::spawn_blocking(move || commands::simulate::run(seeds, first, operations, json))
+        .await
+        .map_err(|e| commands::CommandError::Infrastructure(format!("simulation task: {e}")))?
+}
+
+/// `replay`: from the data dir, or from the stream (and a published snapshot) with --nats.
+async fn replay(
+    to: Option<LogPoint>,
+    snapshot_bucket: Option<String>,
+    g: &Globals,
+) -> Result<(), CommandError> {
+    let json = g.json;
+    with_ledger(&g.options, |ledger| async move {
+        let result = match &ledger {
+            Ledger::Embedded(_) if snapshot_bucket.is_some() => {
+                Err(commands::CommandError::BadInput(
+                    "--snapshot-bucket reads a JetStream object store: give --nats".into(),
+                ))
+            }
+            Ledger::Embedded(log) => commands::replay::replay_local(log, to, json).await,
+            Ledger::Memory(_) => Err(commands::CommandError::BadInput(
+                "an in-memory ledger cannot be read from the command line".into(),
+            )),
+            Ledger::JetStream(log) => {
+                commands::replay::replay_remote(log, to, snapshot_bucket, json).await
+            }
+        };
+        (ledger, result)
+    })
+    .await
+}
+
+/// `drift`: the executors asked over --executors-url, or --nats.
+async fn drift(flags: DriftFlags, g: &Globals) -> Result<(), CommandError> {
+    let url = flags.executors_url.or(g.options.nats_url.clone());
+    let auth = g.options.nats_auth.clone();
+    let (prefix, json) = (g.options.subject_prefix.clone(), g.json);
+    with_ledger(&g.options, |ledger| async move {
+        let args = commands::drift::DriftArgs {
+            executor: flags.executor,
+            executors_url: url.as_deref(),
+            auth: &auth,
+            subject_prefix: &prefix,
+            json,
+            fix: flags.fix.map(|DriftFix::Leaked| commands::drift::Fix {
+                dry_run: flags.dry_run,
+                reason: flags.reason.unwrap_or_default(),
+                actor: flags.actor,
+            }),
+        };
+        let result = commands::drift::run(&Writer::new(ledger.clone()), args).await;
+        (ledger, result)
+    })
+    .await
+}
+
+/// `rollback plan | resolve | run`.
+async fn rollback(action: RollbackCommand, g: &Globals) -> Result<(), CommandError> {
+    let auth = g.options.nats_auth.clone();
+    let (nats, prefix, json) = (
+        g.options.nats_url.clone(),
+        g.options.subject_prefix.clone(),
+        g.json,
+    );
+    with_ledger(&g.options, |ledger| async move {
+        let writer = Writer::new(ledger.clone());
+        let result = match action {
+            RollbackCommand::Plan { operation_id } => {
+                commands::rollback::plan(&writer, operation_id, json).await
+            }
+            RollbackCommand::Resolve {
+                operation_id,
+                compensation,
+                reason,
+                actor,
+            } => {
+                commands::rollback::resolve(
+                    &writer,
+                    operation_id,
+                    compensation,
+                    &reason,
+                    &actor,
+                    json,
+                )
+                .await
+            }
+            RollbackCommand::Run {
+                operation_id,
+                executors_url,
+            } => {
+                let url = executors_url.or(nats);
+                commands::rollback::run(&writer, operation_id, url.as_deref(), &auth, &prefix, json)
+                    .await
+            }
+        };
+        (ledger, result)
+    })
+    .await
+}
+
+/// `operation list`: from a service with --nats, else from the data dir.
+async fn operation(action: OperationCommand, g: &Globals) -> Result<(), CommandError> {
+    let OperationCommand::List {
+        status,
+        kind,
+        target,
+        limit,
+        after,
+    } = action;
+    if !(1..=1000).contains(&limit) {
+        return Err(CommandError::BadInput(format!(
+            "--limit must be 1 to 1000, not {limit}"
+        )));
+    }
+    let req = commands::operation::ListRequest {
+        filter: provledger_serve::OperationFilter {
+            status,
+            kind,
+            target,
+        },
+        limit,
+        after,
+    };
+    let json = g.json;
+    if let Some(url) = &g.options.nats_url {
+        let (auth, prefix) = (&g.options.nats_auth, &g.options.subject_prefix);
+        return commands::operation::list_remote(url, auth, prefix, req, json).await;
+    }
+    with_ledger(&g.options, |ledger| async move {
+        let result = match &ledger {
+            Ledger::Embedded(log) => commands::operation::list_local(log, req, json).await,
+            _ => Err(CommandError::BadInput(
+                "operation list reads a data dir, or a service with --nats".into(),
+            )),
+        };
+        (ledger, result)
+    })
+    .await
 }
 
 /// Opens the existing ledger, runs `f`, and closes the ledger whatever `f` returned. Every

@@ -30,6 +30,43 @@
 //! It never depends on the simulator (`provledger-sim`), the projection store or the CLI,
 //! and it never decides rollback plans itself: the planner and the deciders are pure
 //! functions in `provledger-projections`; this crate does the IO around them.
+//!
+//! # Modules
+//! - `ledger.rs`: `Ledger` (the configured backend behind one `EventLog`) and
+//!   `open_jetstream`.
+//! - `write/`: the one write path. `Writer` (one per process and log; clones share it) owns,
+//!   per aggregate, a turn and what is known of it (`turns.rs`, `known.rs`: entity, chain
+//!   tip, ids of the last 256 commits). `record`, `record_fact` and `record_atomic` run the
+//!   same rounds (`Attempts`: refresh what is stale by reading only what is newer, recognise
+//!   a retry, decide, append at exactly the version decided on, classify the answer; a
+//!   bounded re-decide); they differ only in one append or one atomic append, and in how a
+//!   refusal is named.
+//! - `runner.rs`: the `OperationRunner` (`OperationCtx`, `OperationError`). A step whose
+//!   effect is a commit on another aggregate (a claim) is written with its record in one
+//!   atomic set (`step_recording`; `OperationCtx::claim`).
+//! - `driver.rs`: the `RollbackDriver`, the shell around the pure planner and decider.
+//! - `deletion.rs` (the deletion steps), `cancel.rs` (cancel notices, NATS or in process),
+//!   `allocation.rs` (an allocation released at the provider's exact version).
+//! - `port.rs` (`Infrastructure`: forward actions) and `executors.rs` (the compensation
+//!   side: `CompensationExecutor`, the request/reply JSON, `NatsExecutors`). Every port
+//!   answers `PeerError`: unreachable, refused with the peer's reason, or a reply that is
+//!   not the protocol's.
+//! - `inventory.rs`: the inventory protocol's client (page by page, bounded, a malformed
+//!   reply a typed error), `compare_inventory`, which `provledger drift` and serve's sweep
+//!   share, and `fold_log`, the shell around the pure `DriftFold`.
+//! - `recovery.rs`: the recovery round (`recovery_round`: the sweep, and the provider
+//!   deletes a crash left half done finished; serve and `recover` both run it), the sweep
+//!   (each recovery recorded once at the instance's exact version, its re-issue pending in
+//!   the same commit) and the re-issue delivery (each attempt recorded, retried with backoff
+//!   until the worker acknowledges, at most 4 in flight per worker). `lease.rs` is a
+//!   worker's `TaskLease`.
+//! - `placement.rs`: provider registration and inventory; provider delete (refusal or
+//!   crash-safe cascade); heal-allocations, each claim atomic with the instance's version;
+//!   orphan release.
+//! - `view.rs`: `StateView`; `LogView` folds the log (CLI, library), serve's store reads
+//!   sled, so no request path folds the log.
+//! - `clock.rs`: `Stamper` (`SystemClock`/`RandomIds` in services, `SeededIds` in the demo),
+//!   the one place that calls `Timestamp::now` and `Uuid::now_v7`.
 
 mod allocation;
 mod cancel;

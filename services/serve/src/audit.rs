@@ -145,89 +145,6 @@ pub async fn audit_log<L: EventLog>(
     Ok(report)
 }
 
-/// What the last audit of this replica found (`serve --audit-interval`), for the console's
-/// health page and the log.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LastAudit {
-    pub finished_at: Timestamp,
-    pub took_ms: u64,
-    /// The last position audited.
-    pub position: u64,
-    pub commits: u64,
-    pub violations: usize,
-    /// The first violations, as an operator reads them (at most [`AUDIT_VIOLATIONS_KEPT`]).
-    pub first: Vec<String>,
-}
-
-/// Violations kept word for word from one audit (all are counted).
-pub const AUDIT_VIOLATIONS_KEPT: usize = 20;
-
-impl LastAudit {
-    pub fn of(report: &AuditReport, finished_at: Timestamp, took_ms: u64) -> LastAudit {
-        LastAudit {
-            finished_at,
-            took_ms,
-            position: report.position,
-            commits: report.commits,
-            violations: report.violations.len(),
-            first: report
-                .violations
-                .iter()
-                .take(AUDIT_VIOLATIONS_KEPT)
-                .map(|v| {
-                    format!(
-                        "{}{}: {} ({})",
-                        v.aggregate.as_deref().unwrap_or("log"),
-                        v.position.map(|p| format!(" at #{p}")).unwrap_or_default(),
-                        v.problem,
-                        v.action
-                    )
-                })
-                .collect(),
-        }
-    }
-}
-
-/// The audits this replica runs: how often, and the last one's result.
-#[derive(Debug, Default)]
-pub struct LastAudits {
-    pub interval: Option<std::time::Duration>,
-    last: std::sync::Mutex<Option<LastAudit>>,
-    /// When and why the latest audit could not run, if it could not (cleared by the next
-    /// that finishes): the last result is then older than it looks.
-    failed: std::sync::Mutex<Option<(Timestamp, String)>>,
-}
-
-impl LastAudits {
-    pub fn new(interval: Option<std::time::Duration>) -> Self {
-        LastAudits {
-            interval,
-            last: Default::default(),
-            failed: Default::default(),
-        }
-    }
-
-    pub fn last(&self) -> Option<LastAudit> {
-        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    pub fn record(&self, audit: LastAudit) {
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(audit);
-        *self.failed.lock().unwrap_or_else(|p| p.into_inner()) = None;
-    }
-
-    pub fn record_failure(&self, at: Timestamp, reason: String) {
-        *self.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some((at, reason));
-    }
-
-    pub fn failed(&self) -> Option<(Timestamp, String)> {
-        self.failed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-}
-
 /// serve's audit (`--audit-interval`): the whole log through the auditor once caught up,
 /// then every interval, each result kept for the console and logged. It only reads.
 pub(crate) async fn audit_sweeps(
@@ -263,8 +180,11 @@ pub(crate) async fn audit_sweeps(
                         "the audit found violations: see the console's health page or run `provledger audit`"
                     );
                 }
-                ctx.audits
-                    .record(LastAudit::of(&report, Timestamp::now(), took_ms));
+                ctx.audits.record(crate::replica::LastAudit::of(
+                    &report,
+                    Timestamp::now(),
+                    took_ms,
+                ));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "the audit could not run");

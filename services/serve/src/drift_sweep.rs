@@ -8,75 +8,17 @@
 //! after, so that whatever an executor answered it holds had its intent recorded (and
 //! applied here) before a finding is reported (intent before effect).
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use provledger_client::inventory::{
     compare_inventories, confirmed, ReadBounds, INVENTORY_READ_MAX,
 };
 use provledger_events::{AggregateKind, Timestamp};
-use provledger_projections::drift::{Finding, LedgerResources, Names, OperationResources};
+use provledger_projections::drift::{LedgerResources, Names, OperationResources};
 use provledger_projections::Entity;
-use schemars::JsonSchema;
-use serde::Serialize;
 
+pub(crate) use crate::messages::{DriftSweep, ExecutorRead};
 use crate::store::{ProjectionStore, StoreError};
-
-/// One executor as the last sweep read it: how many resources it holds, or why it could
-/// not be read.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
-pub struct ExecutorRead {
-    pub name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub held: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// Findings past the bounds of what a sweep keeps (`SUSPECTS_KEPT_MAX`): counted, not
-    /// listed.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub leaks_not_listed: u64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
-}
-
-/// What one sweep found.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
-pub struct DriftSweep {
-    /// When it finished (RFC 3339).
-    pub finished_at: String,
-    /// How long it took, in milliseconds.
-    pub took_ms: u64,
-    /// The log position this replica had applied when the ledger's side was taken.
-    pub position: u64,
-    pub executors: Vec<ExecutorRead>,
-    pub findings: Vec<Finding>,
-}
-
-/// The last sweep of this replica, and whether it sweeps at all.
-#[derive(Default)]
-pub(crate) struct DriftSweeps {
-    pub(crate) interval: Option<Duration>,
-    last: Mutex<Option<DriftSweep>>,
-}
-
-impl DriftSweeps {
-    pub(crate) fn new(interval: Option<Duration>) -> Self {
-        DriftSweeps {
-            interval,
-            last: Mutex::new(None),
-        }
-    }
-
-    pub(crate) fn last(&self) -> Option<DriftSweep> {
-        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    fn keep(&self, sweep: DriftSweep) {
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(sweep);
-    }
-}
 
 /// What the store's operations say the executors hold: each operation read and reduced
 /// in turn (`OperationResources`), never all of them whole at once.

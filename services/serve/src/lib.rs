@@ -25,6 +25,48 @@
 //! `EventLog::append` (in `cmd.append` and through the client library's driver and
 //! deletion steps), and its queries only read the store: the projector is the store's
 //! one writer.
+//!
+//! # Modules
+//! - `store.rs`: the projection store, one sled tree `projection`: the copy of the log
+//!   (`c`) and the per-aggregate history index (`h`) where the store copies the log
+//!   (embedded; serve's does not: `copies_log`), entities (`e`), allocations by consumer
+//!   (`b`), the quarantine (`q`), the time watermark index (`w`), snapshots (`s`, marker
+//!   `S`), the operation indexes (`o`, `O`, `k`, `t`, `n`), losses held (`l`) and metadata
+//!   (`m`: checkpoint, source). It is the `StateView` of serve's placement commands and
+//!   recovery sweep.
+//! - `projector.rs`: the `Projector` folds batches (at most `BATCH_ENTRIES_MAX`) with an
+//!   entity cache and writes each with one `apply_batch`; under load it gathers entries for
+//!   up to `GROUP_COMMIT_LINGER`, because sled's cost per commit falls steeply with the
+//!   batch. It tells the rollback worker what changed (`Touched`, at most `TOUCHED_MAX`).
+//! - `service.rs`: `run` wires the replica (data dir and bootstrap, the projector on a
+//!   thread of its own, the HTTP listeners, catch-up, the workers and sweeps, the queue
+//!   group, the request loop) and drains it in reverse order on SIGINT/SIGTERM.
+//! - `replica.rs`: the replica's shared state (`QueryContext`: store, log and `Writer`,
+//!   readiness, metrics, workers ready, the last drift sweep and audit), which the
+//!   endpoints, the console, the metrics and the sweeps read; it depends on none of them.
+//! - `endpoints/`: the contract's queries, one file per group (health, entities,
+//!   allocation, history and state_at, cmd.append, placement), the request parsing in its
+//!   own file. `messages.rs` (depending on nothing of `endpoints/`) holds every request,
+//!   reply, error code and error as types; `tests/schemas.rs` generates `docs/schemas/` and
+//!   `docs/asyncapi.json` from them and validates every JSON example in `docs/`.
+//! - `rollback_worker.rs` drives every stopped operation's rollback and advances
+//!   deletions, racing other replicas safely; `recovery_loop.rs` runs the client's recovery
+//!   round on start and every `--recovery-interval`, and delivers re-issues in between.
+//! - `metrics.rs`: the Prometheus registry and `/metrics`, `/health`; it only reads.
+//! - `bootstrap.rs`: snapshots published for new replicas and the bootstrap from one: the
+//!   head checked (`check_head`, pure), the body imported unfinished while the chain tips
+//!   are checked (`check_tips`, pure) and sampled against the stream by direct get, then
+//!   finished; a refusal is abandoned and the replica catches up from position 1.
+//! - `drift_sweep.rs` (`--drift-interval`) and `audit.rs` (`audit_log`, and serve's own
+//!   `--audit-interval`): they only read.
+//! - `http.rs`: both HTTP listeners on hyper, with a connection cap per listener, a header
+//!   read timeout and a bounded drain. `trace.rs` parses a request's `traceparent`.
+//! - `console/`: the operator's console (docs/console.md), GET routes only. `html.rs` owns
+//!   markup: `Html` can only be made by escaping text, from markup in the source, or by
+//!   joining markup, and `html!` renders each argument by its type, so a page cannot show
+//!   a value unescaped (`tests/tests/console_markup.rs` checks the source). `pages.rs` and
+//!   `plan.rs` (the rollback plan as SVG) are pure renderers; `mod.rs` reads, bounds
+//!   (pages, requests in flight, live connections) and serves `/events`.
 
 mod audit;
 pub mod bootstrap;
@@ -38,11 +80,12 @@ mod projector;
 mod recovery_loop;
 mod replica;
 mod rollback_worker;
+mod scrape;
 mod service;
 mod store;
 mod trace;
 
-pub use audit::{audit_log, AuditError, LastAudit, LastAudits, AUDIT_VIOLATIONS_KEPT};
+pub use audit::{audit_log, AuditError};
 pub use console::{
     ALLOCATIONS_SHOWN_MAX, ATTENTION_SHOWN_MAX, CHAINS_KEPT_MAX, HISTORY_PAGE, LIST_SCAN_MAX,
     LIVE_CONNECTIONS_MAX, LIVE_EVENT_SPACING, OPERATIONS_PAGE, OPERATIONS_PAGE_MAX,
@@ -53,6 +96,7 @@ pub use projector::{
     BatchOutcome, OnChainViolation, Projector, ProjectorError, Touched, BATCH_ENTRIES_MAX,
     GROUP_COMMIT_LINGER, SNAPSHOT_EVERY_POSITIONS_DEFAULT, TOUCHED_MAX,
 };
+pub use replica::{LastAudit, LastAudits, AUDIT_VIOLATIONS_KEPT};
 pub use service::{open_service_store, run, ServeError, ServeOptions, QUEUE_GROUP, SERVICE_NAME};
 pub use store::{
     decode_entity, encode_entity, OperationFilter, ProjectionStore, QuarantineRecord, StoreError,

@@ -75,8 +75,40 @@ pub struct DriftData {
     /// `serve --drift-interval`, in seconds; `null` when this replica does not sweep.
     pub interval_s: Option<u64>,
     /// The last sweep; `null` before the first (or when it does not sweep).
-    pub last: Option<crate::drift_sweep::DriftSweep>,
+    pub last: Option<DriftSweep>,
     pub served_by: String,
+}
+
+/// One executor as the last sweep read it: how many resources it holds, or why it could
+/// not be read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+pub struct ExecutorRead {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Findings past the bounds of what a sweep keeps (`SUSPECTS_KEPT_MAX`): counted, not
+    /// listed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub leaks_not_listed: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// What one sweep found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+pub struct DriftSweep {
+    /// When it finished (RFC 3339).
+    pub finished_at: String,
+    /// How long it took, in milliseconds.
+    pub took_ms: u64,
+    /// The log position this replica had applied when the ledger's side was taken.
+    pub position: u64,
+    pub executors: Vec<ExecutorRead>,
+    pub findings: Vec<provledger_projections::drift::Finding>,
 }
 
 /// `q.cluster.get`, `q.instance.get`, `q.provider.get`, `q.operation.get`.

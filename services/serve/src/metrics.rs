@@ -6,18 +6,11 @@
 //! scrape always says what the store says now. The exposition is the Prometheus project's
 //! own client (`prometheus-client`, OpenMetrics text); the HTTP side is axum.
 //!
-//! Also served on the same address: `GET /health`, this replica's readiness as JSON, for
-//! when NATS itself is what is lost (then `q.health` cannot be asked).
+//! This is the registry and what updates it; it reads nothing of the replica itself
+//! (`scrape.rs` serves it over HTTP and reads the store and the stream for the gauges).
 
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::Router;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -27,16 +20,9 @@ use prometheus_client::registry::Registry;
 use provledger_events::Event;
 use provledger_projections::operation::OperationStatus;
 
-use crate::replica::QueryContext;
-
-/// The content type of the OpenMetrics text format Prometheus scrapes.
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// Request latency buckets, in seconds: 100 µs to about 13 s.
 const LATENCY_BUCKET_START_SECONDS: f64 = 0.0001;
 const LATENCY_BUCKETS: u16 = 18;
-/// How long a scrape may wait for the stream's end (the lag gauge) before answering
-/// without it.
-const STREAM_END_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct EndpointLabels {
@@ -178,9 +164,8 @@ fn latency_histogram() -> Histogram {
 impl Metrics {
     pub(crate) fn new() -> Metrics {
         let mut registry = Registry::with_prefix("provledger");
-        let fold = FoldMetrics::default();
         let m = Metrics {
-            fold: fold.clone(),
+            fold: FoldMetrics::default(),
             requests: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             appends: Family::default(),
             refusals: Family::default(),
@@ -199,111 +184,123 @@ impl Metrics {
             drift_last_sweep: Gauge::default(),
             registry: Registry::default(),
         };
+        m.register(&mut registry);
+        m.seed_alert_series();
+        Metrics { registry, ..m }
+    }
+
+    /// Registers every metric with `registry`: one registration each, in the order a
+    /// scrape lists them.
+    fn register(&self, registry: &mut Registry) {
         registry.register(
             "log_position",
             "The last log position this replica's projection has applied",
-            m.log_position.clone(),
+            self.log_position.clone(),
         );
         registry.register(
             "log_end",
             "The stream's last position, read at the scrape",
-            m.log_end.clone(),
+            self.log_end.clone(),
         );
         registry.register(
             "log_lag",
             "Positions between the stream's end and what this replica has applied",
-            m.log_lag.clone(),
+            self.log_lag.clone(),
         );
         registry.register(
             "commits_folded",
             "Commits the projector folded since this replica started",
-            fold.commits.clone(),
+            self.fold.commits.clone(),
         );
         registry.register(
             "appends",
             "cmd.append requests by outcome (committed, duplicate, or the refusal's code)",
-            m.appends.clone(),
+            self.appends.clone(),
         );
         registry.register(
             "refusals",
             "Requests refused, by endpoint, code and reason (the refusal's stable reason, or its code)",
-            m.refusals.clone(),
+            self.refusals.clone(),
         );
         registry.register(
             "request_duration_seconds",
             "Time to answer a request, by endpoint",
-            m.requests.clone(),
+            self.requests.clone(),
         );
         registry.register(
             "operations",
             "Operations by status, needs_attention included: rollbacks an operator must look at",
-            m.operations.clone(),
+            self.operations.clone(),
         );
         registry.register(
             "compensation_events",
             "Compensation events folded (requested = an attempt asked of an executor, done, failed)",
-            fold.compensations.clone(),
+            self.fold.compensations.clone(),
         );
         registry.register(
             "recoveries",
             "Stuck-state recoveries this replica recorded, by rule",
-            m.recoveries.clone(),
+            self.recoveries.clone(),
         );
         registry.register(
             "quarantined_entries",
             "Log entries held in quarantine (undecodable, or outside their aggregate's chain)",
-            m.quarantine.clone(),
+            self.quarantine.clone(),
         );
         registry.register(
             "quarantined",
             "Log entries quarantined since this replica started",
-            fold.quarantined.clone(),
+            self.fold.quarantined.clone(),
         );
         registry.register(
             "integrity_errors",
             "Commits outside their aggregate's hash chain met since this replica started",
-            fold.integrity_errors.clone(),
+            self.fold.integrity_errors.clone(),
         );
         registry.register(
             "consumers_held",
             "JetStream consumers this replica holds (its live tail)",
-            m.consumers.clone(),
+            self.consumers.clone(),
         );
         registry.register(
             "ready",
             "1 when this replica is caught up, connected and in the queue group",
-            m.ready.clone(),
+            self.ready.clone(),
         );
         registry.register(
             "nats_connected",
             "1 while this replica's NATS connection is up",
-            m.nats_connected.clone(),
+            self.nats_connected.clone(),
         );
         registry.register(
             "drift_findings",
             "Findings of this replica's last drift sweep, by executor and kind (leaked, missing, mismatched)",
-            m.drift_findings.clone(),
+            self.drift_findings.clone(),
         );
         registry.register(
             "drift_executor_unread",
             "1 for each executor the last drift sweep could not read",
-            m.drift_unread.clone(),
+            self.drift_unread.clone(),
         );
         registry.register(
             "drift_sweeps",
             "Drift sweeps by outcome (clean, drift, failed)",
-            m.drift_sweeps.clone(),
+            self.drift_sweeps.clone(),
         );
         registry.register(
             "drift_last_sweep_timestamp_seconds",
             "When this replica's last drift sweep finished (Unix seconds; 0: none yet)",
-            m.drift_last_sweep.clone(),
+            self.drift_last_sweep.clone(),
         );
+    }
+
+    /// Creates, at zero, the series of each label an alert reads.
+    fn seed_alert_series(&self) {
         // Series an alert reads exist from the start, at zero: a rule on a series that
         // does not exist yet evaluates to nothing rather than to "none".
         for status in OperationStatus::ALL {
             if let Ok(serde_json::Value::String(status)) = serde_json::to_value(status) {
-                drop(m.operations.get_or_create(&StatusLabels { status }));
+                drop(self.operations.get_or_create(&StatusLabels { status }));
             }
         }
         for outcome in [
@@ -313,16 +310,15 @@ impl Metrics {
             "rejected",
             "unavailable",
         ] {
-            drop(m.appends.get_or_create(&OutcomeLabels {
+            drop(self.appends.get_or_create(&OutcomeLabels {
                 outcome: outcome.into(),
             }));
         }
         for outcome in ["requested", "done", "failed"] {
-            drop(fold.compensations.get_or_create(&OutcomeLabels {
+            drop(self.fold.compensations.get_or_create(&OutcomeLabels {
                 outcome: outcome.into(),
             }));
         }
-        Metrics { registry, ..m }
     }
 
     /// One answered request: its latency, and for a refusal its code and reason.
@@ -363,7 +359,7 @@ impl Metrics {
 
     /// A drift sweep finished: its findings replace the last sweep's (an executor or kind
     /// no longer found reads 0, not its old count).
-    pub(crate) fn drift_swept(&self, sweep: &crate::drift_sweep::DriftSweep) {
+    pub(crate) fn drift_swept(&self, sweep: &crate::messages::DriftSweep) {
         use provledger_projections::drift::FindingKind;
         const KINDS: usize = FindingKind::ALL.len();
         self.drift_findings.clear();
@@ -448,107 +444,51 @@ impl Metrics {
             .inc();
     }
 
-    /// Reads the gauges that describe the store and the stream now.
-    async fn refresh(&self, ctx: &QueryContext) {
-        // One read of the stream's end serves the lag and readiness alike.
-        match tokio::time::timeout(STREAM_END_WAIT, ctx.readiness()).await {
-            Ok(readiness) => {
-                self.log_position.set(as_i64(readiness.position));
-                // The stream's end cannot be read (NATS lost): the lag is unknown, and the
-                // last figures stay rather than a made-up zero.
-                if let (Some(end), Some(lag)) = (readiness.end, readiness.lag()) {
-                    self.log_end.set(as_i64(end));
-                    self.log_lag.set(as_i64(lag));
-                }
-                self.ready.set(i64::from(readiness.ready));
-                self.nats_connected.set(i64::from(readiness.nats_connected));
-            }
-            Err(_) => {
-                tracing::debug!("metrics: reading the stream's end timed out");
-                self.log_position.set(as_i64(ctx.position()));
-                self.ready.set(0);
-                self.nats_connected.set(i64::from(ctx.nats_connected()));
-            }
+    /// Sets the gauges that describe the store and the stream to what a scrape read.
+    pub(crate) fn set_gauges(&self, now: Gauges) {
+        self.log_position.set(as_i64(now.position));
+        // The stream's end could not be read (NATS lost): the lag is unknown, and the last
+        // figures stay rather than a made-up zero.
+        if let Some((end, lag)) = now.end_and_lag {
+            self.log_end.set(as_i64(end));
+            self.log_lag.set(as_i64(lag));
         }
-        match ctx.store.operation_counts() {
-            Ok(counts) => {
-                for (status, count) in counts {
-                    self.operations
-                        .get_or_create(&StatusLabels { status })
-                        .set(as_i64(count));
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "metrics: reading operation counts"),
+        self.ready.set(i64::from(now.ready));
+        self.nats_connected.set(i64::from(now.nats_connected));
+        for (status, count) in now.operation_counts.unwrap_or_default() {
+            self.operations
+                .get_or_create(&StatusLabels { status })
+                .set(as_i64(count));
         }
-        self.quarantine
-            .set(as_i64(ctx.store.quarantine_count() as u64));
-        self.consumers.set(as_i64(ctx.log.consumers_held() as u64));
+        self.quarantine.set(as_i64(now.quarantined));
+        self.consumers.set(as_i64(now.consumers));
     }
 
-    fn encode(&self) -> Result<String, std::fmt::Error> {
+    /// The registry in the OpenMetrics text format.
+    pub(crate) fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
     }
 }
 
+/// What a scrape read of the replica, for the gauges that describe the store and the
+/// stream.
+pub(crate) struct Gauges {
+    pub(crate) position: u64,
+    /// The stream's end and the lag behind it, when the end could be read.
+    pub(crate) end_and_lag: Option<(u64, u64)>,
+    pub(crate) ready: bool,
+    pub(crate) nats_connected: bool,
+    /// Operations by status word; `None` when the store could not be read.
+    pub(crate) operation_counts: Option<Vec<(String, u64)>>,
+    pub(crate) quarantined: u64,
+    /// JetStream consumers the replica's log handle holds.
+    pub(crate) consumers: u64,
+}
+
 fn as_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-/// Serves `/metrics` and `/health` on `addr` until `shutdown`; the address it bound (for
-/// `--metrics-addr 127.0.0.1:0`) goes to the log.
-pub(crate) async fn serve_metrics(
-    addr: SocketAddr,
-    ctx: Arc<QueryContext>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
-    tracing::info!(addr = %local, "metrics on http://{local}/metrics");
-    let app = Router::new()
-        .route("/metrics", get(scrape))
-        .route("/health", get(health))
-        .with_state(ctx);
-    Ok(tokio::spawn(async move {
-        crate::http::serve(
-            "metrics",
-            listener,
-            app,
-            crate::http::METRICS_LIMITS,
-            shutdown,
-        )
-        .await;
-    }))
-}
-
-async fn scrape(State(ctx): State<Arc<QueryContext>>) -> axum::response::Response {
-    ctx.metrics.refresh(&ctx).await;
-    match ctx.metrics.encode() {
-        Ok(text) => ([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-    }
-}
-
-async fn health(State(ctx): State<Arc<QueryContext>>) -> axum::response::Response {
-    let readiness = ctx.readiness().await;
-    let status = match readiness.ready {
-        true => StatusCode::OK,
-        false => StatusCode::SERVICE_UNAVAILABLE,
-    };
-    let body = serde_json::json!({
-        "ready": readiness.ready,
-        "nats_connected": readiness.nats_connected,
-        "reason": readiness.reason,
-        "position": readiness.position,
-        "served_by": ctx.served_by.get(),
-    });
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
 }
 
 #[cfg(test)]
@@ -590,13 +530,13 @@ mod tests {
         };
         let mut findings: Vec<Finding> = (0..5).map(|n| leak(hostile, n)).collect();
         findings.extend(names.iter().skip(1).map(|n| leak(n, 0)));
-        let sweep = crate::drift_sweep::DriftSweep {
+        let sweep = crate::messages::DriftSweep {
             finished_at: String::new(),
             took_ms: 0,
             position: 0,
             executors: names
                 .iter()
-                .map(|name| crate::drift_sweep::ExecutorRead {
+                .map(|name| crate::messages::ExecutorRead {
                     name: name.clone(),
                     held: Some(1),
                     error: None,

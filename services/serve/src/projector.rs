@@ -9,6 +9,7 @@
 //! projector goes on.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -122,6 +123,20 @@ enum PastLoss {
     Fold(Vec<Commit>),
     Held,
     Violation(Box<Commit>, String),
+}
+
+/// What one batch has gathered so far (`Projector::apply_batch`): what it did, what it
+/// writes, and where it ends.
+struct Gathered {
+    outcome: BatchOutcome,
+    batch: StoreBatch,
+    /// The aggregates folded, whose entities the batch writes.
+    dirty: HashSet<AggregateId>,
+    /// The position through which the batch has taken every entry.
+    checkpoint: u64,
+    watermark: Option<i64>,
+    /// Whether a re-issue to send was folded (see `Projector::reissues`).
+    reissue_news: bool,
 }
 
 /// What one batch did.
@@ -271,140 +286,214 @@ impl Projector {
         &mut self,
         entries: Vec<Result<Commit, ReadError>>,
     ) -> Result<BatchOutcome, ProjectorError> {
-        let mut outcome = BatchOutcome::default();
         let behind = entries.len() >= BATCH_ENTRIES_MAX;
-        let mut batch = StoreBatch::default();
-        let mut dirty: HashSet<AggregateId> = HashSet::new();
-        let mut checkpoint = self.checkpoint;
-        let mut watermark = self.watermark;
+        let mut gathered = Gathered {
+            outcome: BatchOutcome::default(),
+            batch: StoreBatch::default(),
+            dirty: HashSet::new(),
+            checkpoint: self.checkpoint,
+            watermark: self.watermark,
+            reissue_news: false,
+        };
         let mut failure = None;
-        let mut reissue_news = false;
         for entry in entries {
-            match entry {
-                Ok(commit) => {
-                    if commit.position <= checkpoint {
-                        outcome.skipped += 1;
-                        continue;
-                    }
-                    let at = commit.position;
-                    let to_fold = match self.past_loss(commit, &mut batch)? {
-                        PastLoss::Fold(commits) => commits,
-                        PastLoss::Held => {
-                            outcome.held += 1;
-                            checkpoint = at;
-                            continue;
-                        }
-                        PastLoss::Violation(commit, violation) => match self.on_violation {
-                            OnChainViolation::Fail => {
-                                failure = Some(ProjectorError::Integrity(IntegrityError {
-                                    aggregate: commit.aggregate,
-                                    version: commit.version,
-                                    position: commit.position,
-                                    problem: violation,
-                                }));
-                                break;
-                            }
-                            OnChainViolation::Quarantine => {
-                                tracing::warn!(position = at, %violation, "commit outside its aggregate's chain quarantined");
-                                batch.quarantine.push(QuarantineRecord {
-                                    position: at,
-                                    subject: commit.aggregate.to_string(),
-                                    error: violation,
-                                    payload_len: 0,
-                                    payload_head_hex: String::new(),
-                                });
-                                outcome.quarantined += 1;
-                                self.metrics.quarantined(true);
-                                checkpoint = at;
-                                continue;
-                            }
-                        },
-                    };
-                    let mut previous = 0;
-                    for commit in to_fold {
-                        // Commits held past a loss come back in their order in the log
-                        // (the last is this one, past the checkpoint).
-                        assert!(
-                            commit.position > previous,
-                            "{} v{} at position {} folded after position {previous}",
-                            commit.aggregate,
-                            commit.version,
-                            commit.position
-                        );
-                        previous = commit.position;
-                        self.fold(&commit, &mut batch, &mut dirty)?;
-                        self.metrics.folded(&commit.events);
-                        reissue_news |= commit.events.iter().any(|e| {
-                            matches!(
-                                e,
-                                Event::ReissueRequested { .. } | Event::ReissueFailed { .. }
-                            )
-                        });
-                        if watermark.is_none_or(|w| commit.recorded_at.unix_ms() > w) {
-                            watermark = Some(commit.recorded_at.unix_ms());
-                            // Every rise, not one per batch: `--at TIME` must resolve to the
-                            // same position on replicas that batch differently. (Commits
-                            // held past a loss are folded at the position that resumed
-                            // them.)
-                            batch
-                                .watermark_rises
-                                .push((commit.recorded_at.unix_ms(), at));
-                        }
-                        outcome.folded += 1;
-                        outcome.events += commit.events.len();
-                    }
-                    checkpoint = at;
-                }
-                Err(e) => match e.quarantine_parts() {
-                    None => {
-                        failure = Some(e.into());
-                        break;
-                    }
-                    Some((position, ..)) if position <= checkpoint => outcome.skipped += 1,
-                    Some((position, subject, error, payload)) => {
-                        tracing::warn!(position, %subject, %error, "log entry quarantined");
-                        let head = &payload[..payload.len().min(QUARANTINE_HEAD_BYTES_MAX)];
-                        batch.quarantine.push(QuarantineRecord {
-                            position,
-                            subject: subject.to_string(),
-                            error,
-                            payload_len: payload.len(),
-                            payload_head_hex: head.iter().map(|b| format!("{b:02x}")).collect(),
-                        });
-                        outcome.quarantined += 1;
-                        self.metrics.quarantined(false);
-                        checkpoint = position;
-                    }
-                },
+            let next = match entry {
+                Ok(commit) => self.gather_commit(commit, &mut gathered)?,
+                Err(e) => self.gather_unreadable(e, &mut gathered),
+            };
+            if let ControlFlow::Break(e) = next {
+                failure = Some(e);
+                break;
             }
         }
-        if checkpoint > self.checkpoint {
-            for id in &dirty {
-                if let Some(entity) = self.cache.get(id) {
-                    batch.entities.push((*id, encode_entity(entity)?));
-                    batch.operations.extend(OperationIndexEntry::of(entity));
-                }
-            }
-            batch.checkpoint = checkpoint;
-            let previous = self.checkpoint;
-            self.store.write_batch(batch)?;
-            self.checkpoint = checkpoint;
-            self.watermark = watermark;
-            self.touched.record(dirty.iter().copied(), checkpoint);
-            self.applied.send_replace(checkpoint);
-            if reissue_news {
-                // A permit is kept when nobody waits: the next wait returns at once.
-                self.reissues.notify_one();
-            }
-            if self.cache.len() > CACHE_ENTITIES_MAX {
-                self.cache.clear();
-            }
-            self.maybe_snapshot(previous, behind)?;
+        let outcome = gathered.outcome;
+        if gathered.checkpoint > self.checkpoint {
+            self.write_gathered(gathered, behind)?;
         }
         match failure {
             Some(e) => Err(e),
             None => Ok(outcome),
         }
+    }
+
+    /// Gathers one commit read from the log: skipped at or below the checkpoint, held past
+    /// a loss, taken as a chain violation, or folded with the commits it resumes. Breaks
+    /// with a failure that stops the batch after the entries before it.
+    fn gather_commit(
+        &mut self,
+        commit: Commit,
+        gathered: &mut Gathered,
+    ) -> Result<ControlFlow<ProjectorError>, ProjectorError> {
+        if commit.position <= gathered.checkpoint {
+            gathered.outcome.skipped += 1;
+            return Ok(ControlFlow::Continue(()));
+        }
+        let at = commit.position;
+        let to_fold = match self.past_loss(commit, &mut gathered.batch)? {
+            PastLoss::Fold(commits) => commits,
+            PastLoss::Held => {
+                gathered.outcome.held += 1;
+                gathered.checkpoint = at;
+                return Ok(ControlFlow::Continue(()));
+            }
+            PastLoss::Violation(commit, violation) => {
+                return Ok(self.chain_violation(&commit, violation, at, gathered));
+            }
+        };
+        self.fold_in_order(to_fold, at, gathered)?;
+        gathered.checkpoint = at;
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// A commit at position `at` outside its aggregate's chain, as the policy says: the
+    /// integrity failure that stops the batch, or a quarantine record.
+    fn chain_violation(
+        &self,
+        commit: &Commit,
+        violation: String,
+        at: u64,
+        gathered: &mut Gathered,
+    ) -> ControlFlow<ProjectorError> {
+        match self.on_violation {
+            OnChainViolation::Fail => {
+                ControlFlow::Break(ProjectorError::Integrity(IntegrityError {
+                    aggregate: commit.aggregate,
+                    version: commit.version,
+                    position: commit.position,
+                    problem: violation,
+                }))
+            }
+            OnChainViolation::Quarantine => {
+                tracing::warn!(position = at, %violation, "commit outside its aggregate's chain quarantined");
+                gathered.batch.quarantine.push(QuarantineRecord {
+                    position: at,
+                    subject: commit.aggregate.to_string(),
+                    error: violation,
+                    payload_len: 0,
+                    payload_head_hex: String::new(),
+                });
+                gathered.outcome.quarantined += 1;
+                self.metrics.quarantined(true);
+                gathered.checkpoint = at;
+                ControlFlow::Continue(())
+            }
+        }
+    }
+
+    /// Folds the commits a commit at position `at` lets through (itself, or every commit
+    /// held past a loss it acknowledged), in their order in the log, recording each rise
+    /// of the watermark at `at`.
+    fn fold_in_order(
+        &mut self,
+        commits: Vec<Commit>,
+        at: u64,
+        gathered: &mut Gathered,
+    ) -> Result<(), StoreError> {
+        let mut previous = 0;
+        for commit in commits {
+            // Commits held past a loss come back in their order in the log
+            // (the last is this one, past the checkpoint).
+            assert!(
+                commit.position > previous,
+                "{} v{} at position {} folded after position {previous}",
+                commit.aggregate,
+                commit.version,
+                commit.position
+            );
+            previous = commit.position;
+            self.fold(&commit, &mut gathered.batch, &mut gathered.dirty)?;
+            self.metrics.folded(&commit.events);
+            gathered.reissue_news |= commit.events.iter().any(|e| {
+                matches!(
+                    e,
+                    Event::ReissueRequested { .. } | Event::ReissueFailed { .. }
+                )
+            });
+            if gathered
+                .watermark
+                .is_none_or(|w| commit.recorded_at.unix_ms() > w)
+            {
+                gathered.watermark = Some(commit.recorded_at.unix_ms());
+                // Every rise, not one per batch: `--at TIME` must resolve to the
+                // same position on replicas that batch differently. (Commits
+                // held past a loss are folded at the position that resumed
+                // them.)
+                gathered
+                    .batch
+                    .watermark_rises
+                    .push((commit.recorded_at.unix_ms(), at));
+            }
+            gathered.outcome.folded += 1;
+            gathered.outcome.events += commit.events.len();
+        }
+        Ok(())
+    }
+
+    /// Gathers a log entry that could not be read: quarantined with its position and error
+    /// (skipped at or below the checkpoint). Breaks with a read failure that is not the
+    /// entry's own, which stops the batch after the entries before it.
+    fn gather_unreadable(
+        &self,
+        e: ReadError,
+        gathered: &mut Gathered,
+    ) -> ControlFlow<ProjectorError> {
+        match e.quarantine_parts() {
+            None => ControlFlow::Break(e.into()),
+            Some((position, ..)) if position <= gathered.checkpoint => {
+                gathered.outcome.skipped += 1;
+                ControlFlow::Continue(())
+            }
+            Some((position, subject, error, payload)) => {
+                tracing::warn!(position, %subject, %error, "log entry quarantined");
+                let head = &payload[..payload.len().min(QUARANTINE_HEAD_BYTES_MAX)];
+                gathered.batch.quarantine.push(QuarantineRecord {
+                    position,
+                    subject: subject.to_string(),
+                    error,
+                    payload_len: payload.len(),
+                    payload_head_hex: head.iter().map(|b| format!("{b:02x}")).collect(),
+                });
+                gathered.outcome.quarantined += 1;
+                self.metrics.quarantined(false);
+                gathered.checkpoint = position;
+                ControlFlow::Continue(())
+            }
+        }
+    }
+
+    /// Writes what a batch gathered as one atomic store batch (with the entities it
+    /// touched), then moves the checkpoint, announces it, and takes a snapshot if one is
+    /// due. `behind`: the batch was full.
+    fn write_gathered(&mut self, gathered: Gathered, behind: bool) -> Result<(), StoreError> {
+        let Gathered {
+            mut batch,
+            dirty,
+            checkpoint,
+            watermark,
+            reissue_news,
+            ..
+        } = gathered;
+        for id in &dirty {
+            if let Some(entity) = self.cache.get(id) {
+                batch.entities.push((*id, encode_entity(entity)?));
+                batch.operations.extend(OperationIndexEntry::of(entity));
+            }
+        }
+        batch.checkpoint = checkpoint;
+        let previous = self.checkpoint;
+        self.store.write_batch(batch)?;
+        self.checkpoint = checkpoint;
+        self.watermark = watermark;
+        self.touched.record(dirty.iter().copied(), checkpoint);
+        self.applied.send_replace(checkpoint);
+        if reissue_news {
+            // A permit is kept when nobody waits: the next wait returns at once.
+            self.reissues.notify_one();
+        }
+        if self.cache.len() > CACHE_ENTITIES_MAX {
+            self.cache.clear();
+        }
+        self.maybe_snapshot(previous, behind)
     }
 
     /// What the commit does to its aggregate's chain: extends it (fold it), reveals a loss

@@ -4,12 +4,14 @@
 //! writes nothing: it is the state those read and the handles they write through.
 
 use std::sync::atomic::AtomicUsize;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use provledger_client::{Ledger, Writer};
 use provledger_events::{EventLog, JetStreamLog};
 use tokio::sync::watch;
 
+use crate::messages::DriftSweep;
 use crate::store::ProjectionStore;
 
 /// How far behind the stream's end a replica may fall and still say it is ready: a busy
@@ -38,7 +40,7 @@ pub(crate) struct QueryContext {
     /// The largest reply this service sends; lists fill pages up to half of it.
     pub(crate) reply_bytes_max: usize,
     /// Queries waiting for a `min_position` right now (at most
-    /// `endpoints::MIN_POSITION_WAITS_MAX`).
+    /// [`MIN_POSITION_WAITS_MAX`]).
     pub(crate) min_position_waits: AtomicUsize,
     /// Workers that said they listen again, for the re-issue delivery to serve first.
     pub(crate) workers_ready: WorkersReady,
@@ -46,9 +48,9 @@ pub(crate) struct QueryContext {
     /// The NATS connection, whose state says whether this replica can be ready.
     pub(crate) client: async_nats::Client,
     /// The drift sweep's last findings (`q.drift`).
-    pub(crate) drift: crate::drift_sweep::DriftSweeps,
+    pub(crate) drift: DriftSweeps,
     /// The last audit this replica ran (`--audit-interval`), for the console.
-    pub(crate) audits: crate::audit::LastAudits,
+    pub(crate) audits: LastAudits,
 }
 
 /// Whether this replica can answer from current state, and if not, why.
@@ -85,6 +87,16 @@ pub(crate) struct WorkersReady {
 
 /// Ready workers, with when each last said so.
 pub(crate) type ReadyWorkers = std::collections::BTreeMap<String, provledger_events::Timestamp>;
+
+/// Requests handled at once; more wait for a slot, which pushes back on NATS.
+pub const REQUESTS_IN_FLIGHT_MAX: usize = 1024;
+/// Health checks handled at once, apart from the other requests.
+pub const HEALTH_IN_FLIGHT_MAX: usize = 64;
+/// Queries that may wait for a `min_position` at once. Well below serve's requests in
+/// flight, so that waiting queries can never take every slot from health checks and
+/// commands.
+pub const MIN_POSITION_WAITS_MAX: usize = 256;
+const _: () = assert!(MIN_POSITION_WAITS_MAX < REQUESTS_IN_FLIGHT_MAX / 2);
 
 /// Distinct ready workers remembered between two delivery rounds.
 pub const WORKERS_READY_MAX: usize = 4_096;
@@ -168,5 +180,116 @@ impl QueryContext {
             self.client.connection_state(),
             async_nats::connection::State::Connected
         )
+    }
+}
+
+/// The last sweep of this replica, and whether it sweeps at all.
+#[derive(Default)]
+pub(crate) struct DriftSweeps {
+    pub(crate) interval: Option<Duration>,
+    last: Mutex<Option<DriftSweep>>,
+}
+
+impl DriftSweeps {
+    pub(crate) fn new(interval: Option<Duration>) -> Self {
+        DriftSweeps {
+            interval,
+            last: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn last(&self) -> Option<DriftSweep> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) fn keep(&self, sweep: DriftSweep) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(sweep);
+    }
+}
+
+/// What the last audit of this replica found (`serve --audit-interval`), for the console's
+/// health page and the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastAudit {
+    pub finished_at: provledger_events::Timestamp,
+    pub took_ms: u64,
+    /// The last position audited.
+    pub position: u64,
+    pub commits: u64,
+    pub violations: usize,
+    /// The first violations, as an operator reads them (at most [`AUDIT_VIOLATIONS_KEPT`]).
+    pub first: Vec<String>,
+}
+
+/// Violations kept word for word from one audit (all are counted).
+pub const AUDIT_VIOLATIONS_KEPT: usize = 20;
+
+impl LastAudit {
+    pub fn of(
+        report: &provledger_projections::audit::AuditReport,
+        finished_at: provledger_events::Timestamp,
+        took_ms: u64,
+    ) -> LastAudit {
+        LastAudit {
+            finished_at,
+            took_ms,
+            position: report.position,
+            commits: report.commits,
+            violations: report.violations.len(),
+            first: report
+                .violations
+                .iter()
+                .take(AUDIT_VIOLATIONS_KEPT)
+                .map(|v| {
+                    format!(
+                        "{}{}: {} ({})",
+                        v.aggregate.as_deref().unwrap_or("log"),
+                        v.position.map(|p| format!(" at #{p}")).unwrap_or_default(),
+                        v.problem,
+                        v.action
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The audits this replica runs: how often, and the last one's result.
+#[derive(Debug, Default)]
+pub struct LastAudits {
+    pub interval: Option<std::time::Duration>,
+    last: std::sync::Mutex<Option<LastAudit>>,
+    /// When and why the latest audit could not run, if it could not (cleared by the next
+    /// that finishes): the last result is then older than it looks.
+    failed: std::sync::Mutex<Option<(provledger_events::Timestamp, String)>>,
+}
+
+impl LastAudits {
+    pub fn new(interval: Option<std::time::Duration>) -> Self {
+        LastAudits {
+            interval,
+            last: Default::default(),
+            failed: Default::default(),
+        }
+    }
+
+    pub fn last(&self) -> Option<LastAudit> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn record(&self, audit: LastAudit) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(audit);
+        *self.failed.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    pub fn record_failure(&self, at: provledger_events::Timestamp, reason: String) {
+        *self.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some((at, reason));
+    }
+
+    pub fn failed(&self) -> Option<(provledger_events::Timestamp, String)> {
+        self.failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }

@@ -19,10 +19,11 @@ use crate::bootstrap::{BootstrapError, PublishedSnapshot};
 use crate::endpoints::caller::Caller;
 use crate::endpoints::error::{bounded, ErrorCode, QueryError};
 use crate::endpoints::Endpoint;
-use crate::metrics::{serve_metrics, Metrics};
+use crate::metrics::Metrics;
 use crate::projector::{OnChainViolation, Projector, ProjectorError};
-use crate::replica::QueryContext;
+use crate::replica::{QueryContext, HEALTH_IN_FLIGHT_MAX, REQUESTS_IN_FLIGHT_MAX};
 use crate::rollback_worker::RollbackWorker;
+use crate::scrape::serve_metrics;
 use crate::store::{ProjectionStore, StoreError};
 use crate::trace::TraceParent;
 use provledger_client::recovery::NatsReissuer;
@@ -37,10 +38,6 @@ use tracing::Instrument;
 /// The micro service's name and queue group, fixed by the contract.
 pub const SERVICE_NAME: &str = "provledger";
 pub const QUEUE_GROUP: &str = "provledger";
-/// Requests handled at once; more wait for a slot, which pushes back on NATS.
-pub const REQUESTS_IN_FLIGHT_MAX: usize = 1024;
-/// Health checks handled at once, apart from the other requests.
-pub const HEALTH_IN_FLIGHT_MAX: usize = 64;
 /// How long shutdown waits for requests in hand.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Room left in a reply for its headers and framing below the server's max payload.
@@ -152,6 +149,9 @@ pub fn open_service_store(
     Ok((dir, store))
 }
 
+/// Runs one replica until `shutdown`: opens its data dir (bootstrapping it when new),
+/// starts the projector and the HTTP listeners, catches up, starts the workers and
+/// sweeps, joins the queue group, takes requests, then drains in the reverse order.
 pub async fn run(
     options: ServeOptions,
     shutdown: impl Future<Output = ()>,
@@ -165,28 +165,184 @@ pub async fn run(
         &options.nats_auth,
     )
     .await?;
-    // A ready file left by a replica that was killed would say "ready" while this one
-    // catches up: it goes before anything else.
-    if let Some(path) = &options.ready_file {
-        match std::fs::remove_file(path) {
-            Ok(()) => tracing::info!(path = %path.display(), "removed a stale ready file"),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                tracing::warn!(error = %e, path = %path.display(), "cannot remove the ready file")
-            }
-        }
-    }
-    let (data_dir, store) = open_service_store(&options.data_dir, &options.stream)?;
+    remove_stale_ready_file(options.ready_file.as_deref());
     // Polled from here on, so that a SIGINT/SIGTERM during a bootstrap stops serve (the
     // signal handlers exist once it is first polled) instead of killing it.
     tokio::pin!(shutdown);
+    let Some((data_dir, store)) = open_replica_store(&options, &log, shutdown.as_mut()).await?
+    else {
+        return Ok(());
+    };
+    let metrics = Arc::new(Metrics::new());
+    // The publisher is stopped with serve, wherever it returns.
+    let (projector, _publisher) = new_projector(&options, &log, &store, &metrics)?;
+    let ctx = query_context(&options, &client, &log, store, &projector, metrics);
+    let listeners = Listeners::start(&options, &ctx).await?;
+    let worker = rollback_worker(&options, &client, &ctx, &projector);
+    let applied = projector.applied();
+    let reissues_news = projector.reissues();
+    let mut projector = ProjectorThread::spawn(projector, log.clone())?;
+
+    // A replica joins the queue group only once it has applied everything the stream held
+    // when it started: before that it would answer from state that is behind, without
+    // saying so. The rollback worker and the recovery sweep wait too.
+    let end = provledger_events::EventLog::last_position(&log)
+        .await
+        .map_err(ServeError::StreamEnd)?;
+    let mut shutdown_asked = false;
+    let caught_up = tokio::select! {
+        caught_up = catch_up(applied, end) => caught_up,
+        _ = &mut shutdown => {
+            shutdown_asked = true;
+            false
+        }
+        joined = &mut projector.task => {
+            projector.ended = Some(joined);
+            false
+        }
+    };
+    if !caught_up {
+        return stop_before_ready(projector, data_dir, shutdown_asked).await;
+    }
+    let workers = Workers::start(&options, &client, &ctx, worker, reissues_news);
+    let _ = ctx.caught_up_to.set(end);
+    let (service, mut requests) = join_queue_group(&options, &client, &log, &ctx, end).await?;
+    let slots = Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_MAX));
+    let health_slots = Arc::new(Semaphore::new(HEALTH_IN_FLIGHT_MAX));
+    let connection_task = tokio::spawn(watch_connection(
+        ctx.clone(),
+        options.ready_file.clone(),
+        listeners.stopped.clone(),
+    ));
+
+    // The projector only returns before shutdown when it failed (an error or a panic):
+    // this replica would then answer from a frozen state, so it says so and exits.
+    if let Some(joined) = take_requests(
+        &ctx,
+        &mut requests,
+        &slots,
+        &health_slots,
+        shutdown.as_mut(),
+        &mut projector.task,
+    )
+    .await
+    {
+        projector.ended = Some(joined);
+    }
+
+    tracing::info!("shutting down: draining requests in hand");
+    notify_systemd("STOPPING=1");
+    listeners.stop(connection_task).await;
+    if let Some(path) = &options.ready_file {
+        let _ = std::fs::remove_file(path);
+    }
+    drop(requests);
+    drain_requests(service, &slots).await;
+    workers.stop().await;
+    close_replica(projector, &ctx, data_dir, &client).await
+}
+
+/// The projector over `store`, with its snapshot publisher when there is a bucket.
+fn new_projector(
+    options: &ServeOptions,
+    log: &JetStreamLog,
+    store: &ProjectionStore,
+    metrics: &Metrics,
+) -> Result<(Projector, Option<AbortOnDrop>), ServeError> {
+    let projector = Projector::new(store.clone(), options.snapshot_every)?
+        .on_chain_violation(OnChainViolation::Quarantine)
+        .with_metrics(metrics.fold.clone());
+    let (projector, publisher) = match &options.snapshot_bucket {
+        Some(bucket) => {
+            let (projector, publisher) =
+                with_snapshot_publisher(projector, log, bucket, &options.stream);
+            (projector, Some(publisher))
+        }
+        None => (projector, None),
+    };
+    tracing::info!(
+        checkpoint = projector.checkpoint(),
+        stream = %options.stream,
+        server = log.server_version(),
+        "provledger serve starting"
+    );
+    Ok((projector, publisher))
+}
+
+/// Stops the projector, flushes what it applied and closes the data dir; an error when
+/// the projector had failed while serving.
+async fn close_replica(
+    projector: ProjectorThread,
+    ctx: &QueryContext,
+    data_dir: SledLog,
+    client: &async_nats::Client,
+) -> Result<(), ServeError> {
+    let (projector, result) = projector.stop().await?;
+    if result.is_ok() {
+        if let Some(reason) = ctx.projector_failed.get() {
+            data_dir.close();
+            return Err(ServeError::Service(format!(
+                "the projector stopped: {reason}"
+            )));
+        }
+    }
+    projector.store().flush()?;
+    let _ = client.flush().await;
+    tracing::info!(
+        checkpoint = projector.checkpoint(),
+        "provledger serve stopped"
+    );
+    data_dir.close();
+    result.map_err(ServeError::from)
+}
+
+/// Stopped before it was ready: nothing was served, nothing to drain. Unless a shutdown
+/// was asked for, the projector ended on its own: a failure.
+async fn stop_before_ready(
+    projector: ProjectorThread,
+    data_dir: SledLog,
+    shutdown_asked: bool,
+) -> Result<(), ServeError> {
+    let (projector, result) = projector.stop().await?;
+    result?;
+    projector.store().flush()?;
+    data_dir.close();
+    match shutdown_asked {
+        true => Ok(()),
+        false => Err(ServeError::Service(
+            "the projector stopped before catching up with the stream".into(),
+        )),
+    }
+}
+
+/// A ready file left by a replica that was killed would say "ready" while this one
+/// catches up: it goes before anything else.
+fn remove_stale_ready_file(path: Option<&std::path::Path>) {
+    let Some(path) = path else { return };
+    match std::fs::remove_file(path) {
+        Ok(()) => tracing::info!(path = %path.display(), "removed a stale ready file"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(error = %e, path = %path.display(), "cannot remove the ready file")
+        }
+    }
+}
+
+/// The data dir and its store, bootstrapped from the snapshot bucket when new; `None`
+/// when `shutdown` came during the bootstrap.
+async fn open_replica_store(
+    options: &ServeOptions,
+    log: &JetStreamLog,
+    shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> Result<Option<(SledLog, ProjectionStore)>, ServeError> {
+    let (data_dir, store) = open_service_store(&options.data_dir, &options.stream)?;
     if let Some(bucket) = &options.snapshot_bucket {
         tokio::select! {
-            bootstrapped = bootstrap_if_new(&log, bucket, &store) => bootstrapped?,
-            _ = &mut shutdown => {
+            bootstrapped = bootstrap_if_new(log, bucket, &store) => bootstrapped?,
+            _ = shutdown => {
                 // An import in hand is left marked unfinished: the next start abandons it.
                 tracing::info!("provledger serve stopped during its bootstrap");
-                return Ok(());
+                return Ok(None);
             }
         }
     }
@@ -197,48 +353,54 @@ pub async fn run(
         tracing::warn!("abandoning an import a crash cut short: catching up from position 1");
         store.abandon_import()?;
     }
-    let metrics = Arc::new(Metrics::new());
-    let mut projector = Projector::new(store.clone(), options.snapshot_every)?
-        .on_chain_violation(OnChainViolation::Quarantine)
-        .with_metrics(metrics.fold.clone());
-    // Stopped with serve, wherever it returns (a snapshot half published is replaced by
-    // the next; the bucket's previous one stays whole until then).
-    let _publisher = match &options.snapshot_bucket {
-        Some(bucket) => {
-            // Room for one: a snapshot taken while the previous one is still being
-            // published is not prepared at all.
-            let (tx, mut rx) = tokio::sync::mpsc::channel::<PublishedSnapshot>(1);
-            projector = projector.with_publisher(tx, &options.stream);
-            let (js, bucket) = (log.context().clone(), bucket.clone());
-            Some(AbortOnDrop(tokio::spawn(async move {
-                while let Some(snapshot) = rx.recv().await {
-                    let started = std::time::Instant::now();
-                    match crate::bootstrap::publish(&js, &bucket, &snapshot).await {
-                        Ok(()) => tracing::info!(
-                            bucket = %bucket,
-                            position = snapshot.header.position,
-                            entities = snapshot.header.entities,
-                            bytes = snapshot.len(),
-                            ms = started.elapsed().as_millis() as u64,
-                            "projection snapshot published"
-                        ),
-                        Err(e) => {
-                            tracing::warn!(bucket = %bucket, error = %e, "cannot publish a projection snapshot")
-                        }
-                    }
-                }
-            })))
-        }
-        None => None,
-    };
-    tracing::info!(
-        checkpoint = projector.checkpoint(),
-        stream = %options.stream,
-        server = log.server_version(),
-        "provledger serve starting"
-    );
+    Ok(Some((data_dir, store)))
+}
 
-    let ctx = Arc::new(QueryContext {
+/// Publishes each snapshot the projector takes to `bucket`, on a task stopped when the
+/// task is dropped (a snapshot half published is replaced by the next; the bucket's
+/// previous one stays whole until then).
+fn with_snapshot_publisher(
+    projector: Projector,
+    log: &JetStreamLog,
+    bucket: &str,
+    stream: &str,
+) -> (Projector, AbortOnDrop) {
+    // Room for one: a snapshot taken while the previous one is still being published is
+    // not prepared at all.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<PublishedSnapshot>(1);
+    let projector = projector.with_publisher(tx, stream);
+    let (js, bucket) = (log.context().clone(), bucket.to_string());
+    let task = AbortOnDrop(tokio::spawn(async move {
+        while let Some(snapshot) = rx.recv().await {
+            let started = std::time::Instant::now();
+            match crate::bootstrap::publish(&js, &bucket, &snapshot).await {
+                Ok(()) => tracing::info!(
+                    bucket = %bucket,
+                    position = snapshot.header.position,
+                    entities = snapshot.header.entities,
+                    bytes = snapshot.len(),
+                    ms = started.elapsed().as_millis() as u64,
+                    "projection snapshot published"
+                ),
+                Err(e) => {
+                    tracing::warn!(bucket = %bucket, error = %e, "cannot publish a projection snapshot")
+                }
+            }
+        }
+    }));
+    (projector, task)
+}
+
+/// The replica's shared state, as the endpoints, the console, metrics and the sweeps read it.
+fn query_context(
+    options: &ServeOptions,
+    client: &async_nats::Client,
+    log: &JetStreamLog,
+    store: ProjectionStore,
+    projector: &Projector,
+    metrics: Arc<Metrics>,
+) -> Arc<QueryContext> {
+    Arc::new(QueryContext {
         store,
         applied: projector.applied(),
         log: log.clone(),
@@ -257,38 +419,86 @@ pub async fn run(
         workers_ready: Default::default(),
         metrics,
         client: client.clone(),
-        drift: crate::drift_sweep::DriftSweeps::new(options.drift_interval),
-        audits: crate::audit::LastAudits::new(options.audit_interval),
-    });
-    let (stop_http, http_stopped) = watch::channel(false);
-    let metrics_task = match options.metrics_addr {
-        Some(addr) => {
-            let mut stopped = http_stopped.clone();
-            let task = serve_metrics(addr, ctx.clone(), async move {
-                let _ = stopped.changed().await;
-            })
-            .await
-            .map_err(|e| ServeError::Service(format!("--metrics-addr {addr}: {e}")))?;
-            Some(task)
-        }
-        None => None,
-    };
-    let console_task = match options.http_addr {
-        Some(addr) => Some(
-            crate::console::serve_console(addr, ctx.clone(), http_stopped.clone())
-                .await
-                .map_err(|e| ServeError::Service(format!("--http {addr}: {e}")))?,
-        ),
-        None => None,
-    };
+        drift: crate::replica::DriftSweeps::new(options.drift_interval),
+        audits: crate::replica::LastAudits::new(options.audit_interval),
+    })
+}
 
+/// The HTTP listeners (metrics with health, and the console), stopped together.
+struct Listeners {
+    stop: watch::Sender<bool>,
+    stopped: watch::Receiver<bool>,
+    metrics: Option<tokio::task::JoinHandle<()>>,
+    console: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Listeners {
+    async fn start(options: &ServeOptions, ctx: &Arc<QueryContext>) -> Result<Self, ServeError> {
+        let (stop, stopped) = watch::channel(false);
+        let metrics = match options.metrics_addr {
+            Some(addr) => {
+                let mut stopped = stopped.clone();
+                let task = serve_metrics(addr, ctx.clone(), async move {
+                    let _ = stopped.changed().await;
+                })
+                .await
+                .map_err(|e| ServeError::Service(format!("--metrics-addr {addr}: {e}")))?;
+                Some(task)
+            }
+            None => None,
+        };
+        let console = match options.http_addr {
+            Some(addr) => Some(
+                crate::console::serve_console(addr, ctx.clone(), stopped.clone())
+                    .await
+                    .map_err(|e| ServeError::Service(format!("--http {addr}: {e}")))?,
+            ),
+            None => None,
+        };
+        Ok(Listeners {
+            stop,
+            stopped,
+            metrics,
+            console,
+        })
+    }
+
+    /// Stops the listeners and the connection watch that shares their signal.
+    async fn stop(self, connection_task: tokio::task::JoinHandle<()>) {
+        let _ = self.stop.send(true);
+        let _ = connection_task.await;
+        if let Some(task) = self.metrics {
+            let _ = task.await;
+        }
+        // A console connection that never finishes its request must not hold serve's exit.
+        if let Some(mut task) = self.console {
+            if tokio::time::timeout(DRAIN_TIMEOUT, &mut task)
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "console connections still open after the drain timeout; closing them"
+                );
+                task.abort();
+            }
+        }
+    }
+}
+
+/// The rollback and deletion worker, driving compensations at the executors over NATS.
+fn rollback_worker(
+    options: &ServeOptions,
+    client: &async_nats::Client,
+    ctx: &QueryContext,
+    projector: &Projector,
+) -> RollbackWorker {
     let ledger = ctx.writer.clone();
     let executors = Arc::new(NatsExecutors {
         client: client.clone(),
         subject_prefix: options.subject_prefix.clone(),
         reply_wait: options.executor_reply_wait,
     });
-    let worker = RollbackWorker {
+    RollbackWorker {
         store: ctx.store.clone(),
         ledger: ledger.clone(),
         driver: Arc::new(RollbackDriver::new(
@@ -301,94 +511,108 @@ pub async fn run(
         applied: projector.applied(),
         touched: projector.touched(),
         stamper: Stamper::system(),
-    };
-
-    let applied = projector.applied();
-    let reissues_news = projector.reissues();
-    let (stop_projector, projector_shutdown) = watch::channel(false);
-    let projector_log = log.clone();
-    let mut projector_task = spawn_projector_thread(projector, projector_log, projector_shutdown)?;
-
-    // A replica joins the queue group only once it has applied everything the stream held
-    // when it started: before that it would answer from state that is behind, without
-    // saying so. The rollback worker and the recovery sweep wait too.
-    let end = provledger_events::EventLog::last_position(&log)
-        .await
-        .map_err(ServeError::StreamEnd)?;
-    let mut projector_ended = None;
-    let mut shutdown_asked = false;
-    let caught_up = tokio::select! {
-        caught_up = catch_up(applied, end) => caught_up,
-        _ = &mut shutdown => {
-            shutdown_asked = true;
-            false
-        }
-        joined = &mut projector_task => {
-            projector_ended = Some(joined);
-            false
-        }
-    };
-    if !caught_up {
-        // Stopped before it was ready: nothing was served, nothing to drain. Unless a
-        // shutdown was asked for, the projector ended on its own: a failure, as below.
-        let _ = stop_projector.send(true);
-        let joined = match projector_ended {
-            Some(joined) => joined,
-            None => projector_task.await,
-        };
-        let (projector, result) =
-            joined.map_err(|e| ServeError::Service(format!("projector task: {e}")))?;
-        result?;
-        projector.store().flush()?;
-        data_dir.close();
-        return match shutdown_asked {
-            true => Ok(()),
-            false => Err(ServeError::Service(
-                "the projector stopped before catching up with the stream".into(),
-            )),
-        };
     }
-    let (stop_worker, worker_shutdown) = watch::channel(false);
-    let recovery_task = options.recovery_interval.map(|interval| {
-        let reissuer = NatsReissuer {
-            client: client.clone(),
-            subject_prefix: options.subject_prefix.clone(),
-            reply_wait: options.executor_reply_wait,
-        };
-        let policy = ReissuePolicy::new(
-            i64::try_from(options.executor_reply_wait.as_millis()).unwrap_or(i64::MAX),
-        );
-        ctx.workers_ready.enable();
-        tokio::spawn(crate::recovery_loop::run(
-            ctx.clone(),
-            interval,
-            reissuer,
-            policy,
-            reissues_news.clone(),
-            worker_shutdown.clone(),
-        ))
-    });
-    let drift_task = tokio::spawn(crate::drift_sweep::run(
-        ctx.clone(),
-        options.subject_prefix.clone(),
-        options.executor_reply_wait,
-        worker_shutdown.clone(),
-    ));
-    let audit_task = options.audit_interval.map(|interval| {
-        tokio::spawn(crate::audit::audit_sweeps(
-            ctx.clone(),
-            interval,
-            worker_shutdown.clone(),
-        ))
-    });
-    let worker_task = tokio::spawn(worker.run(worker_shutdown));
+}
 
-    let _ = ctx.caught_up_to.set(end);
+/// What runs beside the requests once caught up: the rollback worker, the recovery
+/// round, the drift sweep and the audit.
+struct Workers {
+    stop: watch::Sender<bool>,
+    worker: tokio::task::JoinHandle<()>,
+    recovery: Option<tokio::task::JoinHandle<()>>,
+    drift: tokio::task::JoinHandle<()>,
+    audit: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Workers {
+    fn start(
+        options: &ServeOptions,
+        client: &async_nats::Client,
+        ctx: &Arc<QueryContext>,
+        worker: RollbackWorker,
+        reissues_news: Arc<tokio::sync::Notify>,
+    ) -> Self {
+        let (stop, shutdown) = watch::channel(false);
+        let recovery = options.recovery_interval.map(|interval| {
+            let reissuer = NatsReissuer {
+                client: client.clone(),
+                subject_prefix: options.subject_prefix.clone(),
+                reply_wait: options.executor_reply_wait,
+            };
+            let policy = ReissuePolicy::new(
+                i64::try_from(options.executor_reply_wait.as_millis()).unwrap_or(i64::MAX),
+            );
+            ctx.workers_ready.enable();
+            tokio::spawn(crate::recovery_loop::run(
+                ctx.clone(),
+                interval,
+                reissuer,
+                policy,
+                reissues_news,
+                shutdown.clone(),
+            ))
+        });
+        let drift = tokio::spawn(crate::drift_sweep::run(
+            ctx.clone(),
+            options.subject_prefix.clone(),
+            options.executor_reply_wait,
+            shutdown.clone(),
+        ));
+        let audit = options.audit_interval.map(|interval| {
+            tokio::spawn(crate::audit::audit_sweeps(
+                ctx.clone(),
+                interval,
+                shutdown.clone(),
+            ))
+        });
+        let worker = tokio::spawn(worker.run(shutdown));
+        Workers {
+            stop,
+            worker,
+            recovery,
+            drift,
+            audit,
+        }
+    }
+
+    /// Lets the writers finish what they hold; stops the readers where they are.
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        if let Err(e) = self.worker.await {
+            tracing::warn!(error = %e, "rollback worker task");
+        }
+        if let Some(task) = self.recovery {
+            if let Err(e) = task.await {
+                tracing::warn!(error = %e, "recovery sweep task");
+            }
+        }
+        // The drift sweep writes nothing: stopped where it is, even mid-inventory.
+        self.drift.abort();
+        // So does the audit: it only reads.
+        if let Some(task) = self.audit {
+            task.abort();
+        }
+    }
+}
+
+/// The queue group's requests, one stream over every endpoint.
+type Requests = futures::stream::SelectAll<
+    futures::stream::BoxStream<'static, (Endpoint, async_nats::service::Request)>,
+>;
+
+/// Starts the micro service, adds every endpoint, and announces the replica ready.
+async fn join_queue_group(
+    options: &ServeOptions,
+    client: &async_nats::Client,
+    log: &JetStreamLog,
+    ctx: &QueryContext,
+    end: u64,
+) -> Result<(async_nats::service::Service, Requests), ServeError> {
     let service = client
         .service_builder()
         .description("provledger projection queries and cmd.append")
         .queue_group(QUEUE_GROUP)
-        .metadata(service_metadata(&options, &log, end))
+        .metadata(service_metadata(options, log, end))
         .start(SERVICE_NAME, env!("CARGO_PKG_VERSION"))
         .await
         .map_err(|e| ServeError::Service(e.to_string()))?;
@@ -407,54 +631,14 @@ pub async fn run(
             .map_err(|e| ServeError::Service(e.to_string()))?;
         endpoints.push(stream.map(move |request| (endpoint, request)).boxed());
     }
-    let mut requests = futures::stream::select_all(endpoints);
-    let slots = Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_MAX));
-    let health_slots = Arc::new(Semaphore::new(HEALTH_IN_FLIGHT_MAX));
     tracing::info!(%served_by, caught_up_to = end, "provledger serve ready: caught up, in the queue group");
     notify_systemd("READY=1\nSTATUS=caught up; answering queries");
     write_ready_file(options.ready_file.as_deref(), &served_by);
-    let connection_task = tokio::spawn(watch_connection(
-        ctx.clone(),
-        options.ready_file.clone(),
-        http_stopped.clone(),
-    ));
+    Ok((service, futures::stream::select_all(endpoints)))
+}
 
-    // The projector only returns before shutdown when it failed (an error or a panic):
-    // this replica would then answer from a frozen state, so it says so and exits.
-    if let Some(joined) = take_requests(
-        &ctx,
-        &mut requests,
-        &slots,
-        &health_slots,
-        shutdown.as_mut(),
-        &mut projector_task,
-    )
-    .await
-    {
-        projector_ended = Some(joined);
-    }
-
-    tracing::info!("shutting down: draining requests in hand");
-    notify_systemd("STOPPING=1");
-    let _ = stop_http.send(true);
-    let _ = connection_task.await;
-    if let Some(task) = metrics_task {
-        let _ = task.await;
-    }
-    // A console connection that never finishes its request must not hold serve's exit.
-    if let Some(mut task) = console_task {
-        if tokio::time::timeout(DRAIN_TIMEOUT, &mut task)
-            .await
-            .is_err()
-        {
-            tracing::warn!("console connections still open after the drain timeout; closing them");
-            task.abort();
-        }
-    }
-    if let Some(path) = &options.ready_file {
-        let _ = std::fs::remove_file(path);
-    }
-    drop(requests);
+/// Leaves the queue group and waits (bounded) for the requests in hand.
+async fn drain_requests(service: async_nats::service::Service, slots: &Semaphore) {
     if let Err(e) = service.stop().await {
         tracing::warn!(error = %e, "stopping the micro service");
     }
@@ -465,44 +649,6 @@ pub async fn run(
     {
         tracing::warn!("requests still in hand after the drain timeout");
     }
-    let _ = stop_worker.send(true);
-    if let Err(e) = worker_task.await {
-        tracing::warn!(error = %e, "rollback worker task");
-    }
-    if let Some(task) = recovery_task {
-        if let Err(e) = task.await {
-            tracing::warn!(error = %e, "recovery sweep task");
-        }
-    }
-    // The drift sweep writes nothing: stopped where it is, even mid-inventory.
-    drift_task.abort();
-    // So does the audit: it only reads.
-    if let Some(task) = audit_task {
-        task.abort();
-    }
-    let _ = stop_projector.send(true);
-    let joined = match projector_ended {
-        Some(joined) => joined,
-        None => projector_task.await,
-    };
-    let (projector, result) =
-        joined.map_err(|e| ServeError::Service(format!("projector task: {e}")))?;
-    if result.is_ok() {
-        if let Some(reason) = ctx.projector_failed.get() {
-            data_dir.close();
-            return Err(ServeError::Service(format!(
-                "the projector stopped: {reason}"
-            )));
-        }
-    }
-    projector.store().flush()?;
-    let _ = client.flush().await;
-    tracing::info!(
-        checkpoint = projector.checkpoint(),
-        "provledger serve stopped"
-    );
-    data_dir.close();
-    result.map_err(ServeError::from)
 }
 
 /// A task stopped when this is dropped.
@@ -579,30 +725,50 @@ async fn take_requests<S: Future<Output = ()>>(
     }
 }
 
-/// Runs the projector on a thread of its own, with a single-threaded runtime: its sled
+/// The projector on a thread of its own, with a single-threaded runtime: its sled
 /// batches block that thread only, never one of the runtime's workers that answer
 /// requests. (Blocking in place on a worker hands the worker's queue to another thread on
-/// every batch: at live rates, thousands of hand-offs a second.) The receiver yields the
-/// projector back when it stops.
-fn spawn_projector_thread(
-    mut projector: Projector,
-    log: JetStreamLog,
-    shutdown: watch::Receiver<bool>,
-) -> Result<tokio::sync::oneshot::Receiver<ProjectorEnded>, ServeError> {
-    let (done, joined) = tokio::sync::oneshot::channel();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| ServeError::Service(format!("the projector's runtime: {e}")))?;
-    std::thread::Builder::new()
-        .name("projector".into())
-        .spawn(move || {
-            let result = runtime.block_on(projector.run(&log, shutdown));
-            // The receiver is dropped only when serve itself is gone: nobody to tell.
-            let _ = done.send((projector, result));
+/// every batch: at live rates, thousands of hand-offs a second.)
+struct ProjectorThread {
+    stop: watch::Sender<bool>,
+    /// Yields the projector back when it stops.
+    task: tokio::sync::oneshot::Receiver<ProjectorEnded>,
+    /// How it ended, when it ended before it was asked to stop (a failure).
+    ended: Option<Result<ProjectorEnded, tokio::sync::oneshot::error::RecvError>>,
+}
+
+impl ProjectorThread {
+    fn spawn(mut projector: Projector, log: JetStreamLog) -> Result<Self, ServeError> {
+        let (stop, shutdown) = watch::channel(false);
+        let (done, task) = tokio::sync::oneshot::channel();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| ServeError::Service(format!("the projector's runtime: {e}")))?;
+        std::thread::Builder::new()
+            .name("projector".into())
+            .spawn(move || {
+                let result = runtime.block_on(projector.run(&log, shutdown));
+                // The receiver is dropped only when serve itself is gone: nobody to tell.
+                let _ = done.send((projector, result));
+            })
+            .map_err(|e| ServeError::Service(format!("the projector's thread: {e}")))?;
+        Ok(ProjectorThread {
+            stop,
+            task,
+            ended: None,
         })
-        .map_err(|e| ServeError::Service(format!("the projector's thread: {e}")))?;
-    Ok(joined)
+    }
+
+    /// Asks the projector to stop (it finishes its batch) and takes it back.
+    async fn stop(self) -> Result<ProjectorEnded, ServeError> {
+        let _ = self.stop.send(true);
+        let joined = match self.ended {
+            Some(joined) => joined,
+            None => self.task.await,
+        };
+        joined.map_err(|e| ServeError::Service(format!("projector task: {e}")))
+    }
 }
 
 /// Waits until the projector has applied `end`, logging progress every few seconds; true

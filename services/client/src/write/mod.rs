@@ -718,7 +718,40 @@ impl<L: EventLog> Attempts<'_, L> {
             return Ok(Round::Answer(decision.done.into_iter().flatten().collect()));
         }
         let appending = std::time::Instant::now();
-        let appended = match self.shape {
+        match self.append_decided(&decision, &writing).await {
+            Ok(outcomes) => Ok(self.appended(decision, &writing, outcomes)),
+            // Another process appended after what we knew: read what is new and decide
+            // again (the caller's own expectations are checked again on that state).
+            Err(AppendError::Conflict { .. } | AppendError::Conflicts { .. }) => {
+                self.read_again();
+                tracing::debug!(aggregate = %self.facts[0].aggregate, "write lost a race; deciding again");
+                Ok(Round::Again)
+            }
+            // The append may have landed with its ack lost: read again and see.
+            Err(e @ AppendError::Unavailable { .. }) => {
+                self.after_unavailable(e, &writing, appending)
+            }
+            // One commit whose id is taken by a commit this state may not know: for a
+            // fact, that commit is the fact recorded (in other words); otherwise a reused
+            // id. (An atomic append has told a retry from a reuse already.)
+            Err(AppendError::CommitIdReused {
+                commit_id,
+                position,
+            }) if matches!(self.shape, Shape::One { .. }) => {
+                self.after_id_taken(&writing, commit_id, position).await
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Appends the facts at `writing` to the log, each expecting exactly the version it
+    /// was decided at: one append for one commit, one atomic append for a set.
+    async fn append_decided(
+        &self,
+        decision: &Decision,
+        writing: &[usize],
+    ) -> Result<Vec<AppendOutcome>, AppendError> {
+        match self.shape {
             Shape::One { .. } => {
                 let fact = &self.facts[writing[0]];
                 let expect = Expectation::Exactly(decision.tips[writing[0]].version);
@@ -738,98 +771,107 @@ impl<L: EventLog> Attempts<'_, L> {
                     .collect();
                 self.log.append_atomic(batch).await
             }
-        };
-        match appended {
-            Ok(outcomes) => {
-                let mut answers = decision.done;
-                for (&i, outcome) in writing.iter().zip(outcomes) {
-                    let fact = &self.facts[i];
-                    let tip = decision.tips[i];
-                    let known = &mut self.turns[i];
-                    // Appended at exactly the version decided on: the log took the
-                    // expectation `Exactly(tip)`, so anything else is a log that broke it,
-                    // and a state decided at one version would be recorded at another.
-                    assert!(
-                        outcome.status != AppendStatus::Appended
-                            || outcome.version == tip.version + 1,
-                        "{} appended at v{} at position {}, decided at v{} (expected exactly v{})",
-                        fact.aggregate,
-                        outcome.version,
-                        outcome.position,
-                        tip.version + 1,
-                        tip.version
-                    );
-                    // Sealed here on the tip decided at and landed at the next version: it
-                    // extends what is known. A duplicate the log recognised is read before
-                    // the next write.
-                    if outcome.status == AppendStatus::Appended {
-                        let mut commit = Commit::seal(
-                            fact.aggregate,
-                            outcome.version,
-                            tip.hash,
-                            fact.draft.clone(),
-                        );
-                        commit.position = outcome.position;
-                        known.fold_own(fact.aggregate, commit);
-                    } else {
-                        known.stale = true;
-                    }
-                    answers[i] = Some(Recorded::Appended(outcome));
-                }
-                Ok(Round::Answer(answers.into_iter().flatten().collect()))
+        }
+    }
+
+    /// The answer once the log took the facts at `writing`: each outcome, with what is
+    /// known of its aggregate extended by the commit (or marked for a read, for a
+    /// duplicate the log recognised); the facts already true keep their answer.
+    fn appended(
+        &mut self,
+        decision: Decision,
+        writing: &[usize],
+        outcomes: Vec<AppendOutcome>,
+    ) -> Round {
+        let mut answers = decision.done;
+        for (&i, outcome) in writing.iter().zip(outcomes) {
+            let fact = &self.facts[i];
+            let tip = decision.tips[i];
+            let known = &mut self.turns[i];
+            // Appended at exactly the version decided on: the log took the
+            // expectation `Exactly(tip)`, so anything else is a log that broke it,
+            // and a state decided at one version would be recorded at another.
+            assert!(
+                outcome.status != AppendStatus::Appended || outcome.version == tip.version + 1,
+                "{} appended at v{} at position {}, decided at v{} (expected exactly v{})",
+                fact.aggregate,
+                outcome.version,
+                outcome.position,
+                tip.version + 1,
+                tip.version
+            );
+            // Sealed here on the tip decided at and landed at the next version: it
+            // extends what is known. A duplicate the log recognised is read before
+            // the next write.
+            if outcome.status == AppendStatus::Appended {
+                let mut commit = Commit::seal(
+                    fact.aggregate,
+                    outcome.version,
+                    tip.hash,
+                    fact.draft.clone(),
+                );
+                commit.position = outcome.position;
+                known.fold_own(fact.aggregate, commit);
+            } else {
+                known.stale = true;
             }
-            // Another process appended after what we knew: read what is new and decide
-            // again (the caller's own expectations are checked again on that state).
-            Err(AppendError::Conflict { .. } | AppendError::Conflicts { .. }) => {
-                self.read_again();
-                tracing::debug!(aggregate = %self.facts[0].aggregate, "write lost a race; deciding again");
-                Ok(Round::Again)
+            answers[i] = Some(Recorded::Appended(outcome));
+        }
+        Round::Answer(answers.into_iter().flatten().collect())
+    }
+
+    /// After an append of the facts at `writing`, started at `appending`, came back
+    /// unavailable (`e`): a permission denial NATS reported for one of their subjects, or
+    /// another round after a read (within the bound of unavailable answers).
+    fn after_unavailable(
+        &mut self,
+        e: AppendError,
+        writing: &[usize],
+        appending: std::time::Instant,
+    ) -> Result<Round, RecordError> {
+        // An append to a subject this user may not publish to only times out: the
+        // server's violation names the subject, and makes it a typed refusal.
+        let denied = writing.iter().find_map(|&i| {
+            denied_append(self.facts[i].aggregate, appending)
+                .map(|message| (self.facts[i].aggregate, message))
+        });
+        if let Some((aggregate, message)) = denied {
+            return Err(RecordError::PermissionDenied { aggregate, message });
+        }
+        self.read_again();
+        self.unavailable += 1;
+        if self.unavailable > UNAVAILABLE_RETRIES_MAX {
+            return Err(e.into());
+        }
+        tracing::warn!(aggregate = %self.facts[0].aggregate, commit_id = %self.facts[0].draft.commit_id, error = %e, "append unavailable; retrying with the same commit ids");
+        Ok(Round::Again)
+    }
+
+    /// After the log refused the one commit at `writing` because `commit_id` is taken at
+    /// `position`: the fact's earlier outcome if the commit there is this fact's, else the
+    /// reused id.
+    async fn after_id_taken(
+        &mut self,
+        writing: &[usize],
+        commit_id: uuid::Uuid,
+        position: u64,
+    ) -> Result<Round, RecordError> {
+        self.read_again();
+        let fact = &self.facts[writing[0]];
+        match self.log.read_position(position).await? {
+            Some(earlier) if earlier.commit_id == fact.draft.commit_id => {
+                Ok(Round::Answer(vec![earlier_outcome(
+                    fact.aggregate,
+                    &earlier,
+                    &fact.draft,
+                    self.shape.id_names_the_fact(),
+                )?]))
             }
-            // The append may have landed with its ack lost: read again and see.
-            Err(e @ AppendError::Unavailable { .. }) => {
-                // An append to a subject this user may not publish to only times out: the
-                // server's violation names the subject, and makes it a typed refusal.
-                let denied = writing.iter().find_map(|&i| {
-                    denied_append(self.facts[i].aggregate, appending)
-                        .map(|message| (self.facts[i].aggregate, message))
-                });
-                if let Some((aggregate, message)) = denied {
-                    return Err(RecordError::PermissionDenied { aggregate, message });
-                }
-                self.read_again();
-                self.unavailable += 1;
-                if self.unavailable > UNAVAILABLE_RETRIES_MAX {
-                    return Err(e.into());
-                }
-                tracing::warn!(aggregate = %self.facts[0].aggregate, commit_id = %self.facts[0].draft.commit_id, error = %e, "append unavailable; retrying with the same commit ids");
-                Ok(Round::Again)
-            }
-            // One commit whose id is taken by a commit this state may not know: for a
-            // fact, that commit is the fact recorded (in other words); otherwise a reused
-            // id. (An atomic append has told a retry from a reuse already.)
-            Err(AppendError::CommitIdReused {
+            _ => Err(AppendError::CommitIdReused {
                 commit_id,
                 position,
-            }) if matches!(self.shape, Shape::One { .. }) => {
-                self.read_again();
-                let fact = &self.facts[writing[0]];
-                match self.log.read_position(position).await? {
-                    Some(earlier) if earlier.commit_id == fact.draft.commit_id => {
-                        Ok(Round::Answer(vec![earlier_outcome(
-                            fact.aggregate,
-                            &earlier,
-                            &fact.draft,
-                            self.shape.id_names_the_fact(),
-                        )?]))
-                    }
-                    _ => Err(AppendError::CommitIdReused {
-                        commit_id,
-                        position,
-                    }
-                    .into()),
-                }
             }
-            Err(e) => Err(e.into()),
+            .into()),
         }
     }
 

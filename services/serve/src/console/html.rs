@@ -210,6 +210,14 @@ pub(crate) fn word<T: serde::Serialize + std::fmt::Debug>(value: &T) -> String {
     provledger_projections::planner::json_word(value)
 }
 
+/// An executor's name: `ledger` or the service's.
+pub(crate) fn executor_name(executor: &provledger_events::catalogue::Executor) -> String {
+    match executor {
+        provledger_events::catalogue::Executor::Ledger => "ledger".to_string(),
+        provledger_events::catalogue::Executor::Service(name) => name.clone(),
+    }
+}
+
 /// The path of the list of one kind's entities.
 pub(crate) fn list_path(kind: AggregateKind) -> &'static str {
     match kind {

@@ -10,7 +10,9 @@ use provledger_projections::view::{
 use std::collections::BTreeMap;
 use uuid::Uuid;
 
-use super::html::{badge, entity_link, html, operation_link, table, url_encode, word, Html};
+use super::html::{
+    badge, entity_link, executor_name, html, operation_link, table, url_encode, word, Html,
+};
 use super::plan::plan_diagram;
 
 /// The operation list's filters, as the query string gives them.
@@ -383,14 +385,6 @@ fn target_outcome(outcome: &provledger_events::catalogue::TargetOutcome) -> Stri
         TargetOutcome::Error { description } => format!("in error ({description})"),
         TargetOutcome::Active { description } => format!("active ({description})"),
         TargetOutcome::Deleted => "deleted".to_string(),
-    }
-}
-
-/// An executor's name: `ledger` or the service's.
-pub(crate) fn executor_name(executor: &provledger_events::catalogue::Executor) -> String {
-    match executor {
-        provledger_events::catalogue::Executor::Ledger => "ledger".to_string(),
-        provledger_events::catalogue::Executor::Service(name) => name.clone(),
     }
 }
 
@@ -832,7 +826,7 @@ pub(crate) struct HealthView {
     pub(crate) nats_connected: bool,
     pub(crate) quarantined: Vec<(u64, String, String)>,
     pub(crate) quarantined_total: usize,
-    pub(crate) audit: Option<crate::audit::LastAudit>,
+    pub(crate) audit: Option<crate::replica::LastAudit>,
     pub(crate) audit_failed: Option<(provledger_events::Timestamp, String)>,
     pub(crate) audit_interval: Option<std::time::Duration>,
 }

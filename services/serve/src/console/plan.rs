@@ -5,8 +5,7 @@
 
 use provledger_projections::view::{CompensationView, OperationView};
 
-use super::html::{html, word, Html};
-use super::pages::executor_name;
+use super::html::{executor_name, html, word, Html};
 
 /// Compensations drawn; the rest are counted under the drawing (a plan of thousands is
 /// a table's job, and the page must stay bounded).

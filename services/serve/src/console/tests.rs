@@ -513,7 +513,7 @@ fn every_text_a_page_shows_is_escaped_whatever_a_writer_put_in_it() {
         nats_connected: true,
         quarantined: vec![(1, HOSTILE.into(), HOSTILE.into())],
         quarantined_total: 1,
-        audit: Some(crate::audit::LastAudit {
+        audit: Some(crate::replica::LastAudit {
             finished_at: Timestamp(0),
             took_ms: 1,
             position: 1,

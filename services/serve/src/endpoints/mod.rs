@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use provledger_events::AggregateKind;
 use serde_json::Value;
 
-use crate::replica::QueryContext;
+use crate::replica::{QueryContext, MIN_POSITION_WAITS_MAX};
 pub(crate) use error::ErrorCode;
 use error::QueryError;
 
@@ -102,12 +102,6 @@ impl Endpoint {
         self.suffix().replace('.', "-")
     }
 }
-
-/// Queries that may wait for a `min_position` at once. Well below serve's requests in
-/// flight, so that waiting queries can never take every slot from health checks and
-/// commands.
-pub const MIN_POSITION_WAITS_MAX: usize = 256;
-const _: () = assert!(MIN_POSITION_WAITS_MAX < crate::service::REQUESTS_IN_FLIGHT_MAX / 2);
 
 /// One of the [`MIN_POSITION_WAITS_MAX`] places to wait, given back on drop.
 struct WaitSlot<'a>(&'a AtomicUsize);
