@@ -48,8 +48,8 @@ pub enum PlacementError {
     NotFound(Uuid),
     #[error(transparent)]
     Write(#[from] RecordError),
-    #[error("reading the log: {0}")]
-    Read(String),
+    #[error("reading the state: {0}")]
+    Read(#[from] ViewError),
     #[error("provider {provider}: {attempts} attempts in a row met a newer version; retry")]
     Contended { provider: Uuid, attempts: usize },
 }
@@ -65,12 +65,6 @@ pub enum ProviderDeletion {
     Refused {
         holds: Vec<Hold>,
     },
-}
-
-impl From<ViewError> for PlacementError {
-    fn from(e: ViewError) -> Self {
-        PlacementError::Read(e.0)
-    }
 }
 
 /// Registers a resource provider (a compute node) with its inventories in one commit, as a
@@ -156,7 +150,7 @@ async fn provider_state<L: EventLog>(
     match writer.read_current(AggregateId::provider(provider)).await {
         Ok(Some(Entity::Provider(p))) if p.status.is_some() => Ok(*p),
         Ok(_) => Err(PlacementError::NotFound(provider)),
-        Err(e) => Err(PlacementError::Read(e.to_string())),
+        Err(e) => Err(PlacementError::Read(ViewError::Log(e))),
     }
 }
 

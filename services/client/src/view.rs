@@ -24,10 +24,15 @@ use provledger_projections::{Entity, Projection};
 use tokio::sync::OnceCell;
 use uuid::Uuid;
 
-/// The state could not be read.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ViewError(pub String);
+/// The state could not be read: the log a view folds, or the store it reads.
+#[derive(Debug, thiserror::Error)]
+pub enum ViewError {
+    #[error(transparent)]
+    Log(#[from] provledger_events::ReadError),
+    /// A view over a store of its own (serve's projection store) could not read it.
+    #[error("reading the projection store: {0}")]
+    Store(Box<dyn std::error::Error + Send + Sync>),
+}
 
 /// The current state placement and recovery decide from: entities by id, providers and
 /// instances by kind, and who holds allocations where. Lists are in id order.
@@ -74,15 +79,14 @@ pub(crate) async fn fold_log<L: EventLog>(log: &L) -> Result<Projection, ViewErr
     let mut projection = Projection::new();
     let mut stream = log
         .read_all(1)
-        .await
-        .map_err(|e| ViewError(e.to_string()))?;
+        .await?;
     while let Some(entry) = stream.next().await {
         match entry {
             Ok(commit) => {
                 let _ = projection.apply_checked(&commit);
             }
             Err(e) if e.quarantine_parts().is_some() => {}
-            Err(e) => return Err(ViewError(e.to_string())),
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(projection)

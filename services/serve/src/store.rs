@@ -1295,12 +1295,12 @@ impl ProjectionStore {
                 .collect()
         })
         .await
-        .map_err(|e| ViewError(format!("reading the projection store: {e}")))?
+        .map_err(|e| ViewError::Store(Box::new(e)))?
     }
 }
 
 fn view_error(e: StoreError) -> ViewError {
-    ViewError(format!("reading the projection store: {e}"))
+    ViewError::Store(Box::new(e))
 }
 
 #[cfg(test)]
