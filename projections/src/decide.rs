@@ -35,9 +35,10 @@ use provledger_events::catalogue::{OperationKind, TaskState, VmState};
 use provledger_events::{AggregateId, CommitDraft, Event, Timestamp};
 use uuid::Uuid;
 
-use crate::entity::EventContext;
+use crate::entity::{EventContext, Folded};
 use crate::instance::InstanceState;
 use crate::lease::{renewal_not_before, CallerWorker, LEASE_MS_MAX, LEASE_MS_MIN};
+use crate::operation::OperationState;
 use crate::provider::{ClaimRefusal, ProviderStatus};
 use crate::{DeletionState, Entity};
 
@@ -326,34 +327,81 @@ fn trial_fold(
         operation_id: draft.operation_id,
     };
     for (index, event) in draft.events.iter().enumerate() {
-        if let (
+        let at = At {
+            target,
+            index,
+            event,
+        };
+        check_before_fold(at, &trial, draft, options)?;
+        let created = trial.is_created();
+        // An event applied with an anomaly (a fact about the world) is accepted; only an
+        // event the fold refused (the state left as it was) refuses the commit.
+        if let Folded::Refused(problem) = trial.fold_event(event, &ctx) {
+            return Err(if created {
+                AppendRejection::NotApplicable {
+                    target,
+                    index,
+                    event: event.name(),
+                    problem,
+                }
+            } else {
+                AppendRejection::NotFound {
+                    target,
+                    index,
+                    event: event.name(),
+                }
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The event being decided: the commit's target, the event's index in it, the event.
+#[derive(Clone, Copy)]
+struct At<'e> {
+    target: AggregateId,
+    index: usize,
+    event: &'e Event,
+}
+
+/// What is checked before an event is folded on `trial` (the state the commit's earlier
+/// events left), with reasons of its own rather than the fold's: a claim that does not
+/// fit, an inventory below usage, a compensation only the ledger may resolve, and the
+/// lease protocol of a task event.
+fn check_before_fold(
+    at: At,
+    trial: &Entity,
+    draft: &CommitDraft,
+    options: DecideOptions,
+) -> Result<(), AppendRejection> {
+    let At {
+        target,
+        index,
+        event,
+    } = at;
+    match (trial, event) {
+        (
             Entity::Provider(provider),
             Event::AllocationClaimed {
                 consumer,
                 resources,
                 ..
             },
-        ) = (&trial, event)
-        {
-            if provider.status == Some(ProviderStatus::Active) {
-                provider
-                    .check_claim(consumer, resources)
-                    .map_err(|refusal| AppendRejection::ClaimRefused {
-                        target,
-                        index,
-                        consumer: *consumer,
-                        refusal,
-                    })?;
-            }
-        }
-        if let (
+        ) if provider.status == Some(ProviderStatus::Active) => provider
+            .check_claim(consumer, resources)
+            .map_err(|refusal| AppendRejection::ClaimRefused {
+                target,
+                index,
+                consumer: *consumer,
+                refusal,
+            }),
+        (
             Entity::Provider(provider),
             Event::InventorySet {
                 resource_class,
                 inventory,
             },
-        ) = (&trial, event)
-        {
+        ) => {
             let usage = provider.usage.get(resource_class).copied().unwrap_or(0);
             if usage > inventory.capacity() && !options.force {
                 return Err(AppendRejection::InventoryBelowUsage {
@@ -364,117 +412,133 @@ fn trial_fold(
                     usage,
                 });
             }
+            Ok(())
         }
-        if let (
+        (
             Entity::Operation(op),
             Event::CompensationResolved {
                 compensation_id, ..
             },
-        ) = (&trial, event)
-        {
-            let ledgers = op.compensations.iter().find(|c| {
-                c.planned.compensation_id == *compensation_id
-                    && !crate::rollback::resolvable_by_hand(&c.planned.compensation)
-            });
-            if let Some(c) = ledgers {
-                return Err(AppendRejection::NotApplicable {
-                    target,
-                    index,
-                    event: event.name(),
-                    problem: format!(
-                        "compensation {compensation_id} is the ledger's own ({}): provledger applies it when the rollback resumes, so it cannot be resolved by hand",
-                        crate::planner::action_word(&c.planned.compensation.action)
-                    ),
-                });
-            }
+        ) => check_resolvable_by_hand(at, op, compensation_id),
+        // On an instance that does not exist yet the fold answers `not_found`.
+        (Entity::Instance(instance), _) if instance.vm_state.is_some() => {
+            check_task_event(at, instance, draft, options)
         }
-        if let Entity::Instance(instance) = &trial {
-            // On an instance that does not exist yet the fold answers `not_found`.
-            if instance.vm_state.is_some() {
-                check_task_event(target, index, instance, event, draft, options)?;
-            }
-        }
-        let created = trial.is_created();
-        if let Err(problem) = trial.fold_event(event, &ctx) {
-            // The fold said no. Whether it still applied something (a fact about the world
-            // is applied with an anomaly) is told by the state before this event, rebuilt
-            // only now: keeping a copy before every event would cost the whole state per
-            // event on every write, and refusals are the rare case.
-            let before = trial_before(target, entity, &draft.events[..index], &ctx);
-            if trial == before {
-                return Err(if created {
-                    AppendRejection::NotApplicable {
-                        target,
-                        index,
-                        event: event.name(),
-                        problem,
-                    }
-                } else {
-                    AppendRejection::NotFound {
-                        target,
-                        index,
-                        event: event.name(),
-                    }
-                });
-            }
-        }
+        _ => Ok(()),
     }
-    Ok(())
 }
 
-/// The trial state after `events`, folded again from the state decided on.
-fn trial_before(
-    target: AggregateId,
-    entity: Option<&Entity>,
-    events: &[Event],
-    ctx: &EventContext,
-) -> Entity {
-    let mut trial = entity.cloned().unwrap_or_else(|| Entity::new(target));
-    for event in events {
-        // Its outcome was seen the first time round; only the state matters here.
-        let _ = trial.fold_event(event, ctx);
+/// A compensation of the ledger's own is applied when the rollback resumes: it cannot be
+/// resolved by hand.
+fn check_resolvable_by_hand(
+    at: At,
+    op: &OperationState,
+    compensation_id: &Uuid,
+) -> Result<(), AppendRejection> {
+    let ledgers = op.compensations.iter().find(|c| {
+        c.planned.compensation_id == *compensation_id
+            && !crate::rollback::resolvable_by_hand(&c.planned.compensation)
+    });
+    match ledgers {
+        Some(c) => Err(AppendRejection::NotApplicable {
+            target: at.target,
+            index: at.index,
+            event: at.event.name(),
+            problem: format!(
+                "compensation {compensation_id} is the ledger's own ({}): provledger applies it when the rollback resumes, so it cannot be resolved by hand",
+                crate::planner::action_word(&c.planned.compensation.action)
+            ),
+        }),
+        None => Ok(()),
     }
-    trial
 }
 
 /// The lease protocol for one task event on `instance` (its state before the event).
 fn check_task_event(
-    target: AggregateId,
-    index: usize,
+    at: At,
     instance: &InstanceState,
-    event: &Event,
     draft: &CommitDraft,
     options: DecideOptions,
 ) -> Result<(), AppendRejection> {
-    let now = draft.recorded_at;
-    let name = || event.name();
-    let live = instance.task_lease_until.is_some_and(|until| until > now);
-    let not_holder = |by: &str| AppendRejection::NotLeaseHolder {
-        target,
-        index,
-        event: name(),
-        by: by.to_string(),
-        holder: instance.task_worker.clone(),
-        lease_until: instance.task_lease_until,
+    let lease = LeaseCheck {
+        at,
+        instance,
+        draft,
+        options,
+        now: draft.recorded_at,
+        live: instance
+            .task_lease_until
+            .is_some_and(|until| until > draft.recorded_at),
     };
-    let names_caller = |named: &str| match options.caller_worker {
-        Some(caller) if !caller.is(named) => Err(AppendRejection::WorkerMismatch {
-            target,
-            index,
-            event: name(),
-            named: named.to_string(),
-            caller: caller.to_string(),
-        }),
+    match at.event {
+        Event::TaskStarted {
+            worker_id,
+            lease_until,
+            ..
+        } => lease.started(worker_id, *lease_until),
+        Event::TaskLeaseRenewed {
+            worker_id,
+            lease_until,
+        } => lease.renewed(worker_id, *lease_until),
+        Event::TaskFinished { .. } | Event::TaskQueued { .. } => lease.by_holder(),
         _ => Ok(()),
-    };
-    let bounded = |lease_until: Timestamp| {
+    }
+}
+
+/// One task event checked against the lease protocol: the instance before the event, the
+/// commit's time (`now`, the only time), and whether the current lease is `live` then.
+struct LeaseCheck<'a> {
+    at: At<'a>,
+    instance: &'a InstanceState,
+    draft: &'a CommitDraft,
+    options: DecideOptions,
+    now: Timestamp,
+    live: bool,
+}
+
+impl LeaseCheck<'_> {
+    /// The event's name, as rejections give it.
+    fn name(&self) -> String {
+        self.at.event.name()
+    }
+
+    /// `by` is not the task's holder.
+    fn not_holder(&self, by: &str) -> AppendRejection {
+        AppendRejection::NotLeaseHolder {
+            target: self.at.target,
+            index: self.at.index,
+            event: self.name(),
+            by: by.to_string(),
+            holder: self.instance.task_worker.clone(),
+            lease_until: self.instance.task_lease_until,
+        }
+    }
+
+    /// An authenticated worker names itself.
+    fn names_caller(&self, named: &str) -> Result<(), AppendRejection> {
+        match self.options.caller_worker {
+            Some(caller) if !caller.is(named) => Err(AppendRejection::WorkerMismatch {
+                target: self.at.target,
+                index: self.at.index,
+                event: self.name(),
+                named: named.to_string(),
+                caller: caller.to_string(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// A lease ends after its commit, at least `LEASE_MS_MIN` and at most `LEASE_MS_MAX`
+    /// later.
+    fn bounded(&self, lease_until: Timestamp) -> Result<(), AppendRejection> {
+        let (target, index, now) = (self.at.target, self.at.index, self.now);
         let length_ms = i128::from(lease_until.unix_ms()) - i128::from(now.unix_ms());
         let length_ms = length_ms.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
         if length_ms <= 0 {
             return Err(AppendRejection::LeaseInPast {
                 target,
                 index,
-                event: name(),
+                event: self.name(),
                 lease_until,
                 recorded_at: now,
             });
@@ -483,7 +547,7 @@ fn check_task_event(
             return Err(AppendRejection::LeaseTooShort {
                 target,
                 index,
-                event: name(),
+                event: self.name(),
                 lease_until,
                 length_ms,
             });
@@ -492,79 +556,78 @@ fn check_task_event(
             return Err(AppendRejection::LeaseTooLong {
                 target,
                 index,
-                event: name(),
+                event: self.name(),
                 lease_until,
                 length_ms,
             });
         }
         Ok(())
-    };
-    // Who may end or replace the task: the authenticated worker, always as the holder;
-    // otherwise, while the lease is live, the holder as the commit's actor.
-    let by_holder = || {
-        let Some(holder) = instance.task_worker.as_deref() else {
+    }
+
+    /// Who may end or replace the task: the authenticated worker, always as the holder;
+    /// otherwise, while the lease is live, the holder as the commit's actor.
+    fn by_holder(&self) -> Result<(), AppendRejection> {
+        let Some(holder) = self.instance.task_worker.as_deref() else {
             return Ok(());
         };
-        match options.caller_worker {
-            Some(caller) if !caller.is(holder) => Err(not_holder(&caller.to_string())),
+        match self.options.caller_worker {
+            Some(caller) if !caller.is(holder) => Err(self.not_holder(&caller.to_string())),
             Some(_) => Ok(()),
-            None if live && draft.actor != holder => Err(not_holder(&draft.actor)),
+            None if self.live && self.draft.actor != holder => {
+                Err(self.not_holder(&self.draft.actor))
+            }
             None => Ok(()),
         }
-    };
-    match event {
-        Event::TaskStarted {
-            worker_id,
-            lease_until,
-            ..
-        } => {
-            names_caller(worker_id)?;
-            if let Some(holder) = instance.task_worker.as_deref() {
-                // Another worker's task: only once its lease expired, and never by an
-                // authenticated worker (the recovery sweep releases an expired task).
-                if holder != worker_id && (live || options.caller_worker.is_some()) {
-                    return Err(not_holder(worker_id));
-                }
+    }
+
+    /// `task_started` by `worker_id`, with a lease until `lease_until`.
+    fn started(&self, worker_id: &str, lease_until: Timestamp) -> Result<(), AppendRejection> {
+        self.names_caller(worker_id)?;
+        if let Some(holder) = self.instance.task_worker.as_deref() {
+            // Another worker's task: only once its lease expired, and never by an
+            // authenticated worker (the recovery sweep releases an expired task).
+            if holder != worker_id && (self.live || self.options.caller_worker.is_some()) {
+                return Err(self.not_holder(worker_id));
             }
-            bounded(*lease_until)
         }
-        Event::TaskLeaseRenewed {
-            worker_id,
-            lease_until,
-        } => {
-            names_caller(worker_id)?;
-            if instance.task_worker.as_deref() != Some(worker_id.as_str()) {
-                return Err(not_holder(worker_id));
-            }
-            bounded(*lease_until)?;
-            let (Some(since), Some(until)) = (instance.task_lease_since, instance.task_lease_until)
-            else {
-                return Ok(());
-            };
-            if *lease_until <= until {
-                return Err(AppendRejection::RenewalNotExtending {
-                    target,
-                    index,
-                    event: name(),
-                    lease_until: *lease_until,
-                    current_until: until,
-                });
-            }
-            let not_before = renewal_not_before(since, until);
-            if now < not_before {
-                return Err(AppendRejection::RenewalTooSoon {
-                    target,
-                    index,
-                    event: name(),
-                    recorded_at: now,
-                    since,
-                    until,
-                    not_before,
-                });
-            }
-            Ok(())
+        self.bounded(lease_until)
+    }
+
+    /// `task_lease_renewed` by `worker_id` until `lease_until`: by the holder, extending
+    /// the lease, no sooner than half the current lease after it was granted.
+    fn renewed(&self, worker_id: &str, lease_until: Timestamp) -> Result<(), AppendRejection> {
+        self.names_caller(worker_id)?;
+        if self.instance.task_worker.as_deref() != Some(worker_id) {
+            return Err(self.not_holder(worker_id));
         }
-        Event::TaskFinished { .. } | Event::TaskQueued { .. } => by_holder(),
-        _ => Ok(()),
+        self.bounded(lease_until)?;
+        let (Some(since), Some(until)) = (
+            self.instance.task_lease_since,
+            self.instance.task_lease_until,
+        ) else {
+            return Ok(());
+        };
+        if lease_until <= until {
+            return Err(AppendRejection::RenewalNotExtending {
+                target: self.at.target,
+                index: self.at.index,
+                event: self.name(),
+                lease_until,
+                current_until: until,
+            });
+        }
+        let not_before = renewal_not_before(since, until);
+        if self.now < not_before {
+            return Err(AppendRejection::RenewalTooSoon {
+                target: self.at.target,
+                index: self.at.index,
+                event: self.name(),
+                recorded_at: self.now,
+                since,
+                until,
+                not_before,
+            });
+        }
+        Ok(())
     }
 }

@@ -73,18 +73,57 @@ impl Header {
     }
 }
 
-/// The result of folding one event: applied cleanly, or kept as an anomaly. The fold
-/// decides per event whether an anomalous event still changes state: a fact about the
-/// outside world (an effect that happened, hardware that changed) is applied anyway so
-/// nothing real is forgotten; an impossible transition is not applied.
-pub(crate) type FoldResult = Result<(), String>;
+/// What folding one event did to the entity's state. The fold decides per event whether
+/// an anomalous event still changes state: a fact about the outside world (an effect that
+/// happened, hardware that changed) is applied anyway so nothing real is forgotten; an
+/// impossible transition is not applied. The two are different answers because their
+/// readers need them apart: the decider accepts a commit whose events are applied (with
+/// an anomaly or not) and refuses one with an event the fold would not apply, while the
+/// fold of the log keeps both kinds of anomaly on the entity alike.
+#[must_use]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Folded {
+    /// Applied; nothing out of place.
+    Applied,
+    /// Applied (the state changed) although out of place: kept as an anomaly.
+    AppliedWithAnomaly(String),
+    /// Not applied: the state is exactly as it was before the event (the module's tests
+    /// check this, and the converse for `AppliedWithAnomaly`, on every sample event).
+    /// Kept as an anomaly.
+    Refused(String),
+}
 
-/// A fold's helper: the anomaly text for an event on an entity that was never created.
-pub(crate) fn not_created(kind: &str) -> String {
-    format!("the {kind} was never created; event not applied")
+impl Folded {
+    /// The anomaly to keep on the entity: the problem of an event applied with an anomaly
+    /// or refused, `None` for one applied cleanly.
+    pub(crate) fn anomaly(self) -> Option<String> {
+        match self {
+            Folded::Applied => None,
+            Folded::AppliedWithAnomaly(problem) | Folded::Refused(problem) => Some(problem),
+        }
+    }
+
+    /// Applied with an anomaly if the fold changed the state before it found the problem
+    /// (`changed`), otherwise refused: for an event applied in part, or a fact applied
+    /// anyway that may equal what the state already held.
+    pub(crate) fn anomaly_or_refused(changed: bool, problem: String) -> Folded {
+        if changed {
+            Folded::AppliedWithAnomaly(problem)
+        } else {
+            Folded::Refused(problem)
+        }
+    }
+}
+
+/// A fold's helper: the refusal of an event on an entity that was never created.
+pub(crate) fn not_created(kind: &str) -> Folded {
+    Folded::Refused(format!("the {kind} was never created; event not applied"))
 }
 
 /// A view field: the value's JSON form, or null when it has none.
 pub(crate) fn json_or_null<T: Serialize>(value: &T) -> serde_json::Value {
     serde_json::to_value(value).unwrap_or(serde_json::Value::Null)
 }
+
+#[cfg(test)]
+mod tests;

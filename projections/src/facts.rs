@@ -155,72 +155,127 @@ pub fn recovery_facts<'a, 'p>(
     providers: impl IntoIterator<Item = &'p ProviderState>,
     lookup: impl Fn(&AggregateId) -> Option<&'a Entity>,
 ) -> Vec<Fact> {
-    let id = instance.header.id.id;
-    let version = instance.header.version;
-    let name = |what: &str| format!("recovery/{version}/{what}");
-    let providers: Vec<&ProviderState> = providers.into_iter().collect();
-    let holds = |p: &ProviderState| {
-        p.allocations
-            .get(&id)
-            .is_some_and(|a| a.consumer_kind == ConsumerKind::Instance)
+    let scope = RecoveryScope {
+        instance,
+        providers: providers.into_iter().collect(),
     };
     let mut on_instance = recovery.events.clone();
     let mut facts = Vec::new();
     if let Some(provider) = recovery.release_claim_on {
-        if providers
+        if scope
+            .providers
             .iter()
-            .any(|p| p.header.id.id == provider && holds(p))
+            .any(|p| p.header.id.id == provider && scope.holds(p))
         {
-            facts.push(Fact {
-                aggregate: AggregateId::provider(provider),
-                name: name(&format!("release/{provider}")),
-                events: vec![Event::AllocationReleased {
-                    consumer: id,
-                    reason: format!("recovery: {}", recovery.reason),
-                }],
-            });
+            facts.push(scope.release(provider, format!("recovery: {}", recovery.reason)));
         }
     }
     if matches!(
         recovery.reissue,
         Some(Reissue::RevertResize | Reissue::AbortLiveMigration)
     ) {
+        scope.back_to_source(recovery, lookup, &mut facts, &mut on_instance);
+    }
+    if let Some(action) = recovery.reissue {
+        on_instance.push(scope.reissue(recovery, action));
+    }
+    facts.insert(
+        0,
+        Fact {
+            aggregate: instance.header.id,
+            name: scope.name("instance"),
+            events: on_instance,
+        },
+    );
+    facts
+}
+
+/// What [`recovery_facts`] reads: the instance recovered and the providers that may hold
+/// its claims or its migrations'.
+struct RecoveryScope<'i, 'p> {
+    instance: &'i InstanceState,
+    providers: Vec<&'p ProviderState>,
+}
+
+impl<'p> RecoveryScope<'_, 'p> {
+    /// The instance's id: the consumer of its claims.
+    fn id(&self) -> Uuid {
+        self.instance.header.id.id
+    }
+
+    /// A fact's name: the same for every replica recovering the instance at its version.
+    fn name(&self, what: &str) -> String {
+        format!("recovery/{}/{what}", self.instance.header.version)
+    }
+
+    /// Whether `provider` holds a claim of the instance itself (not of a migration).
+    fn holds(&self, provider: &ProviderState) -> bool {
+        provider
+            .allocations
+            .get(&self.id())
+            .is_some_and(|a| a.consumer_kind == ConsumerKind::Instance)
+    }
+
+    /// The provider `id`, if it is one of those read.
+    fn provider(&self, id: Uuid) -> Option<&'p ProviderState> {
+        self.providers
+            .iter()
+            .copied()
+            .find(|p| p.header.id.id == id)
+    }
+
+    /// The instance's claim on `provider` released, for `reason`.
+    fn release(&self, provider: Uuid, reason: String) -> Fact {
+        Fact {
+            aggregate: AggregateId::provider(provider),
+            name: self.name(&format!("release/{provider}")),
+            events: vec![Event::AllocationReleased {
+                consumer: self.id(),
+                reason,
+            }],
+        }
+    }
+
+    /// An interrupted resize or live migration (Nova's revert / abort): the source given
+    /// back to the instance, every other claim of it released, its host the source again
+    /// if it had moved, and the migration's operation failed if it still runs.
+    fn back_to_source<'a>(
+        &self,
+        recovery: &Recovery,
+        lookup: impl Fn(&AggregateId) -> Option<&'a Entity>,
+        facts: &mut Vec<Fact>,
+        on_instance: &mut Vec<Event>,
+    ) {
         let why = format!("recovery: back to the source: {}", recovery.reason);
-        let migration = migration_source(providers.iter().copied(), &lookup, id);
+        let migration = migration_source(self.providers.iter().copied(), &lookup, self.id());
         let source = migration
             .as_ref()
             .map(|(_, s, _)| *s)
-            .or(instance.provider_id);
+            .or(self.instance.provider_id);
         if let Some((migration, source, _)) = &migration {
-            let events = providers
-                .iter()
-                .find(|p| p.header.id.id == *source)
-                .and_then(|p| return_to_source_events(p, id, *migration, &why));
+            let events = self
+                .provider(*source)
+                .and_then(|p| return_to_source_events(p, self.id(), *migration, &why));
             if let Some(events) = events {
                 facts.push(Fact {
                     aggregate: AggregateId::provider(*source),
-                    name: name(&format!("back-to-source/{source}")),
+                    name: self.name(&format!("back-to-source/{source}")),
                     events,
                 });
             }
         }
-        for p in providers.iter().filter(|p| Some(p.header.id.id) != source) {
-            if holds(p) {
-                let provider = p.header.id.id;
-                facts.push(Fact {
-                    aggregate: AggregateId::provider(provider),
-                    name: name(&format!("release/{provider}")),
-                    events: vec![Event::AllocationReleased {
-                        consumer: id,
-                        reason: why.clone(),
-                    }],
-                });
+        for p in self
+            .providers
+            .iter()
+            .filter(|p| Some(p.header.id.id) != source)
+        {
+            if self.holds(p) {
+                facts.push(self.release(p.header.id.id, why.clone()));
             }
         }
-        if let Some(source) = source.filter(|s| instance.provider_id != Some(*s)) {
-            let host = providers
-                .iter()
-                .find(|p| p.header.id.id == source)
+        if let Some(source) = source.filter(|s| self.instance.provider_id != Some(*s)) {
+            let host = self
+                .provider(source)
                 .map(|p| p.host.clone())
                 .unwrap_or_default();
             on_instance.push(Event::HostAssigned {
@@ -229,56 +284,53 @@ pub fn recovery_facts<'a, 'p>(
             });
         }
         let operation = migration.map(|(m, _, _)| m).or_else(|| {
-            instance
+            self.instance
                 .in_flight
                 .as_ref()
                 .filter(|f| f.kind.is_migration())
                 .map(|f| f.operation_id)
         });
-        if let Some(Entity::Operation(op)) =
-            operation.and_then(|m| lookup(&AggregateId::operation(m)))
-        {
-            if op.status == Some(OperationStatus::Running) {
-                facts.push(Fact {
-                    aggregate: op.header.id,
-                    name: name("migration-error"),
-                    events: vec![Event::OperationFailed {
-                        stage: op.current_stage.clone().unwrap_or_else(|| "migrate".into()),
-                        step: None,
-                        error: why,
-                    }],
-                });
-            }
-        }
+        let operation = operation.and_then(|m| lookup(&AggregateId::operation(m)));
+        facts.extend(self.migration_failed(operation, why));
     }
-    if let Some(action) = recovery.reissue {
-        match &instance.task_worker {
+
+    /// The migration's operation failed, if it still runs.
+    fn migration_failed(&self, operation: Option<&Entity>, why: String) -> Option<Fact> {
+        let Some(Entity::Operation(op)) = operation else {
+            return None;
+        };
+        (op.status == Some(OperationStatus::Running)).then(|| Fact {
+            aggregate: op.header.id,
+            name: self.name("migration-error"),
+            events: vec![Event::OperationFailed {
+                stage: op.current_stage.clone().unwrap_or_else(|| "migrate".into()),
+                step: None,
+                error: why,
+            }],
+        })
+    }
+
+    /// The re-issue `action` asked of the task's worker, or the instance in error when no
+    /// worker owns the task.
+    fn reissue(&self, recovery: &Recovery, action: Reissue) -> Event {
+        match &self.instance.task_worker {
             // Pending until the worker acknowledges: delivered, not just sent.
-            Some(worker) => on_instance.push(Event::ReissueRequested {
-                request_id: reissue_request_id(id, version),
+            Some(worker) => Event::ReissueRequested {
+                request_id: reissue_request_id(self.id(), self.instance.header.version),
                 worker: worker.clone(),
                 action,
                 reason: recovery.reason.clone(),
-            }),
+            },
             // A task no worker ever started (a queued delete): nobody to re-drive it.
-            None => on_instance.push(Event::VmStateChanged {
+            None => Event::VmStateChanged {
                 vm_state: VmState::Error,
                 reason: format!(
                     "{}; but no worker owns the task, so it cannot be re-driven",
                     recovery.reason
                 ),
-            }),
+            },
         }
     }
-    facts.insert(
-        0,
-        Fact {
-            aggregate: instance.header.id,
-            name: name("instance"),
-            events: on_instance,
-        },
-    );
-    facts
 }
 
 /// The id of the re-issue a recovery of `instance` at `version` records: the worker's

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::cluster::InFlight;
-use crate::entity::{json_or_null, not_created, EventContext, FoldResult, Header};
+use crate::entity::{json_or_null, not_created, EventContext, Folded, Header};
 use crate::resource_map::ResourceMap;
 
 /// A re-issue a recovery recorded and the worker has not acknowledged yet.
@@ -84,11 +84,15 @@ impl InstanceState {
         }
     }
 
-    fn pending_mut(&mut self, request_id: &Uuid) -> Result<&mut PendingReissue, String> {
+    fn pending_mut(&mut self, request_id: &Uuid) -> Option<&mut PendingReissue> {
         self.pending_reissues
             .iter_mut()
             .find(|p| p.request_id == *request_id)
-            .ok_or_else(|| format!("re-issue {request_id} is not pending; not applied"))
+    }
+
+    /// The refusal of an event about a re-issue that is not pending.
+    fn not_pending(request_id: &Uuid) -> Folded {
+        Folded::Refused(format!("re-issue {request_id} is not pending; not applied"))
     }
 
     fn clear_task(&mut self) {
@@ -98,8 +102,72 @@ impl InstanceState {
         self.task_lease_until = None;
     }
 
-    pub(crate) fn apply_event(&mut self, event: &Event, ctx: &EventContext) -> FoldResult {
+    /// Folds one event into this instance's state, and says whether it was applied.
+    pub(crate) fn apply_event(&mut self, event: &Event, ctx: &EventContext) -> Folded {
+        if let Some(folded) = self.apply_creation(event, ctx) {
+            return folded;
+        }
+        let Some(vm_state) = self.vm_state else {
+            return not_created("instance");
+        };
+        if vm_state == VmState::Deleted {
+            if matches!(event, Event::InstanceDeleteRequested { .. }) {
+                return Folded::Applied;
+            }
+            return Folded::Refused("the instance is deleted; event not applied".into());
+        }
         match event {
+            Event::VmStateChanged { vm_state: next, .. } => self.change_vm_state(*next),
+            Event::PowerStateChanged { power_state } => {
+                self.power_state = *power_state;
+                Folded::Applied
+            }
+            Event::HostAssigned { host, provider_id } => {
+                self.host = Some(host.clone());
+                self.provider_id = Some(*provider_id);
+                Folded::Applied
+            }
+            Event::TaskQueued { .. }
+            | Event::TaskStarted { .. }
+            | Event::TaskLeaseRenewed { .. }
+            | Event::TaskFinished { .. } => self.apply_task_event(event, ctx),
+            Event::InstanceDeleteRequested { .. } => {
+                // Idempotent: a repeated request changes nothing.
+                if !self.delete_requested {
+                    self.delete_requested = true;
+                    self.task_state = Some(TaskState::Deleting);
+                    self.task_worker = None;
+                    self.task_lease_since = None;
+                    self.task_lease_until = None;
+                }
+                Folded::Applied
+            }
+            Event::InstanceDeleted {} => self.mark_deleted(),
+            Event::ReissueRequested { .. }
+            | Event::ReissueAttempted { .. }
+            | Event::ReissueDelivered { .. }
+            | Event::ReissueFailed { .. } => self.apply_reissue_event(event, ctx),
+            Event::InFlightOperationSet {
+                operation_id,
+                operation_kind,
+            } => InFlight::set(&mut self.in_flight, *operation_id, *operation_kind),
+            Event::InFlightOperationCleared { operation_id, .. } => {
+                InFlight::clear(&mut self.in_flight, *operation_id)
+            }
+            other => Folded::Refused(format!("{} is not an instance event", other.name())),
+        }
+    }
+
+    /// The events that bring an instance into being (`InstanceCreateRequested`,
+    /// `InstanceDiscovered`), once; `None` for any other event.
+    fn apply_creation(&mut self, event: &Event, ctx: &EventContext) -> Option<Folded> {
+        let exists = self.vm_state.is_some();
+        match event {
+            Event::InstanceCreateRequested { .. } | Event::InstanceDiscovered { .. } if exists => {
+                Some(Folded::Refused(
+                    "the instance already exists; event not applied".into(),
+                ))
+            }
             Event::InstanceCreateRequested {
                 name,
                 cluster_id,
@@ -108,9 +176,6 @@ impl InstanceState {
                 resources,
                 image,
             } => {
-                if self.vm_state.is_some() {
-                    return Err("the instance already exists; event not applied".into());
-                }
                 self.name = name.clone();
                 self.origin = Some(Origin::Created);
                 self.cluster_id = *cluster_id;
@@ -121,16 +186,13 @@ impl InstanceState {
                 self.vm_state = Some(VmState::Building);
                 self.task_state = Some(TaskState::Scheduling);
                 self.header.created_at = Some(ctx.recorded_at);
-                return Ok(());
+                Some(Folded::Applied)
             }
             Event::InstanceDiscovered {
                 name,
                 host,
                 resources,
             } => {
-                if self.vm_state.is_some() {
-                    return Err("the instance already exists; event not applied".into());
-                }
                 self.name = name.clone();
                 self.origin = Some(Origin::Discovered);
                 self.host = Some(host.clone());
@@ -138,39 +200,47 @@ impl InstanceState {
                 self.vm_state = Some(VmState::Active);
                 self.power_state = PowerState::Running;
                 self.header.created_at = Some(ctx.recorded_at);
-                return Ok(());
+                Some(Folded::Applied)
             }
-            _ => {}
+            _ => None,
         }
-        let Some(vm_state) = self.vm_state else {
-            return Err(not_created("instance"));
-        };
-        if vm_state == VmState::Deleted {
-            if matches!(event, Event::InstanceDeleteRequested { .. }) {
-                return Ok(());
-            }
-            return Err("the instance is deleted; event not applied".into());
+    }
+
+    /// `VmStateChanged`: after a delete request, only towards deleted or error.
+    fn change_vm_state(&mut self, next: VmState) -> Folded {
+        if self.delete_requested && !matches!(next, VmState::Deleted | VmState::Error) {
+            return Folded::Refused(format!(
+                "vm_state change to {next:?} after a delete request rejected: deleting is terminal"
+            ));
         }
+        self.vm_state = Some(next);
+        if next == VmState::Deleted {
+            self.pending_reissues.clear(); // nothing is left to re-drive
+        }
+        Folded::Applied
+    }
+
+    /// `InstanceDeleted`: only after a delete request.
+    fn mark_deleted(&mut self) -> Folded {
+        if !self.delete_requested {
+            return Folded::Refused("deleted without a delete request; not applied".into());
+        }
+        self.vm_state = Some(VmState::Deleted);
+        self.power_state = PowerState::NoState;
+        self.clear_task();
+        self.in_flight = None;
+        // Nothing is left to re-drive on an instance that is gone.
+        self.pending_reissues.clear();
+        Folded::Applied
+    }
+
+    /// The task's events: queued, started (with its worker and lease), lease renewed,
+    /// finished.
+    fn apply_task_event(&mut self, event: &Event, ctx: &EventContext) -> Folded {
         match event {
-            Event::VmStateChanged { vm_state: next, .. } => {
-                if self.delete_requested && !matches!(next, VmState::Deleted | VmState::Error) {
-                    return Err(format!(
-                        "vm_state change to {next:?} after a delete request rejected: deleting is terminal"
-                    ));
-                }
-                self.vm_state = Some(*next);
-                if *next == VmState::Deleted {
-                    self.pending_reissues.clear(); // nothing is left to re-drive
-                }
-            }
-            Event::PowerStateChanged { power_state } => self.power_state = *power_state,
-            Event::HostAssigned { host, provider_id } => {
-                self.host = Some(host.clone());
-                self.provider_id = Some(*provider_id);
-            }
             Event::TaskQueued { task_state } => {
                 if self.delete_requested && *task_state != TaskState::Deleting {
-                    return Err(format!(
+                    return Folded::Refused(format!(
                         "task {task_state:?} queued after a delete request; not applied"
                     ));
                 }
@@ -188,7 +258,7 @@ impl InstanceState {
                 lease_until,
             } => {
                 if self.delete_requested && *task_state != TaskState::Deleting {
-                    return Err(format!(
+                    return Folded::Refused(format!(
                         "task {task_state:?} started after a delete request; not applied"
                     ));
                 }
@@ -202,25 +272,14 @@ impl InstanceState {
             Event::TaskLeaseRenewed {
                 worker_id,
                 lease_until,
-            } => match &self.task_worker {
-                Some(current) if current == worker_id => {
-                    self.task_lease_since = Some(ctx.recorded_at);
-                    self.task_lease_until = Some(*lease_until);
-                }
-                Some(current) => {
-                    return Err(format!(
-                    "lease renewed by {worker_id} but the task belongs to {current}; not applied"
-                ))
-                }
-                None => return Err("lease renewed but no task is started; not applied".into()),
-            },
+            } => return self.renew_lease(worker_id, *lease_until, ctx),
             Event::TaskFinished {
                 task_state,
                 outcome,
                 ..
             } => {
                 if self.task_state != Some(*task_state) {
-                    return Err(format!(
+                    return Folded::Refused(format!(
                         "task {task_state:?} finished but the task in progress is {:?}; not applied",
                         self.task_state
                     ));
@@ -231,39 +290,46 @@ impl InstanceState {
                 // A recovery that ends a task and re-issues writes its re-issue after this.
                 self.pending_reissues.clear();
             }
-            Event::InstanceDeleteRequested { .. } => {
-                // Idempotent: a repeated request changes nothing.
-                if !self.delete_requested {
-                    self.delete_requested = true;
-                    self.task_state = Some(TaskState::Deleting);
-                    self.task_worker = None;
-                    self.task_lease_since = None;
-                    self.task_lease_until = None;
-                }
+            // Not reached: `apply_event` sends task events only.
+            other => {
+                return Folded::Refused(format!("{} is not an instance event", other.name()));
             }
-            Event::InstanceDeleted {} => {
-                if !self.delete_requested {
-                    return Err("deleted without a delete request; not applied".into());
-                }
-                self.vm_state = Some(VmState::Deleted);
-                self.power_state = PowerState::NoState;
-                self.clear_task();
-                self.in_flight = None;
-                // Nothing is left to re-drive on an instance that is gone.
-                self.pending_reissues.clear();
+        }
+        Folded::Applied
+    }
+
+    /// `TaskLeaseRenewed`: by the worker holding the task only.
+    fn renew_lease(
+        &mut self,
+        worker_id: &str,
+        lease_until: Timestamp,
+        ctx: &EventContext,
+    ) -> Folded {
+        match &self.task_worker {
+            Some(current) if current == worker_id => {
+                self.task_lease_since = Some(ctx.recorded_at);
+                self.task_lease_until = Some(lease_until);
+                Folded::Applied
             }
+            Some(current) => Folded::Refused(format!(
+                "lease renewed by {worker_id} but the task belongs to {current}; not applied"
+            )),
+            None => Folded::Refused("lease renewed but no task is started; not applied".into()),
+        }
+    }
+
+    /// The re-issues a recovery records and their worker's acknowledgement: requested,
+    /// attempted, delivered, failed.
+    fn apply_reissue_event(&mut self, event: &Event, ctx: &EventContext) -> Folded {
+        match event {
             Event::ReissueRequested {
                 request_id,
                 worker,
                 action,
                 reason,
             } => {
-                if self
-                    .pending_reissues
-                    .iter()
-                    .any(|p| p.request_id == *request_id)
-                {
-                    return Err(format!(
+                if self.pending_mut(request_id).is_some() {
+                    return Folded::Refused(format!(
                         "re-issue {request_id} is already pending; not applied"
                     ));
                 }
@@ -283,9 +349,11 @@ impl InstanceState {
                 request_id,
                 attempt,
             } => {
-                let pending = self.pending_mut(request_id)?;
+                let Some(pending) = self.pending_mut(request_id) else {
+                    return Self::not_pending(request_id);
+                };
                 if *attempt != pending.attempts + 1 {
-                    return Err(format!(
+                    return Folded::Refused(format!(
                         "re-issue {request_id}: attempt {attempt} after {} attempt(s); not applied",
                         pending.attempts
                     ));
@@ -295,7 +363,9 @@ impl InstanceState {
                 pending.last_failed_at = None;
             }
             Event::ReissueDelivered { request_id } => {
-                self.pending_mut(request_id)?;
+                if self.pending_mut(request_id).is_none() {
+                    return Self::not_pending(request_id);
+                }
                 self.pending_reissues
                     .retain(|p| p.request_id != *request_id);
             }
@@ -304,25 +374,21 @@ impl InstanceState {
                 attempt,
                 error,
             } => {
-                let pending = self.pending_mut(request_id)?;
+                let Some(pending) = self.pending_mut(request_id) else {
+                    return Self::not_pending(request_id);
+                };
                 // A late failure of an earlier attempt says nothing about the current one.
                 if *attempt == pending.attempts {
                     pending.last_failed_at = Some(ctx.recorded_at);
                 }
                 pending.last_error = Some(error.clone());
             }
-            Event::InFlightOperationSet {
-                operation_id,
-                operation_kind,
-            } => {
-                InFlight::set(&mut self.in_flight, *operation_id, *operation_kind)?;
+            // Not reached: `apply_event` sends re-issue events only.
+            other => {
+                return Folded::Refused(format!("{} is not an instance event", other.name()));
             }
-            Event::InFlightOperationCleared { operation_id, .. } => {
-                InFlight::clear(&mut self.in_flight, *operation_id)?
-            }
-            other => return Err(format!("{} is not an instance event", other.name())),
         }
-        Ok(())
+        Folded::Applied
     }
 
     /// The contract's JSON form of an instance.

@@ -12,7 +12,7 @@ use provledger_events::{AggregateId, Event, Timestamp};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::entity::{json_or_null, not_created, EventContext, FoldResult, Header};
+use crate::entity::{json_or_null, not_created, EventContext, Folded, Header};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -242,12 +242,18 @@ impl OperationState {
             .map(|s| s.policy)
     }
 
-    fn compensation_mut(&mut self, id: &Uuid) -> Result<&mut CompensationState, String> {
+    fn compensation_mut(&mut self, id: &Uuid) -> Option<&mut CompensationState> {
         self.compensations
             .iter_mut()
             .find(|c| c.planned.compensation_id == *id)
             .map(Arc::make_mut)
-            .ok_or_else(|| format!("compensation {id} is not in the recorded plan; not applied"))
+    }
+
+    /// The refusal of an event about a compensation the recorded plan does not have.
+    fn not_in_plan(id: &Uuid) -> Folded {
+        Folded::Refused(format!(
+            "compensation {id} is not in the recorded plan; not applied"
+        ))
     }
 
     /// Mirrors a compensation's progress on the step it undoes, for the step list view.
@@ -261,17 +267,21 @@ impl OperationState {
         }
     }
 
-    fn require_status(&self, allowed: &[OperationStatus], what: &str) -> FoldResult {
-        match self.status {
-            Some(s) if allowed.contains(&s) => Ok(()),
-            other => Err(format!(
-                "{what} while the operation is {other:?}; not applied"
-            )),
-        }
+    /// Whether the operation is in one of `allowed`.
+    fn status_in(&self, allowed: &[OperationStatus]) -> bool {
+        self.status.is_some_and(|s| allowed.contains(&s))
     }
 
-    pub(crate) fn apply_event(&mut self, event: &Event, ctx: &EventContext) -> FoldResult {
-        use OperationStatus::*;
+    /// The refusal of `what` in a status that does not allow it (see [`Self::status_in`]).
+    fn wrong_status(&self, what: &str) -> Folded {
+        Folded::Refused(format!(
+            "{what} while the operation is {:?}; not applied",
+            self.status
+        ))
+    }
+
+    /// Folds one event into this operation's state, and says whether it was applied.
+    pub(crate) fn apply_event(&mut self, event: &Event, ctx: &EventContext) -> Folded {
         if let Event::OperationStarted {
             kind,
             target,
@@ -281,70 +291,89 @@ impl OperationState {
         } = event
         {
             if self.status.is_some() {
-                return Err("the operation already started; event not applied".into());
+                return Folded::Refused("the operation already started; event not applied".into());
             }
             self.kind = Some(*kind);
             self.target = Some(*target);
             self.parent_id = *parent_id;
             self.stages = stages.clone();
             self.bundle_policy = *bundle_policy;
-            self.status = Some(Running);
+            self.status = Some(OperationStatus::Running);
             self.header.created_at = Some(ctx.recorded_at);
-            return Ok(());
+            return Folded::Applied;
         }
         if self.status.is_none() {
-            return Err(not_created("operation"));
+            return not_created("operation");
         }
         match event {
             Event::ChildOperationAdded { child_id } => {
                 if self.children.contains(child_id) {
-                    return Err(format!("child {child_id} already added"));
+                    return Folded::Refused(format!("child {child_id} already added"));
                 }
                 self.children.push(*child_id);
+                Folded::Applied
             }
+            Event::StageStarted { .. } | Event::StageCompleted { .. } => {
+                self.apply_stage_event(event)
+            }
+            Event::StepDone { .. } | Event::StepStarted { .. } => self.apply_step_event(event),
+            Event::OperationSucceeded {}
+            | Event::OperationFailed { .. }
+            | Event::CancellationRequested { .. }
+            | Event::TargetDeletionNoticed { .. }
+            | Event::OperationCancelled { .. } => self.apply_run_outcome_event(event),
+            Event::RollbackPlanned { .. }
+            | Event::RollbackFinished { .. }
+            | Event::RollbackResumed { .. } => self.apply_rollback_event(event),
+            Event::CompensationRequested { .. }
+            | Event::CompensationDone { .. }
+            | Event::CompensationFailed { .. }
+            | Event::CompensationResolved { .. } => self.apply_compensation_event(event, ctx),
+            other => Self::not_an_operation_event(other),
+        }
+    }
+
+    /// A stage started or completed, while the operation runs.
+    fn apply_stage_event(&mut self, event: &Event) -> Folded {
+        match event {
             Event::StageStarted { stage } => {
-                self.require_status(&[Running], "stage started")?;
+                if !self.status_in(&[OperationStatus::Running]) {
+                    return self.wrong_status("stage started");
+                }
                 if !self.stages.iter().any(|s| &s.name == stage) {
-                    return Err(format!("stage {stage:?} was not declared; not applied"));
+                    return Folded::Refused(format!(
+                        "stage {stage:?} was not declared; not applied"
+                    ));
                 }
                 self.stage_progress
                     .insert(stage.clone(), StageProgress::Started);
                 self.current_stage = Some(stage.clone());
             }
+            Event::StageCompleted { stage } => {
+                if !self.status_in(&[OperationStatus::Running]) {
+                    return self.wrong_status("stage completed");
+                }
+                if self.stage_progress.get(stage) != Some(&StageProgress::Started) {
+                    return Folded::Refused(format!("stage {stage:?} completed without starting"));
+                }
+                self.stage_progress
+                    .insert(stage.clone(), StageProgress::Completed);
+            }
+            // Not reached: `apply_event` sends stage events only.
+            other => return Self::not_an_operation_event(other),
+        }
+        Folded::Applied
+    }
+
+    /// A step's effect (`StepDone`) or intent (`StepStarted`).
+    fn apply_step_event(&mut self, event: &Event) -> Folded {
+        match event {
             Event::StepDone {
                 stage,
                 step,
                 effect,
                 compensation,
-            } => {
-                // An effect that happened is a fact: it is recorded even when out of
-                // place, so the rollback planner can still undo it. It settles the
-                // outcome of the intent of the same step, if one was recorded.
-                self.started
-                    .retain(|s| !(s.stage == *stage && s.name == *step));
-                if self.rollback_plan.is_some() && compensation.is_some() {
-                    self.late_effects.push(step.clone());
-                }
-                self.steps.push(Arc::new(StepState {
-                    stage: stage.clone(),
-                    name: step.clone(),
-                    effect: effect.clone(),
-                    compensation: compensation.clone(),
-                    progress: StepProgress::Done,
-                    compensation_id: None,
-                }));
-                if self.stage_progress.get(stage) != Some(&StageProgress::Started) {
-                    return Err(format!(
-                        "step {step:?} done outside its started stage {stage:?}"
-                    ));
-                }
-                if self.status != Some(Running) {
-                    return Err(format!(
-                        "step {step:?} done while the operation is {:?}",
-                        self.status
-                    ));
-                }
-            }
+            } => self.record_step_done(stage, step, effect, compensation),
             Event::StepStarted {
                 stage,
                 step,
@@ -354,16 +383,18 @@ impl OperationState {
             } => {
                 // An intent is a decision, not a fact: nothing happened yet, so it is
                 // refused once the operation stopped (the runner must not act then).
-                self.require_status(&[Running], "step started")?;
+                if !self.status_in(&[OperationStatus::Running]) {
+                    return self.wrong_status("step started");
+                }
                 if self.stage_progress.get(stage) != Some(&StageProgress::Started) {
-                    return Err(format!(
+                    return Folded::Refused(format!(
                         "step {step:?} started outside its started stage {stage:?}; not applied"
                     ));
                 }
                 let known = self.started.iter().any(|s| s.name == *step)
                     || self.steps.iter().any(|s| s.name == *step);
                 if known {
-                    return Err(format!(
+                    return Folded::Refused(format!(
                         "step {step:?} was already started or done; step names are unique \
                          within an operation; not applied"
                     ));
@@ -375,21 +406,63 @@ impl OperationState {
                     idempotency_key: idempotency_key.clone(),
                     compensation: compensation.clone(),
                 }));
+                Folded::Applied
             }
-            Event::StageCompleted { stage } => {
-                self.require_status(&[Running], "stage completed")?;
-                if self.stage_progress.get(stage) != Some(&StageProgress::Started) {
-                    return Err(format!("stage {stage:?} completed without starting"));
-                }
-                self.stage_progress
-                    .insert(stage.clone(), StageProgress::Completed);
-            }
+            // Not reached: `apply_event` sends step events only.
+            other => Self::not_an_operation_event(other),
+        }
+    }
+
+    /// `StepDone`. An effect that happened is a fact: it is recorded even when out of
+    /// place (then with an anomaly), so the rollback planner can still undo it. It settles
+    /// the outcome of the intent of the same step, if one was recorded.
+    fn record_step_done(
+        &mut self,
+        stage: &str,
+        step: &str,
+        effect: &Effect,
+        compensation: &Option<Compensation>,
+    ) -> Folded {
+        self.started
+            .retain(|s| !(s.stage == stage && s.name == step));
+        if self.rollback_plan.is_some() && compensation.is_some() {
+            self.late_effects.push(step.to_string());
+        }
+        self.steps.push(Arc::new(StepState {
+            stage: stage.to_string(),
+            name: step.to_string(),
+            effect: effect.clone(),
+            compensation: compensation.clone(),
+            progress: StepProgress::Done,
+            compensation_id: None,
+        }));
+        if self.stage_progress.get(stage) != Some(&StageProgress::Started) {
+            return Folded::AppliedWithAnomaly(format!(
+                "step {step:?} done outside its started stage {stage:?}"
+            ));
+        }
+        if self.status != Some(OperationStatus::Running) {
+            return Folded::AppliedWithAnomaly(format!(
+                "step {step:?} done while the operation is {:?}",
+                self.status
+            ));
+        }
+        Folded::Applied
+    }
+
+    /// How the run ends or is asked to: succeeded, failed, a cancellation requested, the
+    /// target's deletion noticed, cancelled.
+    fn apply_run_outcome_event(&mut self, event: &Event) -> Folded {
+        use OperationStatus::*;
+        match event {
             Event::OperationSucceeded {} => {
-                self.require_status(&[Running], "succeeded")?;
+                if !self.status_in(&[Running]) {
+                    return self.wrong_status("succeeded");
+                }
                 if let Some(open) = self.started.first() {
                     // An action asked for and never settled would be unknown to every
                     // later reader: success is refused until its outcome is recorded.
-                    return Err(format!(
+                    return Folded::Refused(format!(
                         "step {:?} was started and its outcome never recorded; record its \
                          step_done (or fail the operation) first; not applied",
                         open.name
@@ -398,7 +471,9 @@ impl OperationState {
                 self.status = Some(Succeeded);
             }
             Event::OperationFailed { stage, step, error } => {
-                self.require_status(&[Running], "failed")?;
+                if !self.status_in(&[Running]) {
+                    return self.wrong_status("failed");
+                }
                 self.status = Some(Failed);
                 self.error = Some(OperationError {
                     stage: stage.clone(),
@@ -420,90 +495,30 @@ impl OperationState {
                 }
             }
             Event::OperationCancelled { reason } => {
-                self.require_status(&[Running, Failed], "cancelled")?;
+                if !self.status_in(&[Running, Failed]) {
+                    return self.wrong_status("cancelled");
+                }
                 self.status = Some(Cancelled);
                 self.cancelled = true;
                 if self.cancellation_reason.is_none() {
                     self.cancellation_reason = Some(reason.clone());
                 }
             }
-            Event::RollbackPlanned { plan } => {
-                if self.rollback_plan.is_some() {
-                    return Err("a rollback plan is already recorded; not applied".into());
-                }
-                self.require_status(&[Failed, Cancelled], "rollback planned")?;
-                for planned in &plan.compensations {
-                    if let Some(step) = self.steps.iter_mut().find(|s| {
-                        s.stage == planned.stage
-                            && s.name == planned.step
-                            && s.compensation_id.is_none()
-                    }) {
-                        let step = Arc::make_mut(step);
-                        step.compensation_id = Some(planned.compensation_id);
-                        step.progress = StepProgress::CompensationPlanned;
-                    }
-                    self.compensations.push(Arc::new(CompensationState {
-                        planned: planned.clone(),
-                        progress: CompensationProgress::Planned,
-                        attempts: 0,
-                        last_error: None,
-                        requested_at: None,
-                        failed_at: None,
-                        attempts_at_resume: 0,
-                        resolved: None,
-                    }));
-                }
-                for retained in &plan.retained {
-                    if let Some(step) = self.steps.iter_mut().find(|s| {
-                        s.stage == retained.stage
-                            && s.name == retained.step
-                            && s.progress == StepProgress::Done
-                    }) {
-                        Arc::make_mut(step).progress = StepProgress::Retained;
-                    }
-                }
-                self.rollback_plan = Some(Arc::new(plan.clone()));
-                self.status = Some(RollingBack);
-            }
-            Event::CompensationRequested {
-                compensation_id,
-                attempt,
-            } => {
-                let c = self.compensation_mut(compensation_id)?;
-                if c.progress == CompensationProgress::Done {
-                    return Err(format!(
-                        "compensation {compensation_id} requested after it was done"
-                    ));
-                }
-                c.progress = CompensationProgress::Requested;
-                c.attempts = c.attempts.max(*attempt);
-                c.requested_at = Some(ctx.recorded_at);
-                self.mark_step(compensation_id, StepProgress::CompensationRequested);
-            }
-            Event::CompensationDone { compensation_id } => {
-                let c = self.compensation_mut(compensation_id)?;
-                c.progress = CompensationProgress::Done;
-                self.mark_step(compensation_id, StepProgress::Compensated);
-            }
-            Event::CompensationFailed {
-                compensation_id,
-                attempt,
-                error,
-            } => {
-                let c = self.compensation_mut(compensation_id)?;
-                if c.progress == CompensationProgress::Done {
-                    return Err(format!(
-                        "compensation {compensation_id} failed after it was done"
-                    ));
-                }
-                c.progress = CompensationProgress::Failed;
-                c.attempts = c.attempts.max(*attempt);
-                c.last_error = Some(error.clone());
-                c.failed_at = Some(ctx.recorded_at);
-                self.mark_step(compensation_id, StepProgress::CompensationFailed);
-            }
+            // Not reached: `apply_event` sends these events only.
+            other => return Self::not_an_operation_event(other),
+        }
+        Folded::Applied
+    }
+
+    /// The rollback: its plan recorded, finished, resumed after it needed attention.
+    fn apply_rollback_event(&mut self, event: &Event) -> Folded {
+        use OperationStatus::*;
+        match event {
+            Event::RollbackPlanned { plan } => return self.plan_rollback(plan),
             Event::RollbackFinished { outcome, remaining } => {
-                self.require_status(&[RollingBack], "rollback finished")?;
+                if !self.status_in(&[RollingBack]) {
+                    return self.wrong_status("rollback finished");
+                }
                 self.status = Some(match outcome {
                     // A cancelled operation closes as cancelled once everything it
                     // created is compensated (design 4); so does one whose target was
@@ -518,23 +533,10 @@ impl OperationState {
                 self.rollback_outcome = Some(*outcome);
                 self.remaining = remaining.clone();
             }
-            Event::CompensationResolved {
-                compensation_id,
-                reason,
-            } => {
-                self.require_status(&[NeedsAttention], "compensation resolved")?;
-                let c = self.compensation_mut(compensation_id)?;
-                if c.progress == CompensationProgress::Done {
-                    return Err(format!(
-                        "compensation {compensation_id} resolved after it was done"
-                    ));
-                }
-                c.progress = CompensationProgress::Done;
-                c.resolved = Some(reason.clone());
-                self.mark_step(compensation_id, StepProgress::Compensated);
-            }
             Event::RollbackResumed { .. } => {
-                self.require_status(&[NeedsAttention], "rollback resumed")?;
+                if !self.status_in(&[NeedsAttention]) {
+                    return self.wrong_status("rollback resumed");
+                }
                 for c in &mut self.compensations {
                     if c.progress != CompensationProgress::Done {
                         let c = Arc::make_mut(c);
@@ -545,9 +547,130 @@ impl OperationState {
                 self.rollback_outcome = None;
                 self.remaining.clear();
             }
-            other => return Err(format!("{} is not an operation event", other.name())),
+            // Not reached: `apply_event` sends rollback events only.
+            other => return Self::not_an_operation_event(other),
         }
-        Ok(())
+        Folded::Applied
+    }
+
+    /// `RollbackPlanned`: once, after the operation failed or was cancelled. Each planned
+    /// compensation is marked on the step it undoes, each retained resource on its step.
+    fn plan_rollback(&mut self, plan: &RollbackPlan) -> Folded {
+        use OperationStatus::*;
+        if self.rollback_plan.is_some() {
+            return Folded::Refused("a rollback plan is already recorded; not applied".into());
+        }
+        if !self.status_in(&[Failed, Cancelled]) {
+            return self.wrong_status("rollback planned");
+        }
+        for planned in &plan.compensations {
+            if let Some(step) = self.steps.iter_mut().find(|s| {
+                s.stage == planned.stage && s.name == planned.step && s.compensation_id.is_none()
+            }) {
+                let step = Arc::make_mut(step);
+                step.compensation_id = Some(planned.compensation_id);
+                step.progress = StepProgress::CompensationPlanned;
+            }
+            self.compensations.push(Arc::new(CompensationState {
+                planned: planned.clone(),
+                progress: CompensationProgress::Planned,
+                attempts: 0,
+                last_error: None,
+                requested_at: None,
+                failed_at: None,
+                attempts_at_resume: 0,
+                resolved: None,
+            }));
+        }
+        for retained in &plan.retained {
+            if let Some(step) = self.steps.iter_mut().find(|s| {
+                s.stage == retained.stage
+                    && s.name == retained.step
+                    && s.progress == StepProgress::Done
+            }) {
+                Arc::make_mut(step).progress = StepProgress::Retained;
+            }
+        }
+        self.rollback_plan = Some(Arc::new(plan.clone()));
+        self.status = Some(RollingBack);
+        Folded::Applied
+    }
+
+    /// One compensation of the recorded plan: requested, done, failed, resolved by hand.
+    /// Each is mirrored on the step it undoes.
+    fn apply_compensation_event(&mut self, event: &Event, ctx: &EventContext) -> Folded {
+        match event {
+            Event::CompensationRequested {
+                compensation_id,
+                attempt,
+            } => {
+                let Some(c) = self.compensation_mut(compensation_id) else {
+                    return Self::not_in_plan(compensation_id);
+                };
+                if c.progress == CompensationProgress::Done {
+                    return Folded::Refused(format!(
+                        "compensation {compensation_id} requested after it was done"
+                    ));
+                }
+                c.progress = CompensationProgress::Requested;
+                c.attempts = c.attempts.max(*attempt);
+                c.requested_at = Some(ctx.recorded_at);
+                self.mark_step(compensation_id, StepProgress::CompensationRequested);
+            }
+            Event::CompensationDone { compensation_id } => {
+                let Some(c) = self.compensation_mut(compensation_id) else {
+                    return Self::not_in_plan(compensation_id);
+                };
+                c.progress = CompensationProgress::Done;
+                self.mark_step(compensation_id, StepProgress::Compensated);
+            }
+            Event::CompensationFailed {
+                compensation_id,
+                attempt,
+                error,
+            } => {
+                let Some(c) = self.compensation_mut(compensation_id) else {
+                    return Self::not_in_plan(compensation_id);
+                };
+                if c.progress == CompensationProgress::Done {
+                    return Folded::Refused(format!(
+                        "compensation {compensation_id} failed after it was done"
+                    ));
+                }
+                c.progress = CompensationProgress::Failed;
+                c.attempts = c.attempts.max(*attempt);
+                c.last_error = Some(error.clone());
+                c.failed_at = Some(ctx.recorded_at);
+                self.mark_step(compensation_id, StepProgress::CompensationFailed);
+            }
+            Event::CompensationResolved {
+                compensation_id,
+                reason,
+            } => {
+                if !self.status_in(&[OperationStatus::NeedsAttention]) {
+                    return self.wrong_status("compensation resolved");
+                }
+                let Some(c) = self.compensation_mut(compensation_id) else {
+                    return Self::not_in_plan(compensation_id);
+                };
+                if c.progress == CompensationProgress::Done {
+                    return Folded::Refused(format!(
+                        "compensation {compensation_id} resolved after it was done"
+                    ));
+                }
+                c.progress = CompensationProgress::Done;
+                c.resolved = Some(reason.clone());
+                self.mark_step(compensation_id, StepProgress::Compensated);
+            }
+            // Not reached: `apply_event` sends compensation events only.
+            other => return Self::not_an_operation_event(other),
+        }
+        Folded::Applied
+    }
+
+    /// The refusal of an event that is not an operation's.
+    fn not_an_operation_event(event: &Event) -> Folded {
+        Folded::Refused(format!("{} is not an operation event", event.name()))
     }
 
     /// The contract's JSON form of an operation.

@@ -8,7 +8,7 @@ use provledger_events::{AggregateId, AggregateKind, ChainViolation, Commit, Even
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::ClusterState;
-use crate::entity::{EventContext, FoldResult, Header};
+use crate::entity::{EventContext, Folded, Header};
 use crate::instance::InstanceState;
 use crate::operation::OperationState;
 use crate::provider::ProviderState;
@@ -173,15 +173,17 @@ impl Entity {
                     .record_anomaly(&ctx, event.name(), problem);
                 continue;
             }
-            if let Err(problem) = self.fold_event(event, &ctx) {
+            // Applied with an anomaly or refused, the entity keeps the problem alike.
+            if let Some(problem) = self.fold_event(event, &ctx).anomaly() {
                 self.header_mut()
                     .record_anomaly(&ctx, event.name(), problem);
             }
         }
     }
 
-    /// Folds one event into the entity's own state (not the header's bookkeeping).
-    pub(crate) fn fold_event(&mut self, event: &Event, ctx: &EventContext) -> FoldResult {
+    /// Folds one event into the entity's own state (not the header's bookkeeping), and
+    /// says whether it was applied.
+    pub(crate) fn fold_event(&mut self, event: &Event, ctx: &EventContext) -> Folded {
         match self {
             Entity::Cluster(s) => s.apply_event(event, ctx),
             Entity::Instance(s) => s.apply_event(event, ctx),

@@ -8,7 +8,7 @@ use provledger_events::{AggregateId, Event};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::entity::{json_or_null, not_created, EventContext, FoldResult, Header};
+use crate::entity::{json_or_null, not_created, EventContext, Folded, Header};
 use crate::resource_map::ResourceMap;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -192,102 +192,136 @@ impl ProviderState {
         Some(removed)
     }
 
-    pub(crate) fn apply_event(&mut self, event: &Event, ctx: &EventContext) -> FoldResult {
+    /// Folds one event into this provider's state, and says whether it was applied.
+    pub(crate) fn apply_event(&mut self, event: &Event, ctx: &EventContext) -> Folded {
         if let Event::ProviderRegistered { name, host } = event {
             if self.status.is_some() {
-                return Err("the provider is already registered; event not applied".into());
+                return Folded::Refused(
+                    "the provider is already registered; event not applied".into(),
+                );
             }
             self.name = name.clone();
             self.host = host.clone();
             self.status = Some(ProviderStatus::Active);
             self.header.created_at = Some(ctx.recorded_at);
-            return Ok(());
+            return Folded::Applied;
         }
         let Some(status) = self.status else {
-            return Err(not_created("provider"));
+            return not_created("provider");
         };
         if status == ProviderStatus::Deleted {
-            return Err("the provider is deleted; event not applied".into());
+            return Folded::Refused("the provider is deleted; event not applied".into());
         }
         match event {
             Event::InventorySet {
                 resource_class,
                 inventory,
-            } => {
-                // Inventory is a fact about the hardware, so it is applied even when it
-                // leaves usage above capacity; the anomaly (and `audit`) say so.
-                self.inventories.insert(resource_class.clone(), *inventory);
-                let used = self.usage.get(resource_class).copied().unwrap_or(0);
-                if inventory.min_unit > inventory.max_unit || inventory.step_size == 0 {
-                    return Err(format!("{resource_class} inventory has inconsistent units"));
-                }
-                if used > inventory.capacity() {
-                    return Err(format!(
-                        "{resource_class} capacity {} is below usage {used}",
-                        inventory.capacity()
-                    ));
-                }
-            }
+            } => self.set_inventory(resource_class, inventory),
             Event::InventoryRemoved { resource_class } => {
                 let used = self.usage.get(resource_class).copied().unwrap_or(0);
                 if used > 0 {
-                    return Err(format!(
+                    return Folded::Refused(format!(
                         "{resource_class} inventory removed while {used} is allocated; not applied"
                     ));
                 }
                 if self.inventories.remove(resource_class).is_none() {
-                    return Err(format!("no {resource_class} inventory to remove"));
+                    return Folded::Refused(format!("no {resource_class} inventory to remove"));
                 }
+                Folded::Applied
             }
             Event::AllocationClaimed {
                 consumer,
                 consumer_kind,
                 resources,
-            } => {
-                if status != ProviderStatus::Active {
-                    return Err("claim on a provider being deleted; not applied".into());
-                }
-                self.check_claim(consumer, resources)
-                    .map_err(|refusal| format!("{refusal}; claim not applied"))?;
-                self.remove_allocation(consumer);
-                for (rc, amount) in resources {
-                    *self.usage.entry(rc.clone()).or_insert(0) += amount;
-                }
-                self.allocations.insert(
-                    *consumer,
-                    Allocation {
-                        consumer_kind: *consumer_kind,
-                        resources: ResourceMap::from(resources),
-                    },
-                );
-            }
+            } => self.claim(status, consumer, *consumer_kind, resources),
             Event::AllocationReleased { consumer, .. } => {
                 if self.remove_allocation(consumer).is_none() {
-                    return Err(format!("consumer {consumer} holds no allocation here"));
+                    return Folded::Refused(format!(
+                        "consumer {consumer} holds no allocation here"
+                    ));
                 }
+                Folded::Applied
             }
             Event::ProviderDeleteRequested { cascade, .. } => {
                 self.status = Some(ProviderStatus::Deleting);
                 self.deleting_cascade |= *cascade;
+                Folded::Applied
             }
             Event::ProviderDeleteRefused { blocking } => {
                 self.status = Some(ProviderStatus::Active);
                 self.deleting_cascade = false;
                 self.last_delete_refusal = Some(blocking.clone());
+                Folded::Applied
             }
             Event::ProviderDeleted {} => {
                 // Never orphan an allocation: a provider goes only once it holds none.
                 if !self.allocations.is_empty() {
-                    return Err(format!(
+                    return Folded::Refused(format!(
                         "deleted while {} allocation(s) remain; not applied",
                         self.allocations.len()
                     ));
                 }
                 self.status = Some(ProviderStatus::Deleted);
+                Folded::Applied
             }
-            other => return Err(format!("{} is not a provider event", other.name())),
+            other => Folded::Refused(format!("{} is not a provider event", other.name())),
         }
-        Ok(())
+    }
+
+    /// `InventorySet`. Inventory is a fact about the hardware, so it is applied even when
+    /// it leaves usage above capacity; the anomaly (and `audit`) say so. Setting the very
+    /// inventory already held changes nothing, so its anomaly is then a refusal.
+    fn set_inventory(&mut self, resource_class: &str, inventory: &Inventory) -> Folded {
+        let previous = self
+            .inventories
+            .insert(resource_class.to_string(), *inventory);
+        let changed = previous != Some(*inventory);
+        let used = self.usage.get(resource_class).copied().unwrap_or(0);
+        if inventory.min_unit > inventory.max_unit || inventory.step_size == 0 {
+            return Folded::anomaly_or_refused(
+                changed,
+                format!("{resource_class} inventory has inconsistent units"),
+            );
+        }
+        if used > inventory.capacity() {
+            return Folded::anomaly_or_refused(
+                changed,
+                format!(
+                    "{resource_class} capacity {} is below usage {used}",
+                    inventory.capacity()
+                ),
+            );
+        }
+        Folded::Applied
+    }
+
+    /// `AllocationClaimed`: all or nothing (see [`Self::check_claim`]), replacing the
+    /// consumer's previous allocation here.
+    fn claim(
+        &mut self,
+        status: ProviderStatus,
+        consumer: &Uuid,
+        consumer_kind: ConsumerKind,
+        resources: &BTreeMap<String, u64>,
+    ) -> Folded {
+        if status != ProviderStatus::Active {
+            return Folded::Refused("claim on a provider being deleted; not applied".into());
+        }
+        if let Err(refusal) = self.check_claim(consumer, resources) {
+            return Folded::Refused(format!("{refusal}; claim not applied"));
+        }
+        self.remove_allocation(consumer);
+        for (rc, amount) in resources {
+            *self.usage.entry(rc.clone()).or_insert(0) += amount;
+        }
+        self.allocations.insert(
+            *consumer,
+            Allocation {
+                consumer_kind,
+                resources: ResourceMap::from(resources),
+            },
+        );
+        Folded::Applied
     }
 
     /// The contract's JSON form of a provider.

@@ -69,117 +69,161 @@ pub fn recover(instance: &InstanceState, now: Timestamp) -> Option<Recovery> {
     if requeued {
         return None; // a previous sweep re-drove it; its worker picks it up
     }
-    let worker = instance
-        .task_worker
-        .clone()
-        .unwrap_or_else(|| "unknown".into());
-    let id = instance.header.id.id;
-    let interrupted = format!(
-        "task {task:?} of worker {worker} interrupted (lease expired{})",
-        instance
-            .task_lease_until
-            .map(|t| format!(" at {t}"))
-            .unwrap_or_default()
-    );
-    let finished = |reason: &str| Event::TaskFinished {
-        task_state: task,
-        outcome: TaskOutcome::Recovered,
-        reason: reason.to_string(),
-    };
-    let requeue = |reason: String, reissue: Reissue, rule: &'static str| Recovery {
-        instance: id,
-        rule,
-        events: vec![finished(&reason), Event::TaskQueued { task_state: task }],
-        reason,
-        reissue: Some(reissue),
-        release_claim_on: None,
-    };
-    let error = |reason: String, rule: &'static str, release: Option<Uuid>| Recovery {
-        instance: id,
-        rule,
-        events: vec![
-            finished(&reason),
-            Event::VmStateChanged {
-                vm_state: VmState::Error,
-                reason: reason.clone(),
+    Interrupted::of(instance, task).recovery(instance, started)
+}
+
+/// A task no live worker holds: the instance, the task, and the sentence every reason of
+/// its recovery begins with.
+struct Interrupted {
+    instance: Uuid,
+    task: TaskState,
+    /// "task … of worker … interrupted (lease expired …)".
+    text: String,
+}
+
+impl Interrupted {
+    /// The interruption of `task`, the task of `instance`.
+    fn of(instance: &InstanceState, task: TaskState) -> Self {
+        let worker = instance.task_worker.as_deref().unwrap_or("unknown");
+        let text = format!(
+            "task {task:?} of worker {worker} interrupted (lease expired{})",
+            instance
+                .task_lease_until
+                .map(|t| format!(" at {t}"))
+                .unwrap_or_default()
+        );
+        Interrupted {
+            instance: instance.header.id.id,
+            task,
+            text,
+        }
+    }
+
+    /// The rule for this task (the table at the top of this module); `None`: left alone.
+    fn recovery(&self, instance: &InstanceState, started: bool) -> Option<Recovery> {
+        let interrupted = &self.text;
+        Some(match self.task {
+            TaskState::Deleting => self.requeue(
+                format!("{interrupted}; the delete is re-driven"),
+                Reissue::Delete,
+                "deleting: re-drive the delete",
+            ),
+            t if building(t) && !started => return None,
+            t if building(t) => self.error(
+                format!("{interrupted}; the build is put in error and its claim released"),
+                "building, started, lease expired: error and release the claim",
+                instance.provider_id,
+            ),
+            _ if !started => return None,
+            TaskState::ImageUploading => self.clear(
+                format!("{interrupted}; the snapshot task is cleared"),
+                "image snapshot or upload: clear the task",
+            ),
+            TaskState::PoweringOn => self.requeue(
+                format!("{interrupted}; power on re-issued"),
+                Reissue::PowerOn,
+                "powering on: re-issue",
+            ),
+            TaskState::PoweringOff => self.requeue(
+                format!("{interrupted}; power off re-issued"),
+                Reissue::PowerOff,
+                "powering off: re-issue",
+            ),
+            TaskState::RebootPending => self.requeue(
+                format!("{interrupted}; the reboot is retried"),
+                Reissue::Reboot,
+                "reboot pending: retry",
+            ),
+            TaskState::RebootStarted if instance.power_state == PowerState::Running => self.clear(
+                format!("{interrupted}; the guest is running, so the reboot is done"),
+                "reboot started, guest running: clear the task",
+            ),
+            TaskState::RebootStarted => self.requeue(
+                format!("{interrupted}; the guest is not running: hard reboot"),
+                Reissue::HardReboot,
+                "reboot started, guest not running: hard reboot",
+            ),
+            TaskState::Rebuilding => self.error(
+                format!("{interrupted}; a half-done rebuild is put in error"),
+                "rebuild: error",
+                None,
+            ),
+            TaskState::ResizeMigrating => Recovery {
+                reissue: Some(Reissue::RevertResize),
+                ..self.clear(
+                    format!("{interrupted}; the resize is reverted to the source"),
+                    "resize migrating: revert to the source",
+                )
             },
-        ],
-        reason,
-        reissue: None,
-        release_claim_on: release,
-    };
-    let clear = |reason: String, rule: &'static str| Recovery {
-        instance: id,
-        rule,
-        events: vec![finished(&reason)],
-        reason,
-        reissue: None,
-        release_claim_on: None,
-    };
-    Some(match task {
-        TaskState::Deleting => requeue(
-            format!("{interrupted}; the delete is re-driven"),
-            Reissue::Delete,
-            "deleting: re-drive the delete",
-        ),
-        t if building(t) && !started => return None,
-        t if building(t) => error(
-            format!("{interrupted}; the build is put in error and its claim released"),
-            "building, started, lease expired: error and release the claim",
-            instance.provider_id,
-        ),
-        _ if !started => return None,
-        TaskState::ImageUploading => clear(
-            format!("{interrupted}; the snapshot task is cleared"),
-            "image snapshot or upload: clear the task",
-        ),
-        TaskState::PoweringOn => requeue(
-            format!("{interrupted}; power on re-issued"),
-            Reissue::PowerOn,
-            "powering on: re-issue",
-        ),
-        TaskState::PoweringOff => requeue(
-            format!("{interrupted}; power off re-issued"),
-            Reissue::PowerOff,
-            "powering off: re-issue",
-        ),
-        TaskState::RebootPending => requeue(
-            format!("{interrupted}; the reboot is retried"),
-            Reissue::Reboot,
-            "reboot pending: retry",
-        ),
-        TaskState::RebootStarted if instance.power_state == PowerState::Running => clear(
-            format!("{interrupted}; the guest is running, so the reboot is done"),
-            "reboot started, guest running: clear the task",
-        ),
-        TaskState::RebootStarted => requeue(
-            format!("{interrupted}; the guest is not running: hard reboot"),
-            Reissue::HardReboot,
-            "reboot started, guest not running: hard reboot",
-        ),
-        TaskState::Rebuilding => error(
-            format!("{interrupted}; a half-done rebuild is put in error"),
-            "rebuild: error",
-            None,
-        ),
-        TaskState::ResizeMigrating => Recovery {
-            reissue: Some(Reissue::RevertResize),
-            ..clear(
-                format!("{interrupted}; the resize is reverted to the source"),
-                "resize migrating: revert to the source",
-            )
-        },
-        TaskState::Migrating => Recovery {
-            reissue: Some(Reissue::AbortLiveMigration),
-            ..clear(
-                format!("{interrupted}; the live migration is aborted and goes to error"),
-                "live migrating: abort, the migration goes to error",
-            )
-        },
-        // Cluster node tasks belong to a cluster operation, which its own rollback covers.
-        TaskState::Decommissioning | TaskState::Configuring => return None,
-        TaskState::Scheduling | TaskState::Spawning | TaskState::Networking => return None,
-    })
+            TaskState::Migrating => Recovery {
+                reissue: Some(Reissue::AbortLiveMigration),
+                ..self.clear(
+                    format!("{interrupted}; the live migration is aborted and goes to error"),
+                    "live migrating: abort, the migration goes to error",
+                )
+            },
+            // Cluster node tasks belong to a cluster operation, which its own rollback covers.
+            TaskState::Decommissioning | TaskState::Configuring => return None,
+            TaskState::Scheduling | TaskState::Spawning | TaskState::Networking => return None,
+        })
+    }
+
+    /// The task ended as recovered, for `reason`.
+    fn finished(&self, reason: &str) -> Event {
+        Event::TaskFinished {
+            task_state: self.task,
+            outcome: TaskOutcome::Recovered,
+            reason: reason.to_string(),
+        }
+    }
+
+    /// The task ended and queued again, and `reissue` sent to its worker.
+    fn requeue(&self, reason: String, reissue: Reissue, rule: &'static str) -> Recovery {
+        Recovery {
+            instance: self.instance,
+            rule,
+            events: vec![
+                self.finished(&reason),
+                Event::TaskQueued {
+                    task_state: self.task,
+                },
+            ],
+            reason,
+            reissue: Some(reissue),
+            release_claim_on: None,
+        }
+    }
+
+    /// The task ended and the instance put in error; a build's claim released on
+    /// `release`.
+    fn error(&self, reason: String, rule: &'static str, release: Option<Uuid>) -> Recovery {
+        Recovery {
+            instance: self.instance,
+            rule,
+            events: vec![
+                self.finished(&reason),
+                Event::VmStateChanged {
+                    vm_state: VmState::Error,
+                    reason: reason.clone(),
+                },
+            ],
+            reason,
+            reissue: None,
+            release_claim_on: release,
+        }
+    }
+
+    /// The task ended; nothing else.
+    fn clear(&self, reason: String, rule: &'static str) -> Recovery {
+        Recovery {
+            instance: self.instance,
+            rule,
+            events: vec![self.finished(&reason)],
+            reason,
+            reissue: None,
+            release_claim_on: None,
+        }
+    }
 }
 
 /// How pending re-issues are retried until their worker acknowledges.

@@ -23,9 +23,27 @@ pub fn render(commit: &Commit) -> Vec<String> {
         .collect()
 }
 
-/// The fields a person looks for first, per event.
+/// The fields a person looks for first, per event: a table of one line of text per
+/// event, split by family; an event no family names shows its fields as JSON, cut at 100
+/// characters.
 pub fn summary(event: &Event) -> String {
-    match event {
+    cluster_summary(event)
+        .or_else(|| instance_summary(event))
+        .or_else(|| provider_summary(event))
+        .or_else(|| operation_summary(event))
+        .or_else(|| rollback_summary(event))
+        .unwrap_or_else(|| {
+            let json = inner_json(event);
+            match json.char_indices().nth(100) {
+                Some((cut, _)) => format!("{}...", &json[..cut]),
+                None => json,
+            }
+        })
+}
+
+/// A cluster's events, and the in-flight marker clusters and instances hold.
+fn cluster_summary(event: &Event) -> Option<String> {
+    Some(match event {
         Event::ClusterCreateRequested {
             name, node_groups, ..
         } => {
@@ -38,49 +56,69 @@ pub fn summary(event: &Event) -> String {
         Event::ClusterStatusChanged {
             status,
             description,
-        } => {
-            format!("status={} {description:?}", json_word(status))
-        }
+        } => format!("status={} {description:?}", json_word(status)),
         Event::InstanceJoined {
             node_group,
             instance_id,
-        } => {
-            format!("group={node_group} instance={instance_id}")
-        }
+        } => format!("group={node_group} instance={instance_id}"),
+        Event::InstanceLeft {
+            node_group,
+            instance_id,
+            reason,
+        } => format!("group={node_group} instance={instance_id} {reason:?}"),
+        Event::ClusterDeleteRequested { reason } => format!("{reason:?}"),
+        Event::InFlightOperationSet {
+            operation_id,
+            operation_kind,
+        } => format!("operation={operation_id} ({})", json_word(operation_kind)),
+        Event::InFlightOperationCleared {
+            operation_id,
+            outcome,
+        } => format!("operation={operation_id} outcome={}", json_word(outcome)),
+        _ => return None,
+    })
+}
+
+/// An instance's events.
+fn instance_summary(event: &Event) -> Option<String> {
+    Some(match event {
         Event::InstanceCreateRequested {
             name, node_group, ..
-        } => {
-            format!("name={name} group={}", node_group.as_deref().unwrap_or("-"))
-        }
+        } => format!("name={name} group={}", node_group.as_deref().unwrap_or("-")),
         Event::VmStateChanged { vm_state, reason } => {
             format!("vm_state={} {reason:?}", json_word(vm_state))
+        }
+        Event::PowerStateChanged { power_state } => {
+            format!("power_state={}", json_word(power_state))
         }
         Event::TaskStarted {
             task_state,
             worker_id,
             ..
-        } => {
-            format!("task={} worker={worker_id}", json_word(task_state))
-        }
+        } => format!("task={} worker={worker_id}", json_word(task_state)),
         Event::TaskFinished {
             task_state,
             outcome,
             ..
-        } => {
-            format!(
-                "task={} outcome={}",
-                json_word(task_state),
-                json_word(outcome)
-            )
-        }
+        } => format!(
+            "task={} outcome={}",
+            json_word(task_state),
+            json_word(outcome)
+        ),
         Event::HostAssigned { host, .. } => format!("host={host}"),
+        Event::InstanceDeleteRequested { reason } => format!("{reason:?}"),
+        _ => return None,
+    })
+}
+
+/// A provider's events.
+fn provider_summary(event: &Event) -> Option<String> {
+    Some(match event {
         Event::AllocationClaimed {
             consumer,
             resources,
             ..
-        } => {
-            format!("consumer={consumer} resources={resources:?}")
-        }
+        } => format!("consumer={consumer} resources={resources:?}"),
         Event::AllocationReleased { consumer, reason } => {
             format!("consumer={consumer} {reason:?}")
         }
@@ -92,17 +130,17 @@ pub fn summary(event: &Event) -> String {
             "{resource_class} total={} reserved={} ratio={}",
             inventory.total, inventory.reserved, inventory.allocation_ratio
         ),
+        _ => return None,
+    })
+}
+
+/// An operation's run: started, its stages and steps, how it ends or is asked to.
+fn operation_summary(event: &Event) -> Option<String> {
+    Some(match event {
         Event::OperationStarted { kind, target, .. } => {
             format!("kind={} target={target}", json_word(kind))
         }
-        Event::InFlightOperationSet {
-            operation_id,
-            operation_kind,
-        } => format!("operation={operation_id} ({})", json_word(operation_kind)),
-        Event::InFlightOperationCleared {
-            operation_id,
-            outcome,
-        } => format!("operation={operation_id} outcome={}", json_word(outcome)),
+        Event::ChildOperationAdded { child_id } => format!("child={child_id}"),
         Event::StageStarted { stage } | Event::StageCompleted { stage } => {
             format!("stage={stage}")
         }
@@ -145,10 +183,14 @@ pub fn summary(event: &Event) -> String {
         ),
         Event::OperationCancelled { reason }
         | Event::CancellationRequested { reason }
-        | Event::TargetDeletionNoticed { reason }
-        | Event::RollbackResumed { reason }
-        | Event::ClusterDeleteRequested { reason }
-        | Event::InstanceDeleteRequested { reason } => format!("{reason:?}"),
+        | Event::TargetDeletionNoticed { reason } => format!("{reason:?}"),
+        _ => return None,
+    })
+}
+
+/// An operation's rollback: its plan, each compensation, finished, resumed.
+fn rollback_summary(event: &Event) -> Option<String> {
+    Some(match event {
         Event::RollbackPlanned { plan } => format!(
             "{} compensation(s), {} kept; target -> {}",
             plan.compensations.len(),
@@ -173,30 +215,14 @@ pub fn summary(event: &Event) -> String {
             "compensation={} attempt={attempt} {error:?}",
             short_id(compensation_id)
         ),
-        Event::RollbackFinished { outcome, remaining } => {
-            format!(
-                "outcome={} remaining={}",
-                json_word(outcome),
-                remaining.len()
-            )
-        }
-        Event::InstanceLeft {
-            node_group,
-            instance_id,
-            reason,
-        } => format!("group={node_group} instance={instance_id} {reason:?}"),
-        Event::PowerStateChanged { power_state } => {
-            format!("power_state={}", json_word(power_state))
-        }
-        Event::ChildOperationAdded { child_id } => format!("child={child_id}"),
-        other => {
-            let json = inner_json(other);
-            match json.char_indices().nth(100) {
-                Some((cut, _)) => format!("{}...", &json[..cut]),
-                None => json,
-            }
-        }
-    }
+        Event::RollbackFinished { outcome, remaining } => format!(
+            "outcome={} remaining={}",
+            json_word(outcome),
+            remaining.len()
+        ),
+        Event::RollbackResumed { reason } => format!("{reason:?}"),
+        _ => return None,
+    })
 }
 
 /// The catalogue's JSON form without its outer tag: `{"stage":"spawn"}`.
