@@ -128,7 +128,13 @@ pub struct GroupStats {
 /// Queues `items` (validated by the caller) for the next group write of `writer` and waits
 /// for its answer.
 pub(crate) async fn submit<W: SetWriter>(writer: &W, items: Vec<AtomicItem>) -> SetAnswer {
-    debug_assert!(!items.is_empty() && items.len() <= ATOMIC_COMMITS_MAX);
+    // An empty set would be answered with nothing; one past the bound would split a set
+    // across batches. Callers validate both.
+    assert!(
+        !items.is_empty() && items.len() <= ATOMIC_COMMITS_MAX,
+        "a set of {} commits submitted (1 to {ATOMIC_COMMITS_MAX})",
+        items.len()
+    );
     let (answer, answered) = oneshot::channel();
     let start_committer = {
         let mut q = writer.group_commit().lock();

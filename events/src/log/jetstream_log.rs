@@ -1054,6 +1054,8 @@ impl JetStreamLog {
     /// [`BATCH_BUSY_WAIT_MAX`]: a writer waits its turn rather than being told the log is
     /// unavailable because others write.
     async fn publish_batch(&self, messages: Vec<BatchMessage>) -> BatchAck {
+        // An empty batch has no last message to commit it: the server would never answer.
+        assert!(!messages.is_empty(), "an atomic batch of no message");
         let Ok(_turn) = self.inner.batches.acquire().await else {
             return BatchAck::Unavailable("the append window is closed".into());
         };

@@ -153,6 +153,48 @@ pub(crate) async fn node_removal<L: EventLog>(
     Ok(removal)
 }
 
+/// What a scale of node group `group` of `cluster` makes of it: the group's spec and its
+/// node count after the scale, or the step failure that stops the scale before anything is
+/// recorded (no such cluster or group, a node removed that is not a member or is listed
+/// twice, a count too large).
+async fn scale_target(
+    ctx: &OperationCtx,
+    cluster: Uuid,
+    group: &str,
+    remove: &[Uuid],
+    add: u32,
+) -> Result<(NodeGroupSpec, u32), OperationError> {
+    let Some(Entity::Cluster(state)) = ctx
+        .ledger()
+        .read_current(AggregateId::cluster(cluster))
+        .await
+        .map_err(|e| OperationError::Ledger(e.to_string()))?
+    else {
+        return Err(ctx.step_failed("read", format!("cluster {cluster} not found")));
+    };
+    let Some(ng) = state.node_groups.iter().find(|g| g.spec.name == group) else {
+        return Err(ctx.step_failed("read", format!("no node group {group:?}")));
+    };
+    let spec = ng.spec.clone();
+    // Only members can be removed, each once: a scale-in is checked before
+    // anything is recorded, never computed into an impossible count.
+    if let Some(stranger) = remove.iter().find(|n| !ng.instance_ids.contains(n)) {
+        return Err(ctx.step_failed(
+            "read",
+            format!("node {stranger} is not in node group {group:?}"),
+        ));
+    }
+    let distinct: std::collections::BTreeSet<&Uuid> = remove.iter().collect();
+    if distinct.len() != remove.len() {
+        return Err(ctx.step_failed("read", "a node is listed twice in remove"));
+    }
+    let count = u32::try_from(ng.instance_ids.len() - remove.len())
+        .ok()
+        .and_then(|kept| kept.checked_add(add))
+        .ok_or_else(|| ctx.step_failed("read", "the node group would be too large"))?;
+    Ok((spec, count))
+}
+
 /// Registers a compute node (resource provider) with a VCPU inventory of `vcpus`
 /// (no reservation, ratio 1, any amount from 1 to `vcpus`): the one place the demo, the
 /// tests and the benchmark create the provider their flows claim on.
@@ -581,34 +623,7 @@ impl Provisioner {
         let group = group.to_string();
         self.runner
             .run(spec, |ctx| async move {
-                let Some(Entity::Cluster(state)) = ctx
-                    .ledger()
-                    .read_current(target)
-                    .await
-                    .map_err(|e| OperationError::Ledger(e.to_string()))?
-                else {
-                    return Err(ctx.step_failed("read", format!("cluster {cluster} not found")));
-                };
-                let Some(ng) = state.node_groups.iter().find(|g| g.spec.name == group) else {
-                    return Err(ctx.step_failed("read", format!("no node group {group:?}")));
-                };
-                let spec = ng.spec.clone();
-                // Only members can be removed, each once: a scale-in is checked before
-                // anything is recorded, never computed into an impossible count.
-                if let Some(stranger) = remove.iter().find(|n| !ng.instance_ids.contains(n)) {
-                    return Err(ctx.step_failed(
-                        "read",
-                        format!("node {stranger} is not in node group {group:?}"),
-                    ));
-                }
-                let distinct: std::collections::BTreeSet<&Uuid> = remove.iter().collect();
-                if distinct.len() != remove.len() {
-                    return Err(ctx.step_failed("read", "a node is listed twice in remove"));
-                }
-                let count = u32::try_from(ng.instance_ids.len() - remove.len())
-                    .ok()
-                    .and_then(|kept| kept.checked_add(add))
-                    .ok_or_else(|| ctx.step_failed("read", "the node group would be too large"))?;
+                let (spec, count) = scale_target(&ctx, cluster, &group, &remove, add).await?;
                 ctx.append(
                     target,
                     Expectation::Any,
@@ -628,44 +643,15 @@ impl Provisioner {
                 .await?;
                 ctx.stage(stage::DECOMMISSION).await?;
                 for node in &remove {
-                    // The node's removal list goes with the decommission effect: if the
-                    // scale stops in terminate_and_create before this node is gone, the
-                    // roll-forward removes its plugin record, DNS, DHCP and IP too, not
-                    // only its VM and allocation.
-                    let removal = node_removal(ctx.ledger(), *node)
-                        .await
-                        .map_err(OperationError::Ledger)?;
-                    let removal = serde_json::to_string(&removal)
-                        .map_err(|e| OperationError::Ledger(e.to_string()))?;
-                    let detail = BTreeMap::from([
-                        (DetailKey::ClusterId.to_string(), cluster.to_string()),
-                        (DetailKey::NodeGroup.to_string(), group.clone()),
-                        (DetailKey::ProviderId.to_string(), provider.to_string()),
-                        (REMOVAL_DETAIL.to_string(), removal),
-                    ]);
-                    self.plugin_step(
-                        &ctx,
-                        "decommission",
-                        EffectKind::NodeDecommissioned,
-                        *node,
-                        detail,
-                    )
-                    .await?;
+                    self.decommission_node(&ctx, cluster, &group, *node, provider)
+                        .await?;
                 }
                 ctx.stage(stage::TERMINATE_AND_CREATE).await?;
                 for node in &remove {
                     self.terminate_node(&ctx, cluster, &group, *node, Some(provider))
                         .await?;
                 }
-                let mut added = Vec::new();
-                for _ in 0..add {
-                    let node = self.runner.stamper().id();
-                    self.claim_step(&ctx, provider, node, &spec.resources)
-                        .await?;
-                    self.spawn_node(&ctx, cluster, &spec, node, provider)
-                        .await?;
-                    added.push(node);
-                }
+                let added = self.add_nodes(&ctx, cluster, &spec, add, provider).await?;
                 ctx.stage(stage::CONFIGURE_NEW).await?;
                 self.plugin_each(&ctx, "configure", EffectKind::NodeConfigured, &added)
                     .await?;
@@ -674,6 +660,60 @@ impl Provisioner {
                 Ok(added)
             })
             .await
+    }
+
+    /// The decommission step of a node a scale removes, its removal list in the effect.
+    async fn decommission_node(
+        &self,
+        ctx: &OperationCtx,
+        cluster: Uuid,
+        group: &str,
+        node: Uuid,
+        provider: Uuid,
+    ) -> Result<(), OperationError> {
+        // The node's removal list goes with the decommission effect: if the
+        // scale stops in terminate_and_create before this node is gone, the
+        // roll-forward removes its plugin record, DNS, DHCP and IP too, not
+        // only its VM and allocation.
+        let removal = node_removal(ctx.ledger(), node)
+            .await
+            .map_err(OperationError::Ledger)?;
+        let removal =
+            serde_json::to_string(&removal).map_err(|e| OperationError::Ledger(e.to_string()))?;
+        let detail = BTreeMap::from([
+            (DetailKey::ClusterId.to_string(), cluster.to_string()),
+            (DetailKey::NodeGroup.to_string(), group.to_string()),
+            (DetailKey::ProviderId.to_string(), provider.to_string()),
+            (REMOVAL_DETAIL.to_string(), removal),
+        ]);
+        self.plugin_step(
+            ctx,
+            "decommission",
+            EffectKind::NodeDecommissioned,
+            node,
+            detail,
+        )
+        .await
+    }
+
+    /// Claims and spawns `add` new nodes of a group, one after the other: their ids.
+    async fn add_nodes(
+        &self,
+        ctx: &OperationCtx,
+        cluster: Uuid,
+        spec: &NodeGroupSpec,
+        add: u32,
+        provider: Uuid,
+    ) -> Result<Vec<Uuid>, OperationError> {
+        let mut added = Vec::new();
+        for _ in 0..add {
+            let node = self.runner.stamper().id();
+            self.claim_step(ctx, provider, node, &spec.resources)
+                .await?;
+            self.spawn_node(ctx, cluster, spec, node, provider).await?;
+            added.push(node);
+        }
+        Ok(added)
     }
 
     /// Terminates a node for good (a scale-in or a delete): its plugin record, DNS, DHCP

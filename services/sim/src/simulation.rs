@@ -182,292 +182,505 @@ pub fn run_seed_blocking(seed: u64, config: &SimulationConfig) -> SeedOutcome {
     }
 }
 
+/// The stages of a cluster's create: where a user's delete lands or the runner dies.
+const CREATE_STAGES: [&str; 4] = ["allocate", "spawn", "configure", "start"];
+
+/// Where a runner can die between an executor's action and its record.
+const AFTER_ACTIONS: [(&str, &str); 6] = [
+    ("hypervisor", "create_vm"),
+    ("ipam", "acquire_ip"),
+    ("dhcp", "register"),
+    ("dns", "register"),
+    ("plugin", "configure"),
+    ("plugin", "start"),
+];
+
+/// The executor calls the seed makes fail.
+const FAULTS: [(&str, &str); 4] = [
+    ("hypervisor", "create_vm"),
+    ("ipam", "acquire_ip"),
+    ("dns", "register_dns"),
+    ("plugin", "configure"),
+];
+
 /// One seed: see the module documentation.
 pub async fn run_seed(seed: u64, config: &SimulationConfig) -> SeedOutcome {
-    let mut choose = Choices(seed);
-    let log = MemLog::new();
-    let ledger = Writer::new(Ledger::Memory(log.clone()));
-    let stamper = Stamper::new(
-        Arc::new(TokioClock {
-            start: tokio::time::Instant::now(),
-        }),
-        Arc::new(SeededIds::new(seed)),
-    );
-    let infra = Arc::new(SimInfrastructure::default());
-    let notices = CancelNotices::local();
-    let delete_at: DeleteAt = Arc::new(Mutex::new(None));
-    let crash_at: CrashAt = Arc::new(Mutex::new(None));
-    let hook: StepHook = {
-        let (ledger, notices, stamper, delete_at, crash_at) = (
-            ledger.clone(),
-            notices.clone(),
-            stamper.clone(),
-            delete_at.clone(),
-            crash_at.clone(),
-        );
-        Arc::new(move |_op, stage, step| {
-            let crash = {
-                let mut at = crash_at.lock().unwrap_or_else(|p| p.into_inner());
-                let hit = at.as_deref() == Some(stage.as_str());
-                if hit {
-                    *at = None;
-                }
-                hit
-            };
-            let fire = {
-                let mut at = delete_at.lock().unwrap_or_else(|p| p.into_inner());
-                match &*at {
-                    Some((s, prefix, target)) if *s == stage && step.starts_with(prefix) => {
-                        let target = *target;
-                        *at = None;
-                        Some(target)
-                    }
-                    _ => None,
-                }
-            };
-            let (ledger, notices, stamper) = (ledger.clone(), notices.clone(), stamper.clone());
-            Box::pin(async move {
-                if crash {
-                    // The runner's process dies between two steps: nothing more comes
-                    // from it. The harness drops the operation's future.
-                    std::future::pending::<()>().await;
-                }
-                if let Some(target) = fire {
-                    // A user's delete racing the operation; the log may refuse it too.
-                    let _ = deletion::request_delete(
-                        &ledger,
-                        &notices,
-                        target,
-                        "deleted by a user while it was being built",
-                        "sim-user",
-                        &stamper,
-                    )
-                    .await;
-                }
-            })
-        })
-    };
-    let runner = OperationRunner::new(ledger.clone(), notices.clone(), None, "sim")
-        .with_stamper(stamper.clone())
-        .with_step_hook(hook);
-    let prov = Provisioner::new(runner, infra.clone(), "sim");
-    let drivers = [
-        RollbackDriver::new(ledger.clone(), infra.clone(), fast_retries(), "driver-a")
-            .with_stamper(stamper.clone()),
-        RollbackDriver::new(ledger.clone(), infra.clone(), fast_retries(), "driver-b")
-            .with_stamper(stamper.clone()),
-    ];
-
-    let provider = choose.uuid();
-    let vcpus = 8 + choose.below(24);
-    let mut violations = Vec::new();
-    if let Err(e) =
-        register_compute_node_stamped(&ledger, provider, "cn-1", vcpus, "sim", &stamper).await
-    {
-        violations.push(format!("registering the compute node: {e}"));
-    }
-    // From here on the log misbehaves, as the seed decides.
-    log.set_faults(Some(FaultPlan {
-        seed,
-        unavailable_per_mille: config.unavailable_per_mille,
-        lost_ack_per_mille: config.lost_ack_per_mille,
-        read_unavailable_per_mille: config.read_unavailable_per_mille,
-    }));
-
-    let mut clusters: Vec<Uuid> = Vec::new();
-    let mut instances: Vec<Uuid> = Vec::new();
-    let mut operations: BTreeSet<Uuid> = BTreeSet::new();
-    let mut crashes = 0usize;
-    let mut crashes_after_action = 0usize;
-    let stages = ["allocate", "spawn", "configure", "start"];
-    // Where a runner can die between an executor's action and its record.
-    let after_actions = [
-        ("hypervisor", "create_vm"),
-        ("ipam", "acquire_ip"),
-        ("dhcp", "register"),
-        ("dns", "register"),
-        ("plugin", "configure"),
-        ("plugin", "start"),
-    ];
-    let faults = [
-        ("hypervisor", "create_vm"),
-        ("ipam", "acquire_ip"),
-        ("dns", "register_dns"),
-        ("plugin", "configure"),
-    ];
+    let mut run = SeedRun::start(seed, config).await;
     for _ in 0..config.operations {
-        if choose.chance(400) {
-            let (executor, action) = faults[choose.below(faults.len() as u64) as usize];
-            if let Some(e) = infra.executor(executor) {
-                e.fail_call(action, 1 + choose.below(3) as u32);
-            }
+        run.inject_executor_faults();
+        let op = run.next_operation().await;
+        run.race_drivers(op).await;
+    }
+
+    // A boot storm of facts that move together, while the log still misbehaves.
+    let storm = run.storm().await;
+
+    // The log heals and the executors stop failing; every operation is driven to its end.
+    run.heal(storm).await;
+    let all_operations = run.drive_to_the_end().await;
+
+    run.check_and_report(&all_operations).await
+}
+
+/// Everything a seed's run acts through: the log and its writer, the clock and ids, the
+/// executors, the provisioner (whose runner the step hook steers) and the two rollback
+/// drivers that race over every stopped operation.
+struct World {
+    log: MemLog,
+    ledger: Writer<Ledger>,
+    stamper: Stamper,
+    infra: Arc<SimInfrastructure>,
+    delete_at: DeleteAt,
+    crash_at: CrashAt,
+    prov: Provisioner,
+    drivers: [RollbackDriver; 2],
+}
+
+impl World {
+    /// Builds the world of `seed`: a fresh log (not misbehaving yet), tokio's clock from
+    /// now, ids from the seed, the runner's step hook with nothing armed.
+    fn new(seed: u64) -> World {
+        let log = MemLog::new();
+        let ledger = Writer::new(Ledger::Memory(log.clone()));
+        let stamper = Stamper::new(
+            Arc::new(TokioClock {
+                start: tokio::time::Instant::now(),
+            }),
+            Arc::new(SeededIds::new(seed)),
+        );
+        let infra = Arc::new(SimInfrastructure::default());
+        let notices = CancelNotices::local();
+        let delete_at: DeleteAt = Arc::new(Mutex::new(None));
+        let crash_at: CrashAt = Arc::new(Mutex::new(None));
+        let hook = step_hook(&ledger, &notices, &stamper, &delete_at, &crash_at);
+        let runner = OperationRunner::new(ledger.clone(), notices.clone(), None, "sim")
+            .with_stamper(stamper.clone())
+            .with_step_hook(hook);
+        let prov = Provisioner::new(runner, infra.clone(), "sim");
+        let drivers = [
+            RollbackDriver::new(ledger.clone(), infra.clone(), fast_retries(), "driver-a")
+                .with_stamper(stamper.clone()),
+            RollbackDriver::new(ledger.clone(), infra.clone(), fast_retries(), "driver-b")
+                .with_stamper(stamper.clone()),
+        ];
+        World {
+            log,
+            ledger,
+            stamper,
+            infra,
+            delete_at,
+            crash_at,
+            prov,
+            drivers,
         }
-        if choose.chance(150) {
-            let executor = ["ipam", "dns", "hypervisor"][choose.below(3) as usize];
-            if let Some(e) = infra.executor(executor) {
-                e.fail_compensations(1 + choose.below(4) as u32);
-            }
+    }
+
+    /// How many of the crashes injected after an executor's action have happened, at all
+    /// executors.
+    fn crashed_after_calls(&self) -> u32 {
+        self.infra.all().iter().map(|e| e.crashed()).sum()
+    }
+
+    /// Disarms every fault armed for one operation and not yet fired: the crashes after an
+    /// executor's action, the user's delete and the runner's death.
+    fn disarm(&self) {
+        for e in self.infra.all() {
+            e.clear_crashes();
         }
-        let op = match choose.below(10) {
-            0..=4 => {
-                let cluster = choose.uuid();
-                if choose.chance(300) {
-                    let stage = stages[choose.below(stages.len() as u64) as usize];
-                    *delete_at.lock().unwrap_or_else(|p| p.into_inner()) =
-                        Some((stage.into(), String::new(), AggregateId::cluster(cluster)));
-                }
-                if choose.chance(100) {
-                    let stage = stages[choose.below(stages.len() as u64) as usize];
-                    *crash_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(stage.into());
-                }
-                if choose.chance(150) {
-                    let (executor, action) =
-                        after_actions[choose.below(after_actions.len() as u64) as usize];
-                    if let Some(e) = infra.executor(executor) {
-                        e.crash_after_call(action, 1 + choose.below(2) as u32);
-                    }
-                }
-                let run = prov.create_cluster(ClusterRequest {
-                    cluster_id: cluster,
-                    name: format!("c{}", clusters.len()),
-                    plugin: "vanilla".into(),
-                    node_groups: vec![NodeGroupSpec {
-                        name: "workers".into(),
-                        count: 1 + choose.below(3) as u32,
-                        flavor: "m1.small".into(),
-                        resources: BTreeMap::from([("VCPU".to_string(), 2)]),
-                        processes: vec!["datanode".into()],
-                    }],
-                    provider,
-                });
-                let crashed_before: u32 = infra.all().iter().map(|e| e.crashed()).sum();
-                let op = match tokio::time::timeout(CRASH_DETECTED_AFTER, run).await {
-                    Ok(report) => Some(report.operation_id),
-                    Err(_) => {
-                        // Crashed: its operation is the one marked on the cluster.
-                        crashes += 1;
-                        let after: u32 = infra.all().iter().map(|e| e.crashed()).sum();
-                        if after > crashed_before {
-                            crashes_after_action += 1;
-                        }
-                        in_flight_on(&ledger, AggregateId::cluster(cluster)).await
-                    }
-                };
-                for e in infra.all() {
-                    e.clear_crashes();
-                }
-                *delete_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                *crash_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                clusters.push(cluster);
-                op
+        *self.delete_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.crash_at.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+/// The runner's step hook: before a step of the stage `crash_at` names, the runner's
+/// process dies; before the step `delete_at` names, a user's delete is sent. Each fires
+/// once.
+fn step_hook(
+    ledger: &Writer<Ledger>,
+    notices: &CancelNotices,
+    stamper: &Stamper,
+    delete_at: &DeleteAt,
+    crash_at: &CrashAt,
+) -> StepHook {
+    let (ledger, notices, stamper, delete_at, crash_at) = (
+        ledger.clone(),
+        notices.clone(),
+        stamper.clone(),
+        delete_at.clone(),
+        crash_at.clone(),
+    );
+    Arc::new(move |_op, stage, step| {
+        let crash = {
+            let mut at = crash_at.lock().unwrap_or_else(|p| p.into_inner());
+            let hit = at.as_deref() == Some(stage.as_str());
+            if hit {
+                *at = None;
             }
-            5..=6 => {
-                let instance = choose.uuid();
-                let report = prov
-                    .boot_instance(
-                        InstanceRequest {
-                            instance_id: instance,
-                            name: format!("vm{}", instances.len()),
-                            resources: BTreeMap::from([("VCPU".to_string(), 1)]),
-                            provider,
-                        },
-                        None,
-                    )
-                    .await;
-                instances.push(instance);
-                Some(report.operation_id)
-            }
-            7 => match pick(&mut choose, &clusters) {
-                Some(cluster) => {
-                    let members = members(&ledger, cluster).await;
-                    let remove = members.into_iter().take(choose.below(2) as usize).collect();
-                    let report = prov
-                        .scale_cluster(cluster, "workers", remove, choose.below(2) as u32, provider)
-                        .await;
-                    Some(report.operation_id)
-                }
-                None => None,
-            },
-            8 => match pick(&mut choose, &clusters) {
-                Some(cluster) => prov
-                    .delete_cluster(cluster, "deleted by a user")
-                    .await
-                    .ok()
-                    .and_then(|r| r.delete_operation.map(|d| d.operation_id)),
-                None => None,
-            },
-            _ => match pick(&mut choose, &instances) {
-                Some(instance) => prov
-                    .delete_instance(instance, "deleted by a user")
-                    .await
-                    .ok()
-                    .and_then(|r| r.delete_operation.map(|d| d.operation_id)),
-                None => None,
-            },
+            hit
         };
+        let fire = {
+            let mut at = delete_at.lock().unwrap_or_else(|p| p.into_inner());
+            match &*at {
+                Some((s, prefix, target)) if *s == stage && step.starts_with(prefix) => {
+                    let target = *target;
+                    *at = None;
+                    Some(target)
+                }
+                _ => None,
+            }
+        };
+        let (ledger, notices, stamper) = (ledger.clone(), notices.clone(), stamper.clone());
+        Box::pin(async move {
+            if crash {
+                // The runner's process dies between two steps: nothing more comes
+                // from it. The harness drops the operation's future.
+                std::future::pending::<()>().await;
+            }
+            if let Some(target) = fire {
+                // A user's delete racing the operation; the log may refuse it too.
+                let _ = deletion::request_delete(
+                    &ledger,
+                    &notices,
+                    target,
+                    "deleted by a user while it was being built",
+                    "sim-user",
+                    &stamper,
+                )
+                .await;
+            }
+        })
+    })
+}
+
+/// One seed's run as it goes: its choices, its world, the compute node everything is
+/// placed on, the clusters and instances it made, the runners that died, what broke.
+struct SeedRun {
+    seed: u64,
+    choose: Choices,
+    world: World,
+    provider: Uuid,
+    clusters: Vec<Uuid>,
+    instances: Vec<Uuid>,
+    crashes: usize,
+    crashes_after_action: usize,
+    storm_writers_died: usize,
+    violations: Vec<String>,
+}
+
+impl SeedRun {
+    /// Sets up the world of `seed`, registers its compute node, then lets the log
+    /// misbehave.
+    async fn start(seed: u64, config: &SimulationConfig) -> SeedRun {
+        let mut choose = Choices(seed);
+        let world = World::new(seed);
+        let provider = choose.uuid();
+        let vcpus = 8 + choose.below(24);
+        let mut violations = Vec::new();
+        if let Err(e) = register_compute_node_stamped(
+            &world.ledger,
+            provider,
+            "cn-1",
+            vcpus,
+            "sim",
+            &world.stamper,
+        )
+        .await
+        {
+            violations.push(format!("registering the compute node: {e}"));
+        }
+        // From here on the log misbehaves, as the seed decides.
+        world.log.set_faults(Some(FaultPlan {
+            seed,
+            unavailable_per_mille: config.unavailable_per_mille,
+            lost_ack_per_mille: config.lost_ack_per_mille,
+            read_unavailable_per_mille: config.read_unavailable_per_mille,
+        }));
+        SeedRun {
+            seed,
+            choose,
+            world,
+            provider,
+            clusters: Vec::new(),
+            instances: Vec::new(),
+            crashes: 0,
+            crashes_after_action: 0,
+            storm_writers_died: 0,
+            violations,
+        }
+    }
+
+    /// As the seed decides: an executor's call fails a few times, an executor refuses a
+    /// few compensations.
+    fn inject_executor_faults(&mut self) {
+        if self.choose.chance(400) {
+            let (executor, action) = FAULTS[self.choose.below(FAULTS.len() as u64) as usize];
+            if let Some(e) = self.world.infra.executor(executor) {
+                e.fail_call(action, 1 + self.choose.below(3) as u32);
+            }
+        }
+        if self.choose.chance(150) {
+            let executor = ["ipam", "dns", "hypervisor"][self.choose.below(3) as usize];
+            if let Some(e) = self.world.infra.executor(executor) {
+                e.fail_compensations(1 + self.choose.below(4) as u32);
+            }
+        }
+    }
+
+    /// Runs the operation the seed picks next (a cluster's create, an instance's boot, a
+    /// scale, or a user's delete of a cluster or an instance) until it stops: its id, if
+    /// it has one.
+    async fn next_operation(&mut self) -> Option<Uuid> {
+        match self.choose.below(10) {
+            0..=4 => self.create_cluster().await,
+            5..=6 => Some(self.boot_instance().await),
+            7 => self.scale_cluster().await,
+            8 => self.delete_cluster().await,
+            _ => self.delete_instance().await,
+        }
+    }
+
+    /// A cluster's create, with the faults the seed arms for it; when its runner dies, its
+    /// operation is found on the cluster.
+    async fn create_cluster(&mut self) -> Option<Uuid> {
+        let cluster = self.choose.uuid();
+        self.arm_create_faults(cluster);
+        let run = self.world.prov.create_cluster(ClusterRequest {
+            cluster_id: cluster,
+            name: format!("c{}", self.clusters.len()),
+            plugin: "vanilla".into(),
+            node_groups: vec![NodeGroupSpec {
+                name: "workers".into(),
+                count: 1 + self.choose.below(3) as u32,
+                flavor: "m1.small".into(),
+                resources: BTreeMap::from([("VCPU".to_string(), 2)]),
+                processes: vec!["datanode".into()],
+            }],
+            provider: self.provider,
+        });
+        let crashed_before = self.world.crashed_after_calls();
+        let op = match tokio::time::timeout(CRASH_DETECTED_AFTER, run).await {
+            Ok(report) => Some(report.operation_id),
+            Err(_) => {
+                // Crashed: its operation is the one marked on the cluster.
+                self.crashes += 1;
+                if self.world.crashed_after_calls() > crashed_before {
+                    self.crashes_after_action += 1;
+                }
+                in_flight_on(&self.world.ledger, AggregateId::cluster(cluster)).await
+            }
+        };
+        self.world.disarm();
+        self.clusters.push(cluster);
+        op
+    }
+
+    /// As the seed decides, for the create of `cluster`: a user's delete before a stage,
+    /// the runner's death before a stage, the runner's death between an executor's action
+    /// and its record.
+    fn arm_create_faults(&mut self, cluster: Uuid) {
+        if self.choose.chance(300) {
+            let stage = CREATE_STAGES[self.choose.below(CREATE_STAGES.len() as u64) as usize];
+            *self
+                .world
+                .delete_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) =
+                Some((stage.into(), String::new(), AggregateId::cluster(cluster)));
+        }
+        if self.choose.chance(100) {
+            let stage = CREATE_STAGES[self.choose.below(CREATE_STAGES.len() as u64) as usize];
+            *self
+                .world
+                .crash_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(stage.into());
+        }
+        if self.choose.chance(150) {
+            let (executor, action) =
+                AFTER_ACTIONS[self.choose.below(AFTER_ACTIONS.len() as u64) as usize];
+            if let Some(e) = self.world.infra.executor(executor) {
+                e.crash_after_call(action, 1 + self.choose.below(2) as u32);
+            }
+        }
+    }
+
+    /// An instance's boot: its operation's id.
+    async fn boot_instance(&mut self) -> Uuid {
+        let instance = self.choose.uuid();
+        let report = self
+            .world
+            .prov
+            .boot_instance(
+                InstanceRequest {
+                    instance_id: instance,
+                    name: format!("vm{}", self.instances.len()),
+                    resources: BTreeMap::from([("VCPU".to_string(), 1)]),
+                    provider: self.provider,
+                },
+                None,
+            )
+            .await;
+        self.instances.push(instance);
+        report.operation_id
+    }
+
+    /// The scale of a cluster the seed picks (none yet: no operation): up to one member
+    /// removed, up to one node added.
+    async fn scale_cluster(&mut self) -> Option<Uuid> {
+        let cluster = pick(&mut self.choose, &self.clusters)?;
+        let members = members(&self.world.ledger, cluster).await;
+        let remove = members
+            .into_iter()
+            .take(self.choose.below(2) as usize)
+            .collect();
+        let report = self
+            .world
+            .prov
+            .scale_cluster(
+                cluster,
+                "workers",
+                remove,
+                self.choose.below(2) as u32,
+                self.provider,
+            )
+            .await;
+        Some(report.operation_id)
+    }
+
+    /// A user's delete of a cluster the seed picks: the delete operation's id, if one ran.
+    async fn delete_cluster(&mut self) -> Option<Uuid> {
+        let cluster = pick(&mut self.choose, &self.clusters)?;
+        self.world
+            .prov
+            .delete_cluster(cluster, "deleted by a user")
+            .await
+            .ok()
+            .and_then(|r| r.delete_operation.map(|d| d.operation_id))
+    }
+
+    /// A user's delete of an instance the seed picks: the delete operation's id, if one
+    /// ran.
+    async fn delete_instance(&mut self) -> Option<Uuid> {
+        let instance = pick(&mut self.choose, &self.instances)?;
+        self.world
+            .prov
+            .delete_instance(instance, "deleted by a user")
+            .await
+            .ok()
+            .and_then(|r| r.delete_operation.map(|d| d.operation_id))
+    }
+
+    /// Both drivers drive the operation that just stopped, at once.
+    async fn race_drivers(&self, op: Option<Uuid>) {
         if let Some(op) = op.filter(|o| !o.is_nil()) {
-            operations.insert(op);
             // Two drivers race over the stopped operation; the log may fail either.
-            let [a, b] = &drivers;
+            let [a, b] = &self.world.drivers;
             let _ = futures::join!(a.drive(op), b.drive(op));
         }
     }
 
-    // A boot storm of facts that move together, while the log still misbehaves.
-    let storm = atomic_storm(&ledger, &stamper, &mut choose).await;
-    let storm_writers_died = storm.iter().filter(|s| s.answer.is_none()).count();
+    /// The storm of atomic sets (see [`atomic_storm`]), counting the writers that died.
+    async fn storm(&mut self) -> Vec<StormSet> {
+        let storm = atomic_storm(&self.world.ledger, &self.world.stamper, &mut self.choose).await;
+        self.storm_writers_died = storm.iter().filter(|s| s.answer.is_none()).count();
+        storm
+    }
 
-    // The log heals and the executors stop failing; every operation is driven to its end.
-    log.set_faults(None);
-    check_storm(&ledger, &log, storm, &mut violations).await;
-    for e in infra.all() {
-        e.fail_compensations(0);
-    }
-    let all_operations = operation_ids(&log).await;
-    // An operator cancels every operation whose runner died: the drivers, finding it
-    // silent past the runner stop wait, record the cancellation and roll it back.
-    for op in &all_operations {
-        cancel_if_running(&ledger, &stamper, *op).await;
-    }
-    for op in &all_operations {
-        for driver in &drivers {
-            let _ = driver.drive(*op).await;
-        }
-    }
-    // An operator then resumes every rollback that needed attention (the executors work
-    // again), as `provledger rollback run` does, and the drivers finish them.
-    for op in &all_operations {
-        let resumed = provledger_client::resume_needs_attention(
-            &ledger,
-            *op,
-            "the executors are back; resumed by an operator",
-            "sim-operator",
-            &stamper,
+    /// Heals the log, checks the storm's sets on it, and stops the executors refusing
+    /// compensations.
+    async fn heal(&mut self, storm: Vec<StormSet>) {
+        self.world.log.set_faults(None);
+        check_storm(
+            &self.world.ledger,
+            &self.world.log,
+            storm,
+            &mut self.violations,
         )
         .await;
-        if matches!(resumed, Ok(true)) {
-            for driver in &drivers {
+        for e in self.world.infra.all() {
+            e.fail_compensations(0);
+        }
+    }
+
+    /// Drives every operation of the log to its end, as operators would: the ids of all
+    /// of them, in order.
+    async fn drive_to_the_end(&self) -> Vec<Uuid> {
+        let (ledger, stamper, drivers) =
+            (&self.world.ledger, &self.world.stamper, &self.world.drivers);
+        let all_operations = operation_ids(&self.world.log).await;
+        // An operator cancels every operation whose runner died: the drivers, finding it
+        // silent past the runner stop wait, record the cancellation and roll it back.
+        for op in &all_operations {
+            cancel_if_running(ledger, stamper, *op).await;
+        }
+        for op in &all_operations {
+            for driver in drivers {
                 let _ = driver.drive(*op).await;
             }
         }
+        // An operator then resumes every rollback that needed attention (the executors work
+        // again), as `provledger rollback run` does, and the drivers finish them.
+        for op in &all_operations {
+            let resumed = provledger_client::resume_needs_attention(
+                ledger,
+                *op,
+                "the executors are back; resumed by an operator",
+                "sim-operator",
+                stamper,
+            )
+            .await;
+            if matches!(resumed, Ok(true)) {
+                for driver in drivers {
+                    let _ = driver.drive(*op).await;
+                }
+            }
+        }
+        all_operations
     }
 
-    let commits = read_log(&log).await;
-    let projection = Projection::rebuild(&commits);
-    check_invariants(&projection, &infra, &mut violations);
-    // The audit's invariants too: no allocation unaccounted for (orphaned, misplaced, over
-    // capacity), no rollback left unfinished, no late effect.
-    for v in provledger_projections::audit::check_invariants(&projection, stamper.now()) {
-        violations.push(format!(
-            "audit {:?} on {}: {}",
-            v.check,
-            v.aggregate.as_deref().unwrap_or("-"),
-            v.problem
-        ));
+    /// Checks the invariants on the final log and reports what the seed did.
+    async fn check_and_report(mut self, all_operations: &[Uuid]) -> SeedOutcome {
+        let commits = read_log(&self.world.log).await;
+        let projection = Projection::rebuild(&commits);
+        check_invariants(&projection, &self.world.infra, &mut self.violations);
+        // The audit's invariants too: no allocation unaccounted for (orphaned, misplaced, over
+        // capacity), no rollback left unfinished, no late effect.
+        for v in
+            provledger_projections::audit::check_invariants(&projection, self.world.stamper.now())
+        {
+            self.violations.push(format!(
+                "audit {:?} on {}: {}",
+                v.check,
+                v.aggregate.as_deref().unwrap_or("-"),
+                v.problem
+            ));
+        }
+        let counts: FaultCounts = self.world.log.fault_counts();
+        SeedOutcome {
+            report: SeedReport {
+                seed: self.seed,
+                operations: all_operations.len(),
+                commits: commits.len(),
+                outcomes: outcomes(&projection, all_operations),
+                unavailable: counts.unavailable,
+                lost_acks: counts.lost_acks,
+                read_unavailable: counts.read_unavailable,
+                crashes: self.crashes,
+                crashes_after_action: self.crashes_after_action,
+                atomic_sets: self.world.log.group_stats().sets,
+                atomic_writes: self.world.log.group_stats().writes,
+                storm_writers_died: self.storm_writers_died,
+            },
+            violations: self.violations,
+            commits,
+        }
     }
-    let counts: FaultCounts = log.fault_counts();
+}
+
+/// How many of `operations` ended in each status, by the status's name.
+fn outcomes(projection: &Projection, operations: &[Uuid]) -> BTreeMap<String, usize> {
     let mut outcomes = BTreeMap::new();
-    for op in &all_operations {
+    for op in operations {
         if let Some(Entity::Operation(o)) = projection.get(&AggregateId::operation(*op)) {
             let status = match serde_json::to_value(o.status) {
                 Ok(serde_json::Value::String(s)) => s,
@@ -476,24 +689,7 @@ pub async fn run_seed(seed: u64, config: &SimulationConfig) -> SeedOutcome {
             *outcomes.entry(status).or_insert(0) += 1;
         }
     }
-    SeedOutcome {
-        report: SeedReport {
-            seed,
-            operations: all_operations.len(),
-            commits: commits.len(),
-            outcomes,
-            unavailable: counts.unavailable,
-            lost_acks: counts.lost_acks,
-            read_unavailable: counts.read_unavailable,
-            crashes,
-            crashes_after_action,
-            atomic_sets: log.group_stats().sets,
-            atomic_writes: log.group_stats().writes,
-            storm_writers_died,
-        },
-        violations,
-        commits,
-    }
+    outcomes
 }
 
 /// Atomic sets of the storm, with what their writer was told.

@@ -1,7 +1,7 @@
 //! `provledger history KIND/ID`: an aggregate's commits, oldest first, with a chain check,
 //! and anything else found on its subject (quarantined entries) in place.
 
-use provledger_events::{AggregateId, EventLog, HistoryEntry};
+use provledger_events::{AggregateId, ChainViolation, EventLog, HistoryEntry, OpenLosses};
 use provledger_projections::timeline;
 
 use super::{print_json, CommandError};
@@ -40,7 +40,27 @@ pub async fn run(ledger: &Ledger, aggregate: AggregateId, json: bool) -> Result<
     }
     let violations = HistoryEntry::verify(&aggregate, &entries);
     let open_losses = HistoryEntry::open_losses(&entries);
-    let lost: Vec<serde_json::Value> = entries
+    let lost = lost_json(&entries, &open_losses);
+    let quarantined = quarantined_json(&entries);
+    if json {
+        print_json(&serde_json::json!({
+            "aggregate": aggregate.to_string(),
+            "commits": commits,
+            "quarantined": quarantined,
+            "lost": lost,
+            "chain_violations": violations.iter().map(|v| v.to_string()).collect::<Vec<_>>(),
+        }));
+    } else {
+        print_entries(&entries, &open_losses);
+        print_chain_check(&open_losses, &violations, commits.len(), quarantined.len());
+    }
+    chain_verdict(aggregate, &open_losses, &violations)
+}
+
+/// The losses among the entries, as JSON: their versions, where the log goes on, and
+/// whether each was acknowledged.
+fn lost_json(entries: &[HistoryEntry], open_losses: &OpenLosses) -> Vec<serde_json::Value> {
+    entries
         .iter()
         .filter_map(|e| match e {
             HistoryEntry::Lost(l) => Some(serde_json::json!({
@@ -51,8 +71,12 @@ pub async fn run(ledger: &Ledger, aggregate: AggregateId, json: bool) -> Result<
             })),
             _ => None,
         })
-        .collect();
-    let quarantined: Vec<serde_json::Value> = entries
+        .collect()
+}
+
+/// The quarantined entries, as JSON: where each is and why.
+fn quarantined_json(entries: &[HistoryEntry]) -> Vec<serde_json::Value> {
+    entries
         .iter()
         .filter_map(|e| match e {
             HistoryEntry::Quarantined {
@@ -64,59 +88,67 @@ pub async fn run(ledger: &Ledger, aggregate: AggregateId, json: bool) -> Result<
             })),
             HistoryEntry::Commit(_) | HistoryEntry::Lost(_) => None,
         })
-        .collect();
-    if json {
-        print_json(&serde_json::json!({
-            "aggregate": aggregate.to_string(),
-            "commits": commits,
-            "quarantined": quarantined,
-            "lost": lost,
-            "chain_violations": violations.iter().map(|v| v.to_string()).collect::<Vec<_>>(),
-        }));
-    } else {
-        for entry in &entries {
-            match entry {
-                HistoryEntry::Commit(commit) => {
-                    println!(
-                        "-- v{} at #{} {} by {} commit {}",
-                        commit.version,
-                        commit.position,
-                        commit.recorded_at,
-                        commit.actor,
-                        commit.commit_id
-                    );
-                    for line in timeline::render(commit) {
-                        println!("   {line}");
-                    }
-                }
-                HistoryEntry::Quarantined {
-                    position, reason, ..
-                } => println!("-- QUARANTINED at #{position}: {reason} (not part of the chain)"),
-                HistoryEntry::Lost(l) if open_losses.as_slice().contains(l) => {
-                    println!(
-                        "-- LOST v{}: missing from the log, not acknowledged",
-                        l.range()
-                    )
-                }
-                HistoryEntry::Lost(l) => {
-                    println!("-- LOST v{}: missing from the log; acknowledged", l.range())
+        .collect()
+}
+
+/// Prints every entry in order: each commit with its events, each quarantined entry and
+/// each loss in place.
+fn print_entries(entries: &[HistoryEntry], open_losses: &OpenLosses) {
+    for entry in entries {
+        match entry {
+            HistoryEntry::Commit(commit) => {
+                println!(
+                    "-- v{} at #{} {} by {} commit {}",
+                    commit.version,
+                    commit.position,
+                    commit.recorded_at,
+                    commit.actor,
+                    commit.commit_id
+                );
+                for line in timeline::render(commit) {
+                    println!("   {line}");
                 }
             }
-        }
-        if let Some(loss) = open_losses.first() {
-            println!("hash chain: BROKEN, integrity: {loss}");
-        } else if violations.is_empty() {
-            println!(
-                "hash chain: ok ({} commits, {} quarantined)",
-                commits.len(),
-                quarantined.len()
-            );
-        } else {
-            for v in &violations {
-                println!("hash chain VIOLATION: {v}");
+            HistoryEntry::Quarantined {
+                position, reason, ..
+            } => println!("-- QUARANTINED at #{position}: {reason} (not part of the chain)"),
+            HistoryEntry::Lost(l) if open_losses.as_slice().contains(l) => {
+                println!(
+                    "-- LOST v{}: missing from the log, not acknowledged",
+                    l.range()
+                )
+            }
+            HistoryEntry::Lost(l) => {
+                println!("-- LOST v{}: missing from the log; acknowledged", l.range())
             }
         }
     }
+}
+
+/// Prints the chain check's result: broken by an open loss, ok, or each violation.
+fn print_chain_check(
+    open_losses: &OpenLosses,
+    violations: &[ChainViolation],
+    commits: usize,
+    quarantined: usize,
+) {
+    if let Some(loss) = open_losses.first() {
+        println!("hash chain: BROKEN, integrity: {loss}");
+    } else if violations.is_empty() {
+        println!("hash chain: ok ({commits} commits, {quarantined} quarantined)");
+    } else {
+        for v in violations {
+            println!("hash chain VIOLATION: {v}");
+        }
+    }
+}
+
+/// The command's result: an error for an open loss, else for any chain violation.
+fn chain_verdict(
+    aggregate: AggregateId,
+    open_losses: &OpenLosses,
+    violations: &[ChainViolation],
+) -> Result<(), CommandError> {
     if let Some(loss) = open_losses.first() {
         Err(CommandError::Problem(format!("integrity: {loss}")))
     } else if violations.is_empty() {

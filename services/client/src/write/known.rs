@@ -122,7 +122,16 @@ impl Known {
     /// accepted by the log at exactly the next version, so it extends the chain by
     /// construction (checking its hash again would only cost a second hash per write).
     pub(crate) fn fold_own(&mut self, aggregate: AggregateId, commit: Commit) {
-        debug_assert!(commit.version == self.tip.version + 1 && commit.prev_hash == self.tip.hash);
+        // A commit folded off its tip would make every later decision on this aggregate
+        // wrong without an error anywhere.
+        assert!(
+            commit.version == self.tip.version + 1 && commit.prev_hash == self.tip.hash,
+            "{aggregate} v{} (prev {}) folded on the tip v{} ({})",
+            commit.version,
+            commit.prev_hash,
+            self.tip.version,
+            self.tip.hash
+        );
         let entity = self.entity.get_or_insert_with(|| Entity::new(aggregate));
         entity.apply(&commit);
         self.advance(&commit);
