@@ -34,12 +34,12 @@ pub enum DeleteRequestOutcome {
 pub enum DeleteError {
     #[error("{0} cannot be deleted this way: only clusters and instances are")]
     WrongKind(AggregateId),
-    #[error("the event log failed: {0}")]
-    Ledger(String),
-}
-
-fn ledger_error(e: impl std::fmt::Display) -> DeleteError {
-    DeleteError::Ledger(e.to_string())
+    /// The target's state could not be read from the log.
+    #[error("reading the log: {0}")]
+    Read(#[from] provledger_events::ReadError),
+    /// A deletion step could not be written (nothing of it was).
+    #[error("writing to the log: {0}")]
+    Write(#[from] crate::write::RecordError),
 }
 
 /// The operation in flight on a target, unless it is the target's own delete.
@@ -65,7 +65,7 @@ pub async fn request_delete(
     actor: &str,
     stamper: &Stamper,
 ) -> Result<(DeleteRequestOutcome, Option<Uuid>), DeleteError> {
-    let entity = ledger.read_current(target).await.map_err(ledger_error)?;
+    let entity = ledger.read_current(target).await?;
     let Some(entity) = entity else {
         return Ok((DeleteRequestOutcome::Unknown, None));
     };
@@ -94,7 +94,7 @@ pub async fn request_delete(
         Err(RecordError::Rejected(AppendRejection::NotFound { .. })) => {
             return Ok((DeleteRequestOutcome::Unknown, None))
         }
-        Err(e) => return Err(ledger_error(e)),
+        Err(e) => return Err(e.into()),
     };
     let cancelled = match cancellable_in_flight(&entity) {
         Some(op) => notice_target_deletion(ledger, notices, op, reason, actor, stamper)
@@ -116,10 +116,7 @@ pub async fn notice_target_deletion(
     actor: &str,
     stamper: &Stamper,
 ) -> Result<bool, DeleteError> {
-    let Some(Entity::Operation(state)) = ledger
-        .read_current(AggregateId::operation(op))
-        .await
-        .map_err(ledger_error)?
+    let Some(Entity::Operation(state)) = ledger.read_current(AggregateId::operation(op)).await?
     else {
         return Ok(false);
     };
@@ -132,8 +129,7 @@ pub async fn notice_target_deletion(
     draft.commit_id = derived_commit_id(op, "target_deletion_noticed");
     ledger
         .record_fact(AggregateId::operation(op), draft)
-        .await
-        .map_err(ledger_error)?;
+        .await?;
     notices.publish(op, reason).await;
     tracing::info!(operation = %op, %reason, "operation cancelled: its target is being deleted");
     Ok(true)
@@ -148,16 +144,12 @@ pub async fn complete_deletion(
     actor: &str,
     stamper: &Stamper,
 ) -> Result<bool, DeleteError> {
-    let Some(entity) = ledger.read_current(target).await.map_err(ledger_error)? else {
+    let Some(entity) = ledger.read_current(target).await? else {
         return Ok(false);
     };
     let runs_on = match &entity {
         Entity::Instance(i) => match i.provider_id {
-            Some(provider) => match ledger
-                .read_current(AggregateId::provider(provider))
-                .await
-                .map_err(ledger_error)?
-            {
+            Some(provider) => match ledger.read_current(AggregateId::provider(provider)).await? {
                 Some(Entity::Provider(p)) => Some(p),
                 _ => None,
             },
@@ -172,9 +164,6 @@ pub async fn complete_deletion(
     };
     let mut draft = stamper.draft(actor, vec![*event]);
     draft.commit_id = derived_commit_id(target.id, "deleted");
-    ledger
-        .record_fact(target, draft)
-        .await
-        .map_err(ledger_error)?;
+    ledger.record_fact(target, draft).await?;
     Ok(true)
 }

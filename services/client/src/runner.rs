@@ -14,7 +14,7 @@ use provledger_events::catalogue::{
     BundlePolicy, Compensation, CompensationAction, ConsumerKind, DetailKey, Effect, EffectKind,
     Executor, OperationKind, OperationOutcome, Origin, RollbackPlan,
 };
-use provledger_events::{AggregateId, AggregateKind, CommitDraft, Event, Expectation};
+use provledger_events::{AggregateId, AggregateKind, CommitDraft, Event, Expectation, ReadError};
 use provledger_projections::decide::{AppendRejection, DecideOptions};
 use provledger_projections::operation::{OperationState, OperationStatus};
 use provledger_projections::stages::stages_of;
@@ -76,7 +76,7 @@ impl OperationSpec {
 }
 
 /// Why an operation stopped. Every variant is a value a caller can match on.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum OperationError {
     /// The user deleted the target: the operation stopped at its next step or append.
     #[error("{target} is being deleted: operation {operation} stopped ({reason})")]
@@ -112,8 +112,25 @@ pub enum OperationError {
     /// not fit, an event on an aggregate that does not exist, an impossible transition).
     #[error("{0}")]
     Rejected(AppendRejection),
-    #[error("the event log failed: {0}")]
-    Ledger(String),
+    /// The operation's state could not be read from the log.
+    #[error("reading the log: {0}")]
+    Read(#[from] ReadError),
+    /// A record could not be written (nothing of it was).
+    #[error("writing to the log: {0}")]
+    Write(#[source] std::sync::Arc<RecordError>),
+    /// The operation this runner started has no record in the log any more.
+    #[error("operation {0} is not in the log")]
+    Vanished(Uuid),
+    /// Other writers moved the operation on at every attempt: `attempts` appends in a row
+    /// met a newer version.
+    #[error("operation {operation}: {attempts} appends in a row met a newer version")]
+    Contended { operation: Uuid, attempts: usize },
+}
+
+impl From<RecordError> for OperationError {
+    fn from(e: RecordError) -> Self {
+        OperationError::Write(std::sync::Arc::new(e))
+    }
 }
 
 impl OperationError {
@@ -271,10 +288,6 @@ async fn run_work<O>(
         }),
         Ok(Ok(output)) => Ok(output),
     }
-}
-
-fn ledger_error(e: impl std::fmt::Display) -> OperationError {
-    OperationError::Ledger(e.to_string())
 }
 
 impl OperationRunner {
@@ -510,14 +523,8 @@ impl OperationCtx {
     /// Reads the operation from the log and notes a cancellation, if one is recorded.
     async fn refresh(&self) -> Result<u64, OperationError> {
         let op = AggregateId::operation(self.inner.id);
-        let Some(Entity::Operation(state)) = self
-            .inner
-            .ledger
-            .read_current(op)
-            .await
-            .map_err(ledger_error)?
-        else {
-            return Err(OperationError::Ledger(format!("operation {op} vanished")));
+        let Some(Entity::Operation(state)) = self.inner.ledger.read_current(op).await? else {
+            return Err(OperationError::Vanished(op.id));
         };
         let stop = stop_of(&state);
         let mut s = self.lock();
@@ -581,12 +588,13 @@ impl OperationCtx {
                         self.check_cancelled().await?;
                     }
                 }
-                Err(e) => return Err(ledger_error(e)),
+                Err(e) => return Err(e.into()),
             }
         }
-        Err(OperationError::Ledger(format!(
-            "operation {op}: {OPERATION_APPEND_ATTEMPTS_MAX} appends in a row met a newer version"
-        )))
+        Err(OperationError::Contended {
+            operation: op.id,
+            attempts: OPERATION_APPEND_ATTEMPTS_MAX,
+        })
     }
 
     async fn mark_target(&self, spec: &OperationSpec) -> Result<(), OperationError> {
@@ -781,12 +789,13 @@ impl OperationCtx {
                     }
                     return Err(OperationError::Rejected(rejection));
                 }
-                Err(e) => return Err(ledger_error(e)),
+                Err(e) => return Err(e.into()),
             }
         }
-        Err(OperationError::Ledger(format!(
-            "operation {op}: {OPERATION_APPEND_ATTEMPTS_MAX} appends in a row met a newer version"
-        )))
+        Err(OperationError::Contended {
+            operation: op.id,
+            attempts: OPERATION_APPEND_ATTEMPTS_MAX,
+        })
     }
 
     /// The claim step a provisioning service runs: `resources` claimed for `consumer` on
@@ -871,7 +880,7 @@ impl OperationCtx {
                 Err(OperationError::Conflict { aggregate, actual })
             }
             Err(RecordError::Rejected(rejection)) => Err(self.refused(aggregate, rejection)),
-            Err(e) => Err(ledger_error(e)),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -920,12 +929,13 @@ impl OperationCtx {
                     .position(|(_, r)| matches!(r, AppendRejection::TargetDeleted { .. }));
                 let first = deleted.unwrap_or(0);
                 if first >= rejections.len() {
-                    return Err(OperationError::Ledger("refused without a reason".into()));
+                    // A refusal that names no aggregate: answered as the log gave it.
+                    return Err(RecordError::Rejections { rejections }.into());
                 }
                 let (aggregate, rejection) = rejections.swap_remove(first);
                 Err(self.refused(aggregate, rejection))
             }
-            Err(e) => Err(ledger_error(e)),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -960,8 +970,7 @@ impl OperationCtx {
                     Expectation::Any,
                     self.draft(vec![cleared]),
                 )
-                .await
-                .map_err(ledger_error)?;
+                .await?;
         }
         Ok(())
     }

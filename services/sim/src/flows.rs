@@ -14,7 +14,9 @@ use provledger_events::catalogue::{
     EffectKind, Executor, Inventory, NodeGroupSpec, NodeGroupTarget, OperationKind, Origin,
     PowerState, Ratio, TaskOutcome, TaskState, VmState,
 };
-use provledger_events::{AggregateId, AppendError, AppendOutcome, Event, EventLog, Expectation};
+use provledger_events::{
+    AggregateId, AppendError, AppendOutcome, Event, EventLog, Expectation, ReadError,
+};
 use provledger_projections::planner::{
     action_word, NODE_DETAIL, REMOVAL_DETAIL, REMOVE_NODE_ACTION, RESOURCE_REMOVED_EFFECT,
 };
@@ -118,19 +120,18 @@ fn remove_node(node: Uuid) -> Compensation {
 pub(crate) async fn node_removal<L: EventLog>(
     writer: &Writer<L>,
     node: Uuid,
-) -> Result<Vec<Compensation>, String> {
+) -> Result<Vec<Compensation>, ReadError> {
     let commits = writer
         .log()
         .read_aggregate(AggregateId::instance(node))
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let Some(creator) = commits.first().and_then(|c| c.operation_id) else {
         return Ok(Vec::new());
     };
     let op = match writer.read_current(AggregateId::operation(creator)).await {
         Ok(Some(Entity::Operation(op))) => op,
         Ok(_) => return Ok(Vec::new()),
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(e),
     };
     let node = node.to_string();
     let remove_node = CompensationAction::Custom(REMOVE_NODE_ACTION.into());
@@ -167,8 +168,7 @@ async fn scale_target(
     let Some(Entity::Cluster(state)) = ctx
         .ledger()
         .read_current(AggregateId::cluster(cluster))
-        .await
-        .map_err(|e| OperationError::Ledger(e.to_string()))?
+        .await?
     else {
         return Err(ctx.step_failed("read", format!("cluster {cluster} not found")));
     };
@@ -675,11 +675,9 @@ impl Provisioner {
         // scale stops in terminate_and_create before this node is gone, the
         // roll-forward removes its plugin record, DNS, DHCP and IP too, not
         // only its VM and allocation.
-        let removal = node_removal(ctx.ledger(), node)
-            .await
-            .map_err(OperationError::Ledger)?;
-        let removal =
-            serde_json::to_string(&removal).map_err(|e| OperationError::Ledger(e.to_string()))?;
+        let removal = node_removal(ctx.ledger(), node).await?;
+        // A list of compensations (plain serde values) always encodes.
+        let removal = serde_json::to_string(&removal).expect("compensations encode as JSON");
         let detail = BTreeMap::from([
             (DetailKey::ClusterId.to_string(), cluster.to_string()),
             (DetailKey::NodeGroup.to_string(), group.to_string()),
@@ -728,9 +726,7 @@ impl Provisioner {
         node: Uuid,
         provider: Option<Uuid>,
     ) -> Result<(), OperationError> {
-        let removal = node_removal(ctx.ledger(), node)
-            .await
-            .map_err(OperationError::Ledger)?;
+        let removal = node_removal(ctx.ledger(), node).await?;
         let mut named = Vec::new();
         for c in &removal {
             // `unregister_dns:<node>`; a second removal with the same action (a node with
@@ -792,7 +788,7 @@ impl Provisioner {
             ctx.draft(events)
         })
         .await
-        .map_err(|e| OperationError::Ledger(e.to_string()))
+        .map_err(OperationError::from)
     }
 
     /// The first half of a delete: records the request (idempotent), then drives the
@@ -827,10 +823,7 @@ impl Provisioner {
                 deleted,
             }));
         }
-        let entity = ledger
-            .read_current(target)
-            .await
-            .map_err(|e| DeleteError::Ledger(e.to_string()))?;
+        let entity = ledger.read_current(target).await?;
         let op = entity.as_ref().and_then(deletion::cancellable_in_flight);
         if let (Some(op), Some(driver)) = (op, self.runner.driver()) {
             if let Err(e) = driver.drive(op).await {
@@ -861,7 +854,7 @@ impl Provisioner {
                 .flat_map(|g| g.instance_ids.iter().map(|i| (g.spec.name.clone(), *i)))
                 .collect(),
             Ok(_) => Vec::new(),
-            Err(e) => return Err(DeleteError::Ledger(e.to_string())),
+            Err(e) => return Err(e.into()),
         };
         let mut delete_operation = None;
         if !members.is_empty() {
@@ -880,7 +873,7 @@ impl Provisioner {
                         {
                             Ok(Some(Entity::Instance(i))) => i.provider_id,
                             Ok(_) => None,
-                            Err(e) => return Err(OperationError::Ledger(e.to_string())),
+                            Err(e) => return Err(e.into()),
                         };
                         self.terminate_node(&ctx, cluster, group, *node, provider)
                             .await?;
@@ -924,7 +917,7 @@ impl Provisioner {
                 let provider = match ctx.ledger().read_current(target).await {
                     Ok(Some(Entity::Instance(i))) => i.provider_id,
                     Ok(_) => None,
-                    Err(e) => return Err(OperationError::Ledger(e.to_string())),
+                    Err(e) => return Err(e.into()),
                 };
                 if let Some(provider) = provider {
                     let reason = format!("instance deleted by operation {}", ctx.id());

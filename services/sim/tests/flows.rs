@@ -304,7 +304,12 @@ async fn a_create_that_succeeds_leaves_an_active_cluster_and_no_plan() {
     let w = world(64).await;
     let request = w.cluster_request(3);
     let report = w.prov.create_cluster(request.clone()).await;
-    assert_eq!(report.result.as_ref().map(|n| n.len()), Ok(3));
+    assert_eq!(
+        report.result.as_ref().ok().map(|n| n.len()),
+        Some(3),
+        "{:?}",
+        report.result
+    );
     assert_eq!(report.status, Some(OperationStatus::Succeeded));
     assert!(report.plan.is_none());
     let cluster = w.cluster(request.cluster_id).await;
