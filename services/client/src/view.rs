@@ -77,9 +77,7 @@ pub async fn entities<V: StateView>(
 /// Folds the whole log (what readers quarantine is not folded here either).
 pub(crate) async fn fold_log<L: EventLog>(log: &L) -> Result<Projection, ViewError> {
     let mut projection = Projection::new();
-    let mut stream = log
-        .read_all(1)
-        .await?;
+    let mut stream = log.read_all(1).await?;
     while let Some(entry) = stream.next().await {
         match entry {
             Ok(commit) => {

@@ -3,67 +3,109 @@
 //! these (and from the catalogue and the entity views), and `tests/schemas.rs` fails when
 //! the committed files differ from what these types generate.
 //!
-//! Requests are still read field by field (each refusal names its field), but every
-//! endpoint accepts exactly the fields of its request type ([`RequestFields::FIELDS`],
-//! checked against the schema by a test); replies are built from these types.
+//! Each endpoint deserializes its request into its type here (`deny_unknown_fields`: any
+//! other field is refused), and a refusal names the failing field by its path
+//! (`endpoints/request.rs`); replies are built from these types.
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
 
 use provledger_client::placement::HealReport;
 use provledger_client::recovery::ReissueRequest;
 use provledger_client::{CompensationReply, CompensationRequest};
 use provledger_events::catalogue::{ClusterStatus, ConsumerKind, OperationKind, TaskState};
-use provledger_events::{AggregateId, Commit, Event, Timestamp};
+use provledger_events::{AggregateId, Commit, Event, Expectation, Timestamp};
 use provledger_projections::operation::OperationStatus;
 use provledger_projections::placement::Hold;
 use provledger_projections::provider::{ClassRefusal, ProviderStatus};
 use provledger_projections::view::EntityView;
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-/// The fields a request may carry: an endpoint refuses any other (`bad_request`).
-pub trait RequestFields {
-    const FIELDS: &'static [&'static str];
+/// The fields a request carries, as its `Deserialize` reads them: serde's own list, not a
+/// second one. Every request refuses any other (`deny_unknown_fields`, `bad_request`);
+/// `tests/schemas.rs` checks each request's schema documents exactly these.
+pub trait RequestFields: DeserializeOwned {
+    const FIELDS: Fields<Self> = Fields(PhantomData);
 }
 
-macro_rules! request_fields {
-    ($($ty:ty => [$($field:literal),*];)*) => {
-        $(impl RequestFields for $ty {
-            const FIELDS: &'static [&'static str] = &[$($field),*];
-        })*
-    };
+impl<T: DeserializeOwned> RequestFields for T {}
+
+/// The field names a struct's derived `Deserialize` reads (none for any other type).
+pub struct Fields<T>(PhantomData<fn() -> T>);
+
+impl<T: DeserializeOwned> Fields<T> {
+    pub fn iter(&self) -> std::slice::Iter<'static, &'static str> {
+        T::deserialize(FieldNames)
+            .err()
+            .and_then(|found| found.0)
+            .unwrap_or_default()
+            .iter()
+    }
 }
 
-request_fields! {
-    HealthRequest => [];
-    GetRequest => ["id", "min_position", "steps_from", "compensations_from", "parts_limit"];
-    ClusterListRequest => ["status", "limit", "after"];
-    InstanceListRequest => ["cluster_id", "host", "task_state", "limit", "after"];
-    OperationListRequest => ["status", "kind", "target", "limit", "after"];
-    ProviderListRequest => ["status", "host", "limit", "after"];
-    AllocationByConsumerRequest => ["consumer", "min_position"];
-    HistoryRequest => ["aggregate", "min_position", "from_version", "limit"];
-    StateAtRequest => ["aggregate", "position", "time"];
-    AppendRequest => ["aggregate", "expect", "commit_id", "operation_id", "causation_id", "actor", "events", "force"];
-    AtomicAppendRequest => ["commits", "actor", "force"];
-    AtomicCommit => ["aggregate", "expect", "commit_id", "operation_id", "causation_id", "events"];
-    ProviderDeleteRequest => ["id", "cascade", "actor"];
-    HealAllocationsRequest => ["dry_run", "instance", "actor"];
-    FixOrphansRequest => ["dry_run", "actor"];
-    WorkerReadyRequest => ["worker"];
-    DriftRequest => [];
+/// A deserializer that only takes the field list serde's derive hands to
+/// `deserialize_struct`, and stops there.
+struct FieldNames;
+
+#[derive(Debug)]
+struct Found(Option<&'static [&'static str]>);
+
+impl fmt::Display for Found {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("not a struct")
+    }
+}
+
+impl std::error::Error for Found {}
+
+impl de::Error for Found {
+    fn custom<M: fmt::Display>(_: M) -> Self {
+        Found(None)
+    }
+}
+
+impl<'de> Deserializer<'de> for FieldNames {
+    type Error = Found;
+
+    fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Found> {
+        Err(Found(None))
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        fields: &'static [&'static str],
+        _: V,
+    ) -> Result<V::Value, Found> {
+        Err(Found(Some(fields)))
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+        ignored_any
+    }
+}
+
+/// An optional flag is `true` or `false` when present; `null` is refused, as it always
+/// was (a `"dry_run": null` must not write).
+fn flag<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
+    bool::deserialize(d).map(Some)
 }
 
 // ---- requests ----
 
 /// `q.health`: no field (an empty payload counts as `{}`).
-#[derive(Debug, Clone, Default, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HealthRequest {}
 
 /// `q.drift`: no field (an empty payload counts as `{}`).
-#[derive(Debug, Clone, Default, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DriftRequest {}
 
@@ -112,7 +154,7 @@ pub struct DriftSweep {
 }
 
 /// `q.cluster.get`, `q.instance.get`, `q.provider.get`, `q.operation.get`.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GetRequest {
     pub id: Uuid,
@@ -136,11 +178,20 @@ pub struct GetRequest {
     pub parts_limit: Option<u64>,
 }
 
-/// The paging fields of every list: at most `limit` (1..=1000, default 100) entities in id
-/// order after `after`, and at most half a reply in bytes; go on with `after` = the last
-/// id until a page is empty.
-#[derive(Debug, Clone, Default, Serialize, JsonSchema)]
-pub struct Page {
+// The paging fields of every list, `limit` and `after`: at most `limit` (1..=1000, default
+// 100) entities in id order after `after`, and at most half a reply in bytes; go on with
+// `after` = the last id until a page is empty.
+//
+// A filter's word (`status`, `task_state`, `kind`) is documented as the catalogue's, and read
+// as any string, as it always was: a word no entity has lists nothing.
+
+/// `q.cluster.list`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterListRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<ClusterStatus>")]
+    pub status: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
     pub limit: Option<u64>,
@@ -148,18 +199,8 @@ pub struct Page {
     pub after: Option<Uuid>,
 }
 
-/// `q.cluster.list`.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ClusterListRequest {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<ClusterStatus>,
-    #[serde(flatten)]
-    pub page: Page,
-}
-
 /// `q.instance.list`.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InstanceListRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -167,40 +208,53 @@ pub struct InstanceListRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub task_state: Option<TaskState>,
-    #[serde(flatten)]
-    pub page: Page,
+    #[schemars(with = "Option<TaskState>")]
+    pub task_state: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<Uuid>,
 }
 
 /// `q.operation.list`: `{"status": "needs_attention"}` lists the rollbacks an operator
 /// must look at.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OperationListRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<OperationStatus>,
+    #[schemars(with = "Option<OperationStatus>")]
+    pub status: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<OperationKind>,
+    #[schemars(with = "Option<OperationKind>")]
+    pub kind: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<AggregateId>,
-    #[serde(flatten)]
-    pub page: Page,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<Uuid>,
 }
 
 /// `q.provider.list`.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderListRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<ProviderStatus>,
+    #[schemars(with = "Option<ProviderStatus>")]
+    pub status: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
-    #[serde(flatten)]
-    pub page: Page,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<Uuid>,
 }
 
 /// `q.allocation.by_consumer`.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AllocationByConsumerRequest {
     pub consumer: Uuid,
@@ -209,7 +263,7 @@ pub struct AllocationByConsumerRequest {
 }
 
 /// `q.history`: a page of the aggregate's commits from `from_version` (default 1).
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HistoryRequest {
     pub aggregate: AggregateId,
@@ -224,7 +278,7 @@ pub struct HistoryRequest {
 }
 
 /// `q.state_at`: at a position, at the last position by a time, or now (not both).
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StateAtRequest {
     pub aggregate: AggregateId,
@@ -251,9 +305,57 @@ pub enum ExpectWord {
     None,
 }
 
+/// Read as the log's own text form reads it (`"any"`, `"none"`, or a version, which may
+/// also come as a string), or a version number.
+impl<'de> Deserialize<'de> for Expect {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ExpectVisitor;
+        impl Visitor<'_> for ExpectVisitor {
+            type Value = Expect;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("\"any\", \"none\" or a version")
+            }
+            fn visit_u64<E: de::Error>(self, version: u64) -> Result<Expect, E> {
+                Ok(Expect::Version(version))
+            }
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Expect, E> {
+                u64::try_from(n)
+                    .map(Expect::Version)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(n), &self))
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Expect, E> {
+                text.parse::<Expectation>()
+                    .map(Expect::from)
+                    .map_err(E::custom)
+            }
+        }
+        d.deserialize_any(ExpectVisitor)
+    }
+}
+
+impl From<Expectation> for Expect {
+    fn from(e: Expectation) -> Self {
+        match e {
+            Expectation::Any => Expect::Word(ExpectWord::Any),
+            Expectation::NoStream => Expect::Word(ExpectWord::None),
+            Expectation::Exactly(version) => Expect::Version(version),
+        }
+    }
+}
+
+impl From<Expect> for Expectation {
+    fn from(e: Expect) -> Self {
+        match e {
+            Expect::Word(ExpectWord::Any) => Expectation::Any,
+            Expect::Word(ExpectWord::None) => Expectation::NoStream,
+            Expect::Version(version) => Expectation::Exactly(version),
+        }
+    }
+}
+
 /// `cmd.append`, one commit: decided on the aggregate's state, appended at the version
 /// decided on. The server-vouched caller, when there is one, replaces `actor`.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AppendRequest {
     pub aggregate: AggregateId,
@@ -271,12 +373,16 @@ pub struct AppendRequest {
     #[schemars(length(min = 1, max = 1024))]
     pub events: Vec<Event>,
     /// Applies an `inventory_set` below what is allocated (hardware that really shrank).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "flag",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub force: Option<bool>,
 }
 
 /// `cmd.append` with `commits`: several aggregates' commits, written all or nothing.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AtomicAppendRequest {
     /// 1 to 100 commits (`ATOMIC_COMMITS_MAX`), each on a different aggregate.
@@ -284,12 +390,16 @@ pub struct AtomicAppendRequest {
     pub commits: Vec<AtomicCommit>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub actor: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "flag",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub force: Option<bool>,
 }
 
 /// One commit of an atomic `cmd.append`.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AtomicCommit {
     pub aggregate: AggregateId,
@@ -305,7 +415,9 @@ pub struct AtomicCommit {
 }
 
 /// Either form of `cmd.append`.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+// The endpoint tells them apart by `commits`, so that a refusal names the field of the
+// form sent.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]
 pub enum CmdAppendRequest {
     One(AppendRequest),
@@ -313,21 +425,29 @@ pub enum CmdAppendRequest {
 }
 
 /// `cmd.provider.delete`.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderDeleteRequest {
     pub id: Uuid,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "flag",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub cascade: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub actor: Option<String>,
 }
 
 /// `cmd.heal_allocations`.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HealAllocationsRequest {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "flag",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub dry_run: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<Uuid>,
@@ -336,17 +456,21 @@ pub struct HealAllocationsRequest {
 }
 
 /// `cmd.fix_orphans`.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FixOrphansRequest {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "flag",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub dry_run: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub actor: Option<String>,
 }
 
 /// `cmd.worker.ready`: one NATS subject token, at most 256 bytes.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerReadyRequest {
     #[schemars(length(min = 1, max = 256), regex(pattern = r"^[^.*>\s]+$"))]

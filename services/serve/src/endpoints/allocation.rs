@@ -5,15 +5,16 @@ use provledger_projections::Entity;
 use serde_json::Value;
 
 use super::error::{to_data, QueryError};
-use super::request::{check_fields, object, opt_u64, req_uuid};
-use crate::messages::{AllocationByConsumerRequest, ConsumerAllocation, RequestFields};
+use super::request::parse;
+use crate::messages::{AllocationByConsumerRequest, ConsumerAllocation};
 use crate::replica::QueryContext;
 
 pub(crate) async fn by_consumer(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
-    let req = object(payload)?;
-    check_fields(&req, AllocationByConsumerRequest::FIELDS)?;
-    let consumer = req_uuid(&req, "consumer")?;
-    ctx.wait_for(opt_u64(&req, "min_position")?).await?;
+    let AllocationByConsumerRequest {
+        consumer,
+        min_position,
+    } = parse(payload)?;
+    ctx.wait_for(min_position).await?;
     let mut out = Vec::new();
     for provider in ctx.store.providers_of_consumer(&consumer)? {
         let id = AggregateId::provider(provider);

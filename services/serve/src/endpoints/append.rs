@@ -3,18 +3,17 @@
 
 use provledger_client::write::{Fact, FoldedElsewhere, RecordError, Recorded};
 use provledger_events::{
-    AggregateId, AppendError, AppendStatus, CommitDraft, Event, Expectation, LossRefusal,
-    ReadError, ATOMIC_COMMITS_MAX,
+    AppendError, AppendStatus, CommitDraft, LossRefusal, ReadError, ATOMIC_COMMITS_MAX,
 };
 use provledger_projections::decide::{AlreadyDone, AppendRejection, DecideOptions};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::caller::Caller;
 use super::error::{bad, to_data, ErrorCode, QueryError};
-use super::request::{check_fields, object, opt_str, opt_uuid, req_aggregate};
+use super::request::{from_object, object};
 use crate::messages::{
     AppendData, AppendOutcomeWord, AppendRequest, AtomicAppendData, AtomicAppendRequest,
-    AtomicCommit, CommitOutcome, RequestFields,
+    AtomicCommit, CmdAppendRequest, CommitOutcome,
 };
 use crate::replica::QueryContext;
 
@@ -23,18 +22,63 @@ pub(crate) async fn append(
     payload: &[u8],
     caller: &Caller,
 ) -> Result<Value, QueryError> {
-    let mut req = object(payload)?;
-    if req.contains_key("commits") {
-        return append_atomic(ctx, req, caller).await;
+    match request(payload)? {
+        CmdAppendRequest::One(req) => append_one(ctx, req, caller).await,
+        CmdAppendRequest::Atomic(req) => append_atomic(ctx, req, caller).await,
     }
-    check_fields(&req, AppendRequest::FIELDS)?;
+}
+
+/// The request in the form its keys say: `commits` is the atomic form, each commit an
+/// object (serde would also read a commit from an array of its fields in order).
+pub(super) fn request(payload: &[u8]) -> Result<CmdAppendRequest, QueryError> {
+    let req = object(payload)?;
+    let Some(commits) = req.get("commits") else {
+        return Ok(CmdAppendRequest::One(from_object(req)?));
+    };
+    if let Some(i) = commits
+        .as_array()
+        .and_then(|commits| commits.iter().position(|c| !c.is_object()))
+    {
+        return Err(bad(&format!("commits[{i}]"), "must be an object"));
+    }
+    Ok(CmdAppendRequest::Atomic(from_object(req)?))
+}
+
+/// One commit.
+async fn append_one(
+    ctx: &QueryContext,
+    req: AppendRequest,
+    caller: &Caller,
+) -> Result<Value, QueryError> {
+    let AppendRequest {
+        aggregate,
+        expect,
+        commit_id,
+        operation_id,
+        causation_id,
+        actor,
+        events,
+        force,
+    } = req;
     // The server-vouched identity, when there is one, rather than what the request claims.
-    let actor = caller.actor(opt_str(&req, "actor")?, "nats:cmd.append");
-    let (aggregate, expect, draft) = parse_commit(&mut req, &actor, "")?;
+    let actor = caller.actor(actor.as_deref(), "nats:cmd.append");
+    let commit = AtomicCommit {
+        aggregate,
+        expect,
+        commit_id,
+        operation_id,
+        causation_id,
+        events,
+    };
+    let Fact {
+        aggregate,
+        expect,
+        draft,
+    } = fact(commit, &actor, "")?;
     // Decided against the log itself at the version appended, never against this
     // replica's projection, which may not have applied the last acknowledged commit yet
     // (the store only spares reading what it already folded).
-    let options = decide_options(&req, caller)?;
+    let options = decide_options(force, caller);
     let store = StoreFolded(&ctx.store);
     match ctx
         .writer
@@ -58,15 +102,16 @@ pub(crate) async fn append(
 /// `{"commits": [...]}`: several aggregates' commits written all or nothing.
 async fn append_atomic(
     ctx: &QueryContext,
-    mut req: Map<String, Value>,
+    req: AtomicAppendRequest,
     caller: &Caller,
 ) -> Result<Value, QueryError> {
-    check_fields(&req, AtomicAppendRequest::FIELDS)?;
-    let actor = caller.actor(opt_str(&req, "actor")?, "nats:cmd.append");
-    let options = decide_options(&req, caller)?;
-    let Some(Value::Array(commits)) = req.remove("commits") else {
-        return Err(bad("commits", "must be an array of commits"));
-    };
+    let AtomicAppendRequest {
+        commits,
+        actor,
+        force,
+    } = req;
+    let actor = caller.actor(actor.as_deref(), "nats:cmd.append");
+    let options = decide_options(force, caller);
     if commits.is_empty() || commits.len() > ATOMIC_COMMITS_MAX {
         return Err(bad(
             "commits",
@@ -76,20 +121,11 @@ async fn append_atomic(
             ),
         ));
     }
-    let mut facts = Vec::with_capacity(commits.len());
-    for (i, commit) in commits.into_iter().enumerate() {
-        let prefix = format!("commits[{i}].");
-        let Value::Object(mut commit) = commit else {
-            return Err(bad(&format!("commits[{i}]"), "must be an object"));
-        };
-        check_fields(&commit, AtomicCommit::FIELDS).map_err(|e| e.prefixed(&prefix))?;
-        let (aggregate, expect, draft) = parse_commit(&mut commit, &actor, &prefix)?;
-        facts.push(Fact {
-            aggregate,
-            expect,
-            draft,
-        });
-    }
+    let facts = commits
+        .into_iter()
+        .enumerate()
+        .map(|(i, commit)| fact(commit, &actor, &format!("commits[{i}].")))
+        .collect::<Result<Vec<_>, _>>()?;
     let store = StoreFolded(&ctx.store);
     match ctx.writer.record_atomic(facts, options, &store).await {
         Ok(recorded) => Ok(to_data(&AtomicAppendData {
@@ -151,54 +187,41 @@ async fn append_atomic(
     }
 }
 
-/// One commit's fields (`aggregate`, `expect`, `events`, the optional ids) as a draft;
+/// One commit as a draft recorded by `actor`, its events checked against its aggregate;
 /// `prefix` names where it sits in the request for error messages.
-fn parse_commit(
-    req: &mut Map<String, Value>,
-    actor: &str,
-    prefix: &str,
-) -> Result<(AggregateId, Expectation, CommitDraft), QueryError> {
-    let named = |field: &str| format!("{prefix}{field}");
-    let aggregate = req_aggregate(req).map_err(|e| e.prefixed(prefix))?;
-    let expect = match req.get("expect") {
-        None => return Err(bad(&named("expect"), "missing")),
-        Some(Value::Number(n)) => n
-            .as_u64()
-            .map(Expectation::Exactly)
-            .ok_or_else(|| bad(&named("expect"), "must be \"any\", \"none\" or a version"))?,
-        Some(Value::String(s)) => s.parse().map_err(|e| bad(&named("expect"), e))?,
-        Some(other) => return Err(bad(&named("expect"), format!("unexpected {other}"))),
-    };
-    let events_json = req
-        .remove("events")
-        .ok_or_else(|| bad(&named("events"), "missing"))?;
-    let events: Vec<Event> = serde_json::from_value(events_json)
-        .map_err(|e| bad(&named("events"), format!("not catalogue events: {e}")))?;
+fn fact(commit: AtomicCommit, actor: &str, prefix: &str) -> Result<Fact, QueryError> {
+    let AtomicCommit {
+        aggregate,
+        expect,
+        commit_id,
+        operation_id,
+        causation_id,
+        events,
+    } = commit;
     let mut draft = CommitDraft::now(actor, events);
-    if let Some(id) = opt_uuid(req, "commit_id").map_err(|e| e.prefixed(prefix))? {
+    if let Some(id) = commit_id {
         draft.commit_id = id;
     }
-    draft.operation_id = opt_uuid(req, "operation_id").map_err(|e| e.prefixed(prefix))?;
-    draft.causation_id = opt_uuid(req, "causation_id").map_err(|e| e.prefixed(prefix))?;
+    draft.operation_id = operation_id;
+    draft.causation_id = causation_id;
     draft
         .validate(&aggregate)
-        .map_err(|e| bad(&named("events"), e.to_string()))?;
-    Ok((aggregate, expect, draft))
+        .map_err(|e| bad(&format!("{prefix}events"), e.to_string()))?;
+    Ok(Fact {
+        aggregate,
+        expect: expect.into(),
+        draft,
+    })
 }
 
 /// `force` and the caller's worker identity: task events must come from the worker they
 /// name (its vouched identity, when there is one); the decider checks it along with the
 /// lease bounds.
-fn decide_options(req: &Map<String, Value>, caller: &Caller) -> Result<DecideOptions, QueryError> {
-    let force = match req.get("force") {
-        None => false,
-        Some(Value::Bool(b)) => *b,
-        Some(other) => return Err(bad("force", format!("must be true or false, not {other}"))),
-    };
-    Ok(DecideOptions {
-        force,
+fn decide_options(force: Option<bool>, caller: &Caller) -> DecideOptions {
+    DecideOptions {
+        force: force.unwrap_or(false),
         caller_worker: caller.worker(),
-    })
+    }
 }
 
 fn commit_outcome(recorded: &Recorded) -> CommitOutcome {

@@ -4,13 +4,12 @@
 
 use provledger_events::{AggregateId, AggregateKind};
 use provledger_projections::Entity;
-use serde_json::{Map, Value};
+use serde_json::Value;
+use uuid::Uuid;
 
 use super::error::{bad, ErrorCode, QueryError};
-use super::request::{check_fields, object, opt_str, opt_u64, opt_uuid, req_uuid};
-use crate::messages::{
-    ClusterListRequest, GetRequest, InstanceListRequest, OperationListRequest, RequestFields,
-};
+use super::request::parse;
+use crate::messages::{ClusterListRequest, GetRequest, InstanceListRequest, OperationListRequest};
 use crate::replica::QueryContext;
 use crate::store::{OperationFilter, StoreError};
 
@@ -24,12 +23,14 @@ pub(crate) async fn get(
     payload: &[u8],
     kind: AggregateKind,
 ) -> Result<Value, QueryError> {
-    let req = object(payload)?;
-    check_fields(&req, GetRequest::FIELDS)?;
-    let id = AggregateId::new(kind, req_uuid(&req, "id")?);
-    let steps_from = opt_u64(&req, "steps_from")?;
-    let compensations_from = opt_u64(&req, "compensations_from")?;
-    let parts_limit = opt_u64(&req, "parts_limit")?;
+    let GetRequest {
+        id,
+        min_position,
+        steps_from,
+        compensations_from,
+        parts_limit,
+    } = parse(payload)?;
+    let id = AggregateId::new(kind, id);
     let parts = steps_from.is_some() || compensations_from.is_some() || parts_limit.is_some();
     if parts && kind != AggregateKind::Operation {
         return Err(bad(
@@ -41,7 +42,7 @@ pub(crate) async fn get(
     if parts && !(1..=PARTS_LIMIT_MAX).contains(&limit) {
         return Err(bad("parts_limit", format!("must be 1..={PARTS_LIMIT_MAX}")));
     }
-    ctx.wait_for(opt_u64(&req, "min_position")?).await?;
+    ctx.wait_for(min_position).await?;
     // Never the state folded before a loss as if it were the aggregate's.
     if let Some(loss) = ctx.store.open_loss(&id)? {
         return Err(loss.into());
@@ -69,10 +70,12 @@ const PARTS_LIMIT_MAX: u64 = 1_000;
 
 /// Clusters, optionally of one `status`.
 pub(crate) fn cluster_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
-    let req = object(payload)?;
-    check_fields(&req, ClusterListRequest::FIELDS)?;
-    let status = opt_str(&req, "status")?.map(str::to_string);
-    list(ctx, &req, AggregateKind::Cluster, |e| {
+    let ClusterListRequest {
+        status,
+        limit,
+        after,
+    } = parse(payload)?;
+    list(ctx, AggregateKind::Cluster, limit, after, |e| {
         status.as_deref().is_none_or(|s| e.status_word() == s)
     })
 }
@@ -81,22 +84,24 @@ pub(crate) fn cluster_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, 
 /// look at), of one kind or on one target (`cluster/<uuid>`). Read through the store's
 /// operation indexes, never by scanning every operation for a filtered listing.
 pub(crate) fn operation_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
-    let req = object(payload)?;
-    check_fields(&req, OperationListRequest::FIELDS)?;
+    let OperationListRequest {
+        status,
+        kind,
+        target,
+        limit,
+        after,
+    } = parse(payload)?;
     let filter = OperationFilter {
-        status: opt_str(&req, "status")?.map(str::to_string),
-        kind: opt_str(&req, "kind")?.map(str::to_string),
-        target: opt_str(&req, "target")?
-            .map(|t| t.parse::<AggregateId>().map_err(|e| bad("target", e)))
-            .transpose()?,
+        status,
+        kind,
+        target,
     };
-    let after = opt_uuid(&req, "after")?;
     // Summaries, not views: one operation of thousands of steps must not fill the page
     // (or a reply) and hide the others; its view is `q.operation.get`.
     page(
         ctx,
-        &req,
         ctx.store.operations(&filter, after),
+        limit,
         |_| true,
         summary,
     )
@@ -115,12 +120,14 @@ fn summary(entity: &Entity) -> Value {
 
 /// Instances, optionally of one cluster, on one host or in one task state.
 pub(crate) fn instance_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
-    let req = object(payload)?;
-    check_fields(&req, InstanceListRequest::FIELDS)?;
-    let cluster = opt_uuid(&req, "cluster_id")?;
-    let host = opt_str(&req, "host")?.map(str::to_string);
-    let task = opt_str(&req, "task_state")?.map(str::to_string);
-    list(ctx, &req, AggregateKind::Instance, |e| {
+    let InstanceListRequest {
+        cluster_id: cluster,
+        host,
+        task_state: task,
+        limit,
+        after,
+    } = parse(payload)?;
+    list(ctx, AggregateKind::Instance, limit, after, |e| {
         let Entity::Instance(i) = e else { return false };
         cluster.is_none_or(|c| i.cluster_id == Some(c))
             && host.as_deref().is_none_or(|h| i.host.as_deref() == Some(h))
@@ -133,15 +140,15 @@ pub(crate) fn instance_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value,
 /// Up to `limit` entities of `kind` that `keep` accepts, in id order after `after`.
 pub(super) fn list(
     ctx: &QueryContext,
-    req: &Map<String, Value>,
     kind: AggregateKind,
+    limit: Option<u64>,
+    after: Option<Uuid>,
     keep: impl Fn(&Entity) -> bool,
 ) -> Result<Value, QueryError> {
-    let after = opt_uuid(req, "after")?;
     page(
         ctx,
-        req,
         ctx.store.entities_of(kind, after),
+        limit,
         keep,
         Entity::view,
     )
@@ -150,12 +157,12 @@ pub(super) fn list(
 /// Up to `limit` of `entities` that `keep` accepts, bounded by the reply's bytes too.
 fn page(
     ctx: &QueryContext,
-    req: &Map<String, Value>,
     entities: impl Iterator<Item = Result<Entity, StoreError>>,
+    limit: Option<u64>,
     keep: impl Fn(&Entity) -> bool,
     render: impl Fn(&Entity) -> Value,
 ) -> Result<Value, QueryError> {
-    let limit = opt_u64(req, "limit")?.map_or(LIST_LIMIT_DEFAULT, |l| l as usize);
+    let limit = limit.map_or(LIST_LIMIT_DEFAULT, |l| l as usize);
     if limit == 0 || limit > LIST_LIMIT_MAX {
         return Err(bad("limit", format!("must be 1..={LIST_LIMIT_MAX}")));
     }

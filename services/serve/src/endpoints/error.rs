@@ -44,14 +44,6 @@ impl QueryError {
     pub(crate) fn body(&self) -> Value {
         json!({ "error": self.fields() })
     }
-
-    /// A field error inside a list names where it sits (`commits[2].events`).
-    pub(crate) fn prefixed(mut self, prefix: &str) -> Self {
-        if !prefix.is_empty() {
-            self.message = self.message.replace("field `", &format!("field `{prefix}"));
-        }
-        self
-    }
 }
 
 impl From<StoreError> for QueryError {

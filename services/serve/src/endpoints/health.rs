@@ -6,12 +6,12 @@
 use serde_json::Value;
 
 use super::error::{to_data, ErrorCode, QueryError};
-use super::request::{check_fields, object};
-use crate::messages::{DriftData, DriftRequest, HealthData, HealthRequest, RequestFields};
+use super::request::parse;
+use crate::messages::{DriftData, DriftRequest, HealthData, HealthRequest};
 use crate::replica::QueryContext;
 
 pub(crate) async fn health(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
-    check_fields(&object(payload)?, HealthRequest::FIELDS)?;
+    let HealthRequest {} = parse(payload)?;
     let readiness = ctx.readiness().await;
     let Some(lag) = readiness.lag() else {
         return Err(QueryError::new(
@@ -37,7 +37,7 @@ pub(crate) async fn health(ctx: &QueryContext, payload: &[u8]) -> Result<Value, 
 
 /// `q.drift`: this replica's last drift sweep (`serve --drift-interval`).
 pub(crate) fn drift(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
-    check_fields(&object(payload)?, DriftRequest::FIELDS)?;
+    let DriftRequest {} = parse(payload)?;
     Ok(to_data(&DriftData {
         interval_s: ctx.drift.interval.map(|i| i.as_secs()),
         last: ctx.drift.last(),

@@ -1,26 +1,29 @@
 //! `q.history` and `q.state_at`: an aggregate's commits, and its state at a position or
 //! a time.
 
-use provledger_events::{AggregateId, Commit, EventLog, Timestamp};
+use provledger_events::{AggregateId, Commit, EventLog};
 use provledger_projections::{timeline, Entity};
 use serde_json::{json, Value};
 
 use super::error::{bad, to_data, ErrorCode, QueryError};
-use super::request::{check_fields, object, opt_str, opt_u64, req_aggregate};
-use crate::messages::{HistoryRequest, RequestFields, StateAtData, StateAtRequest};
+use super::request::parse;
+use crate::messages::{HistoryRequest, StateAtData, StateAtRequest};
 use crate::replica::QueryContext;
 
 /// Every commit of the aggregate, each with its rendered timeline.
 pub(crate) async fn history(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
-    let req = object(payload)?;
-    check_fields(&req, HistoryRequest::FIELDS)?;
-    let id = req_aggregate(&req)?;
-    let from = opt_u64(&req, "from_version")?.unwrap_or(1).max(1);
-    let limit = opt_u64(&req, "limit")?.unwrap_or(u64::MAX);
+    let HistoryRequest {
+        aggregate: id,
+        min_position,
+        from_version,
+        limit,
+    } = parse(payload)?;
+    let from = from_version.unwrap_or(1).max(1);
+    let limit = limit.unwrap_or(u64::MAX);
     if limit == 0 {
         return Err(bad("limit", "must be at least 1"));
     }
-    ctx.wait_for(opt_u64(&req, "min_position")?).await?;
+    ctx.wait_for(min_position).await?;
     let commits = aggregate_commits(ctx, &id, ctx.position()).await?;
     if commits.is_empty() {
         return Err(QueryError::new(
@@ -70,16 +73,15 @@ async fn aggregate_commits(
 
 /// The aggregate's state at `position`, at the last position by `time`, or now.
 pub(crate) async fn state_at(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
-    let req = object(payload)?;
-    check_fields(&req, StateAtRequest::FIELDS)?;
-    let id = req_aggregate(&req)?;
-    let position = match (opt_u64(&req, "position")?, opt_str(&req, "time")?) {
+    let StateAtRequest {
+        aggregate: id,
+        position,
+        time,
+    } = parse(payload)?;
+    let position = match (position, time) {
         (Some(_), Some(_)) => return Err(bad("time", "give either position or time, not both")),
         (Some(p), None) => p,
-        (None, Some(t)) => {
-            let at = Timestamp::parse_rfc3339(t).map_err(|e| bad("time", e))?;
-            ctx.store.position_at_time(at)?
-        }
+        (None, Some(at)) => ctx.store.position_at_time(at)?,
         (None, None) => ctx.position(),
     };
     let entity = Entity::fold(

@@ -16,18 +16,18 @@ use provledger_client::placement::{
 use provledger_client::{Stamper, Writer};
 use provledger_events::{AggregateKind, EventLog};
 use provledger_projections::Entity;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use uuid::Uuid;
 
 use crate::messages::{
     FixOrphansData, FixOrphansRequest, HealAllocationsRequest, HealData, OrphanAllocation,
-    ProviderDeleteData, ProviderDeleteRequest, ProviderListRequest, RequestFields,
+    ProviderDeleteData, ProviderDeleteRequest, ProviderListRequest,
 };
 use crate::store::ProjectionStore;
 
 use super::caller::Caller;
-use super::error::{bad, to_data, ErrorCode, QueryError};
-use super::request::{check_fields, object, opt_str, opt_uuid, req_uuid};
+use super::error::{to_data, ErrorCode, QueryError};
+use super::request::parse;
 use crate::replica::QueryContext;
 
 fn placement_error(e: PlacementError) -> QueryError {
@@ -38,18 +38,6 @@ fn placement_error(e: PlacementError) -> QueryError {
         }
         PlacementError::Write(w) => QueryError::new(ErrorCode::Unavailable, w.to_string()),
     }
-}
-
-fn opt_bool(req: &Map<String, Value>, field: &str) -> Result<bool, QueryError> {
-    match req.get(field) {
-        None => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(other) => Err(bad(field, format!("must be true or false, not {other}"))),
-    }
-}
-
-fn actor(req: &Map<String, Value>, caller: &Caller, default: &str) -> Result<String, QueryError> {
-    Ok(caller.actor(opt_str(req, "actor")?, default))
 }
 
 /// Waits until the store has applied the log's end as it is now: decisions read from the
@@ -66,11 +54,13 @@ async fn caught_up_with_log(ctx: &QueryContext) -> Result<(), QueryError> {
 
 /// Providers, optionally of one `status` or `host`, in id order after `after`.
 pub(crate) fn provider_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
-    let req = object(payload)?;
-    check_fields(&req, ProviderListRequest::FIELDS)?;
-    let status = opt_str(&req, "status")?.map(str::to_string);
-    let host = opt_str(&req, "host")?.map(str::to_string);
-    super::entities::list(ctx, &req, AggregateKind::Provider, |e| {
+    let ProviderListRequest {
+        status,
+        host,
+        limit,
+        after,
+    } = parse(payload)?;
+    super::entities::list(ctx, AggregateKind::Provider, limit, after, |e| {
         let Entity::Provider(p) = e else { return false };
         status.as_deref().is_none_or(|s| e.status_word() == s)
             && host.as_deref().is_none_or(|h| p.host == h)
@@ -84,13 +74,17 @@ pub(crate) async fn provider_delete(
     payload: &[u8],
     caller: &Caller,
 ) -> Result<Value, QueryError> {
-    let req = object(payload)?;
-    check_fields(&req, ProviderDeleteRequest::FIELDS)?;
-    let id = req_uuid(&req, "id")?;
-    let cascade = opt_bool(&req, "cascade")?;
-    let actor = actor(&req, caller, "nats:cmd.provider.delete")?;
+    let ProviderDeleteRequest { id, cascade, actor } = parse(payload)?;
+    let actor = caller.actor(actor.as_deref(), "nats:cmd.provider.delete");
     caught_up_with_log(ctx).await?;
-    delete_with(&ctx.writer, &ctx.store, id, cascade, &actor).await
+    delete_with(
+        &ctx.writer,
+        &ctx.store,
+        id,
+        cascade.unwrap_or(false),
+        &actor,
+    )
+    .await
 }
 
 /// `provider_delete` once the request is read: the provider from `log`, why each
@@ -128,13 +122,21 @@ pub(crate) async fn heal(
     payload: &[u8],
     caller: &Caller,
 ) -> Result<Value, QueryError> {
-    let req = object(payload)?;
-    check_fields(&req, HealAllocationsRequest::FIELDS)?;
-    let dry_run = opt_bool(&req, "dry_run")?;
-    let instance = opt_uuid(&req, "instance")?;
-    let actor = actor(&req, caller, "nats:cmd.heal_allocations")?;
+    let HealAllocationsRequest {
+        dry_run,
+        instance,
+        actor,
+    } = parse(payload)?;
+    let actor = caller.actor(actor.as_deref(), "nats:cmd.heal_allocations");
     caught_up_with_log(ctx).await?;
-    heal_with(&ctx.writer, &ctx.store, instance, dry_run, &actor).await
+    heal_with(
+        &ctx.writer,
+        &ctx.store,
+        instance,
+        dry_run.unwrap_or(false),
+        &actor,
+    )
+    .await
 }
 
 /// `heal` once the request is read: the instances and who holds allocations from `store`,
@@ -158,12 +160,10 @@ pub(crate) async fn orphans(
     payload: &[u8],
     caller: &Caller,
 ) -> Result<Value, QueryError> {
-    let req = object(payload)?;
-    check_fields(&req, FixOrphansRequest::FIELDS)?;
-    let dry_run = opt_bool(&req, "dry_run")?;
-    let actor = actor(&req, caller, "nats:cmd.fix_orphans")?;
+    let FixOrphansRequest { dry_run, actor } = parse(payload)?;
+    let actor = caller.actor(actor.as_deref(), "nats:cmd.fix_orphans");
     caught_up_with_log(ctx).await?;
-    orphans_with(&ctx.writer, &ctx.store, dry_run, &actor).await
+    orphans_with(&ctx.writer, &ctx.store, dry_run.unwrap_or(false), &actor).await
 }
 
 /// `orphans` once the request is read: the providers and their consumers from `store`,

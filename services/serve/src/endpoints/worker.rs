@@ -11,8 +11,8 @@ use serde_json::Value;
 
 use super::caller::Caller;
 use super::error::{to_data, ErrorCode, QueryError};
-use super::request::{check_fields, object, opt_str};
-use crate::messages::{RequestFields, WorkerReadyData, WorkerReadyRequest};
+use super::request::parse;
+use crate::messages::{WorkerReadyData, WorkerReadyRequest};
 use crate::replica::QueryContext;
 
 /// The longest worker id accepted: it is one token of a NATS subject.
@@ -23,9 +23,8 @@ pub(crate) fn ready(
     payload: &[u8],
     caller: &Caller,
 ) -> Result<Value, QueryError> {
-    let req = object(payload)?;
-    check_fields(&req, WorkerReadyRequest::FIELDS)?;
-    let worker = opt_str(&req, "worker")?.unwrap_or_default();
+    let WorkerReadyRequest { worker } = parse(payload)?;
+    let worker = worker.as_str();
     let valid = !worker.is_empty()
         && worker.len() <= WORKER_ID_BYTES_MAX
         && !worker
