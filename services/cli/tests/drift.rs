@@ -8,7 +8,13 @@
 //! - `--fix leaked --dry-run` prints the removal and writes nothing; `--fix leaked` removes
 //!   the leaked record through the compensation path, recorded, and drift is then clean;
 //! - serve's drift sweep (`--drift-interval`) reports the same finding in `q.drift` and its
-//!   metrics, and reports it gone once it is.
+//!   metrics, and reports it gone once it is;
+//! - an executor the ledger never named, answering inventories, is discovered and its
+//!   record found `leaked`; also under the deployed accounts, as the `writer`;
+//! - serve's sweep discovers it too (q.drift, metrics);
+//! - a hostile answer to discovery (thousands of replies, forged names with control
+//!   characters and markup) is bounded: drift ends, asks at most the bound, asks no
+//!   forged name, prints none raw, and says the comparison is incomplete (exit 3).
 
 use std::sync::Arc;
 
@@ -395,4 +401,334 @@ async fn serves_drift_sweep_reports_a_leak_in_q_drift_and_its_metrics_until_it_i
     .await;
     let scrape = http_get(port, "/metrics").expect("a scrape").1;
     assert_eq!(sample(&scrape, leaked), Some(0.0), "{scrape}");
+}
+
+/// An executor named `name` that the ledger never named, on `client`: it answers
+/// `provledger.exec.<name>.inventory` with one record, `rogue.example`, as a reference
+/// executor would (its subscription is `provledger.exec.<name>.*`).
+async fn unnamed_executor(client: async_nats::Client, name: &str) {
+    use futures::StreamExt;
+    let mut requests = client
+        .subscribe(format!("provledger.exec.{name}.*"))
+        .await
+        .expect("the executor subscribes");
+    client.flush().await.expect("flush");
+    tokio::spawn(async move {
+        while let Some(request) = requests.next().await {
+            let page = serde_json::json!({"items": [{"kind": "dns_record",
+                "resource": "rogue.example", "key": null, "undo": "unregister_dns"}],
+                "next": null});
+            if let Some(reply) = request.reply {
+                let _ = client.publish(reply, page.to_string().into()).await;
+            }
+        }
+    });
+}
+
+fn discovered(report: &serde_json::Value) -> Vec<String> {
+    report["discovery"]["discovered"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|n| n.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Like [`env`], but each simulated executor answers inventories on its own subject, as
+/// deployed executors do (`env`'s answer for every name on one wildcard subscription, so
+/// they would also answer, with an error, for a name that is not theirs).
+async fn env_one_subscription_per_executor() -> Env {
+    use futures::StreamExt;
+    let nats = NatsServer::start().await;
+    let (client, log) = provledger_client::open_jetstream(
+        &nats.url(),
+        "test",
+        "PROVLEDGER",
+        "provledger",
+        1,
+        &Default::default(),
+    )
+    .await
+    .expect("jetstream");
+    let ledger = provledger_client::Writer::new(provledger_client::Ledger::JetStream(log));
+    let infra = Arc::new(SimInfrastructure::default());
+    for i in 0..infra.all().len() {
+        let subject = format!("provledger.exec.{}.inventory", infra.all()[i].name());
+        let mut requests = client.subscribe(subject).await.expect("subscribe");
+        let (infra, client) = (infra.clone(), client.clone());
+        tokio::spawn(async move {
+            while let Some(request) = requests.next().await {
+                let asked: provledger_client::inventory::InventoryRequest =
+                    serde_json::from_slice(&request.payload).expect("an inventory request");
+                let page = infra.all()[i].inventory_page(&asked);
+                let body = serde_json::to_vec(&page).expect("a page");
+                if let Some(reply) = request.reply {
+                    let _ = client.publish(reply, body.into()).await;
+                }
+            }
+        });
+    }
+    client.flush().await.expect("flush");
+    let provider = Uuid::now_v7();
+    provledger_sim::register_compute_node(&ledger, provider, "cn", 256, "test")
+        .await
+        .expect("a compute node");
+    let runner = OperationRunner::new(ledger.clone(), CancelNotices::local(), None, "test");
+    let provisioner = Provisioner::new(runner, infra.clone(), "test-service");
+    Env {
+        nats,
+        ledger,
+        infra,
+        provisioner,
+        provider,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leak_at_an_executor_the_ledger_never_named_is_found() {
+    // Given a booted instance (the ledger names the executors it used), each executor on
+    // its own subscription, and a running executor `rogue-dns`, never named by any
+    // commit, holding a record
+    let env = env_one_subscription_per_executor().await;
+    env.booted().await;
+    unnamed_executor(env.nats.client().await, "rogue-dns").await;
+    // When drift runs without --executor
+    let (code, report) = env.drift(&[]);
+    // Then it discovered rogue-dns (and plugin, running but not used by a boot), asked
+    // them, and found rogue-dns's record leaked; exit 1
+    assert_eq!(discovered(&report), ["plugin", "rogue-dns"], "{report:#}");
+    let rogue: Vec<&serde_json::Value> = report["executors"]
+        .as_array()
+        .expect("executors")
+        .iter()
+        .filter(|e| e["name"] == "rogue-dns")
+        .collect();
+    assert_eq!(
+        rogue,
+        [&serde_json::json!({"name": "rogue-dns", "held": 1, "discovered": true})],
+        "{report:#}"
+    );
+    let found = findings(&report);
+    assert_eq!(found.len(), 1, "{report:#}");
+    assert_eq!(found[0]["kind"], "leaked");
+    assert_eq!(found[0]["executor"], "rogue-dns");
+    assert_eq!(found[0]["resource"], "rogue.example");
+    assert_eq!(code, 1, "{report:#}");
+    // And the text says whom it asked, which it discovered, and the leak
+    let url = env.nats.url();
+    let out = provledger(&["--nats", url.as_str(), "drift"], "");
+    let shown = text(&out);
+    assert!(
+        shown.contains(
+            "asked 6 executor(s): 4 named by the ledger, 2 discovered (plugin, rogue-dns)"
+        ),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("rogue-dns: 1 held (discovered: the ledger does not name it)"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("leaked     rogue-dns rogue.example"),
+        "{shown}"
+    );
+    assert_eq!(out.status.code(), Some(1), "{shown}");
+    // And --executor asks only the one named: no discovery
+    let (code, report) = env.drift(&["--executor", "dns"]);
+    assert!(report["discovery"].is_null(), "{report:#}");
+    assert_eq!(findings(&report), Vec::<serde_json::Value>::new());
+    assert_eq!(code, 0, "{report:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_the_deployed_accounts_the_writer_discovers_an_executor() {
+    // Given nats-server with deploy/nats/accounts.conf, an empty embedded ledger, and the
+    // executor `compute` connected as its own user (it may only receive
+    // provledger.exec.compute.> and answer), holding a record
+    let nats = NatsServer::start_hardened(true, false).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    unnamed_executor(nats.client_as("executor-compute").await, "compute").await;
+    // When drift runs as the designated writer
+    let data = dir.path().join("ledger");
+    drop(provledger_events::SledLog::open(&data).expect("an empty data dir"));
+    let url = nats.url_as("writer");
+    let out = provledger(
+        &[
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+            "--json",
+            "drift",
+            "--executors-url",
+            url.as_str(),
+        ],
+        "",
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no JSON report ({e}): {}", text(&out)));
+    // Then its discovery request was allowed, compute was discovered and its record leaked
+    assert_eq!(discovered(&report), ["compute"], "{report:#}");
+    let found = findings(&report);
+    assert_eq!(found.len(), 1, "{report:#}");
+    assert_eq!(
+        (&found[0]["kind"], &found[0]["executor"]),
+        (&"leaked".into(), &"compute".into()),
+        "{report:#}"
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let refused: Vec<String> = nats
+        .log()
+        .lines()
+        .filter(|l| l.contains("Violation"))
+        .map(str::to_string)
+        .collect();
+    assert!(refused.is_empty(), "{refused:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_discovery_responder_is_bounded() {
+    // Given a ledger naming the executors of a boot, and a client that answers every discovery
+    // request 2,000 times with forged connection lists: 100 well-formed executor names
+    // each (200,000 in all), and names full of control characters and markup
+    let env = env().await;
+    env.booted().await;
+    let hostile = hostile_discovery_responder(&env.nats).await;
+    // When drift runs
+    let started = std::time::Instant::now();
+    let (code, report) = env.drift(&[]);
+    let took = started.elapsed();
+    // Then it ends (bounded in time, not waiting for all replies): it read at most
+    // DISCOVERY_REPLIES_MAX replies, asked at most DISCOVERED_EXECUTORS_MAX discovered
+    // executors, listed at most DISCOVERY_REJECTED_LISTED_MAX forged names and counted
+    // the rest
+    assert!(took < std::time::Duration::from_secs(60), "took {took:?}");
+    let discovery = &report["discovery"];
+    assert!(discovery["servers"].as_u64() <= Some(32), "{discovery:#}");
+    assert_eq!(discovered(&report).len(), 64, "{discovery:#}");
+    assert!(discovery["not_asked"].as_u64() > Some(0), "{discovery:#}");
+    let rejected = discovery["rejected"].as_array().expect("rejected");
+    assert!(
+        !rejected.is_empty() && rejected.len() <= 10,
+        "{discovery:#}"
+    );
+    assert!(
+        discovery["rejected_not_listed"].as_u64() > Some(0),
+        "{discovery:#}"
+    );
+    let asked = report["executors"].as_array().expect("executors");
+    let flagged = asked.iter().filter(|e| e["discovered"] == true).count();
+    assert_eq!(flagged, 64, "{report:#}");
+    // And no forged name was turned into a subject: every name asked follows the grammar
+    for name in asked.iter().filter_map(|e| e["name"].as_str()) {
+        assert!(
+            provledger_events::catalogue::operation::executor_name_is_valid(name),
+            "{name:?} was asked"
+        );
+    }
+    // And it says the comparison is incomplete: exit 3
+    assert!(
+        discovery["incomplete"]
+            .as_array()
+            .is_some_and(|i| !i.is_empty()),
+        "{discovery:#}"
+    );
+    assert_eq!(code, 3, "{report:#}");
+    // And the text form prints no forged name raw: control characters come escaped
+    hostile.abort();
+    let _hostile = hostile_discovery_responder(&env.nats).await;
+    let url = env.nats.url();
+    let out = provledger(&["--nats", url.as_str(), "drift"], "");
+    let shown = text(&out);
+    assert!(
+        !shown.contains('\u{1b}') && !shown.contains('\u{7}'),
+        "a raw control character was printed"
+    );
+    assert!(shown.contains("\\u{1b}[2J\\u{7}<script>"), "{shown}");
+    assert!(
+        shown.contains("is not an executor name: not asked"),
+        "{shown}"
+    );
+    assert_eq!(out.status.code(), Some(3), "{shown}");
+}
+
+/// A client that answers every discovery request 2,000 times with forged connection lists:
+/// 100 well-formed executor names each (200,000 in all), and a name full of control
+/// characters and markup. Aborting the task closes its connection.
+async fn hostile_discovery_responder(nats: &NatsServer) -> tokio::task::JoinHandle<()> {
+    use futures::StreamExt;
+    let hostile = nats.client().await;
+    let mut asks = hostile
+        .subscribe("$SYS.REQ.ACCOUNT.PING.CONNZ")
+        .await
+        .expect("subscribe");
+    hostile.flush().await.expect("flush");
+    tokio::spawn(async move {
+        while let Some(ask) = asks.next().await {
+            let Some(reply) = ask.reply else { continue };
+            for i in 0..2_000 {
+                let mut subs: Vec<String> = (0..100)
+                    .map(|j| format!("provledger.exec.forged-{i}-{j}.inventory"))
+                    .collect();
+                subs.push(format!(
+                    "provledger.exec.\u{1b}[2J\u{7}<script>alert({i})</script>.inventory"
+                ));
+                let forged = serde_json::json!({"data": {"connections": [
+                    {"subscriptions_list": subs}]}});
+                if hostile
+                    .publish(reply.clone(), forged.to_string().into())
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_drift_sweep_finds_a_leak_at_an_executor_the_ledger_never_named() {
+    // Given a booted instance, each executor on its own subscription, serve sweeping
+    // every second, and a running executor `rogue-dns` no commit names, holding a record
+    let env = env_one_subscription_per_executor().await;
+    env.booted().await;
+    unnamed_executor(env.nats.client().await, "rogue-dns").await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = provledger_tests::free_port();
+    let _serve = Serve::start_with(
+        &env.nats,
+        &dir.path().join("serve"),
+        &[
+            "--drift-interval",
+            "1s",
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+        ],
+    );
+    let client = env.nats.client().await;
+    wait_ready(&client).await;
+    // When a sweep has run
+    let found = sweep_until(&client, "with the leak", |last| {
+        last["findings"].as_array().is_some_and(|f| !f.is_empty())
+    })
+    .await;
+    // Then it asked rogue-dns too and reports its record leaked, in q.drift and metrics
+    let last = &found["last"];
+    assert!(
+        last["executors"]
+            .as_array()
+            .is_some_and(|e| e.iter().any(|e| e["name"] == "rogue-dns" && e["held"] == 1)),
+        "{found:#}"
+    );
+    let findings = last["findings"].as_array().cloned().unwrap_or_default();
+    assert_eq!(findings.len(), 1, "{found:#}");
+    assert_eq!(
+        (&findings[0]["executor"], &findings[0]["resource"]),
+        (&"rogue-dns".into(), &"rogue.example".into()),
+        "{found:#}"
+    );
+    let leaked = r#"provledger_drift_findings{executor="rogue-dns",kind="leaked"}"#;
+    let scrape = http_get(port, "/metrics").expect("a scrape").1;
+    assert_eq!(sample(&scrape, leaked), Some(1.0), "{scrape}");
 }

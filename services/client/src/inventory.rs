@@ -2,6 +2,9 @@
 //! resources it holds, on `<prefix>.exec.<name>.inventory`. [`read_inventory`] reads every
 //! page of one executor, bounded in page size and page count; a reply that does not follow
 //! the protocol is a typed [`InventoryError`] naming the executor, never a panic.
+//! [`discover_executors`] finds the executors that receive inventory requests without the
+//! ledger naming them, from the account's connection list, within named bounds; a name
+//! outside the executor grammar is reported, never asked.
 
 use std::time::Duration;
 
@@ -425,6 +428,276 @@ pub fn confirmed(ledger: &LedgerResources, asked: &[Asked]) -> Vec<Finding> {
     findings
 }
 
+/// Discovery's request: the server's list of the account's connections and their
+/// subscriptions (`$SYS.REQ.ACCOUNT.PING.CONNZ`, which nats-server answers in every account,
+/// for that account only, one reply per server of a cluster). An executor is found by the
+/// subscription it already holds to receive its inventory requests: discovery needs nothing
+/// from executors (docs/drift.md, "Discovery").
+pub const DISCOVERY_SUBJECT: &str = "$SYS.REQ.ACCOUNT.PING.CONNZ";
+/// The longest the discovery round may take (replies read until then).
+pub const DISCOVERY_WAIT: Duration = Duration::from_secs(2);
+/// Once a reply came, the round ends when no other comes within this (the servers of a
+/// cluster answer together).
+pub const DISCOVERY_QUIET: Duration = Duration::from_millis(300);
+/// The most replies read in one round (one per server; past it, the round ends).
+pub const DISCOVERY_REPLIES_MAX: usize = 32;
+/// A reply over this many bytes is not parsed (reported).
+pub const DISCOVERY_REPLY_BYTES_MAX: usize = 8 << 20;
+/// The most connections one server is asked to list (those with an inventory subscription).
+pub const DISCOVERY_CONNECTIONS_MAX: u32 = 1_024;
+/// The most executors discovery adds to those the ledger names; past it (in name order),
+/// the others are counted, not asked.
+pub const DISCOVERED_EXECUTORS_MAX: usize = 64;
+/// The most names failing the executor grammar that are listed (truncated to
+/// [`REJECTED_NAME_CHARS_MAX`] characters); the others are counted.
+pub const DISCOVERY_REJECTED_LISTED_MAX: usize = 10;
+/// How much of a rejected name is kept to report it.
+pub const REJECTED_NAME_CHARS_MAX: usize = 80;
+
+/// What one discovery round found.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Discovery {
+    /// Executors answering the inventory subject that are not among those known (the
+    /// ledger's), in name order, at most [`DISCOVERED_EXECUTORS_MAX`].
+    pub discovered: BTreeSet<String>,
+    /// Further such executors, past the bound: not asked.
+    pub not_asked: u64,
+    /// Names that subscribe to the inventory subject and fail the executor grammar: never
+    /// turned into a subject, never asked (at most [`DISCOVERY_REJECTED_LISTED_MAX`] listed).
+    pub rejected: Vec<String>,
+    pub rejected_not_listed: u64,
+    /// Subscriptions that receive every executor's inventory requests (`*` or `>` in the
+    /// name's place, as the simulator's): they name no executor, so they are counted only.
+    pub wildcard_subscriptions: u64,
+    /// Replies (servers) read.
+    pub servers: usize,
+    /// Why the round may have missed executors (no reply, a reply not read, a server's
+    /// list cut at [`DISCOVERY_CONNECTIONS_MAX`], executors past the bound); empty when it
+    /// saw everything.
+    pub incomplete: Vec<String>,
+}
+
+/// The part of a CONNZ reply discovery reads.
+#[derive(Debug, Deserialize)]
+struct ConnzReply {
+    #[serde(default)]
+    data: Option<ConnzData>,
+    #[serde(default)]
+    error: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ConnzData {
+    #[serde(default)]
+    connections: Vec<ConnzConnection>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ConnzConnection {
+    #[serde(default)]
+    subscriptions_list: Vec<String>,
+}
+
+/// What a subscription subject says about who answers `<prefix>.exec.<name>.inventory`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InventorySubscriber {
+    /// It receives one executor's inventory requests, and the name follows the grammar.
+    Executor(String),
+    /// It receives one name's inventory requests, and the name fails the grammar.
+    BadName(String),
+    /// It receives any executor's (`*` or `>` in the name's place).
+    Wildcard,
+    /// It does not receive inventory requests.
+    Other,
+}
+
+/// Reads one subscription subject: does it receive `<prefix>.exec.<name>.inventory`, and
+/// for which name. Pure.
+pub fn inventory_subscriber(subject_prefix: &str, subscription: &str) -> InventorySubscriber {
+    let Some(rest) = subscription
+        .strip_prefix(subject_prefix)
+        .and_then(|r| r.strip_prefix(".exec."))
+    else {
+        return InventorySubscriber::Other;
+    };
+    if rest == ">" {
+        return InventorySubscriber::Wildcard;
+    }
+    // The name is the token before the last one; the last must receive `inventory`.
+    let Some((name, last)) = rest.rsplit_once('.') else {
+        return InventorySubscriber::Other;
+    };
+    if name.contains('.') || !matches!(last, "inventory" | "*" | ">") {
+        return InventorySubscriber::Other;
+    }
+    if name == "*" || name == ">" {
+        return InventorySubscriber::Wildcard;
+    }
+    if provledger_events::catalogue::operation::executor_name_is_valid(name) {
+        InventorySubscriber::Executor(name.to_string())
+    } else {
+        InventorySubscriber::BadName(name.chars().take(REJECTED_NAME_CHARS_MAX).collect())
+    }
+}
+
+impl Discovery {
+    /// Adds what one subscription says, keeping every bound.
+    fn add(&mut self, subject_prefix: &str, known: &BTreeSet<String>, subscription: &str) {
+        match inventory_subscriber(subject_prefix, subscription) {
+            InventorySubscriber::Executor(name) => {
+                if known.contains(&name) || self.discovered.contains(&name) {
+                    return;
+                }
+                self.discovered.insert(name);
+                if self.discovered.len() > DISCOVERED_EXECUTORS_MAX {
+                    self.discovered.pop_last();
+                    self.not_asked += 1;
+                }
+            }
+            InventorySubscriber::BadName(name) => {
+                if self.rejected.contains(&name) {
+                    return;
+                }
+                if self.rejected.len() < DISCOVERY_REJECTED_LISTED_MAX {
+                    self.rejected.push(name);
+                } else {
+                    self.rejected_not_listed += 1;
+                }
+            }
+            InventorySubscriber::Wildcard => self.wildcard_subscriptions += 1,
+            InventorySubscriber::Other => {}
+        }
+    }
+
+    /// Adds one server's reply.
+    fn read_reply(&mut self, subject_prefix: &str, known: &BTreeSet<String>, payload: &[u8]) {
+        if payload.len() > DISCOVERY_REPLY_BYTES_MAX {
+            self.incomplete.push(format!(
+                "a reply of {} bytes, over DISCOVERY_REPLY_BYTES_MAX, was not read",
+                payload.len()
+            ));
+            return;
+        }
+        let reply: ConnzReply = match serde_json::from_slice(payload) {
+            Ok(reply) => reply,
+            Err(e) => {
+                self.incomplete
+                    .push(format!("a reply that is not a connection list: {e}"));
+                return;
+            }
+        };
+        let Some(data) = reply.data else {
+            let why = reply.error.map(|e| e.to_string()).unwrap_or_default();
+            self.incomplete.push(format!(
+                "a server refused the connection list: {}",
+                why.chars()
+                    .take(REJECTED_NAME_CHARS_MAX * 2)
+                    .collect::<String>()
+            ));
+            return;
+        };
+        if data.connections.len() >= DISCOVERY_CONNECTIONS_MAX as usize {
+            self.incomplete.push(format!(
+                "a server lists {} or more connections with inventory subscriptions \
+                 (DISCOVERY_CONNECTIONS_MAX); those past it were not looked at",
+                DISCOVERY_CONNECTIONS_MAX
+            ));
+        }
+        for subscription in data.connections.iter().flat_map(|c| &c.subscriptions_list) {
+            self.add(subject_prefix, known, subscription);
+        }
+    }
+}
+
+/// Why a discovery round could not run at all.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    #[error(
+        "nothing answers {subject} (no responders): the server has no system account, so \
+         executors the ledger does not name cannot be discovered"
+    )]
+    NoResponders { subject: String },
+    #[error(
+        "no server answered {subject} within {wait:?}: may this user publish it \
+         (deploy/nats/accounts.conf)? Executors the ledger does not name were not discovered"
+    )]
+    NoReply { subject: String, wait: Duration },
+    #[error("the discovery request on {subject} failed: {reason}")]
+    Request { subject: String, reason: String },
+}
+
+/// Finds the executors that receive `<prefix>.exec.<name>.inventory` and are not in
+/// `known`, from the account's connection list (one round, within [`DISCOVERY_WAIT`],
+/// at most [`DISCOVERY_REPLIES_MAX`] replies, every list bounded: see [`Discovery`]).
+pub async fn discover_executors(
+    client: &async_nats::Client,
+    subject_prefix: &str,
+    known: &BTreeSet<String>,
+) -> Result<Discovery, DiscoveryError> {
+    let subject = DISCOVERY_SUBJECT.to_string();
+    let failed = |e: &dyn std::fmt::Display| DiscoveryError::Request {
+        subject: subject.clone(),
+        reason: e.to_string(),
+    };
+    let request = serde_json::json!({
+        "subscriptions": true,
+        "filter_subject": inventory_subject(subject_prefix, "*"),
+        "limit": DISCOVERY_CONNECTIONS_MAX,
+    });
+    let inbox = client.new_inbox();
+    let mut replies = client
+        .subscribe(inbox.clone())
+        .await
+        .map_err(|e| failed(&e))?;
+    client
+        .publish_with_reply(subject.clone(), inbox, request.to_string().into())
+        .await
+        .map_err(|e| failed(&e))?;
+    client.flush().await.map_err(|e| failed(&e))?;
+    let mut found = Discovery::default();
+    let deadline = tokio::time::Instant::now() + DISCOVERY_WAIT;
+    while found.servers < DISCOVERY_REPLIES_MAX {
+        let until = if found.servers == 0 {
+            deadline
+        } else {
+            deadline.min(tokio::time::Instant::now() + DISCOVERY_QUIET)
+        };
+        let Ok(Some(reply)) = tokio::time::timeout_at(until, replies.next()).await else {
+            break;
+        };
+        if reply.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+            if found.servers == 0 {
+                return Err(DiscoveryError::NoResponders { subject });
+            }
+            continue;
+        }
+        found.servers += 1;
+        found.read_reply(subject_prefix, known, &reply.payload);
+    }
+    if found.servers == 0 {
+        return Err(DiscoveryError::NoReply {
+            subject,
+            wait: DISCOVERY_WAIT,
+        });
+    }
+    if found.servers >= DISCOVERY_REPLIES_MAX {
+        found.incomplete.push(format!(
+            "{DISCOVERY_REPLIES_MAX} replies (DISCOVERY_REPLIES_MAX) were read; any later \
+             one was not"
+        ));
+    }
+    if found.not_asked > 0 {
+        found.incomplete.push(format!(
+            "{} more executor(s) answer inventories than the {DISCOVERED_EXECUTORS_MAX} \
+             discovered (DISCOVERED_EXECUTORS_MAX): they were not asked; name them with \
+             --executor",
+            found.not_asked
+        ));
+    }
+    found.incomplete.dedup();
+    Ok(found)
+}
+
 /// How far a [`fold_log`] read, and what it left out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LogFolded {
@@ -560,6 +833,68 @@ mod tests {
             &request,
             payload.as_bytes(),
         )
+    }
+
+    #[test]
+    fn discovery_reads_the_executor_name_of_an_inventory_subscription_and_nothing_else() {
+        // Given subscriptions as executors, the simulator and others hold; when read;
+        // then the name of each one that receives one executor's inventory requests
+        use InventorySubscriber::*;
+        let read = |s: &str| inventory_subscriber("provledger", s);
+        for (subscription, expected) in [
+            ("provledger.exec.dns.inventory", Executor("dns".into())),
+            ("provledger.exec.dns.*", Executor("dns".into())),
+            ("provledger.exec.compute.>", Executor("compute".into())),
+            ("provledger.exec.*.inventory", Wildcard),
+            ("provledger.exec.>", Wildcard),
+            ("provledger.exec.dns.compensate", Other),
+            ("provledger.exec.a.b.inventory", Other),
+            ("provledgerx.exec.dns.inventory", Other),
+            ("other.exec.dns.inventory", Other),
+            ("provledger.q.>", Other),
+            (
+                "provledger.exec.\u{1b}[2J<b>x</b>.inventory",
+                BadName("\u{1b}[2J<b>x</b>".into()),
+            ),
+        ] {
+            assert_eq!(read(subscription), expected, "{subscription}");
+        }
+        // And a forged name is kept only to REJECTED_NAME_CHARS_MAX characters
+        let long = format!("provledger.exec.{}.inventory", "\u{7}".repeat(10_000));
+        assert!(matches!(read(&long), BadName(n) if n.chars().count() == REJECTED_NAME_CHARS_MAX));
+    }
+
+    #[test]
+    fn a_discovery_keeps_its_bounds_whatever_the_replies_say() {
+        // Given replies naming 10,000 executors, 1,000 bad names, and one not JSON
+        let known = BTreeSet::from(["dns".to_string()]);
+        let mut found = Discovery::default();
+        for r in 0..10 {
+            let subs: Vec<String> = (0..1_000)
+                .map(|i| format!("provledger.exec.x{r}-{i:04}.inventory"))
+                .chain((0..100).map(|i| format!("provledger.exec.<{r}-{i}>.inventory")))
+                .chain(["provledger.exec.dns.inventory".to_string()])
+                .collect();
+            let reply =
+                serde_json::json!({"data": {"connections": [{"subscriptions_list": subs}]}});
+            found.read_reply("provledger", &known, reply.to_string().as_bytes());
+        }
+        found.read_reply("provledger", &known, b"not json");
+        // Then at most the bounds are kept, the rest counted, and a known name is not
+        // discovered
+        assert_eq!(found.discovered.len(), DISCOVERED_EXECUTORS_MAX);
+        assert_eq!(
+            found.discovered.first().map(String::as_str),
+            Some("x0-0000")
+        );
+        assert_eq!(found.not_asked, 10_000 - DISCOVERED_EXECUTORS_MAX as u64);
+        assert!(!found.discovered.contains("dns"));
+        assert_eq!(found.rejected.len(), DISCOVERY_REJECTED_LISTED_MAX);
+        assert_eq!(
+            found.rejected_not_listed,
+            1_000 - DISCOVERY_REJECTED_LISTED_MAX as u64
+        );
+        assert_eq!(found.incomplete.len(), 1, "{:?}", found.incomplete);
     }
 
     #[test]

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use provledger_client::inventory::{
-    compare_inventories, confirmed, ReadBounds, INVENTORY_READ_MAX,
+    compare_inventories, confirmed, discover_executors, ReadBounds, INVENTORY_READ_MAX,
 };
 use provledger_events::{AggregateKind, Timestamp};
 use provledger_projections::drift::{LedgerResources, Names, OperationResources};
@@ -40,8 +40,10 @@ pub(crate) struct Inventories<'a> {
     pub(crate) reply_wait: Duration,
 }
 
-/// One sweep: asks every executor the ledger names, comparing each page as it comes with
-/// the store's operations, then confirms the findings against the store as it is after.
+/// One sweep: asks every executor the ledger names and every one discovered answering the
+/// inventory subject (as `provledger drift` does; a failed or incomplete discovery is
+/// logged), comparing each page as it comes with the store's operations, then confirms
+/// the findings against the store as it is after.
 pub(crate) async fn sweep_once(
     store: &ProjectionStore,
     applied: &tokio::sync::watch::Receiver<u64>,
@@ -49,7 +51,20 @@ pub(crate) async fn sweep_once(
 ) -> Result<DriftSweep, StoreError> {
     let started = std::time::Instant::now();
     let before = stored_resources(store)?;
-    let executors: Vec<String> = before.executors().into_iter().collect();
+    let mut executors = before.executors();
+    match discover_executors(at.client, at.subject_prefix, &executors).await {
+        Ok(found) => {
+            if !found.incomplete.is_empty() || !found.rejected.is_empty() {
+                tracing::warn!(incomplete = ?found.incomplete, rejected = ?found.rejected,
+                    "drift sweep: discovery may have missed executors (docs/drift.md)");
+            }
+            executors.extend(found.discovered);
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "drift sweep: no discovery; asking the executors the ledger names")
+        }
+    }
+    let executors: Vec<String> = executors.into_iter().collect();
     let bounds = ReadBounds {
         reply_wait: at.reply_wait,
         whole: INVENTORY_READ_MAX,

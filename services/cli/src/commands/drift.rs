@@ -1,7 +1,9 @@
 //! `provledger drift [--executor NAME] [--executors-url URL]`: what the executors hold
 //! against what the ledger says exists (`docs/drift.md`). The shell around the pure
 //! comparison (`provledger_projections::drift`): it folds the log's operations, asks each
-//! executor's inventory over NATS, folds the commits appended meanwhile, compares, prints.
+//! executor's inventory over NATS (those the ledger names, and those discovered answering
+//! the inventory subject without being named: `discover_executors`), folds the commits
+//! appended meanwhile, compares, prints.
 //! It writes only with `--fix leaked` (without `--dry-run`): one `remove_leaked` operation,
 //! whose rollback the ordinary driver carries out (`provledger_projections::leak_removal`).
 
@@ -10,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use provledger_client::inventory::{
-    compare_inventories, confirmed, fold_log, Asked, InventoryError, LogFolded, ReadBounds,
-    INVENTORY_READ_MAX,
+    compare_inventories, confirmed, discover_executors, fold_log, Asked, Discovery, DiscoveryError,
+    InventoryError, LogFolded, ReadBounds, INVENTORY_READ_MAX,
 };
 use provledger_client::Writer;
 use provledger_client::{
@@ -56,6 +58,118 @@ struct Fixed {
     /// The `remove_leaked` operation recorded, and where its rollback ended.
     operation: Option<OperationState>,
     dry_run: bool,
+}
+
+/// Which executors drift asked, and why.
+struct Sought {
+    /// Those the ledger names (or the one `--executor` named).
+    named: BTreeSet<String>,
+    /// The discovery round (none with `--executor`): what it found, or why it failed.
+    discovery: Option<Result<Discovery, DiscoveryError>>,
+}
+
+impl Sought {
+    fn is_discovered(&self, executor: &str) -> bool {
+        matches!(&self.discovery, Some(Ok(d)) if d.discovered.contains(executor))
+    }
+
+    /// Every executor to ask: the named ones, then the discovered ones, in name order.
+    fn executors(&self) -> Vec<String> {
+        let mut all = self.named.clone();
+        if let Some(Ok(d)) = &self.discovery {
+            all.extend(d.discovered.iter().cloned());
+        }
+        all.into_iter().collect()
+    }
+
+    fn json(&self) -> serde_json::Value {
+        match &self.discovery {
+            None => serde_json::Value::Null,
+            Some(Err(e)) => serde_json::json!({"error": e.to_string()}),
+            Some(Ok(d)) => serde_json::json!({
+                "discovered": d.discovered,
+                "not_asked": d.not_asked,
+                "rejected": d.rejected,
+                "rejected_not_listed": d.rejected_not_listed,
+                "wildcard_subscriptions": d.wildcard_subscriptions,
+                "servers": d.servers,
+                "incomplete": d.incomplete,
+            }),
+        }
+    }
+
+    /// What discovery says, a line each (text output).
+    fn print(&self) {
+        let discovered = match &self.discovery {
+            None => {
+                println!("asked {} only (--executor): no discovery", self.names());
+                return;
+            }
+            Some(Err(e)) => {
+                println!("discovery failed: {e}");
+                println!(
+                    "asked the {} executor(s) the ledger names",
+                    self.named.len()
+                );
+                return;
+            }
+            Some(Ok(d)) => d,
+        };
+        println!(
+            "asked {} executor(s): {} named by the ledger, {} discovered{}",
+            self.named.len() + discovered.discovered.len(),
+            self.named.len(),
+            discovered.discovered.len(),
+            if discovered.discovered.is_empty() {
+                String::new()
+            } else {
+                let names: Vec<&str> = discovered.discovered.iter().map(String::as_str).collect();
+                format!(" ({})", names.join(", "))
+            }
+        );
+        for name in &discovered.rejected {
+            // Debug form: control characters and quotes escaped, never printed raw.
+            println!(
+                "discovery: {name:?} answers inventories but is not an executor name: not asked"
+            );
+        }
+        if discovered.rejected_not_listed > 0 {
+            println!(
+                "discovery: {} more name(s) that are not executor names, not listed",
+                discovered.rejected_not_listed
+            );
+        }
+        for why in &discovered.incomplete {
+            println!("discovery incomplete: {why}");
+        }
+    }
+
+    /// Why discovery may have missed executors, if it may have.
+    fn unseen(&self) -> Option<String> {
+        match &self.discovery {
+            None => None,
+            Some(Err(e)) => Some(format!("discovery failed: {e}")),
+            Some(Ok(d)) if d.incomplete.is_empty() => None,
+            Some(Ok(d)) => Some(format!("discovery incomplete: {}", d.incomplete.join("; "))),
+        }
+    }
+
+    fn saw_everything(&self) -> bool {
+        self.unseen().is_none() && self.rejected() == 0
+    }
+
+    /// Names answering inventories that fail the grammar.
+    fn rejected(&self) -> u64 {
+        match &self.discovery {
+            Some(Ok(d)) => d.rejected.len() as u64 + d.rejected_not_listed,
+            _ => 0,
+        }
+    }
+
+    fn names(&self) -> String {
+        let names: Vec<&str> = self.named.iter().map(String::as_str).collect();
+        names.join(", ")
+    }
 }
 
 /// The ledger's side of drift, folded from the log, and how far.
@@ -124,12 +238,19 @@ pub async fn run(ledger: &Writer<Ledger>, args: DriftArgs<'_>) -> Result<(), Com
     };
     ops.catch_up(ledger, "reading the ledger").await?;
     let before = ops.fold.resources();
-    let executors: BTreeSet<String> = match &args.executor {
+    let named: BTreeSet<String> = match &args.executor {
         Some(name) => BTreeSet::from([name.clone()]),
         None => before.executors(),
     };
     let client = provledger_client::connect_nats(url, "provledger-drift", args.auth).await?;
-    let executors: Vec<String> = executors.into_iter().collect();
+    // Executors that answer inventories without the ledger naming them hold only what the
+    // ledger never recorded: they are asked too, unless one executor was named.
+    let discovery = match &args.executor {
+        Some(_) => None,
+        None => Some(discover_executors(&client, args.subject_prefix, &named).await),
+    };
+    let sought = Sought { named, discovery };
+    let executors = sought.executors();
     let bar = progress_bar(
         0,
         &format!("inventories of {} executor(s)", executors.len()),
@@ -158,8 +279,8 @@ pub async fn run(ledger: &Writer<Ledger>, args: DriftArgs<'_>) -> Result<(), Com
         Some(fix) => Some(fix_leaked(ledger, &client, &findings, fix, &args).await?),
         None => None,
     };
-    report(&ops, &asked, &findings, fixed.as_ref(), args.json);
-    outcome(&asked, &findings, fixed.as_ref())
+    report(&ops, &sought, &asked, &findings, fixed.as_ref(), args.json);
+    outcome(&sought, &asked, &findings, fixed.as_ref())
 }
 
 /// `--fix leaked`: the leaked findings (already confirmed against the ledger as read after
@@ -241,6 +362,7 @@ fn fix_json(fixed: &Fixed) -> serde_json::Value {
 
 fn report(
     ops: &Operations,
+    sought: &Sought,
     asked: &[Asked],
     findings: &[Finding],
     fixed: Option<&Fixed>,
@@ -249,27 +371,40 @@ fn report(
     if json {
         let executors: Vec<serde_json::Value> = asked
             .iter()
-            .map(|a| match &a.held {
-                Ok(held) if a.suspects_not_kept > 0 => serde_json::json!({
-                    "name": a.executor, "held": held, "leaks_not_listed": a.suspects_not_kept,
-                }),
-                Ok(held) => serde_json::json!({"name": a.executor, "held": held}),
-                Err(e) => serde_json::json!({"name": a.executor, "error": e.to_string()}),
+            .map(|a| {
+                let mut one = match &a.held {
+                    Ok(held) if a.suspects_not_kept > 0 => serde_json::json!({
+                        "name": a.executor, "held": held, "leaks_not_listed": a.suspects_not_kept,
+                    }),
+                    Ok(held) => serde_json::json!({"name": a.executor, "held": held}),
+                    Err(e) => serde_json::json!({"name": a.executor, "error": e.to_string()}),
+                };
+                if sought.is_discovered(&a.executor) {
+                    one["discovered"] = true.into();
+                }
+                one
             })
             .collect();
         print_json(&serde_json::json!({
             "position": ops.done.position,
             "quarantined": ops.done.quarantined,
             "executors": executors,
+            "discovery": sought.json(),
             "findings": findings,
             "fix": fixed.map(fix_json),
         }));
         return;
     }
+    sought.print();
     for a in asked {
+        let discovered = if sought.is_discovered(&a.executor) {
+            " (discovered: the ledger does not name it)"
+        } else {
+            ""
+        };
         match &a.held {
-            Ok(held) => println!("{}: {} held", a.executor, held),
-            Err(e) => println!("{}: not read: {e}", a.executor),
+            Ok(held) => println!("{}: {} held{discovered}", a.executor, held),
+            Err(e) => println!("{}: not read{discovered}: {e}", a.executor),
         }
         if a.suspects_not_kept > 0 {
             println!(
@@ -293,12 +428,12 @@ fn report(
             f.step.as_deref().unwrap_or("none"),
         );
         println!("  why: {}", f.reason);
-        println!("  do:  {}", f.action);
+        println!("  do:  {}", super::invocation::current().in_text(&f.action));
     }
     if let Some(fixed) = fixed {
         report_fix(fixed);
     }
-    if findings.is_empty() && asked.iter().all(|a| a.held.is_ok()) {
+    if findings.is_empty() && asked.iter().all(|a| a.held.is_ok()) && sought.saw_everything() {
         println!(
             "no drift: the executors hold what the ledger records (to position {})",
             ops.done.position
@@ -347,6 +482,7 @@ fn word(f: &Finding) -> String {
 /// Exit 3 if an executor could not be reached, 1 with findings (other than leaked ones a
 /// fix removed) or a reply that broke the protocol, 0 clean.
 fn outcome(
+    sought: &Sought,
     asked: &[Asked],
     findings: &[Finding],
     fixed: Option<&Fixed>,
@@ -356,6 +492,21 @@ fn outcome(
         .filter(|a| a.held.as_ref().is_err_and(InventoryError::is_unreachable))
         .map(|a| a.executor.as_str())
         .collect();
+    if let Some(why) = sought.unseen() {
+        return Err(CommandError::Infrastructure(format!(
+            "{why}{}: the comparison may be incomplete; check deploy/nats/accounts.conf \
+             (publish on {}), or name the executor with --executor",
+            if unreachable.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", and drift could not read the inventory of {}",
+                    unreachable.join(", ")
+                )
+            },
+            provledger_client::inventory::DISCOVERY_SUBJECT
+        )));
+    }
     if !unreachable.is_empty() {
         return Err(CommandError::Infrastructure(format!(
             "drift could not read the inventory of {}: the comparison is incomplete; check \
@@ -391,12 +542,18 @@ fn outcome(
         })
         .collect();
     let broken = asked.iter().filter(|a| a.held.is_err()).count();
-    if !findings.is_empty() || broken > 0 {
+    let rejected = sought.rejected();
+    if !findings.is_empty() || broken > 0 || rejected > 0 {
         return Err(CommandError::Problem(format!(
-            "{} drift finding(s){}; each is listed with what to do",
+            "{} drift finding(s){}{}; each is listed with what to do",
             findings.len(),
             if broken > 0 {
                 format!(", and {broken} executor(s) answered outside the protocol")
+            } else {
+                String::new()
+            },
+            if rejected > 0 {
+                format!(", and {rejected} name(s) answering inventories are not executor names")
             } else {
                 String::new()
             }
