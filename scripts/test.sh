@@ -35,4 +35,24 @@ cargo clippy -p provledger --locked -- -D warnings
 echo "== cargo clippy --all-targets -D warnings (with the demo)"
 cargo clippy --workspace --all-targets --locked --features provledger/demo -- -D warnings
 echo "== cargo test"
-cargo test --workspace --locked --features provledger/demo
+# cargo's output goes through as it is; a copy of stdout (where each test binary prints
+# its "test result" line) is kept to sum them at the end, after cargo's own last word.
+# The script exits with cargo's status.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace --locked --features provledger/demo | tee "$log" || status=$?
+awk -v seconds="$SECONDS" '
+  /^test result:/ {
+    lines++
+    for (i = 2; i <= NF; i++) {
+      if ($i == "passed;") passed += $(i - 1)
+      if ($i == "failed;") failed += $(i - 1)
+      if ($i == "ignored;") ignored += $(i - 1)
+    }
+  }
+  END {
+    printf "== total: %d passed, %d failed, %d ignored (%d \"test result\" lines); wall time %dm%02ds\n",
+      passed, failed, ignored, lines, seconds / 60, seconds % 60
+  }' "$log"
+exit "$status"

@@ -185,6 +185,11 @@ pub struct OperationState {
     pub compensations: Vec<Arc<CompensationState>>,
     pub rollback_outcome: Option<RollbackOutcome>,
     pub remaining: Vec<Uuid>,
+    /// The `recorded_at` of the commit that recorded `operation_failed`.
+    pub failed_at: Option<Timestamp>,
+    /// The `recorded_at` of the commit that closed the operation ([`Self::is_closed`]):
+    /// `operation_succeeded` or `rollback_finished`; cleared when a rollback resumes.
+    pub finished_at: Option<Timestamp>,
 }
 
 impl OperationState {
@@ -211,6 +216,8 @@ impl OperationState {
             compensations: Vec::new(),
             rollback_outcome: None,
             remaining: Vec::new(),
+            failed_at: None,
+            finished_at: None,
         }
     }
 
@@ -321,10 +328,10 @@ impl OperationState {
             | Event::OperationFailed { .. }
             | Event::CancellationRequested { .. }
             | Event::TargetDeletionNoticed { .. }
-            | Event::OperationCancelled { .. } => self.apply_run_outcome_event(event),
+            | Event::OperationCancelled { .. } => self.apply_run_outcome_event(event, ctx),
             Event::RollbackPlanned { .. }
             | Event::RollbackFinished { .. }
-            | Event::RollbackResumed { .. } => self.apply_rollback_event(event),
+            | Event::RollbackResumed { .. } => self.apply_rollback_event(event, ctx),
             Event::CompensationRequested { .. }
             | Event::CompensationDone { .. }
             | Event::CompensationFailed { .. }
@@ -452,7 +459,7 @@ impl OperationState {
 
     /// How the run ends or is asked to: succeeded, failed, a cancellation requested, the
     /// target's deletion noticed, cancelled.
-    fn apply_run_outcome_event(&mut self, event: &Event) -> Folded {
+    fn apply_run_outcome_event(&mut self, event: &Event, ctx: &EventContext) -> Folded {
         use OperationStatus::*;
         match event {
             Event::OperationSucceeded {} => {
@@ -469,12 +476,14 @@ impl OperationState {
                     ));
                 }
                 self.status = Some(Succeeded);
+                self.finished_at = Some(ctx.recorded_at);
             }
             Event::OperationFailed { stage, step, error } => {
                 if !self.status_in(&[Running]) {
                     return self.wrong_status("failed");
                 }
                 self.status = Some(Failed);
+                self.failed_at = Some(ctx.recorded_at);
                 self.error = Some(OperationError {
                     stage: stage.clone(),
                     step: step.clone(),
@@ -511,7 +520,7 @@ impl OperationState {
     }
 
     /// The rollback: its plan recorded, finished, resumed after it needed attention.
-    fn apply_rollback_event(&mut self, event: &Event) -> Folded {
+    fn apply_rollback_event(&mut self, event: &Event, ctx: &EventContext) -> Folded {
         use OperationStatus::*;
         match event {
             Event::RollbackPlanned { plan } => return self.plan_rollback(plan),
@@ -532,6 +541,7 @@ impl OperationState {
                 });
                 self.rollback_outcome = Some(*outcome);
                 self.remaining = remaining.clone();
+                self.finished_at = Some(ctx.recorded_at);
             }
             Event::RollbackResumed { .. } => {
                 if !self.status_in(&[NeedsAttention]) {
@@ -546,6 +556,7 @@ impl OperationState {
                 self.status = Some(RollingBack);
                 self.rollback_outcome = None;
                 self.remaining.clear();
+                self.finished_at = None;
             }
             // Not reached: `apply_event` sends rollback events only.
             other => return Self::not_an_operation_event(other),

@@ -217,7 +217,7 @@ impl Entity {
             Entity::Cluster(s) => EntityView::Cluster(ClusterView::of(s)),
             Entity::Instance(s) => EntityView::Instance(InstanceView::of(s)),
             Entity::Provider(s) => EntityView::Provider(ProviderView::of(s)),
-            Entity::Operation(s) => EntityView::Operation(OperationView::of(s)),
+            Entity::Operation(s) => EntityView::Operation(Box::new(OperationView::of(s))),
         }
     }
 

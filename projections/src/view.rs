@@ -248,6 +248,16 @@ pub struct OperationView {
     pub compensations: Vec<CompensationView>,
     /// The compensations left when a rollback finished `needs_attention`.
     pub remaining: Vec<Uuid>,
+    /// When it started: the `recorded_at` of its `operation_started` commit.
+    pub started_at: Option<Timestamp>,
+    /// When it failed: the `recorded_at` of its `operation_failed` commit.
+    pub failed_at: Option<Timestamp>,
+    /// When it closed: the `recorded_at` of its `operation_succeeded` or
+    /// `rollback_finished` commit; null while anything may still happen to it (a resumed
+    /// rollback clears it).
+    pub finished_at: Option<Timestamp>,
+    /// The `recorded_at` of its last commit: how long it has been quiet.
+    pub last_commit_at: Option<Timestamp>,
     /// Present when the view was asked for in parts (`q.operation.get` with `steps_from`,
     /// `compensations_from`, `parts_limit`): where each list starts and its total.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -383,6 +393,10 @@ impl OperationView {
                 .map(|c| CompensationView::of(c))
                 .collect(),
             remaining: state.remaining.clone(),
+            started_at: state.header.created_at,
+            failed_at: state.failed_at,
+            finished_at: state.finished_at,
+            last_commit_at: state.header.updated_at,
             parts: None,
             progress: FoldProgress::of(&state.header),
         }
@@ -436,6 +450,16 @@ pub struct OperationSummary {
     pub compensations_not_done: usize,
     /// The first [`SUMMARY_NOT_DONE_MAX`] compensations not done, in plan order.
     pub not_done: Vec<CompensationView>,
+    /// When it started: the `recorded_at` of its `operation_started` commit.
+    pub started_at: Option<Timestamp>,
+    /// When it failed: the `recorded_at` of its `operation_failed` commit.
+    pub failed_at: Option<Timestamp>,
+    /// When it closed: the `recorded_at` of its `operation_succeeded` or
+    /// `rollback_finished` commit; null while anything may still happen to it (a resumed
+    /// rollback clears it).
+    pub finished_at: Option<Timestamp>,
+    /// The `recorded_at` of its last commit: how long it has been quiet.
+    pub last_commit_at: Option<Timestamp>,
     #[serde(flatten)]
     pub progress: FoldProgress,
 }
@@ -469,6 +493,10 @@ impl OperationSummary {
                 .take(SUMMARY_NOT_DONE_MAX)
                 .map(CompensationView::of)
                 .collect(),
+            started_at: state.header.created_at,
+            failed_at: state.failed_at,
+            finished_at: state.finished_at,
+            last_commit_at: state.header.updated_at,
             progress: FoldProgress::of(&state.header),
         }
     }
@@ -482,5 +510,38 @@ pub enum EntityView {
     Cluster(ClusterView),
     Instance(InstanceView),
     Provider(ProviderView),
-    Operation(OperationView),
+    // Boxed: an operation's view is the largest by far (clippy's large_enum_variant).
+    Operation(Box<OperationView>),
+}
+
+/// How long before `now` `at` was, in its two largest units (`42s`, `17m3s`, `3h12m`,
+/// `2d4h`), as lists show an operation's age; `0s` for a time after `now` (a writer's
+/// clock ahead of the reader's).
+pub fn age(at: Timestamp, now: Timestamp) -> String {
+    let s = now.unix_ms().saturating_sub(at.unix_ms()).max(0) / 1000;
+    let (d, h, m, s) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m{s}s"),
+        (0, _, _) => format!("{h}h{m}m"),
+        _ => format!("{d}d{h}h"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_age_is_told_in_its_two_largest_units() {
+        // Given times before now, when told as ages, then each reads in two units at most.
+        let now = Timestamp::from_unix_ms(1_800_000_000_000);
+        let ago = |s: i64| age(now.plus_ms(-s * 1000), now);
+        assert_eq!(ago(42), "42s");
+        assert_eq!(ago(17 * 60 + 3), "17m3s");
+        assert_eq!(ago(3 * 3600 + 12 * 60 + 5), "3h12m");
+        assert_eq!(ago(2 * 86_400 + 4 * 3600), "2d4h");
+        // A time ahead of this clock is no age at all, not a negative one.
+        assert_eq!(age(now.plus_ms(5_000), now), "0s");
+    }
 }

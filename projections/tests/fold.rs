@@ -331,3 +331,115 @@ fn an_operation_whose_target_was_deleted_closes_cancelled_even_if_a_step_failed_
     assert!(o.is_closed());
     assert_eq!(o.header.anomaly_count, 0, "{:?}", o.header.anomalies);
 }
+
+/// The time `script::seal` records commit `index` at.
+fn time_of_commit(index: i64) -> provledger_events::Timestamp {
+    provledger_events::Timestamp::from_unix_ms(1_800_000_000_000 + index * 1000)
+}
+
+#[test]
+fn an_operations_times_are_those_of_its_start_failure_close_and_last_commit() {
+    use provledger_events::catalogue::{RollbackOutcome, RollbackPlan, TargetOutcome};
+    use provledger_projections::view::{OperationSummary, OperationView};
+    let op = AggregateId::operation(Uuid::from_u128(4));
+    let started = Event::OperationStarted {
+        kind: OperationKind::CreateCluster,
+        target: cluster_id(),
+        parent_id: None,
+        stages: vec![StageSpec {
+            name: "spawn".into(),
+            policy: StagePolicy::Compensate,
+        }],
+        bundle_policy: None,
+    };
+    let finished = |outcome| Event::RollbackFinished {
+        outcome,
+        remaining: vec![],
+    };
+    // Given an operation started (commit 1, after a cluster's commit 0), a stage (2), a
+    // failure (3), its rollback planned (4) and stopped needing attention (5), and a
+    // commit on another aggregate (6)...
+    let mut steps: Vec<ScriptStep> = vec![
+        (cluster_id(), vec![create_cluster()]),
+        (op, vec![started]),
+        (
+            op,
+            vec![Event::StageStarted {
+                stage: "spawn".into(),
+            }],
+        ),
+        (
+            op,
+            vec![Event::OperationFailed {
+                stage: "spawn".into(),
+                step: None,
+                error: "hypervisor gone".into(),
+            }],
+        ),
+        (
+            op,
+            vec![Event::RollbackPlanned {
+                plan: RollbackPlan {
+                    rule: "terminate everything created".into(),
+                    target: cluster_id(),
+                    compensations: vec![],
+                    retained: vec![],
+                    target_outcome: TargetOutcome::Deleted,
+                },
+            }],
+        ),
+        (op, vec![finished(RollbackOutcome::NeedsAttention)]),
+        (provider_id(), vec![registered()]),
+    ];
+    let view = |steps: &[ScriptStep]| {
+        let p = given(steps.to_vec());
+        let Some(Entity::Operation(o)) = p.get(&op) else {
+            panic!("operation missing")
+        };
+        (OperationView::of(o), OperationSummary::of(o))
+    };
+    // ...when it is viewed, then its view and its summary carry the times of those commits.
+    let (v, s) = view(&steps);
+    let times = |started, failed, finished, last| (started, failed, finished, last);
+    let expected = times(
+        Some(time_of_commit(1)),
+        Some(time_of_commit(3)),
+        Some(time_of_commit(5)),
+        Some(time_of_commit(5)),
+    );
+    assert_eq!(
+        times(v.started_at, v.failed_at, v.finished_at, v.last_commit_at),
+        expected
+    );
+    assert_eq!(
+        times(s.started_at, s.failed_at, s.finished_at, s.last_commit_at),
+        expected
+    );
+    // Given its rollback then resumed (commit 7): it is not finished any more...
+    steps.push((
+        op,
+        vec![Event::RollbackResumed {
+            reason: "executor back".into(),
+        }],
+    ));
+    let (v, _) = view(&steps);
+    assert_eq!(
+        times(v.started_at, v.failed_at, v.finished_at, v.last_commit_at),
+        times(
+            Some(time_of_commit(1)),
+            Some(time_of_commit(3)),
+            None,
+            Some(time_of_commit(7))
+        )
+    );
+    // ...and once it finishes again (commit 8), it finished then.
+    steps.push((op, vec![finished(RollbackOutcome::RolledBack)]));
+    let (v, _) = view(&steps);
+    assert_eq!(
+        (v.finished_at, v.last_commit_at),
+        (Some(time_of_commit(8)), Some(time_of_commit(8)))
+    );
+    // A JSON view says each time in RFC 3339.
+    let json = serde_json::to_value(&v).expect("a view is JSON");
+    assert_eq!(json["started_at"], "2027-01-15T08:00:01Z");
+}

@@ -52,7 +52,7 @@ const SLED_CACHE_CAPACITY_BYTES: u64 = 256 * 1024 * 1024;
 /// Why the data dir could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenSledError {
-    #[error("data dir {dir} is locked by another provledger process ({holder}); stop it or use another --data-dir")]
+    #[error("data dir {dir} is locked by another provledger process ({holder}): a data dir is opened by one process at a time; if that process is `provledger serve`, ask it over NATS instead (`provledger --nats URL ...`, or `provledger query`)")]
     Locked { dir: PathBuf, holder: String },
     #[error("cannot open data dir {dir}: {source}")]
     Io {

@@ -28,6 +28,10 @@ use std::time::Duration;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 use uuid::Uuid;
 
+/// The heading the global options are listed under in every command's help, after the
+/// command's own options.
+const GLOBAL_OPTIONS: &str = "Global options";
+
 #[derive(Parser)]
 #[command(
     name = "provledger",
@@ -36,12 +40,18 @@ use uuid::Uuid;
 )]
 struct Cli {
     /// NATS server URL; without it, commands run embedded on sled alone.
-    #[arg(long, global = true, env = "PROVLEDGER_NATS_URL")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = GLOBAL_OPTIONS,
+        env = "PROVLEDGER_NATS_URL"
+    )]
     nats: Option<String>,
     /// The sled data directory.
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL_OPTIONS,
         env = "PROVLEDGER_DATA_DIR",
         default_value = "./provledger-data"
     )]
@@ -50,6 +60,7 @@ struct Cli {
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL_OPTIONS,
         env = "PROVLEDGER_STREAM",
         default_value = "PROVLEDGER"
     )]
@@ -58,6 +69,7 @@ struct Cli {
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL_OPTIONS,
         env = "PROVLEDGER_PREFIX",
         default_value = "provledger"
     )]
@@ -67,6 +79,7 @@ struct Cli {
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL_OPTIONS,
         env = "PROVLEDGER_STREAM_REPLICAS",
         default_value_t = 1
     )]
@@ -74,13 +87,14 @@ struct Cli {
     #[command(flatten)]
     auth: AuthArgs,
     /// Machine-readable output: one JSON document on stdout.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = GLOBAL_OPTIONS)]
     json: bool,
     /// How logs (stderr) are written: `text` for people, `json` (one object per line,
     /// with the span's fields, `trace_id` included) for log pipelines.
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL_OPTIONS,
         env = "PROVLEDGER_LOG_FORMAT",
         value_enum,
         default_value_t = LogFormat::Text
@@ -104,17 +118,25 @@ struct AuthArgs {
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL_OPTIONS,
         env = "PROVLEDGER_NATS_CREDS",
         value_name = "FILE"
     )]
     creds: Option<PathBuf>,
     /// A file holding a user nkey seed (SU...), for servers that list nkey users.
-    #[arg(long, global = true, env = "PROVLEDGER_NATS_NKEY", value_name = "FILE")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = GLOBAL_OPTIONS,
+        env = "PROVLEDGER_NATS_NKEY",
+        value_name = "FILE"
+    )]
     nkey: Option<PathBuf>,
     /// The CA certificate (PEM) that signed the server's certificate; requires TLS.
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL_OPTIONS,
         env = "PROVLEDGER_NATS_TLS_CA",
         value_name = "FILE"
     )]
@@ -123,6 +145,7 @@ struct AuthArgs {
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL_OPTIONS,
         env = "PROVLEDGER_NATS_TLS_CERT",
         value_name = "FILE"
     )]
@@ -131,6 +154,7 @@ struct AuthArgs {
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL_OPTIONS,
         env = "PROVLEDGER_NATS_TLS_KEY",
         value_name = "FILE"
     )]
@@ -252,8 +276,7 @@ enum Command {
     },
     /// Send one request to a running service and print the reply.
     Query {
-        /// cluster.get, cluster.list, instance.get, instance.list, provider.get,
-        /// allocation.by_consumer, operation.get, history, state_at, health, cmd.append
+        #[arg(help = commands::query::endpoints_help())]
         endpoint: String,
         /// The JSON request (default {}).
         request: Option<String>,
@@ -290,7 +313,9 @@ enum ProviderCommand {
 
 #[derive(Subcommand)]
 enum OperationCommand {
-    /// Operations in id order (oldest first), read through the store's indexes.
+    /// Operations newest first (ids are UUID v7: id order is start order), read through
+    /// the store's indexes: a header line, then one line per operation with when it
+    /// started, its age and how long since its last commit.
     List {
         /// running, succeeded, failed, rolling_back, rolled_back, held, cancelled or
         /// needs_attention.
@@ -302,10 +327,14 @@ enum OperationCommand {
         /// The aggregate it works on, as KIND/ID.
         #[arg(long)]
         target: Option<AggregateId>,
+        /// Only operations started within this long before now (10m, 2h, 1d; a bare
+        /// number is seconds).
+        #[arg(long, value_parser = duration::seconds_or_humantime)]
+        since: Option<Duration>,
         /// At most this many (1 to 1000).
         #[arg(long, default_value_t = 100)]
         limit: usize,
-        /// Go on after this operation id (the last one of the previous page).
+        /// Go on after this operation id (the last one of the previous page), to older ones.
         #[arg(long)]
         after: Option<Uuid>,
     },
@@ -512,6 +541,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
         },
         json: cli.json,
     };
+    commands::invocation::set(invocation(&g.options));
     let json = g.json;
     match cli.command {
         #[cfg(feature = "demo")]
@@ -819,6 +849,7 @@ async fn operation(action: OperationCommand, g: &Globals) -> Result<(), CommandE
         status,
         kind,
         target,
+        since,
         limit,
         after,
     } = action;
@@ -827,14 +858,19 @@ async fn operation(action: OperationCommand, g: &Globals) -> Result<(), CommandE
             "--limit must be 1 to 1000, not {limit}"
         )));
     }
+    // The one read of the clock: what `--since` is counted back from and ages are counted to.
+    let now = provledger_events::Timestamp::now();
+    let since = since.map(|d| now.plus_ms(-duration::whole_millis_at_least_one(d)));
     let req = commands::operation::ListRequest {
         filter: provledger_serve::OperationFilter {
             status,
             kind,
             target,
+            since,
         },
         limit,
         after,
+        now,
     };
     let json = g.json;
     if let Some(url) = &g.options.nats_url {
@@ -851,6 +887,27 @@ async fn operation(action: OperationCommand, g: &Globals) -> Result<(), CommandE
         (ledger, result)
     })
     .await
+}
+
+/// This process's invocation: the global flags every command it suggests carries, and
+/// the command it runs (`commands/invocation.rs`), read from clap's own description of
+/// the command line.
+fn invocation(options: &LedgerOptions) -> commands::invocation::Invocation {
+    let command = Cli::command();
+    let valued_globals = command
+        .get_arguments()
+        .filter(|a| a.is_global_set() && a.get_action().takes_values())
+        .filter_map(|a| a.get_long().map(str::to_string))
+        .collect();
+    let subcommands = command
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    commands::invocation::Invocation::new(options, &args, valued_globals, subcommands)
 }
 
 /// Opens the existing ledger, runs `f`, and closes the ledger whatever `f` returned. Every

@@ -926,3 +926,160 @@ async fn an_operation_of_five_thousand_steps_never_hides_the_others_from_the_wor
     assert!(code.is_some(), "{refused}");
     assert_eq!(refused["error"]["code"], "bad_request", "{refused}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_are_listed_newest_first_with_their_times_and_since_a_time() {
+    use provledger_events::Timestamp;
+    // Given serve with a metrics listener, and three operations, in id (start) order: one
+    // started an hour ago and still running (its writer long gone), one started and failed
+    // a moment ago, and one started just now...
+    let nats = NatsServer::start().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let port = provledger_tests::free_port();
+    let _serve = Serve::start_with(
+        &nats,
+        &tmp.path().join("serve"),
+        &["--metrics-addr", &format!("127.0.0.1:{port}")],
+    );
+    let client = nats.client().await;
+    common::wait_ready(&client).await;
+    let log = open_log(&nats).await;
+    let started: Event = serde_json::from_value(json!({"operation_started": {
+        "kind": "boot_instance", "target": format!("instance/{}", Uuid::now_v7()),
+        "parent_id": null, "stages": [{"name": "act", "policy": "compensate"}],
+        "bundle_policy": null}}))
+    .unwrap();
+    let failed: Event = serde_json::from_value(json!({"operation_failed": {
+        "stage": "act", "step": null, "error": "hypervisor gone"}}))
+    .unwrap();
+    let mut ids = [Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7()];
+    ids.sort();
+    let [old, failing, newest] = ids.map(AggregateId::operation);
+    let now = Timestamp::now();
+    let at = |ms_ago: i64| now.plus_ms(-ms_ago);
+    let append_at = |op: AggregateId, recorded_at: Timestamp, event: Event| {
+        let log = log.clone();
+        async move {
+            let mut draft = CommitDraft::now("test", vec![event]);
+            draft.recorded_at = recorded_at;
+            log.append(op, Expectation::Any, draft)
+                .await
+                .expect("append")
+                .position
+        }
+    };
+    append_at(old, at(3_600_000), started.clone()).await;
+    append_at(failing, at(2_000), started.clone()).await;
+    append_at(failing, at(1_000), failed).await;
+    let end = append_at(newest, now, started).await;
+    wait_position(&client, end).await;
+
+    // ...when the operations are listed, then the newest comes first, each with its times...
+    let listed = query(&client, "operation.list", json!({})).await;
+    let order = |page: &Value| -> Vec<String> {
+        page["data"]
+            .as_array()
+            .expect("a page")
+            .iter()
+            .map(|o| o["id"].as_str().unwrap_or("-").to_string())
+            .collect()
+    };
+    let id = |op: AggregateId| op.id.to_string();
+    assert_eq!(order(&listed), vec![id(newest), id(failing), id(old)]);
+    let time = |t: Timestamp| json!(t.to_string());
+    let times = |o: &Value| {
+        ["started_at", "failed_at", "finished_at", "last_commit_at"].map(|f| o[f].clone())
+    };
+    // (serve's rollback worker goes on with the failed one: its later commits, and when
+    // its rollback finishes, are serve's to tell.)
+    let failed_summary = &listed["data"][1];
+    assert_eq!(
+        times(failed_summary)[..2],
+        [time(at(2_000)), time(at(1_000))],
+        "{failed_summary}"
+    );
+    assert_eq!(
+        times(&listed["data"][0]),
+        [time(now), Value::Null, Value::Null, time(now)],
+        "{listed}"
+    );
+    assert_eq!(
+        times(&listed["data"][2]),
+        [
+            time(at(3_600_000)),
+            Value::Null,
+            Value::Null,
+            time(at(3_600_000))
+        ],
+        "{listed}"
+    );
+    // ...the next page goes on to older ones...
+    let next = query(
+        &client,
+        "operation.list",
+        json!({"limit": 1, "after": id(newest)}),
+    )
+    .await;
+    assert_eq!(order(&next), vec![id(failing)]);
+    // ...`since` leaves out the one started an hour ago...
+    let recent = query(
+        &client,
+        "operation.list",
+        json!({"since": at(600_000).to_string()}),
+    )
+    .await;
+    assert_eq!(order(&recent), vec![id(newest), id(failing)]);
+    // ...and the view carries the same times.
+    let view = query(&client, "operation.get", json!({"id": failing.id})).await;
+    assert_eq!(view["data"]["started_at"], time(at(2_000)), "{view}");
+    assert_eq!(view["data"]["failed_at"], time(at(1_000)), "{view}");
+    let last = view["data"]["last_commit_at"].as_str().unwrap_or("-");
+    assert!(
+        Timestamp::parse_rfc3339(last).is_ok_and(|t| t >= at(1_000)),
+        "{view}"
+    );
+
+    // The CLI lists the recent ones under a header, newest first, each with its age...
+    let url = nats.url();
+    let cli = |args: &'static [&'static str]| {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut all = vec!["--nats", url.as_str()];
+            all.extend(args);
+            common::provledger(&all, "")
+        })
+    };
+    let out = cli(&["operation", "list", "--since", "10m"]).await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", common::text(&out));
+    let said = common::text(&out);
+    let lines: Vec<&str> = said.lines().collect();
+    assert!(
+        lines.len() == 3 && lines[0].starts_with("ID ") && lines[0].contains(" AGE "),
+        "{said}"
+    );
+    assert!(lines[1].starts_with(&id(newest)), "{said}");
+    assert!(lines[2].starts_with(&id(failing)), "{said}");
+    assert!(!said.contains(&id(old)), "{said}");
+    // ...and under --json, with their times.
+    let out = cli(&["--json", "operation", "list", "--since", "10m"])
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", common::text(&out));
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json[0]["id"], json!(id(newest)), "{json}");
+    assert_eq!(json[0]["started_at"], time(now), "{json}");
+    assert_eq!(json[1]["failed_at"], time(at(1_000)), "{json}");
+
+    // And the metrics give the age of the oldest running operation: the hour-old one.
+    let scrape = common::http_get(port, "/metrics")
+        .map(|(_, body)| body)
+        .unwrap_or_default();
+    let age = common::sample(
+        &scrape,
+        "provledger_operation_oldest_age_seconds{status=\"running\"}",
+    );
+    assert!(
+        age.is_some_and(|s| (3_600.0..3_900.0).contains(&s)),
+        "{scrape}"
+    );
+}

@@ -179,8 +179,9 @@ pub struct GetRequest {
 }
 
 // The paging fields of every list, `limit` and `after`: at most `limit` (1..=1000, default
-// 100) entities in id order after `after`, and at most half a reply in bytes; go on with
-// `after` = the last id until a page is empty.
+// 100) entities in id order after `after` (operations newest first: before it in id
+// order), and at most half a reply in bytes; go on with `after` = the last id until a page
+// is empty.
 //
 // A filter's word (`status`, `task_state`, `kind`) is documented as the catalogue's, and read
 // as any string, as it always was: a word no entity has lists nothing.
@@ -218,7 +219,8 @@ pub struct InstanceListRequest {
 }
 
 /// `q.operation.list`: `{"status": "needs_attention"}` lists the rollbacks an operator
-/// must look at.
+/// must look at. Unlike the other lists, operations come newest first (ids are UUID v7:
+/// id order is start order), and `after` goes on to older ones.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OperationListRequest {
@@ -230,6 +232,9 @@ pub struct OperationListRequest {
     pub kind: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<AggregateId>,
+    /// Only operations started at or after this time (`started_at`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
     pub limit: Option<u64>,

@@ -17,8 +17,13 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use provledger_events::Event;
+use provledger_events::{Event, Timestamp};
 use provledger_projections::operation::OperationStatus;
+
+/// The statuses whose oldest operation's age is a gauge
+/// (`provledger_operation_oldest_age_seconds`): a `running` operation hours old has likely
+/// lost its writer, and a `needs_attention` one waits for an operator.
+pub(crate) const AGED_STATUSES: [&str; 2] = ["running", "needs_attention"];
 
 /// Request latency buckets, in seconds: 100 µs to about 13 s.
 const LATENCY_BUCKET_START_SECONDS: f64 = 0.0001;
@@ -140,6 +145,7 @@ pub(crate) struct Metrics {
     refusals: Family<RefusalLabels, Counter>,
     recoveries: Family<RuleLabels, Counter>,
     operations: Family<StatusLabels, Gauge>,
+    oldest_operation: Family<StatusLabels, Gauge>,
     log_position: Gauge,
     log_end: Gauge,
     log_lag: Gauge,
@@ -171,6 +177,7 @@ impl Metrics {
             refusals: Family::default(),
             recoveries: Family::default(),
             operations: Family::default(),
+            oldest_operation: Family::default(),
             log_position: Gauge::default(),
             log_end: Gauge::default(),
             log_lag: Gauge::default(),
@@ -231,6 +238,11 @@ impl Metrics {
             "operations",
             "Operations by status, needs_attention included: rollbacks an operator must look at",
             self.operations.clone(),
+        );
+        registry.register(
+            "operation_oldest_age_seconds",
+            "Seconds since the oldest operation in the status (running, needs_attention) started; 0 when none is",
+            self.oldest_operation.clone(),
         );
         registry.register(
             "compensation_events",
@@ -302,6 +314,11 @@ impl Metrics {
             if let Ok(serde_json::Value::String(status)) = serde_json::to_value(status) {
                 drop(self.operations.get_or_create(&StatusLabels { status }));
             }
+        }
+        for status in AGED_STATUSES {
+            drop(self.oldest_operation.get_or_create(&StatusLabels {
+                status: status.into(),
+            }));
         }
         for outcome in [
             "appended",
@@ -460,6 +477,14 @@ impl Metrics {
                 .get_or_create(&StatusLabels { status })
                 .set(as_i64(count));
         }
+        for (status, oldest) in now.oldest_started.unwrap_or_default() {
+            let age_s = oldest.map_or(0, |at| {
+                now.now.unix_ms().saturating_sub(at.unix_ms()).max(0) / 1000
+            });
+            self.oldest_operation
+                .get_or_create(&StatusLabels { status })
+                .set(age_s);
+        }
         self.quarantine.set(as_i64(now.quarantined));
         self.consumers.set(as_i64(now.consumers));
     }
@@ -482,6 +507,11 @@ pub(crate) struct Gauges {
     pub(crate) nats_connected: bool,
     /// Operations by status word; `None` when the store could not be read.
     pub(crate) operation_counts: Option<Vec<(String, u64)>>,
+    /// The earliest `started_at` in each of [`AGED_STATUSES`] (`None`: no operation in
+    /// it); `None` when the store could not be read.
+    pub(crate) oldest_started: Option<Vec<(String, Option<Timestamp>)>>,
+    /// When the scrape read them: what the ages are counted to.
+    pub(crate) now: Timestamp,
     pub(crate) quarantined: u64,
     /// JetStream consumers the replica's log handle holds.
     pub(crate) consumers: u64,
@@ -502,6 +532,52 @@ mod tests {
             let word = serde_json::to_value(status).expect("a status is JSON");
             let series = format!("provledger_operations{{status={word}}} 0");
             assert!(scrape.contains(&series), "no {series} in:\n{scrape}");
+        }
+    }
+
+    #[test]
+    fn the_oldest_operations_age_is_counted_from_its_start_to_the_scrape() {
+        // Given a registry: the series exist from the start, at zero...
+        let metrics = Metrics::new();
+        let scrape = metrics.encode().expect("encodes");
+        for status in AGED_STATUSES {
+            let series =
+                format!("provledger_operation_oldest_age_seconds{{status=\"{status}\"}} 0");
+            assert!(
+                scrape.lines().any(|l| l == series),
+                "no {series} in:\n{scrape}"
+            );
+        }
+        // ...when a scrape reads a running operation started 90 s before it and none
+        // needing attention...
+        let now = Timestamp::from_unix_ms(1_800_000_090_500);
+        metrics.set_gauges(Gauges {
+            position: 0,
+            end_and_lag: None,
+            ready: true,
+            nats_connected: true,
+            operation_counts: None,
+            oldest_started: Some(vec![
+                (
+                    "running".into(),
+                    Some(Timestamp::from_unix_ms(1_800_000_000_000)),
+                ),
+                ("needs_attention".into(), None),
+            ]),
+            now,
+            quarantined: 0,
+            consumers: 0,
+        });
+        // ...then the running one's age is 90 s, and needs_attention's stays 0.
+        let scrape = metrics.encode().expect("encodes");
+        for series in [
+            "provledger_operation_oldest_age_seconds{status=\"running\"} 90",
+            "provledger_operation_oldest_age_seconds{status=\"needs_attention\"} 0",
+        ] {
+            assert!(
+                scrape.lines().any(|l| l == series),
+                "no {series} in:\n{scrape}"
+            );
         }
     }
 

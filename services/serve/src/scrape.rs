@@ -13,7 +13,9 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
-use crate::metrics::Gauges;
+use provledger_events::Timestamp;
+
+use crate::metrics::{Gauges, AGED_STATUSES};
 use crate::replica::QueryContext;
 
 /// The content type of the OpenMetrics text format Prometheus scrapes.
@@ -100,12 +102,20 @@ async fn gauges(ctx: &QueryContext) -> Gauges {
             None
         }
     };
+    let oldest_started = AGED_STATUSES
+        .iter()
+        .map(|status| Ok((status.to_string(), ctx.store.oldest_started(status)?)))
+        .collect::<Result<Vec<_>, crate::store::StoreError>>()
+        .map_err(|e| tracing::warn!(error = %e, "metrics: reading the oldest operations"))
+        .ok();
     Gauges {
         position,
         end_and_lag,
         ready,
         nats_connected,
         operation_counts,
+        oldest_started,
+        now: Timestamp::now(),
         quarantined: ctx.store.quarantine_count() as u64,
         consumers: ctx.log.consumers_held() as u64,
     }

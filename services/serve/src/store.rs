@@ -42,7 +42,8 @@ use uuid::Uuid;
 /// 6: operations keep `started` (steps whose intent is recorded and outcome unknown),
 /// instances their pending re-issues, providers whether their delete is a cascade.
 /// 7: compensations keep `resolved` (an operator's `compensation_resolved`).
-pub const ENTITY_FORMAT: u8 = 7;
+/// 8: operations keep `failed_at` and `finished_at` (the times of those commits).
+pub const ENTITY_FORMAT: u8 = 8;
 /// The time index's layout: 2 = an entry at every commit where the watermark rose.
 const TIME_INDEX_FORMAT: u8 = 2;
 /// How many snapshots are kept; older ones are removed once a new one is complete.
@@ -50,6 +51,9 @@ pub const SNAPSHOTS_KEPT_MAX: usize = 3;
 /// Entities per sled batch while writing a snapshot, so memory stays bounded.
 const SNAPSHOT_CHUNK_ENTITIES: usize = 10_000;
 const TREE: &str = "projection";
+/// How many operations of one status [`ProjectionStore::oldest_started`] reads at most: a
+/// scrape's cost stays bounded however many operations are stuck.
+pub const OLDEST_SCAN_MAX: usize = 10_000;
 /// The operation indexes' layout (`o`, `O`, `k`, `t`, `n`); a store without it, or with
 /// another, has them rebuilt from its operation entities when it opens.
 const OPERATION_INDEX_FORMAT: u8 = 1;
@@ -184,6 +188,8 @@ pub struct OperationFilter {
     /// A kind as JSON says it (`create_cluster`).
     pub kind: Option<String>,
     pub target: Option<AggregateId>,
+    /// Only operations started at or after this time (their `started_at`).
+    pub since: Option<Timestamp>,
 }
 
 impl OperationFilter {
@@ -199,6 +205,9 @@ impl OperationFilter {
                 serde_json::to_value(o.kind).ok() == Some(serde_json::Value::String(k.into()))
             })
             && self.target.is_none_or(|t| o.target == Some(t))
+            && self
+                .since
+                .is_none_or(|since| o.header.created_at.is_some_and(|at| at >= since))
     }
 
     /// The most selective index the filter names: target, then status, then kind.
@@ -434,6 +443,25 @@ impl ProjectionStore {
             out.push((status, be_u64(&v).unwrap_or(0)));
         }
         Ok(out)
+    }
+
+    /// The earliest `started_at` of the operations in `status` (a status word), among the
+    /// first [`OLDEST_SCAN_MAX`] of its index in id order (UUID v7 ids: start order), for
+    /// the metrics' age of the oldest operation in a status. `None` when there is none.
+    pub fn oldest_started(&self, status: &str) -> Result<Option<Timestamp>, StoreError> {
+        let filter = OperationFilter {
+            status: Some(status.to_string()),
+            ..OperationFilter::default()
+        };
+        let mut oldest: Option<Timestamp> = None;
+        for entity in self.operations(&filter, None).take(OLDEST_SCAN_MAX) {
+            if let Entity::Operation(o) = entity? {
+                if let Some(at) = o.header.created_at {
+                    oldest = Some(oldest.map_or(at, |t| t.min(at)));
+                }
+            }
+        }
+        Ok(oldest)
     }
 
     /// The operations `filter` accepts, in id order after `after`: read through the most
@@ -1438,6 +1466,40 @@ mod tests {
         let reopened = ProjectionStore::open(&db).expect("reopen");
         assert_eq!(reopened.entity(&cluster).expect("read"), Some(expected));
         assert!(reopened.snapshots().expect("snapshots").is_empty());
+    }
+
+    /// Given a serve store (no copy of the log) written in the previous entity format,
+    /// when it is opened, then it is refused with what to do (it cannot be re-folded from
+    /// itself: serve catches up again from the stream), and nothing is read as this format.
+    #[test]
+    fn a_serve_store_of_the_previous_entity_format_is_refused_with_what_to_do() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("sled");
+        let store = ProjectionStore::open(&db).expect("store");
+        store.keep_no_copy().expect("serve's store");
+        let op = AggregateId::operation(Uuid::from_u128(8));
+        let started = samples::all()
+            .into_iter()
+            .find(|e| matches!(e, Event::OperationStarted { .. }))
+            .expect("a sample start");
+        let mut commit = Commit::seal(op, 1, Hash::ZERO, CommitDraft::now("t", vec![started]));
+        commit.position = 1;
+        let mut projector = Projector::new(store.clone(), 0).expect("projector");
+        projector.apply_batch(vec![Ok(commit)]).expect("batch");
+        store
+            .tree
+            .insert(key(b'm', &[b"entity_format"]), &[ENTITY_FORMAT - 1][..])
+            .expect("format");
+        drop(projector);
+        drop(store);
+
+        let refused = ProjectionStore::open(&db).err().map(|e| e.to_string());
+        assert!(
+            refused
+                .as_deref()
+                .is_some_and(|e| e.contains("remove the data dir")),
+            "{refused:?}"
+        );
     }
 
     /// Given garbage this thread left for sled's epoch collector (as sled's own writes

@@ -54,7 +54,7 @@ const CHANNELS: &[Channel] = &[
     Channel { subject: "q.provider.list", summary: "A page of providers in id order.", action: "receive", message: "q.provider.list.request", reply: Some("q.provider.list.reply"), content_type: JSON },
     Channel { subject: "q.allocation.by_consumer", summary: "A consumer's allocations on every provider.", action: "receive", message: "q.allocation.by_consumer.request", reply: Some("q.allocation.by_consumer.reply"), content_type: JSON },
     Channel { subject: "q.operation.get", summary: "One operation.", action: "receive", message: "q.get.request", reply: Some("q.operation.get.reply"), content_type: JSON },
-    Channel { subject: "q.operation.list", summary: "A page of operations by status, kind or target.", action: "receive", message: "q.operation.list.request", reply: Some("q.operation.list.reply"), content_type: JSON },
+    Channel { subject: "q.operation.list", summary: "A page of operations, newest first, by status, kind, target or start time.", action: "receive", message: "q.operation.list.request", reply: Some("q.operation.list.reply"), content_type: JSON },
     Channel { subject: "q.drift", summary: "The last drift sweep of the replica that answers (serve --drift-interval).", action: "receive", message: "q.drift.request", reply: Some("q.drift.reply"), content_type: JSON },
     Channel { subject: "q.history", summary: "A page of an aggregate's commits, decoded.", action: "receive", message: "q.history.request", reply: Some("q.history.reply"), content_type: JSON },
     Channel { subject: "q.state_at", summary: "An aggregate's state at a position or a time.", action: "receive", message: "q.state_at.request", reply: Some("q.state_at.reply"), content_type: JSON },

@@ -5,7 +5,7 @@
 
 use provledger_events::AggregateId;
 use provledger_projections::Projection;
-use provledger_serve::{decode_entity, encode_entity};
+use provledger_serve::{decode_entity, encode_entity, ENTITY_FORMAT};
 use provledger_tests::script;
 use provledger_tests::workload::{instance_claim, instance_lifecycle, provider_on};
 use uuid::Uuid;
@@ -40,13 +40,30 @@ fn stored() -> Vec<(AggregateId, String)> {
     .collect()
 }
 
-/// Written by the code before issue 23's change (commit bea50a2).
-const INSTANCE: &str = "0701011001900000000070008000000000b0000101020e8f7d2b8fc6549bac8cfe46141c9c2706ba8edb9b04521b9568d60c66be4fd401fdd0a7b8304603000001fdd0a7b83046030000000003766d3101000000086d312e736d616c6c03696d6701045643505501010100010103636e31011001900000000070008000000000f000010000000100000000";
-const PROVIDER: &str = "0702021001900000000070008000000000f000010203426a6de1619dfb4a2f69267221ad145914d21b95a599922c43eec76076f7269001fd00a0b8304603000001fda0afb83046030000000003636e3103636e3101000104564350551000fbe80301100101045643505501011001900000000070008000000000b0000100010456435055010000";
+/// Written by the code before issue 23's change (commit bea50a2), after the format byte
+/// (`ENTITY_FORMAT`, 7 then: the bump to 8 changed operations only).
+const INSTANCE: &str = "01011001900000000070008000000000b0000101020e8f7d2b8fc6549bac8cfe46141c9c2706ba8edb9b04521b9568d60c66be4fd401fdd0a7b8304603000001fdd0a7b83046030000000003766d3101000000086d312e736d616c6c03696d6701045643505501010100010103636e31011001900000000070008000000000f000010000000100000000";
+const PROVIDER: &str = "02021001900000000070008000000000f000010203426a6de1619dfb4a2f69267221ad145914d21b95a599922c43eec76076f7269001fd00a0b8304603000001fda0afb83046030000000003636e3103636e3101000104564350551000fbe80301100101045643505501011001900000000070008000000000b0000100010456435055010000";
 
 #[test]
 fn entities_are_stored_as_they_were() {
     let stored = stored();
-    assert_eq!(stored[0].1, INSTANCE, "the instance's stored form changed");
-    assert_eq!(stored[1].1, PROVIDER, "the provider's stored form changed");
+    let format = format!("{ENTITY_FORMAT:02x}");
+    for (_, bytes) in &stored {
+        assert_eq!(
+            &bytes[..2],
+            format,
+            "an entity is stored behind its format byte"
+        );
+    }
+    assert_eq!(
+        &stored[0].1[2..],
+        INSTANCE,
+        "the instance's stored form changed"
+    );
+    assert_eq!(
+        &stored[1].1[2..],
+        PROVIDER,
+        "the provider's stored form changed"
+    );
 }

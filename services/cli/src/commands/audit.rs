@@ -37,9 +37,11 @@ fn service_copy(
     }
     let dir = match SledLog::open(&options.data_dir) {
         Ok(dir) => dir,
-        Err(e @ OpenSledError::Locked { .. }) => {
+        Err(OpenSledError::Locked { dir, holder }) => {
             notes.push(format!(
-                "the copy was not compared: {e}; stop that service to compare it"
+                "the copy in {} was not compared: another process ({holder}) has that data \
+                 dir open, as a running `provledger serve` does; the stream was audited",
+                dir.display()
             ));
             return None;
         }
@@ -152,7 +154,7 @@ fn print_report(report: &AuditReport, notes: &[String], seconds: f64, json: bool
             check.as_str().unwrap_or("?"),
             at.join(" "),
             v.problem,
-            v.action
+            super::invocation::current().in_text(&v.action)
         );
     }
     for r in &report.resolved_by_hand {

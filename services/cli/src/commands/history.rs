@@ -155,8 +155,9 @@ fn chain_verdict(
         Ok(())
     } else {
         Err(CommandError::Problem(format!(
-            "{} hash-chain violation(s) in {aggregate}; run `provledger audit`",
-            violations.len()
+            "{} hash-chain violation(s) in {aggregate}; run `{}`",
+            violations.len(),
+            super::invocation::current().command("audit")
         )))
     }
 }

@@ -68,7 +68,8 @@ pub async fn acknowledge(
         let ranges: Vec<String> = open.as_slice().iter().map(|l| l.range()).collect();
         return Err(if ranges.is_empty() {
             CommandError::Problem(format!(
-                "{aggregate} has no open loss: nothing to acknowledge (`provledger history {aggregate}` shows its chain)"
+                "{aggregate} has no open loss: nothing to acknowledge (`{}` shows its chain)",
+                super::invocation::current().command(&format!("history {aggregate}"))
             ))
         } else {
             CommandError::BadInput(format!(

@@ -9,6 +9,7 @@ pub mod demo;
 pub mod drift;
 pub mod history;
 pub mod integrity;
+pub mod invocation;
 pub mod operation;
 pub mod placement;
 pub mod query;
@@ -91,6 +92,11 @@ impl From<OpenLedgerError> for CommandError {
             }
             OpenLedgerError::JetStream(OpenJetStreamError::SubjectsTaken { .. }) => {
                 CommandError::BadInput(e.to_string())
+            }
+            // Held by another process, perhaps the production service: say who, and how
+            // to ask it instead.
+            OpenLedgerError::Sled(OpenSledError::Locked { dir, holder }) => {
+                CommandError::Infrastructure(invocation::current().locked_message(&dir, &holder))
             }
             other => CommandError::Infrastructure(other.to_string()),
         }

@@ -39,7 +39,7 @@ fn describe(hold: &Hold) -> String {
         hold.consumer,
         word(serde_json::to_value(hold.hold)),
         hold.why,
-        hold.what_to_do
+        super::invocation::current().in_text(&hold.what_to_do)
     )
 }
 

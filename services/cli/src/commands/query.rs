@@ -4,6 +4,19 @@ use std::time::Duration;
 
 use super::{print_json, CommandError};
 
+/// `query --help`'s description of ENDPOINT: every endpoint the service answers, from
+/// serve's own list (`provledger_serve::endpoint_subjects`), so that it cannot leave one out.
+pub fn endpoints_help() -> String {
+    let names: Vec<&str> = provledger_serve::endpoint_subjects()
+        .into_iter()
+        .map(|s| s.strip_prefix("q.").unwrap_or(s))
+        .collect();
+    format!(
+        "The endpoint, one of: {} (a query's `q.` may be left out)",
+        names.join(", ")
+    )
+}
+
 /// The subject suffix for an endpoint given as `cluster.get`, `q.cluster.get` or
 /// `cmd.append`, if the service has that endpoint.
 fn suffix_of(endpoint: &str) -> Result<String, CommandError> {

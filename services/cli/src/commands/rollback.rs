@@ -7,9 +7,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use provledger_projections::operation::{CompensationProgress, OperationState};
-use provledger_projections::planner::{json_word, render_plan};
-use provledger_projections::rollback::RetryPolicy;
+use provledger_events::catalogue::Executor;
+use provledger_projections::operation::{CompensationProgress, CompensationState, OperationState};
+use provledger_projections::planner::{action_word, json_word, render_plan};
+use provledger_projections::rollback::{resolvable_by_hand, RetryPolicy};
 use uuid::Uuid;
 
 use super::{print_json, CommandError};
@@ -67,17 +68,17 @@ pub async fn resolve(
     }
     if !resumed {
         let op = read_operation(ledger, id).await.map_err(command_error)?;
-        let open = op
-            .compensations
-            .iter()
-            .filter(|c| c.progress != CompensationProgress::Done)
-            .count();
+        let left = left_after_resolve(&op);
         if json {
-            print_json(
-                &serde_json::json!({"operation_id": id, "resolved": compensation_id, "status": "needs_attention", "compensations_not_done": open}),
-            );
+            print_json(&serde_json::json!({
+                "operation_id": id,
+                "resolved": compensation_id,
+                "status": "needs_attention",
+                "compensations_not_done": left.len(),
+                "left": left.iter().map(|c| c.to_json()).collect::<Vec<_>>(),
+            }));
         } else {
-            println!("{open} compensation(s) still not done: resolve them too, or fix what fails and `provledger rollback run {id}`");
+            print!("{}", describe_left(id, &left));
         }
         return Ok(());
     }
@@ -93,6 +94,111 @@ pub async fn resolve(
     );
     let op = driver.drive(id).await.map_err(command_error)?;
     finish_report(&op, id, json)
+}
+
+/// A compensation still not done after a resolve, as the operator must see it: tried
+/// (and how it failed) or never attempted.
+struct Left<'a> {
+    state: &'a CompensationState,
+}
+
+impl Left<'_> {
+    fn tried(&self) -> bool {
+        self.state.attempts > 0
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        let c = self.state;
+        serde_json::json!({
+            "compensation_id": c.planned.compensation_id,
+            "action": action_word(&c.planned.compensation.action),
+            "executor": c.planned.compensation.executor,
+            "state": c.progress,
+            "attempts": c.attempts,
+            "last_error": c.last_error,
+            "attempted": self.tried(),
+            "resolvable_by_hand": resolvable_by_hand(&c.planned.compensation),
+        })
+    }
+}
+
+/// Who carries out a compensation, as the operation's view names it.
+fn executor_word(executor: &Executor) -> String {
+    match executor {
+        Executor::Ledger => "ledger".into(),
+        Executor::Service(name) => name.clone(),
+    }
+}
+
+/// The compensations not done, in plan order.
+fn left_after_resolve(op: &OperationState) -> Vec<Left<'_>> {
+    op.compensations
+        .iter()
+        .filter(|c| c.progress != CompensationProgress::Done)
+        .map(|state| Left { state })
+        .collect()
+}
+
+/// What is left after a resolve, each compensation by its full id, tried (attempts, last
+/// error) or never attempted, and what to do: a compensation never attempted is requested
+/// by `rollback run`, never resolved by hand (nobody knows it was done).
+fn describe_left(id: Uuid, left: &[Left<'_>]) -> String {
+    let invocation = super::invocation::current();
+    let mut out = format!(
+        "{} compensation(s) of operation {id} still not done:\n",
+        left.len()
+    );
+    for c in left {
+        let s = c.state;
+        let what = format!(
+            "{} {} ({})",
+            s.planned.compensation_id,
+            action_word(&s.planned.compensation.action),
+            executor_word(&s.planned.compensation.executor)
+        );
+        let how = if !resolvable_by_hand(&s.planned.compensation) {
+            "the ledger's own: applied when the rollback resumes".to_string()
+        } else if c.tried() {
+            format!(
+                "tried {} time(s), {}{}",
+                s.attempts,
+                json_word(&s.progress),
+                s.last_error
+                    .as_ref()
+                    .map(|e| format!(", last error: {e}"))
+                    .unwrap_or_default()
+            )
+        } else {
+            "never attempted".to_string()
+        };
+        out.push_str(&format!("  {what}: {how}\n"));
+    }
+    let untried = left
+        .iter()
+        .any(|c| !c.tried() && resolvable_by_hand(&c.state.planned.compensation));
+    let failed: Vec<&Left<'_>> = left
+        .iter()
+        .filter(|c| c.tried() && resolvable_by_hand(&c.state.planned.compensation))
+        .collect();
+    if untried {
+        out.push_str(&format!(
+            "the ones never attempted are the executors' to do: request them with `{}` \
+             (never tried, they are not work handled by hand)\n",
+            invocation.command(&format!("rollback run {id}"))
+        ));
+    }
+    for c in failed {
+        out.push_str(&format!(
+            "{} failed: fix what fails, then `{}`; or, once handled by hand, `{}`\n",
+            c.state.planned.compensation_id,
+            invocation.command(&format!("rollback run {id}")),
+            invocation.command(&format!(
+                "rollback resolve {id} --compensation {} --reason TEXT",
+                c.state.planned.compensation_id
+            ))
+        ));
+    }
+    out
 }
 
 pub async fn plan(ledger: &Writer<Ledger>, id: Uuid, json: bool) -> Result<(), CommandError> {

@@ -38,7 +38,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::Router;
 pub use chains::CHAINS_KEPT_MAX;
-use provledger_events::{AggregateId, AggregateKind, EventLog, HistoryEntry};
+use provledger_events::{AggregateId, AggregateKind, EventLog, HistoryEntry, Timestamp};
 use provledger_projections::view::EntityView;
 use provledger_projections::Entity;
 use tokio::sync::{watch, Semaphore};
@@ -337,6 +337,7 @@ async fn operations(
         status: p.status.clone(),
         kind: p.kind.clone(),
         target: p.target.as_deref().and_then(|t| t.parse().ok()),
+        since: None,
     };
     let limit = p.limit.unwrap_or(OPERATIONS_PAGE);
     let (rows, next) = take_page(
@@ -363,7 +364,7 @@ async fn operations(
     let views = |es: Vec<Entity>| -> Vec<_> {
         es.iter()
             .filter_map(|e| match e.view_typed() {
-                EntityView::Operation(v) => Some(v),
+                EntityView::Operation(v) => Some(*v),
                 _ => None,
             })
             .collect()
@@ -375,7 +376,13 @@ async fn operations(
         target: p.target.clone(),
         limit: p.limit,
     };
-    let content = pages::operations(&list_filter, attention.as_deref(), &views(rows), next);
+    let content = pages::operations(
+        &list_filter,
+        attention.as_deref(),
+        &views(rows),
+        next,
+        Timestamp::now(),
+    );
     Ok(c.respond(at, "Operations", true, &p, content))
 }
 
@@ -560,7 +567,7 @@ async fn operation(
         short(&id.id),
         view.kind.as_ref().map(html::word).unwrap_or_default()
     );
-    let content = versioned(&entity, pages::operation(&view, &history));
+    let content = versioned(&entity, pages::operation(&view, &history, Timestamp::now()));
     Ok(c.respond(at, &title, true, &p, content))
 }
 
@@ -596,7 +603,7 @@ async fn entity_page(
         ),
         EntityView::Operation(v) => (
             format!("Operation {}", short(&v.id)),
-            pages::operation(&v, &history),
+            pages::operation(&v, &history, Timestamp::now()),
         ),
     };
     Ok(c.respond(at, &title, true, &p, versioned(&entity, content)))

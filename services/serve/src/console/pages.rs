@@ -2,10 +2,10 @@
 //! Pure: what a page shows is a function of what it is given (the handlers in `mod.rs`
 //! read the store and the stream), so a page can be tested without a server.
 
-use provledger_events::{AggregateId, AggregateKind, HistoryEntry};
+use provledger_events::{AggregateId, AggregateKind, HistoryEntry, Timestamp};
 use provledger_projections::timeline;
 use provledger_projections::view::{
-    ClusterView, CompensationView, InstanceView, OperationView, ProviderView,
+    age, ClusterView, CompensationView, InstanceView, OperationView, ProviderView,
 };
 use std::collections::BTreeMap;
 use uuid::Uuid;
@@ -100,7 +100,22 @@ fn failure(op: &OperationView) -> Html {
     }
 }
 
-fn operation_rows(ops: &[OperationView]) -> Vec<Vec<Html>> {
+/// A time as pages show it, in a `<time>` element (its full RFC 3339 text in `datetime`).
+fn time(at: Timestamp) -> Html {
+    let text = at.to_rfc3339();
+    html!("<time datetime=\"{}\">{}</time>", text, text)
+}
+
+/// When the operation finished (closed), else when it failed; nothing before either.
+fn ended(op: &OperationView) -> Html {
+    match (op.finished_at, op.failed_at) {
+        (Some(at), _) => html!("finished {}", time(at)),
+        (None, Some(at)) => html!("failed {}", time(at)),
+        (None, None) => Html::new(),
+    }
+}
+
+fn operation_rows(ops: &[OperationView], now: Timestamp) -> Vec<Vec<Html>> {
     ops.iter()
         .map(|op| {
             vec![
@@ -112,6 +127,10 @@ fn operation_rows(ops: &[OperationView]) -> Vec<Vec<Html>> {
                     .map(|s| badge(&word(s)))
                     .unwrap_or_default(),
                 Html::text(op.stage.as_deref().unwrap_or_default()),
+                op.started_at.map(time).unwrap_or_default(),
+                Html::text(&op.started_at.map(|at| age(at, now)).unwrap_or_default()),
+                ended(op),
+                Html::text(&op.last_commit_at.map(|at| age(at, now)).unwrap_or_default()),
                 failure(op),
                 compensations_summary(op),
             ]
@@ -119,23 +138,29 @@ fn operation_rows(ops: &[OperationView]) -> Vec<Vec<Html>> {
         .collect()
 }
 
-const OPERATION_HEAD: [&str; 7] = [
+const OPERATION_HEAD: [&str; 11] = [
     "operation",
     "kind",
     "target",
     "status",
     "stage",
+    "started",
+    "age",
+    "ended",
+    "last commit",
     "failure",
     "rollback",
 ];
 
 /// The operation list, newest first: a filter form, the operations that need attention
 /// first (when the list is not filtered by status), then one page of the filtered list.
+/// Ages (since the start, since the last commit) are counted to `now`.
 pub(crate) fn operations(
     filter: &ListFilter,
     attention: Option<&[OperationView]>,
     rows: &[OperationView],
     next_before: Option<Uuid>,
+    now: Timestamp,
 ) -> Html {
     let mut out = Html::lit(
         "<form class=\"filters\" method=\"get\" action=\"/operations\">\
@@ -177,7 +202,7 @@ pub(crate) fn operations(
             out.push(table(
                 "operations attention",
                 &OPERATION_HEAD,
-                &operation_rows(attention),
+                &operation_rows(attention, now),
             ));
         }
         out.push(Html::lit("<h2>All operations</h2>"));
@@ -188,7 +213,7 @@ pub(crate) fn operations(
         out.push(table(
             "operations all",
             &OPERATION_HEAD,
-            &operation_rows(rows),
+            &operation_rows(rows, now),
         ));
     }
     if let Some(before) = next_before {
@@ -206,9 +231,9 @@ pub(crate) fn operations(
 
 /// One operation: what it is, where it stopped, the command to move it on, its stages,
 /// the rollback plan drawn (above the steps: it is what an operator came for), its steps,
-/// and its own history (the timeline).
-pub(crate) fn operation(op: &OperationView, history: &History) -> Html {
-    let mut out = operation_summary(op);
+/// and its own history (the timeline). Ages are counted to `now`.
+pub(crate) fn operation(op: &OperationView, history: &History, now: Timestamp) -> Html {
+    let mut out = operation_summary(op, now);
     out.push(stages_section(op));
     out.push(Html::lit("<h2>Rollback plan</h2>"));
     out.push(plan_section(op));
@@ -219,8 +244,9 @@ pub(crate) fn operation(op: &OperationView, history: &History) -> Html {
     out
 }
 
-/// What the operation is, where it stopped, and the command to move it on.
-fn operation_summary(op: &OperationView) -> Html {
+/// What the operation is, when it started, stopped and last changed, where it stopped,
+/// and the command to move it on.
+fn operation_summary(op: &OperationView, now: Timestamp) -> Html {
     let status = op.status.as_ref().map(word).unwrap_or_default();
     let mut out = html!(
         "<div class=\"box\"><p>{} {} on {} · status {} · version {}</p>",
@@ -230,6 +256,20 @@ fn operation_summary(op: &OperationView) -> Html {
         badge(&status),
         op.progress.version
     );
+    let mut times = Vec::new();
+    if let Some(at) = op.started_at {
+        times.push(html!("started {} ({} ago)", time(at), age(at, now)));
+    }
+    let ended = ended(op);
+    if !ended.is_empty() {
+        times.push(ended);
+    }
+    if let Some(at) = op.last_commit_at {
+        times.push(html!("last commit {} ({} ago)", time(at), age(at, now)));
+    }
+    if !times.is_empty() {
+        out.push(html!("<p class=\"times\">{}</p>", Html::join(times, " · ")));
+    }
     if let Some(parent) = op.parent_id {
         out.push(html!("<p>part of bundle {}</p>", operation_link(&parent)));
     }

@@ -129,6 +129,9 @@ fn compensation(n: u128, state: CompensationProgress, attempts: u32) -> Compensa
     }
 }
 
+/// The time pages count ages to: an hour after `stopped_rollback` started.
+const NOW: Timestamp = Timestamp(1_700_003_600_000);
+
 fn stopped_rollback() -> OperationView {
     let op = Uuid::from_u128(99);
     OperationView {
@@ -163,6 +166,10 @@ fn stopped_rollback() -> OperationView {
             compensation(2, CompensationProgress::Failed, 5),
         ],
         remaining: vec![Uuid::from_u128(2)],
+        started_at: Some(Timestamp(1_700_000_000_000)),
+        failed_at: Some(Timestamp(1_700_000_060_000)),
+        finished_at: Some(Timestamp(1_700_000_120_000)),
+        last_commit_at: Some(Timestamp(1_700_000_120_000)),
         parts: None,
         progress: FoldProgress {
             version: 9,
@@ -179,7 +186,7 @@ fn a_stopped_rollback_draws_its_done_and_stuck_compensations_and_says_how_to_res
     let op = stopped_rollback();
     // ...when its page is rendered...
     let svg = plan_diagram(&op);
-    let html = pages::operation(&op, &History::default());
+    let html = pages::operation(&op, &History::default(), NOW);
     // ...then the drawing shows one done and one stuck, in plan order...
     let done = svg.find("data-standing=\"done\"").expect("a done box");
     let stuck = svg.find("data-standing=\"stuck\"").expect("a stuck box");
@@ -198,6 +205,43 @@ fn a_stopped_rollback_draws_its_done_and_stuck_compensations_and_says_how_to_res
         "the resume command: {html}"
     );
     assert!(html.contains("data-status=\"needs_attention\""), "{html}");
+}
+
+#[test]
+fn an_operation_shows_when_it_started_ended_and_last_changed_and_its_age() {
+    // Given an operation started an hour before now, failed a minute in and closed two
+    // minutes in...
+    let op = stopped_rollback();
+    // ...when its page and the list are rendered...
+    let page = pages::operation(&op, &History::default(), NOW);
+    let list = pages::operations(
+        &ListFilter::default(),
+        None,
+        std::slice::from_ref(&op),
+        None,
+        NOW,
+    );
+    // ...then the page says when it started and how long ago, when it finished, and when
+    // its last commit was...
+    let at = |t: &str| format!("<time datetime=\"{t}\">{t}</time>");
+    for said in [
+        format!("started {} (1h0m ago)", at("2023-11-14T22:13:20Z")),
+        format!("finished {}", at("2023-11-14T22:15:20Z")),
+        format!("last commit {} (58m0s ago)", at("2023-11-14T22:15:20Z")),
+    ] {
+        assert!(page.contains(&said), "{said} not in {page}");
+    }
+    // ...and its row in the list says the same, under named columns.
+    for said in [
+        "<th>started</th><th>age</th><th>ended</th><th>last commit</th>".to_string(),
+        format!("<td>{}</td><td>1h0m</td>", at("2023-11-14T22:13:20Z")),
+        format!(
+            "<td>finished {}</td><td>58m0s</td>",
+            at("2023-11-14T22:15:20Z")
+        ),
+    ] {
+        assert!(list.contains(&said), "{said} not in {list}");
+    }
 }
 
 #[test]
@@ -224,6 +268,7 @@ fn the_worklist_comes_before_the_list_and_the_next_page_keeps_the_filters() {
         Some(std::slice::from_ref(&op)),
         &[],
         Some(Uuid::from_u128(5)),
+        NOW,
     );
     let attention = html.find("id=\"needs-attention\"").expect("the worklist");
     let all = html.find("All operations").expect("the list");
@@ -241,7 +286,7 @@ fn the_worklist_comes_before_the_list_and_the_next_page_keeps_the_filters() {
 fn text_from_the_log_is_escaped() {
     let mut op = stopped_rollback();
     op.compensations[1].last_error = Some("<script>alert(1)</script>".into());
-    let html = pages::operation(&op, &History::default());
+    let html = pages::operation(&op, &History::default(), NOW);
     assert!(!html.contains("<script>alert"), "{html}");
     assert_eq!(
         &*Html::text("<a href='x'>&"),
@@ -483,7 +528,7 @@ fn every_text_a_page_shows_is_escaped_whatever_a_writer_put_in_it() {
     );
     let history = hostile_history();
     // ...when every page that shows them is rendered, then each shows the text escaped.
-    assert_escaped(&pages::operation(&op, &history), "operation page");
+    assert_escaped(&pages::operation(&op, &history, NOW), "operation page");
     assert_escaped(&plan_diagram(&op), "plan drawing");
     assert_escaped(&pages::history_section(&history), "history");
     let filter = ListFilter {
@@ -497,6 +542,7 @@ fn every_text_a_page_shows_is_escaped_whatever_a_writer_put_in_it() {
         Some(std::slice::from_ref(&op)),
         std::slice::from_ref(&op),
         None,
+        NOW,
     );
     assert_escaped(&list, "operation list");
     let rows = vec![(cluster(), HOSTILE.to_string(), HOSTILE.to_string())];

@@ -80,14 +80,17 @@ pub(crate) fn cluster_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, 
     })
 }
 
-/// Operations, optionally in one status (`needs_attention`: the rollbacks an operator must
-/// look at), of one kind or on one target (`cluster/<uuid>`). Read through the store's
-/// operation indexes, never by scanning every operation for a filtered listing.
+/// Operations, newest first (ids are UUID v7: id order is start order), optionally in one
+/// status (`needs_attention`: the rollbacks an operator must look at), of one kind, on one
+/// target (`cluster/<uuid>`) or started since a time. Read through the store's operation
+/// indexes, never by scanning every operation for a listing filtered by status, kind or
+/// target; `after` goes on after that id, to older operations.
 pub(crate) fn operation_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
     let OperationListRequest {
         status,
         kind,
         target,
+        since,
         limit,
         after,
     } = parse(payload)?;
@@ -95,14 +98,15 @@ pub(crate) fn operation_list(ctx: &QueryContext, payload: &[u8]) -> Result<Value
         status,
         kind,
         target,
+        since,
     };
     // Summaries, not views: one operation of thousands of steps must not fill the page
     // (or a reply) and hide the others; its view is `q.operation.get`.
     page(
         ctx,
-        ctx.store.operations(&filter, after),
+        ctx.store.operations_newest_first(&filter, after),
         limit,
-        |_| true,
+        |e| filter.accepts(e),
         summary,
     )
 }
