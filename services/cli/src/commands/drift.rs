@@ -404,7 +404,11 @@ fn report(
         };
         match &a.held {
             Ok(held) => println!("{}: {} held{discovered}", a.executor, held),
-            Err(e) => println!("{}: not read{discovered}: {e}", a.executor),
+            Err(e) => println!(
+                "{}: not read{discovered}: {}",
+                a.executor,
+                super::printable(&e.to_string())
+            ),
         }
         if a.suspects_not_kept > 0 {
             println!(
@@ -420,14 +424,14 @@ fn report(
             "{:<10} {} {} (entity {}, operation {}, step {})",
             word(f),
             f.executor,
-            f.resource,
+            super::printable(&f.resource),
             f.entity.as_deref().unwrap_or("unknown"),
             f.operation_id
                 .map(|o| o.to_string())
                 .unwrap_or_else(|| "none".into()),
             f.step.as_deref().unwrap_or("none"),
         );
-        println!("  why: {}", f.reason);
+        println!("  why: {}", super::printable(&f.reason));
         println!("  do:  {}", super::invocation::current().in_text(&f.action));
     }
     if let Some(fixed) = fixed {

@@ -156,3 +156,39 @@ pub fn print_json(value: &serde_json::Value) {
         Err(e) => eprintln!("cannot render JSON: {e}"),
     }
 }
+
+/// Text from outside (an executor's resource names and error messages) as a terminal may
+/// show it: control characters (an escape sequence could rewrite the operator's screen or
+/// forge lines) are written as Rust escapes; everything else is left as it is.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn text_from_outside_cannot_drive_the_terminal() {
+        // Given an executor's text with an escape sequence, a newline and a bell...
+        let hostile = "vm-1\u{1b}[2J\nfixed: nothing leaked\u{7}";
+        // ...when it is made printable, then no control character is left, and what it
+        // said is still readable.
+        let shown = printable(hostile);
+        assert!(!shown.chars().any(char::is_control), "{shown}");
+        assert_eq!(shown, "vm-1\\u{1b}[2J\\nfixed: nothing leaked\\u{7}");
+        // ...and ordinary text is shown as it is.
+        assert_eq!(printable("vm-1 é"), "vm-1 é");
+    }
+}
