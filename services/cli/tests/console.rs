@@ -5,9 +5,11 @@
 //!
 //! - The demo's data: every scenario's operation has its page, with its rollback plan
 //!   drawn box by box as the plan records it; the list shows them; a provider shows its
-//!   capacity and a verified chain.
+//!   capacity and a verified chain; `/instances` lists every instance.
 //! - A rollback whose compensations keep failing appears under "Needs attention" on a
-//!   list page that was opened before it failed, without a reload.
+//!   list page that was opened before it failed, without a reload, with its age; its page
+//!   shows every compensation's full id and the `rollback resolve` command of each stuck
+//!   one; the health page counts it.
 //! - A tampered commit on an aggregate's subject shows as a broken chain on its page.
 //!
 //! With `PROVLEDGER_SCREENSHOTS=DIR`, the demo test saves the screenshots docs/ shows.
@@ -359,6 +361,34 @@ async fn the_demo_shows_each_scenarios_operation_with_its_plan() {
         .await
         .contains("hash chain verified"));
     browser.screenshot("console-provider.png").await;
+
+    // The instances have their list, reached from the header, each linking its page.
+    browser
+        .c()
+        .goto(&format!("{url}/health"))
+        .await
+        .expect("health");
+    let instances = browser
+        .attr("header nav a[href='/instances']", "href")
+        .await;
+    assert_eq!(instances.as_deref(), Some("/instances"));
+    browser
+        .c()
+        .goto(&format!("{url}/instances?limit=200"))
+        .await
+        .expect("the instances");
+    let listed: std::collections::BTreeSet<String> = browser
+        .attrs("table.entities a[href^='/instances/']", "href")
+        .await
+        .into_iter()
+        .collect();
+    let demo_instances: std::collections::BTreeSet<String> = commits
+        .iter()
+        .filter(|c| c.aggregate.kind == AggregateKind::Instance)
+        .map(|c| format!("/instances/{}", c.aggregate.id))
+        .collect();
+    assert!(!demo_instances.is_empty(), "the demo makes instances");
+    assert_eq!(listed, demo_instances, "every instance, once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -422,22 +452,81 @@ async fn a_rollback_that_needs_attention_appears_on_an_open_page_without_a_reloa
         .await
         .expect("ask the page");
     assert_eq!(same, serde_json::json!(true), "the page was reloaded");
+    // The list shows its age, in the column named so.
+    let age = browser
+        .run(
+            "var a = document.querySelector(arguments[0]); if (!a) { return null; } \
+             var heads = Array.from(a.closest('table').querySelectorAll('thead th')).map(function (h) { return h.innerText; }); \
+             return a.closest('tr').querySelectorAll('td')[heads.indexOf('age')].innerText;",
+            &format!("table.all a[href='/operations/{op}']"),
+        )
+        .await;
+    let age = age.as_str().unwrap_or_default().to_string();
+    assert!(
+        age.ends_with('s')
+            && age
+                .trim_end_matches('s')
+                .chars()
+                .all(|c| c.is_ascii_digit() || c == 'm'),
+        "an age such as 3s or 1m2s, not {age:?}"
+    );
     // Its page names what is stuck and how to move it on.
     browser
         .c()
         .goto(&format!("{url}/operations/{op}"))
         .await
         .expect("page");
-    assert!(
-        browser
-            .count("#plan-diagram g[data-standing='stuck']")
-            .await
-            >= 1
-    );
+    let stuck = browser
+        .attrs("#plan-diagram g[data-standing='stuck']", "data-id")
+        .await;
+    assert!(!stuck.is_empty());
     assert!(browser
         .text_of("#resume")
         .await
         .contains(&format!("rollback run {op}")));
+    // The plan's table shows every compensation's full id, and each stuck one (all at
+    // executors here) has its exact `rollback resolve` command, with the CLI's flags.
+    let drawn = browser
+        .attrs("#plan-diagram g.compensation", "data-id")
+        .await;
+    let listed = browser
+        .run(
+            "return Array.from(document.querySelectorAll(arguments[0])).map(function (e) { return e.innerText; });",
+            "#plan table.plan code.compensation-id",
+        )
+        .await;
+    let listed: Vec<String> = serde_json::from_value(listed).expect("ids");
+    assert_eq!(listed, drawn, "every compensation's full id, in plan order");
+    assert_eq!(
+        browser
+            .attrs("#resolve code.resolve", "data-compensation")
+            .await,
+        stuck
+    );
+    for id in &stuck {
+        assert!(
+            browser
+                .text_of(&format!("#resolve code[data-compensation='{id}']"))
+                .await
+                .contains(&format!(
+                    "provledger --nats $NATS_URL rollback resolve {op} --compensation {id} --reason '"
+                )),
+            "{id}"
+        );
+    }
+    // The health page counts it among the operations that need attention.
+    browser
+        .c()
+        .goto(&format!("{url}/health"))
+        .await
+        .expect("health");
+    assert_eq!(
+        browser
+            .attr("#needs-attention-count", "data-count")
+            .await
+            .as_deref(),
+        Some("1")
+    );
 }
 
 fn status(n: u32) -> CommitDraft {

@@ -233,12 +233,15 @@ pub(crate) fn entity_path(id: &AggregateId) -> String {
     format!("{}/{}", list_path(id.kind), id.id)
 }
 
-/// A link to an entity's page, labelled with its kind and id.
+/// A link to an entity's page, labelled with its kind and short id (the last 12 hex
+/// digits, as docs/cli.md's "Short ids" says text output shows one); the full id is in
+/// its path and its title.
 pub(crate) fn entity_link(id: &AggregateId) -> Html {
     html!(
-        "<a href=\"{}\"><code>{}</code></a>",
+        "<a href=\"{}\" title=\"{}\"><code>{}</code></a>",
         entity_path(id),
-        id.to_string()
+        id.to_string(),
+        provledger_events::short_aggregate(id)
     )
 }
 
@@ -324,7 +327,7 @@ pub(crate) fn page(frame: &Frame<'_>, content: &Html) -> Html {
 <title>{} · provledger</title><style>{}</style></head><body data-position=\"{}\">\
 <header><a class=\"brand\" href=\"/operations\">provledger</a>\
 <nav><a href=\"/operations\">Operations</a><a href=\"/operations?status=needs_attention\">Needs attention</a>\
-<a href=\"/clusters\">Clusters</a><a href=\"/providers\">Providers</a><a href=\"/health\">Health</a></nav>\
+<a href=\"/clusters\">Clusters</a><a href=\"/instances\">Instances</a><a href=\"/providers\">Providers</a><a href=\"/health\">Health</a></nav>\
 <span class=\"where\">{} · <span id=\"position\">position {}</span>{}</span></header>\
 <main><h1>{}</h1><div id=\"live\">{}</div></main>{}</body></html>\n",
         frame.title,
@@ -407,6 +410,7 @@ code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace}a{color:#1a5fb4}\
 .badge.good{background:#d3f1dc;color:#1b5e2c}.badge.warn{background:#fbeccc;color:#7a4b00}\
 .box{background:#fff;border:1px solid #dde2e8;border-radius:6px;padding:10px 14px;margin:8px 0}\
 .alert{background:#fde8e8;border:1px solid #e8a0a0;border-radius:6px;padding:8px 12px;margin:8px 0}\
+.warnbox{background:#fdf3dc;border:1px solid #e5c274;border-radius:6px;padding:8px 12px;margin:8px 0}\
 .ok{background:#e6f6ea;border:1px solid #9fd3ad;border-radius:6px;padding:8px 12px;margin:8px 0}\
 .cmd{background:#1d2733;color:#e8edf2;padding:8px 12px;border-radius:6px;display:inline-block}\
 .stages{display:flex;gap:8px;flex-wrap:wrap;margin:6px 0}.stage{background:#fff;border:1px solid #dde2e8;border-radius:6px;padding:6px 10px}\

@@ -6,13 +6,18 @@
 //!   the operations that need attention first; it follows the projector live (the page
 //!   listens to `/events`, server-sent events, and fetches its own fragment again).
 //! - `/operations/{id}`: stages, steps with their effect and declared compensation, the
-//!   failure, the rollback plan drawn (`plan`), what remains at which executor, the
-//!   command that moves it on, and its timeline (the operation's own commits).
-//! - `/clusters`, `/providers` and `/clusters|instances|providers/{id}`: current state,
+//!   failure, the rollback plan drawn (`plan`) and as a table with each compensation's
+//!   full id, what remains at which executor, the commands that move it on (`rollback
+//!   run`, and `rollback resolve` for each stuck compensation), and its timeline (the
+//!   operation's own commits).
+//! - `/clusters`, `/instances`, `/providers` and `/clusters|instances|providers/{id}`: current state,
 //!   the operation in flight, allocations against capacity, and the aggregate's history
 //!   with its hash chain verified: a broken link or a message outside the chain is shown
 //!   in place, never hidden.
-//! - `/health`: readiness, position, lag, the quarantine and the last audit.
+//! - `/health`: readiness, position, lag, the quarantine, the operations that need
+//!   attention (the projector's count), and the last audit against the position applied
+//!   now (stale when overdue or far behind: [`AUDIT_OVERDUE_INTERVALS`],
+//!   [`AUDIT_COVERED_MIN_PERCENT`]).
 //!
 //! The console never writes: it has GET routes only and reads what the store and the
 //! stream hold, as serve's own NATS identity may. Everything is bounded: pages, requests
@@ -75,6 +80,16 @@ pub const VIOLATIONS_SHOWN_MAX: usize = 20;
 pub const ALLOCATIONS_SHOWN_MAX: usize = 200;
 /// Quarantined entries listed on the health page (all are counted).
 pub const QUARANTINE_SHOWN_MAX: usize = 50;
+/// The last audit is stale on the health page (red, with what to do) once this many
+/// audit intervals have passed since it finished: the next one is overdue.
+pub const AUDIT_OVERDUE_INTERVALS: u32 = 2;
+/// ...or when it read less than this share (percent) of the positions applied now: it
+/// ran against a much smaller log (the empty one at start), so its verdict is not the
+/// log's.
+pub const AUDIT_COVERED_MIN_PERCENT: u64 = 50;
+/// Stuck compensations whose `rollback resolve` command an operation's page prints (all
+/// are counted, and the plan's table names each by its full id).
+pub const RESOLVE_COMMANDS_SHOWN_MAX: usize = 20;
 
 #[derive(Clone)]
 struct Console {
@@ -116,6 +131,7 @@ pub(crate) async fn serve_console(
         .route("/operations", get(operations))
         .route("/operations/{id}", get(operation))
         .route("/clusters", get(clusters))
+        .route("/instances", get(instances))
         .route("/providers", get(providers))
         .route("/clusters/{id}", get(cluster))
         .route("/instances/{id}", get(instance))
@@ -562,19 +578,19 @@ async fn operation(
         return Err(PageError::NotFound(format!("{id} is not an operation")));
     };
     let history = history_of(&c, &id, p.from, html::entity_path(&id)).await?;
-    let title = format!(
-        "Operation {} ({})",
-        short(&id.id),
-        view.kind.as_ref().map(html::word).unwrap_or_default()
-    );
+    let title = operation_title(&view);
     let content = versioned(&entity, pages::operation(&view, &history, Timestamp::now()));
     Ok(c.respond(at, &title, true, &p, content))
 }
 
-/// The last 8 characters of an id, as titles show it (a UUID's text is 36 ASCII bytes).
-fn short(id: &Uuid) -> String {
-    let text = id.to_string();
-    text[text.len() - 8..].to_string()
+/// An operation's page title: its short id (the last 12 hex digits, docs/cli.md's "Short
+/// ids") and its kind.
+pub(crate) fn operation_title(op: &provledger_projections::view::OperationView) -> String {
+    format!(
+        "Operation {} ({})",
+        provledger_events::short_id(&op.id),
+        op.kind.as_ref().map(html::word).unwrap_or_default()
+    )
 }
 
 async fn entity_page(
@@ -602,7 +618,7 @@ async fn entity_page(
             pages::provider(&v, &history),
         ),
         EntityView::Operation(v) => (
-            format!("Operation {}", short(&v.id)),
+            operation_title(&v),
             pages::operation(&v, &history, Timestamp::now()),
         ),
     };
@@ -668,6 +684,13 @@ async fn clusters(
     entity_list(c, AggregateKind::Cluster, "Clusters", raw).await
 }
 
+async fn instances(
+    State(c): State<Console>,
+    Query(raw): Query<HashMap<String, String>>,
+) -> PageResult {
+    entity_list(c, AggregateKind::Instance, "Instances", raw).await
+}
+
 async fn providers(
     State(c): State<Console>,
     Query(raw): Query<HashMap<String, String>>,
@@ -683,6 +706,14 @@ async fn health(
     let p = Params::parse(&raw, &[])?;
     let readiness = c.ctx.readiness().await;
     let quarantined = c.ctx.store.quarantined_first(QUARANTINE_SHOWN_MAX)?;
+    // The projector's count per status: no operation is read.
+    let needs_attention = c
+        .ctx
+        .store
+        .operation_counts()?
+        .into_iter()
+        .find(|(status, _)| status == "needs_attention")
+        .map_or(0, |(_, n)| n);
     let view = pages::HealthView {
         ready: readiness.ready,
         reason: readiness.reason.clone(),
@@ -698,6 +729,8 @@ async fn health(
         audit: c.ctx.audits.last(),
         audit_failed: c.ctx.audits.failed(),
         audit_interval: c.ctx.audits.interval,
+        needs_attention,
+        now: Timestamp::now(),
     };
     Ok(c.respond(at, "Health", true, &p, pages::health(&view)))
 }

@@ -5,7 +5,7 @@
 use provledger_events::{AggregateId, AggregateKind, HistoryEntry, Timestamp};
 use provledger_projections::timeline;
 use provledger_projections::view::{
-    age, ClusterView, CompensationView, InstanceView, OperationView, ProviderView,
+    age, ClusterView, CompensationView, InstanceView, OperationView, ProviderView, StartedStepView,
 };
 use std::collections::BTreeMap;
 use uuid::Uuid;
@@ -13,7 +13,7 @@ use uuid::Uuid;
 use super::html::{
     badge, entity_link, executor_name, html, operation_link, table, url_encode, word, Html,
 };
-use super::plan::plan_diagram;
+use super::plan::{plan_diagram, standing};
 
 /// The operation list's filters, as the query string gives them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -70,6 +70,63 @@ pub(crate) fn resume_command(op: &OperationView) -> Option<String> {
         )),
         _ => None,
     }
+}
+
+/// The command that records a stuck compensation as handled by hand, one per compensation
+/// `rollback resolve` takes (an executor's, failed and left when the rollback stopped in
+/// `needs_attention`; the ledger's own are applied by `rollback run`), in plan order: at
+/// most [`super::RESOLVE_COMMANDS_SHOWN_MAX`], and how many there are in all.
+pub(crate) fn resolve_commands(op: &OperationView) -> (Vec<(Uuid, String)>, usize) {
+    if op.status != Some(provledger_projections::operation::OperationStatus::NeedsAttention) {
+        return (Vec::new(), 0);
+    }
+    let id = op.id;
+    let stuck: Vec<&CompensationView> = op
+        .compensations
+        .iter()
+        .filter(|c| {
+            standing(op, c) == "stuck"
+                && matches!(
+                    c.executor,
+                    provledger_events::catalogue::Executor::Service(_)
+                )
+        })
+        .collect();
+    let shown = stuck
+        .iter()
+        .take(super::RESOLVE_COMMANDS_SHOWN_MAX)
+        .map(|c| {
+            let cid = c.compensation_id;
+            (
+                cid,
+                format!(
+                    "provledger --nats $NATS_URL rollback resolve {id} --compensation {cid} --reason '…'"
+                ),
+            )
+        })
+        .collect();
+    (shown, stuck.len())
+}
+
+/// The compensation a plan made for a started step by its idempotency key (not a done
+/// step's own), with where it stands, if the plan has one.
+fn compensation_by_key<'a>(
+    op: &'a OperationView,
+    started: &StartedStepView,
+) -> Option<&'a CompensationView> {
+    let plan = op.rollback_plan.as_ref()?;
+    let key = provledger_events::catalogue::DetailKey::IdempotencyKey.as_str();
+    let planned = plan.compensations.iter().find(|p| {
+        p.step == started.name
+            && p.compensation.args.get(key) == Some(&started.idempotency_key)
+            && !op
+                .steps
+                .iter()
+                .any(|s| s.compensation_id == Some(p.compensation_id))
+    })?;
+    op.compensations
+        .iter()
+        .find(|c| c.compensation_id == planned.compensation_id)
 }
 
 fn compensations_summary(op: &OperationView) -> Html {
@@ -294,6 +351,25 @@ fn operation_summary(op: &OperationView, now: Timestamp) -> Html {
             cmd
         ));
     }
+    let (resolves, stuck) = resolve_commands(op);
+    if !resolves.is_empty() {
+        out.push(html!(
+            "<div id=\"resolve\"><p>A stuck compensation undone by hand at its executor is \
+recorded with (say in <code>--reason</code> what was done: a ticket, who checked what):</p>{}{}</div>",
+            Html::join(
+                resolves.iter().map(|(cid, cmd)| html!(
+                    "<p><code class=\"cmd resolve\" data-compensation=\"{}\">{}</code></p>",
+                    cid,
+                    cmd
+                )),
+                ""
+            ),
+            (stuck > resolves.len()).then(|| html!(
+                "<p class=\"muted\">{} more stuck compensation(s): the plan's table names each by its full id</p>",
+                stuck - resolves.len()
+            ))
+        ));
+    }
     out.push(Html::lit("</div>"));
     out
 }
@@ -338,6 +414,7 @@ fn plan_section(op: &OperationView) -> Html {
         out.push(html!("<p>rollback ended {}</p>", badge(&word(outcome))));
     }
     out.push(plan_diagram(op));
+    out.push(plan_table(op));
     if !plan.retained.is_empty() {
         out.push(Html::lit("<p>kept on purpose:</p>"));
         let rows: Vec<Vec<Html>> = plan
@@ -361,6 +438,58 @@ fn plan_section(op: &OperationView) -> Html {
     out.push(remaining_by_executor(&op.compensations));
     out.push(Html::lit("</div>"));
     out
+}
+
+/// The plan's compensations as a table, in the order the driver runs them (the ones
+/// drawn): each with its full id, which `rollback resolve --compensation` takes.
+fn plan_table(op: &OperationView) -> Html {
+    let rows: Vec<Vec<Html>> = op
+        .compensations
+        .iter()
+        .take(super::plan::PLAN_DRAWN_MAX)
+        .enumerate()
+        .map(|(i, c)| {
+            let standing = standing(op, c);
+            vec![
+                html!("{}", i + 1),
+                Html::text(&c.stage),
+                Html::text(&c.step),
+                html!("{} <code>{}</code>", word(&c.action), c.resource),
+                Html::text(&executor_name(&c.executor)),
+                badge(standing),
+                html!("{}", c.attempts),
+                html!(
+                    "{}{}",
+                    c.last_error.as_deref(),
+                    c.resolved
+                        .as_deref()
+                        .map(|r| html!("resolved by hand: {}", r))
+                ),
+                html!(
+                    "<code class=\"compensation-id\">{}</code>",
+                    c.compensation_id
+                ),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        return Html::new();
+    }
+    table(
+        "plan",
+        &[
+            "#",
+            "stage",
+            "step",
+            "compensation",
+            "executor",
+            "standing",
+            "attempts",
+            "last error",
+            "compensation id",
+        ],
+        &rows,
+    )
 }
 
 /// The steps recorded, then those started whose outcome is not known.
@@ -394,6 +523,20 @@ fn steps_section(op: &OperationView) -> Html {
         })
         .collect();
     rows.extend(op.started.iter().map(|s| {
+        // Undone by its key: whatever the executor did is gone, so the outcome no longer
+        // matters; until then the outcome is unknown, with where the compensation stands.
+        let by_key = compensation_by_key(op, s);
+        let state = match by_key.map(|c| (standing(op, c), c)) {
+            Some(("done", _)) => badge("compensated"),
+            Some(("resolved", _)) => badge("resolved"),
+            Some((standing, c)) => html!(
+                "{} compensation {} <code>{}</code>",
+                badge("outcome_unknown"),
+                badge(standing),
+                c.compensation_id
+            ),
+            None => badge("outcome_unknown"),
+        };
         vec![
             Html::text(&s.stage),
             Html::text(&s.name),
@@ -404,9 +547,15 @@ fn steps_section(op: &OperationView) -> Html {
             ),
             s.compensation
                 .as_ref()
-                .map(|c| html!("{} by key", word(&c.action)))
+                .map(|c| {
+                    html!(
+                        "{} by key{}",
+                        word(&c.action),
+                        by_key.map(|c| html!(" (<code>{}</code>)", c.compensation_id))
+                    )
+                })
                 .unwrap_or_default(),
-            badge("outcome_unknown"),
+            state,
         ]
     }));
     if rows.is_empty() {
@@ -837,7 +986,7 @@ fn capacity_table(p: &ProviderView) -> Html {
     )
 }
 
-/// A list of clusters or providers: one link per entity with its status.
+/// A list of clusters, instances or providers: one link per entity with its status.
 pub(crate) fn entity_list(rows: &[(AggregateId, String, String)], next: Option<String>) -> Html {
     let mut out = Html::new();
     if rows.is_empty() {
@@ -869,6 +1018,59 @@ pub(crate) struct HealthView {
     pub(crate) audit: Option<crate::replica::LastAudit>,
     pub(crate) audit_failed: Option<(provledger_events::Timestamp, String)>,
     pub(crate) audit_interval: Option<std::time::Duration>,
+    /// Operations in `needs_attention`, from the projector's counts per status.
+    pub(crate) needs_attention: u64,
+    /// The time ages are counted to.
+    pub(crate) now: Timestamp,
+}
+
+/// How the last audit stands against what the replica has applied now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AuditFreshness {
+    /// It read everything applied now.
+    Current,
+    /// Commits were applied since; the next audit, not yet due, reads them.
+    Behind,
+    /// Overdue ([`super::AUDIT_OVERDUE_INTERVALS`] intervals since it finished), or it
+    /// read less than [`super::AUDIT_COVERED_MIN_PERCENT`]% of the positions applied now
+    /// (it ran against a much smaller log, such as the empty one at start).
+    Stale,
+}
+
+impl AuditFreshness {
+    fn word(self) -> &'static str {
+        match self {
+            AuditFreshness::Current => "current",
+            AuditFreshness::Behind => "behind",
+            AuditFreshness::Stale => "stale",
+        }
+    }
+}
+
+/// Whether `audit` still says something about the log as applied now (at `position`,
+/// at `now`, with audits every `interval`). Pure.
+pub(crate) fn audit_freshness(
+    audit: &crate::replica::LastAudit,
+    position: u64,
+    now: Timestamp,
+    interval: Option<std::time::Duration>,
+) -> AuditFreshness {
+    let age_ms =
+        u128::try_from(now.unix_ms().saturating_sub(audit.finished_at.unix_ms())).unwrap_or(0);
+    let overdue = interval.is_some_and(|i| {
+        age_ms
+            > i.as_millis()
+                .saturating_mul(u128::from(super::AUDIT_OVERDUE_INTERVALS))
+    });
+    let covered_too_little = u128::from(audit.position) * 100
+        < u128::from(position) * u128::from(super::AUDIT_COVERED_MIN_PERCENT);
+    if overdue || covered_too_little {
+        AuditFreshness::Stale
+    } else if audit.position >= position {
+        AuditFreshness::Current
+    } else {
+        AuditFreshness::Behind
+    }
 }
 
 pub(crate) fn health(h: &HealthView) -> Html {
@@ -912,6 +1114,18 @@ pub(crate) fn health(h: &HealthView) -> Html {
         vec![
             Html::lit("quarantined entries"),
             html!("{}", h.quarantined_total),
+        ],
+        vec![
+            Html::lit("operations needing attention"),
+            html!(
+                "<a id=\"needs-attention-count\" data-count=\"{}\" href=\"/operations?status=needs_attention\">{} operation(s)</a>{}",
+                h.needs_attention,
+                h.needs_attention,
+                (h.needs_attention > 0).then(|| html!(
+                    " {} their rollback stopped: the worklist says what to do",
+                    badge("needs_attention")
+                ))
+            ),
         ],
     ];
     let mut out = table("fields", &["", ""], &rows);
@@ -958,15 +1172,40 @@ fn last_audit(h: &HealthView) -> Html {
         ));
         return out;
     };
+    let freshness = audit_freshness(a, h.position, h.now, h.audit_interval);
+    let class = match (a.violations, freshness) {
+        (0, AuditFreshness::Current) => "ok",
+        (0, AuditFreshness::Behind) => "warnbox",
+        _ => "alert",
+    };
+    let since = h.position.saturating_sub(a.position);
     out.push(html!(
-        "<div class=\"{}\" id=\"audit\">finished {} in {} ms: {} commits read up to position {}, {} violation(s)",
-        if a.violations == 0 { "ok" } else { "alert" },
-        a.finished_at.to_string(),
+        "<div class=\"{}\" id=\"audit\" data-freshness=\"{}\">{}finished {} ({} ago) in {} ms: {} commits read up to position {}; position applied now {} ({} position(s) since); {} violation(s)",
+        class,
+        freshness.word(),
+        (freshness == AuditFreshness::Stale).then(|| Html::lit("<b>stale</b>: ")),
+        time(a.finished_at),
+        age(a.finished_at, h.now),
         a.took_ms,
         a.commits,
         a.position,
+        h.position,
+        since,
         a.violations
     ));
+    match freshness {
+        AuditFreshness::Current => {}
+        AuditFreshness::Behind => out.push(Html::lit(
+            "<p>what was applied since is not audited yet; the next audit reads it</p>",
+        )),
+        AuditFreshness::Stale => out.push(html!(
+            "<p>what was applied since is not audited, and this result says nothing about it. \
+Run <code class=\"cmd\">provledger --nats $NATS_URL audit</code> now, and check this \
+replica's audit loop (<code>serve --audit-interval</code>{}; its log says why an audit did not run).</p>",
+            h.audit_interval
+                .map(|i| html!(", every {} s here", i.as_secs()))
+        )),
+    }
     if !a.first.is_empty() {
         out.push(Html::lit("<ul>"));
         for v in &a.first {

@@ -459,6 +459,7 @@ fn full_operation() -> OperationView {
         message: "boot failed".into(),
     });
     op.cancellation_reason = Some("asked".into());
+    op.compensations[0].resolved = Some("released by hand".into());
     let compensation = Compensation {
         action: CompensationAction::TerminateVm,
         executor: Executor::Service("hypervisor".into()),
@@ -569,6 +570,8 @@ fn every_text_a_page_shows_is_escaped_whatever_a_writer_put_in_it() {
         }),
         audit_failed: Some((Timestamp(0), HOSTILE.into())),
         audit_interval: None,
+        needs_attention: 1,
+        now: NOW,
     };
     assert_escaped(&pages::health(&health), "health");
     let frame = super::html::Frame {
@@ -626,4 +629,281 @@ fn every_text_a_cluster_instance_or_provider_page_shows_is_escaped() {
     let (p, n) = poisoned(&provider_view);
     assert!(n >= 5, "only {n} provider fields were poisoned");
     assert_escaped(&pages::provider(&p, &hostile_history()), "provider page");
+}
+
+fn health_at(position: u64, audit_position: u64, finished_at: Timestamp) -> pages::HealthView {
+    pages::HealthView {
+        ready: true,
+        reason: None,
+        position,
+        end: Some(position),
+        caught_up_to: Some(position),
+        nats_connected: true,
+        quarantined: vec![],
+        quarantined_total: 0,
+        audit: Some(crate::replica::LastAudit {
+            finished_at,
+            took_ms: 3,
+            position: audit_position,
+            commits: audit_position,
+            violations: 0,
+            first: vec![],
+        }),
+        audit_failed: None,
+        audit_interval: Some(std::time::Duration::from_secs(3600)),
+        needs_attention: 0,
+        now: NOW,
+    }
+}
+
+/// The `#audit` element's opening tag.
+fn audit_box(page: &str) -> &str {
+    let at = page.find("id=\"audit\"").expect("an audit box");
+    let open = page[..at].rfind('<').unwrap_or(0);
+    &page[open..page[open..].find('>').map_or(page.len(), |e| open + e + 1)]
+}
+
+#[test]
+fn an_audit_of_an_almost_empty_log_is_stale_not_green_and_says_what_to_do() {
+    // Given an audit that finished five minutes ago at position 0 (the log was empty) and
+    // a replica that has applied 50 positions since...
+    let h = health_at(50, 0, NOW.plus_ms(-300_000));
+    // ...when the health page is rendered...
+    let page = pages::health(&h);
+    // ...then the audit is stale, in red, says its age and both positions, and what to do.
+    let tag = audit_box(&page);
+    assert!(tag.contains("class=\"alert\""), "{tag}");
+    assert!(tag.contains("data-freshness=\"stale\""), "{tag}");
+    for said in [
+        "<b>stale</b>",
+        "(5m0s ago)",
+        "read up to position 0; position applied now 50 (50 position(s) since)",
+        "provledger --nats $NATS_URL audit",
+    ] {
+        assert!(page.contains(said), "{said} not in {page}");
+    }
+}
+
+#[test]
+fn an_audit_is_current_behind_or_stale_by_its_positions_and_its_age() {
+    // Given audits every hour: one at the position applied now is current, one a little
+    // behind is behind, one overdue (more than two intervals old) or that read less than
+    // half of what is applied now is stale.
+    use pages::AuditFreshness::{Behind, Current, Stale};
+    let hour = std::time::Duration::from_secs(3600);
+    for (position, audited, ago_ms, expected) in [
+        (100, 100, 60_000, Current),
+        (100, 90, 60_000, Behind),
+        (100, 100, 3 * 3_600_000, Stale),
+        (100, 49, 60_000, Stale),
+        (100, 0, 0, Stale),
+        (0, 0, 0, Current),
+    ] {
+        let h = health_at(position, audited, NOW.plus_ms(-ago_ms));
+        let audit = h.audit.as_ref().expect("an audit");
+        assert_eq!(
+            pages::audit_freshness(audit, position, NOW, Some(hour)),
+            expected,
+            "applied {position}, audited {audited}, {ago_ms} ms ago"
+        );
+    }
+    // A current audit without violations is green; one behind is not.
+    let current = pages::health(&health_at(100, 100, NOW.plus_ms(-60_000)));
+    assert!(audit_box(&current).contains("class=\"ok\""), "{current}");
+    let behind = pages::health(&health_at(100, 90, NOW.plus_ms(-60_000)));
+    assert!(audit_box(&behind).contains("class=\"warnbox\""), "{behind}");
+}
+
+#[test]
+fn the_health_page_counts_the_operations_needing_attention_and_links_to_the_worklist() {
+    // Given 3 operations in needs_attention (the store's count per status)...
+    let mut h = health_at(10, 10, NOW);
+    h.needs_attention = 3;
+    // ...when the health page is rendered, then it says so, linking to the worklist.
+    let page = pages::health(&h);
+    assert!(
+        page.contains(
+            "data-count=\"3\" href=\"/operations?status=needs_attention\">3 operation(s)</a>"
+        ),
+        "{page}"
+    );
+    assert!(page.contains("data-status=\"needs_attention\""), "{page}");
+}
+
+#[test]
+fn instances_have_their_list_and_a_link_in_every_page_header() {
+    // Given any page, when framed, then its header links to /instances...
+    let frame = super::html::Frame {
+        title: "x",
+        stream: "s",
+        position: 1,
+        live: false,
+    };
+    let page = super::html::page(&frame, &Html::new());
+    assert!(
+        page.contains("<a href=\"/instances\">Instances</a>"),
+        "{page}"
+    );
+    // ...and a list of instances links each one's page, with the next page's link.
+    let instance = AggregateId::new(AggregateKind::Instance, Uuid::from_u128(0xabc));
+    let list = pages::entity_list(
+        &[(instance, "node-1".into(), "active".into())],
+        Some("/instances?after=x".into()),
+    );
+    assert!(
+        list.contains(&format!("href=\"/instances/{}\"", instance.id)),
+        "{list}"
+    );
+    assert!(list.contains("href=\"/instances?after=x\""), "{list}");
+    assert_eq!(
+        super::html::list_path(AggregateKind::Instance),
+        "/instances"
+    );
+}
+
+/// `stopped_rollback` with a started step (key `key-3`) whose compensation the plan made
+/// by that key, in `state`.
+fn with_a_step_undone_by_key(state: CompensationProgress) -> OperationView {
+    use provledger_events::catalogue::{Compensation, PlannedCompensation};
+    use provledger_projections::view::{OutcomeUnknown, StartedStepView};
+    let mut op = stopped_rollback();
+    let declared = Compensation {
+        action: CompensationAction::TerminateVm,
+        executor: Executor::Service("hypervisor".into()),
+        resource: "vm-3".into(),
+        args: Default::default(),
+    };
+    op.started = vec![StartedStepView {
+        stage: "spawn".into(),
+        name: "vm-3".into(),
+        executor: "hypervisor".into(),
+        idempotency_key: "key-3".into(),
+        compensation: Some(declared.clone()),
+        state: OutcomeUnknown::OutcomeUnknown,
+    }];
+    let mut by_key = declared;
+    by_key.args.insert("idempotency_key".into(), "key-3".into());
+    if let Some(plan) = op.rollback_plan.as_mut() {
+        plan.compensations = vec![PlannedCompensation {
+            compensation_id: Uuid::from_u128(3),
+            stage: "spawn".into(),
+            step: "vm-3".into(),
+            compensation: by_key,
+        }];
+    }
+    let mut c = compensation(3, state, 1);
+    c.step = "vm-3".into();
+    op.compensations = vec![c];
+    op.remaining.clear();
+    op.status = Some(OperationStatus::RolledBack);
+    op
+}
+
+/// The steps table's row of the started step `vm-3`.
+fn started_row(page: &str) -> String {
+    let at = page.find("<td>vm-3</td>").expect("the started step's row");
+    let end = page[at..].find("</tr>").map_or(page.len(), |e| at + e);
+    page[at..end].to_string()
+}
+
+#[test]
+fn a_started_step_undone_by_its_key_shows_as_compensated_not_outcome_unknown() {
+    // Given a fully rolled-back operation whose started step's compensation by key is done...
+    let op = with_a_step_undone_by_key(CompensationProgress::Done);
+    // ...when its page is rendered...
+    let page = pages::operation(&op, &History::default(), NOW);
+    // ...then that step shows as undone (compensated), with no outcome_unknown badge.
+    let steps = &page[page.find("<h2>Steps</h2>").expect("steps")..];
+    let row = started_row(steps);
+    assert!(row.contains("data-status=\"compensated\""), "{row}");
+    assert!(!row.contains("outcome_unknown"), "{row}");
+    // While its compensation is only requested, the outcome is still unknown.
+    let op = with_a_step_undone_by_key(CompensationProgress::Requested);
+    let page = pages::operation(&op, &History::default(), NOW);
+    let steps = &page[page.find("<h2>Steps</h2>").expect("steps")..];
+    let row = started_row(steps);
+    assert!(row.contains("data-status=\"outcome_unknown\""), "{row}");
+    assert!(row.contains("data-status=\"requested\""), "{row}");
+}
+
+#[test]
+fn the_plan_names_each_compensation_by_its_full_id_and_a_stuck_one_by_its_resolve_command() {
+    // Given a rollback stopped in needs_attention with one compensation done, one of an
+    // executor's failed and left, and one of the ledger's own failed and left...
+    let mut op = stopped_rollback();
+    let mut ledger_own = compensation(4, CompensationProgress::Failed, 5);
+    ledger_own.executor = Executor::Ledger;
+    op.compensations.push(ledger_own);
+    op.remaining.push(Uuid::from_u128(4));
+    // ...when its page is rendered...
+    let page = pages::operation(&op, &History::default(), NOW);
+    // ...then the plan's table shows every compensation's full id...
+    for n in [1, 2, 4] {
+        let id = Uuid::from_u128(n);
+        assert!(
+            page.contains(&format!("<code class=\"compensation-id\">{id}</code>")),
+            "{id} not in {page}"
+        );
+    }
+    // ...and the executor's stuck one has its exact `rollback resolve` command, next to
+    // `rollback run`; the done one and the ledger's own (which `rollback run` applies) none.
+    let resolve = format!(
+        "provledger --nats $NATS_URL rollback resolve {} --compensation {} --reason &#39;…&#39;",
+        op.id,
+        Uuid::from_u128(2)
+    );
+    assert!(page.contains(&resolve), "{resolve} not in {page}");
+    assert_eq!(page.matches("rollback resolve ").count(), 1, "{page}");
+    let run = page.find("id=\"resume\"").expect("rollback run");
+    let res = page.find("id=\"resolve\"").expect("rollback resolve");
+    assert!(run < res, "{page}");
+    // Once resumed (rolling back), nothing is stuck and resolve is not offered.
+    op.status = Some(OperationStatus::RollingBack);
+    let page = pages::operation(&op, &History::default(), NOW);
+    assert!(!page.contains("rollback resolve "), "{page}");
+}
+
+#[test]
+fn titles_and_links_show_the_short_id_docs_cli_names() {
+    // Given an operation and a cluster with UUID v7-like ids...
+    let mut op = stopped_rollback();
+    op.id = "0190c0de-0000-7000-8000-71eec13912d3"
+        .parse()
+        .expect("a uuid");
+    op.kind = Some(provledger_events::catalogue::OperationKind::CreateCluster);
+    let target = AggregateId::new(
+        AggregateKind::Cluster,
+        "0190c0de-0000-7000-8000-0000abcdef12"
+            .parse()
+            .expect("a uuid"),
+    );
+    op.target = Some(target);
+    // ...then the title and the links' labels show the last 12 hex digits
+    // (provledger_events::short_id), the links' paths the full id.
+    assert_eq!(
+        super::operation_title(&op),
+        "Operation 71eec13912d3 (create_cluster)"
+    );
+    let link = super::html::entity_link(&target);
+    assert!(
+        link.contains("<code>cluster/0000abcdef12</code>"),
+        "{}",
+        &*link
+    );
+    assert!(
+        link.contains(&format!("href=\"/clusters/{}\"", target.id)),
+        "{}",
+        &*link
+    );
+    let list = pages::operations(
+        &ListFilter::default(),
+        None,
+        std::slice::from_ref(&op),
+        None,
+        NOW,
+    );
+    assert!(
+        list.contains("<code>operation/71eec13912d3</code>"),
+        "{list}"
+    );
 }
