@@ -491,6 +491,9 @@ impl OperationState {
                 });
             }
             Event::CancellationRequested { reason } => {
+                if let Some(refusal) = self.cancellation_refusal() {
+                    return refusal;
+                }
                 if self.cancellation_reason.is_none() {
                     self.cancellation_reason = Some(reason.clone());
                 }
@@ -517,6 +520,33 @@ impl OperationState {
             other => return Self::not_an_operation_event(other),
         }
         Folded::Applied
+    }
+
+    /// Why a cancellation cannot be requested now, if it cannot: only a running operation
+    /// is cancelled. A closed one (succeeded, rolled back, held, needs attention, cancelled
+    /// and rolled back) has nothing left to stop, and one that already stopped (failed,
+    /// cancelled, rolling back) is being rolled back already: a request would change
+    /// nothing, so it is refused rather than accepted silently.
+    fn cancellation_refusal(&self) -> Option<Folded> {
+        let status = self.status?;
+        if status == OperationStatus::Running {
+            return None;
+        }
+        let word = serde_json::to_value(status)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_else(|| format!("{status:?}"));
+        Some(Folded::Refused(if self.is_closed() {
+            format!(
+                "the operation is closed ({word}): there is nothing left to cancel; \
+                 cancellation not applied"
+            )
+        } else {
+            format!(
+                "the operation already stopped ({word}) and its rollback is under way: \
+                 there is nothing left to cancel; cancellation not applied"
+            )
+        }))
     }
 
     /// The rollback: its plan recorded, finished, resumed after it needed attention.

@@ -106,6 +106,13 @@ impl Event {
         }
     }
 
+    /// Someone asks a running operation to stop (`provledger operation cancel`).
+    pub fn cancellation_requested(reason: impl Into<String>) -> Event {
+        Event::CancellationRequested {
+            reason: reason.into(),
+        }
+    }
+
     pub fn operation_cancelled(reason: impl Into<String>) -> Event {
         Event::OperationCancelled {
             reason: reason.into(),

@@ -269,7 +269,7 @@ enum Command {
         operations: usize,
     },
     /// The operator's worklist: operations by status (needs_attention: stopped rollbacks),
-    /// kind or target.
+    /// kind or target; one operation whole (`show`); cancel a running one.
     Operation {
         #[command(subcommand)]
         action: OperationCommand,
@@ -337,6 +337,27 @@ enum OperationCommand {
         /// Go on after this operation id (the last one of the previous page), to older ones.
         #[arg(long)]
         after: Option<Uuid>,
+    },
+    /// One operation whole: kind, target, status, times, stages, steps, the rollback plan
+    /// with each compensation's full id and state, what remains at which executor, and the
+    /// command that moves it on.
+    Show { operation_id: Uuid },
+    /// Cancel a running operation (its writer died, say): records `cancellation_requested`
+    /// (refused, with why, on one that already stopped or closed); its runner stops at its
+    /// next step, and the rollback follows: with --nats serve's rollback worker carries it
+    /// out; embedded this command drives it to the end, as `rollback run` does.
+    Cancel {
+        operation_id: Uuid,
+        /// Why, for the log (a ticket, what was seen).
+        #[arg(long)]
+        reason: String,
+        /// Who cancels: the commit's actor.
+        #[arg(long, default_value = "operator")]
+        actor: String,
+        /// Embedded: NATS server where the executors answer compensation requests
+        /// (as `rollback run --executors-url`); defaults to --nats.
+        #[arg(long, env = "PROVLEDGER_EXECUTORS_URL")]
+        executors_url: Option<String>,
     },
 }
 
@@ -843,16 +864,69 @@ async fn rollback(action: RollbackCommand, g: &Globals) -> Result<(), CommandErr
     .await
 }
 
-/// `operation list`: from a service with --nats, else from the data dir.
+/// `operation list | show | cancel`: reads from a service with --nats, else from the data
+/// dir; `cancel` writes through the write path.
 async fn operation(action: OperationCommand, g: &Globals) -> Result<(), CommandError> {
-    let OperationCommand::List {
-        status,
-        kind,
-        target,
-        since,
-        limit,
-        after,
-    } = action;
+    let json = g.json;
+    let (status, kind, target, since, limit, after) = match action {
+        OperationCommand::List {
+            status,
+            kind,
+            target,
+            since,
+            limit,
+            after,
+        } => (status, kind, target, since, limit, after),
+        OperationCommand::Show { operation_id } => {
+            let now = provledger_events::Timestamp::now();
+            if let Some(url) = &g.options.nats_url {
+                let (auth, prefix) = (&g.options.nats_auth, &g.options.subject_prefix);
+                return commands::operation::show_remote(
+                    url,
+                    auth,
+                    prefix,
+                    operation_id,
+                    now,
+                    json,
+                )
+                .await;
+            }
+            return with_ledger(&g.options, |ledger| async move {
+                let result = match &ledger {
+                    Ledger::Embedded(log) => {
+                        commands::operation::show_local(log, operation_id, now, json).await
+                    }
+                    _ => Err(CommandError::BadInput(
+                        "operation show reads a data dir, or a service with --nats".into(),
+                    )),
+                };
+                (ledger, result)
+            })
+            .await;
+        }
+        OperationCommand::Cancel {
+            operation_id,
+            reason,
+            actor,
+            executors_url,
+        } => {
+            let cancel = commands::operation::Cancel {
+                id: operation_id,
+                reason,
+                actor,
+                executors_url: executors_url.or(g.options.nats_url.clone()),
+                nats_url: g.options.nats_url.clone(),
+                auth: g.options.nats_auth.clone(),
+                prefix: g.options.subject_prefix.clone(),
+            };
+            return with_ledger(&g.options, |ledger| async move {
+                let writer = Writer::new(ledger.clone());
+                let result = commands::operation::cancel(&writer, cancel, json).await;
+                (ledger, result)
+            })
+            .await;
+        }
+    };
     if !(1..=1000).contains(&limit) {
         return Err(CommandError::BadInput(format!(
             "--limit must be 1 to 1000, not {limit}"
@@ -872,7 +946,6 @@ async fn operation(action: OperationCommand, g: &Globals) -> Result<(), CommandE
         after,
         now,
     };
-    let json = g.json;
     if let Some(url) = &g.options.nats_url {
         let (auth, prefix) = (&g.options.nats_auth, &g.options.subject_prefix);
         return commands::operation::list_remote(url, auth, prefix, req, json).await;

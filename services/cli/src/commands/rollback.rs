@@ -8,9 +8,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use provledger_events::catalogue::Executor;
-use provledger_projections::operation::{CompensationProgress, CompensationState, OperationState};
+use provledger_events::{Commit, Timestamp};
+use provledger_projections::operation::{
+    CompensationProgress, CompensationState, OperationState, OperationStatus,
+};
 use provledger_projections::planner::{action_word, json_word, render_plan};
-use provledger_projections::rollback::{resolvable_by_hand, RetryPolicy};
+use provledger_projections::rollback::{
+    next_rollback_action, resolvable_by_hand, RetryPolicy, RollbackAction,
+};
+use provledger_projections::Entity;
 use uuid::Uuid;
 
 use super::{print_json, CommandError};
@@ -201,23 +207,51 @@ fn describe_left(id: Uuid, left: &[Left<'_>]) -> String {
     out
 }
 
+/// `rollback plan OP`: what `rollback run OP` would do, said the same way: the recorded
+/// plan; or the plan the planner would record now (dry run); or, for a running operation
+/// with a cancellation pending, when `rollback run` records the cancellation and the plan
+/// it would then record; or the refusal `rollback run` gives (nothing to roll back).
 pub async fn plan(ledger: &Writer<Ledger>, id: Uuid, json: bool) -> Result<(), CommandError> {
     let op = read_operation(ledger, id).await.map_err(command_error)?;
-    let (plan, recorded) = match &op.rollback_plan {
-        Some(plan) => (
+    let policy = cli_policy(ledger);
+    let pending = op
+        .cancellation_pending()
+        .then(|| cancelled_trial(&op, &policy));
+    let (plan, recorded) = match (&op.rollback_plan, &pending) {
+        (Some(plan), _) => (
             provledger_events::catalogue::RollbackPlan::clone(plan),
             true,
         ),
-        None => (plan_for(ledger, &op).await.map_err(command_error)?, false),
+        (None, Some(trial)) => (plan_for(ledger, trial).await.map_err(command_error)?, false),
+        (None, None) => (
+            plan_for(ledger, &op)
+                .await
+                .map_err(|e| with_cancel_hint(command_error(e), &op))?,
+            false,
+        ),
     };
     if json {
         print_json(&serde_json::json!({
             "operation_id": id,
             "recorded": recorded,
             "status": op.status,
+            "cancellation_pending": pending.is_some(),
+            "cancellation_recorded_at": pending
+                .as_ref()
+                .map(|_| cancellation_at(&op, &policy)),
             "plan": plan,
             "compensations": op.view()["compensations"],
         }));
+        return Ok(());
+    }
+    if pending.is_some() {
+        println!(
+            "operation {id} (running, cancellation requested) on {}: dry run, nothing recorded",
+            plan.target
+        );
+        print!("{}", pending_note(&op, &policy));
+        println!("then `rollback run` records this plan:");
+        print!("{}", render_plan(&plan));
         return Ok(());
     }
     let status = op.view()["status"].as_str().unwrap_or("?").to_string();
@@ -247,6 +281,89 @@ pub async fn plan(ledger: &Writer<Ledger>, id: Uuid, json: bool) -> Result<(), C
         }
     }
     Ok(())
+}
+
+/// The retry policy this command's driver runs with. Embedded, this process holds the data
+/// dir (one process opens it at a time), so no runner of this ledger is alive anywhere: a
+/// cancellation pending is recorded at once, since the runner stop wait only protects a
+/// live runner inside a long step. Over NATS a runner may be alive in another process, and
+/// the stop wait applies as in serve's rollback worker.
+pub fn cli_policy(ledger: &Writer<Ledger>) -> RetryPolicy {
+    match ledger.log() {
+        Ledger::Embedded(_) => RetryPolicy {
+            runner_stop_wait_ms: 0,
+            ..RetryPolicy::default()
+        },
+        _ => RetryPolicy::default(),
+    }
+}
+
+/// When a driver with `policy` records the cancellation of `op` (a running operation
+/// with a cancellation pending) if its runner has not stopped by then.
+fn cancellation_at(op: &OperationState, policy: &RetryPolicy) -> Option<Timestamp> {
+    op.header
+        .updated_at
+        .map(|t| t.plus_ms(policy.runner_stop_wait_ms))
+}
+
+/// What happens to a running operation with a cancellation pending, as `rollback plan`,
+/// `rollback run` and `operation cancel` say it.
+pub fn pending_note(op: &OperationState, policy: &RetryPolicy) -> String {
+    let reason = op.cancellation_reason.as_deref().unwrap_or_default();
+    let mut out = format!(
+        "cancellation requested ({}); the operation is still running: its runner stops at its \
+         next step and records operation_cancelled\n",
+        super::printable(reason)
+    );
+    if policy.runner_stop_wait_ms == 0 {
+        out.push_str(
+            "no runner can be alive (this command holds the data dir): `rollback run` records \
+             the cancellation at once\n",
+        );
+    } else {
+        let at = cancellation_at(op, policy).map_or("-".to_string(), |t| t.to_rfc3339());
+        out.push_str(&format!(
+            "if its runner died, a rollback driver (serve's worker, `rollback run`) records the \
+             cancellation once the operation has been quiet for {} s, at {at}\n",
+            policy.runner_stop_wait_ms / 1000
+        ));
+    }
+    super::operation::wrap_text(&out)
+}
+
+/// `op` as it would be once the driver recorded its cancellation: the decider's own event
+/// (the one a driver records for a runner that did not stop), folded into a copy.
+fn cancelled_trial(op: &OperationState, policy: &RetryPolicy) -> OperationState {
+    let far = Timestamp::from_unix_ms(i64::MAX / 4);
+    let RollbackAction::CancelForSilentRunner(event) = next_rollback_action(op, far, policy) else {
+        return op.clone();
+    };
+    let draft = Stamper::system()
+        .draft("cli", vec![*event])
+        .with_operation(op.header.id.id);
+    let commit = Commit::seal(op.header.id, op.header.version + 1, op.header.hash, draft);
+    let mut entity = Entity::Operation(Box::new(op.clone()));
+    entity.apply(&commit);
+    match entity {
+        Entity::Operation(trial) => *trial,
+        _ => op.clone(),
+    }
+}
+
+/// A refusal to roll back a running operation, with how to stop it.
+fn with_cancel_hint(e: CommandError, op: &OperationState) -> CommandError {
+    match e {
+        CommandError::Problem(message) if op.status == Some(OperationStatus::Running) => {
+            CommandError::Problem(format!(
+                "{message}; to stop it (its writer died, say): `{}`",
+                super::invocation::current().command(&format!(
+                    "operation cancel {} --reason TEXT",
+                    op.header.id.id
+                ))
+            ))
+        }
+        other => other,
+    }
 }
 
 /// Stands in for the executors when none is reachable: each external compensation fails
@@ -310,8 +427,24 @@ pub async fn run(
         }
         None => Arc::new(NoExecutors),
     };
+    let op = read_operation(ledger, id).await.map_err(command_error)?;
+    let policy = cli_policy(ledger);
+    if op.rollback_plan.is_none() && !op.awaits_rollback_plan() && !op.cancellation_pending() {
+        // Nothing to roll back (running, succeeded): the planner's refusal, the one
+        // `rollback plan` gives, rather than a silent success.
+        let refusal = plan_for(ledger, &op).await.err().map(command_error);
+        return Err(with_cancel_hint(
+            refusal.unwrap_or_else(|| {
+                CommandError::Problem(format!("operation {id}: there is nothing to roll back"))
+            }),
+            &op,
+        ));
+    }
+    if op.cancellation_pending() && !json {
+        print!("{}", pending_note(&op, &policy));
+    }
     resume_if_needs_attention(ledger, id, json).await?;
-    let driver = RollbackDriver::new(ledger.clone(), executors, RetryPolicy::default(), "cli");
+    let driver = RollbackDriver::new(ledger.clone(), executors, policy, "cli");
     let op = driver.drive(id).await.map_err(command_error)?;
     finish_report(&op, id, json)
 }
