@@ -324,6 +324,15 @@ impl OperationState {
                 self.apply_stage_event(event)
             }
             Event::StepDone { .. } | Event::StepStarted { .. } => self.apply_step_event(event),
+            // The runner says it is alive: the commit renews the runner lease
+            // (`header.updated_at`); nothing else changes. Only while running: a runner
+            // must not go on once its operation stopped.
+            Event::OperationHeartbeat {} => {
+                if !self.status_in(&[OperationStatus::Running]) {
+                    return self.wrong_status("operation heartbeat");
+                }
+                Folded::Applied
+            }
             Event::OperationSucceeded {}
             | Event::OperationFailed { .. }
             | Event::CancellationRequested { .. }

@@ -31,6 +31,8 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::instance::InstanceState;
+use crate::lease::{LEASE_MS_MAX, LEASE_MS_MIN};
+use crate::operation::{OperationState, OperationStatus};
 
 pub use provledger_events::catalogue::Reissue;
 
@@ -295,5 +297,229 @@ pub fn reissue_due(
             (worker_ready || now >= due).then_some(next)
         }
         (Some(sent), None) => (now >= sent.plus_ms(policy.reply_wait_ms)).then_some(next),
+    }
+}
+
+// ---- an operation's runner lease ----
+
+/// How long a running operation's runner may go without a commit on the operation before
+/// serve's recovery sweep fails it (`--runner-lease-ms`): 5 minutes. The client library's
+/// runner writes an `operation_heartbeat` every `RUNNER_HEARTBEAT_MS_DEFAULT` (60 s) of a
+/// step that records nothing, so a live runner is 4 minutes (less the writers' clock skew)
+/// inside it.
+pub const RUNNER_LEASE_MS_DEFAULT: i64 = 5 * 60 * 1000;
+/// The shortest runner lease serve accepts: a task lease's shortest ([`LEASE_MS_MIN`]).
+pub const RUNNER_LEASE_MS_MIN: i64 = LEASE_MS_MIN;
+/// The longest runner lease serve accepts: a task lease's longest ([`LEASE_MS_MAX`], 15
+/// minutes), so a dead runner's operation is failed within 15 minutes plus one sweep.
+pub const RUNNER_LEASE_MS_MAX: i64 = LEASE_MS_MAX;
+
+/// The rule's name, as the recovery metrics label it.
+pub const SILENT_RUNNER_RULE: &str = "running, runner lease lapsed: fail the operation";
+
+/// A running operation whose runner lease lapsed: the failure to record, at `version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SilentRunner {
+    pub operation: Uuid,
+    /// The operation's version the decision was made on: the failure is recorded with
+    /// exactly this expectation, so a runner that wrote in between wins.
+    pub version: u64,
+    /// The `recorded_at` of the operation's last commit.
+    pub silent_since: Timestamp,
+    pub reason: String,
+    /// `operation_failed`, naming the stage and the step left without an outcome.
+    pub events: Vec<Event>,
+}
+
+/// Whether the runner of `op` went silent for longer than `runner_lease_ms` at `now`.
+/// The lease runs from the `recorded_at` of the operation's last commit (any commit the
+/// runner writes renews it, `operation_heartbeat` when it has nothing else to record).
+/// Only a `running` operation with no cancellation asked for is concerned: a cancellation
+/// waits for its runner under the rollback driver's `runner_stop_wait_ms` rule, and a
+/// stopped or closed operation has no runner left to wait for.
+pub fn fail_silent_runner(
+    op: &OperationState,
+    now: Timestamp,
+    runner_lease_ms: i64,
+) -> Option<SilentRunner> {
+    if op.status != Some(OperationStatus::Running) || op.is_closed() || op.cancellation_pending() {
+        return None;
+    }
+    let silent_since = op.header.updated_at?;
+    if now < silent_since.plus_ms(runner_lease_ms) {
+        return None; // the runner renewed in time
+    }
+    let stage = op.current_stage.clone().unwrap_or_else(|| "(none)".into());
+    let step = op.started.last().map(|s| s.name.clone());
+    let reason = format!(
+        "runner silent since {silent_since}: no commit on the operation for {runner_lease_ms} ms \
+         (runner lease lapsed at {})",
+        silent_since.plus_ms(runner_lease_ms)
+    );
+    Some(SilentRunner {
+        operation: op.header.id.id,
+        version: op.header.version,
+        silent_since,
+        events: vec![Event::OperationFailed {
+            stage,
+            step,
+            error: reason.clone(),
+        }],
+        reason,
+    })
+}
+
+#[cfg(test)]
+mod runner_lease_tests {
+    use super::*;
+    use crate::projection::Projection;
+    use crate::Entity;
+    use provledger_events::catalogue::OperationKind;
+    use provledger_events::{AggregateId, Commit, CommitDraft, Hash};
+
+    const LEASE: i64 = 30_000;
+
+    fn at(ms: i64) -> Timestamp {
+        Timestamp::from_unix_ms(1_700_000_000_000 + ms)
+    }
+
+    /// Given the operation's commits, each (ms after the epoch above, events).
+    fn given(commits: &[(i64, Vec<Event>)]) -> OperationState {
+        let id = AggregateId::operation(Uuid::from_bytes([7; 16]));
+        let mut projection = Projection::new();
+        let mut prev = Hash::ZERO;
+        for (i, (ms, events)) in commits.iter().enumerate() {
+            let draft = CommitDraft {
+                commit_id: Uuid::from_u128(i as u128 + 1),
+                operation_id: Some(id.id),
+                causation_id: None,
+                actor: "test".into(),
+                recorded_at: at(*ms),
+                events: events.clone(),
+            };
+            let mut commit = Commit::seal(id, i as u64 + 1, prev, draft);
+            commit.position = i as u64 + 1;
+            prev = commit.hash;
+            projection.apply(&commit);
+        }
+        match projection.get(&id) {
+            Some(Entity::Operation(op)) => (**op).clone(),
+            other => panic!("not an operation: {other:?}"),
+        }
+    }
+
+    fn started() -> (i64, Vec<Event>) {
+        let target = AggregateId::cluster(Uuid::from_bytes([1; 16]));
+        let kind = OperationKind::CreateCluster;
+        let stages = crate::stages::stages_of(kind);
+        let first = stages[0].name.clone();
+        (
+            0,
+            vec![
+                Event::operation_started(kind, target, None, stages, None),
+                Event::StageStarted { stage: first },
+            ],
+        )
+    }
+
+    #[test]
+    fn renewed_in_time_nothing() {
+        // given a runner whose last commit is a heartbeat 20 s ago
+        let op = given(&[started(), (40_000, vec![Event::operation_heartbeat()])]);
+        // when the sweep looks within the lease, then nothing is written
+        assert_eq!(fail_silent_runner(&op, at(60_000), LEASE), None);
+        assert_eq!(fail_silent_runner(&op, at(69_999), LEASE), None);
+    }
+
+    #[test]
+    fn lapsed_fails_at_the_exact_version() {
+        // given a runner silent since its step started
+        let mut commits = vec![started()];
+        let stage = given(&commits).current_stage.unwrap();
+        commits.push((
+            5_000,
+            vec![Event::StepStarted {
+                stage: stage.clone(),
+                step: "boot".into(),
+                executor: "compute".into(),
+                idempotency_key: "k".into(),
+                compensation: None,
+            }],
+        ));
+        let op = given(&commits);
+        // when the lease has lapsed
+        let failed = fail_silent_runner(&op, at(35_000), LEASE).expect("lapsed");
+        // then the operation is failed at version 2, naming its stage, step and silence
+        assert_eq!(failed.version, 2);
+        assert_eq!(failed.silent_since, at(5_000));
+        let Event::OperationFailed {
+            stage: s,
+            step,
+            error,
+        } = &failed.events[0]
+        else {
+            panic!("not a failure: {:?}", failed.events)
+        };
+        assert_eq!((s, step.as_deref()), (&stage, Some("boot")));
+        assert!(
+            error.starts_with(&format!("runner silent since {}", at(5_000))),
+            "{error}"
+        );
+        // and, folded after the runner's commits, it fails the operation
+        commits.push((35_000, failed.events.clone()));
+        let op = given(&commits);
+        assert_eq!(op.status, Some(OperationStatus::Failed));
+        assert_eq!(fail_silent_runner(&op, at(10_000_000), LEASE), None);
+    }
+
+    #[test]
+    fn closed_nothing() {
+        // given an operation that succeeded long ago
+        let op = given(&[started(), (1_000, vec![Event::OperationSucceeded {}])]);
+        // then its silence means nothing
+        assert_eq!(op.status, Some(OperationStatus::Succeeded));
+        assert_eq!(fail_silent_runner(&op, at(10_000_000), LEASE), None);
+    }
+
+    #[test]
+    fn failed_or_cancelled_nothing() {
+        // given an operation already failed (its rollback is the driver's)
+        let failed = given(&[
+            started(),
+            (1_000, vec![Event::operation_failed("s", None, "boom")]),
+        ]);
+        assert_eq!(fail_silent_runner(&failed, at(10_000_000), LEASE), None);
+        // given a cancellation asked for: the runner-stop wait of the rollback rules
+        let cancelling = given(&[
+            started(),
+            (
+                1_000,
+                vec![Event::CancellationRequested {
+                    reason: "user".into(),
+                }],
+            ),
+        ]);
+        assert!(cancelling.cancellation_pending());
+        assert_eq!(fail_silent_runner(&cancelling, at(10_000_000), LEASE), None);
+        // given one cancelled
+        let cancelled = given(&[started(), (1_000, vec![Event::operation_cancelled("user")])]);
+        assert_eq!(fail_silent_runner(&cancelled, at(10_000_000), LEASE), None);
+    }
+
+    #[test]
+    fn heartbeat_renews_and_is_refused_once_stopped() {
+        // given a running operation, a heartbeat is applied and renews the lease
+        let op = given(&[started(), (50_000, vec![Event::operation_heartbeat()])]);
+        assert_eq!(op.header.anomaly_count, 0);
+        assert_eq!(op.header.updated_at, Some(at(50_000)));
+        assert_eq!(fail_silent_runner(&op, at(70_000), LEASE), None);
+        // given a failed operation, a heartbeat is refused (an anomaly, nothing changes)
+        let op = given(&[
+            started(),
+            (1_000, vec![Event::operation_failed("s", None, "boom")]),
+            (2_000, vec![Event::operation_heartbeat()]),
+        ]);
+        assert_eq!(op.status, Some(OperationStatus::Failed));
+        assert!(op.header.anomaly_count > 0);
     }
 }

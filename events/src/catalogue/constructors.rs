@@ -106,6 +106,11 @@ impl Event {
         }
     }
 
+    /// The runner is alive (renews the operation's runner lease without another fact).
+    pub fn operation_heartbeat() -> Event {
+        Event::OperationHeartbeat {}
+    }
+
     /// Someone asks a running operation to stop (`provledger operation cancel`).
     pub fn cancellation_requested(reason: impl Into<String>) -> Event {
         Event::CancellationRequested {

@@ -292,6 +292,15 @@ pub enum Event {
         to_version: u64,
         reason: String,
     },
+
+    // ---- operation: the runner's heartbeat (appended later) ----
+    /// The operation's runner is alive and still running it, in a step that writes
+    /// nothing for a while. Every commit on an operation renews its **runner lease**
+    /// (the lease runs from the `recorded_at` of the operation's last commit); this event
+    /// renews it when the runner has nothing else to record. Only while the operation is
+    /// `running`. serve's recovery sweep fails an operation whose runner lease lapsed
+    /// (`--runner-lease-ms`), at its exact version, with "runner silent since …".
+    OperationHeartbeat {},
 }
 
 impl Event {
@@ -394,7 +403,8 @@ impl Event {
             | Event::TargetDeletionNoticed { .. }
             | Event::RollbackResumed { .. }
             | Event::StepStarted { .. }
-            | Event::CompensationResolved { .. } => Operation,
+            | Event::CompensationResolved { .. }
+            | Event::OperationHeartbeat {} => Operation,
             Event::InFlightOperationSet { .. }
             | Event::InFlightOperationCleared { .. }
             | Event::LossAcknowledged { .. } => return None,

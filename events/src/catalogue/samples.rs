@@ -291,6 +291,7 @@ pub fn all() -> Vec<Event> {
             reason: "store block damaged on nats-1; state checked against the IPAM (OPS-1240)"
                 .into(),
         },
+        Event::OperationHeartbeat {},
     ]
 }
 

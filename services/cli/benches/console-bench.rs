@@ -297,6 +297,9 @@ async fn main() {
         retry: Default::default(),
         executor_reply_wait: Duration::from_secs(5),
         recovery_interval: None,
+        runner_lease: std::time::Duration::from_millis(
+            provledger_projections::recovery::RUNNER_LEASE_MS_DEFAULT as u64,
+        ),
         drift_interval: None,
         ready_file: None,
         metrics_addr: None,

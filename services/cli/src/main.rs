@@ -488,6 +488,11 @@ struct ServeFlags {
     /// number is seconds.
     #[arg(long, default_value = "60s", value_parser = duration::seconds_or_humantime)]
     recovery_interval: Duration,
+    /// How long a running operation's runner may write nothing on it before the
+    /// recovery sweep fails it ("runner silent since …") and its rollback runs (1s to
+    /// 15m; runners renew with operation_heartbeat); a bare number is milliseconds.
+    #[arg(long, visible_alias = "runner-lease-ms", default_value = "5m", value_parser = duration::millis_or_humantime)]
+    runner_lease: Duration,
     /// Time between drift sweeps (the executors' inventories against the store, as
     /// `provledger drift`; findings in q.drift and the metrics; 0: never, the
     /// default); a bare number is seconds.
@@ -701,6 +706,13 @@ fn serve_options(flags: ServeFlags, g: &Globals) -> Result<ServeOptions, Command
         )
     })?;
     let every = |d: Duration| (!d.is_zero()).then_some(d);
+    let lease_ms = i64::try_from(flags.runner_lease.as_millis()).unwrap_or(i64::MAX);
+    use provledger_projections::recovery::{RUNNER_LEASE_MS_MAX, RUNNER_LEASE_MS_MIN};
+    if !(RUNNER_LEASE_MS_MIN..=RUNNER_LEASE_MS_MAX).contains(&lease_ms) {
+        return Err(CommandError::BadInput(format!(
+            "--runner-lease {lease_ms} ms is outside {RUNNER_LEASE_MS_MIN}..={RUNNER_LEASE_MS_MAX} ms"
+        )));
+    }
     Ok(ServeOptions {
         nats_url,
         data_dir: g.options.data_dir.clone(),
@@ -722,6 +734,7 @@ fn serve_options(flags: ServeFlags, g: &Globals) -> Result<ServeOptions, Command
             .compensation_reply_wait
             .clamp(Duration::from_millis(1), Duration::from_secs(30)),
         recovery_interval: every(flags.recovery_interval),
+        runner_lease: flags.runner_lease,
         drift_interval: every(flags.drift_interval),
         ready_file: flags.ready_file,
         metrics_addr: flags.metrics_addr,

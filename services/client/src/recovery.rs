@@ -37,9 +37,10 @@ use futures::StreamExt;
 use provledger_events::{AggregateId, AggregateKind, AppendStatus, Event, EventLog, Expectation};
 use provledger_projections::decide::DecideOptions;
 use provledger_projections::facts::recovery_facts;
+use provledger_projections::operation::OperationState;
 use provledger_projections::provider::ProviderState;
 use provledger_projections::recovery::{
-    recover, reissue_due, Reissue, ReissuePolicy, REISSUE_ATTEMPTS_MAX,
+    fail_silent_runner, recover, reissue_due, Reissue, ReissuePolicy, REISSUE_ATTEMPTS_MAX,
 };
 use provledger_projections::Entity;
 use serde::{Deserialize, Serialize};
@@ -268,6 +269,78 @@ pub async fn sweep<L: EventLog, V: StateView>(
         report.recoveries.push(entry);
     }
     Ok(report)
+}
+
+/// One running operation whose runner lease lapsed, as the sweep reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct SilentRunnerFailed {
+    pub operation: Uuid,
+    /// The version the failure was decided on (and recorded at, exactly).
+    pub version: u64,
+    pub reason: String,
+    /// As [`Recovered::outcome`]: "recorded", "already_recorded", "raced" (the runner
+    /// wrote meanwhile: it is alive, nothing was written), "would_record", "failed: ...".
+    #[schemars(with = "String")]
+    pub outcome: RecoveryOutcome,
+}
+
+/// Fails each of `operations` whose runner lease lapsed at the stamper's time
+/// (`provledger_projections::recovery::fail_silent_runner`, `runner_lease_ms`): its
+/// `operation_failed` is recorded at the operation's exact version, with a commit id
+/// derived from that version (racing replicas write it once), so a runner that renewed in
+/// between wins and nothing is written (`raced`). The rollback is then the rollback
+/// worker's, as for any failed operation. `operations` come from a view (serve's store,
+/// the running ones): the decision is made on what it shows, the write on the log's head.
+pub async fn fail_silent_runners<L: EventLog>(
+    writer: &Writer<L>,
+    operations: impl IntoIterator<Item = OperationState>,
+    runner_lease_ms: i64,
+    dry_run: bool,
+    stamper: &Stamper,
+) -> Vec<SilentRunnerFailed> {
+    let now = stamper.now();
+    let mut report = Vec::new();
+    for op in operations {
+        let Some(silent) = fail_silent_runner(&op, now, runner_lease_ms) else {
+            continue;
+        };
+        let mut entry = SilentRunnerFailed {
+            operation: silent.operation,
+            version: silent.version,
+            reason: silent.reason.clone(),
+            outcome: RecoveryOutcome::WouldRecord,
+        };
+        if !dry_run {
+            let aggregate = AggregateId::operation(silent.operation);
+            let mut draft = stamper
+                .draft(RECOVERY_ACTOR, silent.events)
+                .with_operation(silent.operation);
+            draft.commit_id = derived_commit_id(
+                silent.operation,
+                &format!("runner-silent@{}", silent.version),
+            );
+            entry.outcome = match writer
+                .record(aggregate, Expectation::Exactly(silent.version), draft)
+                .await
+            {
+                Ok(r)
+                    if r.appended()
+                        .is_some_and(|o| o.status == AppendStatus::AlreadyAppended) =>
+                {
+                    RecoveryOutcome::AlreadyRecorded
+                }
+                Ok(_) => RecoveryOutcome::Recorded,
+                // The runner (or a canceller) wrote meanwhile: nothing was written.
+                Err(RecordError::Conflict { .. })
+                | Err(RecordError::Conflicts { .. })
+                | Err(RecordError::Rejections { .. })
+                | Err(RecordError::Rejected(_)) => RecoveryOutcome::Raced,
+                Err(e) => RecoveryOutcome::Failed(e.to_string()),
+            };
+        }
+        report.push(entry);
+    }
+    report
 }
 
 /// Re-issues sent to one worker at once: a worker that never answers holds only its own

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::FutureExt;
 use provledger_events::catalogue::{
@@ -27,6 +28,18 @@ use crate::clock::Stamper;
 use crate::driver::RollbackDriver;
 use crate::ledger::Ledger;
 use crate::write::{Fact, FromTheLog, RecordError, Recorded, Writer};
+
+/// How long a runner lets its operation go without a commit before it writes an
+/// `operation_heartbeat` (while a step runs and records nothing): 60 s, a fifth of serve's
+/// default runner lease (`RUNNER_LEASE_MS_DEFAULT`, 5 minutes), so a live runner whose
+/// clock lags serve's by up to 4 minutes is never taken for dead.
+pub const RUNNER_HEARTBEAT_DEFAULT: Duration = Duration::from_secs(60);
+/// The shortest heartbeat interval: half the shortest runner lease (`RUNNER_LEASE_MS_MIN`),
+/// so one operation's heartbeat writes at most two commits a second, as a task lease.
+pub const RUNNER_HEARTBEAT_MIN: Duration = Duration::from_millis(500);
+/// The longest heartbeat interval: half the longest runner lease serve accepts
+/// (`RUNNER_LEASE_MS_MAX`, 15 minutes).
+pub const RUNNER_HEARTBEAT_MAX: Duration = Duration::from_secs(450);
 
 /// Appends to the operation retried after a version conflict (each conflict means another
 /// writer, a canceller or a deleter, got in between).
@@ -225,6 +238,7 @@ pub struct OperationRunner {
     actor: String,
     step_hook: Option<StepHook>,
     stamper: Stamper,
+    heartbeat: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -238,6 +252,8 @@ struct CtxState {
     stage: Option<String>,
     step: Option<String>,
     stop: Option<Stop>,
+    /// When this runner last wrote on the operation (its runner lease renewed).
+    last_written: tokio::time::Instant,
 }
 
 struct CtxInner {
@@ -307,7 +323,22 @@ impl OperationRunner {
             actor: actor.to_string(),
             step_hook: None,
             stamper: Stamper::system(),
+            heartbeat: RUNNER_HEARTBEAT_DEFAULT,
         }
+    }
+
+    /// Writes an `operation_heartbeat` once the operation has gone `every` without a
+    /// commit from this runner (clamped to [`RUNNER_HEARTBEAT_MIN`] ..=
+    /// [`RUNNER_HEARTBEAT_MAX`]). serve's `--runner-lease` must be longer than twice this,
+    /// plus the clock skew between this process and serve.
+    pub fn with_heartbeat(mut self, every: Duration) -> Self {
+        self.heartbeat = every.clamp(RUNNER_HEARTBEAT_MIN, RUNNER_HEARTBEAT_MAX);
+        self
+    }
+
+    /// The heartbeat interval ([`Self::with_heartbeat`]).
+    pub fn heartbeat(&self) -> Duration {
+        self.heartbeat
     }
 
     /// Stamps every commit and mints every id from `stamper` instead of the wall clock.
@@ -362,7 +393,12 @@ impl OperationRunner {
             }
         };
         tracing::info!(operation = %operation_id, kind = ?spec.kind, target = %spec.target, "operation started");
-        let result = match AssertUnwindSafe(body(ctx.clone())).catch_unwind().await {
+        // The runner lease is renewed in the background while the body runs, and never
+        // after: it is stopped (and its write in hand finished) before the outcome.
+        let heartbeat = Heartbeat::start(&ctx, self.heartbeat);
+        let result = AssertUnwindSafe(body(ctx.clone())).catch_unwind().await;
+        heartbeat.stop().await;
+        let result = match result {
             Ok(result) => result,
             Err(panic) => {
                 let (stage, step) = ctx.position();
@@ -450,6 +486,7 @@ impl OperationRunner {
                     stage: None,
                     step: None,
                     stop: None,
+                    last_written: tokio::time::Instant::now(),
                 }),
             }),
         };
@@ -579,7 +616,9 @@ impl OperationCtx {
                 .await
             {
                 Ok(outcome) => {
-                    self.lock().version = outcome.version();
+                    let mut s = self.lock();
+                    s.version = outcome.version();
+                    s.last_written = tokio::time::Instant::now();
                     return Ok(());
                 }
                 Err(RecordError::Conflict { .. }) => {
@@ -1011,6 +1050,65 @@ impl OperationCtx {
             stage,
             step: step.into(),
             error: error.into(),
+        }
+    }
+}
+
+/// The background renewal of a running operation's runner lease: an
+/// `operation_heartbeat` whenever the operation went the interval without a commit from
+/// this runner. It ends at [`Heartbeat::stop`], when dropped (the run abandoned), or at
+/// its first write refused or failed (the operation stopped: failed by serve, cancelled).
+struct Heartbeat {
+    stop: watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Heartbeat {
+    fn start(ctx: &OperationCtx, every: Duration) -> Heartbeat {
+        let (stop, mut stopped) = watch::channel(false);
+        let ctx = ctx.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let due = ctx.lock().last_written + every;
+                tokio::select! {
+                    _ = tokio::time::sleep_until(due) => {}
+                    _ = stopped.changed() => return,
+                }
+                if *stopped.borrow() {
+                    return;
+                }
+                if ctx.lock().last_written + every > tokio::time::Instant::now() {
+                    continue; // the runner wrote meanwhile: the lease is fresh
+                }
+                if let Err(e) = ctx
+                    .append_op(vec![Event::operation_heartbeat()], false)
+                    .await
+                {
+                    tracing::warn!(operation = %ctx.id(), error = %e, "runner heartbeat stopped");
+                    return;
+                }
+            }
+        });
+        Heartbeat {
+            stop,
+            task: Some(task),
+        }
+    }
+
+    /// Stops the renewal; a heartbeat being written is finished first, so none is written
+    /// after this returns.
+    async fn stop(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
         }
     }
 }

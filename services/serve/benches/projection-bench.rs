@@ -323,6 +323,9 @@ async fn service_benches(quick: bool) {
         retry: Default::default(),
         executor_reply_wait: Duration::from_secs(10),
         recovery_interval: None,
+        runner_lease: std::time::Duration::from_millis(
+            provledger_projections::recovery::RUNNER_LEASE_MS_DEFAULT as u64,
+        ),
         drift_interval: None,
         snapshot_bucket: None,
         http_addr: None,

@@ -1,19 +1,27 @@
 //! serve's recovery loop: a recovery round (`provledger_client::recovery::recovery_round`)
-//! on start and every `--recovery-interval`, and between rounds the delivery of pending
-//! re-issues, each worker's attempts on a task of their own.
+//! on start and every `--recovery-interval`, with the running operations whose runner
+//! lease lapsed (`--runner-lease`) failed in the same round
+//! (`provledger_client::recovery::fail_silent_runners`; their rollback is the rollback
+//! worker's), and between rounds the delivery of pending re-issues, each worker's attempts
+//! on a task of their own.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use provledger_client::recovery::{
-    deliver_to_worker, due_reissues, recovery_round, NatsReissuer, RecoveryOutcome,
+    deliver_to_worker, due_reissues, fail_silent_runners, recovery_round, NatsReissuer,
+    RecoveryOutcome,
 };
 use provledger_client::Stamper;
-use provledger_projections::recovery::ReissuePolicy;
+use provledger_projections::recovery::{
+    ReissuePolicy, RUNNER_LEASE_MS_MAX, RUNNER_LEASE_MS_MIN, SILENT_RUNNER_RULE,
+};
+use provledger_projections::Entity;
 use tokio::sync::{watch, Notify};
 
 use crate::replica::QueryContext;
+use crate::store::OperationFilter;
 
 /// How often pending re-issues are looked at while some are pending (each is sent when
 /// its backoff allows).
@@ -29,12 +37,16 @@ pub(crate) async fn run(
     interval: Duration,
     reissuer: NatsReissuer,
     policy: ReissuePolicy,
+    runner_lease: Duration,
     reissues_news: Arc<Notify>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let ledger = ctx.writer.clone();
     let store = ctx.store.clone();
     let reissuer = Arc::new(reissuer);
+    let runner_lease_ms = i64::try_from(runner_lease.as_millis())
+        .unwrap_or(i64::MAX)
+        .clamp(RUNNER_LEASE_MS_MIN, RUNNER_LEASE_MS_MAX);
     // On start, then every interval: racing replicas record each recovery once.
     // Between sweeps, pending re-issues are delivered: every second while some
     // are pending, at once when a worker says it is ready. Each worker's attempts
@@ -57,6 +69,34 @@ pub(crate) async fn run(
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "stuck-state recovery sweep failed"),
+            }
+            // Running operations whose runner went silent past its lease: failed at
+            // their exact version (a runner that wrote meanwhile wins); the rollback
+            // worker then rolls them back.
+            let running = OperationFilter {
+                status: Some("running".into()),
+                ..Default::default()
+            };
+            let operations: Vec<_> = store
+                .operations(&running, None)
+                .filter_map(|e| match e {
+                    Ok(Entity::Operation(op)) => Some(*op),
+                    _ => None,
+                })
+                .collect();
+            for failed in
+                fail_silent_runners(&ledger, operations, runner_lease_ms, false, &stamper).await
+            {
+                match &failed.outcome {
+                    RecoveryOutcome::Recorded => {
+                        ctx.metrics.recovered(SILENT_RUNNER_RULE);
+                        tracing::warn!(operation = %failed.operation, reason = %failed.reason, "operation failed: its runner went silent")
+                    }
+                    RecoveryOutcome::Failed(e) => {
+                        tracing::warn!(operation = %failed.operation, error = %e, "failing a silent runner's operation failed")
+                    }
+                    _ => {}
+                }
             }
             // A provider delete a crash left half done (a cascade spanning several
             // commits) is finished in the round: nobody has to run it again.

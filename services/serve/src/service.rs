@@ -62,6 +62,10 @@ pub struct ServeOptions {
     pub executor_reply_wait: Duration,
     /// The stuck-state recovery sweep runs on start and then this often (`None`: never).
     pub recovery_interval: Option<Duration>,
+    /// How long a running operation's runner may go without a commit on it before the
+    /// recovery sweep fails it (`--runner-lease`; clamped to `RUNNER_LEASE_MS_MIN` ..=
+    /// `RUNNER_LEASE_MS_MAX`, default `RUNNER_LEASE_MS_DEFAULT`).
+    pub runner_lease: Duration,
     /// The drift sweep runs once caught up and then this often (`None`: never).
     pub drift_interval: Option<Duration>,
     /// Created once this replica has caught up and joined the queue group, removed when it
@@ -548,6 +552,7 @@ impl Workers {
                 interval,
                 reissuer,
                 policy,
+                options.runner_lease,
                 reissues_news,
                 shutdown.clone(),
             ))

@@ -99,6 +99,9 @@ fn start_serve(
         retry: Default::default(),
         executor_reply_wait: Duration::from_secs(30),
         recovery_interval: None,
+        runner_lease: std::time::Duration::from_millis(
+            provledger_projections::recovery::RUNNER_LEASE_MS_DEFAULT as u64,
+        ),
         drift_interval: None,
         ready_file: None,
         metrics_addr: None,

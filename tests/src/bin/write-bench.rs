@@ -438,6 +438,9 @@ impl Serve {
             retry: Default::default(),
             executor_reply_wait: Duration::from_secs(30),
             recovery_interval: Some(Duration::from_secs(60)),
+            runner_lease: std::time::Duration::from_millis(
+                provledger_projections::recovery::RUNNER_LEASE_MS_DEFAULT as u64,
+            ),
             drift_interval: None,
             ready_file: None,
             metrics_addr: None,
