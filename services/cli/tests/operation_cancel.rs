@@ -5,18 +5,15 @@
 //! - `operation show` of a rollback that needs attention prints every compensation not
 //!   done by its full id, within 100 columns, and the next commands with the flags given.
 
-use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use provledger_client::{CancelNotices, Ledger, OperationError, OperationRunner, StepHook};
-use provledger_events::catalogue::NodeGroupSpec;
 use provledger_events::AggregateId;
 use provledger_projections::operation::{OperationState, OperationStatus};
 use provledger_projections::stages::stage;
 use provledger_projections::Entity;
-use provledger_sim::{ClusterRequest, Provisioner};
+use provledger_sim::Provisioner;
 use provledger_tests::NatsServer;
 use uuid::Uuid;
 
@@ -123,19 +120,7 @@ async fn cancel_of_a_running_create_stops_it_and_serve_rolls_it_back() {
     )
     .with_step_hook(hook);
     let report = Provisioner::new(runner, infra.clone(), "test-service")
-        .create_cluster(ClusterRequest {
-            cluster_id: Uuid::now_v7(),
-            name: "c".into(),
-            plugin: "vanilla".into(),
-            node_groups: vec![NodeGroupSpec {
-                name: "workers".into(),
-                count: 2,
-                flavor: "m".into(),
-                resources: BTreeMap::from([("VCPU".to_string(), 2)]),
-                processes: vec![],
-            }],
-            provider,
-        })
+        .create_cluster(common::two_workers(provider, "workers"))
         .await;
     let op = report.operation_id;
     let said = said.lock().unwrap().clone();
@@ -280,48 +265,12 @@ async fn cancel_of_a_closed_operation_is_refused_with_why_and_writes_nothing() {
     assert_eq!(view["version"], 1, "{view}");
 }
 
-/// A failed create on the data dir `d` (embedded), whose rollback has something to undo
-/// at the executors: its operation id.
-async fn a_failed_create(d: &Path) -> String {
-    use provledger_events::SledLog;
-    use provledger_sim::{register_compute_node, SimInfrastructure};
-
-    let log = SledLog::open(d).unwrap();
-    let ledger = provledger_client::Writer::new(Ledger::Embedded(log.clone()));
-    let provider = Uuid::now_v7();
-    register_compute_node(&ledger, provider, "cn", 64, "t")
-        .await
-        .unwrap();
-    let infra = Arc::new(SimInfrastructure::default());
-    infra.hypervisor.fail_call("create_vm", 2);
-    let runner = OperationRunner::new(ledger.clone(), CancelNotices::local(), None, "t");
-    let report = Provisioner::new(runner, infra.clone(), "t")
-        .create_cluster(ClusterRequest {
-            cluster_id: Uuid::now_v7(),
-            name: "c".into(),
-            plugin: "vanilla".into(),
-            node_groups: vec![NodeGroupSpec {
-                name: "w".into(),
-                count: 2,
-                flavor: "m".into(),
-                resources: BTreeMap::from([("VCPU".to_string(), 2)]),
-                processes: vec![],
-            }],
-            provider,
-        })
-        .await;
-    assert!(report.result.is_err(), "the create fails");
-    drop(ledger);
-    log.close();
-    report.operation_id.to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn show_names_each_compensation_in_full_and_the_next_commands_with_the_flags_given() {
     // Given a failed create whose rollback, with no executor answering, needs attention...
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path().to_str().unwrap().to_string();
-    let op = a_failed_create(tmp.path()).await;
+    let op = common::failed_embedded_create(tmp.path()).await;
     let out = run(strings(&[
         "--json",
         "--data-dir",

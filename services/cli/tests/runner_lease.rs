@@ -5,17 +5,15 @@
 //! alone. The process is then SIGKILLed: serve records the operation failed with "runner
 //! silent since …" within the lease plus one sweep, and its rollback releases the claims.
 
-use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use provledger_client::{CancelNotices, Ledger, OperationRunner, StepHook, Writer};
-use provledger_events::catalogue::NodeGroupSpec;
 use provledger_events::{AggregateId, Event, EventLog};
 use provledger_projections::operation::{OperationState, OperationStatus};
 use provledger_projections::Entity;
-use provledger_sim::{ClusterRequest, Provisioner, SimInfrastructure};
+use provledger_sim::{Provisioner, SimInfrastructure};
 use provledger_tests::NatsServer;
 use uuid::Uuid;
 
@@ -71,19 +69,7 @@ async fn child_runner() {
     .with_step_hook(hook);
     let infra = Arc::new(SimInfrastructure::default());
     let _ = Provisioner::new(runner, infra, "dying-runner")
-        .create_cluster(ClusterRequest {
-            cluster_id: Uuid::now_v7(),
-            name: "c".into(),
-            plugin: "vanilla".into(),
-            node_groups: vec![NodeGroupSpec {
-                name: "workers".into(),
-                count: 2,
-                flavor: "m".into(),
-                resources: BTreeMap::from([("VCPU".to_string(), 2)]),
-                processes: vec![],
-            }],
-            provider,
-        })
+        .create_cluster(common::two_workers(provider, "workers"))
         .await;
     panic!("the runner was meant to hang until killed");
 }

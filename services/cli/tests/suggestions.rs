@@ -211,55 +211,13 @@ async fn an_embedded_suggestion_carries_the_data_dir_and_a_stream_that_is_not_th
     );
 }
 
-/// A failed create on the data dir `d` (embedded), whose rollback has something to undo
-/// at the executors: its operation id.
-async fn a_failed_create(d: &Path) -> String {
-    use std::collections::BTreeMap;
-    use std::sync::Arc;
-
-    use provledger_client::{CancelNotices, Ledger, OperationRunner};
-    use provledger_events::catalogue::NodeGroupSpec;
-    use provledger_events::SledLog;
-    use provledger_sim::{register_compute_node, ClusterRequest, Provisioner, SimInfrastructure};
-    use uuid::Uuid;
-
-    let log = SledLog::open(d).unwrap();
-    let ledger = provledger_client::Writer::new(Ledger::Embedded(log.clone()));
-    let provider = Uuid::now_v7();
-    register_compute_node(&ledger, provider, "cn", 64, "t")
-        .await
-        .unwrap();
-    let infra = Arc::new(SimInfrastructure::default());
-    infra.hypervisor.fail_call("create_vm", 2);
-    let runner = OperationRunner::new(ledger.clone(), CancelNotices::local(), None, "t");
-    let report = Provisioner::new(runner, infra.clone(), "t")
-        .create_cluster(ClusterRequest {
-            cluster_id: Uuid::now_v7(),
-            name: "c".into(),
-            plugin: "vanilla".into(),
-            node_groups: vec![NodeGroupSpec {
-                name: "w".into(),
-                count: 2,
-                flavor: "m".into(),
-                resources: BTreeMap::from([("VCPU".to_string(), 2)]),
-                processes: vec![],
-            }],
-            provider,
-        })
-        .await;
-    assert!(report.result.is_err(), "the create fails");
-    drop(ledger);
-    log.close();
-    report.operation_id.to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resolve_names_each_compensation_left_and_never_suggests_resolving_untried_ones() {
     // Given a failed create whose rollback, with no executor answering, needs attention:
     // its first executor compensation tried and failed, the ones after it never attempted...
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path().to_str().unwrap().to_string();
-    let op = a_failed_create(tmp.path()).await;
+    let op = common::failed_embedded_create(tmp.path()).await;
     let out = run(strings(&[
         "--json",
         "--data-dir",

@@ -345,20 +345,53 @@ pub async fn fail_a_create(
         "test-service",
     );
     let report = provledger_sim::Provisioner::new(runner, infra.clone(), "test-service")
-        .create_cluster(provledger_sim::ClusterRequest {
-            cluster_id: uuid::Uuid::now_v7(),
-            name: "c".into(),
-            plugin: "vanilla".into(),
-            node_groups: vec![provledger_events::catalogue::NodeGroupSpec {
-                name: "workers".into(),
-                count: 2,
-                flavor: "m".into(),
-                resources: std::collections::BTreeMap::from([("VCPU".to_string(), 2)]),
-                processes: vec![],
-            }],
-            provider,
-        })
+        .create_cluster(two_workers(provider, "workers"))
         .await;
     assert!(report.result.is_err(), "the create fails");
     report.operation_id
+}
+
+/// The cluster the create tests run: one group `group` of two workers of 2 VCPU each on
+/// `provider`.
+#[allow(dead_code)]
+pub fn two_workers(provider: uuid::Uuid, group: &str) -> provledger_sim::ClusterRequest {
+    provledger_sim::ClusterRequest {
+        cluster_id: uuid::Uuid::now_v7(),
+        name: "c".into(),
+        plugin: "vanilla".into(),
+        node_groups: vec![provledger_events::catalogue::NodeGroupSpec {
+            name: group.into(),
+            count: 2,
+            flavor: "m".into(),
+            resources: std::collections::BTreeMap::from([("VCPU".to_string(), 2)]),
+            processes: vec![],
+        }],
+        provider,
+    }
+}
+
+/// A failed create on the data dir `d` (embedded), whose rollback has something to undo
+/// at the executors: its operation id.
+#[allow(dead_code)]
+pub async fn failed_embedded_create(d: &Path) -> String {
+    use provledger_client::{CancelNotices, Ledger, OperationRunner};
+    use provledger_events::SledLog;
+    use provledger_sim::{register_compute_node, Provisioner, SimInfrastructure};
+
+    let log = SledLog::open(d).unwrap();
+    let ledger = provledger_client::Writer::new(Ledger::Embedded(log.clone()));
+    let provider = uuid::Uuid::now_v7();
+    register_compute_node(&ledger, provider, "cn", 64, "t")
+        .await
+        .unwrap();
+    let infra = std::sync::Arc::new(SimInfrastructure::default());
+    infra.hypervisor.fail_call("create_vm", 2);
+    let runner = OperationRunner::new(ledger.clone(), CancelNotices::local(), None, "t");
+    let report = Provisioner::new(runner, infra.clone(), "t")
+        .create_cluster(two_workers(provider, "w"))
+        .await;
+    assert!(report.result.is_err(), "the create fails");
+    drop(ledger);
+    log.close();
+    report.operation_id.to_string()
 }
