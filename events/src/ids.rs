@@ -349,6 +349,100 @@ pub fn short_aggregate(aggregate: &AggregateId) -> String {
     format!("{}/{}", aggregate.kind, short_id(&aggregate.id))
 }
 
+/// The fewest hex digits a short id may have: fewer would match too many ids to be worth
+/// a lookup (4 digits already tell 65,536 ids apart).
+pub const ID_REF_HEX_DIGITS_MIN: usize = 4;
+
+/// An id as a person gives it to a command: a whole UUID, or some of its hex digits (its
+/// short form as the CLI and console print it, [`short_id`], or the start of it as a full
+/// id is written). A short one names the one id whose hex digits end or begin with it, or
+/// none; which ids exist is for the caller's store to say (`q.id.resolve`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum IdRef {
+    Full(Uuid),
+    /// [`ID_REF_HEX_DIGITS_MIN`] to 31 lowercase hex digits, dashes removed.
+    Short(String),
+}
+
+impl IdRef {
+    /// Whether `id` is one this reference names.
+    pub fn matches(&self, id: &Uuid) -> bool {
+        match self {
+            IdRef::Full(full) => full == id,
+            IdRef::Short(digits) => {
+                let hex = id.simple().to_string();
+                hex.ends_with(digits.as_str()) || hex.starts_with(digits.as_str())
+            }
+        }
+    }
+}
+
+impl FromStr for IdRef {
+    type Err = InvalidText;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let invalid = |reason: &str| InvalidText {
+            what: "an id",
+            text: s.chars().take(80).collect(),
+            reason: reason.to_string(),
+        };
+        if let Ok(id) = Uuid::parse_str(s) {
+            return Ok(IdRef::Full(id));
+        }
+        let digits: String = s.chars().filter(|c| *c != '-').collect();
+        if !digits.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Err(invalid(
+                "expected a UUID, or 4 to 31 of its hex digits (the short id shown, or its start)",
+            ));
+        }
+        if !(ID_REF_HEX_DIGITS_MIN..32).contains(&digits.len()) {
+            return Err(invalid(&format!(
+                "{} hex digits: give a whole UUID, or {ID_REF_HEX_DIGITS_MIN} to 31 of its digits",
+                digits.len()
+            )));
+        }
+        Ok(IdRef::Short(digits.to_ascii_lowercase()))
+    }
+}
+
+impl fmt::Display for IdRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IdRef::Full(id) => write!(f, "{id}"),
+            IdRef::Short(digits) => f.write_str(digits),
+        }
+    }
+}
+
+/// An aggregate as a person gives it: `KIND/ID`, where ID is an [`IdRef`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AggregateRef {
+    pub kind: AggregateKind,
+    pub id: IdRef,
+}
+
+impl FromStr for AggregateRef {
+    type Err = ParseAggregateError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (kind, id) = s
+            .split_once('/')
+            .ok_or_else(|| ParseAggregateError::MissingSlash(s.to_string()))?;
+        let kind: AggregateKind = kind.parse()?;
+        let id = id
+            .parse()
+            .map_err(|e: InvalidText| ParseAggregateError::BadId {
+                id: e.text,
+                reason: e.reason,
+            })?;
+        Ok(AggregateRef { kind, id })
+    }
+}
+
+impl fmt::Display for AggregateRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.kind, self.id)
+    }
+}
+
 /// The clock skew tolerated between the writer that minted a commit id (its UUID v7 time)
 /// and the clock it is compared with (the log's, or other writers'), when telling whether a
 /// retry could be older than what is known.
@@ -407,6 +501,49 @@ mod tests {
             short_aggregate(&AggregateId::cluster(id)),
             "cluster/71eec13912d3"
         );
+    }
+
+    #[test]
+    fn an_id_ref_is_a_whole_uuid_or_some_of_its_hex_digits() {
+        let id = Uuid::parse_str("01a20c10-bda9-71ad-a2a6-71eec13912d3").unwrap();
+        // Given the forms a person copies: the whole id, the short form shown, its start,
+        assert_eq!(id.to_string().parse::<IdRef>().unwrap(), IdRef::Full(id));
+        for text in [
+            "71eec13912d3",
+            "71EEC13912D3",
+            "a2a6-71eec13912d3",
+            "01a20c10",
+            "01a20c10-bd",
+        ] {
+            // when each is parsed, then it names this id,
+            let r: IdRef = text.parse().unwrap();
+            assert!(matches!(r, IdRef::Short(_)), "{text}");
+            assert!(r.matches(&id), "{text} should name {id}");
+        }
+        // and a digit run from its middle names no id.
+        assert!(!"bda971ad".parse::<IdRef>().unwrap().matches(&id));
+    }
+
+    #[test]
+    fn an_id_ref_refuses_what_names_no_id_clearly() {
+        for (text, says) in [
+            ("abc", "3 hex digits"),
+            ("", "0 hex digits"),
+            ("71eec13912dz", "expected a UUID"),
+            ("cluster/71eec1", "expected a UUID"),
+            ("\u{1b}[31m", "expected a UUID"),
+        ] {
+            let e = text.parse::<IdRef>().unwrap_err();
+            assert!(e.to_string().contains(says), "{text:?}: {e}");
+        }
+        let e = "instance/zz".parse::<AggregateRef>().unwrap_err();
+        assert!(
+            e.to_string().contains("instance") || e.to_string().contains("zz"),
+            "{e}"
+        );
+        let r: AggregateRef = "operation/71eec13912d3".parse().unwrap();
+        assert_eq!(r.kind, AggregateKind::Operation);
+        assert_eq!(r.to_string(), "operation/71eec13912d3");
     }
 
     #[test]

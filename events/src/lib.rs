@@ -41,7 +41,10 @@ pub use catalogue::Event;
 pub use commit::{
     check_chain, verify_chain, ChainViolation, Commit, CommitDraft, IntegrityError, InvalidCommit,
 };
-pub use ids::{short_aggregate, short_id, AggregateId, AggregateKind, Hash, Timestamp};
+pub use ids::{
+    short_aggregate, short_id, AggregateId, AggregateKind, AggregateRef, Hash, IdRef, Timestamp,
+    ID_REF_HEX_DIGITS_MIN,
+};
 pub use log::{
     AppendError, AppendOutcome, AppendStatus, AtomicItem, ChainTip, CommitStream, EventLog,
     Expectation, GroupStats, HistoryEntry, InvalidBatch, JetStreamConfig, JetStreamLog, MemLog,

@@ -16,7 +16,7 @@ mod duration;
 use commands::state::LogPoint;
 use commands::{append::AppendArgs, CommandError};
 use provledger_client::{Ledger, LedgerOptions, Writer};
-use provledger_events::{AggregateId, Expectation};
+use provledger_events::{AggregateId, AggregateKind, AggregateRef, Expectation, IdRef};
 use provledger_projections::rollback::RetryPolicy;
 use provledger_serve::ServeOptions;
 use std::time::Duration;
@@ -175,7 +175,8 @@ impl AuthArgs {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the built-in end-to-end scenario embedded, in a fresh data dir.
+    /// Run the built-in end-to-end scenarios: embedded in a fresh data dir, or with --nats
+    /// on that server's stream (new aggregates each run, seen by a serve on it).
     Demo {
         /// Print every commit and every plan whole, not a summary per scenario.
         #[arg(long)]
@@ -185,15 +186,15 @@ enum Command {
     Append(AppendFlags),
     /// An aggregate's commits, oldest first, decoded, with a hash-chain check.
     History {
-        /// The aggregate, as KIND/ID.
-        aggregate: AggregateId,
+        /// The aggregate, as KIND/ID (ID: whole, short or a unique start).
+        aggregate: AggregateRef,
     },
     /// The projection service: consume the log, keep sled state, answer queries. Needs --nats.
     Serve(ServeFlags),
     /// An aggregate's projected state, now or at a past position or time.
     State {
-        /// The aggregate, as KIND/ID.
-        aggregate: AggregateId,
+        /// The aggregate, as KIND/ID (ID: whole, short or a unique start).
+        aggregate: AggregateRef,
         /// A log position, or an RFC 3339 time.
         #[arg(long)]
         at: Option<LogPoint>,
@@ -251,9 +252,9 @@ enum Command {
         /// Say what would be claimed; write nothing.
         #[arg(long)]
         dry_run: bool,
-        /// Only this instance.
+        /// Only this instance (whole id, short id or a unique start).
         #[arg(long)]
-        instance: Option<Uuid>,
+        instance: Option<IdRef>,
     },
     /// Run the seeded simulation: operations of every kind under injected faults, with the
     /// invariants checked after each seed. Exit 1 on a broken invariant, naming the seed.
@@ -301,8 +302,9 @@ enum ProviderCommand {
     // One of the two, told by clap before anything is opened.
     #[command(group(clap::ArgGroup::new("which").required(true).args(["id", "host"])))]
     Delete {
-        /// The provider; or --host for every provider of a compute service.
-        id: Option<Uuid>,
+        /// The provider (whole id, short id or a unique start); or --host for every provider
+        /// of a compute service.
+        id: Option<IdRef>,
         /// Every provider registered on this host, one by one.
         #[arg(long)]
         host: Option<String>,
@@ -326,7 +328,7 @@ enum OperationCommand {
         kind: Option<String>,
         /// The aggregate it works on, as KIND/ID.
         #[arg(long)]
-        target: Option<AggregateId>,
+        target: Option<AggregateRef>,
         /// Only operations started within this long before now (10m, 2h, 1d; a bare
         /// number is seconds).
         #[arg(long, value_parser = duration::seconds_or_humantime)]
@@ -336,18 +338,23 @@ enum OperationCommand {
         limit: usize,
         /// Go on after this operation id (the last one of the previous page), to older ones.
         #[arg(long)]
-        after: Option<Uuid>,
+        after: Option<IdRef>,
     },
     /// One operation whole: kind, target, status, times, stages, steps, the rollback plan
     /// with each compensation's full id and state, what remains at which executor, and the
     /// command that moves it on.
-    Show { operation_id: Uuid },
+    Show {
+        /// The operation: its whole id, its short id (the last 12 hex digits shown) or a
+        /// unique start.
+        operation_id: IdRef,
+    },
     /// Cancel a running operation (its writer died, say): records `cancellation_requested`
     /// (refused, with why, on one that already stopped or closed); its runner stops at its
     /// next step, and the rollback follows: with --nats serve's rollback worker carries it
     /// out; embedded this command drives it to the end, as `rollback run` does.
     Cancel {
-        operation_id: Uuid,
+        /// The operation: whole, short or a unique start.
+        operation_id: IdRef,
         /// Why, for the log (a ticket, what was seen).
         #[arg(long)]
         reason: String,
@@ -367,8 +374,8 @@ enum IntegrityCommand {
     /// without them (`history` shows the loss). Needs publish rights on the stream (the
     /// `writer` user under deploy/nats/accounts.conf).
     Acknowledge {
-        /// The aggregate, as KIND/ID.
-        aggregate: AggregateId,
+        /// The aggregate, as KIND/ID (ID: whole, short or a unique start).
+        aggregate: AggregateRef,
         /// The lost versions as `history` and the integrity error name them: N or N-M.
         #[arg(long)]
         lost: commands::integrity::LostRange,
@@ -384,10 +391,14 @@ enum IntegrityCommand {
 #[derive(Subcommand)]
 enum RollbackCommand {
     /// Print the recorded plan, or the plan the planner would record now (dry run).
-    Plan { operation_id: Uuid },
+    Plan {
+        /// The operation: whole, short or a unique start.
+        operation_id: IdRef,
+    },
     /// Record the plan and drive it to the end.
     Run {
-        operation_id: Uuid,
+        /// The operation: whole, short or a unique start.
+        operation_id: IdRef,
         /// NATS server where the executors (ipam, dhcp, dns, hypervisor, ...) answer
         /// compensation requests; defaults to --nats.
         #[arg(long, env = "PROVLEDGER_EXECUTORS_URL")]
@@ -396,10 +407,12 @@ enum RollbackCommand {
     /// Record that a stuck compensation of a needs_attention rollback was handled by hand
     /// (the resource removed at its executor); once none is left, the rollback finishes.
     Resolve {
-        operation_id: Uuid,
-        /// The compensation handled (`operation list`, `rollback plan` and `audit` name it).
+        /// The operation: whole, short or a unique start.
+        operation_id: IdRef,
+        /// The compensation handled (`operation show`, `rollback plan` and `audit` name it):
+        /// its whole id, or digits of it unique within the operation's plan.
         #[arg(long)]
-        compensation: Uuid,
+        compensation: IdRef,
         /// What was done by hand, for the log (a ticket, who checked what).
         #[arg(long)]
         reason: String,
@@ -585,11 +598,17 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             .await
         }
         Command::Serve(flags) => commands::serve::run(serve_options(flags, &g)?).await,
-        Command::State { aggregate, at } => state(aggregate, at, &g).await,
+        Command::State { aggregate, at } => {
+            state(resolve_aggregate(&g, &aggregate).await?, at, &g).await
+        }
         Command::Audit { fix_orphans } => audit(fix_orphans, &g).await,
         Command::Provider {
             action: ProviderCommand::Delete { id, host, cascade },
         } => {
+            let id = match id {
+                Some(r) => Some(resolve_id(&g, AggregateKind::Provider, &r).await?),
+                None => None,
+            };
             with_ledger(&g.options, |ledger| async move {
                 let writer = Writer::new(ledger.clone());
                 let result = commands::placement::delete(&writer, id, host, cascade, json).await;
@@ -607,6 +626,10 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             .await
         }
         Command::HealAllocations { dry_run, instance } => {
+            let instance = match instance {
+                Some(r) => Some(resolve_id(&g, AggregateKind::Instance, &r).await?),
+                None => None,
+            };
             with_ledger(&g.options, |ledger| async move {
                 let writer = Writer::new(ledger.clone());
                 let result = commands::placement::heal(&writer, instance, dry_run, json).await;
@@ -668,6 +691,7 @@ async fn integrity(action: IntegrityCommand, g: &Globals) -> Result<(), CommandE
         reason,
         actor,
     } = action;
+    let aggregate = resolve_aggregate(g, &aggregate).await?;
     let json = g.json;
     with_ledger(&g.options, |ledger| async move {
         let result =
@@ -841,32 +865,35 @@ async fn rollback(action: RollbackCommand, g: &Globals) -> Result<(), CommandErr
         g.options.subject_prefix.clone(),
         g.json,
     );
+    let operation = match &action {
+        RollbackCommand::Plan { operation_id }
+        | RollbackCommand::Run { operation_id, .. }
+        | RollbackCommand::Resolve { operation_id, .. } => operation_id,
+    };
+    let operation_id = resolve_id(g, AggregateKind::Operation, operation).await?;
     with_ledger(&g.options, |ledger| async move {
         let writer = Writer::new(ledger.clone());
         let result = match action {
-            RollbackCommand::Plan { operation_id } => {
+            RollbackCommand::Plan { .. } => {
                 commands::rollback::plan(&writer, operation_id, json).await
             }
             RollbackCommand::Resolve {
-                operation_id,
                 compensation,
                 reason,
                 actor,
+                ..
             } => {
                 commands::rollback::resolve(
                     &writer,
                     operation_id,
-                    compensation,
+                    &compensation,
                     &reason,
                     &actor,
                     json,
                 )
                 .await
             }
-            RollbackCommand::Run {
-                operation_id,
-                executors_url,
-            } => {
+            RollbackCommand::Run { executors_url, .. } => {
                 let url = executors_url.or(nats);
                 commands::rollback::run(&writer, operation_id, url.as_deref(), &auth, &prefix, json)
                     .await
@@ -891,6 +918,7 @@ async fn operation(action: OperationCommand, g: &Globals) -> Result<(), CommandE
             after,
         } => (status, kind, target, since, limit, after),
         OperationCommand::Show { operation_id } => {
+            let operation_id = resolve_id(g, AggregateKind::Operation, &operation_id).await?;
             let now = provledger_events::Timestamp::now();
             if let Some(url) = &g.options.nats_url {
                 let (auth, prefix) = (&g.options.nats_auth, &g.options.subject_prefix);
@@ -923,6 +951,7 @@ async fn operation(action: OperationCommand, g: &Globals) -> Result<(), CommandE
             actor,
             executors_url,
         } => {
+            let operation_id = resolve_id(g, AggregateKind::Operation, &operation_id).await?;
             let cancel = commands::operation::Cancel {
                 id: operation_id,
                 reason,
@@ -945,6 +974,14 @@ async fn operation(action: OperationCommand, g: &Globals) -> Result<(), CommandE
             "--limit must be 1 to 1000, not {limit}"
         )));
     }
+    let target = match target {
+        Some(r) => Some(resolve_aggregate(g, &r).await?),
+        None => None,
+    };
+    let after = match after {
+        Some(r) => Some(resolve_id(g, AggregateKind::Operation, &r).await?),
+        None => None,
+    };
     // The one read of the clock: what `--since` is counted back from and ages are counted to.
     let now = provledger_events::Timestamp::now();
     let since = since.map(|d| now.plus_ms(-duration::whole_millis_at_least_one(d)));
@@ -975,6 +1012,42 @@ async fn operation(action: OperationCommand, g: &Globals) -> Result<(), CommandE
     .await
 }
 
+/// The one id of `kind` that `r` names (`commands/ids.rs`): a whole UUID as given; a short
+/// one looked up at the service with --nats, else in the data dir.
+async fn resolve_id(g: &Globals, kind: AggregateKind, r: &IdRef) -> Result<Uuid, CommandError> {
+    use commands::ids::{resolve, IdSource};
+    if let IdRef::Full(id) = r {
+        return Ok(*id);
+    }
+    if let Some(nats_url) = &g.options.nats_url {
+        let source = IdSource::Remote {
+            nats_url,
+            auth: &g.options.nats_auth,
+            prefix: &g.options.subject_prefix,
+        };
+        return resolve(&source, kind, r).await;
+    }
+    let r = r.clone();
+    with_ledger(&g.options, |ledger| async move {
+        let result = match &ledger {
+            Ledger::Embedded(log) => resolve(&IdSource::Local(log), kind, &r).await,
+            _ => Err(CommandError::BadInput(format!(
+                "{r} is a short id, which is looked up in a data dir or with --nats: give the whole id"
+            ))),
+        };
+        (ledger, result)
+    })
+    .await
+}
+
+/// The aggregate a `KIND/ID` names ([`resolve_id`]).
+async fn resolve_aggregate(g: &Globals, r: &AggregateRef) -> Result<AggregateId, CommandError> {
+    Ok(AggregateId::new(
+        r.kind,
+        resolve_id(g, r.kind, &r.id).await?,
+    ))
+}
+
 /// This process's invocation: the global flags every command it suggests carries, and
 /// the command it runs (`commands/invocation.rs`), read from clap's own description of
 /// the command line.
@@ -1000,10 +1073,10 @@ fn invocation(options: &LedgerOptions) -> commands::invocation::Invocation {
 /// command but `append` (and `serve`, `demo`) works on what is already there, so none of
 /// them creates a data dir or a stream: a mistyped `--data-dir` or `--stream` is an error
 /// naming what was looked for, never a new empty ledger.
-async fn with_ledger<F, Fut>(options: &LedgerOptions, f: F) -> Result<(), CommandError>
+async fn with_ledger<F, Fut, T>(options: &LedgerOptions, f: F) -> Result<T, CommandError>
 where
     F: FnOnce(Ledger) -> Fut,
-    Fut: std::future::Future<Output = (Ledger, Result<(), CommandError>)>,
+    Fut: std::future::Future<Output = (Ledger, Result<T, CommandError>)>,
 {
     let ledger = Ledger::open_existing(options).await?;
     let (ledger, result) = f(ledger).await;

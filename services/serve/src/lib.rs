@@ -99,6 +99,6 @@ pub use projector::{
 pub use replica::{LastAudit, LastAudits, AUDIT_VIOLATIONS_KEPT};
 pub use service::{open_service_store, run, ServeError, ServeOptions, QUEUE_GROUP, SERVICE_NAME};
 pub use store::{
-    decode_entity, encode_entity, OperationFilter, ProjectionStore, QuarantineRecord, StoreError,
-    ENTITY_FORMAT,
+    decode_entity, encode_entity, IdMatches, OperationFilter, ProjectionStore, QuarantineRecord,
+    StoreError, ENTITY_FORMAT, ID_MATCHES_MAX,
 };

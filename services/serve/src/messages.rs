@@ -104,6 +104,31 @@ fn flag<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
 #[serde(deny_unknown_fields)]
 pub struct HealthRequest {}
 
+/// `q.id.resolve`: which entities a short id names. `{"id": "71eec13912d3"}` (the short
+/// form the CLI and console print: an id's last 12 hex digits), or the start of an id, or a
+/// whole one; `kind` narrows it to one kind of aggregate.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IdResolveRequest {
+    /// A UUID, or 4 to 31 of its hex digits (dashes ignored): the ids that end or begin
+    /// with them match.
+    #[schemars(length(min = 4, max = 36))]
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<provledger_events::AggregateKind>,
+    /// Answer only from a state that has applied this log position (as `q.*.get`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_position: Option<u64>,
+}
+
+/// `q.id.resolve`'s data: the aggregates `id` names, in id order, at most 10; `more`: others
+/// match too. One match: the id is unique. None: no entity has it (yet, on this replica).
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct IdResolveData {
+    pub matches: Vec<AggregateId>,
+    pub more: bool,
+}
+
 /// `q.drift`: no field (an empty payload counts as `{}`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -551,6 +551,11 @@ impl Projector {
         }
         let aggregate = commit.aggregate;
         let entity = self.load(aggregate)?;
+        // Version 0: nothing of it was folded or stored before (a stored entity has folded
+        // at least one commit), so this is where the id index learns of it.
+        if entity.header().version == 0 {
+            batch.created.push(aggregate);
+        }
         entity.apply(commit);
         if aggregate.kind == AggregateKind::Provider {
             if let Entity::Provider(provider) = &*entity {

@@ -20,6 +20,10 @@
 //! - `k` + kind word + 0 + operation: operations by kind.
 //! - `t` + target aggregate (17 bytes) + operation: operations by target.
 //! - `n` + status word: how many operations are in that status (the metrics' gauge).
+//! - `x` + kind tag + id bytes reversed: the id index, which finds an entity by the tail
+//!   of its id (the short id people are shown) as `e` finds it by the head. Derived
+//!   locally: written when an aggregate's first commit is folded, rebuilt from `e` when a
+//!   store lacks it (an older one, an imported snapshot), never exported.
 //!
 //! The copy (`c`, `h`) is kept only where `m` `copies_log` is not 0: the embedded store,
 //! and serve data dirs made before serve stopped copying. serve's store (bootstrapped
@@ -28,8 +32,8 @@
 use provledger_client::view::{StateView, ViewError};
 use provledger_events::codec::{self, DecodeError};
 use provledger_events::{
-    check_chain, AggregateId, AggregateKind, Commit, HeldChain, IntegrityError, LostVersions,
-    Timestamp,
+    check_chain, AggregateId, AggregateKind, Commit, HeldChain, IdRef, IntegrityError,
+    LostVersions, Timestamp,
 };
 use provledger_projections::instance::InstanceState;
 use provledger_projections::provider::ProviderState;
@@ -57,6 +61,19 @@ pub const OLDEST_SCAN_MAX: usize = 10_000;
 /// The operation indexes' layout (`o`, `O`, `k`, `t`, `n`); a store without it, or with
 /// another, has them rebuilt from its operation entities when it opens.
 const OPERATION_INDEX_FORMAT: u8 = 1;
+/// The id index's layout (`x`); a store without it has it rebuilt from `e` when it opens.
+const ID_INDEX_FORMAT: u8 = 1;
+/// How many ids [`ProjectionStore::resolve_ids`] returns at most: a short id that names
+/// more is ambiguous whatever they are, and a person reads a list of ten.
+pub const ID_MATCHES_MAX: usize = 10;
+
+/// The ids of stored entities that an [`IdRef`] names (at most [`ID_MATCHES_MAX`], in id
+/// order); `more`: others match too.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IdMatches {
+    pub ids: Vec<AggregateId>,
+    pub more: bool,
+}
 
 /// Why the store could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +157,8 @@ pub struct StoreBatch {
     /// Aggregates read past a loss (`provledger_events::loss`): their held chain as it
     /// stands, or `None` once it resumed.
     pub held: Vec<(AggregateId, Option<HeldChain>)>,
+    /// Aggregates whose first commit this batch folds (new to the store), for the id index.
+    pub created: Vec<AggregateId>,
     pub checkpoint: u64,
 }
 
@@ -225,6 +244,27 @@ impl OperationFilter {
 pub struct ProjectionStore {
     tree: sled::Tree,
     db: sled::Db,
+}
+
+/// The id index's key of `id` (`x`): kind tag, then the id's bytes last first.
+fn id_index_key(id: &AggregateId) -> Vec<u8> {
+    let mut reversed = *id.id.as_bytes();
+    reversed.reverse();
+    key(b'x', &[&[id.kind.tag()], &reversed])
+}
+
+fn id_index_format_key() -> Vec<u8> {
+    key(b'm', &[b"id_index_format"])
+}
+
+/// Bytes of an even number of hex digits (checked by [`IdRef`]'s grammar; anything else
+/// stops it early: fewer bytes make a scan wider, never wrong, as each key is checked).
+fn hex_bytes(digits: &str) -> Vec<u8> {
+    digits
+        .as_bytes()
+        .chunks(2)
+        .map_while(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+        .collect()
 }
 
 fn key(tag: u8, parts: &[&[u8]]) -> Vec<u8> {
@@ -347,7 +387,135 @@ impl ProjectionStore {
                 .tree
                 .insert(op_index_key, &[OPERATION_INDEX_FORMAT][..])?;
         }
+        if store.tree.get(id_index_format_key())?.as_deref() != Some(&[ID_INDEX_FORMAT][..]) {
+            store.rebuild_id_index()?;
+        }
         Ok(store)
+    }
+
+    /// Rewrites the id index (`x`) from the stored entities' keys, then records its format:
+    /// a crash half-way leaves no format, and the next open rebuilds again.
+    fn rebuild_id_index(&self) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        let mut in_batch = 0;
+        let flush = |batch: &mut sled::Batch, in_batch: &mut usize| -> Result<(), StoreError> {
+            self.tree.apply_batch(std::mem::take(batch))?;
+            reclaim_sled_garbage(*in_batch);
+            *in_batch = 0;
+            Ok(())
+        };
+        for k in self.tree.scan_prefix([b'x']).keys() {
+            batch.remove(k?);
+            in_batch += 1;
+            if in_batch == IMPORT_CHUNK_KEYS {
+                flush(&mut batch, &mut in_batch)?;
+            }
+        }
+        for k in self.tree.scan_prefix([b'e']).keys() {
+            let k = k?;
+            let id = k.get(1..18).and_then(|b| {
+                let kind = AggregateKind::from_tag(b[0])?;
+                Some(AggregateId::new(kind, Uuid::from_slice(&b[1..]).ok()?))
+            });
+            let Some(id) = id else {
+                return Err(StoreError::Corrupt {
+                    what: "an entity key".into(),
+                    reason: format!("{} bytes, not a kind tag and a UUID", k.len()),
+                });
+            };
+            batch.insert(id_index_key(&id), &[][..]);
+            in_batch += 1;
+            if in_batch == IMPORT_CHUNK_KEYS {
+                flush(&mut batch, &mut in_batch)?;
+            }
+        }
+        batch.insert(id_index_format_key(), &[ID_INDEX_FORMAT][..]);
+        flush(&mut batch, &mut in_batch)?;
+        tracing::info!("id index rebuilt");
+        Ok(())
+    }
+
+    /// The stored entities of `kind` (of any kind with `None`) whose id `r` names: for a
+    /// short id, those whose id ends with its digits (the id index) or begins with them
+    /// (the entity keys), each read by a range scan that stops at the
+    /// [`ID_MATCHES_MAX`]-and-one-th match, so its cost does not grow with the store.
+    pub fn resolve_ids(
+        &self,
+        kind: Option<AggregateKind>,
+        r: &IdRef,
+    ) -> Result<IdMatches, StoreError> {
+        let kinds: Vec<AggregateKind> = match kind {
+            Some(k) => vec![k],
+            None => AggregateKind::ALL.to_vec(),
+        };
+        let mut found = std::collections::BTreeSet::new();
+        for kind in kinds {
+            match r {
+                IdRef::Full(id) => {
+                    let id = AggregateId::new(kind, *id);
+                    if self.tree.contains_key(key(b'e', &[&id.key_bytes()]))? {
+                        found.insert(id);
+                    }
+                }
+                IdRef::Short(digits) => {
+                    // Whole bytes of the digits narrow the scan; the rest is checked on
+                    // each key (an odd digit, or the other end of the id).
+                    let head = hex_bytes(&digits[..digits.len() / 2 * 2]);
+                    let scan = self
+                        .tree
+                        .scan_prefix(key(b'e', &[&[kind.tag()], &head]))
+                        .keys()
+                        .map(|k| {
+                            Ok::<_, StoreError>(Uuid::from_slice(k?.get(2..18).unwrap_or(&[])).ok())
+                        });
+                    self.collect_matches(scan, kind, r, &mut found)?;
+                    let mut tail = hex_bytes(&digits[digits.len() % 2..]);
+                    tail.reverse();
+                    let scan = self
+                        .tree
+                        .scan_prefix(key(b'x', &[&[kind.tag()], &tail]))
+                        .keys()
+                        .map(|k| {
+                            let k = k?;
+                            let mut bytes: Vec<u8> = k.get(2..18).unwrap_or(&[]).to_vec();
+                            bytes.reverse();
+                            Ok(Uuid::from_slice(&bytes).ok())
+                        });
+                    self.collect_matches(scan, kind, r, &mut found)?;
+                }
+            }
+        }
+        let more = found.len() > ID_MATCHES_MAX;
+        Ok(IdMatches {
+            ids: found.into_iter().take(ID_MATCHES_MAX).collect(),
+            more,
+        })
+    }
+
+    /// Adds to `found` the ids of `scan` that `r` names, stopping once `found` holds more
+    /// than [`ID_MATCHES_MAX`].
+    fn collect_matches(
+        &self,
+        scan: impl Iterator<Item = Result<Option<Uuid>, StoreError>>,
+        kind: AggregateKind,
+        r: &IdRef,
+        found: &mut std::collections::BTreeSet<AggregateId>,
+    ) -> Result<(), StoreError> {
+        for id in scan {
+            if found.len() > ID_MATCHES_MAX {
+                break;
+            }
+            let Some(id) = id? else {
+                return Err(StoreError::Corrupt {
+                    what: "an entity or id index key".into(),
+                    reason: "not a kind tag and a UUID".into(),
+                });
+            };
+            if r.matches(&id) {
+                found.insert(AggregateId::new(kind, id));
+            }
+        }
+        Ok(())
     }
 
     /// Rewrites the operation indexes and counts from the stored operation entities (a
@@ -761,6 +929,8 @@ impl ProjectionStore {
     /// `position`: the checkpoint set, no copy of the log kept and the marker removed in
     /// one batch, then flushed. From here the store is an ordinary one at `position`.
     pub fn finish_import(&self, position: u64) -> Result<(), StoreError> {
+        // The id index is not exported: it is built here from the imported entities.
+        self.rebuild_id_index()?;
         let mut batch = sled::Batch::default();
         batch.insert(key(b'm', &[b"checkpoint"]), &position.to_be_bytes()[..]);
         batch.insert(key(b'm', &[b"copies_log"]), &[0u8][..]);
@@ -780,7 +950,11 @@ impl ProjectionStore {
     pub fn abandon_import(&self) -> Result<(), StoreError> {
         let marker = key(b'm', &[b"importing"]);
         let formats = layout_formats();
-        let kept = [key(b'm', &[b"source"]), key(b'm', &[b"copies_log"])];
+        let kept = [
+            key(b'm', &[b"source"]),
+            key(b'm', &[b"copies_log"]),
+            id_index_format_key(),
+        ];
         let stays = |k: &[u8]| {
             k == marker.as_slice()
                 || kept.iter().any(|m| m.as_slice() == k)
@@ -904,6 +1078,7 @@ impl ProjectionStore {
             + batch.watermark_rises.len()
             + 5 * batch.operations.len()
             + batch.held.len()
+            + batch.created.len()
             + 2;
         for (position, aggregate, version, bytes) in batch.commits {
             let pos = position.to_be_bytes();
@@ -915,6 +1090,9 @@ impl ProjectionStore {
         }
         for (id, bytes) in batch.entities {
             b.insert(key(b'e', &[&id.key_bytes()]), bytes);
+        }
+        for id in batch.created {
+            b.insert(id_index_key(&id), &[][..]);
         }
         for (consumer, provider, present) in batch.allocation_index {
             let k = key(b'b', &[consumer.as_bytes(), provider.as_bytes()]);
@@ -1533,6 +1711,89 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         panic!("the garbage deferred before the batches was not freed by 5 batch writes");
+    }
+
+    /// Given instances and an operation whose ids share heads and tails, when short ids
+    /// are resolved, then a tail (the short form shown) or a head names exactly the ids it
+    /// ends or begins, of the kind asked; more than [`ID_MATCHES_MAX`] says `more`; and a
+    /// store without the index (an older one) rebuilds the same on open.
+    #[test]
+    fn the_id_index_resolves_short_ids_by_tail_or_head_and_rebuilds_on_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("sled");
+        let store = ProjectionStore::open(&db).expect("store");
+        let mut projector = Projector::new(store.clone(), 0).expect("projector");
+        // What the entity folds does not matter to the index: its first commit does.
+        let created = Event::InstanceDeleted {};
+        // 12 instances ending ...Naaaa00000000 (N: 0 to 11), one ending ...bbbb12345678,
+        // all sharing a head.
+        let head = 0x0190_0000_0000_7000_8000_0000_0000_0000u128;
+        let mut ids: Vec<AggregateId> = (0..12u128)
+            .map(|n| AggregateId::instance(Uuid::from_u128(head | n << 48 | 0xaaaa_0000_0000)))
+            .collect();
+        ids.push(AggregateId::instance(Uuid::from_u128(
+            head | 0xbbbb_1234_5678,
+        )));
+        let op = AggregateId::operation(Uuid::from_u128(head | 0xbbbb_1234_5678));
+        let entries = ids
+            .iter()
+            .chain([&op])
+            .enumerate()
+            .map(|(i, id)| {
+                let mut c = Commit::seal(
+                    *id,
+                    1,
+                    Hash::ZERO,
+                    CommitDraft::now("t", vec![created.clone()]),
+                );
+                c.position = i as u64 + 1;
+                Ok(c)
+            })
+            .collect();
+        projector.apply_batch(entries).expect("batch");
+        let resolve = |kind: Option<AggregateKind>, text: &str| {
+            store
+                .resolve_ids(kind, &text.parse().expect("an id ref"))
+                .expect("resolve")
+        };
+        let check = |store_label: &str| {
+            let one = resolve(Some(AggregateKind::Instance), "bbbb12345678");
+            assert_eq!(one.ids, vec![ids[12]], "{store_label}: tail");
+            assert!(!one.more);
+            // An odd number of digits, and the kind left open: both kinds answer.
+            let both = resolve(None, "b12345678");
+            assert_eq!(both.ids, vec![ids[12], op], "{store_label}: any kind");
+            let many = resolve(Some(AggregateKind::Instance), "aaaa00000000");
+            assert_eq!(many.ids.len(), ID_MATCHES_MAX, "{store_label}");
+            assert!(many.more, "{store_label}: 12 match, 10 are listed");
+            let by_head = resolve(Some(AggregateKind::Instance), "01900000");
+            assert!(by_head.more, "{store_label}: every instance begins so");
+            assert_eq!(
+                resolve(Some(AggregateKind::Cluster), "bbbb12345678").ids,
+                vec![],
+                "{store_label}: another kind"
+            );
+            let full = IdRef::Full(ids[3].id);
+            assert_eq!(
+                store.resolve_ids(None, &full).expect("full").ids,
+                vec![ids[3]]
+            );
+        };
+        check("as folded");
+        // An older store: no index, no format; opened again, it rebuilds both.
+        store.tree.remove(id_index_format_key()).expect("remove");
+        for k in store.tree.scan_prefix([b'x']).keys() {
+            store.tree.remove(k.expect("key")).expect("remove");
+        }
+        assert_eq!(resolve(None, "bbbb12345678").ids, vec![]);
+        let store = ProjectionStore::open(&db).expect("reopen");
+        let resolve = |kind: Option<AggregateKind>, text: &str| {
+            store
+                .resolve_ids(kind, &text.parse().expect("an id ref"))
+                .expect("resolve")
+        };
+        assert_eq!(resolve(None, "b12345678").ids, vec![ids[12], op]);
+        assert!(resolve(Some(AggregateKind::Instance), "aaaa00000000").more);
     }
 
     /// A service's store: claimed by a stream, keeping no copy of the log.

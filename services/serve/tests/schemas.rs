@@ -55,6 +55,7 @@ const CHANNELS: &[Channel] = &[
     Channel { subject: "q.allocation.by_consumer", summary: "A consumer's allocations on every provider.", action: "receive", message: "q.allocation.by_consumer.request", reply: Some("q.allocation.by_consumer.reply"), content_type: JSON },
     Channel { subject: "q.operation.get", summary: "One operation.", action: "receive", message: "q.get.request", reply: Some("q.operation.get.reply"), content_type: JSON },
     Channel { subject: "q.operation.list", summary: "A page of operations, newest first, by status, kind, target or start time.", action: "receive", message: "q.operation.list.request", reply: Some("q.operation.list.reply"), content_type: JSON },
+    Channel { subject: "q.id.resolve", summary: "Which entities a short id (an id's last hex digits, or its start) names.", action: "receive", message: "q.id.resolve.request", reply: Some("q.id.resolve.reply"), content_type: JSON },
     Channel { subject: "q.drift", summary: "The last drift sweep of the replica that answers (serve --drift-interval).", action: "receive", message: "q.drift.request", reply: Some("q.drift.reply"), content_type: JSON },
     Channel { subject: "q.history", summary: "A page of an aggregate's commits, decoded.", action: "receive", message: "q.history.request", reply: Some("q.history.reply"), content_type: JSON },
     Channel { subject: "q.state_at", summary: "An aggregate's state at a position or a time.", action: "receive", message: "q.state_at.request", reply: Some("q.state_at.reply"), content_type: JSON },
@@ -109,6 +110,8 @@ fn schemas() -> BTreeMap<&'static str, Schema> {
         ("q.operation.get.reply", sent::<Reply<OperationView>>()),
         ("q.operation.list.request", schema_of::<OperationListRequest>()),
         ("q.operation.list.reply", sent::<Reply<Vec<OperationSummary>>>()),
+        ("q.id.resolve.request", schema_of::<IdResolveRequest>()),
+        ("q.id.resolve.reply", sent::<Reply<IdResolveData>>()),
         ("q.drift.request", schema_of::<DriftRequest>()),
         ("q.drift.reply", sent::<Reply<DriftData>>()),
         ("q.history.request", schema_of::<HistoryRequest>()),
@@ -333,6 +336,7 @@ fn every_request_type_lists_exactly_the_fields_its_endpoint_accepts() {
     check::<FixOrphansRequest>();
     check::<WorkerReadyRequest>();
     check::<DriftRequest>();
+    check::<IdResolveRequest>();
 }
 
 // ---- validation ----

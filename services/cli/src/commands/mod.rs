@@ -8,6 +8,7 @@ pub mod completions;
 pub mod demo;
 pub mod drift;
 pub mod history;
+pub mod ids;
 pub mod integrity;
 pub mod invocation;
 pub mod operation;

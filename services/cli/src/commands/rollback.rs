@@ -51,11 +51,23 @@ fn command_error(e: DriveError) -> CommandError {
 pub async fn resolve(
     ledger: &Writer<Ledger>,
     id: Uuid,
-    compensation_id: Uuid,
+    compensation: &provledger_events::IdRef,
     reason: &str,
     actor: &str,
     json: bool,
 ) -> Result<(), CommandError> {
+    let compensation_id = match compensation {
+        provledger_events::IdRef::Full(c) => *c,
+        // Digits of it: the one compensation of this operation's plan they name.
+        short => {
+            let op = read_operation(ledger, id).await.map_err(command_error)?;
+            super::ids::resolve_compensation(
+                id,
+                op.compensations.iter().map(|c| c.planned.compensation_id),
+                short,
+            )?
+        }
+    };
     let events = provledger_client::resolve_compensation(
         ledger,
         id,

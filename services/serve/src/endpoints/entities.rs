@@ -1,6 +1,6 @@
 //! `q.cluster.get`, `q.instance.get`, `q.provider.get`, `q.operation.get`,
 //! `q.cluster.list`, `q.instance.list` and `q.operation.list`: projected entities, one or a
-//! filtered page.
+//! filtered page; `q.id.resolve`: which entities a short id names.
 
 use provledger_events::{AggregateId, AggregateKind};
 use provledger_projections::Entity;
@@ -9,7 +9,10 @@ use uuid::Uuid;
 
 use super::error::{bad, ErrorCode, QueryError};
 use super::request::parse;
-use crate::messages::{ClusterListRequest, GetRequest, InstanceListRequest, OperationListRequest};
+use crate::messages::{
+    ClusterListRequest, GetRequest, IdResolveData, IdResolveRequest, InstanceListRequest,
+    OperationListRequest,
+};
 use crate::replica::QueryContext;
 use crate::store::{OperationFilter, StoreError};
 
@@ -62,6 +65,25 @@ pub(crate) async fn get(
             format!("{id} has no commit in the log applied so far"),
         )),
     }
+}
+
+/// The aggregates a short id (or a prefix, or a whole id) names, through the store's id
+/// index: a bounded range scan, whatever the store holds.
+pub(crate) async fn id_resolve(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
+    let IdResolveRequest {
+        id,
+        kind,
+        min_position,
+    } = parse(payload)?;
+    let id: provledger_events::IdRef = id
+        .parse()
+        .map_err(|e: provledger_events::ids::InvalidText| bad("id", e.reason))?;
+    ctx.wait_for(min_position).await?;
+    let found = ctx.store.resolve_ids(kind, &id)?;
+    Ok(super::error::to_data(&IdResolveData {
+        matches: found.ids,
+        more: found.more,
+    }))
 }
 
 /// How many of each of an operation's lists a part holds, by default and at most.

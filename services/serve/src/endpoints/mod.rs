@@ -44,6 +44,7 @@ pub(crate) enum Endpoint {
     WorkerReady,
     OperationList,
     Drift,
+    IdResolve,
 }
 
 /// Every subject the service answers, below the prefix (`q.health`, ..., `cmd.append`).
@@ -52,7 +53,7 @@ pub fn endpoint_subjects() -> Vec<&'static str> {
 }
 
 impl Endpoint {
-    pub(crate) const ALL: [Endpoint; 18] = [
+    pub(crate) const ALL: [Endpoint; 19] = [
         Endpoint::Health,
         Endpoint::ClusterGet,
         Endpoint::ClusterList,
@@ -71,6 +72,7 @@ impl Endpoint {
         Endpoint::WorkerReady,
         Endpoint::OperationList,
         Endpoint::Drift,
+        Endpoint::IdResolve,
     ];
 
     /// The subject below the prefix, e.g. `q.cluster.get`.
@@ -94,6 +96,7 @@ impl Endpoint {
             Endpoint::WorkerReady => "cmd.worker.ready",
             Endpoint::OperationList => "q.operation.list",
             Endpoint::Drift => "q.drift",
+            Endpoint::IdResolve => "q.id.resolve",
         }
     }
 
@@ -196,6 +199,7 @@ impl QueryContext {
             Endpoint::WorkerReady => worker::ready(self, payload, caller),
             Endpoint::OperationList => entities::operation_list(self, payload),
             Endpoint::Drift => health::drift(self, payload),
+            Endpoint::IdResolve => entities::id_resolve(self, payload).await,
         }
     }
 }
