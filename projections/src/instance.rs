@@ -1,7 +1,13 @@
 //! The instance projection (Nova): vm_state, task_state, power_state, host, and the
 //! worker and lease of the task in progress.
+//!
+//! Besides the instance's own events, the end of the operation holding it matters: when a
+//! boot's rollback undid all of it (`in_flight_operation_cleared` as `rolled_back` or
+//! `cancelled`), the build task and the host go with it (see `end_undone_boot`).
 
-use provledger_events::catalogue::{Origin, PowerState, Reissue, TaskOutcome, TaskState, VmState};
+use provledger_events::catalogue::{
+    OperationKind, OperationOutcome, Origin, PowerState, Reissue, TaskOutcome, TaskState, VmState,
+};
 use provledger_events::{AggregateId, Event, Timestamp};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -9,6 +15,15 @@ use uuid::Uuid;
 use crate::cluster::InFlight;
 use crate::entity::{json_or_null, not_created, EventContext, Folded, Header};
 use crate::resource_map::ResourceMap;
+
+/// Whether `task` is one of a build's (Nova's scheduling, networking, spawning): the task
+/// a boot holds the instance with.
+fn is_build_task(task: TaskState) -> bool {
+    matches!(
+        task,
+        TaskState::Scheduling | TaskState::Spawning | TaskState::Networking
+    )
+}
 
 /// A re-issue a recovery recorded and the worker has not acknowledged yet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -151,9 +166,10 @@ impl InstanceState {
                 operation_id,
                 operation_kind,
             } => InFlight::set(&mut self.in_flight, *operation_id, *operation_kind),
-            Event::InFlightOperationCleared { operation_id, .. } => {
-                InFlight::clear(&mut self.in_flight, *operation_id)
-            }
+            Event::InFlightOperationCleared {
+                operation_id,
+                outcome,
+            } => self.clear_in_flight(*operation_id, *outcome),
             other => Folded::Refused(format!("{} is not an instance event", other.name())),
         }
     }
@@ -218,6 +234,46 @@ impl InstanceState {
             self.pending_reissues.clear(); // nothing is left to re-drive
         }
         Folded::Applied
+    }
+
+    /// `InFlightOperationCleared`: the operation holding the instance ended. When it was
+    /// the instance's boot and its rollback undid all of it, the build is over.
+    fn clear_in_flight(&mut self, operation_id: Uuid, outcome: OperationOutcome) -> Folded {
+        let ending = self
+            .in_flight
+            .as_ref()
+            .filter(|f| f.operation_id == operation_id)
+            .map(|f| f.kind);
+        let folded = InFlight::clear(&mut self.in_flight, operation_id);
+        if ending == Some(OperationKind::BootInstance) {
+            self.end_undone_boot(outcome);
+        }
+        folded
+    }
+
+    /// A boot's rollback that ran to its end (`rolled_back`, or `cancelled` when the boot
+    /// was cancelled) undid everything the boot created: its VM is terminated and its claim
+    /// released (a plan that keeps anything ends `held`). As Nova does for a build that
+    /// failed (task_state None, host and node nil), the instance then has no build task in
+    /// progress, no worker or lease on it, and names no host: a build task left behind reads
+    /// as "still scheduling", and a host without its allocation would have heal-allocations
+    /// claim there again. Its vm_state is the rollback's own event (error) and stays as
+    /// recorded; a delete asked for meanwhile stays the task in progress. A rollback ended
+    /// `held` or `needs_attention` left something of the boot (its claim, maybe its VM):
+    /// the instance is left as it is, still on its host.
+    fn end_undone_boot(&mut self, outcome: OperationOutcome) {
+        let task_outcome = match outcome {
+            OperationOutcome::RolledBack => TaskOutcome::Failed,
+            OperationOutcome::Cancelled => TaskOutcome::Cancelled,
+            _ => return,
+        };
+        if self.task_state.is_some_and(is_build_task) {
+            self.clear_task();
+            self.last_task_outcome = Some(task_outcome);
+        }
+        self.host = None;
+        self.provider_id = None;
+        self.power_state = PowerState::NoState;
     }
 
     /// `InstanceDeleted`: only after a delete request.
