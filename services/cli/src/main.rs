@@ -584,13 +584,14 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
     let json = g.json;
     match cli.command {
         #[cfg(feature = "demo")]
-        Command::Demo { verbose } => commands::demo::run(&cli.data_dir, verbose, json).await,
+        Command::Demo { verbose } => commands::demo::run(&g.options, verbose, json).await,
         #[cfg(not(feature = "demo"))]
         Command::Demo { .. } => Err(without_the_simulator("demo")),
         Command::Completions { shell } => commands::completions::completions(shell, Cli::command()),
         Command::Man { out_dir } => commands::completions::man(Cli::command(), out_dir.as_deref()),
         Command::Append(flags) => append(flags, &g).await,
         Command::History { aggregate } => {
+            let aggregate = resolve_aggregate(&g, &aggregate).await?;
             with_ledger(&g.options, |ledger| async move {
                 let result = commands::history::run(&ledger, aggregate, json).await;
                 (ledger, result)

@@ -606,3 +606,56 @@ async fn under_the_deployed_accounts_a_snapshot_is_published_and_a_new_replica_b
         "the accounts refused something: {refused}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_on_a_data_dir_of_an_older_entity_format_rebuilds_it_from_the_stream() {
+    // Given a replica that caught up with a stream and stopped,
+    let nats = NatsServer::start().await;
+    let client = nats.client().await;
+    let log = common::stream(&nats).await;
+    let dir = tempfile::tempdir().unwrap();
+    let aggregates = write_history(&log, 150, 0).await;
+    let data = dir.path().join("replica");
+    let mut serve = Serve::start(&nats, &data);
+    wait_ready_at(&client, quiet_end(&log).await).await;
+    assert!(serve.terminate().success());
+    // whose data dir a newer build reads as an older entity format (and, to tell a rebuild
+    // from a mere relabel, with one entity gone),
+    {
+        let db = sled::open(data.join("sled")).expect("open sled");
+        let tree = db.open_tree("projection").unwrap();
+        let format = tree
+            .get(b"mentity_format")
+            .unwrap()
+            .expect("format recorded");
+        assert_eq!(format[0], provledger_serve::ENTITY_FORMAT);
+        tree.insert(b"mentity_format", &[format[0] - 1][..])
+            .unwrap();
+        let mut key = vec![b'e'];
+        key.extend_from_slice(&aggregates[0].key_bytes());
+        assert!(tree.remove(key).unwrap().is_some(), "the entity was stored");
+        db.flush().unwrap();
+    }
+
+    // when serve starts on it again,
+    let mut serve = Serve::start(&nats, &data);
+    let end = quiet_end(&log).await;
+    wait_ready_at(&client, end).await;
+
+    // then it says it rebuilds, and answers as a rebuild of the whole stream, that entity
+    // included.
+    assert!(
+        log_of(&data).contains("older format: rebuilding it from the stream"),
+        "{}",
+        log_of(&data)
+    );
+    assert_answers_the_rebuild(&client, &log, &aggregates, end).await;
+    let first = ask(
+        &client,
+        &format!("{}.get", aggregates[0].kind),
+        json!({"id": aggregates[0].id}),
+    )
+    .await;
+    assert!(first["data"].is_object(), "{first}");
+    assert!(serve.terminate().success());
+}

@@ -70,7 +70,10 @@ async fn over_nats_a_short_id_resolves_and_an_ambiguous_start_is_refused_naming_
 
     // When the start both ids share is given, then it is refused (bad input) naming both.
     let head = shared_head(&first, &second);
-    assert!(head.len() >= 4, "ids minted a moment apart share their time: {head}");
+    assert!(
+        head.len() >= 4,
+        "ids minted a moment apart share their time: {head}"
+    );
     let out = provledger(&["--nats", &url, "operation", "show", &head], "");
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     let said = text(&out);
@@ -83,7 +86,11 @@ async fn over_nats_a_short_id_resolves_and_an_ambiguous_start_is_refused_naming_
     // When digits no operation has are given, then it says so (a problem, exit 1).
     let out = provledger(&["--nats", &url, "operation", "show", "0123456789ab"], "");
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    assert!(text(&out).contains("no operation has an id"), "{}", text(&out));
+    assert!(
+        text(&out).contains("no operation has an id"),
+        "{}",
+        text(&out)
+    );
 
     // And the service answers the lookup itself to any NATS client, as documented.
     let reply = client
@@ -135,6 +142,10 @@ async fn on_a_data_dir_short_ids_resolve_and_hostile_ones_are_refused_plainly() 
     for hostile in ["abc", "71eec13912dz", "\u{1b}[31mred"] {
         let out = provledger(&["--data-dir", dir, "operation", "show", hostile], "");
         assert_eq!(out.status.code(), Some(2), "{hostile:?}: {}", text(&out));
-        assert!(!text(&out).contains('\u{1b}'), "{hostile:?}: {}", text(&out));
+        assert!(
+            !text(&out).contains('\u{1b}'),
+            "{hostile:?}: {}",
+            text(&out)
+        );
     }
 }

@@ -145,7 +145,16 @@ pub fn open_service_store(
     stream: &str,
 ) -> Result<(SledLog, ProjectionStore), ServeError> {
     let dir = SledLog::open(data_dir).map_err(OpenLedgerError::from)?;
-    let store = ProjectionStore::open(dir.db())?;
+    let store = match ProjectionStore::open(dir.db()) {
+        // A service's store is derived from the stream: one of an older format (a new
+        // build folds differently) is emptied and caught up again, not refused.
+        Err(StoreError::OlderFormat { what }) => {
+            tracing::warn!(data_dir = %data_dir.display(), %what, "the projection in the data dir is of an older format: rebuilding it from the stream");
+            ProjectionStore::reset(dir.db())?;
+            ProjectionStore::open(dir.db())?
+        }
+        opened => opened?,
+    };
     store.claim_source(&format!("jetstream:{stream}"))?;
     // The stream holds every commit and is read back (by direct get) for history: a new
     // data dir keeps no second copy of it.

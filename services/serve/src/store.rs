@@ -47,7 +47,9 @@ use uuid::Uuid;
 /// instances their pending re-issues, providers whether their delete is a cascade.
 /// 7: compensations keep `resolved` (an operator's `compensation_resolved`).
 /// 8: operations keep `failed_at` and `finished_at` (the times of those commits).
-pub const ENTITY_FORMAT: u8 = 8;
+/// 9: the same shape; an instance whose boot was rolled back no longer keeps its build task
+/// and host (the fold changed, so stores are folded again for every replica to agree).
+pub const ENTITY_FORMAT: u8 = 9;
 /// The time index's layout: 2 = an entry at every commit where the watermark rose.
 const TIME_INDEX_FORMAT: u8 = 2;
 /// How many snapshots are kept; older ones are removed once a new one is complete.
@@ -102,6 +104,13 @@ pub enum StoreError {
     Import(String),
     #[error("cannot import a snapshot: this data dir already holds a projection")]
     NotFresh,
+    /// Entities (or the time index) in an older layout, in a data dir without a whole copy
+    /// of the log to fold them again from: a service's store is then reset
+    /// ([`ProjectionStore::reset`]) and catches up from the stream.
+    #[error(
+        "this data dir holds a projection of an older format ({what}) and no copy of the log to rebuild it from: remove the data dir, or start `provledger serve` on it, which rebuilds it from the stream (or a snapshot)"
+    )]
+    OlderFormat { what: String },
 }
 
 /// The key tags a published snapshot carries: all of the projection's state, not the copy
@@ -361,10 +370,12 @@ impl ProjectionStore {
         let needs_copy = refolded || (stored.is_some() && indexed != Some(TIME_INDEX_FORMAT));
         if needs_copy && !store.copies_log()? {
             // Without a whole copy, neither can be rebuilt from the data dir.
-            return Err(StoreError::Corrupt {
-                what: "projection (of an older format, in a data dir without a copy of the log)"
-                    .into(),
-                reason: "remove the data dir: serve catches up again from the stream (or bootstraps from a snapshot)".into(),
+            return Err(StoreError::OlderFormat {
+                what: format!(
+                    "entity format {}, time index format {}; this build's are {ENTITY_FORMAT} and {TIME_INDEX_FORMAT}",
+                    stored.map_or("none".into(), |f| f.to_string()),
+                    indexed.map_or("none".into(), |f| f.to_string()),
+                ),
             });
         }
         if refolded {
@@ -515,6 +526,45 @@ impl ProjectionStore {
                 found.insert(AggregateId::new(kind, id));
             }
         }
+        Ok(())
+    }
+
+    /// Empties a store that keeps no copy of the log (a service's) of everything it
+    /// projected, keeping only which stream it follows: it is then a new replica's store
+    /// in this build's formats, which catches up from position 1 (or a snapshot). For a
+    /// store of an older format ([`StoreError::OlderFormat`]): what it held is derived
+    /// from the stream, which keeps every commit. Refused on a store holding a copy (the
+    /// embedded store: its log is its only copy of the commits).
+    pub fn reset(db: &sled::Db) -> Result<(), StoreError> {
+        let tree = db.open_tree(TREE)?;
+        let copies = tree
+            .get(key(b'm', &[b"copies_log"]))?
+            .is_none_or(|v| v.first() != Some(&0));
+        if copies {
+            return Err(StoreError::Corrupt {
+                what: "a store that holds a copy of the log".into(),
+                reason: "it is not reset: its commits are not kept anywhere else".into(),
+            });
+        }
+        let kept = [key(b'm', &[b"source"]), key(b'm', &[b"copies_log"])];
+        let mut batch = sled::Batch::default();
+        let mut in_batch = 0;
+        for k in tree.iter().keys() {
+            let k = k?;
+            if kept.iter().any(|m| m.as_slice() == &*k) {
+                continue;
+            }
+            batch.remove(k);
+            in_batch += 1;
+            if in_batch == IMPORT_CHUNK_KEYS {
+                tree.apply_batch(std::mem::take(&mut batch))?;
+                reclaim_sled_garbage(in_batch);
+                in_batch = 0;
+            }
+        }
+        tree.apply_batch(batch)?;
+        reclaim_sled_garbage(in_batch);
+        db.flush()?;
         Ok(())
     }
 
@@ -1671,13 +1721,36 @@ mod tests {
         drop(projector);
         drop(store);
 
-        let refused = ProjectionStore::open(&db).err().map(|e| e.to_string());
+        let refused = ProjectionStore::open(&db).err();
         assert!(
-            refused
-                .as_deref()
-                .is_some_and(|e| e.contains("remove the data dir")),
+            matches!(&refused, Some(StoreError::OlderFormat { .. }))
+                && refused
+                    .as_ref()
+                    .is_some_and(|e| e.to_string().contains("remove the data dir")),
             "{refused:?}"
         );
+        // When it is reset (as serve does), then it opens as a new replica's store of the
+        // same stream, empty, in this build's formats.
+        ProjectionStore::reset(&db).expect("reset");
+        let store = ProjectionStore::open(&db).expect("opens after the reset");
+        assert!(store.is_fresh().expect("fresh"));
+        assert!(!store.copies_log().expect("copies"));
+        assert_eq!(store.entity(&op).expect("read"), None);
+    }
+
+    /// Given an embedded store (its log is its only copy), when a reset is asked, then it
+    /// is refused and nothing is removed.
+    #[test]
+    fn a_store_holding_the_copy_of_the_log_is_never_reset() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("sled");
+        let store = ProjectionStore::open(&db).expect("store");
+        store
+            .tree
+            .insert(key(b'm', &[b"checkpoint"]), &7u64.to_be_bytes()[..])
+            .expect("insert");
+        assert!(ProjectionStore::reset(&db).is_err());
+        assert_eq!(store.checkpoint().expect("checkpoint"), 7);
     }
 
     /// Given garbage this thread left for sled's epoch collector (as sled's own writes

@@ -1,37 +1,45 @@
-//! `provledger demo`: runs the demo scenarios (`provledger-sim`) embedded in a fresh data
-//! dir and prints them for a person: each scenario's commits once, in log order, with
-//! names instead of ids; its operations and their rollback plans; what remained; then the
-//! hash-chain audit and how to look at the data with the same command the user ran.
+//! `provledger demo`: runs the demo scenarios (`provledger-sim`) and prints them for a
+//! person: each scenario's commits once, in log order, with names instead of ids; its
+//! operations (by kind and short id) and their rollback plans; what remained; then the
+//! audit and the commands, with the global flags the user gave, that look at a rollback
+//! it just showed.
+//!
+//! Without `--nats` it runs embedded in a fresh data dir. With `--nats` it writes to that
+//! server's stream, the log a `provledger serve --nats` consumes and its console shows,
+//! on new aggregates every run; its executors are simulated in this process either way.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
+use provledger_client::{Ledger, LedgerOptions};
 use provledger_events::catalogue::Executor;
 use provledger_events::short_aggregate;
 use provledger_events::{SledLog, Timestamp};
+use provledger_projections::audit::AuditReport;
 use provledger_projections::planner::action_word;
 use provledger_serve::{audit_log, OnChainViolation};
 use provledger_sim::demo::{self, wrap, DemoReport, OperationOutcome, ScenarioReport};
 
 use super::{print_json, CommandError};
 
-pub async fn run(base_dir: &Path, verbose: bool, json: bool) -> Result<(), CommandError> {
-    let report = demo::run(base_dir).await.map_err(|e| match e {
-        demo::DemoError::DataDir { .. } => CommandError::Infrastructure(e.to_string()),
-        other => CommandError::Problem(other.to_string()),
-    })?;
-    // The same audit `provledger audit` runs, on the demo's data dir.
-    let log =
-        SledLog::open(&report.data_dir).map_err(|e| CommandError::Infrastructure(e.to_string()))?;
-    let audit = audit_log(
-        &log,
-        OnChainViolation::Fail,
-        None,
-        Timestamp::now(),
-        |_, _| {},
-    )
-    .await;
-    log.close();
-    let audit = audit?;
+/// The longest the demo may take on a stream. Each connect, append and read is bounded on
+/// its own; this bounds them together, so that a server that stalls is reported, not
+/// waited on (the demo takes a few seconds).
+const DEMO_ON_STREAM_MS_MAX: u64 = 120_000;
+
+/// Where the demo wrote.
+enum Place {
+    /// A fresh data dir of its own.
+    DataDir(PathBuf),
+    /// A JetStream stream (`stream`) at `url` (its password shown as `***`).
+    Stream { url: String, stream: String },
+}
+
+pub async fn run(options: &LedgerOptions, verbose: bool, json: bool) -> Result<(), CommandError> {
+    let (report, audit, place) = match &options.nats_url {
+        None => embedded(&options.data_dir).await?,
+        Some(url) => on_stream(options, url).await?,
+    };
     let mut violations: Vec<String> = report.chain_violations.clone();
     violations.extend(
         audit
@@ -39,20 +47,35 @@ pub async fn run(base_dir: &Path, verbose: bool, json: bool) -> Result<(), Comma
             .iter()
             .map(|v| format!("{}: {}", v.aggregate.clone().unwrap_or_default(), v.problem)),
     );
+    let next = Next::of(&report, &place);
     if json {
+        let (data_dir, stream) = match &place {
+            Place::DataDir(dir) => (Some(dir.display().to_string()), None),
+            Place::Stream { url, stream } => (
+                None,
+                Some(serde_json::json!({"nats": url, "stream": stream})),
+            ),
+        };
         print_json(&serde_json::json!({
-            "data_dir": report.data_dir.display().to_string(),
+            "data_dir": data_dir,
+            "stream": stream,
+            "start_position": report.start_position,
             "scenarios": report.scenarios,
             "audit": {
                 "aggregates": report.aggregates,
                 "commits": report.commits,
                 "positions": audit.position,
+                "log_commits": audit.commits,
                 "violations": violations,
             },
             "drift": {"held": report.held, "findings": report.drift},
+            "next": next.as_ref().map(|n| &n.commands),
         }));
     } else {
-        print_report(&report, &violations, verbose);
+        print_report(&report, &audit, &place, &violations, verbose);
+        if let Some(next) = &next {
+            next.print(&place);
+        }
     }
     match (violations.len(), report.drift.len()) {
         (0, 0) => Ok(()),
@@ -65,6 +88,170 @@ pub async fn run(base_dir: &Path, verbose: bool, json: bool) -> Result<(), Comma
     }
 }
 
+fn demo_error(e: demo::DemoError) -> CommandError {
+    match e {
+        demo::DemoError::DataDir { .. } => CommandError::Infrastructure(e.to_string()),
+        other => CommandError::Problem(other.to_string()),
+    }
+}
+
+/// In a fresh data dir under `base_dir`, then the same audit `provledger audit` runs on it.
+async fn embedded(base_dir: &Path) -> Result<(DemoReport, AuditReport, Place), CommandError> {
+    let report = demo::run(base_dir).await.map_err(demo_error)?;
+    let dir = report.data_dir.clone();
+    assert!(
+        !dir.as_os_str().is_empty(),
+        "an embedded demo reports its data dir"
+    );
+    let log = SledLog::open(&dir).map_err(|e| CommandError::Infrastructure(e.to_string()))?;
+    let audit = audit_log(
+        &log,
+        OnChainViolation::Fail,
+        None,
+        Timestamp::now(),
+        |_, _| {},
+    )
+    .await;
+    log.close();
+    Ok((report, audit?, Place::DataDir(dir)))
+}
+
+/// On the stream at `url` (created if missing, as `serve` and `append` do), within
+/// [`DEMO_ON_STREAM_MS_MAX`]; then the audit of the whole stream, as `provledger --nats URL
+/// audit` runs it.
+async fn on_stream(
+    options: &LedgerOptions,
+    url: &str,
+) -> Result<(DemoReport, AuditReport, Place), CommandError> {
+    let place = Place::Stream {
+        url: provledger_client::redacted_nats_url(url),
+        stream: options.stream.clone(),
+    };
+    let ledger = Ledger::open(options).await?;
+    let bound = Duration::from_millis(DEMO_ON_STREAM_MS_MAX);
+    let outcome = match tokio::time::timeout(bound, demo::run_on(&ledger)).await {
+        Ok(Ok(report)) => {
+            let audit = audit_log(
+                &ledger,
+                OnChainViolation::Quarantine,
+                None,
+                Timestamp::now(),
+                |_, _| {},
+            )
+            .await;
+            audit
+                .map(|audit| (report, audit))
+                .map_err(CommandError::from)
+        }
+        Ok(Err(e)) => Err(demo_error(e)),
+        Err(_) => Err(CommandError::Infrastructure(format!(
+            "the demo did not finish within {} s on stream {} at {}: the server answers too \
+             slowly; what it wrote so far stays in the stream",
+            DEMO_ON_STREAM_MS_MAX / 1000,
+            options.stream,
+            provledger_client::redacted_nats_url(url),
+        ))),
+    };
+    ledger.close();
+    outcome.map(|(report, audit)| (report, audit, place))
+}
+
+/// The commands that look at the first rollback the demo showed, with the global flags
+/// the user gave (embedded: the demo's data dir, through `$DIR`), to paste as printed.
+struct Next {
+    /// What they look at: the operation by its short id, its kind and its scenario.
+    about: String,
+    operation: uuid::Uuid,
+    commands: Vec<String>,
+}
+
+impl Next {
+    fn of(report: &DemoReport, place: &Place) -> Option<Next> {
+        let (scenario, op) = report.first_rolled_back()?;
+        let failure = report
+            .scenarios
+            .iter()
+            .take_while(|s| !std::ptr::eq(*s, scenario))
+            .filter(|s| s.failure)
+            .count()
+            + 1;
+        // Commands are printed whole, never wrapped, so that they can be pasted as they
+        // are, with the short ids the demo names things by (every command takes them;
+        // docs/cli.md, "Short ids").
+        let me = match place {
+            Place::DataDir(_) => format!("{} --data-dir \"$DIR\"", invocation()),
+            Place::Stream { .. } => {
+                let flags = super::invocation::current().command("");
+                let flags = flags.trim_end();
+                format!(
+                    "{}{}",
+                    invocation(),
+                    flags.strip_prefix("provledger").unwrap_or(flags)
+                )
+            }
+        };
+        let id = op.id;
+        let short = demo::short(&id);
+        let target = provledger_events::short_aggregate(&scenario.afterwards.cluster);
+        Some(Next {
+            about: format!(
+                "operation {} ({}, failure scenario {failure})",
+                demo::short(&id),
+                op.kind
+            ),
+            operation: id,
+            commands: vec![
+                format!("{me} operation show {short}"),
+                format!("{me} rollback plan {short}"),
+                format!("{me} history operation/{short}"),
+                format!("{me} history {target}"),
+                format!("{me} audit"),
+            ],
+        })
+    }
+
+    fn print(&self, place: &Place) {
+        say(
+            &format!(
+                "look at the rollback of {}: the operation whole, its recorded plan, its \
+                 commits and its cluster's, then the audit{} (paste as is):",
+                self.about,
+                match place {
+                    Place::DataDir(_) => ", in the demo's data dir",
+                    Place::Stream { .. } => "",
+                }
+            ),
+            2,
+        );
+        if let Place::DataDir(dir) = place {
+            // Absolute, so that the commands work from any directory; the path once, in a
+            // shell variable, so each command stays within the line budget however deep
+            // the data dir is.
+            let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
+            println!("  DIR={}", shell_word(&dir.display().to_string()));
+        }
+        for command in &self.commands {
+            println!("  {command}");
+        }
+        if let Place::Stream { .. } = place {
+            say(
+                "`operation show` over --nats asks a running `provledger serve` on this \
+                 stream (without one it exits 3 saying so); `rollback plan`, \
+                 `history` and `audit` read the stream itself",
+                2,
+            );
+            say(
+                &format!(
+                    "with `provledger serve --nats URL --http ADDR` on this stream, its console \
+                     shows it at http://ADDR/operations/{}",
+                    self.operation
+                ),
+                2,
+            );
+        }
+    }
+}
+
 /// Prints a line wrapped at [`demo::LINE_COLUMNS_MAX`] columns, continuations indented.
 fn say(line: &str, indent: usize) {
     for part in wrap(line, indent) {
@@ -72,14 +259,32 @@ fn say(line: &str, indent: usize) {
     }
 }
 
-fn print_report(report: &DemoReport, violations: &[String], verbose: bool) {
-    say(
-        &format!(
-            "provledger demo: embedded (sled only, no NATS), data in {}",
-            report.data_dir.display()
+fn print_report(
+    report: &DemoReport,
+    audit: &AuditReport,
+    place: &Place,
+    violations: &[String],
+    verbose: bool,
+) {
+    match place {
+        Place::DataDir(dir) => say(
+            &format!(
+                "provledger demo: embedded (sled only, no NATS), data in {}; executors \
+                 simulated in this process",
+                dir.display()
+            ),
+            2,
         ),
-        2,
-    );
+        Place::Stream { url, stream } => say(
+            &format!(
+                "provledger demo: on stream {stream} at {url}, after its position #{}, on new \
+                 aggregates (a `provledger serve` on this stream and its console see each \
+                 commit as it lands); executors simulated in this process, not on NATS",
+                report.start_position
+            ),
+            2,
+        ),
+    }
     let mut failure = 0;
     for scenario in &report.scenarios {
         println!();
@@ -93,16 +298,29 @@ fn print_report(report: &DemoReport, violations: &[String], verbose: bool) {
         print_scenario(report, scenario, verbose);
     }
     println!();
-    println!(
-        "audit: {} aggregates, {} commits, hash chains, positions and invariants {}",
-        report.aggregates,
-        report.commits,
-        if violations.is_empty() {
-            "ok".to_string()
-        } else {
-            format!("{} VIOLATIONS", violations.len())
-        }
-    );
+    let verdict = if violations.is_empty() {
+        "ok".to_string()
+    } else {
+        format!("{} VIOLATIONS", violations.len())
+    };
+    match place {
+        Place::DataDir(_) => say(
+            &format!(
+                "audit: {} aggregates, {} commits, hash chains, positions and invariants {verdict}",
+                report.aggregates, report.commits,
+            ),
+            2,
+        ),
+        Place::Stream { stream, .. } => say(
+            &format!(
+                "audit: the demo's {} commits on {} aggregates read back, hash chains checked; \
+                 the whole stream {stream} ({} commits to #{}, not only the demo's) audited as \
+                 `audit` does: {verdict}",
+                report.commits, report.aggregates, audit.commits, audit.position,
+            ),
+            2,
+        ),
+    }
     for v in violations {
         say(&format!("  VIOLATION {v}"), 4);
     }
@@ -123,25 +341,6 @@ fn print_report(report: &DemoReport, violations: &[String], verbose: bool) {
             );
         }
     }
-    // Commands are printed whole, never wrapped, so that they can be pasted as they are;
-    // they name the demo's own data dir, which is not the default one.
-    let me = invocation();
-    // Absolute, so that the commands work from any directory.
-    let dir = std::path::absolute(&report.data_dir).unwrap_or_else(|_| report.data_dir.clone());
-    let dir = shell_word(&dir.display().to_string());
-    // The path once, in a shell variable, so each command stays within the line budget
-    // however deep the data dir is.
-    say(
-        "the demo's data dir, and how to read it with the command you ran (paste as is):",
-        2,
-    );
-    println!("  DIR={dir}");
-    if let Some(cluster) = report.first_cluster() {
-        println!("  {me} --data-dir \"$DIR\" history {cluster}");
-        println!("  {me} --data-dir \"$DIR\" state {cluster}");
-    }
-    println!("  {me} --data-dir \"$DIR\" replay");
-    println!("  {me} --data-dir \"$DIR\" audit");
 }
 
 fn print_scenario(report: &DemoReport, scenario: &ScenarioReport, verbose: bool) {
@@ -163,10 +362,14 @@ fn print_scenario(report: &DemoReport, scenario: &ScenarioReport, verbose: bool)
         say(&format!("  note: {note}"), 8);
     }
     for op in &scenario.operations {
-        say(
-            &format!("  -- {} ({}): {}", op.label, op.kind, op.status),
-            6,
+        // By its short id, as `operation list`, `operation show` and the console name it.
+        let line = format!(
+            "  -- operation {} ({}): {}",
+            demo::short(&op.id),
+            op.kind,
+            op.status
         );
+        say(&line, 6);
         if let Some(failure) = &op.failure {
             say(
                 &format!("     failed in {}", report.names.shorten(failure)),

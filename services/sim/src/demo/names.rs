@@ -1,7 +1,8 @@
 //! Labels a person can tell apart: an entity's name where it has one (`cluster analytics`,
-//! `vm workers-3f9c2a71`, `provider cmp-1`), an operation's kind and number
-//! (`op create_cluster#2`), and otherwise the id's short form, its random tail
-//! (`provledger_events::short_id`: UUID v7 ids share their time prefix).
+//! `vm workers-3f9c2a71`, `provider cmp-1`), an operation's kind and short id
+//! (`create_cluster 71eec13912d3`, the id the CLI and the console print for it), and
+//! otherwise the id's short form, its random tail (`provledger_events::short_id`: UUID v7
+//! ids share their time prefix).
 
 use std::collections::HashMap;
 
@@ -21,7 +22,6 @@ pub fn short(id: &Uuid) -> String {
 #[derive(Debug, Default)]
 pub struct Names {
     labels: HashMap<Uuid, String>,
-    operations_of_kind: HashMap<String, usize>,
 }
 
 impl Names {
@@ -44,9 +44,9 @@ impl Names {
                         .ok()
                         .and_then(|v| v.as_str().map(str::to_string))
                         .unwrap_or_else(|| "operation".into());
-                    let n = self.operations_of_kind.entry(kind.clone()).or_insert(0);
-                    *n += 1;
-                    format!("op {kind}#{n}")
+                    // Its short id, not a number of the demo's own: the one name of it
+                    // that `provledger operation list` and the console also show.
+                    format!("{kind} {}", short(&id))
                 }
                 _ => continue,
             };
@@ -92,7 +92,7 @@ impl Names {
     /// the version; each further event of the commit goes on its own indented line.
     pub fn render_commit(&self, commit: &Commit) -> Vec<Vec<String>> {
         let head = format!(
-            "#{:<4} {:<26} v{:<3}",
+            "#{:<4} {:<27} v{:<3}",
             commit.position,
             self.aggregate(commit),
             commit.version

@@ -5,12 +5,11 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use provledger_client::{
-    deletion, CancelNotices, Ledger, OperationRunner, RollbackDriver, SeededIds, Stamper, StepHook,
-    SystemClock, Writer,
+    deletion, CancelNotices, Ledger, OperationRunner, RollbackDriver, Stamper, StepHook, Writer,
 };
 use provledger_events::catalogue::{ConsumerKind, NodeGroupSpec};
 use provledger_events::{
-    AggregateId, AppendError, AppendStatus, Commit, Event, EventLog, Expectation, SledLog,
+    AggregateId, AppendError, AppendStatus, Commit, Event, EventLog, Expectation,
 };
 use provledger_projections::planner::render_plan;
 use provledger_projections::rollback::RetryPolicy;
@@ -18,7 +17,7 @@ use provledger_projections::stages::stage;
 use provledger_projections::Entity;
 use uuid::Uuid;
 
-use super::{Afterwards, DemoError, OperationOutcome, ScenarioReport, DEMO_SEED};
+use super::{Afterwards, DemoError, Minted, OperationOutcome, ScenarioReport};
 use crate::executors::{SimExecutor, SimInfrastructure, HYPERVISOR, PLUGIN};
 use crate::flows::{register_compute_node, ClusterRequest, Provisioner};
 
@@ -39,6 +38,8 @@ struct World {
     delete_at: Arc<Mutex<Option<(Uuid, String)>>>,
     /// Where the log ended before the scenario began.
     start: u64,
+    /// The ids of this demo run: its aggregates are those, whatever else the log holds.
+    minted: Arc<Minted>,
 }
 
 fn failed(scenario: &str) -> impl Fn(String) -> DemoError + '_ {
@@ -98,8 +99,13 @@ fn delete_hook(
     })
 }
 
-async fn world(log: &SledLog, stamper: &Stamper, node: &str) -> Result<World, String> {
-    let ledger = Writer::new(Ledger::Embedded(log.clone()));
+async fn world(
+    log: &Ledger,
+    stamper: &Stamper,
+    minted: &Arc<Minted>,
+    node: &str,
+) -> Result<World, String> {
+    let ledger = Writer::new(log.clone());
     let start = log.last_position().await.map_err(|e| e.to_string())?;
     let infra = Arc::new(SimInfrastructure::default());
     let notices = CancelNotices::local();
@@ -128,6 +134,7 @@ async fn world(log: &SledLog, stamper: &Stamper, node: &str) -> Result<World, St
         provider,
         delete_at,
         start,
+        minted: minted.clone(),
     })
 }
 
@@ -150,17 +157,7 @@ impl World {
     }
 
     async fn commits_since_start(&self) -> Result<Vec<Commit>, String> {
-        let mut out = Vec::new();
-        let mut stream = self
-            .ledger
-            .log()
-            .read_all(self.start + 1)
-            .await
-            .map_err(|e| e.to_string())?;
-        while let Some(c) = stream.next().await {
-            out.push(c.map_err(|e| e.to_string())?);
-        }
-        Ok(out)
+        commits_of(self.ledger.log(), self.start, &self.minted).await
     }
 
     async fn outcome(&self, id: Uuid) -> Result<OperationOutcome, String> {
@@ -339,6 +336,27 @@ impl World {
     }
 }
 
+/// The commits after position `after` on aggregates this demo run made, in log order.
+/// Entries readers quarantine (someone else's garbage on a shared stream) are not the
+/// demo's and are passed over.
+pub(super) async fn commits_of(
+    log: &Ledger,
+    after: u64,
+    minted: &Minted,
+) -> Result<Vec<Commit>, String> {
+    let mut out = Vec::new();
+    let mut stream = log.read_all(after + 1).await.map_err(|e| e.to_string())?;
+    while let Some(entry) = stream.next().await {
+        match entry {
+            Ok(c) if minted.contains(&c.aggregate.id) => out.push(c),
+            Ok(_) => {}
+            Err(e) if e.quarantine_parts().is_some() => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(out)
+}
+
 fn inject(infra: &SimInfrastructure, (executor, action, call): Fault) {
     let executor: Option<&SimExecutor> = infra.executor(executor);
     if let Some(e) = executor {
@@ -346,18 +364,20 @@ fn inject(infra: &SimInfrastructure, (executor, action, call): Fault) {
     }
 }
 
-/// Runs every scenario on `log` with one seeded id source; also hands back each
-/// scenario's executors, for drift.
-pub async fn run_all(
-    log: &SledLog,
+/// Runs every scenario on `log`, every id from `stamper` (whose source is `minted`: seeded
+/// in a fresh data dir, random on a shared stream); also hands back each scenario's
+/// executors, for drift.
+pub(super) async fn run_all(
+    log: &Ledger,
+    stamper: &Stamper,
+    minted: &Arc<Minted>,
 ) -> Result<(Vec<ScenarioReport>, Vec<Arc<SimInfrastructure>>), DemoError> {
-    let stamper = Stamper::new(Arc::new(SystemClock), Arc::new(SeededIds::new(DEMO_SEED)));
     let mut reports = Vec::new();
     let mut infras = Vec::new();
 
     let title = "create a 3-node cluster on one compute node";
     let e = failed(title);
-    let w = world(log, &stamper, "cmp-1").await.map_err(&e)?;
+    let w = world(log, stamper, minted, "cmp-1").await.map_err(&e)?;
     let (cluster, _, created) = w.active_cluster("analytics").await.map_err(&e)?;
     infras.push(w.infra.clone());
     let mut notes = Vec::new();
@@ -370,7 +390,7 @@ pub async fn run_all(
 
     let title = "create fails in spawn (the hypervisor cannot boot node 3) and rolls back";
     let e = failed(title);
-    let w = world(log, &stamper, "cmp-2").await.map_err(&e)?;
+    let w = world(log, stamper, minted, "cmp-2").await.map_err(&e)?;
     infras.push(w.infra.clone());
     inject(&w.infra, (HYPERVISOR, "create_vm", 3));
     let request = w.request("create-fails", 3);
@@ -403,7 +423,7 @@ pub async fn run_all(
     ];
     for (i, (title, fault)) in scales.into_iter().enumerate() {
         let e = failed(title);
-        let w = world(log, &stamper, &format!("cmp-{}", i + 3))
+        let w = world(log, stamper, minted, &format!("cmp-{}", i + 3))
             .await
             .map_err(&e)?;
         infras.push(w.infra.clone());
@@ -426,7 +446,7 @@ pub async fn run_all(
     let title = "delete during create (in configure): the create is cancelled, all it made is \
                  removed, the cluster is deleted";
     let e = failed(title);
-    let w = world(log, &stamper, "cmp-6").await.map_err(&e)?;
+    let w = world(log, stamper, minted, "cmp-6").await.map_err(&e)?;
     infras.push(w.infra.clone());
     let request = w.request("deleted-mid-create", 3);
     *w.delete_at.lock().unwrap_or_else(|p| p.into_inner()) =
