@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs Debian's Chromium and ChromeDriver (/usr/bin/chromium, /usr/bin/chromedriver)
-# for the console's browser tests (services/cli/tests/console.rs). Idempotent: does
+# for the console's browser tests (services/cli/tests/suite/console.rs). Idempotent: does
 # nothing if both are there, or if CHROMIUM_BIN and CHROMEDRIVER_BIN name others.
 set -euo pipefail
 chromium="${CHROMIUM_BIN:-/usr/bin/chromium}"

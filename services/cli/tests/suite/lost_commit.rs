@@ -10,7 +10,7 @@ use provledger_tests::NatsServer;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-mod common;
+use crate::common;
 
 fn status(description: &str) -> Vec<Event> {
     vec![Event::ClusterStatusChanged {

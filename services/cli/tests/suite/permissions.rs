@@ -11,8 +11,7 @@ use std::time::Duration;
 use provledger_tests::NatsServer;
 use serde_json::{json, Value};
 
-mod common;
-use common::{provledger, text, wait_ready, Serve};
+use crate::common::{provledger, text, wait_ready, Serve};
 
 const CLUSTER: &str = "cluster/0190c0de-0000-7000-8000-00000000e001";
 const CLUSTER_ID: &str = "0190c0de-0000-7000-8000-00000000e001";

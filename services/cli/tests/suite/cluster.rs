@@ -8,8 +8,8 @@ use std::time::Duration;
 use provledger_tests::NatsCluster;
 use serde_json::Value;
 
-mod common;
-use common::{provledger, text};
+use crate::common;
+use crate::common::{provledger, text};
 
 const CLUSTER: &str = "cluster/0190c0de-0000-7000-8000-0000000c1001";
 

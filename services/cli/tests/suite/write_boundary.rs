@@ -13,8 +13,8 @@ use provledger_tests::NatsServer;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-mod common;
-use common::Serve;
+use crate::common;
+use crate::common::Serve;
 
 const CMD: &str = "provledger.cmd.append";
 

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use provledger_tests::NatsServer;
 
-mod common;
-use common::{text, Serve};
+use crate::common;
+use crate::common::{text, Serve};
 
 /// The most lines the demo's default output may take: a screen or two.
 const DEMO_LINES_MAX: usize = 150;

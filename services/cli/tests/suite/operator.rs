@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use provledger_tests::{free_port, NatsServer};
 use uuid::Uuid;
 
-mod common;
-use common::{http_get, provledger, sample, text, wait_ready, Serve};
+use crate::common;
+use crate::common::{http_get, provledger, sample, text, wait_ready, Serve};
 
 async fn eventually<F: FnMut() -> bool>(what: &str, timeout: Duration, mut check: F) {
     let deadline = Instant::now() + timeout;

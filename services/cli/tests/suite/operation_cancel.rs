@@ -17,8 +17,8 @@ use provledger_sim::Provisioner;
 use provledger_tests::NatsServer;
 use uuid::Uuid;
 
-mod common;
-use common::{provledger, text, wait_ready, Serve};
+use crate::common;
+use crate::common::{provledger, text, wait_ready, Serve};
 
 /// Runs the binary off the async runtime.
 async fn run(args: Vec<String>) -> std::process::Output {

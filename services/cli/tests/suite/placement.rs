@@ -7,8 +7,8 @@ use std::process::Output;
 use provledger_tests::NatsServer;
 use serde_json::{json, Value};
 
-mod common;
-use common::{provledger, text};
+use crate::common;
+use crate::common::{provledger, text};
 
 const P: &str = "0190c0de-0000-7000-8000-00000000aa01";
 const Q: &str = "0190c0de-0000-7000-8000-00000000aa02";

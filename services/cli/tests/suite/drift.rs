@@ -25,8 +25,8 @@ use provledger_sim::{ClusterRequest, InstanceRequest, Provisioner, SimInfrastruc
 use provledger_tests::NatsServer;
 use uuid::Uuid;
 
-mod common;
-use common::{http_get, provledger, sample, text, wait_ready, Serve};
+use crate::common;
+use crate::common::{http_get, provledger, sample, text, wait_ready, Serve};
 
 struct Env {
     nats: NatsServer,

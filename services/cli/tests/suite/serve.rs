@@ -15,8 +15,8 @@ use provledger_events::{
 use provledger_projections::Projection;
 use provledger_tests::{script, NatsServer};
 
-mod common;
-use common::Serve;
+use crate::common;
+use crate::common::Serve;
 use serde_json::{json, Value};
 use uuid::Uuid;
 

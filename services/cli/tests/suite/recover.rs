@@ -5,8 +5,8 @@ use futures::StreamExt;
 use provledger_tests::NatsServer;
 use serde_json::{json, Value};
 
-mod common;
-use common::{provledger, text};
+use crate::common;
+use crate::common::{provledger, text};
 
 const UPLOADING: &str = "0190c0de-0000-7000-8000-00000000a001";
 const DELETING: &str = "0190c0de-0000-7000-8000-00000000a002";

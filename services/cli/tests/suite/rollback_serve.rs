@@ -27,8 +27,8 @@ use provledger_sim::{ClusterRequest, Provisioner};
 use provledger_tests::NatsServer;
 use uuid::Uuid;
 
-mod common;
-use common::{wait_ready, Serve};
+use crate::common;
+use crate::common::{wait_ready, Serve};
 
 const FAST: &[&str] = &[
     "--compensation-backoff-ms",

@@ -28,8 +28,8 @@ use provledger_events::{
 use provledger_tests::{free_port, NatsServer};
 use uuid::Uuid;
 
-mod common;
-use common::{wait_ready, Serve};
+use crate::common;
+use crate::common::{wait_ready, Serve};
 
 /// chromedriver and a headless Chromium session on it, both gone on drop.
 struct Browser {

@@ -14,8 +14,7 @@ use provledger_tests::NatsServer;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-mod common;
-use common::{provledger, text, wait_ready, Serve};
+use crate::common::{provledger, text, wait_ready, Serve};
 
 const REPLY_WAIT: Duration = Duration::from_secs(10);
 

@@ -3,11 +3,11 @@
 //! (resolved by serve's `q.id.resolve`) and on a data dir; an ambiguous one is refused
 //! naming every candidate, whole.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::{failed_embedded_create, ledger_with_executors, provledger, text, Serve};
+use crate::common::{failed_embedded_create, ledger_with_executors, provledger, text, Serve};
 use provledger_events::short_id;
 use provledger_tests::NatsServer;
 use uuid::Uuid;

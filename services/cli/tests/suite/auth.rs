@@ -5,8 +5,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
-use common::{provledger, text};
+use crate::common::{provledger, text};
 
 struct AuthServer {
     child: Child,

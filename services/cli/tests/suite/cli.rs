@@ -6,8 +6,7 @@ use std::process::{Command, Output, Stdio};
 
 use provledger_tests::NatsServer;
 
-mod common;
-use common::{provledger, text};
+use crate::common::{provledger, text};
 
 const CLUSTER: &str = "cluster/0190c0de-0000-7000-8000-000000000001";
 

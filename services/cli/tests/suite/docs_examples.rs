@@ -20,8 +20,7 @@ use provledger_tests::docs::{comment, fenced_block};
 use provledger_tests::NatsServer;
 use serde_json::{json, Value};
 
-mod common;
-use common::{wait_ready, Serve};
+use crate::common::{wait_ready, Serve};
 
 /// Every operation kind the document must show, one example each.
 const KINDS: [&str; 10] = [

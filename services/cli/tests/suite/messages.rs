@@ -2,8 +2,7 @@
 
 use provledger_tests::NatsServer;
 
-mod common;
-use common::{provledger, text};
+use crate::common::{provledger, text};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_query_nobody_answers_says_to_start_serve_and_an_unreachable_nats_says_which_url() {

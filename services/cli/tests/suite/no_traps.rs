@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 
 use provledger_tests::NatsServer;
 
-mod common;
-use common::{provledger, text, Serve};
+use crate::common::{provledger, text, Serve};
 
 const CLUSTER: &str = "cluster/0190c0de-0000-7000-8000-000000000021";
 const CREATE: &str =

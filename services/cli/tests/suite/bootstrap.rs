@@ -17,8 +17,8 @@ use serde_json::{json, Value};
 use tokio::io::AsyncReadExt;
 use uuid::Uuid;
 
-mod common;
-use common::Serve;
+use crate::common;
+use crate::common::Serve;
 
 const BUCKET: &str = "PROVLEDGER_SNAPSHOTS";
 

@@ -1,0 +1,31 @@
+//! The `provledger` command's integration tests, one test binary with a module per file
+//! (one link instead of one per file: the suite's build time was mostly linking), run
+//! against real nats-servers, serve processes and sled data dirs. `common` holds what they
+//! share. Run one file's tests with `cargo test -p provledger --features demo --test suite
+//! <module>::`.
+
+mod common;
+
+mod auth;
+mod bootstrap;
+mod cli;
+mod cluster;
+mod console;
+mod demo;
+mod docs_examples;
+mod drift;
+mod lost_commit;
+mod messages;
+mod no_traps;
+mod operation_cancel;
+mod operator;
+mod permissions;
+mod placement;
+mod recover;
+mod rollback_serve;
+mod runner_lease;
+mod schema_replies;
+mod serve;
+mod short_ids;
+mod suggestions;
+mod write_boundary;
