@@ -120,7 +120,12 @@ async fn a_killed_runner_has_its_operation_failed_within_the_lease_and_rolled_ba
     // And a runner in another process, hanging in a step after its claims
     let child_log = dir.path().join("runner.log");
     let child = Command::new(std::env::current_exe().expect("this test binary"))
-        .args(["runner_lease::child_runner", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "runner_lease::child_runner",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_NATS, nats.url())
         .env(CHILD_PROVIDER, provider.to_string())
         .stdout(Stdio::null())
