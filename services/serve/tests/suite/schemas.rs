@@ -3,7 +3,7 @@
 //! Rust types that build the messages (`provledger_serve::messages`, the catalogue, the
 //! entity views, the client's executor and worker messages). These tests
 //! - fail when a committed file differs from what the types generate (regenerate with
-//!   `PROVLEDGER_WRITE_SCHEMAS=1 cargo test -p provledger-serve --test schemas`);
+//!   `PROVLEDGER_WRITE_SCHEMAS=1 cargo test -p provledger-serve --test suite schemas::`);
 //! - validate every JSON example of `docs/` against the schema of the message it shows
 //!   (the convention is in `docs/schemas.md`);
 //! - validate real values the code produces (entity views folded from random histories,
@@ -26,7 +26,8 @@ use schemars::{schema_for, Schema};
 use serde_json::{json, Value};
 
 /// The command that rewrites the committed files from the types.
-const REGENERATE: &str = "PROVLEDGER_WRITE_SCHEMAS=1 cargo test -p provledger-serve --test schemas";
+const REGENERATE: &str =
+    "PROVLEDGER_WRITE_SCHEMAS=1 cargo test -p provledger-serve --test suite schemas::";
 
 /// One channel of the interface: its subject (below `provledger.`), who sends what, and
 /// the schema files of its messages.

@@ -1,0 +1,4 @@
+//! provledger-events' integration tests (the codec's golden files, event details), one test
+//! binary with a module per file.
+mod codec;
+mod detail;
