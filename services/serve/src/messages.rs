@@ -104,6 +104,66 @@ fn flag<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
 #[serde(deny_unknown_fields)]
 pub struct HealthRequest {}
 
+/// `q.changes`: the log's commits after a position, in position order, decoded to the JSON
+/// of `q.history`, optionally filtered; the catch-up of a follower (a billing service, an
+/// inventory, a CMDB) that resumes from the last position it handled. Every filter given
+/// must hold (they are AND-ed); within `kinds` and `event_types` any one listed matches.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChangesRequest {
+    /// The last position handled (0, the default: from the first commit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<u64>,
+    /// At most this many commits (1..=1000, default 100); a page is also bounded by bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub limit: Option<u64>,
+    /// Only commits of these kinds of aggregate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kinds: Option<Vec<provledger_events::AggregateKind>>,
+    /// Only this aggregate's commits (`cluster/<uuid>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aggregate: Option<AggregateId>,
+    /// Only commits made for this operation (their `operation_id`): its own commits and
+    /// what it wrote on its targets and providers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation_id: Option<Uuid>,
+    /// Only commits holding at least one event of these types (the catalogue's names:
+    /// `vm_state_changed`, `allocation_claimed`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_types: Option<Vec<String>>,
+}
+
+/// `q.changes`'s data. `next` is where to go on from (the next request's `after`): the last
+/// position this request looked at, matching or not, so a page that passed over many
+/// commits that do not match still moves on. The follower is current once `next` = `end`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ChangesData {
+    /// The matching commits, in position order.
+    pub changes: Vec<HistoryItem>,
+    pub next: u64,
+    /// The last position of the log this replica had applied when it read: positions up to
+    /// it are final; later ones may still come (the next page, or the live feed).
+    pub end: u64,
+    /// Why the page ended: `end` (nothing more yet), `limit`, `bytes` (the reply's size
+    /// bound), or `scan` (it looked at [`CHANGES_SCAN_MAX`] positions without filling).
+    pub stopped: ChangesStop,
+}
+
+/// Why a `q.changes` page ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangesStop {
+    End,
+    Limit,
+    Bytes,
+    Scan,
+}
+
+/// How many positions one `q.changes` request looks at, at most: a filter that matches
+/// little costs a bounded time per request, and the follower asks again from `next`.
+pub const CHANGES_SCAN_MAX: u64 = 10_000;
+
 /// `q.id.resolve`: which entities a short id names. `{"id": "71eec13912d3"}` (the short
 /// form the CLI and console print: an id's last 12 hex digits), or the start of an id, or a
 /// whole one; `kind` narrows it to one kind of aggregate.

@@ -1340,6 +1340,24 @@ impl ProjectionStore {
         self.quarantined_first(usize::MAX)
     }
 
+    /// The positions quarantined from `from` to `to` (inclusive): a range scan of the
+    /// quarantine's keys.
+    pub fn quarantined_between(
+        &self,
+        from: u64,
+        to: u64,
+    ) -> Result<std::collections::HashSet<u64>, StoreError> {
+        let mut out = std::collections::HashSet::new();
+        let start = key(b'q', &[&from.to_be_bytes()]);
+        let end = key(b'q', &[&to.to_be_bytes()]);
+        for k in self.tree.range(start..=end).keys() {
+            if let Some(position) = k?.get(1..9).and_then(be_u64) {
+                out.insert(position);
+            }
+        }
+        Ok(out)
+    }
+
     /// The first `n` quarantine records, in position order (a page's worth).
     pub fn quarantined_first(&self, n: usize) -> Result<Vec<QuarantineRecord>, StoreError> {
         let mut out = Vec::new();

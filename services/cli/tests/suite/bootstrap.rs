@@ -18,7 +18,7 @@ use tokio::io::AsyncReadExt;
 use uuid::Uuid;
 
 use crate::common;
-use crate::common::Serve;
+use crate::common::{quiet_end, Serve};
 
 const BUCKET: &str = "PROVLEDGER_SNAPSHOTS";
 
@@ -206,13 +206,7 @@ async fn assert_answers_the_rebuild(
     const ATTEMPTS: usize = 5;
     let mut compared = 0;
     for attempt in 1..=ATTEMPTS {
-        let commits: Vec<_> = log
-            .read_all(1)
-            .await
-            .unwrap()
-            .filter_map(|c| async move { c.ok() })
-            .collect()
-            .await;
+        let commits = crate::common::stream_commits(log).await;
         let at = commits.last().map_or(end, |c| c.position.max(end));
         wait_ready_at(client, at).await;
         let rebuilt = Projection::rebuild(&commits);
@@ -255,19 +249,6 @@ async fn assert_answers_the_rebuild(
     )
     .unwrap();
     assert_eq!(health["data"]["quarantined"], json!(0), "{health}");
-}
-
-/// The stream's end once it has not moved for a second.
-async fn quiet_end(log: &JetStreamLog) -> u64 {
-    let mut end = log.last_position().await.unwrap();
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = log.last_position().await.unwrap();
-        if now == end {
-            return end;
-        }
-        end = now;
-    }
 }
 
 fn log_of(dir: &Path) -> String {

@@ -8,6 +8,7 @@ mod common;
 
 mod auth;
 mod bootstrap;
+mod changes;
 mod cli;
 mod cluster;
 mod console;

@@ -185,6 +185,24 @@ async fn every_endpoint_answers_what_its_schema_says() {
         json!(p),
         "{allocations:#}"
     );
+    let changes = ask(&client, "q.changes", json!({}), "q.changes.reply").await;
+    assert_eq!(
+        changes["data"]["changes"].as_array().map(Vec::len),
+        Some(5),
+        "{changes:#}"
+    );
+    let resolved = ask(
+        &client,
+        "q.id.resolve",
+        json!({"id": provledger_events::short_id(&op)}),
+        "q.id.resolve.reply",
+    )
+    .await;
+    assert_eq!(
+        resolved["data"]["matches"],
+        json!([format!("operation/{op}")]),
+        "{resolved:#}"
+    );
     let aggregate = format!("instance/{i}");
     ask(
         &client,

@@ -6,6 +6,7 @@
 mod allocation;
 mod append;
 pub(crate) mod caller;
+mod changes;
 mod entities;
 pub(crate) mod error;
 mod health;
@@ -45,6 +46,7 @@ pub(crate) enum Endpoint {
     OperationList,
     Drift,
     IdResolve,
+    Changes,
 }
 
 /// Every subject the service answers, below the prefix (`q.health`, ..., `cmd.append`).
@@ -53,7 +55,7 @@ pub fn endpoint_subjects() -> Vec<&'static str> {
 }
 
 impl Endpoint {
-    pub(crate) const ALL: [Endpoint; 19] = [
+    pub(crate) const ALL: [Endpoint; 20] = [
         Endpoint::Health,
         Endpoint::ClusterGet,
         Endpoint::ClusterList,
@@ -73,6 +75,7 @@ impl Endpoint {
         Endpoint::OperationList,
         Endpoint::Drift,
         Endpoint::IdResolve,
+        Endpoint::Changes,
     ];
 
     /// The subject below the prefix, e.g. `q.cluster.get`.
@@ -97,6 +100,7 @@ impl Endpoint {
             Endpoint::OperationList => "q.operation.list",
             Endpoint::Drift => "q.drift",
             Endpoint::IdResolve => "q.id.resolve",
+            Endpoint::Changes => "q.changes",
         }
     }
 
@@ -200,6 +204,7 @@ impl QueryContext {
             Endpoint::OperationList => entities::operation_list(self, payload),
             Endpoint::Drift => health::drift(self, payload),
             Endpoint::IdResolve => entities::id_resolve(self, payload).await,
+            Endpoint::Changes => changes::changes(self, payload).await,
         }
     }
 }

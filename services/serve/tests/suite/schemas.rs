@@ -56,6 +56,7 @@ const CHANNELS: &[Channel] = &[
     Channel { subject: "q.allocation.by_consumer", summary: "A consumer's allocations on every provider.", action: "receive", message: "q.allocation.by_consumer.request", reply: Some("q.allocation.by_consumer.reply"), content_type: JSON },
     Channel { subject: "q.operation.get", summary: "One operation.", action: "receive", message: "q.get.request", reply: Some("q.operation.get.reply"), content_type: JSON },
     Channel { subject: "q.operation.list", summary: "A page of operations, newest first, by status, kind, target or start time.", action: "receive", message: "q.operation.list.request", reply: Some("q.operation.list.reply"), content_type: JSON },
+    Channel { subject: "q.changes", summary: "A follower's catch-up: the log's commits after a position, in position order, filtered, in bounded pages.", action: "receive", message: "q.changes.request", reply: Some("q.changes.reply"), content_type: JSON },
     Channel { subject: "q.id.resolve", summary: "Which entities a short id (an id's last hex digits, or its start) names.", action: "receive", message: "q.id.resolve.request", reply: Some("q.id.resolve.reply"), content_type: JSON },
     Channel { subject: "q.drift", summary: "The last drift sweep of the replica that answers (serve --drift-interval).", action: "receive", message: "q.drift.request", reply: Some("q.drift.reply"), content_type: JSON },
     Channel { subject: "q.history", summary: "A page of an aggregate's commits, decoded.", action: "receive", message: "q.history.request", reply: Some("q.history.reply"), content_type: JSON },
@@ -111,6 +112,8 @@ fn schemas() -> BTreeMap<&'static str, Schema> {
         ("q.operation.get.reply", sent::<Reply<OperationView>>()),
         ("q.operation.list.request", schema_of::<OperationListRequest>()),
         ("q.operation.list.reply", sent::<Reply<Vec<OperationSummary>>>()),
+        ("q.changes.request", schema_of::<ChangesRequest>()),
+        ("q.changes.reply", sent::<Reply<ChangesData>>()),
         ("q.id.resolve.request", schema_of::<IdResolveRequest>()),
         ("q.id.resolve.reply", sent::<Reply<IdResolveData>>()),
         ("q.drift.request", schema_of::<DriftRequest>()),
@@ -338,6 +341,7 @@ fn every_request_type_lists_exactly_the_fields_its_endpoint_accepts() {
     check::<WorkerReadyRequest>();
     check::<DriftRequest>();
     check::<IdResolveRequest>();
+    check::<ChangesRequest>();
 }
 
 // ---- validation ----

@@ -395,3 +395,34 @@ pub async fn failed_embedded_create(d: &Path) -> String {
     log.close();
     report.operation_id.to_string()
 }
+
+/// The stream's end once it has not moved for a second (serve's own writes, a rollback
+/// finished, all landed).
+#[allow(dead_code)]
+pub async fn quiet_end(log: &provledger_events::JetStreamLog) -> u64 {
+    use provledger_events::EventLog;
+    let mut end = log.last_position().await.unwrap();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = log.last_position().await.unwrap();
+        if now == end {
+            return end;
+        }
+        end = now;
+    }
+}
+
+/// Every commit of the stream, in position order (what readers quarantine left out).
+#[allow(dead_code)]
+pub async fn stream_commits(
+    log: &provledger_events::JetStreamLog,
+) -> Vec<provledger_events::Commit> {
+    use futures::StreamExt;
+    use provledger_events::EventLog;
+    log.read_all(1)
+        .await
+        .unwrap()
+        .filter_map(|c| async move { c.ok() })
+        .collect()
+        .await
+}

@@ -1,0 +1,255 @@
+//! `q.changes`: the catch-up of a follower. The log's commits after a position, in
+//! position order, as `q.history` decodes them, filtered, in pages bounded by count, bytes
+//! and the positions looked at ([`CHANGES_SCAN_MAX`]), each saying where to go on from.
+//! Only what this replica has applied is served, and never an entry its projector
+//! quarantined (garbage, a replayed or foreign commit on a subject): a follower sees the
+//! commits the projections are folded from, no more.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::OnceLock;
+
+use futures::StreamExt;
+use provledger_events::{AggregateId, AggregateKind, Commit, EventLog, ReadError};
+use provledger_projections::timeline;
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::error::{bad, to_data, ErrorCode, QueryError};
+use super::request::parse;
+use crate::messages::{ChangesData, ChangesRequest, ChangesStop, HistoryItem, CHANGES_SCAN_MAX};
+use crate::replica::QueryContext;
+
+/// Default and maximum `limit`.
+const LIMIT_DEFAULT: u64 = 100;
+const LIMIT_MAX: u64 = 1000;
+
+/// Which commits a follower wants; `None` (or an empty set) admits all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChangeFilter {
+    pub kinds: BTreeSet<AggregateKind>,
+    pub aggregate: Option<AggregateId>,
+    pub operation_id: Option<Uuid>,
+    pub event_types: BTreeSet<String>,
+}
+
+impl ChangeFilter {
+    /// Whether `commit` is one the follower wants: every filter given holds.
+    pub fn admits(&self, commit: &Commit) -> bool {
+        (self.kinds.is_empty() || self.kinds.contains(&commit.aggregate.kind))
+            && self.aggregate.is_none_or(|a| a == commit.aggregate)
+            && self
+                .operation_id
+                .is_none_or(|op| commit.operation_id == Some(op))
+            && (self.event_types.is_empty()
+                || commit
+                    .events
+                    .iter()
+                    .any(|e| self.event_types.contains(&e.name())))
+    }
+}
+
+/// The catalogue's event names, from one sample of each event.
+fn event_names() -> &'static BTreeSet<String> {
+    static NAMES: OnceLock<BTreeSet<String>> = OnceLock::new();
+    NAMES.get_or_init(|| {
+        provledger_events::catalogue::samples::all()
+            .iter()
+            .map(|e| e.name())
+            .collect()
+    })
+}
+
+/// The request's filter, each part checked.
+fn filter_of(request: &ChangesRequest) -> Result<ChangeFilter, QueryError> {
+    let kinds: BTreeSet<AggregateKind> = request.kinds.iter().flatten().copied().collect();
+    if request.kinds.as_ref().is_some_and(Vec::is_empty) {
+        return Err(bad(
+            "kinds",
+            "an empty list admits nothing: leave it out for all kinds",
+        ));
+    }
+    let mut event_types = BTreeSet::new();
+    if let Some(types) = &request.event_types {
+        if types.is_empty() {
+            return Err(bad(
+                "event_types",
+                "an empty list admits nothing: leave it out for all events",
+            ));
+        }
+        for t in types {
+            if !event_names().contains(t) {
+                // Debug-quoted: a caller's text, not ours.
+                return Err(bad(
+                    "event_types",
+                    format!(
+                        "{:?} is not an event of the catalogue (docs/events.md)",
+                        t.chars().take(80).collect::<String>()
+                    ),
+                ));
+            }
+            event_types.insert(t.clone());
+        }
+    }
+    Ok(ChangeFilter {
+        kinds,
+        aggregate: request.aggregate,
+        operation_id: request.operation_id,
+        event_types,
+    })
+}
+
+/// One page of changes after `after`.
+pub(crate) async fn changes(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
+    let request: ChangesRequest = parse(payload)?;
+    let filter = filter_of(&request)?;
+    let limit = request.limit.unwrap_or(LIMIT_DEFAULT);
+    if !(1..=LIMIT_MAX).contains(&limit) {
+        return Err(bad("limit", format!("must be 1..={LIMIT_MAX}")));
+    }
+    let after = request.after.unwrap_or(0);
+    // Only what this replica applied: its projector decided what was quarantined up to it.
+    let end = ctx.position();
+    let last = end.min(after.saturating_add(CHANGES_SCAN_MAX));
+    let mut page = ChangesData {
+        changes: Vec::new(),
+        next: after,
+        end,
+        stopped: ChangesStop::End,
+    };
+    if after >= end {
+        return Ok(to_data(&page));
+    }
+    let quarantined: HashSet<u64> = ctx.store.quarantined_between(after + 1, last)?;
+    let budget = ctx.page_bytes_max();
+    let mut bytes = 0;
+    let mut commits = ctx.log.read_all(after + 1).await.map_err(unavailable)?;
+    while let Some(entry) = commits.next().await {
+        let commit = match entry {
+            Ok(c) => c,
+            // What the projector quarantined: passed over, as it was.
+            Err(
+                ReadError::Undecodable { position, .. } | ReadError::OutsideChain { position, .. },
+            ) => {
+                if position > last {
+                    break;
+                }
+                page.next = position;
+                continue;
+            }
+            Err(e) => return Err(unavailable(e)),
+        };
+        if commit.position > last {
+            break;
+        }
+        if quarantined.contains(&commit.position) || !filter.admits(&commit) {
+            page.next = commit.position;
+            continue;
+        }
+        let item = HistoryItem {
+            timeline: timeline::render(&commit),
+            commit,
+        };
+        let size = serde_json::to_vec(&item).map_or(0, |b| b.len());
+        if !page.changes.is_empty() && bytes + size > budget {
+            page.stopped = ChangesStop::Bytes;
+            return Ok(to_data(&page));
+        }
+        bytes += size;
+        page.next = item.commit.position;
+        page.changes.push(item);
+        if page.changes.len() as u64 == limit {
+            page.stopped = ChangesStop::Limit;
+            return Ok(to_data(&page));
+        }
+    }
+    // Every position up to `last` was looked at.
+    page.next = last;
+    if last < end {
+        page.stopped = ChangesStop::Scan;
+    }
+    Ok(to_data(&page))
+}
+
+fn unavailable(e: ReadError) -> QueryError {
+    QueryError::new(
+        ErrorCode::Unavailable,
+        format!("reading the log's changes: {e}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use provledger_events::catalogue::samples;
+    use provledger_events::{CommitDraft, Hash};
+
+    fn commit(
+        aggregate: AggregateId,
+        operation: Option<Uuid>,
+        events: Vec<provledger_events::Event>,
+    ) -> Commit {
+        let mut draft = CommitDraft::now("t", events);
+        draft.operation_id = operation;
+        Commit::seal(aggregate, 1, Hash::ZERO, draft)
+    }
+
+    #[test]
+    fn a_filter_admits_a_commit_only_when_every_part_given_holds() {
+        let op = Uuid::from_u128(7);
+        let cluster = AggregateId::cluster(Uuid::from_u128(1));
+        let event = samples::all().remove(0);
+        let name = event.name();
+        let c = commit(cluster, Some(op), vec![event]);
+        // Given no filter, then everything is admitted;
+        assert!(ChangeFilter::default().admits(&c));
+        // given each part alone, then it decides;
+        let kind = |k| ChangeFilter {
+            kinds: [k].into(),
+            ..Default::default()
+        };
+        assert!(kind(AggregateKind::Cluster).admits(&c));
+        assert!(!kind(AggregateKind::Instance).admits(&c));
+        let of_op = |o| ChangeFilter {
+            operation_id: Some(o),
+            ..Default::default()
+        };
+        assert!(of_op(op).admits(&c));
+        assert!(!of_op(Uuid::from_u128(8)).admits(&c));
+        let typed = |t: &str| ChangeFilter {
+            event_types: [t.to_string()].into(),
+            ..Default::default()
+        };
+        assert!(typed(&name).admits(&c));
+        assert!(!typed("operation_heartbeat").admits(&c) || name == "operation_heartbeat");
+        // and given several, then all must hold.
+        let both = ChangeFilter {
+            kinds: [AggregateKind::Cluster].into(),
+            operation_id: Some(Uuid::from_u128(8)),
+            ..Default::default()
+        };
+        assert!(!both.admits(&c));
+        // A commit made for no operation is not one of an operation's.
+        assert!(!of_op(op).admits(&commit(cluster, None, vec![])));
+    }
+
+    #[test]
+    fn unknown_event_types_and_empty_lists_are_refused_naming_the_field() {
+        let request =
+            |v: serde_json::Value| -> ChangesRequest { serde_json::from_value(v).unwrap() };
+        for (body, field) in [
+            (
+                serde_json::json!({"event_types": ["vm_flew_away"]}),
+                "event_types",
+            ),
+            (serde_json::json!({"event_types": []}), "event_types"),
+            (serde_json::json!({"kinds": []}), "kinds"),
+        ] {
+            let e = filter_of(&request(body.clone())).unwrap_err();
+            assert!(e.message.contains(field), "{body}: {}", e.message);
+        }
+        let ok = filter_of(&request(
+            serde_json::json!({"event_types": ["vm_state_changed"], "kinds": ["instance"]}),
+        ));
+        assert!(ok.is_ok(), "{ok:?}");
+    }
+}
