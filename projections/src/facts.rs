@@ -7,7 +7,7 @@ use provledger_events::catalogue::{
     OperationKind, OperationOutcome, RollbackOutcome, TargetOutcome, TaskOutcome, TaskState,
     VmState,
 };
-use provledger_events::{AggregateId, Event};
+use provledger_events::{AggregateId, AggregateKind, Event};
 use uuid::Uuid;
 
 use crate::cluster::ClusterState;
@@ -123,6 +123,75 @@ pub fn rollback_target_events(
         });
     }
     events
+}
+
+/// [`rollback_target_events`] as the fact a driver records on the plan's target (a cluster
+/// or an instance; `None` when there is nothing to record), named by
+/// [`rollback_target_fact_name`].
+pub fn rollback_target_fact(
+    op: &OperationState,
+    target: Option<&Entity>,
+    outcome: RollbackOutcome,
+) -> Option<Fact> {
+    let aggregate = op.rollback_plan.as_ref()?.target;
+    if !matches!(
+        aggregate.kind,
+        AggregateKind::Cluster | AggregateKind::Instance
+    ) {
+        return None;
+    }
+    let events = rollback_target_events(op, target, outcome);
+    (!events.is_empty()).then(|| Fact {
+        aggregate,
+        name: rollback_target_fact_name(op, outcome),
+        events,
+    })
+}
+
+/// The name of a rollback's end on its target, from which its commit id derives. One
+/// rollback may end more than once: `needs_attention`, then, after each resume, again
+/// `needs_attention` or finally `rolled_back` or `held`. Each end is its own fact, and a
+/// retry of the same end (racing drivers, a driver that crashed before `rollback_finished`)
+/// keeps its name. A final end happens once per operation and is named by its outcome
+/// alone; a `needs_attention` end also by the operation's version it was decided at (each
+/// resume moves it). An end recorded before these names (one name for every end) does not
+/// stand for a later end of another outcome, which is then written.
+pub fn rollback_target_fact_name(op: &OperationState, outcome: RollbackOutcome) -> String {
+    match outcome {
+        RollbackOutcome::RolledBack => "target_outcome/rolled_back".into(),
+        RollbackOutcome::Held => "target_outcome/held".into(),
+        RollbackOutcome::NeedsAttention => {
+            format!("target_outcome/needs_attention@{}", op.header.version)
+        }
+    }
+}
+
+/// The in-flight marker to set again on `target` when the rollback of `op`, stopped in
+/// `needs_attention`, resumes, to be written with the resume at both exact versions: a
+/// rollback under way holds its target, as it did before it stopped (its end then reaches
+/// the target: a boot's build task and host end with it, see `InstanceState`'s fold). A
+/// rollback that needs attention holds nothing (its end cleared the marker), so the target
+/// may be deleted or taken by another operation meanwhile; then it is not taken back:
+/// `None` for a target being deleted or gone (its delete finishes it), held by another
+/// operation, or not a cluster or an instance, and for an operation not in
+/// `needs_attention`.
+pub fn resumed_target_marker(op: &OperationState, target: Option<&Entity>) -> Option<Event> {
+    let kind = op.kind?;
+    if op.status != Some(OperationStatus::NeedsAttention) {
+        return None;
+    }
+    let free = match target? {
+        Entity::Cluster(c) => {
+            c.status.is_some() && !c.is_deleting_or_deleted() && c.in_flight.is_none()
+        }
+        Entity::Instance(i) => {
+            i.vm_state.is_some_and(|v| v != VmState::Deleted)
+                && !i.delete_requested
+                && i.in_flight.is_none()
+        }
+        _ => false,
+    };
+    free.then(|| Event::in_flight_operation_set(op.header.id.id, kind))
 }
 
 /// One fact to record: `events` on `aggregate`, named so that whoever records it derives

@@ -3,7 +3,9 @@
 //!
 //! Besides the instance's own events, the end of the operation holding it matters: when a
 //! boot's rollback undid all of it (`in_flight_operation_cleared` as `rolled_back` or
-//! `cancelled`), the build task and the host go with it (see `end_undone_boot`).
+//! `cancelled`), the build task and the host go with it (see `end_undone_boot`). A rollback
+//! that stopped in `needs_attention` let go of the instance; resumed, it holds it again
+//! (`facts::resumed_target_marker`), so its final end reaches the instance the same way.
 
 use provledger_events::catalogue::{
     OperationKind, OperationOutcome, Origin, PowerState, Reissue, TaskOutcome, TaskState, VmState,
@@ -17,8 +19,9 @@ use crate::entity::{json_or_null, not_created, EventContext, Folded, Header};
 use crate::resource_map::ResourceMap;
 
 /// Whether `task` is one of a build's (Nova's scheduling, networking, spawning): the task
-/// a boot holds the instance with.
-fn is_build_task(task: TaskState) -> bool {
+/// a boot holds the instance with. The one definition: the recovery rules and the
+/// simulation's invariants ask it too.
+pub fn is_build_task(task: TaskState) -> bool {
     matches!(
         task,
         TaskState::Scheduling | TaskState::Spawning | TaskState::Networking
@@ -260,7 +263,8 @@ impl InstanceState {
     /// claim there again. Its vm_state is the rollback's own event (error) and stays as
     /// recorded; a delete asked for meanwhile stays the task in progress. A rollback ended
     /// `held` or `needs_attention` left something of the boot (its claim, maybe its VM):
-    /// the instance is left as it is, still on its host.
+    /// the instance is left as it is, still on its host. A `needs_attention` rollback that
+    /// is resumed holds the instance again, and its final end comes here.
     fn end_undone_boot(&mut self, outcome: OperationOutcome) {
         let task_outcome = match outcome {
             OperationOutcome::RolledBack => TaskOutcome::Failed,

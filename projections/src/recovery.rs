@@ -30,7 +30,7 @@ use provledger_events::{Event, Timestamp};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::instance::InstanceState;
+use crate::instance::{is_build_task, InstanceState};
 use crate::lease::{LEASE_MS_MAX, LEASE_MS_MIN};
 use crate::operation::{OperationState, OperationStatus};
 
@@ -48,13 +48,6 @@ pub struct Recovery {
     pub reissue: Option<Reissue>,
     /// The build's claim to release on this provider.
     pub release_claim_on: Option<Uuid>,
-}
-
-fn building(task: TaskState) -> bool {
-    matches!(
-        task,
-        TaskState::Scheduling | TaskState::Spawning | TaskState::Networking
-    )
 }
 
 /// The recovery `instance` needs at `now`, if any.
@@ -110,8 +103,8 @@ impl Interrupted {
                 Reissue::Delete,
                 "deleting: re-drive the delete",
             ),
-            t if building(t) && !started => return None,
-            t if building(t) => self.error(
+            t if is_build_task(t) && !started => return None,
+            t if is_build_task(t) => self.error(
                 format!("{interrupted}; the build is put in error and its claim released"),
                 "building, started, lease expired: error and release the claim",
                 instance.provider_id,
@@ -166,6 +159,7 @@ impl Interrupted {
             },
             // Cluster node tasks belong to a cluster operation, which its own rollback covers.
             TaskState::Decommissioning | TaskState::Configuring => return None,
+            // Build tasks (`is_build_task`) are matched above; named here for exhaustiveness.
             TaskState::Scheduling | TaskState::Spawning | TaskState::Networking => return None,
         })
     }

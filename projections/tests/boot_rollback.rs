@@ -3,9 +3,10 @@
 //! `task_state: scheduling` and its old host after its allocation was released).
 //!
 //! The rollback's records are those the driver writes, decided by the same pure functions
-//! it asks (`plan_rollback`, `rollback_target_events`): the plan, each compensation
-//! requested and done (the claim's release on the provider), the target's outcome on the
-//! instance, and the rollback's end.
+//! it asks (`plan_rollback`, `rollback_target_events`, `resumed_target_marker`): the plan,
+//! each compensation requested and done (the claim's release on the provider), the target's
+//! outcome on the instance, and the rollback's end; for a rollback that needed attention,
+//! the operator's resume (with the boot's marker on the instance again) and the rest of it.
 
 use std::collections::BTreeMap;
 
@@ -15,10 +16,11 @@ use provledger_events::catalogue::{
 };
 use provledger_events::{AggregateId, Event, Timestamp};
 use provledger_projections::facts::{
-    deletion_completion, rollback_target_events, DeletionCompletion,
+    deletion_completion, resumed_target_marker, rollback_target_events, rollback_target_fact,
+    DeletionCompletion,
 };
 use provledger_projections::instance::InstanceState;
-use provledger_projections::operation::{OperationState, OperationStatus};
+use provledger_projections::operation::{CompensationProgress, OperationState, OperationStatus};
 use provledger_projections::placement::{heal_claim, HealSkip};
 use provledger_projections::planner::plan_rollback;
 use provledger_projections::recovery::recover;
@@ -204,32 +206,40 @@ fn instance_of(p: &Projection) -> InstanceState {
     }
 }
 
-/// When a driver rolls the stopped boot back and it ends as `outcome`: the plan, then
-/// every compensation requested and done (the claim's release recorded on the provider),
-/// or for `needs_attention` none done; then the target's outcome on the instance and the
-/// rollback's end.
+/// When a driver rolls the stopped boot back and it ends as `outcome`: the plan (unless
+/// recorded already), then every compensation not done yet requested (its next attempt)
+/// and done (the claim's release recorded on the provider), or for `needs_attention` the
+/// first of them failed; then the target's outcome on the instance and the rollback's end.
+/// After a resume this is the rest of the rollback.
 fn rolled_back(mut steps: Vec<ScriptStep>, outcome: RollbackOutcome) -> Vec<ScriptStep> {
-    let plan = plan_rollback(&operation_of(&fold(&steps)), &[]).expect("a plan");
-    let ids: Vec<Uuid> = plan
+    let op = operation_of(&fold(&steps));
+    if op.rollback_plan.is_none() {
+        let plan = plan_rollback(&op, &[]).expect("a plan");
+        steps.push(on_operation(vec![Event::rollback_planned(plan)]));
+    }
+    let op = operation_of(&fold(&steps));
+    let open: Vec<_> = op
         .compensations
         .iter()
-        .map(|c| c.compensation_id)
+        .filter(|c| c.progress != CompensationProgress::Done)
         .collect();
-    steps.push(on_operation(vec![Event::rollback_planned(plan.clone())]));
     let mut remaining = Vec::new();
-    for c in &plan.compensations {
-        let id = c.compensation_id;
-        steps.push(on_operation(vec![Event::compensation_requested(id, 1)]));
+    for c in &open {
+        let id = c.planned.compensation_id;
+        let attempt = c.attempts + 1;
+        steps.push(on_operation(vec![Event::compensation_requested(
+            id, attempt,
+        )]));
         if outcome == RollbackOutcome::NeedsAttention {
             steps.push(on_operation(vec![Event::CompensationFailed {
                 compensation_id: id,
-                attempt: 1,
+                attempt,
                 error: "executor unreachable".into(),
             }]));
-            remaining = ids.clone();
+            remaining = open.iter().map(|c| c.planned.compensation_id).collect();
             break;
         }
-        if c.compensation.action == CompensationAction::ReleaseAllocation {
+        if c.planned.compensation.action == CompensationAction::ReleaseAllocation {
             steps.push((
                 provider(),
                 vec![Event::allocation_released(
@@ -251,6 +261,20 @@ fn rolled_back(mut steps: Vec<ScriptStep>, outcome: RollbackOutcome) -> Vec<Scri
     steps.push(on_operation(vec![Event::rollback_finished(
         outcome, remaining,
     )]));
+    steps
+}
+
+/// When an operator resumes the rollback that needed attention (the executors work
+/// again), as `resume_needs_attention` records it: `rollback_resumed` on the operation
+/// and, in the same atomic set, the boot's in-flight marker on the instance again if
+/// `resumed_target_marker` says so.
+fn resumed(mut steps: Vec<ScriptStep>) -> Vec<ScriptStep> {
+    let p = fold(&steps);
+    let marker = resumed_target_marker(&operation_of(&p), p.get(&instance()));
+    steps.push(on_operation(vec![Event::rollback_resumed(
+        "the executors are back",
+    )]));
+    steps.extend(marker.map(|m| (instance(), vec![m])));
     steps
 }
 
@@ -426,4 +450,188 @@ fn a_boot_that_succeeded_keeps_its_host() {
     assert_eq!(i.last_task_outcome, Some(TaskOutcome::Succeeded));
     assert_eq!(i.host.as_deref(), Some(HOST));
     assert_eq!(i.provider_id, Some(provider().id));
+}
+
+#[test]
+fn a_boot_whose_rollback_needed_attention_ends_with_no_task_and_no_host_once_rolled_back() {
+    // Given a boot on cn1 that failed in spawn, whose rollback stopped at its first
+    // compensation and needs attention: the instance is in error and still on its host
+    let steps = rolled_back(
+        failed(given_a_boot_in_spawn(true)),
+        RollbackOutcome::NeedsAttention,
+    );
+    let i = instance_of(&fold(&steps));
+    assert_eq!(
+        i.in_flight, None,
+        "a stuck rollback holds nothing: a delete may go on"
+    );
+    assert_eq!(
+        (i.vm_state, i.host.as_deref()),
+        (Some(VmState::Error), Some(HOST))
+    );
+    // When an operator resumes it and it runs to its end (the VM terminated, the IP and
+    // the claim released)
+    let p = fold(&rolled_back(resumed(steps), RollbackOutcome::RolledBack));
+    assert_eq!(operation_of(&p).status, Some(OperationStatus::RolledBack));
+    assert_eq!(allocations_on_the_provider(&p), 0, "the claim is released");
+    // Then the instance ends as a boot rolled back at once does: in error, no task in
+    // progress, no host, nothing in flight
+    let i = instance_of(&p);
+    assert_eq!(i.header.anomaly_count, 0, "{:?}", i.header.anomalies);
+    assert_eq!(i.vm_state, Some(VmState::Error));
+    assert_eq!(i.task_state, None, "no task is in progress");
+    assert_eq!(i.last_task_outcome, Some(TaskOutcome::Failed));
+    assert_eq!((i.host.as_deref(), i.provider_id), (None, None));
+    assert_eq!(i.power_state, PowerState::NoState);
+    assert_eq!(i.in_flight, None);
+    assert_eq!(heal_claim(&i), Err(HealSkip::NoHost));
+    assert_eq!(recover(&i, later()), None);
+}
+
+#[test]
+fn a_rollback_that_needs_attention_again_after_a_resume_lets_go_of_the_instance_again() {
+    // Given a boot whose rollback needed attention, was resumed, and stopped again
+    let steps = rolled_back(
+        failed(given_a_boot_in_spawn(true)),
+        RollbackOutcome::NeedsAttention,
+    );
+    let steps = rolled_back(resumed(steps), RollbackOutcome::NeedsAttention);
+    let p = fold(&steps);
+    assert_eq!(
+        operation_of(&p).status,
+        Some(OperationStatus::NeedsAttention)
+    );
+    // Then the instance is as after the first stop: in error, on its host, held by nothing
+    let i = instance_of(&p);
+    assert_eq!(i.header.anomaly_count, 0, "{:?}", i.header.anomalies);
+    assert_eq!(
+        i.in_flight, None,
+        "a stuck rollback holds nothing: a delete may go on"
+    );
+    assert_eq!(i.task_state, Some(TaskState::Scheduling));
+    assert_eq!(i.host.as_deref(), Some(HOST));
+    // When it is resumed once more and runs to its end
+    let i = instance_of(&fold(&rolled_back(
+        resumed(steps),
+        RollbackOutcome::RolledBack,
+    )));
+    // Then the build is over on the instance
+    assert_eq!(i.header.anomaly_count, 0, "{:?}", i.header.anomalies);
+    assert_eq!(
+        (i.task_state, i.host.as_deref(), i.provider_id, i.in_flight),
+        (None, None, None, None)
+    );
+}
+
+#[test]
+fn a_rollback_resumed_after_the_user_deleted_the_instance_leaves_the_delete_to_finish() {
+    // Given a boot whose rollback needs attention, and then the user deleted the instance
+    let mut steps = rolled_back(
+        failed(given_a_boot_in_spawn(true)),
+        RollbackOutcome::NeedsAttention,
+    );
+    steps.push((
+        instance(),
+        vec![Event::InstanceDeleteRequested {
+            reason: "the user deleted it".into(),
+        }],
+    ));
+    // When the rollback is resumed and runs to its end
+    let p = fold(&rolled_back(resumed(steps), RollbackOutcome::RolledBack));
+    assert_eq!(allocations_on_the_provider(&p), 0);
+    // Then the delete is the task in progress, nothing is refused, and the deletion can
+    // complete: nothing of the instance remains
+    let i = instance_of(&p);
+    assert_eq!(i.header.anomaly_count, 0, "{:?}", i.header.anomalies);
+    assert_eq!(i.task_state, Some(TaskState::Deleting));
+    assert_eq!(i.in_flight, None);
+    assert_eq!(
+        deletion_completion(&Entity::Instance(Box::new(i)), None),
+        DeletionCompletion::Record(Box::new(Event::InstanceDeleted {}))
+    );
+}
+
+#[test]
+fn each_end_of_a_rollback_on_its_instance_is_its_own_fact_and_a_retry_keeps_its_name() {
+    // Given a boot whose rollback needed attention, needed it again after a resume, and
+    // ended rolled_back after a second resume
+    let first = rolled_back(
+        failed(given_a_boot_in_spawn(true)),
+        RollbackOutcome::NeedsAttention,
+    );
+    let second = rolled_back(resumed(first.clone()), RollbackOutcome::NeedsAttention);
+    let last = rolled_back(resumed(second.clone()), RollbackOutcome::RolledBack);
+    // When a driver decides each end on the operation as it was then (before its
+    // `rollback_finished`, the last commit of each)
+    let name = |steps: &[ScriptStep], outcome| {
+        let p = fold(&steps[..steps.len() - 1]);
+        let fact = rollback_target_fact(&operation_of(&p), p.get(&instance()), outcome)
+            .expect("a fact on the instance");
+        assert_eq!(fact.aggregate, instance());
+        fact.name
+    };
+    let names = [
+        name(&first, RollbackOutcome::NeedsAttention),
+        name(&second, RollbackOutcome::NeedsAttention),
+        name(&last, RollbackOutcome::RolledBack),
+    ];
+    // Then each end has its own name (its own commit id), none the name every end had
+    // before (so a rollback stopped under it still gets its final end written), and a
+    // retry of an end decided on the same state names it the same
+    assert_eq!(
+        names
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        3,
+        "{names:?}"
+    );
+    assert!(!names.iter().any(|n| n == "target_outcome"), "{names:?}");
+    assert_eq!(name(&second, RollbackOutcome::NeedsAttention), names[1]);
+}
+
+#[test]
+fn a_resume_takes_back_an_instance_only_if_nothing_else_holds_it() {
+    // Given a boot whose rollback needs attention
+    let steps = rolled_back(
+        failed(given_a_boot_in_spawn(true)),
+        RollbackOutcome::NeedsAttention,
+    );
+    let marker = |steps: &[ScriptStep]| {
+        let p = fold(steps);
+        resumed_target_marker(&operation_of(&p), p.get(&instance()))
+    };
+    // Then its resume holds the free instance again, for the boot
+    assert_eq!(
+        marker(&steps),
+        Some(Event::in_flight_operation_set(
+            operation().id,
+            OperationKind::BootInstance
+        ))
+    );
+    // But not once another operation holds it (it is not taken away from that one)
+    let mut held = steps.clone();
+    held.push((
+        instance(),
+        vec![Event::in_flight_operation_set(
+            Uuid::from_u128(0x0C),
+            OperationKind::RebootInstance,
+        )],
+    ));
+    assert_eq!(marker(&held), None);
+    // Nor once it is being deleted (its delete finishes it)
+    let mut deleting = steps.clone();
+    deleting.push((
+        instance(),
+        vec![Event::InstanceDeleteRequested {
+            reason: "the user deleted it".into(),
+        }],
+    ));
+    assert_eq!(marker(&deleting), None);
+    // Nor when the rollback does not need attention (it already holds it, or is over)
+    assert_eq!(marker(&resumed(steps.clone())), None);
+    assert_eq!(
+        marker(&rolled_back(resumed(steps), RollbackOutcome::RolledBack)),
+        None
+    );
 }

@@ -19,7 +19,7 @@ use provledger_events::{
     AggregateId, AggregateKind, CommitDraft, Event, EventLog, Expectation, Timestamp,
 };
 use provledger_projections::decide::DecideOptions;
-use provledger_projections::facts::{rollback_target_events, vm_gone_facts};
+use provledger_projections::facts::{resumed_target_marker, rollback_target_fact, vm_gone_facts};
 use provledger_projections::operation::OperationState;
 use provledger_projections::planner::{plan_rollback, PlanRefusal};
 use provledger_projections::rollback::{
@@ -96,7 +96,11 @@ pub async fn resume_needs_attention(
 }
 
 /// An operator's decision about `op`, recorded at the version it was decided on: a
-/// concurrent change makes it a conflict rather than a decision on stale state.
+/// concurrent change makes it a conflict rather than a decision on stale state. A decision
+/// that resumes the rollback (`rollback_resumed`) is recorded together with the operation's
+/// in-flight marker on its target when `facts::resumed_target_marker` says to set it again
+/// (the target free), both or neither, the target at the version that was read: the resumed
+/// rollback holds its target as it did before it stopped, so its end reaches the target.
 async fn record_at_version(
     ledger: &Writer<Ledger>,
     op: &OperationState,
@@ -105,15 +109,60 @@ async fn record_at_version(
     stamper: &Stamper,
 ) -> Result<(), DriveError> {
     let id = op.header.id.id;
-    let draft = stamper.draft(actor, events).with_operation(id);
-    ledger
-        .record(
-            AggregateId::operation(id),
-            Expectation::Exactly(op.header.version),
-            draft,
-        )
-        .await?;
+    let draft = |events| stamper.draft(actor, events).with_operation(id);
+    let resumes = events
+        .iter()
+        .any(|e| matches!(e, Event::RollbackResumed { .. }));
+    let on_operation = Fact {
+        aggregate: AggregateId::operation(id),
+        expect: Expectation::Exactly(op.header.version),
+        draft: draft(events),
+    };
+    let marker = match resumes {
+        true => resumed_marker(ledger, op).await?,
+        false => None,
+    };
+    match marker {
+        Some((target, version, marker)) => {
+            let on_target = Fact {
+                aggregate: target,
+                expect: Expectation::Exactly(version),
+                draft: draft(vec![marker]),
+            };
+            let facts = vec![on_operation, on_target];
+            ledger
+                .record_atomic(facts, DecideOptions::default(), &FromTheLog)
+                .await?;
+        }
+        None => {
+            let Fact {
+                aggregate,
+                expect,
+                draft,
+            } = on_operation;
+            ledger.record(aggregate, expect, draft).await?;
+        }
+    }
     Ok(())
+}
+
+/// The marker a resume of `op` sets on its target (`facts::resumed_target_marker`), with
+/// the target and the version it was decided on; `None` for a target that is not a
+/// cluster or an instance, or that is not free.
+async fn resumed_marker(
+    ledger: &Writer<Ledger>,
+    op: &OperationState,
+) -> Result<Option<(AggregateId, u64, Event)>, DriveError> {
+    let Some(target) = op
+        .target
+        .filter(|t| matches!(t.kind, AggregateKind::Cluster | AggregateKind::Instance))
+    else {
+        return Ok(None);
+    };
+    let Some(entity) = ledger.read_current(target).await? else {
+        return Ok(None);
+    };
+    Ok(resumed_target_marker(op, Some(&entity)).map(|m| (target, entity.header().version, m)))
 }
 
 /// An operator resolves a stuck compensation by hand (`rollback resolve`): decided by
@@ -467,7 +516,8 @@ impl RollbackDriver {
     }
 
     /// Moves the target where the plan says and clears the operation's in-flight marker
-    /// (the events are decided by `facts::rollback_target_events`).
+    /// (the fact is decided and named by `facts::rollback_target_fact`: each end of the
+    /// rollback on its target is its own commit, a retry of one end the same commit).
     async fn apply_target_outcome(
         &self,
         op: &OperationState,
@@ -477,23 +527,16 @@ impl RollbackDriver {
             return Ok(());
         };
         let operation = op.header.id.id;
-        let target = plan.target;
-        let entity = self.ledger.read_current(target).await?;
-        let events = rollback_target_events(op, entity.as_ref(), outcome);
-        if events.is_empty()
-            || !matches!(
-                target.kind,
-                AggregateKind::Cluster | AggregateKind::Instance
-            )
-        {
+        let entity = self.ledger.read_current(plan.target).await?;
+        let Some(fact) = rollback_target_fact(op, entity.as_ref(), outcome) else {
             return Ok(());
-        }
+        };
         let draft = self.fact(
             operation,
-            derived_commit_id(operation, "target_outcome"),
-            events,
+            derived_commit_id(operation, &fact.name),
+            fact.events,
         );
-        self.ledger.record_fact(target, draft).await?;
+        self.ledger.record_fact(fact.aggregate, draft).await?;
         Ok(())
     }
 }

@@ -18,6 +18,9 @@
 //!   step (done, or started with its outcome unknown);
 //! - nothing is left at any executor under the key of an operation that rolled back or
 //!   was cancelled with nothing retained;
+//! - a boot rolled back or cancelled with nothing retained leaves its instance (unless
+//!   deleted) with no build task, and with no host unless a delete owns it, also when its
+//!   rollback first needed attention and was resumed;
 //! - no acknowledged fact was dropped by the fold (no "not applied" anomaly);
 //! - the audit's invariants hold: no allocation unaccounted for (orphaned, misplaced, over
 //!   capacity), no rollback unfinished, no effect recorded after its rollback's plan;
@@ -37,12 +40,13 @@ use provledger_client::{
     idempotency_key, CancelNotices, Clock, Ledger, OperationRunner, RollbackDriver, SeededIds,
     Stamper, StepHook, Writer,
 };
-use provledger_events::catalogue::NodeGroupSpec;
+use provledger_events::catalogue::{NodeGroupSpec, OperationKind, VmState};
 use provledger_events::log::{FaultCounts, FaultPlan, MemLog};
 use provledger_events::{
     AggregateId, AggregateKind, Commit, Event, EventLog, Expectation, Timestamp,
 };
-use provledger_projections::operation::OperationStatus;
+use provledger_projections::instance::is_build_task;
+use provledger_projections::operation::{OperationState, OperationStatus};
 use provledger_projections::rollback::RetryPolicy;
 use provledger_projections::{Entity, Projection};
 use uuid::Uuid;
@@ -875,6 +879,33 @@ async fn cancel_if_running(ledger: &Writer<Ledger>, stamper: &Stamper, op: Uuid)
     let _ = ledger.record_fact(id, draft).await;
 }
 
+/// A boot undone with nothing retained (rolled back, or cancelled) terminated its VM and
+/// released its claim: its instance, unless deleted, has no build task in progress, and
+/// names no host (Nova's failed build: task_state None, host and node nil) unless a delete
+/// owns it (asked for while the rollback was stuck, the instance is left to that delete:
+/// its host goes when it is deleted), however the rollback got there (at once, or resumed
+/// after it needed attention).
+fn check_undone_boot(projection: &Projection, op: &OperationState, violations: &mut Vec<String>) {
+    let Some(target) = op.target else {
+        return;
+    };
+    let Some(Entity::Instance(i)) = projection.get(&target) else {
+        return;
+    };
+    if i.vm_state == Some(VmState::Deleted) {
+        return;
+    }
+    let build_task = i.task_state.filter(|t| is_build_task(*t));
+    let on_a_host = !i.delete_requested && (i.host.is_some() || i.provider_id.is_some());
+    if build_task.is_some() || on_a_host {
+        violations.push(format!(
+            "{target}: its boot {} was undone ({:?}) but it keeps build task {build_task:?}, \
+             host {:?}, provider {:?}",
+            op.header.id.id, op.status, i.host, i.provider_id
+        ));
+    }
+}
+
 /// The invariants of the module documentation, on the healed and driven log.
 fn check_invariants(
     projection: &Projection,
@@ -915,6 +946,9 @@ fn check_invariants(
         }
         for c in &o.compensations {
             attempts.insert(c.planned.compensation_id, c.attempts);
+        }
+        if undone && o.kind == Some(OperationKind::BootInstance) {
+            check_undone_boot(projection, o, violations);
         }
         match o.status {
             Some(

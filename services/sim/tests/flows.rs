@@ -14,9 +14,10 @@ use provledger_client::RollbackDriver;
 use provledger_client::{OperationError, OperationRunner, OperationSpec, StepHook, StepOutput};
 use provledger_events::catalogue::{
     BundlePolicy, ClusterStatus, CompensationAction, Effect, EffectKind, NodeGroupSpec,
-    OperationKind, Origin, VmState,
+    OperationKind, Origin, RollbackOutcome, VmState,
 };
 use provledger_events::{AggregateId, CommitDraft, Event, EventLog, Expectation, SledLog};
+use provledger_projections::facts::rollback_target_fact_name;
 use provledger_projections::operation::{OperationState, OperationStatus};
 use provledger_projections::rollback::RetryPolicy;
 use provledger_projections::stages::stage;
@@ -886,6 +887,68 @@ async fn a_compensation_that_keeps_failing_ends_in_needs_attention_with_what_rem
 }
 
 #[tokio::test]
+async fn a_boot_whose_rollback_needed_attention_leaves_no_task_and_no_host_once_resumed() {
+    let w = world(64).await;
+    // Given a boot that failed in spawn and whose rollback needs attention (the IP's
+    // release keeps failing), its instance in error and still on its host...
+    w.infra.hypervisor.fail_call("create_vm", 1);
+    w.infra.ipam.fail_compensations(1_000);
+    let request = instance_request(&w, 2);
+    let instance = AggregateId::instance(request.instance_id);
+    let report = w.prov.boot_instance(request, None).await;
+    assert_eq!(report.status, Some(OperationStatus::NeedsAttention));
+    let op = report.operation_id;
+    let Some(Entity::Instance(i)) = w.entity(instance).await else {
+        panic!("no instance");
+    };
+    assert_eq!((i.vm_state, &i.in_flight), (Some(VmState::Error), &None));
+    assert!(i.host.is_some() && i.task_state.is_some(), "{i:?}");
+    // ...when the IPAM works again and an operator resumes the rollback...
+    w.infra.ipam.fail_compensations(0);
+    let resumed = provledger_client::resume_needs_attention(
+        &w.ledger,
+        op,
+        "IPAM fixed",
+        "test-operator",
+        &provledger_client::Stamper::system(),
+    )
+    .await
+    .expect("resume");
+    assert!(resumed);
+    let driver = RollbackDriver::new(w.ledger.clone(), w.infra.clone(), fast_retries(), "d");
+    let state = driver.drive(op).await.expect("drive");
+    // ...then it rolls back, and the instance has no build task and no host: both ends
+    // of the rollback are on the instance, each its own commit
+    assert_eq!(state.status, Some(OperationStatus::RolledBack));
+    assert!(w.infra.inventory().is_empty(), "{:?}", w.infra.inventory());
+    assert!(w.allocations().await.is_empty());
+    let Some(Entity::Instance(i)) = w.entity(instance).await else {
+        panic!("no instance");
+    };
+    assert_eq!(i.vm_state, Some(VmState::Error));
+    assert_eq!(
+        (i.task_state, i.host.as_deref(), i.provider_id, i.in_flight),
+        (None, None, None, None)
+    );
+    let ends = w
+        .ledger
+        .log()
+        .read_aggregate(instance)
+        .await
+        .expect("read")
+        .iter()
+        .filter(|c| {
+            c.events
+                .iter()
+                .any(|e| matches!(e, Event::InFlightOperationCleared { .. }))
+        })
+        .count();
+    assert_eq!(ends, 2, "needs_attention, then rolled_back");
+    w.assert_no_anomaly(&[instance, AggregateId::operation(op)])
+        .await;
+}
+
+#[tokio::test]
 async fn a_panicking_step_is_caught_recorded_and_rolled_back() {
     let w = world(64).await;
     let instance = Uuid::now_v7();
@@ -1095,7 +1158,8 @@ async fn a_rollback_whose_driver_crashed_after_the_target_outcome_is_finished_by
         ],
     )
     .with_operation(op);
-    draft.commit_id = provledger_client::derived_commit_id(op, "target_outcome");
+    let name = rollback_target_fact_name(&w.operation(op).await, RollbackOutcome::RolledBack);
+    draft.commit_id = provledger_client::derived_commit_id(op, &name);
     w.ledger
         .log()
         .append(cluster, Expectation::Any, draft)
@@ -1120,7 +1184,7 @@ async fn a_rollback_whose_driver_crashed_after_the_target_outcome_is_finished_by
         .await
         .unwrap()
         .iter()
-        .filter(|c| c.commit_id == provledger_client::derived_commit_id(op, "target_outcome"))
+        .filter(|c| c.commit_id == provledger_client::derived_commit_id(op, &name))
         .count();
     assert_eq!(outcome_commits, 1);
 }
