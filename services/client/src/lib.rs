@@ -75,6 +75,7 @@ pub mod deletion;
 pub mod denials;
 mod driver;
 mod executors;
+pub mod follow;
 pub mod inventory;
 mod lease;
 mod ledger;

@@ -73,6 +73,7 @@ pub mod bootstrap;
 mod console;
 pub mod drift_sweep;
 mod endpoints;
+pub mod feed;
 mod http;
 pub mod messages;
 mod metrics;

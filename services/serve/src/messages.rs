@@ -164,6 +164,28 @@ pub enum ChangesStop {
 /// little costs a bounded time per request, and the follower asks again from `next`.
 pub const CHANGES_SCAN_MAX: u64 = 10_000;
 
+/// One change on the live feed, `<prefix>.feed.<kind>.<id>`: a commit as `q.history` and
+/// `q.changes` give it, published by each replica once it has applied it. `prev`: no change
+/// lies between `prev` and this one's `position` (both excluded), so a follower that has
+/// handled everything up to `prev` or later takes this one; one that is behind `prev` missed
+/// something and fills the gap through `q.changes` from what it handled. With several
+/// replicas each change comes once per replica: a follower drops a `position` it handled.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct FeedChange {
+    #[serde(flatten)]
+    pub change: HistoryItem,
+    pub prev: u64,
+}
+
+/// `<prefix>.feed.bookmark`, every few seconds from each replica: it has published every
+/// change up to `position` (a follower that handled less asks `q.changes`); a follower that
+/// hears none for a while is cut off from the feed, not merely idle.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct FeedBookmark {
+    pub position: u64,
+    pub served_by: String,
+}
+
 /// `q.id.resolve`: which entities a short id names. `{"id": "71eec13912d3"}` (the short
 /// form the CLI and console print: an id's last 12 hex digits), or the start of an id, or a
 /// whole one; `kind` narrows it to one kind of aggregate.

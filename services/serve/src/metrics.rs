@@ -102,12 +102,26 @@ pub(crate) struct RuleLabels {
 #[derive(Clone, Default)]
 pub struct FoldMetrics {
     commits: Counter,
+    /// Batches the live feed had no room for (`Projector::with_feed`).
+    feed_dropped: Counter,
+    /// Changes the live feed published.
+    feed_published: Counter,
     compensations: Family<OutcomeLabels, Counter>,
     quarantined: Counter,
     integrity_errors: Counter,
 }
 
 impl FoldMetrics {
+    /// One applied batch the live feed had no room for.
+    pub(crate) fn feed_dropped(&self) {
+        self.feed_dropped.inc();
+    }
+
+    /// Changes the live feed published.
+    pub(crate) fn feed_published(&self, n: u64) {
+        self.feed_published.inc_by(n);
+    }
+
     /// One commit folded, with its events.
     pub(crate) fn folded(&self, events: &[Event]) {
         self.commits.inc();
@@ -218,6 +232,16 @@ impl Metrics {
             "commits_folded",
             "Commits the projector folded since this replica started",
             self.fold.commits.clone(),
+        );
+        registry.register(
+            "feed_published",
+            "Changes this replica published on the live feed (<prefix>.feed.<kind>.<id>)",
+            self.fold.feed_published.clone(),
+        );
+        registry.register(
+            "feed_dropped_batches",
+            "Applied batches the live feed had no room for (its followers fill the gap through q.changes)",
+            self.fold.feed_dropped.clone(),
         );
         registry.register(
             "appends",

@@ -137,6 +137,9 @@ struct Gathered {
     watermark: Option<i64>,
     /// Whether a re-issue to send was folded (see `Projector::reissues`).
     reissue_news: bool,
+    /// The commits for the feed (`Projector::with_feed`): every commit this batch took
+    /// (folded, or held past a loss), in position order; never what it quarantined.
+    feed: Vec<Commit>,
 }
 
 /// What one batch did.
@@ -172,6 +175,8 @@ pub struct Projector {
     /// Where each snapshot taken is also handed for publishing (`--snapshot-bucket`),
     /// with the stream's name.
     publisher: Option<(tokio::sync::mpsc::Sender<PublishedSnapshot>, String)>,
+    /// Where each applied batch's commits are handed for the live feed (`crate::feed`).
+    feed: Option<tokio::sync::mpsc::Sender<crate::feed::FeedBatch>>,
     /// Whether the store keeps a copy of each commit (`ProjectionStore::copies_log`).
     copies_log: bool,
     /// Aggregates read past a loss, whose commits are held, not folded, until it is
@@ -204,6 +209,7 @@ impl Projector {
             on_violation: OnChainViolation::Fail,
             metrics: FoldMetrics::default(),
             publisher: None,
+            feed: None,
             copies_log,
             held,
         })
@@ -218,6 +224,15 @@ impl Projector {
         stream: &str,
     ) -> Self {
         self.publisher = Some((publisher, stream.to_string()));
+        self
+    }
+
+    /// Also hands the commits of each batch it applies, once written, to `feed` (serve's
+    /// live feed, `crate::feed`). A batch the feed has no room for is dropped, never
+    /// waited for: the projector is not slowed by the feed, and its followers see the gap
+    /// (each change's `prev`) and fill it through `q.changes`.
+    pub fn with_feed(mut self, feed: tokio::sync::mpsc::Sender<crate::feed::FeedBatch>) -> Self {
+        self.feed = Some(feed);
         self
     }
 
@@ -294,6 +309,7 @@ impl Projector {
             checkpoint: self.checkpoint,
             watermark: self.watermark,
             reissue_news: false,
+            feed: Vec::new(),
         };
         let mut failure = None;
         for entry in entries {
@@ -329,9 +345,15 @@ impl Projector {
             return Ok(ControlFlow::Continue(()));
         }
         let at = commit.position;
+        // A copy only when there is a feed, taken before the commit moves on.
+        let for_feed = self.feed.is_some().then(|| commit.clone());
         let to_fold = match self.past_loss(commit, &mut gathered.batch)? {
-            PastLoss::Fold(commits) => commits,
+            PastLoss::Fold(commits) => {
+                gathered.feed.extend(for_feed);
+                commits
+            }
             PastLoss::Held => {
+                gathered.feed.extend(for_feed);
                 gathered.outcome.held += 1;
                 gathered.checkpoint = at;
                 return Ok(ControlFlow::Continue(()));
@@ -471,6 +493,7 @@ impl Projector {
             checkpoint,
             watermark,
             reissue_news,
+            feed,
             ..
         } = gathered;
         for id in &dirty {
@@ -482,6 +505,16 @@ impl Projector {
         batch.checkpoint = checkpoint;
         let previous = self.checkpoint;
         self.store.write_batch(batch)?;
+        if let Some(sender) = &self.feed {
+            let handed = sender.try_send(crate::feed::FeedBatch {
+                after: self.checkpoint,
+                through: checkpoint,
+                commits: feed,
+            });
+            if handed.is_err() {
+                self.metrics.feed_dropped();
+            }
+        }
         self.checkpoint = checkpoint;
         self.watermark = watermark;
         self.touched.record(dirty.iter().copied(), checkpoint);

@@ -92,6 +92,11 @@ pub(crate) type ReadyWorkers = std::collections::BTreeMap<String, provledger_eve
 pub const REQUESTS_IN_FLIGHT_MAX: usize = 1024;
 /// Health checks handled at once, apart from the other requests.
 pub const HEALTH_IN_FLIGHT_MAX: usize = 64;
+/// Followers' catch-ups (`q.changes`) handled at once, apart from the other requests: each
+/// reads up to `CHANGES_SCAN_MAX` positions of the stream, and however many followers catch
+/// up at once, the writers' and readers' requests keep their slots (one more answers
+/// `unavailable`, busy, at once: the follower retries).
+pub const CHANGES_IN_FLIGHT_MAX: usize = 16;
 /// Queries that may wait for a `min_position` at once. Well below serve's requests in
 /// flight, so that waiting queries can never take every slot from health checks and
 /// commands.

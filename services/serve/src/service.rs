@@ -21,7 +21,9 @@ use crate::endpoints::error::{bounded, ErrorCode, QueryError};
 use crate::endpoints::Endpoint;
 use crate::metrics::Metrics;
 use crate::projector::{OnChainViolation, Projector, ProjectorError};
-use crate::replica::{QueryContext, HEALTH_IN_FLIGHT_MAX, REQUESTS_IN_FLIGHT_MAX};
+use crate::replica::{
+    QueryContext, CHANGES_IN_FLIGHT_MAX, HEALTH_IN_FLIGHT_MAX, REQUESTS_IN_FLIGHT_MAX,
+};
 use crate::rollback_worker::RollbackWorker;
 use crate::scrape::serve_metrics;
 use crate::store::{ProjectionStore, StoreError};
@@ -189,7 +191,22 @@ pub async fn run(
     let metrics = Arc::new(Metrics::new());
     // The publisher is stopped with serve, wherever it returns.
     let (projector, _publisher) = new_projector(&options, &log, &store, &metrics)?;
+    let (feed_batches, feed) = tokio::sync::mpsc::channel(crate::feed::FEED_QUEUE_BATCHES);
+    let projector = projector.with_feed(feed_batches);
     let ctx = query_context(&options, &client, &log, store, &projector, metrics);
+    let (stop_feed, feed_stop) = watch::channel(false);
+    let feed = {
+        let ready_ctx = Arc::clone(&ctx);
+        tokio::spawn(crate::feed::run(
+            client.clone(),
+            options.subject_prefix.clone(),
+            feed,
+            // Ready once it joined the queue group, which names it.
+            move || ready_ctx.served_by.get().cloned(),
+            ctx.metrics.fold.clone(),
+            feed_stop,
+        ))
+    };
     let listeners = Listeners::start(&options, &ctx).await?;
     let worker = rollback_worker(&options, &client, &ctx, &projector);
     let applied = projector.applied();
@@ -222,6 +239,7 @@ pub async fn run(
     let (service, mut requests) = join_queue_group(&options, &client, &log, &ctx, end).await?;
     let slots = Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_MAX));
     let health_slots = Arc::new(Semaphore::new(HEALTH_IN_FLIGHT_MAX));
+    let changes_slots = Arc::new(Semaphore::new(CHANGES_IN_FLIGHT_MAX));
     let connection_task = tokio::spawn(watch_connection(
         ctx.clone(),
         options.ready_file.clone(),
@@ -235,6 +253,7 @@ pub async fn run(
         &mut requests,
         &slots,
         &health_slots,
+        &changes_slots,
         shutdown.as_mut(),
         &mut projector.task,
     )
@@ -252,6 +271,9 @@ pub async fn run(
     drop(requests);
     drain_requests(service, &slots).await;
     workers.stop().await;
+    // The feed only publishes: stopped where it is (its followers catch up by q.changes).
+    let _ = stop_feed.send(true);
+    feed.abort();
     close_replica(projector, &ctx, data_dir, &client).await
 }
 
@@ -685,6 +707,7 @@ async fn take_requests<S: Future<Output = ()>>(
     requests: &mut (impl futures::Stream<Item = (Endpoint, async_nats::service::Request)> + Unpin),
     slots: &Arc<Semaphore>,
     health_slots: &Arc<Semaphore>,
+    changes_slots: &Arc<Semaphore>,
     mut shutdown: std::pin::Pin<&mut S>,
     projector_task: &mut tokio::sync::oneshot::Receiver<ProjectorEnded>,
 ) -> Option<Result<ProjectorEnded, tokio::sync::oneshot::error::RecvError>> {
@@ -707,8 +730,10 @@ async fn take_requests<S: Future<Output = ()>>(
         let (endpoint, request) = next?;
         // Health has slots of its own: a replica whose request slots are all taken by
         // slow requests still says how it is, at once.
+        // And so have followers' catch-ups: however many, they never take the others'.
         let slots = match endpoint {
             Endpoint::Health => health_slots,
+            Endpoint::Changes => changes_slots,
             _ => slots,
         };
         // Never wait for a slot here: this loop also takes health checks and the
@@ -869,13 +894,19 @@ async fn respond_busy(
     request: async_nats::service::Request,
     served_by: Option<String>,
 ) {
-    let (headers, bytes) = refusal(
-        &QueryError::new(
-        ErrorCode::Unavailable,
-        format!(
+    let message = match endpoint {
+        Endpoint::Changes => format!(
+            "this replica has {CHANGES_IN_FLIGHT_MAX} catch-ups in hand (CHANGES_IN_FLIGHT_MAX); retry, or ask another replica"
+        ),
+        Endpoint::Health => format!(
+            "this replica has {HEALTH_IN_FLIGHT_MAX} health checks in hand (HEALTH_IN_FLIGHT_MAX); retry"
+        ),
+        _ => format!(
             "this replica has {REQUESTS_IN_FLIGHT_MAX} requests in hand (REQUESTS_IN_FLIGHT_MAX); retry, or ask another replica"
         ),
-        ),
+    };
+    let (headers, bytes) = refusal(
+        &QueryError::new(ErrorCode::Unavailable, message),
         served_by.as_deref(),
     );
     send_reply(endpoint, request, headers, bytes).await;

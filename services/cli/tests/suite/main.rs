@@ -15,6 +15,7 @@ mod console;
 mod demo;
 mod docs_examples;
 mod drift;
+mod follow;
 mod lost_commit;
 mod messages;
 mod no_traps;

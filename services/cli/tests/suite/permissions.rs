@@ -375,6 +375,57 @@ async fn only_designated_writers_reach_the_log_and_cmd_append_records_who_asked(
         "its own subject was refused"
     );
 
+    // A reader (SERVICES, through the imports) and the auditor follow the ledger: the
+    // catch-up gives what is there, the live feed what comes next; an executor and a worker
+    // may not follow.
+    for user in ["reader", "auditor"] {
+        let mut follower = provledger_client::follow::Follower::start(
+            nats.client_as(user).await,
+            "provledger",
+            Default::default(),
+            0,
+        )
+        .await
+        .unwrap();
+        let mut changes = 0;
+        while let provledger_client::follow::Followed::Change(_) =
+            tokio::time::timeout(Duration::from_secs(20), follower.next())
+                .await
+                .expect("the follower answers")
+                .unwrap()
+        {
+            changes += 1;
+        }
+        assert!(changes >= 1, "{user} caught up on nothing");
+        let (url, d) = (nats.url_as("writer"), data(&format!("writer-{user}")));
+        let out = blocking(move || {
+            provledger(
+                &["--nats", &url, "--data-dir", &d, "append", CLUSTER, "--expect", "any", "--events", "-"],
+                r#"[{"cluster_status_changed": {"status": "spawning", "description": "followed"}}]"#,
+            )
+        })
+        .await
+        .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        loop {
+            let next = tokio::time::timeout(Duration::from_secs(20), follower.next())
+                .await
+                .expect("the live change arrives")
+                .unwrap();
+            if let provledger_client::follow::Followed::Change(c) = next {
+                assert!(c.timeline[0].contains("followed"), "{c:?}");
+                break;
+            }
+        }
+        assert_eq!(follower.stats().live, 1, "{user}: {:?}", follower.stats());
+    }
+    for user in ["executor-compute", "worker-w1"] {
+        let (follower, errors) = client_keeping_errors(&nats, user).await;
+        let _feed = follower.subscribe("provledger.feed.>").await.unwrap();
+        follower.flush().await.unwrap();
+        violation_on(&errors, "provledger.feed.>").await;
+    }
+
     // Everything the trusted users did was allowed: the lists in accounts.conf are
     // complete for serve and the writer (a missing JetStream subject shows up here).
     let log = nats.log();

@@ -75,26 +75,6 @@ async fn wait_position(client: &async_nats::Client, position: u64) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
-
-/// Every reply to one request within `wait` (for $SRV and replica checks).
-async fn gather(client: &async_nats::Client, subject: &str, wait: Duration) -> Vec<Value> {
-    let inbox = client.new_inbox();
-    let mut sub = client.subscribe(inbox.clone()).await.expect("subscribe");
-    client
-        .publish_with_reply(subject.to_string(), inbox, "".into())
-        .await
-        .expect("publish");
-    let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + wait;
-    while let Ok(Some(msg)) = tokio::time::timeout_at(deadline, sub.next()).await {
-        // A "no responders" status arrives as an empty message; it is not a reply.
-        if !msg.payload.is_empty() {
-            out.push(serde_json::from_slice(&msg.payload).expect("JSON"));
-        }
-    }
-    out
-}
-
 async fn append(log: &JetStreamLog, agg: AggregateId, events: Vec<Event>) -> u64 {
     log.append(agg, Expectation::Any, CommitDraft::now("test", events))
         .await
@@ -370,10 +350,12 @@ async fn serve_answers_every_endpoint_and_drains_on_sigterm() {
     assert!(v["error"]["message"].as_str().unwrap().contains("events"));
 
     // $SRV discovery works like `nats micro ls`.
-    let pings = gather(&client, "$SRV.PING.provledger", Duration::from_millis(500)).await;
+    let pings =
+        crate::common::gather(&client, "$SRV.PING.provledger", Duration::from_millis(500)).await;
     assert_eq!(pings.len(), 1);
     assert_eq!(pings[0]["name"], "provledger");
-    let info = gather(&client, "$SRV.INFO.provledger", Duration::from_millis(500)).await;
+    let info =
+        crate::common::gather(&client, "$SRV.INFO.provledger", Duration::from_millis(500)).await;
     let subjects: Vec<&str> = info[0]["endpoints"]
         .as_array()
         .unwrap()
@@ -409,7 +391,7 @@ async fn two_replicas_share_the_queue_group_and_agree() {
         ids.push(id);
     }
     let deadline = Instant::now() + Duration::from_secs(30);
-    while gather(&client, "$SRV.PING.provledger", Duration::from_millis(300))
+    while crate::common::gather(&client, "$SRV.PING.provledger", Duration::from_millis(300))
         .await
         .len()
         < 2
@@ -440,7 +422,8 @@ async fn two_replicas_share_the_queue_group_and_agree() {
             assert_eq!(data, other, "replicas agree on {id}");
         }
     }
-    let stats = gather(&client, "$SRV.STATS.provledger", Duration::from_millis(500)).await;
+    let stats =
+        crate::common::gather(&client, "$SRV.STATS.provledger", Duration::from_millis(500)).await;
     assert_eq!(stats.len(), 2);
     for s in &stats {
         let served: u64 = s["endpoints"]
@@ -454,7 +437,8 @@ async fn two_replicas_share_the_queue_group_and_agree() {
 
     // The replica each reply names (`served_by`) is the one `$SRV.INFO` names, and INFO
     // says what each replica serves and where it keeps its copy.
-    let info = gather(&client, "$SRV.INFO.provledger", Duration::from_millis(500)).await;
+    let info =
+        crate::common::gather(&client, "$SRV.INFO.provledger", Duration::from_millis(500)).await;
     let info_ids: BTreeSet<&str> = info.iter().map(|i| i["id"].as_str().unwrap()).collect();
     let served_by: BTreeSet<&str> = seen.keys().map(String::as_str).collect();
     assert_eq!(info_ids, served_by, "$SRV ids are the served_by of replies");

@@ -9,10 +9,10 @@ use std::collections::{BTreeSet, HashSet};
 use std::sync::OnceLock;
 
 use futures::StreamExt;
-use provledger_events::{AggregateId, AggregateKind, Commit, EventLog, ReadError};
+use provledger_client::follow::ChangeFilter;
+use provledger_events::{AggregateKind, EventLog, ReadError};
 use provledger_projections::timeline;
 use serde_json::Value;
-use uuid::Uuid;
 
 use super::error::{bad, to_data, ErrorCode, QueryError};
 use super::request::parse;
@@ -22,31 +22,6 @@ use crate::replica::QueryContext;
 /// Default and maximum `limit`.
 const LIMIT_DEFAULT: u64 = 100;
 const LIMIT_MAX: u64 = 1000;
-
-/// Which commits a follower wants; `None` (or an empty set) admits all.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ChangeFilter {
-    pub kinds: BTreeSet<AggregateKind>,
-    pub aggregate: Option<AggregateId>,
-    pub operation_id: Option<Uuid>,
-    pub event_types: BTreeSet<String>,
-}
-
-impl ChangeFilter {
-    /// Whether `commit` is one the follower wants: every filter given holds.
-    pub fn admits(&self, commit: &Commit) -> bool {
-        (self.kinds.is_empty() || self.kinds.contains(&commit.aggregate.kind))
-            && self.aggregate.is_none_or(|a| a == commit.aggregate)
-            && self
-                .operation_id
-                .is_none_or(|op| commit.operation_id == Some(op))
-            && (self.event_types.is_empty()
-                || commit
-                    .events
-                    .iter()
-                    .any(|e| self.event_types.contains(&e.name())))
-    }
-}
 
 /// The catalogue's event names, from one sample of each event.
 fn event_names() -> &'static BTreeSet<String> {
@@ -180,57 +155,6 @@ fn unavailable(e: ReadError) -> QueryError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use provledger_events::catalogue::samples;
-    use provledger_events::{CommitDraft, Hash};
-
-    fn commit(
-        aggregate: AggregateId,
-        operation: Option<Uuid>,
-        events: Vec<provledger_events::Event>,
-    ) -> Commit {
-        let mut draft = CommitDraft::now("t", events);
-        draft.operation_id = operation;
-        Commit::seal(aggregate, 1, Hash::ZERO, draft)
-    }
-
-    #[test]
-    fn a_filter_admits_a_commit_only_when_every_part_given_holds() {
-        let op = Uuid::from_u128(7);
-        let cluster = AggregateId::cluster(Uuid::from_u128(1));
-        let event = samples::all().remove(0);
-        let name = event.name();
-        let c = commit(cluster, Some(op), vec![event]);
-        // Given no filter, then everything is admitted;
-        assert!(ChangeFilter::default().admits(&c));
-        // given each part alone, then it decides;
-        let kind = |k| ChangeFilter {
-            kinds: [k].into(),
-            ..Default::default()
-        };
-        assert!(kind(AggregateKind::Cluster).admits(&c));
-        assert!(!kind(AggregateKind::Instance).admits(&c));
-        let of_op = |o| ChangeFilter {
-            operation_id: Some(o),
-            ..Default::default()
-        };
-        assert!(of_op(op).admits(&c));
-        assert!(!of_op(Uuid::from_u128(8)).admits(&c));
-        let typed = |t: &str| ChangeFilter {
-            event_types: [t.to_string()].into(),
-            ..Default::default()
-        };
-        assert!(typed(&name).admits(&c));
-        assert!(!typed("operation_heartbeat").admits(&c) || name == "operation_heartbeat");
-        // and given several, then all must hold.
-        let both = ChangeFilter {
-            kinds: [AggregateKind::Cluster].into(),
-            operation_id: Some(Uuid::from_u128(8)),
-            ..Default::default()
-        };
-        assert!(!both.admits(&c));
-        // A commit made for no operation is not one of an operation's.
-        assert!(!of_op(op).admits(&commit(cluster, None, vec![])));
-    }
 
     #[test]
     fn unknown_event_types_and_empty_lists_are_refused_naming_the_field() {

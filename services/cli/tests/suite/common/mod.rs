@@ -426,3 +426,45 @@ pub async fn stream_commits(
         .collect()
         .await
 }
+
+/// Every reply to one request on `subject` within `wait` (a micro service's `$SRV.PING`,
+/// answered once per replica).
+#[allow(dead_code)]
+pub async fn gather(
+    client: &async_nats::Client,
+    subject: &str,
+    wait: Duration,
+) -> Vec<serde_json::Value> {
+    use futures::StreamExt;
+    let inbox = client.new_inbox();
+    let mut sub = client.subscribe(inbox.clone()).await.expect("subscribe");
+    client
+        .publish_with_reply(subject.to_string(), inbox, "".into())
+        .await
+        .expect("publish");
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + wait;
+    while let Ok(Some(msg)) = tokio::time::timeout_at(deadline, sub.next()).await {
+        // A "no responders" status arrives as an empty message; it is not a reply.
+        if !msg.payload.is_empty() {
+            out.push(serde_json::from_slice(&msg.payload).expect("JSON"));
+        }
+    }
+    out
+}
+
+/// Waits until `n` serve replicas answer `$SRV.PING` (each joined the queue group).
+#[allow(dead_code)]
+pub async fn wait_ready_replicas(client: &async_nats::Client, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while gather(client, "$SRV.PING.provledger", Duration::from_millis(300))
+        .await
+        .len()
+        < n
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{n} replicas never answered PING"
+        );
+    }
+}

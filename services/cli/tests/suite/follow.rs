@@ -1,0 +1,300 @@
+//! Following the ledger (`provledger_client::follow`, serve's live feed and `q.changes`)
+//! against real nats-servers and serve processes: a follower killed at random and resumed
+//! from what it stored ends with exactly the stream's commits in position order, with one
+//! replica or two (one killed during the run), filtered or reading too slowly.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use provledger_client::follow::{ChangeFilter, FollowStats, Followed, Follower};
+use provledger_events::{AggregateId, CommitDraft, Event, EventLog, Expectation};
+use provledger_tests::NatsServer;
+use uuid::Uuid;
+
+use crate::common::{self, wait_ready, Serve};
+
+/// `writers` tasks appending `per_writer` commits each, every commit on a cluster of its
+/// own writer (a create, then status changes), as fast as they can.
+async fn write_concurrently(nats: &NatsServer, writers: usize, per_writer: usize) {
+    let log = Arc::new(common::stream(nats).await);
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let log = Arc::clone(&log);
+        tasks.push(tokio::spawn(async move {
+            let mut cluster = AggregateId::cluster(Uuid::now_v7());
+            for i in 0..per_writer {
+                // A cluster per 50 commits, so that aggregates stay short.
+                if i % 50 == 0 {
+                    cluster = AggregateId::cluster(Uuid::now_v7());
+                }
+                let event = if i % 50 == 0 {
+                    provledger_events::catalogue::samples::all().remove(0)
+                } else {
+                    Event::ClusterStatusChanged {
+                        status: provledger_events::catalogue::ClusterStatus::Spawning,
+                        description: format!("writer {w} commit {i}"),
+                    }
+                };
+                log.append(
+                    cluster,
+                    Expectation::Any,
+                    CommitDraft::now("writer", vec![event]),
+                )
+                .await
+                .expect("append");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("writer");
+    }
+}
+
+/// A follower from `after` that handles changes into `handled` (what it "stored"), for at
+/// most `budget` changes (then it is killed: dropped where it is), or until it is current
+/// at `until`. Its stats.
+async fn follow_into(
+    client: async_nats::Client,
+    filter: ChangeFilter,
+    after: u64,
+    handled: &mut Vec<u64>,
+    budget: usize,
+    until: Option<u64>,
+) -> FollowStats {
+    let mut follower = Follower::start(client, "provledger", filter, after)
+        .await
+        .expect("follower starts");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut taken = 0;
+    while taken < budget {
+        assert!(Instant::now() < deadline, "the follower never got current");
+        match follower.next().await.expect("follows") {
+            Followed::Change(change) => {
+                handled.push(change.commit.position);
+                taken += 1;
+            }
+            Followed::Current { position } => {
+                if until.is_some_and(|u| position >= u) {
+                    break;
+                }
+            }
+        }
+    }
+    follower.stats()
+}
+
+/// Where a resumed follower starts: after the last position it stored.
+fn resume_from(handled: &[u64]) -> u64 {
+    handled.last().copied().unwrap_or(0)
+}
+
+/// Once the writes are over and the stream quiet, a follower resumed from what was stored
+/// in `handled` follows until current: its stats, and the stream's commit positions.
+async fn resume_until_quiet(
+    nats: &NatsServer,
+    client: &async_nats::Client,
+    filter: ChangeFilter,
+    handled: &mut Vec<u64>,
+) -> (FollowStats, Vec<u64>) {
+    let log = common::stream(nats).await;
+    let end = common::quiet_end(&log).await;
+    let after = resume_from(handled);
+    let stats = follow_into(
+        client.clone(),
+        filter,
+        after,
+        handled,
+        usize::MAX,
+        Some(end),
+    )
+    .await;
+    let positions = common::stream_commits(&log)
+        .await
+        .iter()
+        .map(|c| c.position)
+        .collect();
+    (stats, positions)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_killed_twice_during_concurrent_writes_ends_with_exactly_the_streams_commits() {
+    // Given serve, and 16 writers writing 10,000 commits meanwhile,
+    let nats = NatsServer::start().await;
+    let client = nats.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let _serve = Serve::start(&nats, &dir.path().join("serve"));
+    wait_ready(&client).await;
+    let writing = write_concurrently(&nats, 16, 625);
+    // when a follower starts from position 0 and is killed twice at random points (a
+    // seeded choice, printed) and resumed from what it stored,
+    let seed = Uuid::now_v7().as_u128() as u64;
+    let first_kill = 500 + (seed % 3000) as usize;
+    let second_kill = 500 + ((seed >> 16) % 3000) as usize;
+    eprintln!("kills after {first_kill} then {second_kill} more changes (seed {seed})");
+    let mut handled = Vec::new();
+    let follow = async {
+        let mut stats = Vec::new();
+        for budget in [first_kill, second_kill] {
+            let after = resume_from(&handled);
+            stats.push(
+                follow_into(
+                    client.clone(),
+                    ChangeFilter::default(),
+                    after,
+                    &mut handled,
+                    budget,
+                    None,
+                )
+                .await,
+            );
+        }
+        stats
+    };
+    let ((), stats) = tokio::join!(writing, follow);
+    let (last, expected) =
+        resume_until_quiet(&nats, &client, ChangeFilter::default(), &mut handled).await;
+
+    // then it handled exactly the stream's commits, each once, in position order,
+    assert_eq!(expected.len(), 10_000);
+    assert_eq!(handled.len(), expected.len(), "{:?}", (stats, last));
+    assert_eq!(handled, expected);
+    // and most came live from the feed, not from catch-ups.
+    let live: u64 = stats.iter().chain([&last]).map(|s| s.live).sum();
+    eprintln!("{stats:?} {last:?}");
+    assert!(live > 1_000, "{live} changes came live: {stats:?} {last:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_two_replicas_one_killed_during_the_run_a_follower_misses_nothing_and_drops_duplicates(
+) {
+    // Given two serve replicas (each publishes every change: the follower hears each twice),
+    let nats = NatsServer::start().await;
+    let client = nats.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let _a = Serve::start(&nats, &dir.path().join("a"));
+    let mut b = Serve::start(&nats, &dir.path().join("b"));
+    wait_ready(&client).await;
+    common::wait_ready_replicas(&client, 2).await;
+    // when 16 writers write 5,000 commits, one replica is SIGKILLed half-way, and a
+    // follower follows from position 0 throughout,
+    let writing = async {
+        write_concurrently(&nats, 16, 160).await;
+        b.kill();
+        write_concurrently(&nats, 16, 153).await;
+    };
+    let mut handled = Vec::new();
+    let follow = follow_into(
+        client.clone(),
+        ChangeFilter::default(),
+        0,
+        &mut handled,
+        2_000,
+        None,
+    );
+    let ((), early) = tokio::join!(writing, follow);
+    let (late, expected) =
+        resume_until_quiet(&nats, &client, ChangeFilter::default(), &mut handled).await;
+
+    // then it handled exactly the stream's commits in order, and saw duplicates.
+    assert_eq!(expected.len(), 16 * (160 + 153));
+    assert_eq!(handled, expected, "{early:?} {late:?}");
+    assert!(
+        early.duplicates > 0,
+        "two replicas publish each change: {early:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_of_one_operation_sees_exactly_its_commits() {
+    // Given two failed creates and their rollbacks, with other writes between them,
+    let nats = NatsServer::start().await;
+    let (client, ledger, infra, provider) = common::ledger_with_executors(&nats, 64).await;
+    let dir = tempfile::tempdir().unwrap();
+    let _serve = Serve::start(&nats, &dir.path().join("serve"));
+    wait_ready(&client).await;
+    let first = common::fail_a_create(&client, &ledger, &infra, provider).await;
+    write_concurrently(&nats, 4, 50).await;
+    let _second = common::fail_a_create(&client, &ledger, &infra, provider).await;
+    let log = common::stream(&nats).await;
+    let end = common::quiet_end(&log).await;
+    // when a follower of the first operation follows from position 0,
+    let filter = ChangeFilter {
+        operation_id: Some(first),
+        ..Default::default()
+    };
+    let mut handled = Vec::new();
+    follow_into(
+        client.clone(),
+        filter,
+        0,
+        &mut handled,
+        usize::MAX,
+        Some(end),
+    )
+    .await;
+
+    // then it got exactly that operation's commits, on every aggregate it wrote.
+    let commits = common::stream_commits(&log).await;
+    let expected: Vec<u64> = commits
+        .iter()
+        .filter(|c| c.operation_id == Some(first))
+        .map(|c| c.position)
+        .collect();
+    assert!(expected.len() > 5, "{expected:?}");
+    assert_eq!(handled, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_that_reads_too_slowly_loses_changes_to_its_full_buffer_and_catches_up() {
+    // Given serve, and a follower whose connection holds at most 32 messages per
+    // subscription (the client drops what does not fit: a slow consumer),
+    let nats = NatsServer::start().await;
+    let client = nats.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let _serve = Serve::start(&nats, &dir.path().join("serve"));
+    wait_ready(&client).await;
+    let slow = async_nats::ConnectOptions::new()
+        .subscription_capacity(32)
+        .connect(nats.url())
+        .await
+        .expect("a slow follower's connection");
+    // when 2,000 commits are written while it takes 2 ms per change,
+    let mut follower = Follower::start(slow, "provledger", ChangeFilter::default(), 0)
+        .await
+        .expect("follower");
+    // (current before the writes, so that what it gets next comes from the feed)
+    assert!(matches!(
+        follower.next().await.unwrap(),
+        Followed::Current { .. }
+    ));
+    let writing = write_concurrently(&nats, 8, 250);
+    let mut handled = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let reading = async {
+        while handled.len() < 2_000 {
+            assert!(
+                Instant::now() < deadline,
+                "handled {} of 2,000: {:?}",
+                handled.len(),
+                follower.stats()
+            );
+            if let Followed::Change(change) = follower.next().await.expect("follows") {
+                handled.push(change.commit.position);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    };
+    tokio::join!(writing, reading);
+
+    // then it lost changes from the feed, saw the gaps, filled them from q.changes, and
+    // handled each commit once in order.
+    let stats = follower.stats();
+    assert!(stats.gaps > 0, "{stats:?}");
+    let log = common::stream(&nats).await;
+    let expected: Vec<u64> = common::stream_commits(&log)
+        .await
+        .iter()
+        .map(|c| c.position)
+        .collect();
+    assert_eq!(handled, expected, "{stats:?}");
+}

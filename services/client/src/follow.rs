@@ -1,0 +1,399 @@
+//! Following the ledger from a position: the commits after it, then each new one as serve
+//! applies it, in position order, none missed and none twice. The protocol is NATS and JSON
+//! only (docs/following.md), so a service in any language can follow it the same way:
+//! - the live feed, `<prefix>.feed.>` (serve's `feed.rs`): each change once per replica,
+//!   with `prev`, and a bookmark every few seconds;
+//! - `q.changes`, the catch-up, which is the feed's truth: it fills every gap.
+//!
+//! A [`Follower`] subscribes to the feed first, then catches up from its position through
+//! `q.changes` until current, then takes the feed: a change at or before its position is a
+//! duplicate (another replica's, or one the catch-up already gave); one whose `prev` is past
+//! its position means something was missed (a slow consumer, a reconnect, a batch the feed
+//! dropped), and it catches up again from its position. A bookmark past its position, or a
+//! feed silent for [`FEED_SILENCE_MAX`], does the same. The filter is applied here, to the
+//! whole feed: a follower of one operation still hears every change's `prev`.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::time::Duration;
+
+use futures::StreamExt;
+use provledger_events::{AggregateId, AggregateKind, Commit};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+/// How long the feed may be silent (no change, no bookmark: serve sends one every 5 s)
+/// before the follower checks through `q.changes` that it is not cut off.
+pub const FEED_SILENCE_MAX: Duration = Duration::from_secs(15);
+/// How long one `q.changes` request waits for its reply.
+const CATCH_UP_REPLY_WAIT: Duration = Duration::from_secs(10);
+/// How long a catch-up keeps retrying a busy or absent service before it fails.
+const CATCH_UP_RETRY_FOR: Duration = Duration::from_secs(30);
+/// Commits asked for per catch-up page.
+const CATCH_UP_PAGE: u64 = 1000;
+
+/// Which commits a follower wants; an empty set or `None` admits all. Every part given
+/// must hold; within `kinds` and `event_types` any one listed does. `q.changes` applies
+/// the same rule (serve uses this type).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChangeFilter {
+    pub kinds: BTreeSet<AggregateKind>,
+    pub aggregate: Option<AggregateId>,
+    pub operation_id: Option<Uuid>,
+    pub event_types: BTreeSet<String>,
+}
+
+impl ChangeFilter {
+    /// Whether `commit` is one the follower wants.
+    pub fn admits(&self, commit: &Commit) -> bool {
+        (self.kinds.is_empty() || self.kinds.contains(&commit.aggregate.kind))
+            && self.aggregate.is_none_or(|a| a == commit.aggregate)
+            && self
+                .operation_id
+                .is_none_or(|op| commit.operation_id == Some(op))
+            && (self.event_types.is_empty()
+                || commit
+                    .events
+                    .iter()
+                    .any(|e| self.event_types.contains(&e.name())))
+    }
+
+    /// The filter as `q.changes` takes it.
+    fn to_request(&self) -> Value {
+        let mut body = json!({});
+        if !self.kinds.is_empty() {
+            body["kinds"] = json!(self.kinds);
+        }
+        if let Some(a) = &self.aggregate {
+            body["aggregate"] = json!(a.to_string());
+        }
+        if let Some(op) = &self.operation_id {
+            body["operation_id"] = json!(op);
+        }
+        if !self.event_types.is_empty() {
+            body["event_types"] = json!(self.event_types);
+        }
+        body
+    }
+}
+
+/// Why following stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum FollowError {
+    #[error("cannot subscribe to the live feed {subject}: {reason}")]
+    Subscribe { subject: String, reason: String },
+    #[error(
+        "catching up through {subject}: {reason} (is `provledger serve` running on this NATS?)"
+    )]
+    CatchUp { subject: String, reason: String },
+    #[error("{subject} refused the catch-up: {code}: {message}")]
+    Refused {
+        subject: String,
+        code: String,
+        message: String,
+    },
+    #[error("the live feed's subscription ended (the NATS connection closed)")]
+    FeedEnded,
+}
+
+/// One commit a follower hands over, in position order.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Change {
+    #[serde(flatten)]
+    pub commit: Commit,
+    /// One readable line per event, as `q.history` renders it.
+    #[serde(default)]
+    pub timeline: Vec<String>,
+}
+
+/// What [`Follower::next`] gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Followed {
+    /// A commit the filter admits, the next in position order.
+    Change(Box<Change>),
+    /// The follower is current: it has everything up to `position` (after its catch-up,
+    /// and on each bookmark while idle).
+    Current { position: u64 },
+}
+
+/// A change as the feed carries it.
+#[derive(Deserialize)]
+struct FeedChange {
+    #[serde(flatten)]
+    change: Change,
+    prev: u64,
+}
+
+#[derive(Deserialize)]
+struct Bookmark {
+    position: u64,
+}
+
+/// Counts of what a follower did, for a progress line or a test.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FollowStats {
+    /// Changes handed over as the feed brought them (not through a catch-up).
+    pub live: u64,
+    pub catch_ups: u64,
+    pub duplicates: u64,
+    pub gaps: u64,
+}
+
+/// Follows the ledger from a position (see the module).
+pub struct Follower {
+    client: async_nats::Client,
+    prefix: String,
+    filter: ChangeFilter,
+    feed: async_nats::Subscriber,
+    /// Everything up to here was handed over (or did not match): where to resume.
+    position: u64,
+    /// Changes a catch-up page gave that are not handed over yet, and where the page ended.
+    pending: VecDeque<Change>,
+    page_next: u64,
+    catching_up: bool,
+    stats: FollowStats,
+}
+
+impl Follower {
+    /// Starts following after `position` (0: from the first commit): subscribes to the
+    /// feed, then catches up from there on the first [`Follower::next`].
+    pub async fn start(
+        client: async_nats::Client,
+        prefix: &str,
+        filter: ChangeFilter,
+        position: u64,
+    ) -> Result<Self, FollowError> {
+        let subject = format!("{prefix}.feed.>");
+        let feed = client
+            .subscribe(subject.clone())
+            .await
+            .map_err(|e| FollowError::Subscribe {
+                subject: subject.clone(),
+                reason: e.to_string(),
+            })?;
+        // The subscription must be known to the server before the catch-up reads the end,
+        // or a change published in between would be neither caught up nor heard.
+        client.flush().await.map_err(|e| FollowError::Subscribe {
+            subject,
+            reason: e.to_string(),
+        })?;
+        Ok(Follower {
+            client,
+            prefix: prefix.to_string(),
+            filter,
+            feed,
+            position,
+            pending: VecDeque::new(),
+            page_next: position,
+            catching_up: true,
+            stats: FollowStats::default(),
+        })
+    }
+
+    /// Everything up to this position was handed over: store it once what
+    /// [`Follower::next`] gave is handled, and start from it to resume.
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+
+    pub fn stats(&self) -> FollowStats {
+        self.stats
+    }
+
+    /// The next change the filter admits, or word that the follower is current.
+    pub async fn next(&mut self) -> Result<Followed, FollowError> {
+        loop {
+            if let Some(change) = self.pending.pop_front() {
+                self.position = change.commit.position;
+                return Ok(Followed::Change(Box::new(change)));
+            }
+            self.position = self.position.max(self.page_next);
+            if self.catching_up {
+                if let Some(current) = self.catch_up_page().await? {
+                    return Ok(current);
+                }
+                continue;
+            }
+            let message = tokio::time::timeout(FEED_SILENCE_MAX, self.feed.next()).await;
+            let message = match message {
+                Ok(Some(m)) => m,
+                Ok(None) => return Err(FollowError::FeedEnded),
+                // Silent: serve gone, or this follower cut off; the catch-up tells.
+                Err(_) => {
+                    self.catching_up = true;
+                    continue;
+                }
+            };
+            if message.subject.as_str() == format!("{}.feed.bookmark", self.prefix) {
+                match serde_json::from_slice::<Bookmark>(&message.payload) {
+                    Ok(b) if b.position > self.position => self.catching_up = true,
+                    Ok(_) => {
+                        return Ok(Followed::Current {
+                            position: self.position,
+                        })
+                    }
+                    Err(_) => {}
+                }
+                continue;
+            }
+            let Ok(feed) = serde_json::from_slice::<FeedChange>(&message.payload) else {
+                // Not a change (another publisher on the subject): the catch-up is the truth.
+                continue;
+            };
+            let position = feed.change.commit.position;
+            if position <= self.position {
+                self.stats.duplicates += 1;
+                continue;
+            }
+            if feed.prev > self.position {
+                self.stats.gaps += 1;
+                self.catching_up = true;
+                continue;
+            }
+            self.position = position;
+            self.page_next = position;
+            if self.filter.admits(&feed.change.commit) {
+                self.stats.live += 1;
+                return Ok(Followed::Change(Box::new(feed.change)));
+            }
+        }
+    }
+
+    /// One page of the catch-up from the position; `Some(Current)` once it reached the
+    /// replica's end (then the feed takes over).
+    async fn catch_up_page(&mut self) -> Result<Option<Followed>, FollowError> {
+        let subject = format!("{}.q.changes", self.prefix);
+        let mut body = self.filter.to_request();
+        body["after"] = json!(self.position);
+        body["limit"] = json!(CATCH_UP_PAGE);
+        let reply = self.ask(&subject, body).await?;
+        let data = &reply["data"];
+        let next = data["next"].as_u64().unwrap_or(self.position);
+        let end = data["end"].as_u64().unwrap_or(next);
+        let changes: Vec<Change> =
+            serde_json::from_value(data["changes"].clone()).map_err(|e| FollowError::CatchUp {
+                subject: subject.clone(),
+                reason: format!("a reply that does not parse: {e}"),
+            })?;
+        self.stats.catch_ups += 1;
+        self.pending.extend(changes);
+        self.page_next = next.max(self.position);
+        if next >= end && self.pending.is_empty() {
+            self.catching_up = false;
+            self.position = self.page_next;
+            return Ok(Some(Followed::Current {
+                position: self.position,
+            }));
+        }
+        if next >= end {
+            // The page's changes first; the follower is current after them.
+            self.catching_up = false;
+        }
+        Ok(None)
+    }
+
+    /// Asks `subject`, retrying a busy or absent service for a while.
+    async fn ask(&self, subject: &str, body: Value) -> Result<Value, FollowError> {
+        let deadline = tokio::time::Instant::now() + CATCH_UP_RETRY_FOR;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let asked = tokio::time::timeout(
+                CATCH_UP_REPLY_WAIT,
+                self.client
+                    .request(subject.to_string(), body.to_string().into()),
+            )
+            .await;
+            let retry_reason = match asked {
+                Ok(Ok(message)) => {
+                    let reply: Value = serde_json::from_slice(&message.payload).map_err(|e| {
+                        FollowError::CatchUp {
+                            subject: subject.to_string(),
+                            reason: format!("a reply that is not JSON: {e}"),
+                        }
+                    })?;
+                    match reply["error"]["code"].as_str() {
+                        None => return Ok(reply),
+                        Some("unavailable") => reply["error"]["message"].to_string(),
+                        Some(code) => {
+                            return Err(FollowError::Refused {
+                                subject: subject.to_string(),
+                                code: code.to_string(),
+                                message: reply["error"]["message"]
+                                    .as_str()
+                                    .unwrap_or_default()
+                                    .to_string(),
+                            })
+                        }
+                    }
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no reply within {CATCH_UP_REPLY_WAIT:?}"),
+            };
+            if tokio::time::Instant::now() + backoff > deadline {
+                return Err(FollowError::CatchUp {
+                    subject: subject.to_string(),
+                    reason: retry_reason,
+                });
+            }
+            tracing::debug!(%subject, reason = %retry_reason, ?backoff, "catch-up retried");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use provledger_events::catalogue::samples;
+    use provledger_events::{CommitDraft, Hash};
+
+    fn commit(
+        aggregate: AggregateId,
+        operation: Option<Uuid>,
+        events: Vec<provledger_events::Event>,
+    ) -> Commit {
+        let mut draft = CommitDraft::now("t", events);
+        draft.operation_id = operation;
+        Commit::seal(aggregate, 1, Hash::ZERO, draft)
+    }
+
+    #[test]
+    fn a_filter_admits_a_commit_only_when_every_part_given_holds() {
+        let op = Uuid::from_u128(7);
+        let cluster = AggregateId::cluster(Uuid::from_u128(1));
+        let event = samples::all().remove(0);
+        let name = event.name();
+        let c = commit(cluster, Some(op), vec![event]);
+        // Given no filter, then everything is admitted;
+        assert!(ChangeFilter::default().admits(&c));
+        // given each part alone, then it decides;
+        let kind = |k| ChangeFilter {
+            kinds: [k].into(),
+            ..Default::default()
+        };
+        assert!(kind(AggregateKind::Cluster).admits(&c));
+        assert!(!kind(AggregateKind::Instance).admits(&c));
+        let of_op = |o| ChangeFilter {
+            operation_id: Some(o),
+            ..Default::default()
+        };
+        assert!(of_op(op).admits(&c));
+        assert!(!of_op(Uuid::from_u128(8)).admits(&c));
+        let typed = |t: &str| ChangeFilter {
+            event_types: [t.to_string()].into(),
+            ..Default::default()
+        };
+        assert!(typed(&name).admits(&c));
+        assert!(!typed("operation_heartbeat").admits(&c) || name == "operation_heartbeat");
+        // and given several, then all must hold.
+        let both = ChangeFilter {
+            kinds: [AggregateKind::Cluster].into(),
+            operation_id: Some(Uuid::from_u128(8)),
+            ..Default::default()
+        };
+        assert!(!both.admits(&c));
+        // A commit made for no operation is not one of an operation's.
+        assert!(!of_op(op).admits(&commit(cluster, None, vec![])));
+    }
+}

@@ -1,0 +1,144 @@
+//! The live feed: each change this replica applies, published as JSON on core NATS,
+//! `<prefix>.feed.<kind>.<id>` (a follower subscribes to `feed.>`, a kind `feed.cluster.>`,
+//! or one aggregate), and a bookmark on `<prefix>.feed.bookmark` every
+//! [`FEED_BOOKMARK_INTERVAL`]. Core NATS rather than a second stream: the replica publishes
+//! each change once whatever the followers, the server fans it out, and a follower that
+//! reads too slowly is the server's slow consumer, cut off by it; the replica holds nothing
+//! per follower, so no follower can grow its memory. What a follower misses (a slow
+//! consumer, a reconnect, a dropped batch) it sees by `prev` and fills through
+//! `q.changes`, which is the feed's truth.
+
+use std::time::Duration;
+
+use provledger_events::Commit;
+use provledger_projections::timeline;
+use tokio::sync::{mpsc, watch};
+
+use crate::messages::{FeedBookmark, FeedChange, HistoryItem};
+use crate::metrics::FoldMetrics;
+
+/// Applied batches the feed holds before the projector drops the next one (it never waits
+/// for the feed): a burst of this many batches, or a NATS connection that stalls, costs
+/// followers a catch-up, never the projector its pace.
+pub const FEED_QUEUE_BATCHES: usize = 256;
+/// How often each replica says how far it has published.
+pub const FEED_BOOKMARK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// What the projector hands the feed once a batch is written: the commits it took, in
+/// position order, after `after` through `through` (positions between them that are not
+/// here were quarantined: no change).
+#[derive(Debug)]
+pub struct FeedBatch {
+    pub after: u64,
+    pub through: u64,
+    pub commits: Vec<Commit>,
+}
+
+/// The subject of `commit`'s change.
+pub fn change_subject(prefix: &str, commit: &Commit) -> String {
+    format!(
+        "{prefix}.feed.{}.{}",
+        commit.aggregate.kind, commit.aggregate.id
+    )
+}
+
+/// The changes of one batch, each with its `prev`.
+fn changes(batch: FeedBatch) -> impl Iterator<Item = FeedChange> {
+    let mut prev = batch.after;
+    batch.commits.into_iter().map(move |commit| {
+        let change = FeedChange {
+            prev,
+            change: HistoryItem {
+                timeline: timeline::render(&commit),
+                commit,
+            },
+        };
+        prev = change.change.commit.position;
+        change
+    })
+}
+
+/// Publishes what `batches` brings until `stop`: nothing until `ready` says the replica
+/// has caught up (it would flood followers with what the other replicas published
+/// already), then every change, and a bookmark every interval with `served_by`.
+pub(crate) async fn run(
+    client: async_nats::Client,
+    prefix: String,
+    mut batches: mpsc::Receiver<FeedBatch>,
+    ready: impl Fn() -> Option<String> + Send + 'static,
+    metrics: FoldMetrics,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut published_through = 0;
+    let mut bookmarks = tokio::time::interval(FEED_BOOKMARK_INTERVAL);
+    bookmarks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            batch = batches.recv() => {
+                let Some(batch) = batch else { return };
+                if ready().is_none() {
+                    continue;
+                }
+                let through = batch.through;
+                let mut published = 0;
+                for change in changes(batch) {
+                    let subject = change_subject(&prefix, &change.change.commit);
+                    let payload = serde_json::to_vec(&change)
+                        .expect("a feed change: plain serde data (string keys, no fallible impls) encodes as JSON");
+                    if let Err(e) = client.publish(subject, payload.into()).await {
+                        tracing::warn!(error = %e, "the live feed could not publish; its followers catch up through q.changes");
+                        break;
+                    }
+                    published += 1;
+                }
+                metrics.feed_published(published);
+                published_through = through;
+            }
+            _ = bookmarks.tick() => {
+                let Some(served_by) = ready() else { continue };
+                let bookmark = FeedBookmark { position: published_through, served_by };
+                let payload = serde_json::to_vec(&bookmark)
+                    .expect("a bookmark: plain serde data encodes as JSON");
+                let _ = client.publish(format!("{prefix}.feed.bookmark"), payload.into()).await;
+            }
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use provledger_events::{AggregateId, CommitDraft, Hash};
+    use uuid::Uuid;
+
+    #[test]
+    fn each_change_of_a_batch_names_the_one_before_it_and_the_first_the_batch_start() {
+        // Given a batch after position 10 holding commits at 12 and 15 (11, 13 and 14
+        // quarantined),
+        let commit = |position| {
+            let mut c = Commit::seal(
+                AggregateId::cluster(Uuid::from_u128(position as u128)),
+                1,
+                Hash::ZERO,
+                CommitDraft::now("t", vec![]),
+            );
+            c.position = position;
+            c
+        };
+        let batch = FeedBatch {
+            after: 10,
+            through: 15,
+            commits: vec![commit(12), commit(15)],
+        };
+        // when its changes are made, then each says no change lies between it and `prev`.
+        let prevs: Vec<(u64, u64)> = changes(batch)
+            .map(|c| (c.prev, c.change.commit.position))
+            .collect();
+        assert_eq!(prevs, vec![(10, 12), (12, 15)]);
+        assert_eq!(
+            change_subject("provledger", &commit(12)),
+            format!("provledger.feed.cluster.{}", Uuid::from_u128(12))
+        );
+    }
+}
