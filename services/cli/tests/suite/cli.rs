@@ -788,14 +788,20 @@ async fn resolving_each_stuck_compensation_by_hand_lets_the_rollback_finish_and_
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
 
     // ...when an operator resolves every stuck compensation by hand, with a reason...
+    // (the first named by its whole ids, the others by the short ids text output shows)
+    let short = |id: &str| id.replace('-', "")[20..].to_string();
     for (i, compensation) in open.iter().enumerate() {
         let reason = format!("removed by hand, ticket OPS-{i}");
+        let (op_ref, compensation_ref) = match i {
+            0 => (op.clone(), compensation.clone()),
+            _ => (short(&op), short(compensation)),
+        };
         let out = run(args(&[
             "rollback",
             "resolve",
-            &op,
+            &op_ref,
             "--compensation",
-            compensation,
+            &compensation_ref,
             "--reason",
             &reason,
             "--actor",
