@@ -21,6 +21,8 @@ if ! { [ -n "${NATS_SERVER_BIN:-}" ] && have_recent_nats "$NATS_SERVER_BIN"; } \
   bash scripts/install-nats-server.sh
 fi
 bash scripts/install-chromium.sh
+# docs/examples/follow.py's test needs nats-py, pinned, installed into .tools/python from PyPI.
+bash scripts/install-nats-py.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

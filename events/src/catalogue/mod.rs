@@ -411,6 +411,15 @@ impl Event {
         })
     }
 
+    /// Every event's name in the JSON form (`vm_state_changed`, ...): what a filter by event
+    /// type may name (`q.changes`, `provledger watch --event`). Taken from one sample of each
+    /// event, which the catalogue's tests keep complete.
+    pub fn names() -> &'static std::collections::BTreeSet<String> {
+        static NAMES: std::sync::OnceLock<std::collections::BTreeSet<String>> =
+            std::sync::OnceLock::new();
+        NAMES.get_or_init(|| samples::all().iter().map(Event::name).collect())
+    }
+
     /// The event's name in the JSON form (snake_case), for timelines and errors.
     pub fn name(&self) -> String {
         match serde_json::to_value(self) {

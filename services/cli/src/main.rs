@@ -286,6 +286,29 @@ enum Command {
         #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
         timeout: Duration,
     },
+    /// Print the ledger's changes as serve applies them, one line per commit (one JSON
+    /// object per line with --json), until Ctrl-C or SIGTERM, which name the position to
+    /// resume from. Needs --nats (a running `provledger serve`).
+    Watch {
+        /// Only this aggregate's commits, as KIND/ID (ID: whole, short or a unique start).
+        aggregate: Option<AggregateRef>,
+        /// Start after this position (0: from the first commit); default: from now (the
+        /// end the service has applied).
+        #[arg(long, value_name = "P")]
+        after: Option<u64>,
+        /// Only commits of this kind of aggregate (cluster, instance, provider, operation);
+        /// may be repeated.
+        #[arg(long, value_name = "K")]
+        kind: Vec<AggregateKind>,
+        /// Only the commits made for this operation (whole, short or a unique start), on
+        /// every aggregate it wrote.
+        #[arg(long, value_name = "OP")]
+        operation: Option<IdRef>,
+        /// Only commits holding an event of this type (the catalogue's names:
+        /// vm_state_changed, ...); may be repeated.
+        #[arg(long, value_name = "TYPE")]
+        event: Vec<String>,
+    },
     /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell).
     Completions { shell: clap_complete::Shell },
     /// Print the man page provledger(1), or write one page per subcommand into --out-dir.
@@ -664,6 +687,44 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             })?;
             let (auth, prefix) = (&g.options.nats_auth, &g.options.subject_prefix);
             commands::query::run(&nats_url, auth, prefix, &endpoint, request, timeout).await
+        }
+        Command::Watch {
+            aggregate,
+            after,
+            kind,
+            operation,
+            event,
+        } => {
+            let nats_url = g.options.nats_url.clone().ok_or_else(|| {
+                CommandError::BadInput(
+                    "watch needs --nats URL (or PROVLEDGER_NATS_URL): it follows what a running \
+                     `provledger serve` applies"
+                        .into(),
+                )
+            })?;
+            let event_types = commands::watch::event_types(event)?;
+            let aggregate = match aggregate {
+                Some(r) => Some(resolve_aggregate(&g, &r).await?),
+                None => None,
+            };
+            let operation_id = match operation {
+                Some(r) => Some(resolve_id(&g, AggregateKind::Operation, &r).await?),
+                None => None,
+            };
+            commands::watch::run(commands::watch::Watch {
+                nats_url: &nats_url,
+                auth: &g.options.nats_auth,
+                prefix: &g.options.subject_prefix,
+                filter: provledger_client::follow::ChangeFilter {
+                    kinds: kind.into_iter().collect(),
+                    aggregate,
+                    operation_id,
+                    event_types,
+                },
+                after,
+                json,
+            })
+            .await
         }
     }
 }

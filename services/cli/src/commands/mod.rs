@@ -21,6 +21,7 @@ pub mod serve;
 #[cfg(feature = "demo")]
 pub mod simulate;
 pub mod state;
+pub mod watch;
 
 use provledger_client::write::RecordError;
 use provledger_client::OpenLedgerError;

@@ -3,52 +3,13 @@
 //! from what it stored ends with exactly the stream's commits in position order, with one
 //! replica or two (one killed during the run), filtered or reading too slowly.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use provledger_client::follow::{ChangeFilter, FollowStats, Followed, Follower};
-use provledger_events::{AggregateId, CommitDraft, Event, EventLog, Expectation};
 use provledger_tests::NatsServer;
 use uuid::Uuid;
 
 use crate::common::{self, wait_ready, Serve};
-
-/// `writers` tasks appending `per_writer` commits each, every commit on a cluster of its
-/// own writer (a create, then status changes), as fast as they can.
-async fn write_concurrently(nats: &NatsServer, writers: usize, per_writer: usize) {
-    let log = Arc::new(common::stream(nats).await);
-    let mut tasks = Vec::new();
-    for w in 0..writers {
-        let log = Arc::clone(&log);
-        tasks.push(tokio::spawn(async move {
-            let mut cluster = AggregateId::cluster(Uuid::now_v7());
-            for i in 0..per_writer {
-                // A cluster per 50 commits, so that aggregates stay short.
-                if i % 50 == 0 {
-                    cluster = AggregateId::cluster(Uuid::now_v7());
-                }
-                let event = if i % 50 == 0 {
-                    provledger_events::catalogue::samples::all().remove(0)
-                } else {
-                    Event::ClusterStatusChanged {
-                        status: provledger_events::catalogue::ClusterStatus::Spawning,
-                        description: format!("writer {w} commit {i}"),
-                    }
-                };
-                log.append(
-                    cluster,
-                    Expectation::Any,
-                    CommitDraft::now("writer", vec![event]),
-                )
-                .await
-                .expect("append");
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.expect("writer");
-    }
-}
 
 /// A follower from `after` that handles changes into `handled` (what it "stored"), for at
 /// most `budget` changes (then it is killed: dropped where it is), or until it is current
@@ -124,7 +85,7 @@ async fn a_follower_killed_twice_during_concurrent_writes_ends_with_exactly_the_
     let dir = tempfile::tempdir().unwrap();
     let _serve = Serve::start(&nats, &dir.path().join("serve"));
     wait_ready(&client).await;
-    let writing = write_concurrently(&nats, 16, 625);
+    let writing = common::write_concurrently(&nats, 16, 625);
     // when a follower starts from position 0 and is killed twice at random points (a
     // seeded choice, printed) and resumed from what it stored,
     let seed = Uuid::now_v7().as_u128() as u64;
@@ -178,9 +139,9 @@ async fn with_two_replicas_one_killed_during_the_run_a_follower_misses_nothing_a
     // when 16 writers write 5,000 commits, one replica is SIGKILLed half-way, and a
     // follower follows from position 0 throughout,
     let writing = async {
-        write_concurrently(&nats, 16, 160).await;
+        common::write_concurrently(&nats, 16, 160).await;
         b.kill();
-        write_concurrently(&nats, 16, 153).await;
+        common::write_concurrently(&nats, 16, 153).await;
     };
     let mut handled = Vec::new();
     let follow = follow_into(
@@ -213,7 +174,7 @@ async fn a_follower_of_one_operation_sees_exactly_its_commits() {
     let _serve = Serve::start(&nats, &dir.path().join("serve"));
     wait_ready(&client).await;
     let first = common::fail_a_create(&client, &ledger, &infra, provider).await;
-    write_concurrently(&nats, 4, 50).await;
+    common::write_concurrently(&nats, 4, 50).await;
     let _second = common::fail_a_create(&client, &ledger, &infra, provider).await;
     let log = common::stream(&nats).await;
     let end = common::quiet_end(&log).await;
@@ -267,7 +228,7 @@ async fn a_follower_that_reads_too_slowly_loses_changes_to_its_full_buffer_and_c
         follower.next().await.unwrap(),
         Followed::Current { .. }
     ));
-    let writing = write_concurrently(&nats, 8, 250);
+    let writing = common::write_concurrently(&nats, 8, 250);
     let mut handled = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     let reading = async {

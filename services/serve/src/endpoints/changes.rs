@@ -6,7 +6,6 @@
 //! commits the projections are folded from, no more.
 
 use std::collections::{BTreeSet, HashSet};
-use std::sync::OnceLock;
 
 use futures::StreamExt;
 use provledger_client::follow::ChangeFilter;
@@ -22,17 +21,6 @@ use crate::replica::QueryContext;
 /// Default and maximum `limit`.
 const LIMIT_DEFAULT: u64 = 100;
 const LIMIT_MAX: u64 = 1000;
-
-/// The catalogue's event names, from one sample of each event.
-fn event_names() -> &'static BTreeSet<String> {
-    static NAMES: OnceLock<BTreeSet<String>> = OnceLock::new();
-    NAMES.get_or_init(|| {
-        provledger_events::catalogue::samples::all()
-            .iter()
-            .map(|e| e.name())
-            .collect()
-    })
-}
 
 /// The request's filter, each part checked.
 fn filter_of(request: &ChangesRequest) -> Result<ChangeFilter, QueryError> {
@@ -52,7 +40,7 @@ fn filter_of(request: &ChangesRequest) -> Result<ChangeFilter, QueryError> {
             ));
         }
         for t in types {
-            if !event_names().contains(t) {
+            if !provledger_events::Event::names().contains(t) {
                 // Debug-quoted: a caller's text, not ours.
                 return Err(bad(
                     "event_types",

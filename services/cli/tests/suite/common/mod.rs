@@ -468,3 +468,43 @@ pub async fn wait_ready_replicas(client: &async_nats::Client, n: usize) {
         );
     }
 }
+
+/// `writers` tasks appending `per_writer` commits each, every commit on a cluster of its
+/// own writer (a create, then status changes), as fast as they can.
+#[allow(dead_code)]
+pub async fn write_concurrently(nats: &NatsServer, writers: usize, per_writer: usize) {
+    let log = std::sync::Arc::new(stream(nats).await);
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let log = std::sync::Arc::clone(&log);
+        tasks.push(tokio::spawn(async move {
+            let mut cluster = provledger_events::AggregateId::cluster(uuid::Uuid::now_v7());
+            for i in 0..per_writer {
+                // A cluster per 50 commits, so that aggregates stay short.
+                if i % 50 == 0 {
+                    cluster = provledger_events::AggregateId::cluster(uuid::Uuid::now_v7());
+                }
+                let event = if i % 50 == 0 {
+                    provledger_events::catalogue::samples::all().remove(0)
+                } else {
+                    provledger_events::Event::ClusterStatusChanged {
+                        status: provledger_events::catalogue::ClusterStatus::Spawning,
+                        description: format!("writer {w} commit {i}"),
+                    }
+                };
+                let draft = provledger_events::CommitDraft::now("writer", vec![event]);
+                provledger_events::EventLog::append(
+                    &*log,
+                    cluster,
+                    provledger_events::Expectation::Any,
+                    draft,
+                )
+                .await
+                .expect("append");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("writer");
+    }
+}
