@@ -121,7 +121,8 @@ pub enum OnChainViolation {
 /// What a commit read in log order does (`Projector::past_loss`).
 enum PastLoss {
     Fold(Vec<Commit>),
-    Held,
+    /// Held past a loss (the held chain keeps its own copy): the commit, for the feed.
+    Held(Box<Commit>),
     Violation(Box<Commit>, String),
 }
 
@@ -345,15 +346,12 @@ impl Projector {
             return Ok(ControlFlow::Continue(()));
         }
         let at = commit.position;
-        // A copy only when there is a feed, taken before the commit moves on.
-        let for_feed = self.feed.is_some().then(|| commit.clone());
         let to_fold = match self.past_loss(commit, &mut gathered.batch)? {
-            PastLoss::Fold(commits) => {
-                gathered.feed.extend(for_feed);
-                commits
-            }
-            PastLoss::Held => {
-                gathered.feed.extend(for_feed);
+            PastLoss::Fold(commits) => commits,
+            PastLoss::Held(commit) => {
+                if self.feed.is_some() {
+                    gathered.feed.push(*commit);
+                }
                 gathered.outcome.held += 1;
                 gathered.checkpoint = at;
                 return Ok(ControlFlow::Continue(()));
@@ -404,7 +402,8 @@ impl Projector {
 
     /// Folds the commits a commit at position `at` lets through (itself, or every commit
     /// held past a loss it acknowledged), in their order in the log, recording each rise
-    /// of the watermark at `at`.
+    /// of the watermark at `at`. The commit at `at` then goes to the feed, if there is one
+    /// (moved, not copied); those held before it went there when they were held.
     fn fold_in_order(
         &mut self,
         commits: Vec<Commit>,
@@ -447,6 +446,9 @@ impl Projector {
             }
             gathered.outcome.folded += 1;
             gathered.outcome.events += commit.events.len();
+            if commit.position == at && self.feed.is_some() {
+                gathered.feed.push(commit);
+            }
         }
         Ok(())
     }
@@ -554,7 +556,7 @@ impl Projector {
                     }
                 }
                 batch.held.push((aggregate, Some(chain)));
-                PastLoss::Held
+                PastLoss::Held(Box::new(commit))
             }
             Passage::Resumed { commits, .. } => {
                 tracing::warn!(%aggregate, position, commits = commits.len(), "every loss acknowledged; the commits held past it are folded");
