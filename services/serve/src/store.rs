@@ -255,6 +255,75 @@ pub struct ProjectionStore {
     db: sled::Db,
 }
 
+/// A rewrite too large for one sled batch, applied in batches of [`IMPORT_CHUNK_KEYS`]
+/// keys (sled's garbage reclaimed after each). A crash between batches leaves it in part:
+/// each caller writes what says "done" in the last batch ([`Chunked::finish`]).
+struct Chunked<'a> {
+    tree: &'a sled::Tree,
+    batch: sled::Batch,
+    keys: usize,
+}
+
+impl<'a> Chunked<'a> {
+    fn new(tree: &'a sled::Tree) -> Self {
+        Chunked {
+            tree,
+            batch: sled::Batch::default(),
+            keys: 0,
+        }
+    }
+
+    fn insert(
+        &mut self,
+        k: impl Into<sled::IVec>,
+        v: impl Into<sled::IVec>,
+    ) -> Result<(), StoreError> {
+        self.batch.insert(k, v);
+        self.count()
+    }
+
+    fn remove(&mut self, k: impl Into<sled::IVec>) -> Result<(), StoreError> {
+        self.batch.remove(k);
+        self.count()
+    }
+
+    fn count(&mut self) -> Result<(), StoreError> {
+        self.keys += 1;
+        if self.keys == IMPORT_CHUNK_KEYS {
+            self.tree.apply_batch(std::mem::take(&mut self.batch))?;
+            reclaim_sled_garbage(self.keys);
+            self.keys = 0;
+        }
+        Ok(())
+    }
+
+    /// Applies what is left, as one batch with what `last` adds to it.
+    fn finish(mut self, last: impl FnOnce(&mut sled::Batch)) -> Result<(), StoreError> {
+        last(&mut self.batch);
+        self.tree.apply_batch(self.batch)?;
+        // The few keys `last` adds are counted in the slack.
+        reclaim_sled_garbage(self.keys + 4);
+        Ok(())
+    }
+}
+
+/// Removes every key of `tree` but those `stays` keeps, in chunks; `last` is written with
+/// the last chunk.
+fn remove_all_but(
+    tree: &sled::Tree,
+    stays: impl Fn(&[u8]) -> bool,
+    last: impl FnOnce(&mut sled::Batch),
+) -> Result<(), StoreError> {
+    let mut chunked = Chunked::new(tree);
+    for k in tree.iter().keys() {
+        let k = k?;
+        if !stays(&k) {
+            chunked.remove(k)?;
+        }
+    }
+    chunked.finish(last)
+}
+
 /// The id index's key of `id` (`x`): kind tag, then the id's bytes last first.
 fn id_index_key(id: &AggregateId) -> Vec<u8> {
     let mut reversed = *id.id.as_bytes();
@@ -407,20 +476,9 @@ impl ProjectionStore {
     /// Rewrites the id index (`x`) from the stored entities' keys, then records its format:
     /// a crash half-way leaves no format, and the next open rebuilds again.
     fn rebuild_id_index(&self) -> Result<(), StoreError> {
-        let mut batch = sled::Batch::default();
-        let mut in_batch = 0;
-        let flush = |batch: &mut sled::Batch, in_batch: &mut usize| -> Result<(), StoreError> {
-            self.tree.apply_batch(std::mem::take(batch))?;
-            reclaim_sled_garbage(*in_batch);
-            *in_batch = 0;
-            Ok(())
-        };
+        let mut chunked = Chunked::new(&self.tree);
         for k in self.tree.scan_prefix([b'x']).keys() {
-            batch.remove(k?);
-            in_batch += 1;
-            if in_batch == IMPORT_CHUNK_KEYS {
-                flush(&mut batch, &mut in_batch)?;
-            }
+            chunked.remove(k?)?;
         }
         for k in self.tree.scan_prefix([b'e']).keys() {
             let k = k?;
@@ -434,14 +492,9 @@ impl ProjectionStore {
                     reason: format!("{} bytes, not a kind tag and a UUID", k.len()),
                 });
             };
-            batch.insert(id_index_key(&id), &[][..]);
-            in_batch += 1;
-            if in_batch == IMPORT_CHUNK_KEYS {
-                flush(&mut batch, &mut in_batch)?;
-            }
+            chunked.insert(id_index_key(&id), &[][..])?;
         }
-        batch.insert(id_index_format_key(), &[ID_INDEX_FORMAT][..]);
-        flush(&mut batch, &mut in_batch)?;
+        chunked.finish(|batch| batch.insert(id_index_format_key(), &[ID_INDEX_FORMAT][..]))?;
         tracing::info!("id index rebuilt");
         Ok(())
     }
@@ -547,23 +600,7 @@ impl ProjectionStore {
             });
         }
         let kept = [key(b'm', &[b"source"]), key(b'm', &[b"copies_log"])];
-        let mut batch = sled::Batch::default();
-        let mut in_batch = 0;
-        for k in tree.iter().keys() {
-            let k = k?;
-            if kept.iter().any(|m| m.as_slice() == &*k) {
-                continue;
-            }
-            batch.remove(k);
-            in_batch += 1;
-            if in_batch == IMPORT_CHUNK_KEYS {
-                tree.apply_batch(std::mem::take(&mut batch))?;
-                reclaim_sled_garbage(in_batch);
-                in_batch = 0;
-            }
-        }
-        tree.apply_batch(batch)?;
-        reclaim_sled_garbage(in_batch);
+        remove_all_but(&tree, |k| kept.iter().any(|m| m.as_slice() == k), |_| {})?;
         db.flush()?;
         Ok(())
     }
@@ -1010,27 +1047,12 @@ impl ProjectionStore {
                 || kept.iter().any(|m| m.as_slice() == k)
                 || formats.iter().any(|(m, ..)| m.as_slice() == k)
         };
-        let mut batch = sled::Batch::default();
-        let mut in_batch = 0;
-        for k in self.tree.iter().keys() {
-            let k = k?;
-            if stays(&k) {
-                continue;
+        remove_all_but(&self.tree, stays, |batch| {
+            for (k, format, _) in &formats {
+                batch.insert(k.as_slice(), &[*format][..]);
             }
-            batch.remove(k);
-            in_batch += 1;
-            if in_batch == IMPORT_CHUNK_KEYS {
-                self.tree.apply_batch(std::mem::take(&mut batch))?;
-                reclaim_sled_garbage(in_batch);
-                in_batch = 0;
-            }
-        }
-        for (k, format, _) in formats {
-            batch.insert(k, &[format][..]);
-        }
-        batch.remove(marker);
-        self.tree.apply_batch(batch)?;
-        reclaim_sled_garbage(in_batch + 4);
+            batch.remove(marker.as_slice());
+        })?;
         self.flush()
     }
 
