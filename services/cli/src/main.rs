@@ -629,10 +629,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
         Command::Provider {
             action: ProviderCommand::Delete { id, host, cascade },
         } => {
-            let id = match id {
-                Some(r) => Some(resolve_id(&g, AggregateKind::Provider, &r).await?),
-                None => None,
-            };
+            let id = resolve_some_id(&g, AggregateKind::Provider, id).await?;
             with_ledger(&g.options, |ledger| async move {
                 let writer = Writer::new(ledger.clone());
                 let result = commands::placement::delete(&writer, id, host, cascade, json).await;
@@ -650,10 +647,7 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             .await
         }
         Command::HealAllocations { dry_run, instance } => {
-            let instance = match instance {
-                Some(r) => Some(resolve_id(&g, AggregateKind::Instance, &r).await?),
-                None => None,
-            };
+            let instance = resolve_some_id(&g, AggregateKind::Instance, instance).await?;
             with_ledger(&g.options, |ledger| async move {
                 let writer = Writer::new(ledger.clone());
                 let result = commands::placement::heal(&writer, instance, dry_run, json).await;
@@ -703,14 +697,8 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
                 )
             })?;
             let event_types = commands::watch::event_types(event)?;
-            let aggregate = match aggregate {
-                Some(r) => Some(resolve_aggregate(&g, &r).await?),
-                None => None,
-            };
-            let operation_id = match operation {
-                Some(r) => Some(resolve_id(&g, AggregateKind::Operation, &r).await?),
-                None => None,
-            };
+            let aggregate = resolve_some_aggregate(&g, aggregate).await?;
+            let operation_id = resolve_some_id(&g, AggregateKind::Operation, operation).await?;
             commands::watch::run(commands::watch::Watch {
                 nats_url: &nats_url,
                 auth: &g.options.nats_auth,
@@ -1036,14 +1024,8 @@ async fn operation(action: OperationCommand, g: &Globals) -> Result<(), CommandE
             "--limit must be 1 to 1000, not {limit}"
         )));
     }
-    let target = match target {
-        Some(r) => Some(resolve_aggregate(g, &r).await?),
-        None => None,
-    };
-    let after = match after {
-        Some(r) => Some(resolve_id(g, AggregateKind::Operation, &r).await?),
-        None => None,
-    };
+    let target = resolve_some_aggregate(g, target).await?;
+    let after = resolve_some_id(g, AggregateKind::Operation, after).await?;
     // The one read of the clock: what `--since` is counted back from and ages are counted to.
     let now = provledger_events::Timestamp::now();
     let since = since.map(|d| now.plus_ms(-duration::whole_millis_at_least_one(d)));
@@ -1100,6 +1082,29 @@ async fn resolve_id(g: &Globals, kind: AggregateKind, r: &IdRef) -> Result<Uuid,
         (ledger, result)
     })
     .await
+}
+
+/// [`resolve_id`] of an optional id (a filter or a flag that may be left out).
+async fn resolve_some_id(
+    g: &Globals,
+    kind: AggregateKind,
+    r: Option<IdRef>,
+) -> Result<Option<Uuid>, CommandError> {
+    match r {
+        Some(r) => Ok(Some(resolve_id(g, kind, &r).await?)),
+        None => Ok(None),
+    }
+}
+
+/// [`resolve_aggregate`] of an optional `KIND/ID`.
+async fn resolve_some_aggregate(
+    g: &Globals,
+    r: Option<AggregateRef>,
+) -> Result<Option<AggregateId>, CommandError> {
+    match r {
+        Some(r) => Ok(Some(resolve_aggregate(g, &r).await?)),
+        None => Ok(None),
+    }
 }
 
 /// The aggregate a `KIND/ID` names ([`resolve_id`]).

@@ -109,18 +109,25 @@ fn one_of(
                  `history` and the console show ids (the short form is an id's last 12 hex digits)"
             )))
         }
-        (many, more) => {
-            let mut text = format!(
-                "{digits} is ambiguous: it names {}{} {kind}s; give more digits or the whole id:",
+        (many, more) => Err(ambiguous(
+            &format!(
+                "{digits} is ambiguous: it names {}{} {kind}s",
                 many.len(),
                 if more { " or more" } else { "" },
-            );
-            for id in many {
-                text.push_str(&format!("\n  {kind}/{id}  ({})", short_id(id)));
-            }
-            Err(CommandError::BadInput(text))
-        }
+            ),
+            many.iter()
+                .map(|id| format!("{kind}/{id}  ({})", short_id(id))),
+        )),
     }
+}
+
+/// The refusal of an id that names several: what it names, then each candidate whole.
+fn ambiguous(names: &str, candidates: impl Iterator<Item = String>) -> CommandError {
+    let mut text = format!("{names}; give more digits or the whole id:");
+    for candidate in candidates {
+        text.push_str(&format!("\n  {candidate}"));
+    }
+    CommandError::BadInput(text)
 }
 
 /// The one compensation among `candidates` (an operation's plan) that `r` names.
@@ -136,17 +143,13 @@ pub fn resolve_compensation(
             "operation {operation} has no compensation {r} in its plan (`operation show` lists \
              them with their full ids)"
         ))),
-        many => {
-            let mut text = format!(
-                "{r} is ambiguous: it names {} compensations of operation {operation}; give more \
-                 digits or the whole id:",
+        many => Err(ambiguous(
+            &format!(
+                "{r} is ambiguous: it names {} compensations of operation {operation}",
                 many.len()
-            );
-            for id in many {
-                text.push_str(&format!("\n  {id}"));
-            }
-            Err(CommandError::BadInput(text))
-        }
+            ),
+            many.iter().map(Uuid::to_string),
+        )),
     }
 }
 

@@ -18,6 +18,7 @@ pub mod recover;
 pub mod replay;
 pub mod rollback;
 pub mod serve;
+pub mod signals;
 #[cfg(feature = "demo")]
 pub mod simulate;
 pub mod state;

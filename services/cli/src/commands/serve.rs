@@ -5,25 +5,14 @@ use provledger_serve::{self as serve, ServeError, ServeOptions};
 
 /// Resolves on the first SIGINT or SIGTERM.
 async fn termination() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM; only SIGINT stops serve");
-                let _ = ctrl_c.await;
-            }
+    match super::signals::StopSignal::listen() {
+        Ok(mut stop) => {
+            stop.or(std::future::pending::<()>()).await;
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGTERM; only SIGINT stops serve");
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
     tracing::info!("termination signal received");
 }

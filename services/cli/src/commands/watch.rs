@@ -11,7 +11,6 @@
 //! here, before anything is asked, so that a typo is told at once.
 
 use std::collections::BTreeSet;
-use std::future::Future;
 use std::io::Write;
 use std::time::Duration;
 
@@ -20,6 +19,7 @@ use provledger_events::{short_aggregate, short_id, Commit};
 use provledger_projections::timeline;
 use provledger_serve::messages::HistoryItem;
 
+use super::signals::StopSignal;
 use super::{printable, CommandError};
 
 /// How long the start asks `q.health` for the current end.
@@ -185,54 +185,6 @@ fn follow_error(e: FollowError) -> CommandError {
         FollowError::Refused { .. } => CommandError::Problem(e.to_string()),
         FollowError::Subscribe { .. } | FollowError::CatchUp { .. } | FollowError::FeedEnded => {
             CommandError::Infrastructure(e.to_string())
-        }
-    }
-}
-
-/// SIGINT and SIGTERM, listened to from the start: a signal that came before the first
-/// wait is not lost, and none ends the process before it says where to resume.
-struct StopSignal {
-    #[cfg(unix)]
-    interrupt: tokio::signal::unix::Signal,
-    #[cfg(unix)]
-    terminate: tokio::signal::unix::Signal,
-}
-
-impl StopSignal {
-    fn listen() -> Result<Self, CommandError> {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            let listen = |kind| {
-                signal(kind).map_err(|e| {
-                    CommandError::Infrastructure(format!("cannot listen for signals: {e}"))
-                })
-            };
-            Ok(StopSignal {
-                interrupt: listen(SignalKind::interrupt())?,
-                terminate: listen(SignalKind::terminate())?,
-            })
-        }
-        #[cfg(not(unix))]
-        Ok(StopSignal {})
-    }
-
-    /// `work`'s output, or `None` if a signal came first (`work` is then dropped).
-    async fn or<T>(&mut self, work: impl Future<Output = T>) -> Option<T> {
-        #[cfg(unix)]
-        {
-            tokio::select! {
-                _ = self.interrupt.recv() => None,
-                _ = self.terminate.recv() => None,
-                done = work => Some(done),
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => None,
-                done = work => Some(done),
-            }
         }
     }
 }
