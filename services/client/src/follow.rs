@@ -143,6 +143,8 @@ pub struct FollowStats {
 pub struct Follower {
     client: async_nats::Client,
     prefix: String,
+    /// `<prefix>.feed.bookmark`, told apart from changes on every feed message.
+    bookmark_subject: String,
     filter: ChangeFilter,
     feed: async_nats::Subscriber,
     /// Everything up to here was handed over (or did not match): where to resume.
@@ -180,6 +182,7 @@ impl Follower {
         Ok(Follower {
             client,
             prefix: prefix.to_string(),
+            bookmark_subject: format!("{prefix}.feed.bookmark"),
             filter,
             feed,
             position,
@@ -224,7 +227,7 @@ impl Follower {
                     continue;
                 }
             };
-            if message.subject.as_str() == format!("{}.feed.bookmark", self.prefix) {
+            if message.subject.as_str() == self.bookmark_subject {
                 match serde_json::from_slice::<Bookmark>(&message.payload) {
                     Ok(b) if b.position > self.position => self.catching_up = true,
                     Ok(_) => {
