@@ -1,0 +1,582 @@
+//! `feed-bench`: what following the ledger costs and how fast it is (issue 38), measured in
+//! one run against a real nats-server, with `provledger serve` in a child process of its
+//! own (so that its memory is its own):
+//!
+//! 1. **Catch-up**: a [`Follower`] from position 0 over a stream of `--commits` commits
+//!    (`q.changes` pages, decoded JSON), against the raw reference: the same stream read
+//!    and decoded as serve's projector follows it (one ordered consumer from position 1,
+//!    bincode), A B A B.
+//! 2. **Live latency**: one follower, current, while `--rate` commits/s go through
+//!    `cmd.append` (open loop, each a fresh provider): from the request's send to the
+//!    change's delivery to the follower, and from the append's reply to the delivery.
+//! 3. **Followers and writes**: `cmd.append` from 64 clients in a closed loop for
+//!    `--load-secs`, with no follower and with `--followers` followers (each its own
+//!    connection, unfiltered, as `provledger watch` follows), B A B A: commits/s, and
+//!    serve's resident memory (sampled from /proc every 200 ms, the largest seen).
+//!
+//! `cargo run --release -p provledger-tests --bin feed-bench [-- --commits N --rate R
+//! --live-secs S --load-secs D --followers F]`. Needs `NATS_SERVER_BIN` (or
+//! `.tools/nats-server`).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use provledger_client::follow::{ChangeFilter, Followed, Follower};
+use provledger_events::catalogue::ConsumerKind;
+use provledger_events::{
+    AggregateId, CommitDraft, Event, EventLog, Expectation, JetStreamConfig, JetStreamLog,
+};
+use provledger_serve::ServeOptions;
+use provledger_tests::bench::percentile;
+use provledger_tests::{workload, NatsServer};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+// serve runs in the child on the allocator `provledger serve` runs on, as deployed.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+const PREFIX: &str = "provledger";
+const APPEND_SUBJECT: &str = "provledger.cmd.append";
+const HEALTH_SUBJECT: &str = "provledger.q.health";
+/// Commits per provider while the stream is filled: its registration, then claims and
+/// releases in turn (as bootstrap-bench writes it).
+const COMMITS_PER_PROVIDER: u64 = 20;
+const WRITERS: usize = 64;
+/// Writers per NATS connection in the closed loop.
+const WRITERS_PER_CONNECTION: usize = 16;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+struct Options {
+    commits: u64,
+    rate: u64,
+    live: Duration,
+    load: Duration,
+    followers: usize,
+}
+
+fn arg(args: &[String], name: &str, default: u64) -> u64 {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--serve") {
+        let (Some(url), Some(dir)) = (args.get(i + 1), args.get(i + 2)) else {
+            eprintln!("usage: feed-bench --serve NATS_URL DATA_DIR");
+            std::process::exit(2);
+        };
+        serve_child(url.clone(), dir.as_ref());
+        return;
+    }
+    let options = Options {
+        commits: arg(&args, "--commits", 1_000_000),
+        rate: arg(&args, "--rate", 1_000),
+        live: Duration::from_secs(arg(&args, "--live-secs", 30)),
+        load: Duration::from_secs(arg(&args, "--load-secs", 20)),
+        followers: arg(&args, "--followers", 100) as usize,
+    };
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("the bench's runtime")
+        .block_on(bench(options));
+}
+
+/// The child: `provledger serve` with the CLI's defaults, until killed.
+fn serve_child(nats_url: String, dir: &Path) {
+    let options = ServeOptions {
+        nats_url,
+        data_dir: dir.to_path_buf(),
+        stream: "PROVLEDGER".into(),
+        subject_prefix: PREFIX.into(),
+        stream_replicas: 1,
+        nats_auth: Default::default(),
+        min_position_wait: Duration::from_secs(2),
+        snapshot_every: 100_000,
+        retry: Default::default(),
+        executor_reply_wait: Duration::from_secs(30),
+        recovery_interval: Some(Duration::from_secs(60)),
+        runner_lease: Duration::from_millis(
+            provledger_projections::recovery::RUNNER_LEASE_MS_DEFAULT as u64,
+        ),
+        drift_interval: None,
+        ready_file: None,
+        metrics_addr: None,
+        snapshot_bucket: None,
+        http_addr: None,
+        audit_interval: None,
+    };
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("serve's runtime")
+        .block_on(provledger_serve::run(options, std::future::pending::<()>()));
+    if let Err(e) = result {
+        eprintln!("serve stopped: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// serve in a child process of this binary; killed when dropped.
+struct ServeProcess(Child);
+
+impl ServeProcess {
+    fn start(nats_url: &str, dir: &Path) -> ServeProcess {
+        let exe = std::env::current_exe().expect("this binary's path");
+        let child = Command::new(exe)
+            .arg("--serve")
+            .arg(nats_url)
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting serve's child process");
+        ServeProcess(child)
+    }
+
+    /// Resident memory now (VmRSS), bytes.
+    fn rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.0.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn request(client: &async_nats::Client, subject: &'static str, payload: Bytes) -> Value {
+    let request = async_nats::Request::new()
+        .payload(payload)
+        .timeout(Some(REQUEST_TIMEOUT));
+    match client.send_request(subject, request).await {
+        Ok(reply) => serde_json::from_slice(&reply.payload).unwrap_or(Value::Null),
+        Err(e) => json!({"error": {"code": "request_failed", "message": e.to_string()}}),
+    }
+}
+
+/// Waits until serve answers ready with everything up to `end` applied.
+async fn ready_at(client: &async_nats::Client, end: u64) {
+    let deadline = Instant::now() + Duration::from_secs(1800);
+    loop {
+        let health = request(client, HEALTH_SUBJECT, Bytes::from_static(b"{}")).await;
+        if health["data"]["ready"] == true && health["position"].as_u64() >= Some(end) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "serve did not catch up: {health}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn inventory(total: u64) -> Value {
+    json!({"inventory_set": {"resource_class": "VCPU", "inventory": {
+        "total": total, "reserved": 0, "allocation_ratio": 1.0,
+        "min_unit": 1, "max_unit": total, "step_size": 1}}})
+}
+
+fn append(id: Uuid, events: Value) -> Bytes {
+    Bytes::from(
+        json!({"aggregate": format!("provider/{id}"), "expect": "any", "events": events})
+            .to_string(),
+    )
+}
+
+fn registration(id: Uuid) -> Bytes {
+    append(
+        id,
+        json!([
+            {"provider_registered": {"name": format!("fb-{}", id.simple()), "host": "fb.example"}},
+            inventory(64)
+        ]),
+    )
+}
+
+/// Fills the stream with `commits` commits over providers, 64 appends at a time.
+async fn fill(log: &JetStreamLog, commits: u64) {
+    let providers = commits.div_ceil(COMMITS_PER_PROVIDER);
+    let written = AtomicU64::new(0);
+    let started = Instant::now();
+    futures::stream::iter(0..providers)
+        .for_each_concurrent(64, |p| {
+            let (log, written) = (log.clone(), &written);
+            async move {
+                let provider = AggregateId::provider(Uuid::from_u128(u128::from(p) + 1));
+                let consumer = |c: u64| Uuid::from_u128((u128::from(p) << 32) + u128::from(c));
+                for c in 0..COMMITS_PER_PROVIDER {
+                    let events = match c {
+                        0 => workload::provider_on(&format!("node-{p}"), 1_000),
+                        c if c % 2 == 1 => {
+                            workload::vcpu_claim(consumer(c), ConsumerKind::Instance, 1)
+                        }
+                        c => vec![Event::AllocationReleased {
+                            consumer: consumer(c - 1),
+                            reason: "instance deleted".into(),
+                        }],
+                    };
+                    log.append(provider, Expectation::Any, CommitDraft::now("bench", events))
+                        .await
+                        .expect("filling the stream");
+                    let n = written.fetch_add(1, Ordering::Relaxed) + 1;
+                    if n % 100_000 == 0 {
+                        eprintln!(
+                            "  {n} commits written ({:.0}/s)",
+                            n as f64 / started.elapsed().as_secs_f64()
+                        );
+                    }
+                }
+            }
+        })
+        .await;
+}
+
+/// The raw reference: every commit up to `end` read and decoded from an ordered consumer.
+async fn raw_read(log: &JetStreamLog, end: u64) -> (Duration, u64) {
+    let started = Instant::now();
+    let mut commits = 0;
+    let mut tail = log.subscribe(1).await.expect("an ordered consumer");
+    while let Some(commit) = tail.next().await {
+        let commit = commit.expect("a decoded commit");
+        commits += 1;
+        if commit.position >= end {
+            break;
+        }
+    }
+    (started.elapsed(), commits)
+}
+
+/// A follower from position 0 until it is current at `end` or later.
+async fn catch_up(client: async_nats::Client, end: u64) -> (Duration, u64) {
+    let started = Instant::now();
+    let mut follower = Follower::start(client, PREFIX, ChangeFilter::default(), 0)
+        .await
+        .expect("a follower");
+    let mut changes = 0;
+    let mut last = 0;
+    loop {
+        match follower.next().await.expect("following") {
+            Followed::Change(change) => {
+                assert!(change.commit.position > last, "out of order");
+                last = change.commit.position;
+                changes += 1;
+            }
+            Followed::Current { position } if position >= end => break,
+            Followed::Current { .. } => {}
+        }
+    }
+    (started.elapsed(), changes)
+}
+
+/// Latencies of the live feed at `rate` commits/s for `live`: (send → delivery, reply →
+/// delivery, commits delivered, commits sent).
+async fn live_latency(
+    nats_url: &str,
+    rate: u64,
+    live: Duration,
+) -> (Vec<Duration>, Vec<Duration>, usize, usize) {
+    let writer = async_nats::connect(nats_url).await.expect("writer");
+    let reader = async_nats::connect(nats_url).await.expect("follower");
+    let sent: Arc<Mutex<HashMap<Uuid, (Instant, Option<Instant>)>>> = Arc::default();
+    let health = request(&writer, HEALTH_SUBJECT, Bytes::from_static(b"{}")).await;
+    let from = health["position"].as_u64().unwrap_or(0);
+    let mut follower = Follower::start(reader, PREFIX, ChangeFilter::default(), from)
+        .await
+        .expect("a follower");
+    // Current first: the catch-up is not what is measured.
+    while !matches!(follower.next().await, Ok(Followed::Current { .. })) {}
+    let done = Arc::new(AtomicBool::new(false));
+    let delivered = {
+        let (sent, done) = (sent.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut from_send = Vec::new();
+            let mut from_reply = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                let next = tokio::time::timeout(Duration::from_millis(200), follower.next()).await;
+                let Ok(Ok(Followed::Change(change))) = next else {
+                    continue;
+                };
+                let at = Instant::now();
+                let AggregateId { id, .. } = change.commit.aggregate;
+                if let Some((send, reply)) = sent.lock().expect("not poisoned").get(&id) {
+                    from_send.push(at - *send);
+                    if let Some(reply) = reply {
+                        from_reply.push(at.saturating_duration_since(*reply));
+                    }
+                }
+            }
+            (from_send, from_reply)
+        })
+    };
+    let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let started = Instant::now();
+    let mut requests = Vec::new();
+    while started.elapsed() < live {
+        ticks.tick().await;
+        let id = Uuid::now_v7();
+        sent.lock()
+            .expect("not poisoned")
+            .insert(id, (Instant::now(), None));
+        let (writer, sent) = (writer.clone(), sent.clone());
+        requests.push(tokio::spawn(async move {
+            let reply = request(&writer, APPEND_SUBJECT, registration(id)).await;
+            if let Some(entry) = sent.lock().expect("not poisoned").get_mut(&id) {
+                entry.1 = Some(Instant::now());
+            }
+            reply["error"].is_null()
+        }));
+    }
+    let mut ok = 0;
+    for r in requests {
+        ok += usize::from(r.await.unwrap_or(false));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    done.store(true, Ordering::Relaxed);
+    let (from_send, from_reply) = delivered.await.expect("the follower's task");
+    let count = from_send.len();
+    (from_send, from_reply, count, ok)
+}
+
+/// `cmd.append` from [`WRITERS`] clients in a closed loop for `load`, each writing an
+/// inventory to its own provider; commits/s and errors.
+async fn write_load(nats_url: &str, providers: &[Uuid], load: Duration) -> (f64, u64) {
+    let mut connections = Vec::new();
+    for _ in 0..WRITERS.div_ceil(WRITERS_PER_CONNECTION) {
+        connections.push(async_nats::connect(nats_url).await.expect("a writer"));
+    }
+    let started = Instant::now();
+    let tasks: Vec<_> = providers
+        .iter()
+        .enumerate()
+        .map(|(n, id)| {
+            let client = connections[n / WRITERS_PER_CONNECTION].clone();
+            let payload = append(*id, json!([inventory(64)]));
+            tokio::spawn(async move {
+                let (mut ok, mut errors) = (0u64, 0u64);
+                while started.elapsed() < load {
+                    let reply = request(&client, APPEND_SUBJECT, payload.clone()).await;
+                    if reply["error"].is_null() {
+                        ok += 1;
+                    } else {
+                        errors += 1;
+                    }
+                }
+                (ok, errors)
+            })
+        })
+        .collect();
+    let (mut ok, mut errors) = (0, 0);
+    for t in tasks {
+        let (o, e) = t.await.expect("a writer's task");
+        ok += o;
+        errors += e;
+    }
+    (ok as f64 / started.elapsed().as_secs_f64(), errors)
+}
+
+/// `followers` followers from the current end, each on its own connection, counting what
+/// they are handed until `stop`; their total (changes, gaps, catch-up pages).
+async fn start_followers(
+    nats_url: &str,
+    followers: usize,
+    stop: Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<(u64, u64, u64)>> {
+    let mut tasks = Vec::new();
+    for _ in 0..followers {
+        let client = async_nats::connect(nats_url).await.expect("a follower");
+        let health = request(&client, HEALTH_SUBJECT, Bytes::from_static(b"{}")).await;
+        let from = health["position"].as_u64().unwrap_or(0);
+        let mut follower = Follower::start(client, PREFIX, ChangeFilter::default(), from)
+            .await
+            .expect("a follower");
+        while !matches!(follower.next().await, Ok(Followed::Current { .. })) {}
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut changes = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let next = tokio::time::timeout(Duration::from_millis(200), follower.next()).await;
+                if let Ok(Ok(Followed::Change(_))) = next {
+                    changes += 1;
+                }
+            }
+            let stats = follower.stats();
+            (changes, stats.gaps, stats.catch_ups)
+        }));
+    }
+    tasks
+}
+
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / 1e6
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+async fn bench(options: Options) {
+    let nats = NatsServer::start().await;
+    let url = nats.url();
+    let client = nats.client().await;
+    let log = JetStreamLog::open(nats.client().await, JetStreamConfig::default())
+        .await
+        .expect("the stream");
+    eprintln!("filling the stream with {} commits", options.commits);
+    let filled = Instant::now();
+    fill(&log, options.commits).await;
+    let end = log.last_position().await.expect("the stream's end");
+    eprintln!("filled in {:.1?}", filled.elapsed());
+
+    let dir = tempfile::tempdir().expect("serve's data dir");
+    let serve = ServeProcess::start(&url, &dir.path().join("serve"));
+    let since = Instant::now();
+    ready_at(&client, end).await;
+    eprintln!("serve ready at {end} after {:.1?}", since.elapsed());
+
+    // 1. Catch-up, A B A B.
+    let mut rows = Vec::new();
+    for round in 0..2 {
+        eprintln!("catch-up round {}", round + 1);
+        let (raw, raw_commits) = raw_read(&log, end).await;
+        let (followed, changes) = catch_up(nats.client().await, end).await;
+        assert_eq!(raw_commits, end, "the raw read saw every commit");
+        assert_eq!(changes, end, "the follower was handed every commit");
+        rows.push((raw, followed));
+    }
+
+    // 2. Live latency.
+    eprintln!(
+        "live delivery at {} commits/s for {:?}",
+        options.rate, options.live
+    );
+    let (from_send, from_reply, delivered, sent) =
+        live_latency(&url, options.rate, options.live).await;
+
+    // 3. Writes with and without followers, B A B A.
+    let providers: Vec<Uuid> = (0..WRITERS).map(|_| Uuid::now_v7()).collect();
+    for id in &providers {
+        let reply = request(&client, APPEND_SUBJECT, registration(*id)).await;
+        assert!(reply["error"].is_null(), "registering a provider: {reply}");
+    }
+    let serve = Arc::new(serve);
+    let mut load_rows = Vec::new();
+    for followers in [0, options.followers, 0, options.followers] {
+        eprintln!("writes for {:?} with {followers} followers", options.load);
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = start_followers(&url, followers, stop.clone()).await;
+        let sampling = Arc::new(AtomicBool::new(true));
+        let sampler = {
+            let (serve, sampling) = (serve.clone(), sampling.clone());
+            tokio::spawn(async move {
+                let mut peak = 0;
+                while sampling.load(Ordering::Relaxed) {
+                    peak = peak.max(serve.rss());
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                peak
+            })
+        };
+        let (rate, errors) = write_load(&url, &providers, options.load).await;
+        sampling.store(false, Ordering::Relaxed);
+        let peak = sampler.await.unwrap_or(0);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stop.store(true, Ordering::Relaxed);
+        let (mut changes, mut gaps, mut pages) = (0, 0, 0);
+        for t in tasks {
+            let (c, g, p) = t.await.expect("a follower's task");
+            changes += c;
+            gaps += g;
+            pages += p;
+        }
+        load_rows.push((followers, rate, errors, peak, changes, gaps, pages));
+    }
+
+    println!(
+        "\n## feed-bench: nats-server {}, {} commits, {}\n",
+        log.server_version(),
+        end,
+        provledger_tests::cpu_model()
+    );
+    println!("catch-up from position 0 (a Follower through q.changes, JSON) against a raw read + decode of the stream (ordered consumer, bincode):\n");
+    println!("| round | raw read + decode | commits/s | follower catch-up | commits/s | follower / raw |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for (round, (raw, followed)) in rows.iter().enumerate() {
+        let raw_rate = end as f64 / raw.as_secs_f64();
+        let followed_rate = end as f64 / followed.as_secs_f64();
+        println!(
+            "| {} | {:.2} s | {:.0} | {:.2} s | {:.0} | **{:.2}x** |",
+            round + 1,
+            raw.as_secs_f64(),
+            raw_rate,
+            followed.as_secs_f64(),
+            followed_rate,
+            followed_rate / raw_rate
+        );
+    }
+    println!(
+        "\nlive delivery, one follower, {} commits/s through cmd.append for {} s ({sent} appended, {delivered} delivered):\n",
+        options.rate,
+        options.live.as_secs()
+    );
+    println!("| from | p50 | p99 | p99.9 | max |");
+    println!("|---|---:|---:|---:|---:|");
+    for (what, latencies) in [
+        ("the request's send to delivery", &from_send),
+        ("the append's reply to delivery", &from_reply),
+    ] {
+        println!(
+            "| {what} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
+            ms(percentile(latencies, 0.5)),
+            ms(percentile(latencies, 0.99)),
+            ms(percentile(latencies, 0.999)),
+            ms(percentile(latencies, 1.0)),
+        );
+    }
+    println!(
+        "\ncmd.append from {WRITERS} clients (closed loop, {} s each), with and without followers (each its own connection, unfiltered):\n",
+        options.load.as_secs()
+    );
+    println!("| followers | commits/s | errors | serve's peak RSS | changes handed to followers | gaps caught up | catch-up pages |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for (followers, rate, errors, peak, changes, gaps, pages) in &load_rows {
+        println!(
+            "| {followers} | {rate:.0} | {errors} | {:.1} MB | {changes} | {gaps} | {pages} |",
+            mb(*peak)
+        );
+    }
+    let none: f64 = load_rows
+        .iter()
+        .filter(|r| r.0 == 0)
+        .map(|r| r.1)
+        .sum::<f64>()
+        / 2.0;
+    let with: f64 = load_rows
+        .iter()
+        .filter(|r| r.0 != 0)
+        .map(|r| r.1)
+        .sum::<f64>()
+        / 2.0;
+    println!(
+        "\nwrite rate with {} followers / none (means of two runs each): **{:.2}x**",
+        options.followers,
+        with / none
+    );
+}
