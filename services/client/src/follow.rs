@@ -16,9 +16,11 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::StreamExt;
 use provledger_events::{AggregateId, AggregateKind, Commit};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -142,7 +144,6 @@ pub struct FollowStats {
 /// Follows the ledger from a position (see the module).
 pub struct Follower {
     client: async_nats::Client,
-    prefix: String,
     /// `<prefix>.feed.bookmark`, told apart from changes on every feed message.
     bookmark_subject: String,
     filter: ChangeFilter,
@@ -153,6 +154,10 @@ pub struct Follower {
     pending: VecDeque<Change>,
     page_next: u64,
     catching_up: bool,
+    /// `<prefix>.q.changes`.
+    changes_subject: String,
+    /// The next catch-up page, asked for while the one before it is handed over.
+    prefetch: Option<Prefetch>,
     stats: FollowStats,
 }
 
@@ -181,7 +186,6 @@ impl Follower {
         })?;
         Ok(Follower {
             client,
-            prefix: prefix.to_string(),
             bookmark_subject: format!("{prefix}.feed.bookmark"),
             filter,
             feed,
@@ -189,6 +193,8 @@ impl Follower {
             pending: VecDeque::new(),
             page_next: position,
             catching_up: true,
+            changes_subject: format!("{prefix}.q.changes"),
+            prefetch: None,
             stats: FollowStats::default(),
         })
     }
@@ -263,24 +269,52 @@ impl Follower {
     }
 
     /// One page of the catch-up from the position; `Some(Current)` once it reached the
-    /// replica's end (then the feed takes over).
+    /// replica's end (then the feed takes over). The page after it is asked for before this
+    /// one is decoded, so that serve writes it while this one is read.
     async fn catch_up_page(&mut self) -> Result<Option<Followed>, FollowError> {
-        let subject = format!("{}.q.changes", self.prefix);
-        let mut body = self.filter.to_request();
-        body["after"] = json!(self.position);
-        body["limit"] = json!(CATCH_UP_PAGE);
-        let reply = self.ask(&subject, body).await?;
-        let data = &reply["data"];
-        let next = data["next"].as_u64().unwrap_or(self.position);
-        let end = data["end"].as_u64().unwrap_or(next);
-        let changes: Vec<Change> =
-            serde_json::from_value(data["changes"].clone()).map_err(|e| FollowError::CatchUp {
-                subject: subject.clone(),
-                reason: format!("a reply that does not parse: {e}"),
-            })?;
+        let after = self.position;
+        let payload = match self.prefetch.take() {
+            Some(prefetch) if prefetch.after == after => {
+                prefetch.reply.await.map_err(|e| FollowError::CatchUp {
+                    subject: self.changes_subject.clone(),
+                    reason: format!("the page asked for ahead was lost: {e}"),
+                })??
+            }
+            stale => {
+                // Asked from a position the follower left (a gap sent it back): not this.
+                if let Some(prefetch) = stale {
+                    prefetch.reply.abort();
+                }
+                ask(
+                    &self.client,
+                    &self.changes_subject,
+                    self.page_request(after),
+                )
+                .await?
+            }
+        };
+        let unparsable = |e: serde_json::Error| FollowError::CatchUp {
+            subject: self.changes_subject.clone(),
+            reason: format!("a reply that does not parse as a page of changes: {e}"),
+        };
+        let reply: Reply = serde_json::from_slice(&payload).map_err(unparsable)?;
+        let page: PageHead = serde_json::from_str(reply.data.get()).map_err(unparsable)?;
+        let next = page.next.max(after);
+        let end = page.end.max(next);
+        if next < end {
+            self.prefetch = Some(Prefetch {
+                after: next,
+                reply: tokio::spawn(ask_owned(
+                    self.client.clone(),
+                    self.changes_subject.clone(),
+                    self.page_request(next),
+                )),
+            });
+        }
+        let changes: Vec<Change> = serde_json::from_str(page.changes.get()).map_err(unparsable)?;
         self.stats.catch_ups += 1;
         self.pending.extend(changes);
-        self.page_next = next.max(self.position);
+        self.page_next = next;
         if next >= end && self.pending.is_empty() {
             self.catching_up = false;
             self.position = self.page_next;
@@ -295,53 +329,105 @@ impl Follower {
         Ok(None)
     }
 
-    /// Asks `subject`, retrying a busy or absent service for a while.
-    async fn ask(&self, subject: &str, body: Value) -> Result<Value, FollowError> {
-        let deadline = tokio::time::Instant::now() + CATCH_UP_RETRY_FOR;
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            let asked = tokio::time::timeout(
-                CATCH_UP_REPLY_WAIT,
-                self.client
-                    .request(subject.to_string(), body.to_string().into()),
-            )
-            .await;
-            let retry_reason = match asked {
-                Ok(Ok(message)) => {
-                    let reply: Value = serde_json::from_slice(&message.payload).map_err(|e| {
-                        FollowError::CatchUp {
-                            subject: subject.to_string(),
-                            reason: format!("a reply that is not JSON: {e}"),
-                        }
-                    })?;
-                    match reply["error"]["code"].as_str() {
-                        None => return Ok(reply),
-                        Some("unavailable") => reply["error"]["message"].to_string(),
-                        Some(code) => {
-                            return Err(FollowError::Refused {
-                                subject: subject.to_string(),
-                                code: code.to_string(),
-                                message: reply["error"]["message"]
-                                    .as_str()
-                                    .unwrap_or_default()
-                                    .to_string(),
-                            })
-                        }
-                    }
-                }
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => format!("no reply within {CATCH_UP_REPLY_WAIT:?}"),
-            };
-            if tokio::time::Instant::now() + backoff > deadline {
-                return Err(FollowError::CatchUp {
-                    subject: subject.to_string(),
-                    reason: retry_reason,
-                });
-            }
-            tracing::debug!(%subject, reason = %retry_reason, ?backoff, "catch-up retried");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+    /// The `q.changes` request for the page after `after`.
+    fn page_request(&self, after: u64) -> Bytes {
+        let mut body = self.filter.to_request();
+        body["after"] = json!(after);
+        body["limit"] = json!(CATCH_UP_PAGE);
+        body.to_string().into()
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        if let Some(prefetch) = self.prefetch.take() {
+            prefetch.reply.abort();
         }
+    }
+}
+
+/// A page asked for ahead: the one after `after`.
+struct Prefetch {
+    after: u64,
+    reply: tokio::task::JoinHandle<Result<Bytes, FollowError>>,
+}
+
+/// A reply of serve's: its data, or the error it answered.
+#[derive(Deserialize)]
+struct Reply<'a> {
+    #[serde(borrow)]
+    data: &'a RawValue,
+}
+
+#[derive(Deserialize)]
+struct ReplyRefusal {
+    error: ReplyError,
+}
+
+#[derive(Deserialize)]
+struct ReplyError {
+    code: String,
+    #[serde(default)]
+    message: String,
+}
+
+/// A `q.changes` page with its changes not yet decoded.
+#[derive(Deserialize)]
+struct PageHead<'a> {
+    #[serde(borrow)]
+    changes: &'a RawValue,
+    next: u64,
+    end: u64,
+}
+
+async fn ask_owned(
+    client: async_nats::Client,
+    subject: String,
+    body: Bytes,
+) -> Result<Bytes, FollowError> {
+    ask(&client, &subject, body).await
+}
+
+/// Asks `subject`, retrying a busy or absent service for a while; the payload of a reply
+/// that is not a refusal.
+async fn ask(
+    client: &async_nats::Client,
+    subject: &str,
+    body: Bytes,
+) -> Result<Bytes, FollowError> {
+    let deadline = tokio::time::Instant::now() + CATCH_UP_RETRY_FOR;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let asked = tokio::time::timeout(
+            CATCH_UP_REPLY_WAIT,
+            client.request(subject.to_string(), body.clone()),
+        )
+        .await;
+        let retry_reason = match asked {
+            Ok(Ok(message)) => match serde_json::from_slice::<ReplyRefusal>(&message.payload) {
+                // Not a refusal: the caller reads it.
+                Err(_) => return Ok(message.payload),
+                Ok(refusal) if refusal.error.code == "unavailable" => refusal.error.message,
+                Ok(refusal) => {
+                    return Err(FollowError::Refused {
+                        subject: subject.to_string(),
+                        code: refusal.error.code,
+                        message: refusal.error.message,
+                    })
+                }
+            },
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no reply within {CATCH_UP_REPLY_WAIT:?}"),
+        };
+        if tokio::time::Instant::now() + backoff > deadline {
+            return Err(FollowError::CatchUp {
+                subject: subject.to_string(),
+                reason: retry_reason,
+            });
+        }
+        tracing::debug!(%subject, reason = %retry_reason, ?backoff, "catch-up retried");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
     }
 }
 

@@ -18,7 +18,7 @@ use tokio::sync::{watch, Semaphore};
 use crate::bootstrap::{BootstrapError, PublishedSnapshot};
 use crate::endpoints::caller::Caller;
 use crate::endpoints::error::{bounded, ErrorCode, QueryError};
-use crate::endpoints::Endpoint;
+use crate::endpoints::{Answer, Endpoint};
 use crate::metrics::Metrics;
 use crate::projector::{OnChainViolation, Projector, ProjectorError};
 use crate::replica::{
@@ -982,7 +982,7 @@ async fn respond_in_span(
         .await;
     // What the metrics count: the refusal's code and reason, or an append's outcome.
     let outcome: Result<Option<&'static str>, (&'static str, Option<String>)> = match &result {
-        Ok(data) => Ok(append_outcome(data)),
+        Ok(data) => Ok(data.value().and_then(append_outcome)),
         Err(e) => Err((
             e.code.as_str(),
             e.extra
@@ -992,18 +992,18 @@ async fn respond_in_span(
         )),
     };
     if traced && endpoint == Endpoint::CmdAppend {
-        if let Ok(data) = &result {
+        if let Some(data) = result.as_ref().ok().and_then(Answer::value) {
             // The commits this traced request produced, logged under its trace id.
             tracing::info!(commits = %appended_positions(data), "commits appended");
         }
     }
     let (headers, bytes) = match result {
         Ok(data) => {
-            let body = serde_json::json!({
-                "position": ctx.position(),
-                "data": data,
-                "served_by": ctx.served_by.get(),
-            });
+            let body = ReplyBody {
+                data: &data,
+                position: ctx.position(),
+                served_by: ctx.served_by.get(),
+            };
             let bytes = serde_json::to_vec(&body).expect(
                 "a reply: plain serde data (string keys, no fallible impls) encodes as JSON",
             );
@@ -1038,6 +1038,15 @@ async fn respond_in_span(
             .map(|(code, reason)| (*code, reason.as_deref())),
         outcome.as_ref().ok().copied().flatten(),
     );
+}
+
+/// A reply's body: its data, the position the replica had applied, and which replica.
+/// Fields in the order a `serde_json::Map` (sorted keys) always wrote them.
+#[derive(serde::Serialize)]
+struct ReplyBody<'a> {
+    data: &'a Answer,
+    position: u64,
+    served_by: Option<&'a String>,
 }
 
 /// `v<version>@<position>` of each commit a `cmd.append` reply names.

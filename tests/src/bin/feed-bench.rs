@@ -8,14 +8,15 @@
 //!    bincode), A B A B.
 //! 2. **Live latency**: one follower, current, while `--rate` commits/s go through
 //!    `cmd.append` (open loop, each a fresh provider): from the request's send to the
-//!    change's delivery to the follower, and from the append's reply to the delivery.
+//!    change's delivery to the follower, and from the append's reply to the delivery;
+//!    alone, then beside `--followers` other followers.
 //! 3. **Followers and writes**: `cmd.append` from 64 clients in a closed loop for
 //!    `--load-secs`, with no follower and with `--followers` followers (each its own
 //!    connection, unfiltered, as `provledger watch` follows), B A B A: commits/s, and
 //!    serve's resident memory (sampled from /proc every 200 ms, the largest seen).
 //!
 //! `cargo run --release -p provledger-tests --bin feed-bench [-- --commits N --rate R
-//! --live-secs S --load-secs D --followers F]`. Needs `NATS_SERVER_BIN` (or
+//! --live-secs S --load-secs D --followers F --only catch-up,live,load]`. Needs `NATS_SERVER_BIN` (or
 //! `.tools/nats-server`).
 
 use std::collections::HashMap;
@@ -59,6 +60,14 @@ struct Options {
     live: Duration,
     load: Duration,
     followers: usize,
+    /// Which of `catch-up`, `live`, `load` to run (all by default).
+    phases: Vec<String>,
+}
+
+impl Options {
+    fn runs(&self, phase: &str) -> bool {
+        self.phases.iter().any(|p| p == phase)
+    }
 }
 
 fn arg(args: &[String], name: &str, default: u64) -> u64 {
@@ -85,6 +94,14 @@ fn main() {
         live: Duration::from_secs(arg(&args, "--live-secs", 30)),
         load: Duration::from_secs(arg(&args, "--load-secs", 20)),
         followers: arg(&args, "--followers", 100) as usize,
+        phases: args
+            .iter()
+            .position(|a| a == "--only")
+            .and_then(|i| args.get(i + 1))
+            .map_or("catch-up,live,load", String::as_str)
+            .split(',')
+            .map(str::to_string)
+            .collect(),
     };
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -147,8 +164,8 @@ impl ServeProcess {
 
     /// Resident memory now (VmRSS), bytes.
     fn rss(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.0.id()))
-            .unwrap_or_default();
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.0.id())).unwrap_or_default();
         status
             .lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -182,7 +199,10 @@ async fn ready_at(client: &async_nats::Client, end: u64) {
         if health["data"]["ready"] == true && health["position"].as_u64() >= Some(end) {
             return;
         }
-        assert!(Instant::now() < deadline, "serve did not catch up: {health}");
+        assert!(
+            Instant::now() < deadline,
+            "serve did not catch up: {health}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -232,9 +252,13 @@ async fn fill(log: &JetStreamLog, commits: u64) {
                             reason: "instance deleted".into(),
                         }],
                     };
-                    log.append(provider, Expectation::Any, CommitDraft::now("bench", events))
-                        .await
-                        .expect("filling the stream");
+                    log.append(
+                        provider,
+                        Expectation::Any,
+                        CommitDraft::now("bench", events),
+                    )
+                    .await
+                    .expect("filling the stream");
                     let n = written.fetch_add(1, Ordering::Relaxed) + 1;
                     if n % 100_000 == 0 {
                         eprintln!(
@@ -285,6 +309,9 @@ async fn catch_up(client: async_nats::Client, end: u64) -> (Duration, u64) {
     (started.elapsed(), changes)
 }
 
+/// Each request's send time and its reply's, by the provider it registers.
+type SendTimes = Arc<Mutex<HashMap<Uuid, (Instant, Option<Instant>)>>>;
+
 /// Latencies of the live feed at `rate` commits/s for `live`: (send → delivery, reply →
 /// delivery, commits delivered, commits sent).
 async fn live_latency(
@@ -294,7 +321,7 @@ async fn live_latency(
 ) -> (Vec<Duration>, Vec<Duration>, usize, usize) {
     let writer = async_nats::connect(nats_url).await.expect("writer");
     let reader = async_nats::connect(nats_url).await.expect("follower");
-    let sent: Arc<Mutex<HashMap<Uuid, (Instant, Option<Instant>)>>> = Arc::default();
+    let sent: SendTimes = Arc::default();
     let health = request(&writer, HEALTH_SUBJECT, Bytes::from_static(b"{}")).await;
     let from = health["position"].as_u64().unwrap_or(0);
     let mut follower = Follower::start(reader, PREFIX, ChangeFilter::default(), from)
@@ -453,7 +480,7 @@ async fn bench(options: Options) {
 
     // 1. Catch-up, A B A B.
     let mut rows = Vec::new();
-    for round in 0..2 {
+    for round in 0..if options.runs("catch-up") { 2 } else { 0 } {
         eprintln!("catch-up round {}", round + 1);
         let (raw, raw_commits) = raw_read(&log, end).await;
         let (followed, changes) = catch_up(nats.client().await, end).await;
@@ -462,13 +489,28 @@ async fn bench(options: Options) {
         rows.push((raw, followed));
     }
 
-    // 2. Live latency.
-    eprintln!(
-        "live delivery at {} commits/s for {:?}",
-        options.rate, options.live
-    );
-    let (from_send, from_reply, delivered, sent) =
-        live_latency(&url, options.rate, options.live).await;
+    // 2. Live latency, alone and beside the other followers.
+    let mut live_rows = Vec::new();
+    let crowds = if options.runs("live") {
+        vec![0, options.followers]
+    } else {
+        Vec::new()
+    };
+    for others in crowds {
+        eprintln!(
+            "live delivery at {} commits/s for {:?}, {others} other followers",
+            options.rate, options.live
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = start_followers(&url, others, stop.clone()).await;
+        let measured = live_latency(&url, options.rate, options.live).await;
+        stop.store(true, Ordering::Relaxed);
+        let mut gaps = 0;
+        for t in tasks {
+            gaps += t.await.expect("a follower's task").1;
+        }
+        live_rows.push((others, measured, gaps));
+    }
 
     // 3. Writes with and without followers, B A B A.
     let providers: Vec<Uuid> = (0..WRITERS).map(|_| Uuid::now_v7()).collect();
@@ -478,7 +520,12 @@ async fn bench(options: Options) {
     }
     let serve = Arc::new(serve);
     let mut load_rows = Vec::new();
-    for followers in [0, options.followers, 0, options.followers] {
+    let loads = if options.runs("load") {
+        vec![0, options.followers, 0, options.followers]
+    } else {
+        Vec::new()
+    };
+    for followers in loads {
         eprintln!("writes for {:?} with {followers} followers", options.load);
         let stop = Arc::new(AtomicBool::new(false));
         let tasks = start_followers(&url, followers, stop.clone()).await;
@@ -532,23 +579,28 @@ async fn bench(options: Options) {
         );
     }
     println!(
-        "\nlive delivery, one follower, {} commits/s through cmd.append for {} s ({sent} appended, {delivered} delivered):\n",
+        "\nlive delivery to one follower, {} commits/s offered through cmd.append (open loop, each a new provider) for {} s, alone and with {} other followers (each its own connection, unfiltered):\n",
         options.rate,
-        options.live.as_secs()
+        options.live.as_secs(),
+        options.followers
     );
-    println!("| from | p50 | p99 | p99.9 | max |");
-    println!("|---|---:|---:|---:|---:|");
-    for (what, latencies) in [
-        ("the request's send to delivery", &from_send),
-        ("the append's reply to delivery", &from_reply),
-    ] {
-        println!(
-            "| {what} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms |",
-            ms(percentile(latencies, 0.5)),
-            ms(percentile(latencies, 0.99)),
-            ms(percentile(latencies, 0.999)),
-            ms(percentile(latencies, 1.0)),
-        );
+    println!(
+        "| other followers | appended | delivered | from | p50 | p99 | p99.9 | max | their gaps |"
+    );
+    println!("|---:|---:|---:|---|---:|---:|---:|---:|---:|");
+    for (others, (from_send, from_reply, delivered, sent), gaps) in &live_rows {
+        for (what, latencies) in [
+            ("the request's send", from_send),
+            ("the append's reply", from_reply),
+        ] {
+            println!(
+                "| {others} | {sent} | {delivered} | {what} | {:.2} ms | {:.2} ms | {:.2} ms | {:.2} ms | {gaps} |",
+                ms(percentile(latencies, 0.5)),
+                ms(percentile(latencies, 0.99)),
+                ms(percentile(latencies, 0.999)),
+                ms(percentile(latencies, 1.0)),
+            );
+        }
     }
     println!(
         "\ncmd.append from {WRITERS} clients (closed loop, {} s each), with and without followers (each its own connection, unfiltered):\n",

@@ -9,13 +9,16 @@ use std::collections::{BTreeSet, HashSet};
 
 use futures::StreamExt;
 use provledger_client::follow::ChangeFilter;
-use provledger_events::{AggregateKind, EventLog, ReadError};
+use provledger_events::{AggregateKind, ReadError};
 use provledger_projections::timeline;
-use serde_json::Value;
+use serde::Serialize;
+use serde_json::value::RawValue;
 
-use super::error::{bad, to_data, ErrorCode, QueryError};
+use super::error::{bad, ErrorCode, QueryError};
 use super::request::parse;
-use crate::messages::{ChangesData, ChangesRequest, ChangesStop, HistoryItem, CHANGES_SCAN_MAX};
+#[cfg(doc)]
+use crate::messages::ChangesData;
+use crate::messages::{ChangesRequest, ChangesStop, HistoryItem, CHANGES_SCAN_MAX};
 use crate::replica::QueryContext;
 
 /// Default and maximum `limit`.
@@ -61,8 +64,29 @@ fn filter_of(request: &ChangesRequest) -> Result<ChangeFilter, QueryError> {
     })
 }
 
+/// A [`ChangesData`] as written on the wire: each change already JSON, written once
+/// (its size is what the page's byte bound counts) and copied into the reply as it is.
+/// The same fields in the same order as [`ChangesData`], which documents them (its
+/// schema); a test holds the two to the same JSON.
+#[derive(Serialize)]
+struct ChangesPage {
+    changes: Vec<Box<RawValue>>,
+    next: u64,
+    end: u64,
+    stopped: ChangesStop,
+}
+
+impl ChangesPage {
+    fn written(&self) -> Result<Box<RawValue>, QueryError> {
+        serde_json::value::to_raw_value(self).map_err(unwritable)
+    }
+}
+
 /// One page of changes after `after`.
-pub(crate) async fn changes(ctx: &QueryContext, payload: &[u8]) -> Result<Value, QueryError> {
+pub(crate) async fn changes(
+    ctx: &QueryContext,
+    payload: &[u8],
+) -> Result<Box<RawValue>, QueryError> {
     let request: ChangesRequest = parse(payload)?;
     let filter = filter_of(&request)?;
     let limit = request.limit.unwrap_or(LIMIT_DEFAULT);
@@ -73,19 +97,20 @@ pub(crate) async fn changes(ctx: &QueryContext, payload: &[u8]) -> Result<Value,
     // Only what this replica applied: its projector decided what was quarantined up to it.
     let end = ctx.position();
     let last = end.min(after.saturating_add(CHANGES_SCAN_MAX));
-    let mut page = ChangesData {
+    let mut page = ChangesPage {
         changes: Vec::new(),
         next: after,
         end,
         stopped: ChangesStop::End,
     };
     if after >= end {
-        return Ok(to_data(&page));
+        return page.written();
     }
     let quarantined: HashSet<u64> = ctx.store.quarantined_between(after + 1, last)?;
     let budget = ctx.page_bytes_max();
     let mut bytes = 0;
-    let mut commits = ctx.log.read_all(after + 1).await.map_err(unavailable)?;
+    // Up to `last`, which this replica applied, so stored: no need to ask the stream's end.
+    let mut commits = ctx.log.read_range(after + 1, last);
     while let Some(entry) = commits.next().await {
         let commit = match entry {
             Ok(c) => c,
@@ -108,21 +133,24 @@ pub(crate) async fn changes(ctx: &QueryContext, payload: &[u8]) -> Result<Value,
             page.next = commit.position;
             continue;
         }
+        let position = commit.position;
         let item = HistoryItem {
             timeline: timeline::render(&commit),
             commit,
         };
-        let size = serde_json::to_vec(&item).map_or(0, |b| b.len());
+        let written = serde_json::value::to_raw_value(&item).map_err(unwritable)?;
+        // The separating comma counts too.
+        let size = written.get().len() + 1;
         if !page.changes.is_empty() && bytes + size > budget {
             page.stopped = ChangesStop::Bytes;
-            return Ok(to_data(&page));
+            return page.written();
         }
         bytes += size;
-        page.next = item.commit.position;
-        page.changes.push(item);
+        page.next = position;
+        page.changes.push(written);
         if page.changes.len() as u64 == limit {
             page.stopped = ChangesStop::Limit;
-            return Ok(to_data(&page));
+            return page.written();
         }
     }
     // Every position up to `last` was looked at.
@@ -130,7 +158,16 @@ pub(crate) async fn changes(ctx: &QueryContext, payload: &[u8]) -> Result<Value,
     if last < end {
         page.stopped = ChangesStop::Scan;
     }
-    Ok(to_data(&page))
+    page.written()
+}
+
+/// A change or page that would not encode as JSON: plain serde data always does, so this
+/// is a bug to report, not the caller's fault.
+fn unwritable(e: serde_json::Error) -> QueryError {
+    QueryError::new(
+        ErrorCode::Internal,
+        format!("writing a page of changes as JSON: {e}"),
+    )
 }
 
 fn unavailable(e: ReadError) -> QueryError {
@@ -163,5 +200,51 @@ mod tests {
             serde_json::json!({"event_types": ["vm_state_changed"], "kinds": ["instance"]}),
         ));
         assert!(ok.is_ok(), "{ok:?}");
+    }
+
+    #[test]
+    fn a_page_written_ahead_is_the_json_of_the_documented_changes_data() {
+        // Given a page of two changes, as the documented (schema) type and as written ahead;
+        use crate::messages::ChangesData;
+        use provledger_events::catalogue::samples;
+        use provledger_events::{AggregateId, Commit, CommitDraft, Hash};
+        let items: Vec<HistoryItem> = samples::all()
+            .into_iter()
+            .take(2)
+            .enumerate()
+            .map(|(n, event)| {
+                let mut commit = Commit::seal(
+                    AggregateId::cluster(uuid::Uuid::from_u128(n as u128 + 1)),
+                    1,
+                    Hash::ZERO,
+                    CommitDraft::now("t", vec![event]),
+                );
+                commit.position = n as u64 + 5;
+                HistoryItem {
+                    timeline: timeline::render(&commit),
+                    commit,
+                }
+            })
+            .collect();
+        let documented = ChangesData {
+            changes: items.clone(),
+            next: 6,
+            end: 9,
+            stopped: ChangesStop::Limit,
+        };
+        let ahead = ChangesPage {
+            changes: items
+                .iter()
+                .map(|i| serde_json::value::to_raw_value(i).unwrap())
+                .collect(),
+            next: 6,
+            end: 9,
+            stopped: ChangesStop::Limit,
+        };
+        // When both are written, then the bytes are the same.
+        assert_eq!(
+            serde_json::to_string(&documented).unwrap(),
+            ahead.written().unwrap().get()
+        );
     }
 }

@@ -18,10 +18,39 @@ mod worker;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use provledger_events::AggregateKind;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::replica::{QueryContext, MIN_POSITION_WAITS_MAX};
 pub(crate) use error::ErrorCode;
+
+/// What an endpoint answers: its data as a JSON tree, or already written as JSON (a
+/// `q.changes` page: each change is written once, and spliced into the reply as it is).
+#[derive(Debug)]
+pub(crate) enum Answer {
+    Value(Value),
+    Raw(Box<RawValue>),
+}
+
+impl Answer {
+    /// The data as a tree, for what reads fields of it (an append's outcome); `None` for a
+    /// page written ahead, which no such reader needs.
+    pub(crate) fn value(&self) -> Option<&Value> {
+        match self {
+            Answer::Value(v) => Some(v),
+            Answer::Raw(_) => None,
+        }
+    }
+}
+
+impl serde::Serialize for Answer {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Answer::Value(v) => v.serialize(serializer),
+            Answer::Raw(r) => r.serialize(serializer),
+        }
+    }
+}
 use error::QueryError;
 
 /// The endpoints under `<prefix>.q.` and `<prefix>.cmd.`.
@@ -175,7 +204,7 @@ impl QueryContext {
         endpoint: Endpoint,
         payload: &[u8],
         caller: &caller::Caller,
-    ) -> Result<Value, QueryError> {
+    ) -> Result<Answer, QueryError> {
         if let Some(reason) = self.projector_failed.get() {
             return Err(QueryError::new(
                 ErrorCode::Unavailable,
@@ -184,7 +213,7 @@ impl QueryContext {
                 ),
             ));
         }
-        match endpoint {
+        let value = match endpoint {
             Endpoint::Health => health::health(self, payload).await,
             Endpoint::ClusterGet => entities::get(self, payload, AggregateKind::Cluster).await,
             Endpoint::InstanceGet => entities::get(self, payload, AggregateKind::Instance).await,
@@ -204,7 +233,9 @@ impl QueryContext {
             Endpoint::OperationList => entities::operation_list(self, payload),
             Endpoint::Drift => health::drift(self, payload),
             Endpoint::IdResolve => entities::id_resolve(self, payload).await,
-            Endpoint::Changes => changes::changes(self, payload).await,
-        }
+            // Written as JSON ahead: the one raw answer.
+            Endpoint::Changes => return changes::changes(self, payload).await.map(Answer::Raw),
+        };
+        value.map(Answer::Value)
     }
 }
