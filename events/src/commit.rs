@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::catalogue::Event;
+use crate::codec::envelope::EnvelopeRef;
 use crate::ids::{AggregateId, Hash, Timestamp};
 
 /// Upper bound on events in one commit; keeps a commit well below NATS' max payload.
@@ -138,21 +139,6 @@ pub struct Commit {
     pub hash: Hash,
 }
 
-/// The fields the hash covers, in a fixed order.
-#[derive(Serialize)]
-struct HashedFields<'a> {
-    domain: &'static str,
-    commit_id: &'a Uuid,
-    aggregate: &'a AggregateId,
-    version: u64,
-    operation_id: &'a Option<Uuid>,
-    causation_id: &'a Option<Uuid>,
-    actor: &'a str,
-    recorded_at: Timestamp,
-    events: &'a [Event],
-    prev_hash: &'a Hash,
-}
-
 impl Commit {
     /// Builds a commit from a draft at the given version, linked to the previous commit's
     /// hash. Position stays 0 until the log assigns it.
@@ -174,10 +160,15 @@ impl Commit {
         commit
     }
 
-    /// BLAKE3 over the canonical bincode encoding of every field but `position` and `hash`.
+    /// BLAKE3 over every field but `position` and `hash`, as written: see
+    /// `codec::envelope` for the exact input.
     pub fn compute_hash(&self) -> Hash {
-        let fields = HashedFields {
-            domain: "provledger.commit.v1",
+        crate::codec::hash(self)
+    }
+
+    /// This commit's written fields, borrowed: what the codec encodes and hashes.
+    pub(crate) fn envelope(&self) -> EnvelopeRef<'_, Event> {
+        EnvelopeRef {
             commit_id: &self.commit_id,
             aggregate: &self.aggregate,
             version: self.version,
@@ -187,22 +178,7 @@ impl Commit {
             recorded_at: self.recorded_at,
             events: &self.events,
             prev_hash: &self.prev_hash,
-        };
-        let mut hasher = blake3::Hasher::new();
-        // Encoding these fields cannot fail: every one is a plain serde value with no custom
-        // error path and no size limit is configured. If it ever did, every commit would
-        // hash the same empty input, and a chain would no longer tell one commit from
-        // another: stop rather than seal that.
-        let bytes = bincode::serde::encode_to_vec(&fields, bincode::config::standard())
-            .expect("the hash input (plain serde fields) encodes");
-        assert!(
-            !bytes.is_empty(),
-            "the hash input of v{} of {} encoded to nothing",
-            self.version,
-            self.aggregate
-        );
-        hasher.update(&bytes);
-        Hash(*hasher.finalize().as_bytes())
+        }
     }
 
     pub fn hash_is_valid(&self) -> bool {

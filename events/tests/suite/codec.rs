@@ -65,6 +65,59 @@ fn golden_encoding_of_one_commit_per_event_kind() {
     assert!(failures.is_empty(), "encoding changed for: {failures:?}");
 }
 
+fn unhex(text: &str) -> Vec<u8> {
+    let text = text.trim();
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("golden files hold hex"))
+        .collect()
+}
+
+/// Every pinned golden payload, by file name, sorted.
+fn golden_payloads() -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(golden_dir())
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "hex"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|path| {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            (name, unhex(&std::fs::read_to_string(&path).unwrap()))
+        })
+        .collect()
+}
+
+/// Given the pinned golden payloads, when hashed from their raw bytes alone, then the hash
+/// is BLAKE3(bincode("provledger.commit.v1") ‖ payload[1 .. len-32]) and equals both the
+/// trailing 32 bytes and the decoded commit's hash: what a reader may check without
+/// decoding an event.
+#[test]
+fn the_hash_covers_the_payload_between_format_byte_and_hash() {
+    let payloads = golden_payloads();
+    assert_eq!(
+        payloads.len(),
+        samples::all().len(),
+        "one golden file per event"
+    );
+    for (name, bytes) in payloads {
+        let (body, stored) = bytes[1..].split_at(bytes.len() - 1 - 32);
+        let mut input = vec![20u8]; // the varint length of the domain string
+        input.extend_from_slice(b"provledger.commit.v1");
+        input.extend_from_slice(body);
+        let raw = Hash(*blake3::hash(&input).as_bytes());
+        assert_eq!(raw.0.as_slice(), stored, "{name}: hash over the raw bytes");
+        assert_eq!(
+            codec::envelope::hash_body("provledger.commit.v1", body),
+            raw,
+            "{name}: the codec's hash of a body"
+        );
+        assert_eq!(codec::decode(&bytes, 1).unwrap().hash, raw, "{name}");
+    }
+}
+
 /// The sample list covers every variant: bincode writes the variant index first, so the
 /// samples' indices must be exactly 0..n and index n must not decode.
 #[test]

@@ -4,7 +4,9 @@
 //! the commit without its position. Decoding never panics and never allocates beyond
 //! [`ENCODED_COMMIT_BYTES_MAX`]: any bad input gives a [`DecodeError`].
 
-use serde::{Deserialize, Serialize};
+pub mod envelope;
+
+use serde::Deserialize;
 use uuid::Uuid;
 
 use crate::catalogue::Event;
@@ -13,27 +15,15 @@ use crate::ids::{AggregateId, Hash, Timestamp};
 
 /// The current encoding. Bump it (and keep a decoder for the old one) on any layout change.
 pub const FORMAT_VERSION: u8 = 1;
+/// Format 1: `[1] ‖ bincode(header, events, prev_hash) ‖ hash`.
+pub(crate) const FORMAT_1: u8 = FORMAT_VERSION;
 /// Upper bound on one encoded commit; NATS' default max payload is 1 MiB.
 pub const ENCODED_COMMIT_BYTES_MAX: usize = 1 << 20;
 
 const DECODE_LIMIT_BYTES: usize = 4 << 20;
 
-fn config() -> impl bincode::config::Config {
+pub(crate) fn config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<DECODE_LIMIT_BYTES>()
-}
-
-#[derive(Serialize)]
-struct WireCommitRef<'a> {
-    commit_id: &'a Uuid,
-    aggregate: &'a AggregateId,
-    version: u64,
-    operation_id: &'a Option<Uuid>,
-    causation_id: &'a Option<Uuid>,
-    actor: &'a str,
-    recorded_at: Timestamp,
-    events: &'a [Event],
-    prev_hash: &'a Hash,
-    hash: &'a Hash,
 }
 
 #[derive(Deserialize)]
@@ -73,23 +63,12 @@ pub enum EncodeError {
 }
 
 pub fn encode(commit: &Commit) -> Result<Vec<u8>, EncodeError> {
-    let wire = WireCommitRef {
-        commit_id: &commit.commit_id,
-        aggregate: &commit.aggregate,
-        version: commit.version,
-        operation_id: &commit.operation_id,
-        causation_id: &commit.causation_id,
-        actor: &commit.actor,
-        recorded_at: commit.recorded_at,
-        events: &commit.events,
-        prev_hash: &commit.prev_hash,
-        hash: &commit.hash,
-    };
-    let mut out = vec![FORMAT_VERSION];
-    let body = bincode::serde::encode_to_vec(&wire, config())
-        .map_err(|e| EncodeError::Bincode(e.to_string()))?;
-    out.extend_from_slice(&body);
-    Ok(out)
+    envelope::encode(&commit.envelope(), &commit.hash)
+}
+
+/// The hash of a commit: see [`envelope`] for what it covers.
+pub fn hash(commit: &Commit) -> Hash {
+    envelope::hash(&commit.envelope())
 }
 
 /// The leading fields of [`WireCommit`], in its order: what a reader that only sorts
