@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::catalogue::Event;
-use crate::codec::envelope::EnvelopeRef;
+use crate::codec::envelope::{Envelope, EnvelopeRef};
+use crate::codec::stored::Stored;
 use crate::ids::{AggregateId, Hash, Timestamp};
 
 /// Upper bound on events in one commit; keeps a commit well below NATS' max payload.
@@ -137,6 +138,12 @@ pub struct Commit {
     pub events: Vec<Event>,
     pub prev_hash: Hash,
     pub hash: Hash,
+    /// How the commit was stored, kept only when re-encoding its fields would not give those
+    /// bytes back (an upcast event, a format other than the minimal one), so its hash and any
+    /// copy use what was written. Not part of what the commit is: equality ignores it and
+    /// JSON leaves it out.
+    #[serde(skip)]
+    pub(crate) stored: Stored,
 }
 
 impl Commit {
@@ -155,6 +162,7 @@ impl Commit {
             events: draft.events,
             prev_hash,
             hash: Hash::ZERO,
+            stored: Stored::default(),
         };
         commit.hash = commit.compute_hash();
         commit
@@ -164,6 +172,35 @@ impl Commit {
     /// `codec::envelope` for the exact input.
     pub fn compute_hash(&self) -> Hash {
         crate::codec::hash(self)
+    }
+
+    /// The format byte this commit is written in: 1 unless an event is at a layout version
+    /// above 1 (or it was decoded from format 2).
+    pub fn format(&self) -> u8 {
+        self.envelope().format()
+    }
+
+    /// Each event's layout version as written (see `catalogue/versions.rs`).
+    pub fn event_versions(&self) -> Vec<u16> {
+        self.envelope().event_versions()
+    }
+
+    /// A decoded envelope stored at `position`, moved into a commit.
+    pub(crate) fn from_envelope(envelope: Envelope<Event>, position: u64) -> Self {
+        Commit {
+            commit_id: envelope.commit_id,
+            aggregate: envelope.aggregate,
+            version: envelope.version,
+            position,
+            operation_id: envelope.operation_id,
+            causation_id: envelope.causation_id,
+            actor: envelope.actor,
+            recorded_at: envelope.recorded_at,
+            events: envelope.events,
+            prev_hash: envelope.prev_hash,
+            hash: envelope.hash,
+            stored: envelope.stored,
+        }
     }
 
     /// This commit's written fields, borrowed: what the codec encodes and hashes.
@@ -178,6 +215,7 @@ impl Commit {
             recorded_at: self.recorded_at,
             events: &self.events,
             prev_hash: &self.prev_hash,
+            stored: &self.stored,
         }
     }
 
@@ -395,6 +433,21 @@ mod tests {
         assert!(v
             .iter()
             .any(|x| matches!(x, ChainViolation::BrokenLink { version: 3, .. })));
+    }
+
+    /// Given a commit, when described as JSON or JSON Schema, then its hidden stored form is
+    /// in neither: the JSON form and the published schemas stay as they were.
+    #[test]
+    fn the_stored_form_is_not_part_of_the_json_or_the_schema() {
+        let commit = chain(AggregateId::cluster(Uuid::from_bytes([9; 16])), 1).remove(0);
+        let json = serde_json::to_string(&commit).unwrap();
+        let schema = serde_json::to_value(schemars::schema_for!(Commit)).unwrap();
+        assert!(!json.contains("stored"), "{json}");
+        assert!(schema["properties"].get("position").is_some(), "{schema}");
+        assert!(schema["properties"].get("stored").is_none(), "{schema}");
+        let back: Commit = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, commit);
+        assert!(back.hash_is_valid());
     }
 
     #[test]

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use proptest::prelude::*;
 use provledger_events::catalogue::samples;
-use provledger_events::codec::{self, DecodeError, FORMAT_VERSION};
+use provledger_events::catalogue::versions::REGISTRY;
+use provledger_events::codec::{self, DecodeError, FORMAT_1, FORMAT_2};
 use provledger_events::{Commit, CommitDraft, Event, Hash, Timestamp};
 use uuid::Uuid;
 
@@ -32,37 +33,192 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Given one commit per event kind, when encoded, then the bytes equal the pinned golden
-/// files. Set PROVLEDGER_BLESS=1 to rewrite them after an intended format change (and bump
-/// FORMAT_VERSION).
+/// The tag (bincode variant index) of an event.
+fn tag_of(event: &Event) -> u32 {
+    let cfg = bincode::config::standard();
+    let bytes = bincode::serde::encode_to_vec(event, cfg).unwrap();
+    bincode::serde::decode_from_slice::<u32, _>(&bytes, cfg)
+        .unwrap()
+        .0
+}
+
+/// Given one pinned format-1 commit per event kind, when decoded, then its hash is valid and
+/// it re-encodes to the pinned bytes (what copies and the audit rely on), forever. And while
+/// that event is still at layout 1, encoding the sample gives the pinned bytes: a changed
+/// layout without a version bump fails here. Set PROVLEDGER_BLESS=1 to write missing files
+/// (never to rewrite one: format 1 is frozen).
 #[test]
 fn golden_encoding_of_one_commit_per_event_kind() {
     let bless = std::env::var("PROVLEDGER_BLESS").is_ok();
     let mut failures = Vec::new();
     for (i, event) in samples::all().into_iter().enumerate() {
         let name = event.name();
+        let tag = tag_of(&event);
         let commit = sample_commit(i, event);
-        let bytes = codec::encode(&commit).unwrap();
-        assert_eq!(bytes[0], FORMAT_VERSION);
         let path = golden_dir().join(format!("{i:02}_{name}.hex"));
-        if bless {
+        if bless && !path.exists() {
+            let bytes = codec::encode(&commit).unwrap();
+            assert_eq!(bytes[0], FORMAT_1, "{name}: a new event starts at layout 1");
             std::fs::write(&path, hex(&bytes) + "\n").unwrap();
-            continue;
         }
-        let pinned = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+        let pinned = unhex(&std::fs::read_to_string(&path).unwrap_or_else(|_| {
             panic!(
                 "missing golden file {}; run with PROVLEDGER_BLESS=1",
                 path.display()
             )
-        });
-        if pinned.trim() != hex(&bytes) {
-            failures.push(name.clone());
+        }));
+        // Given the pinned bytes, when decoded, then they verify and re-encode exactly.
+        let decoded = codec::decode(&pinned, 1).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(decoded.hash_is_valid(), "{name}: hash");
+        assert_eq!(decoded.format(), FORMAT_1, "{name}");
+        assert_eq!(
+            codec::encode(&decoded).unwrap(),
+            pinned,
+            "{name}: re-encoding"
+        );
+        // Given the sample at today's layout, when still at version 1, then it is the pin.
+        if REGISTRY.current_version(tag) == 1 {
+            if codec::encode(&commit).unwrap() != pinned {
+                failures.push(name.clone());
+            }
+            assert_eq!(decoded, commit, "{name} does not round-trip");
         }
-        let decoded = codec::decode(&bytes, 1).unwrap();
-        assert_eq!(decoded, commit, "{name} does not round-trip");
-        assert!(decoded.hash_is_valid());
     }
-    assert!(failures.is_empty(), "encoding changed for: {failures:?}");
+    assert!(
+        failures.is_empty(),
+        "the layout of {failures:?} changed: bump each in catalogue/versions.rs and add an \
+         upcaster for layout 1 (docs/events.md, \"How to change an event\")"
+    );
+}
+
+/// Given one commit per event kind, when encoded in format 2, then the bytes equal the
+/// pinned lines of format2.hex, they decode to the same commit with a valid (format-2) hash,
+/// and they re-encode to themselves. PROVLEDGER_BLESS=1 writes the file only if missing.
+#[test]
+fn golden_format_2_of_one_commit_per_event_kind() {
+    let path = golden_dir().join("format2.hex");
+    let encoded: Vec<Vec<u8>> = samples::all()
+        .into_iter()
+        .enumerate()
+        .map(|(i, event)| codec::encode_as(&sample_commit(i, event), FORMAT_2).unwrap())
+        .collect();
+    if std::env::var("PROVLEDGER_BLESS").is_ok() && !path.exists() {
+        let text: String = encoded.iter().map(|b| hex(b) + "\n").collect();
+        std::fs::write(&path, text).unwrap();
+    }
+    let pinned = std::fs::read_to_string(&path).expect("format2.hex; run with PROVLEDGER_BLESS=1");
+    let pinned: Vec<Vec<u8>> = pinned.lines().map(unhex).collect();
+    assert_eq!(pinned.len(), encoded.len(), "one format-2 line per event");
+    for (i, (bytes, event)) in pinned.iter().zip(samples::all()).enumerate() {
+        let name = event.name();
+        if REGISTRY.current_version(tag_of(&event)) == 1 {
+            assert_eq!(
+                hex(bytes),
+                hex(&encoded[i]),
+                "{name}: format-2 encoding changed"
+            );
+        }
+        let decoded = codec::decode(bytes, 1).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(decoded.format(), FORMAT_2, "{name}");
+        assert!(decoded.hash_is_valid(), "{name}: hash");
+        assert_eq!(
+            &codec::encode(&decoded).unwrap(),
+            bytes,
+            "{name}: re-encoding"
+        );
+        assert_eq!(decoded.events, vec![event], "{name}");
+        // The hash rule holds for format 2 too, under its own domain.
+        let (body, stored) = bytes[1..].split_at(bytes.len() - 1 - 32);
+        let raw = codec::envelope::hash_body("provledger.commit.v2", body);
+        assert_eq!(
+            raw.0.as_slice(),
+            stored,
+            "{name}: format-2 hash over the raw bytes"
+        );
+    }
+}
+
+/// The format-2 payload of the `cluster_deleted` sample, whose event is the single byte of
+/// its tag, and the index of that event's version byte (version, length, tag, then the two
+/// hashes).
+fn format_2_cluster_deleted() -> (Vec<u8>, usize) {
+    let (i, event) = samples::all()
+        .into_iter()
+        .enumerate()
+        .find(|(_, e)| matches!(e, Event::ClusterDeleted {}))
+        .unwrap();
+    let bytes = codec::encode_as(&sample_commit(i, event), FORMAT_2).unwrap();
+    let at = bytes.len() - 64 - 3;
+    assert_eq!(
+        &bytes[at..at + 3],
+        &[1, 1, tag_of(&Event::ClusterDeleted {}) as u8]
+    );
+    (bytes, at)
+}
+
+/// Given a format-2 commit whose event claims a layout this build does not know, when
+/// decoded, then the refusal is typed, names the event, and says a newer build wrote it.
+#[test]
+fn an_event_at_an_unknown_layout_is_refused_by_name() {
+    let (mut bytes, at) = format_2_cluster_deleted();
+    bytes[at] = 2;
+    let err = codec::decode(&bytes, 1).unwrap_err();
+    assert_eq!(
+        err,
+        DecodeError::UnknownEventVersion {
+            index: 0,
+            tag: 7,
+            version: 2,
+            newest: 1
+        }
+    );
+    assert!(err.written_by_newer_build());
+    // Given a layout 0 (no event ever had it), then it is refused but not blamed on a newer
+    // build.
+    bytes[at] = 0;
+    let err = codec::decode(&bytes, 1).unwrap_err();
+    assert!(matches!(
+        err,
+        DecodeError::UnknownEventVersion { version: 0, .. }
+    ));
+    assert!(!err.written_by_newer_build());
+}
+
+/// Given a format-2 event whose length covers more than its fields, when decoded, then it
+/// is malformed (each event must be exactly its bytes, or the stored form would carry
+/// bytes nobody checked).
+#[test]
+fn a_format_2_event_longer_than_its_fields_is_malformed() {
+    let (bytes, at) = format_2_cluster_deleted();
+    let mut longer = bytes[..at].to_vec();
+    longer.extend_from_slice(&[1, 2, bytes[at + 2], 0]);
+    longer.extend_from_slice(&bytes[at + 3..]);
+    assert!(
+        matches!(codec::decode(&longer, 1), Err(DecodeError::Malformed(m)) if m.contains("1 bytes left")),
+    );
+}
+
+/// Given a decoded format-2 commit (kept in its stored form, since a writer would pick
+/// format 1), when its header or its event is edited, then its hash no longer verifies;
+/// and when it is not, then it re-encodes in format 2.
+#[test]
+fn editing_a_commit_kept_in_its_stored_form_breaks_its_hash() {
+    let (bytes, _) = format_2_cluster_deleted();
+    let decoded = codec::decode(&bytes, 1).unwrap();
+    assert!(decoded.hash_is_valid());
+    assert_eq!(decoded.event_versions(), vec![1]);
+    let mut forged = decoded.clone();
+    forged.actor = "mallory".into();
+    assert!(!forged.hash_is_valid(), "an edited header");
+    assert_eq!(codec::encode(&forged).unwrap()[0], FORMAT_2);
+    let mut forged = decoded.clone();
+    forged.events = vec![Event::ClusterDeleteRequested { reason: "x".into() }];
+    assert!(!forged.hash_is_valid(), "an edited event");
+    assert_eq!(
+        forged.format(),
+        FORMAT_1,
+        "an edited event is written as this build would"
+    );
 }
 
 fn unhex(text: &str) -> Vec<u8> {
@@ -79,6 +235,10 @@ fn golden_payloads() -> Vec<(String, Vec<u8>)> {
         .unwrap()
         .map(|entry| entry.unwrap().path())
         .filter(|path| path.extension().is_some_and(|ext| ext == "hex"))
+        .filter(|path| {
+            path.file_name()
+                .is_some_and(|n| n.as_encoded_bytes()[0].is_ascii_digit())
+        })
         .collect();
     files.sort();
     files
@@ -150,10 +310,10 @@ fn every_event_round_trips_through_json() {
 #[test]
 fn decode_refuses_empty_unknown_format_and_trailing_bytes() {
     assert_eq!(codec::decode(&[], 1), Err(DecodeError::Empty));
-    assert_eq!(
-        codec::decode(&[9, 1, 2], 1),
-        Err(DecodeError::UnknownFormat { found: 9 })
-    );
+    let unknown = codec::decode(&[9, 1, 2], 1);
+    assert_eq!(unknown, Err(DecodeError::UnknownFormat { found: 9 }));
+    assert!(unknown.unwrap_err().written_by_newer_build());
+    assert!(!DecodeError::UnknownFormat { found: 0 }.written_by_newer_build());
     let mut bytes = codec::encode(&sample_commit(0, samples::all().remove(0))).unwrap();
     bytes.push(0);
     assert_eq!(
@@ -175,17 +335,20 @@ fn the_aggregate_alone_decodes_as_the_whole_commit_does() {
         Err(DecodeError::UnknownFormat { found: 9 })
     );
     assert!(matches!(
-        codec::decode_aggregate(&[FORMAT_VERSION, 1, 2]),
+        codec::decode_aggregate(&[FORMAT_1, 1, 2]),
         Err(DecodeError::Malformed(_))
     ));
 }
 
+/// One valid payload per event in each format.
 fn valid_encodings() -> Vec<Vec<u8>> {
-    samples::all()
-        .into_iter()
-        .enumerate()
-        .map(|(i, e)| codec::encode(&sample_commit(i, e)).unwrap())
-        .collect()
+    let mut all = Vec::new();
+    for format in [FORMAT_1, FORMAT_2] {
+        for (i, e) in samples::all().into_iter().enumerate() {
+            all.push(codec::encode_as(&sample_commit(i, e), format).unwrap());
+        }
+    }
+    all
 }
 
 proptest! {
@@ -194,15 +357,17 @@ proptest! {
     #[test]
     fn decoding_random_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
         let _ = codec::decode(&bytes, 7);
-        let mut with_version = vec![FORMAT_VERSION];
-        with_version.extend_from_slice(&bytes);
-        let _ = codec::decode(&with_version, 7);
-        let _ = codec::decode_aggregate(&with_version);
+        for format in [FORMAT_1, FORMAT_2] {
+            let mut with_version = vec![format];
+            with_version.extend_from_slice(&bytes);
+            let _ = codec::decode(&with_version, 7);
+            let _ = codec::decode_aggregate(&with_version);
+        }
     }
 
     #[test]
     fn decoding_mutated_commits_never_panics(
-        which in 0usize..44,
+        which in 0usize..106,
         flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
         cut in any::<prop::sample::Index>(),
         truncate in any::<bool>(),
