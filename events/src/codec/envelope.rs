@@ -298,6 +298,10 @@ impl<E: Versioned> Envelope<E> {
     pub fn format(&self) -> u8 {
         self.as_ref().format()
     }
+
+    pub fn event_versions(&self) -> Vec<u16> {
+        self.as_ref().event_versions()
+    }
 }
 
 fn domain_of(form: &Form<'_>) -> &'static str {
