@@ -43,17 +43,18 @@ fn tag_of(event: &Event) -> u32 {
 }
 
 /// Given one pinned format-1 commit per event kind, when decoded, then its hash is valid and
-/// it re-encodes to the pinned bytes (what copies and the audit rely on), forever. And while
-/// that event is still at layout 1, encoding the sample gives the pinned bytes: a changed
-/// layout without a version bump fails here. Set PROVLEDGER_BLESS=1 to write missing files
-/// (never to rewrite one: format 1 is frozen).
+/// it re-encodes to the pinned bytes (what copies and the audit rely on), forever. And the
+/// sample at today's layout encodes to the pin of its current version: `NN_name.hex`, in
+/// format 1, while the event is at version 1; `NN_name.vK.hex`, in format 2, once it is at
+/// version K. A changed layout without a version bump fails here, naming the event. Set
+/// PROVLEDGER_BLESS=1 to write missing files; an existing file is never rewritten.
 #[test]
 fn golden_encoding_of_one_commit_per_event_kind() {
     let bless = std::env::var("PROVLEDGER_BLESS").is_ok();
     let mut failures = Vec::new();
     for (i, event) in samples::all().into_iter().enumerate() {
         let name = event.name();
-        let tag = tag_of(&event);
+        let version = REGISTRY.current_version(tag_of(&event));
         let commit = sample_commit(i, event);
         let path = golden_dir().join(format!("{i:02}_{name}.hex"));
         if bless && !path.exists() {
@@ -61,13 +62,9 @@ fn golden_encoding_of_one_commit_per_event_kind() {
             assert_eq!(bytes[0], FORMAT_1, "{name}: a new event starts at layout 1");
             std::fs::write(&path, hex(&bytes) + "\n").unwrap();
         }
-        let pinned = unhex(&std::fs::read_to_string(&path).unwrap_or_else(|_| {
-            panic!(
-                "missing golden file {}; run with PROVLEDGER_BLESS=1",
-                path.display()
-            )
-        }));
-        // Given the pinned bytes, when decoded, then they verify and re-encode exactly.
+        let pinned = read_pin(&path);
+        // Given the pinned layout-1 bytes, when decoded, then they verify and re-encode
+        // exactly, whatever the event's version is today.
         let decoded = codec::decode(&pinned, 1).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(decoded.hash_is_valid(), "{name}: hash");
         assert_eq!(decoded.format(), FORMAT_1, "{name}");
@@ -76,24 +73,47 @@ fn golden_encoding_of_one_commit_per_event_kind() {
             pinned,
             "{name}: re-encoding"
         );
-        // Given the sample at today's layout, when still at version 1, then it is the pin.
-        if REGISTRY.current_version(tag) == 1 {
-            if codec::encode(&commit).unwrap() != pinned {
-                failures.push(name.clone());
+        // Given the sample at today's layout, then it encodes to the pin of its version.
+        let current = if version == 1 {
+            pinned
+        } else {
+            let path = golden_dir().join(format!("{i:02}_{name}.v{version}.hex"));
+            if bless && !path.exists() {
+                std::fs::write(&path, hex(&codec::encode(&commit).unwrap()) + "\n").unwrap();
             }
-            assert_eq!(decoded, commit, "{name} does not round-trip");
+            read_pin(&path)
+        };
+        if codec::encode(&commit).unwrap() != current {
+            failures.push(format!("{name} (at version {version})"));
+            continue;
         }
+        let decoded = codec::decode(&current, 1).unwrap();
+        assert_eq!(decoded, commit, "{name} does not round-trip");
+        assert_eq!(decoded.event_versions(), vec![version], "{name}");
+        assert!(decoded.hash_is_valid(), "{name}: hash of today's layout");
     }
     assert!(
         failures.is_empty(),
-        "the layout of {failures:?} changed: bump each in catalogue/versions.rs and add an \
-         upcaster for layout 1 (docs/events.md, \"How to change an event\")"
+        "the layout of {failures:?} changed: give each the next version in \
+         catalogue/versions.rs with an upcaster for the old layout (docs/events.md, \
+         \"How to change an event\")"
     );
 }
 
+fn read_pin(path: &std::path::Path) -> Vec<u8> {
+    unhex(&std::fs::read_to_string(path).unwrap_or_else(|_| {
+        panic!(
+            "missing golden file {}; run with PROVLEDGER_BLESS=1",
+            path.display()
+        )
+    }))
+}
+
 /// Given one commit per event kind, when encoded in format 2, then the bytes equal the
-/// pinned lines of format2.hex, they decode to the same commit with a valid (format-2) hash,
-/// and they re-encode to themselves. PROVLEDGER_BLESS=1 writes the file only if missing.
+/// pinned lines of format2.hex, they decode with a valid (format-2) hash and re-encode to
+/// themselves. While an event is at version 1, its line is also today's encoding and
+/// decodes to its sample. PROVLEDGER_BLESS=1 appends the lines of new events; a written
+/// line is never rewritten.
 #[test]
 fn golden_format_2_of_one_commit_per_event_kind() {
     let path = golden_dir().join("format2.hex");
@@ -102,16 +122,19 @@ fn golden_format_2_of_one_commit_per_event_kind() {
         .enumerate()
         .map(|(i, event)| codec::encode_as(&sample_commit(i, event), FORMAT_2).unwrap())
         .collect();
-    if std::env::var("PROVLEDGER_BLESS").is_ok() && !path.exists() {
-        let text: String = encoded.iter().map(|b| hex(b) + "\n").collect();
-        std::fs::write(&path, text).unwrap();
+    let written = std::fs::read_to_string(&path).unwrap_or_default();
+    if std::env::var("PROVLEDGER_BLESS").is_ok() && written.lines().count() < encoded.len() {
+        let new = encoded[written.lines().count()..].iter();
+        let text: String = new.map(|b| hex(b) + "\n").collect();
+        std::fs::write(&path, written + &text).unwrap();
     }
-    let pinned = std::fs::read_to_string(&path).expect("format2.hex; run with PROVLEDGER_BLESS=1");
+    let pinned = std::fs::read_to_string(&path).expect("format2.hex: PROVLEDGER_BLESS=1");
     let pinned: Vec<Vec<u8>> = pinned.lines().map(unhex).collect();
     assert_eq!(pinned.len(), encoded.len(), "one format-2 line per event");
     for (i, (bytes, event)) in pinned.iter().zip(samples::all()).enumerate() {
         let name = event.name();
-        if REGISTRY.current_version(tag_of(&event)) == 1 {
+        let unchanged = REGISTRY.current_version(tag_of(&event)) == 1;
+        if unchanged {
             assert_eq!(
                 hex(bytes),
                 hex(&encoded[i]),
@@ -126,7 +149,9 @@ fn golden_format_2_of_one_commit_per_event_kind() {
             bytes,
             "{name}: re-encoding"
         );
-        assert_eq!(decoded.events, vec![event], "{name}");
+        if unchanged {
+            assert_eq!(decoded.events, vec![event], "{name}");
+        }
         // The hash rule holds for format 2 too, under its own domain.
         let (body, stored) = bytes[1..].split_at(bytes.len() - 1 - 32);
         let raw = codec::envelope::hash_body("provledger.commit.v2", body);
@@ -138,36 +163,37 @@ fn golden_format_2_of_one_commit_per_event_kind() {
     }
 }
 
-/// The format-2 payload of the `cluster_deleted` sample, whose event is the single byte of
-/// its tag, and the index of that event's version byte (version, length, tag, then the two
-/// hashes).
-fn format_2_cluster_deleted() -> (Vec<u8>, usize) {
+/// The format-2 payload of the first sample whose event is the single byte of its tag (a
+/// fieldless event such as `cluster_deleted`) and still at layout 1, the index of that
+/// event's version byte (version, length, tag, then the two hashes), and its tag.
+fn format_2_of_a_fieldless_event() -> (Vec<u8>, usize, u32) {
     let (i, event) = samples::all()
         .into_iter()
         .enumerate()
-        .find(|(_, e)| matches!(e, Event::ClusterDeleted {}))
-        .unwrap();
+        .find(|(_, e)| {
+            let bytes = bincode::serde::encode_to_vec(e, bincode::config::standard()).unwrap();
+            bytes.len() == 1 && REGISTRY.current_version(tag_of(e)) == 1
+        })
+        .expect("a fieldless event at layout 1");
+    let tag = tag_of(&event);
     let bytes = codec::encode_as(&sample_commit(i, event), FORMAT_2).unwrap();
     let at = bytes.len() - 64 - 3;
-    assert_eq!(
-        &bytes[at..at + 3],
-        &[1, 1, tag_of(&Event::ClusterDeleted {}) as u8]
-    );
-    (bytes, at)
+    assert_eq!(&bytes[at..at + 3], &[1, 1, tag as u8]);
+    (bytes, at, tag)
 }
 
 /// Given a format-2 commit whose event claims a layout this build does not know, when
 /// decoded, then the refusal is typed, names the event, and says a newer build wrote it.
 #[test]
 fn an_event_at_an_unknown_layout_is_refused_by_name() {
-    let (mut bytes, at) = format_2_cluster_deleted();
+    let (mut bytes, at, tag) = format_2_of_a_fieldless_event();
     bytes[at] = 2;
     let err = codec::decode(&bytes, 1).unwrap_err();
     assert_eq!(
         err,
         DecodeError::UnknownEventVersion {
             index: 0,
-            tag: 7,
+            tag,
             version: 2,
             newest: 1
         }
@@ -189,12 +215,12 @@ fn an_event_at_an_unknown_layout_is_refused_by_name() {
 /// bytes nobody checked).
 #[test]
 fn a_format_2_event_longer_than_its_fields_is_malformed() {
-    let (bytes, at) = format_2_cluster_deleted();
+    let (bytes, at, _) = format_2_of_a_fieldless_event();
     let mut longer = bytes[..at].to_vec();
     longer.extend_from_slice(&[1, 2, bytes[at + 2], 0]);
     longer.extend_from_slice(&bytes[at + 3..]);
     assert!(
-        matches!(codec::decode(&longer, 1), Err(DecodeError::Malformed(m)) if m.contains("1 bytes left")),
+        matches!(codec::decode(&longer, 1), Err(DecodeError::Malformed(m)) if m.contains("1 bytes")),
     );
 }
 
@@ -203,7 +229,7 @@ fn a_format_2_event_longer_than_its_fields_is_malformed() {
 /// and when it is not, then it re-encodes in format 2.
 #[test]
 fn editing_a_commit_kept_in_its_stored_form_breaks_its_hash() {
-    let (bytes, _) = format_2_cluster_deleted();
+    let (bytes, _, _) = format_2_of_a_fieldless_event();
     let decoded = codec::decode(&bytes, 1).unwrap();
     assert!(decoded.hash_is_valid());
     assert_eq!(decoded.event_versions(), vec![1]);
@@ -235,9 +261,10 @@ fn golden_payloads() -> Vec<(String, Vec<u8>)> {
         .unwrap()
         .map(|entry| entry.unwrap().path())
         .filter(|path| path.extension().is_some_and(|ext| ext == "hex"))
+        // The format-1 pins only: `NN_name.hex`, not `format2.hex` nor the `.vK.hex` pins.
         .filter(|path| {
-            path.file_name()
-                .is_some_and(|n| n.as_encoded_bytes()[0].is_ascii_digit())
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            name.is_some_and(|n| n.as_bytes()[0].is_ascii_digit() && !n.contains(".v"))
         })
         .collect();
     files.sort();
@@ -340,13 +367,14 @@ fn the_aggregate_alone_decodes_as_the_whole_commit_does() {
     ));
 }
 
-/// One valid payload per event in each format.
+/// One valid payload per event in each format: as a writer writes it (format 1 while the
+/// event is at version 1), and in format 2.
 fn valid_encodings() -> Vec<Vec<u8>> {
     let mut all = Vec::new();
-    for format in [FORMAT_1, FORMAT_2] {
-        for (i, e) in samples::all().into_iter().enumerate() {
-            all.push(codec::encode_as(&sample_commit(i, e), format).unwrap());
-        }
+    for (i, e) in samples::all().into_iter().enumerate() {
+        let commit = sample_commit(i, e);
+        all.push(codec::encode(&commit).unwrap());
+        all.push(codec::encode_as(&commit, FORMAT_2).unwrap());
     }
     all
 }
