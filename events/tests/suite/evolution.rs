@@ -300,3 +300,54 @@ fn every_old_layout_has_an_upcaster() {
         ]
     );
 }
+
+/// Given the procedure in docs/events.md ("How to change an event"), then every file it
+/// names exists and every test it names is a test of this crate: the procedure cannot drift
+/// from the code silently.
+#[test]
+fn the_procedure_in_docs_names_what_exists() {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let doc = std::fs::read_to_string(root.join("docs/events.md")).unwrap();
+    let section = doc
+        .split_once("## How to change an event")
+        .expect("docs/events.md has the section")
+        .1;
+    let suite = ["codec.rs", "evolution.rs"]
+        .map(|f| std::fs::read_to_string(root.join("events/tests/suite").join(f)).unwrap())
+        .join("\n");
+    for path in [
+        "events/src/catalogue/versions.rs",
+        "events/src/catalogue/samples.rs",
+        "events/src/codec/envelope.rs",
+        "events/tests/suite/evolution.rs",
+        "events/tests/golden/format2.hex",
+    ] {
+        let short = path.rsplit_once('/').map_or(path, |(_, file)| file);
+        assert!(section.contains(short), "the section names {short}");
+        assert!(root.join(path).exists(), "{path} exists");
+    }
+    let tests = [
+        "golden_encoding_of_one_commit_per_event_kind",
+        "golden_format_2_of_one_commit_per_event_kind",
+        "every_old_layout_has_an_upcaster",
+        "the_hash_covers_the_payload_between_format_byte_and_hash",
+    ];
+    for test in tests {
+        assert!(
+            section.contains(&format!("`{test}`")),
+            "the section names {test}"
+        );
+        assert!(suite.contains(&format!("fn {test}()")), "{test} is a test");
+    }
+    // Every test the section names in backticks is one of those.
+    let named: Vec<&str> = section
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|word| {
+            word.contains('_') && word.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+        })
+        .filter(|word| suite.contains(&format!("fn {word}()")))
+        .collect();
+    assert!(named.iter().all(|word| tests.contains(word)), "{named:?}");
+}
