@@ -5,6 +5,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::catalogue::Event;
+use crate::codec::envelope::{Envelope, EnvelopeRef};
+use crate::codec::stored::Stored;
 use crate::ids::{AggregateId, Hash, Timestamp};
 
 /// Upper bound on events in one commit; keeps a commit well below NATS' max payload.
@@ -136,21 +138,12 @@ pub struct Commit {
     pub events: Vec<Event>,
     pub prev_hash: Hash,
     pub hash: Hash,
-}
-
-/// The fields the hash covers, in a fixed order.
-#[derive(Serialize)]
-struct HashedFields<'a> {
-    domain: &'static str,
-    commit_id: &'a Uuid,
-    aggregate: &'a AggregateId,
-    version: u64,
-    operation_id: &'a Option<Uuid>,
-    causation_id: &'a Option<Uuid>,
-    actor: &'a str,
-    recorded_at: Timestamp,
-    events: &'a [Event],
-    prev_hash: &'a Hash,
+    /// How the commit was stored, kept only when re-encoding its fields would not give those
+    /// bytes back (an upcast event, a format other than the minimal one), so its hash and any
+    /// copy use what was written. Not part of what the commit is: equality ignores it and
+    /// JSON leaves it out.
+    #[serde(skip)]
+    pub(crate) stored: Stored,
 }
 
 impl Commit {
@@ -169,15 +162,50 @@ impl Commit {
             events: draft.events,
             prev_hash,
             hash: Hash::ZERO,
+            stored: Stored::default(),
         };
         commit.hash = commit.compute_hash();
         commit
     }
 
-    /// BLAKE3 over the canonical bincode encoding of every field but `position` and `hash`.
+    /// BLAKE3 over every field but `position` and `hash`, as written: see
+    /// `codec::envelope` for the exact input.
     pub fn compute_hash(&self) -> Hash {
-        let fields = HashedFields {
-            domain: "provledger.commit.v1",
+        crate::codec::hash(self)
+    }
+
+    /// The format byte this commit is written in: 1 unless an event is at a layout version
+    /// above 1 (or it was decoded from format 2).
+    pub fn format(&self) -> u8 {
+        self.envelope().format()
+    }
+
+    /// Each event's layout version as written (see `catalogue/versions.rs`).
+    pub fn event_versions(&self) -> Vec<u16> {
+        self.envelope().event_versions()
+    }
+
+    /// A decoded envelope stored at `position`, moved into a commit.
+    pub(crate) fn from_envelope(envelope: Envelope<Event>, position: u64) -> Self {
+        Commit {
+            commit_id: envelope.commit_id,
+            aggregate: envelope.aggregate,
+            version: envelope.version,
+            position,
+            operation_id: envelope.operation_id,
+            causation_id: envelope.causation_id,
+            actor: envelope.actor,
+            recorded_at: envelope.recorded_at,
+            events: envelope.events,
+            prev_hash: envelope.prev_hash,
+            hash: envelope.hash,
+            stored: envelope.stored,
+        }
+    }
+
+    /// This commit's written fields, borrowed: what the codec encodes and hashes.
+    pub(crate) fn envelope(&self) -> EnvelopeRef<'_, Event> {
+        EnvelopeRef {
             commit_id: &self.commit_id,
             aggregate: &self.aggregate,
             version: self.version,
@@ -187,22 +215,8 @@ impl Commit {
             recorded_at: self.recorded_at,
             events: &self.events,
             prev_hash: &self.prev_hash,
-        };
-        let mut hasher = blake3::Hasher::new();
-        // Encoding these fields cannot fail: every one is a plain serde value with no custom
-        // error path and no size limit is configured. If it ever did, every commit would
-        // hash the same empty input, and a chain would no longer tell one commit from
-        // another: stop rather than seal that.
-        let bytes = bincode::serde::encode_to_vec(&fields, bincode::config::standard())
-            .expect("the hash input (plain serde fields) encodes");
-        assert!(
-            !bytes.is_empty(),
-            "the hash input of v{} of {} encoded to nothing",
-            self.version,
-            self.aggregate
-        );
-        hasher.update(&bytes);
-        Hash(*hasher.finalize().as_bytes())
+            stored: &self.stored,
+        }
     }
 
     pub fn hash_is_valid(&self) -> bool {
@@ -419,6 +433,21 @@ mod tests {
         assert!(v
             .iter()
             .any(|x| matches!(x, ChainViolation::BrokenLink { version: 3, .. })));
+    }
+
+    /// Given a commit, when described as JSON or JSON Schema, then its hidden stored form is
+    /// in neither: the JSON form and the published schemas stay as they were.
+    #[test]
+    fn the_stored_form_is_not_part_of_the_json_or_the_schema() {
+        let commit = chain(AggregateId::cluster(Uuid::from_bytes([9; 16])), 1).remove(0);
+        let json = serde_json::to_string(&commit).unwrap();
+        let schema = serde_json::to_value(schemars::schema_for!(Commit)).unwrap();
+        assert!(!json.contains("stored"), "{json}");
+        assert!(schema["properties"].get("position").is_some(), "{schema}");
+        assert!(schema["properties"].get("stored").is_none(), "{schema}");
+        let back: Commit = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, commit);
+        assert!(back.hash_is_valid());
     }
 
     #[test]

@@ -18,7 +18,11 @@
 //! - `loss.rs`: tells a lost commit from a forged one (an intact commit past the chain's
 //!   next version), the one write an aggregate with an open loss accepts (its
 //!   `loss_acknowledged`), and `HeldChains`, what a reader in log order keeps past a loss.
-//! - `codec.rs`: the only place that turns commits into bytes (format byte + bincode 2).
+//! - `codec/`: the only place that turns commits into bytes (format byte + bincode 2):
+//!   `envelope.rs`, the body that both the encoder and the hash read, for formats 1 and 2;
+//!   `stored.rs`, events as stored (layout version and bytes) and how they are read.
+//! - `catalogue/versions.rs`: each event's layout version and the upcasters of its old
+//!   layouts (docs/events.md, "How to change an event").
 //! - `log/`: the `EventLog` trait (storage only: the write path's turns and known states
 //!   live in the client's `Writer`); `sled_log.rs`, `jetstream_log.rs` and `mem_log.rs` (in
 //!   memory, with seeded fault injection, for the simulation; it passes the same

@@ -1,8 +1,9 @@
 //! The event catalogue: every fact provledger records, for the four aggregate kinds.
 //!
 //! This enum is a wire contract. The bincode encoding uses the variant's index, so variants
-//! are only ever appended at the end, and a changed field layout needs a new codec format
-//! version. The golden tests in `codec` fail on any accidental change. The JSON form is
+//! are only ever appended at the end, and a changed field layout takes a new version of that
+//! event in `versions.rs`, with an upcaster for the old layout (docs/events.md, "How to
+//! change an event"). The golden tests in `codec` fail on any accidental change. The JSON form is
 //! serde's external tagging with snake_case names: `{"cluster_create_requested": {...}}`.
 //! Every event is documented in `docs/events.md`.
 
@@ -14,6 +15,7 @@ pub mod operation;
 pub mod provider;
 #[doc(hidden)]
 pub mod samples;
+pub mod versions;
 
 use std::collections::BTreeMap;
 

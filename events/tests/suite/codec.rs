@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use proptest::prelude::*;
 use provledger_events::catalogue::samples;
-use provledger_events::codec::{self, DecodeError, FORMAT_VERSION};
+use provledger_events::catalogue::versions::REGISTRY;
+use provledger_events::codec::{self, DecodeError, FORMAT_1, FORMAT_2};
 use provledger_events::{Commit, CommitDraft, Event, Hash, Timestamp};
 use uuid::Uuid;
 
@@ -32,37 +33,276 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Given one commit per event kind, when encoded, then the bytes equal the pinned golden
-/// files. Set PROVLEDGER_BLESS=1 to rewrite them after an intended format change (and bump
-/// FORMAT_VERSION).
+/// The tag (bincode variant index) of an event.
+fn tag_of(event: &Event) -> u32 {
+    let cfg = bincode::config::standard();
+    let bytes = bincode::serde::encode_to_vec(event, cfg).unwrap();
+    bincode::serde::decode_from_slice::<u32, _>(&bytes, cfg)
+        .unwrap()
+        .0
+}
+
+/// Given one pinned format-1 commit per event kind, when decoded, then its hash is valid and
+/// it re-encodes to the pinned bytes (what copies and the audit rely on), forever. And the
+/// sample at today's layout encodes to the pin of its current version: `NN_name.hex`, in
+/// format 1, while the event is at version 1; `NN_name.vK.hex`, in format 2, once it is at
+/// version K. A changed layout without a version bump fails here, naming the event. Set
+/// PROVLEDGER_BLESS=1 to write missing files; an existing file is never rewritten.
 #[test]
 fn golden_encoding_of_one_commit_per_event_kind() {
     let bless = std::env::var("PROVLEDGER_BLESS").is_ok();
     let mut failures = Vec::new();
     for (i, event) in samples::all().into_iter().enumerate() {
         let name = event.name();
+        let version = REGISTRY.current_version(tag_of(&event));
         let commit = sample_commit(i, event);
-        let bytes = codec::encode(&commit).unwrap();
-        assert_eq!(bytes[0], FORMAT_VERSION);
         let path = golden_dir().join(format!("{i:02}_{name}.hex"));
-        if bless {
+        if bless && !path.exists() {
+            let bytes = codec::encode(&commit).unwrap();
+            assert_eq!(bytes[0], FORMAT_1, "{name}: a new event starts at layout 1");
             std::fs::write(&path, hex(&bytes) + "\n").unwrap();
+        }
+        let pinned = read_pin(&path);
+        // Given the pinned layout-1 bytes, when decoded, then they verify and re-encode
+        // exactly, whatever the event's version is today.
+        let decoded = codec::decode(&pinned, 1).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(decoded.hash_is_valid(), "{name}: hash");
+        assert_eq!(decoded.format(), FORMAT_1, "{name}");
+        assert_eq!(
+            codec::encode(&decoded).unwrap(),
+            pinned,
+            "{name}: re-encoding"
+        );
+        // Given the sample at today's layout, then it encodes to the pin of its version.
+        let current = if version == 1 {
+            pinned
+        } else {
+            let path = golden_dir().join(format!("{i:02}_{name}.v{version}.hex"));
+            if bless && !path.exists() {
+                std::fs::write(&path, hex(&codec::encode(&commit).unwrap()) + "\n").unwrap();
+            }
+            read_pin(&path)
+        };
+        if codec::encode(&commit).unwrap() != current {
+            failures.push(format!("{name} (at version {version})"));
             continue;
         }
-        let pinned = std::fs::read_to_string(&path).unwrap_or_else(|_| {
-            panic!(
-                "missing golden file {}; run with PROVLEDGER_BLESS=1",
-                path.display()
-            )
-        });
-        if pinned.trim() != hex(&bytes) {
-            failures.push(name.clone());
-        }
-        let decoded = codec::decode(&bytes, 1).unwrap();
+        let decoded = codec::decode(&current, 1).unwrap();
         assert_eq!(decoded, commit, "{name} does not round-trip");
-        assert!(decoded.hash_is_valid());
+        assert_eq!(decoded.event_versions(), vec![version], "{name}");
+        assert!(decoded.hash_is_valid(), "{name}: hash of today's layout");
     }
-    assert!(failures.is_empty(), "encoding changed for: {failures:?}");
+    assert!(
+        failures.is_empty(),
+        "the layout of {failures:?} changed: give each the next version in \
+         catalogue/versions.rs with an upcaster for the old layout (docs/events.md, \
+         \"How to change an event\")"
+    );
+}
+
+fn read_pin(path: &std::path::Path) -> Vec<u8> {
+    unhex(&std::fs::read_to_string(path).unwrap_or_else(|_| {
+        panic!(
+            "missing golden file {}; run with PROVLEDGER_BLESS=1",
+            path.display()
+        )
+    }))
+}
+
+/// Given one commit per event kind, when encoded in format 2, then the bytes equal the
+/// pinned lines of format2.hex, they decode with a valid (format-2) hash and re-encode to
+/// themselves. While an event is at version 1, its line is also today's encoding and
+/// decodes to its sample. PROVLEDGER_BLESS=1 appends the lines of new events; a written
+/// line is never rewritten.
+#[test]
+fn golden_format_2_of_one_commit_per_event_kind() {
+    let path = golden_dir().join("format2.hex");
+    let encoded: Vec<Vec<u8>> = samples::all()
+        .into_iter()
+        .enumerate()
+        .map(|(i, event)| codec::encode_as(&sample_commit(i, event), FORMAT_2).unwrap())
+        .collect();
+    let written = std::fs::read_to_string(&path).unwrap_or_default();
+    if std::env::var("PROVLEDGER_BLESS").is_ok() && written.lines().count() < encoded.len() {
+        let new = encoded[written.lines().count()..].iter();
+        let text: String = new.map(|b| hex(b) + "\n").collect();
+        std::fs::write(&path, written + &text).unwrap();
+    }
+    let pinned = std::fs::read_to_string(&path).expect("format2.hex: PROVLEDGER_BLESS=1");
+    let pinned: Vec<Vec<u8>> = pinned.lines().map(unhex).collect();
+    assert_eq!(pinned.len(), encoded.len(), "one format-2 line per event");
+    for (i, (bytes, event)) in pinned.iter().zip(samples::all()).enumerate() {
+        let name = event.name();
+        let unchanged = REGISTRY.current_version(tag_of(&event)) == 1;
+        if unchanged {
+            assert_eq!(
+                hex(bytes),
+                hex(&encoded[i]),
+                "{name}: format-2 encoding changed"
+            );
+        }
+        let decoded = codec::decode(bytes, 1).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(decoded.format(), FORMAT_2, "{name}");
+        assert!(decoded.hash_is_valid(), "{name}: hash");
+        assert_eq!(
+            &codec::encode(&decoded).unwrap(),
+            bytes,
+            "{name}: re-encoding"
+        );
+        if unchanged {
+            assert_eq!(decoded.events, vec![event], "{name}");
+        }
+        // The hash rule holds for format 2 too, under its own domain.
+        let (body, stored) = bytes[1..].split_at(bytes.len() - 1 - 32);
+        let raw = codec::envelope::hash_body("provledger.commit.v2", body);
+        assert_eq!(
+            raw.0.as_slice(),
+            stored,
+            "{name}: format-2 hash over the raw bytes"
+        );
+    }
+}
+
+/// The format-2 payload of the first sample whose event is the single byte of its tag (a
+/// fieldless event such as `cluster_deleted`) and still at layout 1, the index of that
+/// event's version byte (version, length, tag, then the two hashes), and its tag.
+fn format_2_of_a_fieldless_event() -> (Vec<u8>, usize, u32) {
+    let (i, event) = samples::all()
+        .into_iter()
+        .enumerate()
+        .find(|(_, e)| {
+            let bytes = bincode::serde::encode_to_vec(e, bincode::config::standard()).unwrap();
+            bytes.len() == 1 && REGISTRY.current_version(tag_of(e)) == 1
+        })
+        .expect("a fieldless event at layout 1");
+    let tag = tag_of(&event);
+    let bytes = codec::encode_as(&sample_commit(i, event), FORMAT_2).unwrap();
+    let at = bytes.len() - 64 - 3;
+    assert_eq!(&bytes[at..at + 3], &[1, 1, tag as u8]);
+    (bytes, at, tag)
+}
+
+/// Given a format-2 commit whose event claims a layout this build does not know, when
+/// decoded, then the refusal is typed, names the event, and says a newer build wrote it.
+#[test]
+fn an_event_at_an_unknown_layout_is_refused_by_name() {
+    let (mut bytes, at, tag) = format_2_of_a_fieldless_event();
+    bytes[at] = 2;
+    let err = codec::decode(&bytes, 1).unwrap_err();
+    assert_eq!(
+        err,
+        DecodeError::UnknownEventVersion {
+            index: 0,
+            tag,
+            version: 2,
+            newest: 1
+        }
+    );
+    assert!(err.written_by_newer_build());
+    // Given a layout 0 (no event ever had it), then it is refused but not blamed on a newer
+    // build.
+    bytes[at] = 0;
+    let err = codec::decode(&bytes, 1).unwrap_err();
+    assert!(matches!(
+        err,
+        DecodeError::UnknownEventVersion { version: 0, .. }
+    ));
+    assert!(!err.written_by_newer_build());
+}
+
+/// Given a format-2 event whose length covers more than its fields, when decoded, then it
+/// is malformed (each event must be exactly its bytes, or the stored form would carry
+/// bytes nobody checked).
+#[test]
+fn a_format_2_event_longer_than_its_fields_is_malformed() {
+    let (bytes, at, _) = format_2_of_a_fieldless_event();
+    let mut longer = bytes[..at].to_vec();
+    longer.extend_from_slice(&[1, 2, bytes[at + 2], 0]);
+    longer.extend_from_slice(&bytes[at + 3..]);
+    assert!(
+        matches!(codec::decode(&longer, 1), Err(DecodeError::Malformed(m)) if m.contains("1 bytes")),
+    );
+}
+
+/// Given a decoded format-2 commit (kept in its stored form, since a writer would pick
+/// format 1), when its header or its event is edited, then its hash no longer verifies;
+/// and when it is not, then it re-encodes in format 2.
+#[test]
+fn editing_a_commit_kept_in_its_stored_form_breaks_its_hash() {
+    let (bytes, _, _) = format_2_of_a_fieldless_event();
+    let decoded = codec::decode(&bytes, 1).unwrap();
+    assert!(decoded.hash_is_valid());
+    assert_eq!(decoded.event_versions(), vec![1]);
+    let mut forged = decoded.clone();
+    forged.actor = "mallory".into();
+    assert!(!forged.hash_is_valid(), "an edited header");
+    assert_eq!(codec::encode(&forged).unwrap()[0], FORMAT_2);
+    let mut forged = decoded.clone();
+    forged.events = vec![Event::ClusterDeleteRequested { reason: "x".into() }];
+    assert!(!forged.hash_is_valid(), "an edited event");
+    assert_eq!(
+        forged.format(),
+        FORMAT_1,
+        "an edited event is written as this build would"
+    );
+}
+
+fn unhex(text: &str) -> Vec<u8> {
+    let text = text.trim();
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("golden files hold hex"))
+        .collect()
+}
+
+/// Every pinned golden payload, by file name, sorted.
+fn golden_payloads() -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(golden_dir())
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "hex"))
+        // The format-1 pins only: `NN_name.hex`, not `format2.hex` nor the `.vK.hex` pins.
+        .filter(|path| {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            name.is_some_and(|n| n.as_bytes()[0].is_ascii_digit() && !n.contains(".v"))
+        })
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|path| {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            (name, unhex(&std::fs::read_to_string(&path).unwrap()))
+        })
+        .collect()
+}
+
+/// Given the pinned golden payloads, when hashed from their raw bytes alone, then the hash
+/// is BLAKE3(bincode("provledger.commit.v1") ‖ payload[1 .. len-32]) and equals both the
+/// trailing 32 bytes and the decoded commit's hash: what a reader may check without
+/// decoding an event.
+#[test]
+fn the_hash_covers_the_payload_between_format_byte_and_hash() {
+    let payloads = golden_payloads();
+    assert_eq!(
+        payloads.len(),
+        samples::all().len(),
+        "one golden file per event"
+    );
+    for (name, bytes) in payloads {
+        let (body, stored) = bytes[1..].split_at(bytes.len() - 1 - 32);
+        let mut input = vec![20u8]; // the varint length of the domain string
+        input.extend_from_slice(b"provledger.commit.v1");
+        input.extend_from_slice(body);
+        let raw = Hash(*blake3::hash(&input).as_bytes());
+        assert_eq!(raw.0.as_slice(), stored, "{name}: hash over the raw bytes");
+        assert_eq!(
+            codec::envelope::hash_body("provledger.commit.v1", body),
+            raw,
+            "{name}: the codec's hash of a body"
+        );
+        assert_eq!(codec::decode(&bytes, 1).unwrap().hash, raw, "{name}");
+    }
 }
 
 /// The sample list covers every variant: bincode writes the variant index first, so the
@@ -97,10 +337,10 @@ fn every_event_round_trips_through_json() {
 #[test]
 fn decode_refuses_empty_unknown_format_and_trailing_bytes() {
     assert_eq!(codec::decode(&[], 1), Err(DecodeError::Empty));
-    assert_eq!(
-        codec::decode(&[9, 1, 2], 1),
-        Err(DecodeError::UnknownFormat { found: 9 })
-    );
+    let unknown = codec::decode(&[9, 1, 2], 1);
+    assert_eq!(unknown, Err(DecodeError::UnknownFormat { found: 9 }));
+    assert!(unknown.unwrap_err().written_by_newer_build());
+    assert!(!DecodeError::UnknownFormat { found: 0 }.written_by_newer_build());
     let mut bytes = codec::encode(&sample_commit(0, samples::all().remove(0))).unwrap();
     bytes.push(0);
     assert_eq!(
@@ -122,17 +362,21 @@ fn the_aggregate_alone_decodes_as_the_whole_commit_does() {
         Err(DecodeError::UnknownFormat { found: 9 })
     );
     assert!(matches!(
-        codec::decode_aggregate(&[FORMAT_VERSION, 1, 2]),
+        codec::decode_aggregate(&[FORMAT_1, 1, 2]),
         Err(DecodeError::Malformed(_))
     ));
 }
 
+/// One valid payload per event in each format: as a writer writes it (format 1 while the
+/// event is at version 1), and in format 2.
 fn valid_encodings() -> Vec<Vec<u8>> {
-    samples::all()
-        .into_iter()
-        .enumerate()
-        .map(|(i, e)| codec::encode(&sample_commit(i, e)).unwrap())
-        .collect()
+    let mut all = Vec::new();
+    for (i, e) in samples::all().into_iter().enumerate() {
+        let commit = sample_commit(i, e);
+        all.push(codec::encode(&commit).unwrap());
+        all.push(codec::encode_as(&commit, FORMAT_2).unwrap());
+    }
+    all
 }
 
 proptest! {
@@ -141,15 +385,17 @@ proptest! {
     #[test]
     fn decoding_random_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
         let _ = codec::decode(&bytes, 7);
-        let mut with_version = vec![FORMAT_VERSION];
-        with_version.extend_from_slice(&bytes);
-        let _ = codec::decode(&with_version, 7);
-        let _ = codec::decode_aggregate(&with_version);
+        for format in [FORMAT_1, FORMAT_2] {
+            let mut with_version = vec![format];
+            with_version.extend_from_slice(&bytes);
+            let _ = codec::decode(&with_version, 7);
+            let _ = codec::decode_aggregate(&with_version);
+        }
     }
 
     #[test]
     fn decoding_mutated_commits_never_panics(
-        which in 0usize..44,
+        which in 0usize..106,
         flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
         cut in any::<prop::sample::Index>(),
         truncate in any::<bool>(),

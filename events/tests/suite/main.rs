@@ -2,3 +2,4 @@
 //! binary with a module per file.
 mod codec;
 mod detail;
+mod evolution;
