@@ -19,8 +19,9 @@ use serde::Serialize;
 use super::Event;
 
 /// Reads the fields of one old layout (the bytes after the tag) and returns the event in
-/// today's layout and the number of bytes read, or why the bytes are not that layout.
-pub type ReadOld<E> = fn(&[u8]) -> Result<(E, usize), String>;
+/// today's layout and the number of bytes read, or bincode's reason the bytes are not that
+/// layout (an upcaster decodes its frozen struct with bincode, and adds only defaults).
+pub type ReadOld<E> = fn(&[u8]) -> Result<(E, usize), bincode::error::DecodeError>;
 
 /// Reads one old layout of one event.
 pub struct Upcaster<E: 'static> {

@@ -61,10 +61,9 @@ mod after {
     }
 
     /// Layout 1 of `Noted` in today's layout: the trace was not recorded.
-    fn noted_v1(fields: &[u8]) -> Result<(Ev, usize), String> {
+    fn noted_v1(fields: &[u8]) -> Result<(Ev, usize), bincode::error::DecodeError> {
         let (old, used): (legacy::NotedV1, usize) =
-            bincode::serde::decode_from_slice(fields, bincode::config::standard())
-                .map_err(|e| e.to_string())?;
+            bincode::serde::decode_from_slice(fields, bincode::config::standard())?;
         let event = Ev::Noted {
             text: old.text,
             traceparent: None,
@@ -272,8 +271,8 @@ fn every_old_layout_has_an_upcaster() {
     assert_eq!(after::REGISTRY.problems(2), Vec::<String>::new());
     assert_eq!(before::REGISTRY.problems(2), Vec::<String>::new());
 
-    fn never(_: &[u8]) -> Result<(after::Ev, usize), String> {
-        Err("unused".into())
+    fn never(_: &[u8]) -> Result<(after::Ev, usize), bincode::error::DecodeError> {
+        Err(bincode::error::DecodeError::Other("unused"))
     }
     let incomplete: Registry<after::Ev> = Registry {
         current: &[(1, 3), (5, 2)],
