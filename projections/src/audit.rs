@@ -108,6 +108,22 @@ pub struct AuditReport {
     /// violations (the positions they lost are not reported missing), but what an auditor
     /// reads.
     pub acknowledged_losses: Vec<AcknowledgedLoss>,
+    /// The commits decoded, by their format byte (docs/events.md): which layouts of the log
+    /// this build read. A key absent means no commit of that format was seen.
+    pub formats: BTreeMap<u8, u64>,
+    /// Entries this build could not decode (each also a `quarantine` violation), and the
+    /// first of them: garbage, or a commit written by a newer build.
+    pub undecodable: u64,
+    pub first_undecodable: Option<Undecodable>,
+}
+
+/// An entry the audit could not decode: where, its format byte (if it has one) and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Undecodable {
+    pub position: u64,
+    pub subject: String,
+    pub format: Option<u8>,
+    pub error: String,
 }
 
 /// One `loss_acknowledged`: the aggregate, the versions, the commit's actor, the reason and
@@ -200,6 +216,8 @@ impl Auditor {
     /// commit past a loss is held as the projector holds it, and folded once acknowledged.
     pub fn commit(&mut self, commit: &Commit) {
         self.advance(commit.position);
+        // Every commit decoded counts, folded or not: these are the formats this build read.
+        *self.report.formats.entry(commit.format()).or_default() += 1;
         let (version, position) = self
             .projection
             .get(&commit.aggregate)
@@ -281,6 +299,21 @@ impl Auditor {
     pub fn quarantined(&mut self, position: u64, subject: &str, reason: &str) {
         self.advance(position);
         self.quarantine_at(position, subject, reason);
+    }
+
+    /// One entry this build could not decode (`format`: its first byte, if any): readers
+    /// quarantine it, and the report names the first such entry.
+    pub fn undecodable(&mut self, position: u64, subject: &str, format: Option<u8>, error: &str) {
+        self.report.undecodable += 1;
+        if self.report.first_undecodable.is_none() {
+            self.report.first_undecodable = Some(Undecodable {
+                position,
+                subject: subject.to_string(),
+                format,
+                error: error.to_string(),
+            });
+        }
+        self.quarantined(position, subject, &format!("undecodable: {error}"));
     }
 
     fn quarantine_at(&mut self, position: u64, subject: &str, reason: &str) {

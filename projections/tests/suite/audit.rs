@@ -507,3 +507,39 @@ fn an_allocation_a_rolled_back_operation_released_only_by_hand_is_found() {
         report.violations
     );
 }
+
+#[test]
+fn the_formats_read_are_counted_and_the_first_undecodable_entry_is_named() {
+    // Given a log of two commits with two undecodable entries after them;
+    let commits = script::seal(&[
+        (
+            provider(),
+            vec![Event::ProviderRegistered {
+                name: "n".into(),
+                host: "h".into(),
+            }],
+        ),
+        (provider(), vec![vcpu(8)]),
+    ]);
+    let mut auditor = Auditor::new();
+    for c in &commits {
+        auditor.commit(c);
+    }
+    // when the shell reports them as it reads them,
+    auditor.undecodable(
+        3,
+        "provledger.ev.provider.x",
+        Some(9),
+        "unknown format version 9",
+    );
+    auditor.undecodable(4, "provledger.ev.provider.y", None, "empty payload");
+    let report = auditor.finish(4, Timestamp::from_unix_ms(LATER));
+    // then both are quarantined, the first is named, and format 1 was read twice.
+    assert_eq!(report.formats, BTreeMap::from([(1, 2)]));
+    assert_eq!(report.undecodable, 2);
+    assert_eq!(report.quarantined, 2);
+    let first = report.first_undecodable.clone().expect("named");
+    assert_eq!((first.position, first.format), (3, Some(9)));
+    assert_eq!(first.subject, "provledger.ev.provider.x");
+    assert_eq!(checks(&report), vec![Check::Quarantine, Check::Quarantine]);
+}

@@ -118,8 +118,18 @@ pub async fn audit_log<L: EventLog>(
                 commit.position
             }
             Err(e) => match e.quarantine_parts() {
-                Some((position, subject, reason, _)) => {
-                    auditor.quarantined(position, subject, &reason);
+                Some((position, subject, reason, payload)) => {
+                    if let ReadError::Undecodable { error, .. } = e {
+                        // Named in the report: garbage, or a commit of a newer build.
+                        auditor.undecodable(
+                            position,
+                            subject,
+                            payload.first().copied(),
+                            &error.to_string(),
+                        );
+                    } else {
+                        auditor.quarantined(position, subject, &reason);
+                    }
                     if let Some(v) = copy.as_ref().and_then(|c| c.compare_quarantined(position)) {
                         auditor.record(v);
                     }

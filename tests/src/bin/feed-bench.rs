@@ -13,7 +13,10 @@
 //! 3. **Followers and writes**: `cmd.append` from 64 clients in a closed loop for
 //!    `--load-secs`, with no follower and with `--followers` followers (each its own
 //!    connection, unfiltered, as `provledger watch` follows), B A B A: commits/s, and
-//!    serve's resident memory (sampled from /proc every 200 ms, the largest seen).
+//!    serve's resident memory (sampled from /proc every 200 ms, the largest seen). Then
+//!    the physical reference, B A B A: the raw server doing the same work (a JetStream
+//!    publish per write, the change's JSON on core NATS, followers as plain subscribers
+//!    decoding every message).
 //!
 //! `cargo run --release -p provledger-tests --bin feed-bench [-- --commits N --rate R
 //! --live-secs S --load-secs D --followers F --only catch-up,live,load]`. Needs `NATS_SERVER_BIN` (or
@@ -28,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use provledger_client::follow::{ChangeFilter, Followed, Follower};
+use provledger_client::follow::{Change, ChangeFilter, Followed, Follower};
 use provledger_events::catalogue::ConsumerKind;
 use provledger_events::{
     AggregateId, CommitDraft, Event, EventLog, Expectation, JetStreamConfig, JetStreamLog,
@@ -382,6 +385,33 @@ async fn live_latency(
     (from_send, from_reply, count, ok)
 }
 
+/// What a closed-loop writer saw.
+#[derive(Default)]
+struct Outcomes {
+    ok: u64,
+    errors: u64,
+}
+
+impl Outcomes {
+    fn count(&mut self, ok: bool) {
+        if ok {
+            self.ok += 1;
+        } else {
+            self.errors += 1;
+        }
+    }
+
+    async fn sum(tasks: Vec<tokio::task::JoinHandle<Outcomes>>) -> Outcomes {
+        let mut total = Outcomes::default();
+        for t in tasks {
+            let o = t.await.expect("a writer's task");
+            total.ok += o.ok;
+            total.errors += o.errors;
+        }
+        total
+    }
+}
+
 /// `cmd.append` from [`WRITERS`] clients in a closed loop for `load`, each writing an
 /// inventory to its own provider; commits/s and errors.
 async fn write_load(nats_url: &str, providers: &[Uuid], load: Duration) -> (f64, u64) {
@@ -397,26 +427,91 @@ async fn write_load(nats_url: &str, providers: &[Uuid], load: Duration) -> (f64,
             let client = connections[n / WRITERS_PER_CONNECTION].clone();
             let payload = append(*id, json!([inventory(64)]));
             tokio::spawn(async move {
-                let (mut ok, mut errors) = (0u64, 0u64);
+                let mut outcomes = Outcomes::default();
                 while started.elapsed() < load {
                     let reply = request(&client, APPEND_SUBJECT, payload.clone()).await;
-                    if reply["error"].is_null() {
-                        ok += 1;
-                    } else {
-                        errors += 1;
-                    }
+                    outcomes.count(reply["error"].is_null());
                 }
-                (ok, errors)
+                outcomes
             })
         })
         .collect();
-    let (mut ok, mut errors) = (0, 0);
-    for t in tasks {
-        let (o, e) = t.await.expect("a writer's task");
-        ok += o;
-        errors += e;
+    let outcomes = Outcomes::sum(tasks).await;
+    (
+        outcomes.ok as f64 / started.elapsed().as_secs_f64(),
+        outcomes.errors,
+    )
+}
+
+/// The physical reference of the write path with followers: the raw server doing the same
+/// work without provledger. [`WRITERS`] clients in a closed loop, each publishing a
+/// change's JSON to a JetStream stream (waiting for its ack) and then the same bytes on a
+/// core NATS subject, which `followers` plain subscribers (each its own connection) decode
+/// as a follower decodes a change. Writes/s.
+async fn raw_write_load(
+    nats_url: &str,
+    change: &Bytes,
+    followers: usize,
+    load: Duration,
+) -> (f64, u64) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let decoded = Arc::new(AtomicU64::new(0));
+    let mut subscribers = Vec::new();
+    for _ in 0..followers {
+        let client = async_nats::connect(nats_url).await.expect("a raw follower");
+        let mut feed = client
+            .subscribe("fbraw.feed.>")
+            .await
+            .expect("a raw feed subscription");
+        client.flush().await.expect("the subscription in effect");
+        let (stop, decoded) = (stop.clone(), decoded.clone());
+        subscribers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let next = tokio::time::timeout(Duration::from_millis(200), feed.next()).await;
+                if let Ok(Some(message)) = next {
+                    if serde_json::from_slice::<Change>(&message.payload).is_ok() {
+                        decoded.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            drop(client);
+        }));
     }
-    (ok as f64 / started.elapsed().as_secs_f64(), errors)
+    let mut connections = Vec::new();
+    for _ in 0..WRITERS.div_ceil(WRITERS_PER_CONNECTION) {
+        connections.push(async_nats::connect(nats_url).await.expect("a raw writer"));
+    }
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..WRITERS)
+        .map(|n| {
+            let client = connections[n / WRITERS_PER_CONNECTION].clone();
+            let js = async_nats::jetstream::new(client.clone());
+            let change = change.clone();
+            tokio::spawn(async move {
+                let mut outcomes = Outcomes::default();
+                while started.elapsed() < load {
+                    let stored = match js.publish(format!("fbraw.ev.{n}"), change.clone()).await {
+                        Ok(ack) => ack.await.is_ok(),
+                        Err(_) => false,
+                    };
+                    let published = client
+                        .publish(format!("fbraw.feed.{n}"), change.clone())
+                        .await
+                        .is_ok();
+                    outcomes.count(stored && published);
+                }
+                outcomes
+            })
+        })
+        .collect();
+    let Outcomes { ok, errors } = Outcomes::sum(tasks).await;
+    let rate = ok as f64 / started.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    for s in subscribers {
+        let _ = s.await;
+    }
+    (rate, errors)
 }
 
 /// `followers` followers from the current end, each on its own connection, counting what
@@ -556,6 +651,40 @@ async fn bench(options: Options) {
         load_rows.push((followers, rate, errors, peak, changes, gaps, pages));
     }
 
+    // The physical reference: the raw server, same loads, with a real change's JSON.
+    let mut raw_rows = Vec::new();
+    let mut change = Bytes::new();
+    if options.runs("load") {
+        let end = request(&client, HEALTH_SUBJECT, Bytes::from_static(b"{}")).await["position"]
+            .as_u64()
+            .unwrap_or(1);
+        let page = request(
+            &client,
+            "provledger.q.changes",
+            Bytes::from(json!({"after": end - 1, "limit": 1}).to_string()),
+        )
+        .await;
+        let mut one = page["data"]["changes"][0].clone();
+        one["prev"] = json!(end - 1);
+        change = Bytes::from(one.to_string());
+        log.context()
+            .create_stream(async_nats::jetstream::stream::Config {
+                name: "FB_RAW".into(),
+                subjects: vec!["fbraw.ev.>".into()],
+                ..Default::default()
+            })
+            .await
+            .expect("the raw stream");
+        for followers in [0, options.followers, 0, options.followers] {
+            eprintln!(
+                "raw writes for {:?} with {followers} plain subscribers",
+                options.load
+            );
+            let (rate, errors) = raw_write_load(&url, &change, followers, options.load).await;
+            raw_rows.push((followers, rate, errors));
+        }
+    }
+
     println!(
         "\n## feed-bench: nats-server {}, {} commits, {}\n",
         log.server_version(),
@@ -631,4 +760,29 @@ async fn bench(options: Options) {
         options.followers,
         with / none
     );
+    if !raw_rows.is_empty() {
+        println!(
+            "\nthe physical reference, the same run: the raw server doing the same work without provledger ({WRITERS} clients, closed loop: a JetStream publish of a change's JSON ({} bytes) awaiting its ack, then the same bytes on a core NATS subject; each follower a plain subscriber on its own connection decoding every message as a follower does):\n",
+            change.len()
+        );
+        println!("| followers | writes/s | errors |");
+        println!("|---:|---:|---:|");
+        for (followers, rate, errors) in &raw_rows {
+            println!("| {followers} | {rate:.0} | {errors} |");
+        }
+        let mean = |with: bool| {
+            raw_rows
+                .iter()
+                .filter(|r| (r.0 != 0) == with)
+                .map(|r| r.1)
+                .sum::<f64>()
+                / 2.0
+        };
+        println!(
+            "\nraw write rate with {} followers / none: **{:.2}x** (provledger's: {:.2}x)",
+            options.followers,
+            mean(true) / mean(false),
+            with / none
+        );
+    }
 }

@@ -117,12 +117,33 @@ pub async fn run(options: &LedgerOptions, json: bool) -> Result<(), CommandError
     print_report(&report, &notes, started.elapsed().as_secs_f64(), json);
     if report.violations.is_empty() {
         Ok(())
+    } else if let Some(u) = &report.first_undecodable {
+        Err(CommandError::Problem(format!(
+            "audit found {} violation(s); this build could not decode {} commit(s), the first at position {} ({})",
+            report.violations.len(),
+            report.undecodable,
+            u.position,
+            u.subject
+        )))
     } else {
         Err(CommandError::Problem(format!(
             "audit found {} violation(s)",
             report.violations.len()
         )))
     }
+}
+
+/// `format 1: 1,000 commits, format 2: 3 commits`, or that none was decoded.
+fn formats_seen(report: &AuditReport) -> String {
+    if report.formats.is_empty() {
+        return "no commit decoded".into();
+    }
+    report
+        .formats
+        .iter()
+        .map(|(format, n)| format!("format {format}: {n} commit(s)"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn print_report(report: &AuditReport, notes: &[String], seconds: f64, json: bool) {
@@ -176,6 +197,18 @@ fn print_report(report: &AuditReport, notes: &[String], seconds: f64, json: bool
         "audited positions 1..={}: {} commits, {} events, {} aggregates, {} quarantined, in {seconds:.2} s",
         report.position, report.commits, report.events, report.aggregates, report.quarantined
     );
+    println!("formats read: {}", formats_seen(report));
+    if let Some(u) = &report.first_undecodable {
+        // The subject and error are the log's bytes, not ours: Debug-quoted.
+        println!(
+            "undecodable: {} entr(ies) this build could not read; the first at position {} on {:?}{}: {:?} (a newer build's commit? upgrade this reader; garbage? find who publishes there)",
+            report.undecodable,
+            u.position,
+            u.subject,
+            u.format.map(|f| format!(" (format byte {f})")).unwrap_or_default(),
+            u.error
+        );
+    }
     if report.violations.is_empty() {
         println!("audit: ok, no violation");
     } else {

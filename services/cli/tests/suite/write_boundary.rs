@@ -442,6 +442,24 @@ async fn garbage_replayed_and_foreign_commits_on_a_subject_are_quarantined_and_a
         violations.iter().all(|v| v["check"] == "quarantine"),
         "{audit}"
     );
+    // The one entry it could not decode is named, with its format byte; every commit it
+    // decoded was of format 1: those folded, and the replayed one (the read path sets the
+    // foreign one aside as outside its subject's chain before the audit sees a commit).
+    assert_eq!(audit["undecodable"], 1, "{audit}");
+    assert_eq!(audit["first_undecodable"]["position"], garbage, "{audit}");
+    assert_eq!(audit["first_undecodable"]["format"], 0, "{audit}");
+    let formats = audit["formats"].as_object().unwrap();
+    assert_eq!(formats.keys().collect::<Vec<_>>(), vec!["1"], "{audit}");
+    assert_eq!(
+        formats["1"].as_u64(),
+        audit["commits"].as_u64().map(|c| c + 1),
+        "{audit}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("the first at position {garbage}")),
+        "{stderr}"
+    );
 }
 
 async fn cmd_query(client: &async_nats::Client, endpoint: &str, body: Value) -> Value {
