@@ -119,7 +119,8 @@ pub async fn run(options: &LedgerOptions, json: bool) -> Result<(), CommandError
         Ok(())
     } else if let Some(u) = &report.first_undecodable {
         Err(CommandError::Problem(format!(
-            "audit found {} violation(s); this build could not decode {} commit(s), the first at position {} ({})",
+            // The subject is the log's, not ours: Debug-quoted.
+            "audit found {} violation(s); this build could not decode {} commit(s), the first at position {} ({:?})",
             report.violations.len(),
             report.undecodable,
             u.position,
