@@ -8,6 +8,8 @@
 //! consumer, a reconnect, a dropped batch) it sees by `prev` and fills through
 //! `q.changes`, which is the feed's truth.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use provledger_events::Commit;
@@ -21,6 +23,73 @@ use crate::metrics::FoldMetrics;
 /// for the feed): a burst of this many batches, or a NATS connection that stalls, costs
 /// followers a catch-up, never the projector its pace.
 pub const FEED_QUEUE_BATCHES: usize = 256;
+/// Commits the feed holds, queued or being published, before the projector drops the next
+/// batch: what bounds its memory, since a batch holds up to `BATCH_ENTRIES_MAX` commits
+/// (256 of those would be a million commits). About a second of writes at this machine's
+/// highest rate; a NATS server slowed by its fan-out to many followers fills it, and costs
+/// the followers a catch-up, not serve its memory.
+pub const FEED_QUEUE_COMMITS: usize = 16_384;
+// A batch of the largest size always fits in an empty queue.
+const _: () = assert!(FEED_QUEUE_COMMITS >= crate::projector::BATCH_ENTRIES_MAX);
+
+/// The projector's end of the feed's queue, bounded in batches and in commits.
+#[derive(Debug)]
+pub struct FeedSender {
+    batches: mpsc::Sender<FeedBatch>,
+    held: Arc<AtomicUsize>,
+}
+
+/// The feed task's end: each batch taken is held (counted) until it is published.
+#[derive(Debug)]
+pub(crate) struct FeedReceiver {
+    batches: mpsc::Receiver<FeedBatch>,
+    held: Arc<AtomicUsize>,
+}
+
+/// A new feed queue.
+pub(crate) fn queue() -> (FeedSender, FeedReceiver) {
+    let (sender, receiver) = mpsc::channel(FEED_QUEUE_BATCHES);
+    let held = Arc::new(AtomicUsize::new(0));
+    (
+        FeedSender {
+            batches: sender,
+            held: held.clone(),
+        },
+        FeedReceiver {
+            batches: receiver,
+            held,
+        },
+    )
+}
+
+impl FeedSender {
+    /// Hands `batch` to the feed if it has room (in batches and in commits); false when it
+    /// was dropped. Never waits.
+    pub fn hand(&self, batch: FeedBatch) -> bool {
+        let n = batch.commits.len();
+        let held = self.held.fetch_add(n, Ordering::AcqRel);
+        if held + n > FEED_QUEUE_COMMITS {
+            self.held.fetch_sub(n, Ordering::AcqRel);
+            return false;
+        }
+        if self.batches.try_send(batch).is_err() {
+            self.held.fetch_sub(n, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+}
+
+impl FeedReceiver {
+    async fn recv(&mut self) -> Option<FeedBatch> {
+        self.batches.recv().await
+    }
+
+    /// `commits` of a batch taken are published (or passed over): no longer held.
+    fn done_with(&self, commits: usize) {
+        self.held.fetch_sub(commits, Ordering::AcqRel);
+    }
+}
 /// How often each replica says how far it has published.
 pub const FEED_BOOKMARK_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -64,7 +133,7 @@ fn changes(batch: FeedBatch) -> impl Iterator<Item = FeedChange> {
 pub(crate) async fn run(
     client: async_nats::Client,
     prefix: String,
-    mut batches: mpsc::Receiver<FeedBatch>,
+    mut batches: FeedReceiver,
     ready: impl Fn() -> Option<String> + Send + 'static,
     metrics: FoldMetrics,
     mut stop: watch::Receiver<bool>,
@@ -76,7 +145,9 @@ pub(crate) async fn run(
         tokio::select! {
             batch = batches.recv() => {
                 let Some(batch) = batch else { return };
+                let held = batch.commits.len();
                 if ready().is_none() {
+                    batches.done_with(held);
                     continue;
                 }
                 let through = batch.through;
@@ -91,6 +162,7 @@ pub(crate) async fn run(
                     }
                     published += 1;
                 }
+                batches.done_with(held);
                 metrics.feed_published(published);
                 published_through = through;
             }
@@ -140,5 +212,40 @@ mod tests {
             change_subject("provledger", &commit(12)),
             format!("provledger.feed.cluster.{}", Uuid::from_u128(12))
         );
+    }
+
+    #[tokio::test]
+    async fn the_queue_refuses_a_batch_past_its_commits_until_the_feed_is_done_with_some() {
+        // Given a feed queue nobody takes from, filled with batches of the largest size
+        // up to its bound in commits;
+        let commit = |position| {
+            let mut c = Commit::seal(
+                AggregateId::cluster(Uuid::from_u128(1)),
+                1,
+                Hash::ZERO,
+                CommitDraft::now("t", vec![]),
+            );
+            c.position = position;
+            c
+        };
+        let batch = |n: usize| FeedBatch {
+            after: 0,
+            through: n as u64,
+            commits: (1..=n as u64).map(commit).collect(),
+        };
+        let (sender, mut receiver) = queue();
+        let full = crate::projector::BATCH_ENTRIES_MAX;
+        let fitting = FEED_QUEUE_COMMITS / full;
+        for _ in 0..fitting {
+            assert!(sender.hand(batch(full)));
+        }
+        // when one more commit is handed, then it is refused: far fewer batches than
+        // FEED_QUEUE_BATCHES are queued, but as many commits as the feed may hold;
+        assert!(fitting < FEED_QUEUE_BATCHES);
+        assert!(!sender.hand(batch(FEED_QUEUE_COMMITS - fitting * full + 1)));
+        // and once the feed is done with one batch, then a batch of its size fits again.
+        let taken = receiver.recv().await.expect("a batch");
+        receiver.done_with(taken.commits.len());
+        assert!(sender.hand(batch(full)));
     }
 }

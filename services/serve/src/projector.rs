@@ -177,7 +177,7 @@ pub struct Projector {
     /// with the stream's name.
     publisher: Option<(tokio::sync::mpsc::Sender<PublishedSnapshot>, String)>,
     /// Where each applied batch's commits are handed for the live feed (`crate::feed`).
-    feed: Option<tokio::sync::mpsc::Sender<crate::feed::FeedBatch>>,
+    feed: Option<crate::feed::FeedSender>,
     /// Whether the store keeps a copy of each commit (`ProjectionStore::copies_log`).
     copies_log: bool,
     /// Aggregates read past a loss, whose commits are held, not folded, until it is
@@ -232,7 +232,7 @@ impl Projector {
     /// live feed, `crate::feed`). A batch the feed has no room for is dropped, never
     /// waited for: the projector is not slowed by the feed, and its followers see the gap
     /// (each change's `prev`) and fill it through `q.changes`.
-    pub fn with_feed(mut self, feed: tokio::sync::mpsc::Sender<crate::feed::FeedBatch>) -> Self {
+    pub fn with_feed(mut self, feed: crate::feed::FeedSender) -> Self {
         self.feed = Some(feed);
         self
     }
@@ -508,12 +508,12 @@ impl Projector {
         let previous = self.checkpoint;
         self.store.write_batch(batch)?;
         if let Some(sender) = &self.feed {
-            let handed = sender.try_send(crate::feed::FeedBatch {
+            let handed = sender.hand(crate::feed::FeedBatch {
                 after: self.checkpoint,
                 through: checkpoint,
                 commits: feed,
             });
-            if handed.is_err() {
+            if !handed {
                 self.metrics.feed_dropped();
             }
         }

@@ -191,7 +191,7 @@ pub async fn run(
     let metrics = Arc::new(Metrics::new());
     // The publisher is stopped with serve, wherever it returns.
     let (projector, _publisher) = new_projector(&options, &log, &store, &metrics)?;
-    let (feed_batches, feed) = tokio::sync::mpsc::channel(crate::feed::FEED_QUEUE_BATCHES);
+    let (feed_batches, feed) = crate::feed::queue();
     let projector = projector.with_feed(feed_batches);
     let ctx = query_context(&options, &client, &log, store, &projector, metrics);
     let (stop_feed, feed_stop) = watch::channel(false);
