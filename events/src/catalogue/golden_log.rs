@@ -34,6 +34,35 @@ pub const LOGS: &[Pinned] = &[Pinned {
     entries: 185,
 }];
 
+/// Why a golden log could not be read, or is not the file pinned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GoldenLogError {
+    #[error("{path}: {reason}")]
+    Unreadable { path: String, reason: String },
+    #[error(
+        "{path} changed: its BLAKE3 is {found}, pinned {pinned}. A golden log is never \
+         regenerated or edited: restore it from git (docs/events.md, \"The golden log\")"
+    )]
+    Changed {
+        path: String,
+        found: String,
+        pinned: String,
+    },
+    #[error("{path} holds {found} entries, pinned {pinned}")]
+    EntryCount {
+        path: String,
+        found: usize,
+        pinned: usize,
+    },
+    #[error("not a golden log: the magic PLGLOG\\0\\x01 is missing")]
+    NoMagic,
+    #[error("more than {ENTRIES_MAX} entries")]
+    TooManyEntries,
+    /// Entry `entry` (counted from 0) is cut short, too large or out of order.
+    #[error("entry {entry}: {problem}")]
+    Entry { entry: usize, problem: String },
+}
+
 /// One entry of a golden log: one message of the stream as JetStream stored it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GoldenEntry {
@@ -54,26 +83,28 @@ pub fn digest(bytes: &[u8]) -> String {
 
 /// The file of `log` as its entries, after checking it is the file pinned: same BLAKE3, same
 /// number of entries. An error says what differs and that the file is never regenerated.
-pub fn open(log: &Pinned) -> Result<Vec<GoldenEntry>, String> {
+pub fn open(log: &Pinned) -> Result<Vec<GoldenEntry>, GoldenLogError> {
     let path = dir().join(log.file);
-    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let shown = path.display().to_string();
+    let bytes = std::fs::read(&path).map_err(|e| GoldenLogError::Unreadable {
+        path: shown.clone(),
+        reason: e.to_string(),
+    })?;
     let found = digest(&bytes);
     if found != log.blake3 {
-        return Err(format!(
-            "{} changed: its BLAKE3 is {found}, pinned {}. A golden log is never \
-             regenerated or edited: restore it from git (docs/events.md, \"The golden log\")",
-            path.display(),
-            log.blake3
-        ));
+        return Err(GoldenLogError::Changed {
+            path: shown,
+            found,
+            pinned: log.blake3.into(),
+        });
     }
     let entries = read(&bytes)?;
     if entries.len() != log.entries {
-        return Err(format!(
-            "{} holds {} entries, pinned {}",
-            path.display(),
-            entries.len(),
-            log.entries
-        ));
+        return Err(GoldenLogError::EntryCount {
+            path: shown,
+            found: entries.len(),
+            pinned: log.entries,
+        });
     }
     Ok(entries)
 }
@@ -81,39 +112,44 @@ pub fn open(log: &Pinned) -> Result<Vec<GoldenEntry>, String> {
 /// Parses a golden log file. Bounded: at most [`ENTRIES_MAX`] entries, subjects of at most
 /// [`SUBJECT_BYTES_MAX`] bytes and payloads of at most `codec::ENCODED_COMMIT_BYTES_MAX`;
 /// positions strictly increase. Never panics.
-pub fn read(bytes: &[u8]) -> Result<Vec<GoldenEntry>, String> {
+pub fn read(bytes: &[u8]) -> Result<Vec<GoldenEntry>, GoldenLogError> {
     let mut rest = bytes
         .strip_prefix(MAGIC.as_slice())
-        .ok_or("not a golden log: the magic PLGLOG\\0\\x01 is missing")?;
+        .ok_or(GoldenLogError::NoMagic)?;
     let mut entries = Vec::new();
     while !rest.is_empty() {
         if entries.len() == ENTRIES_MAX {
-            return Err(format!("more than {ENTRIES_MAX} entries"));
+            return Err(GoldenLogError::TooManyEntries);
         }
         let at = entries.len();
         let position = u64::from_be_bytes(take::<8>(&mut rest, at, "position")?);
         let subject_len = usize::from(u16::from_be_bytes(take::<2>(&mut rest, at, "subject")?));
         if subject_len > SUBJECT_BYTES_MAX {
-            return Err(format!(
-                "entry {at}: a subject of {subject_len} bytes (at most {SUBJECT_BYTES_MAX})"
+            return Err(entry_error(
+                at,
+                format!("a subject of {subject_len} bytes (at most {SUBJECT_BYTES_MAX})"),
             ));
         }
         let subject = std::str::from_utf8(take_slice(&mut rest, subject_len, at, "subject")?)
-            .map_err(|e| format!("entry {at}: the subject is not UTF-8: {e}"))?
+            .map_err(|e| entry_error(at, format!("the subject is not UTF-8: {e}")))?
             .to_string();
         let payload_len = u32::from_be_bytes(take::<4>(&mut rest, at, "payload")?);
         let payload_len = usize::try_from(payload_len).unwrap_or(usize::MAX);
         if payload_len > crate::codec::ENCODED_COMMIT_BYTES_MAX {
-            return Err(format!(
-                "entry {at}: a payload of {payload_len} bytes (at most {})",
-                crate::codec::ENCODED_COMMIT_BYTES_MAX
+            return Err(entry_error(
+                at,
+                format!(
+                    "a payload of {payload_len} bytes (at most {})",
+                    crate::codec::ENCODED_COMMIT_BYTES_MAX
+                ),
             ));
         }
         let payload = take_slice(&mut rest, payload_len, at, "payload")?.to_vec();
         if let Some(last) = entries.last().map(|e: &GoldenEntry| e.position) {
             if position <= last {
-                return Err(format!(
-                    "entry {at}: position {position} after {last} (positions increase)"
+                return Err(entry_error(
+                    at,
+                    format!("position {position} after {last} (positions increase)"),
                 ));
             }
         }
@@ -127,17 +163,18 @@ pub fn read(bytes: &[u8]) -> Result<Vec<GoldenEntry>, String> {
 }
 
 /// The file holding `entries`: the inverse of [`read`]. For the generator only.
-pub fn write(entries: &[GoldenEntry]) -> Result<Vec<u8>, String> {
+pub fn write(entries: &[GoldenEntry]) -> Result<Vec<u8>, GoldenLogError> {
     let mut out = MAGIC.to_vec();
-    for entry in entries {
+    for (at, entry) in entries.iter().enumerate() {
+        let problem = |problem: String| GoldenLogError::Entry { entry: at, problem };
         let subject_len = u16::try_from(entry.subject.len())
             .ok()
             .filter(|len| usize::from(*len) <= SUBJECT_BYTES_MAX)
-            .ok_or_else(|| format!("subject {:?} is too long", entry.subject))?;
+            .ok_or_else(|| problem(format!("subject {:?} is too long", entry.subject)))?;
         let payload_len = u32::try_from(entry.payload.len())
             .ok()
             .filter(|_| entry.payload.len() <= crate::codec::ENCODED_COMMIT_BYTES_MAX)
-            .ok_or_else(|| format!("the payload at {} is too large", entry.position))?;
+            .ok_or_else(|| problem(format!("the payload at {} is too large", entry.position)))?;
         out.extend_from_slice(&entry.position.to_be_bytes());
         out.extend_from_slice(&subject_len.to_be_bytes());
         out.extend_from_slice(entry.subject.as_bytes());
@@ -147,8 +184,16 @@ pub fn write(entries: &[GoldenEntry]) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
+fn entry_error(entry: usize, problem: String) -> GoldenLogError {
+    GoldenLogError::Entry { entry, problem }
+}
+
 /// The next `N` bytes of `rest` as an array, or which field of entry `at` is cut short.
-fn take<const N: usize>(rest: &mut &[u8], at: usize, field: &str) -> Result<[u8; N], String> {
+fn take<const N: usize>(
+    rest: &mut &[u8],
+    at: usize,
+    field: &str,
+) -> Result<[u8; N], GoldenLogError> {
     let slice = take_slice(rest, N, at, field)?;
     let mut out = [0u8; N];
     out.copy_from_slice(slice);
@@ -161,11 +206,14 @@ fn take_slice<'a>(
     len: usize,
     at: usize,
     field: &str,
-) -> Result<&'a [u8], String> {
+) -> Result<&'a [u8], GoldenLogError> {
     if rest.len() < len {
-        return Err(format!(
-            "entry {at}: the {field} is cut short ({} bytes left, {len} needed)",
-            rest.len()
+        return Err(entry_error(
+            at,
+            format!(
+                "the {field} is cut short ({} bytes left, {len} needed)",
+                rest.len()
+            ),
         ));
     }
     let (head, tail) = rest.split_at(len);
@@ -206,13 +254,14 @@ mod tests {
             assert_eq!(read(&bytes[..cut]).is_ok(), between, "cut at {cut}");
         }
         let mut reordered = write(&[entry(5, "s", &[]), entry(5, "t", &[])]).unwrap();
-        assert!(read(&reordered).unwrap_err().contains("positions increase"));
+        let err = read(&reordered).unwrap_err();
+        assert!(err.to_string().contains("positions increase"), "{err}");
         reordered[0] = b'X';
-        assert!(read(&reordered).unwrap_err().contains("magic"));
+        assert_eq!(read(&reordered), Err(GoldenLogError::NoMagic));
         let mut huge = MAGIC.to_vec();
         huge.extend_from_slice(&1u64.to_be_bytes());
         huge.extend_from_slice(&0u16.to_be_bytes());
         huge.extend_from_slice(&u32::MAX.to_be_bytes());
-        assert!(read(&huge).unwrap_err().contains("at most"));
+        assert!(read(&huge).unwrap_err().to_string().contains("at most"));
     }
 }
