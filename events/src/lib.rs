@@ -23,6 +23,9 @@
 //!   `stored.rs`, events as stored (layout version and bytes) and how they are read.
 //! - `catalogue/versions.rs`: each event's layout version and the upcasters of its old
 //!   layouts (docs/events.md, "How to change an event").
+//! - `catalogue/golden_log.rs` (hidden, for tests): reads the golden logs, the streams of
+//!   commits kept in `tests/golden/log/` that every build must decode, verify and fold as
+//!   the build that wrote them did (docs/events.md, "The golden log"), and pins each file.
 //! - `log/`: the `EventLog` trait (storage only: the write path's turns and known states
 //!   live in the client's `Writer`); `sled_log.rs`, `jetstream_log.rs` and `mem_log.rs` (in
 //!   memory, with seeded fault injection, for the simulation; it passes the same

@@ -10,6 +10,8 @@
 pub mod cluster;
 mod constructors;
 pub mod detail;
+#[doc(hidden)]
+pub mod golden_log;
 pub mod instance;
 pub mod operation;
 pub mod provider;

@@ -9,6 +9,7 @@ mod decide;
 mod drift;
 mod facts;
 mod fold;
+mod golden_log;
 mod placement;
 mod planner;
 mod recovery;
