@@ -286,26 +286,10 @@ async fn main() {
     let port = free_port();
     let dir = tempfile::tempdir().expect("tempdir");
     let options = ServeOptions {
-        nats_url: nats.url(),
-        data_dir: dir.path().join("serve"),
-        stream: "PROVLEDGER".into(),
-        subject_prefix: "provledger".into(),
-        stream_replicas: 1,
-        nats_auth: Default::default(),
-        min_position_wait: Duration::from_secs(2),
-        snapshot_every: provledger_serve::SNAPSHOT_EVERY_POSITIONS_DEFAULT,
-        retry: Default::default(),
         executor_reply_wait: Duration::from_secs(5),
         recovery_interval: None,
-        runner_lease: std::time::Duration::from_millis(
-            provledger_projections::recovery::RUNNER_LEASE_MS_DEFAULT as u64,
-        ),
-        drift_interval: None,
-        ready_file: None,
-        metrics_addr: None,
-        snapshot_bucket: None,
         http_addr: Some(([127, 0, 0, 1], port).into()),
-        audit_interval: None,
+        ..ServeOptions::new(nats.url(), dir.path().join("serve"))
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let serve = std::thread::spawn(move || {

@@ -310,26 +310,10 @@ async fn service_benches(quick: bool) {
     let dir = tempfile::tempdir().expect("tempdir");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let options = ServeOptions {
-        nats_url: nats.url(),
-        data_dir: dir.path().join("serve"),
-        stream: "PROVLEDGER".into(),
-        subject_prefix: "provledger".into(),
-        stream_replicas: 1,
-        nats_auth: Default::default(),
-        ready_file: None,
-        metrics_addr: None,
-        min_position_wait: Duration::from_secs(2),
         snapshot_every: 0,
-        retry: Default::default(),
         executor_reply_wait: Duration::from_secs(10),
         recovery_interval: None,
-        runner_lease: std::time::Duration::from_millis(
-            provledger_projections::recovery::RUNNER_LEASE_MS_DEFAULT as u64,
-        ),
-        drift_interval: None,
-        snapshot_bucket: None,
-        http_addr: None,
-        audit_interval: None,
+        ..ServeOptions::new(nats.url(), dir.path().join("serve"))
     };
     let serve_task = tokio::spawn(serve::run(options, async {
         let _ = stopped.await;

@@ -88,6 +88,36 @@ pub struct ServeOptions {
     pub snapshot_bucket: Option<String>,
 }
 
+impl ServeOptions {
+    /// A replica of the stream `PROVLEDGER` (prefix `provledger`, one stream replica, no
+    /// NATS credentials) with `provledger serve`'s defaults: what a bench or a test starts
+    /// from, overriding only the fields it is about.
+    pub fn new(nats_url: String, data_dir: PathBuf) -> Self {
+        ServeOptions {
+            nats_url,
+            data_dir,
+            stream: "PROVLEDGER".into(),
+            subject_prefix: "provledger".into(),
+            stream_replicas: 1,
+            nats_auth: Default::default(),
+            min_position_wait: Duration::from_secs(2),
+            snapshot_every: crate::projector::SNAPSHOT_EVERY_POSITIONS_DEFAULT,
+            retry: RetryPolicy::default(),
+            executor_reply_wait: Duration::from_secs(30),
+            recovery_interval: Some(Duration::from_secs(60)),
+            runner_lease: Duration::from_millis(
+                provledger_projections::recovery::RUNNER_LEASE_MS_DEFAULT as u64,
+            ),
+            drift_interval: None,
+            ready_file: None,
+            metrics_addr: None,
+            http_addr: None,
+            audit_interval: None,
+            snapshot_bucket: None,
+        }
+    }
+}
+
 /// Why the service could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {

@@ -88,26 +88,10 @@ fn start_serve(
     std::thread::JoinHandle<Result<(), String>>,
 ) {
     let options = ServeOptions {
-        nats_url: url,
-        data_dir: dir.to_path_buf(),
-        stream: "PROVLEDGER".into(),
-        subject_prefix: "provledger".into(),
-        stream_replicas: 1,
-        nats_auth: Default::default(),
-        min_position_wait: Duration::from_secs(2),
         snapshot_every,
-        retry: Default::default(),
-        executor_reply_wait: Duration::from_secs(30),
         recovery_interval: None,
-        runner_lease: std::time::Duration::from_millis(
-            provledger_projections::recovery::RUNNER_LEASE_MS_DEFAULT as u64,
-        ),
-        drift_interval: None,
-        ready_file: None,
-        metrics_addr: None,
         snapshot_bucket: bucket.map(str::to_string),
-        http_addr: None,
-        audit_interval: None,
+        ..ServeOptions::new(url, dir.to_path_buf())
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let thread = std::thread::spawn(move || {

@@ -115,28 +115,7 @@ fn main() {
 
 /// The child: `provledger serve` with the CLI's defaults, until killed.
 fn serve_child(nats_url: String, dir: &Path) {
-    let options = ServeOptions {
-        nats_url,
-        data_dir: dir.to_path_buf(),
-        stream: "PROVLEDGER".into(),
-        subject_prefix: PREFIX.into(),
-        stream_replicas: 1,
-        nats_auth: Default::default(),
-        min_position_wait: Duration::from_secs(2),
-        snapshot_every: 100_000,
-        retry: Default::default(),
-        executor_reply_wait: Duration::from_secs(30),
-        recovery_interval: Some(Duration::from_secs(60)),
-        runner_lease: Duration::from_millis(
-            provledger_projections::recovery::RUNNER_LEASE_MS_DEFAULT as u64,
-        ),
-        drift_interval: None,
-        ready_file: None,
-        metrics_addr: None,
-        snapshot_bucket: None,
-        http_addr: None,
-        audit_interval: None,
-    };
+    let options = ServeOptions::new(nats_url, dir.to_path_buf());
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

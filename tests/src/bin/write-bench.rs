@@ -426,28 +426,7 @@ struct Serve {
 impl Serve {
     fn start(nats_url: String) -> Serve {
         let dir = tempfile::tempdir().expect("serve's data dir");
-        let options = ServeOptions {
-            nats_url,
-            data_dir: dir.path().join("serve"),
-            stream: STREAM.into(),
-            subject_prefix: "provledger".into(),
-            stream_replicas: 1,
-            nats_auth: Default::default(),
-            min_position_wait: Duration::from_secs(2),
-            snapshot_every: 100_000,
-            retry: Default::default(),
-            executor_reply_wait: Duration::from_secs(30),
-            recovery_interval: Some(Duration::from_secs(60)),
-            runner_lease: std::time::Duration::from_millis(
-                provledger_projections::recovery::RUNNER_LEASE_MS_DEFAULT as u64,
-            ),
-            drift_interval: None,
-            ready_file: None,
-            metrics_addr: None,
-            snapshot_bucket: None,
-            http_addr: None,
-            audit_interval: None,
-        };
+        let options = ServeOptions::new(nats_url, dir.path().join("serve"));
         let (stop, stopped) = oneshot::channel::<()>();
         let thread = side_runtime("serve", async move {
             provledger_serve::run(options, async {
