@@ -154,6 +154,9 @@ pub struct Follower {
     pending: VecDeque<Change>,
     page_next: u64,
     catching_up: bool,
+    /// The catch-up reached the end with changes still pending: say `Current` once they
+    /// are handed over.
+    current_once_handed: bool,
     /// `<prefix>.q.changes`.
     changes_subject: String,
     /// The next catch-up page, asked for while the one before it is handed over.
@@ -193,6 +196,7 @@ impl Follower {
             pending: VecDeque::new(),
             page_next: position,
             catching_up: true,
+            current_once_handed: false,
             changes_subject: format!("{prefix}.q.changes"),
             prefetch: None,
             stats: FollowStats::default(),
@@ -217,6 +221,14 @@ impl Follower {
                 return Ok(Followed::Change(Box::new(change)));
             }
             self.position = self.position.max(self.page_next);
+            if self.current_once_handed {
+                // The last page's changes are handed over: current now, not at the next
+                // bookmark (up to 5 s later).
+                self.current_once_handed = false;
+                return Ok(Followed::Current {
+                    position: self.position,
+                });
+            }
             if self.catching_up {
                 if let Some(current) = self.catch_up_page().await? {
                     return Ok(current);
@@ -325,6 +337,7 @@ impl Follower {
         if next >= end {
             // The page's changes first; the follower is current after them.
             self.catching_up = false;
+            self.current_once_handed = true;
         }
         Ok(None)
     }

@@ -259,3 +259,36 @@ async fn a_follower_that_reads_too_slowly_loses_changes_to_its_full_buffer_and_c
         .collect();
     assert_eq!(handled, expected, "{stats:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_catch_up_says_current_as_soon_as_its_last_change_is_handed_over() {
+    // Given a quiet stream of 200 commits and a ready replica,
+    let nats = NatsServer::start().await;
+    let client = nats.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let _serve = Serve::start(&nats, &dir.path().join("serve"));
+    wait_ready(&client).await;
+    common::write_concurrently(&nats, 4, 50).await;
+    let log = common::stream(&nats).await;
+    let end = common::quiet_end(&log).await;
+    // when a follower from position 0 has been handed every commit (three times, so that
+    // a bookmark, every 5 s, is unlikely to answer for the catch-up each time),
+    for _ in 0..3 {
+        let mut follower =
+            Follower::start(client.clone(), "provledger", ChangeFilter::default(), 0)
+                .await
+                .expect("follower starts");
+        let mut last = 0;
+        while last < end {
+            if let Followed::Change(change) = follower.next().await.expect("follows") {
+                last = change.commit.position;
+            }
+        }
+        // then the next call says it is current at the end, well before any bookmark.
+        let next = tokio::time::timeout(Duration::from_secs(1), follower.next()).await;
+        match next {
+            Ok(Ok(Followed::Current { position })) => assert_eq!(position, end),
+            other => panic!("not current right after the last change: {other:?}"),
+        }
+    }
+}
