@@ -52,6 +52,31 @@ struct LastRequest<'a> {
     batch: usize,
 }
 
+/// Why a direct get failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DirectGetError {
+    /// 503: no replica of the stream answers direct gets (yet): a stream just created, or
+    /// one whose every replica is gone.
+    #[error(
+        "direct get refused: 503 no responders (no replica of the stream answers direct gets)"
+    )]
+    NoResponders,
+    #[error("{0}")]
+    Other(String),
+}
+
+impl From<String> for DirectGetError {
+    fn from(s: String) -> Self {
+        DirectGetError::Other(s)
+    }
+}
+
+impl From<&str> for DirectGetError {
+    fn from(s: &str) -> Self {
+        DirectGetError::Other(s.to_string())
+    }
+}
+
 /// One batch: the messages, and how many more match after the last of them (the
 /// end-of-batch status's `Nats-Num-Pending`, which counts what follows the batch).
 pub(crate) struct Batch {
@@ -96,7 +121,7 @@ impl DirectReader {
         start: Start,
         filter: &str,
         max: usize,
-    ) -> Result<Batch, String> {
+    ) -> Result<Batch, DirectGetError> {
         let (seq, start_time) = match start {
             Start::Sequence(s) => (Some(s.max(1)), None),
             Start::Time(t) => (None, Some(t)),
@@ -125,17 +150,41 @@ impl DirectReader {
                 Some(204) => break pending_of(&reply),
                 // Nothing at or after the start.
                 Some(404) => break 0,
+                Some(503) => return Err(DirectGetError::NoResponders),
                 Some(code) => {
-                    return Err(format!(
+                    return Err(DirectGetError::Other(format!(
                         "direct get refused: {code} {}",
                         reply.description.as_deref().unwrap_or("")
-                    ))
+                    )))
                 }
             }
         };
         // The inbox is used once; unsubscribing is best effort (the connection may be gone).
         let _ = replies.unsubscribe().await;
         Ok(Batch { messages, pending })
+    }
+
+    /// Returns once the stream answers a direct get (a message or "none"), asking again
+    /// while it answers `503 no responders`, for at most `wait`: a stream just created has
+    /// no responders until its replicas subscribe to the direct get API.
+    pub(crate) async fn wait_for_responders(&self, wait: Duration) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            match self.batch(Start::Sequence(1), ">", 1).await {
+                Ok(_) => return Ok(()),
+                Err(DirectGetError::NoResponders) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                Err(DirectGetError::NoResponders) => {
+                    return Err(format!(
+                        "no replica of the stream answered a direct get within {wait:?} (503 no responders)"
+                    ))
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
     }
 
     /// The sequence of the last message on `subject` at or before `up_to_seq` (`None`: no
@@ -192,7 +241,8 @@ impl DirectReader {
         while next <= end {
             let batch = self
                 .batch(Start::Sequence(next), filter, DIRECT_BATCH_MESSAGES_MAX)
-                .await?;
+                .await
+                .map_err(|e| e.to_string())?;
             let last = batch.messages.last().map(|m| m.sequence);
             out.extend(batch.messages.into_iter().filter(|m| m.sequence <= end));
             match last {

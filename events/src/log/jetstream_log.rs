@@ -508,6 +508,10 @@ fn is_stream_not_found(e: &jetstream::context::GetStreamError) -> bool {
 
 /// A direct get's filter for every subject of the stream.
 const ALL_SUBJECTS: &str = ">";
+/// How long `open` waits for the stream to answer direct gets. A stream just created (an
+/// R3 one above all) answers `503 no responders` until its replicas have subscribed to the
+/// direct get API: seen as a first append failing right after the open that created it.
+const DIRECT_RESPONDERS_WAIT: Duration = Duration::from_secs(10);
 
 /// A task that is cancelled when its handle is dropped: a batch asked for ahead that the
 /// reader no longer wants (it stopped reading) is not fetched to the end.
@@ -597,12 +601,19 @@ impl JetStreamLog {
             _ => stream,
         };
         verify_stream_config(&want, &stream.cached_info().config)?;
+        let direct = DirectReader::new(client, &config.stream);
+        direct
+            .wait_for_responders(DIRECT_RESPONDERS_WAIT)
+            .await
+            .map_err(|e| {
+                OpenJetStreamError::Unavailable(format!("stream {}: {e}", config.stream))
+            })?;
         tracing::info!(stream = %config.stream, server = %server_version, "jetstream log ready");
         Ok(JetStreamLog {
             inner: Arc::new(Inner {
                 context,
                 stream,
-                direct: DirectReader::new(client, &config.stream),
+                direct,
                 window: Semaphore::new(config.ack_window),
                 batches: Semaphore::new(ATOMIC_BATCHES_IN_FLIGHT_MAX),
                 subscriptions: Arc::new(Semaphore::new(SUBSCRIPTIONS_MAX)),
