@@ -1312,14 +1312,31 @@ impl JetStreamLog {
         if from.max(1) > to {
             return futures::stream::empty().boxed();
         }
-        self.range_stream(from, to)
+        self.range_stream(from, to, None)
     }
 
-    /// Every message from `from` to `end` (inclusive) on the event subjects, decoded, read
-    /// in batch direct gets: no consumer.
-    fn range_stream(&self, from: u64, end: u64) -> CommitStream {
+    /// `aggregate`'s commits from position `from` to `to` (inclusive), for a reader that
+    /// knows `to` is stored: read by its subject, so what it costs follows the aggregate's
+    /// commits in the range, not the range (a follower of one aggregate checking it missed
+    /// nothing since its position).
+    pub fn read_aggregate_range(&self, aggregate: AggregateId, from: u64, to: u64) -> CommitStream {
+        if from.max(1) > to {
+            return futures::stream::empty().boxed();
+        }
+        self.range_stream(from, to, Some(self.inner.config.subject_for(&aggregate)))
+    }
+
+    /// Every message from `from` to `end` (inclusive) on the event subjects, or on the one
+    /// `subject` given, decoded, read in batch direct gets: no consumer.
+    fn range_stream(&self, from: u64, end: u64, subject: Option<String>) -> CommitStream {
         let direct = self.inner.direct.clone();
         let prefix = self.inner.config.subject_prefix.clone();
+        // On every subject, a message is stored at each position up to `end`, so a batch
+        // that ends early comes from a replica behind; on one subject the batch ends where
+        // the subject's messages do.
+        let one_subject = subject.is_some();
+        let filter: std::sync::Arc<str> =
+            subject.unwrap_or_else(|| ALL_SUBJECTS.to_string()).into();
         // Every subject (`ALL_SUBJECTS`): the stream holds exactly the event subjects
         // (`verify_stream_config`), so this reads the same messages as `<prefix>.ev.>`; but
         // the server counts what remains after each batch in O(1) for `>`, where for
@@ -1330,8 +1347,9 @@ impl JetStreamLog {
             let max = usize::try_from(end - next + 1).map_or(DIRECT_BATCH_MESSAGES_MAX, |n| {
                 n.min(DIRECT_BATCH_MESSAGES_MAX)
             });
+            let filter = filter.clone();
             AbortOnDrop(tokio::spawn(async move {
-                let batch = direct.batch(Start::Sequence(next), ALL_SUBJECTS, max).await;
+                let batch = direct.batch(Start::Sequence(next), &filter, max).await;
                 (next, batch)
             }))
         };
@@ -1342,6 +1360,7 @@ impl JetStreamLog {
         let batches = futures::stream::unfold(first, move |asked| {
             let direct = direct.clone();
             let prefix = prefix.clone();
+            let fetch = fetch.clone();
             async move {
                 let mut asked = asked?;
                 let (next, batch) = match (&mut asked.0).await {
@@ -1359,11 +1378,16 @@ impl JetStreamLog {
                     }
                 };
                 let Some(last) = batch.messages.last().map(|m| m.sequence) else {
+                    if one_subject {
+                        // Nothing more on the subject.
+                        return None;
+                    }
                     // Nothing where the leader said there is: a lagging replica answered.
                     let error = read_unavailable(super::direct::behind(next, end));
                     return Some((vec![Err(error)], None));
                 };
-                let following = (last < end).then(|| fetch(direct, last + 1));
+                let more = !one_subject || batch.pending > 0;
+                let following = (last < end && more).then(|| fetch(direct, last + 1));
                 let items: Vec<_> = batch
                     .messages
                     .iter()
@@ -2128,7 +2152,7 @@ impl EventLog for JetStreamLog {
         if from > last {
             return Ok(futures::stream::empty().boxed());
         }
-        Ok(self.range_stream(from, last))
+        Ok(self.range_stream(from, last, None))
     }
 
     async fn subscribe(&self, from: u64) -> Result<CommitStream, ReadError> {

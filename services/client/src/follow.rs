@@ -10,8 +10,11 @@
 //! duplicate (another replica's, or one the catch-up already gave); one whose `prev` is past
 //! its position means something was missed (a slow consumer, a reconnect, a batch the feed
 //! dropped), and it catches up again from its position. A bookmark past its position, or a
-//! feed silent for [`FEED_SILENCE_MAX`], does the same. The filter is applied here, to the
-//! whole feed: a follower of one operation still hears every change's `prev`.
+//! feed silent for [`FEED_SILENCE_MAX`], does the same. A follower of one aggregate
+//! subscribes to that aggregate's subject alone (the server filters) and checks each
+//! change's `aggregate_prev` instead of `prev`; its catch-up reads that aggregate alone.
+//! Any other filter is applied here, to the whole feed: a follower of one operation still
+//! hears every change's `prev`.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
@@ -33,6 +36,11 @@ const CATCH_UP_REPLY_WAIT: Duration = Duration::from_secs(10);
 const CATCH_UP_RETRY_FOR: Duration = Duration::from_secs(30);
 /// Commits asked for per catch-up page.
 const CATCH_UP_PAGE: u64 = 1000;
+
+/// The live feed's subject for `aggregate`'s changes: `<prefix>.feed.<kind>.<id>`.
+pub fn feed_subject(prefix: &str, aggregate: &AggregateId) -> String {
+    format!("{prefix}.feed.{}.{}", aggregate.kind, aggregate.id)
+}
 
 /// Which commits a follower wants; an empty set or `None` admits all. Every part given
 /// must hold; within `kinds` and `event_types` any one listed does. `q.changes` applies
@@ -124,6 +132,10 @@ struct FeedChange {
     #[serde(flatten)]
     change: Change,
     prev: u64,
+    /// Absent from a replica older than the field: a follower of one aggregate then checks
+    /// against `prev`, which is never less (and catches up more often than it must).
+    #[serde(default)]
+    aggregate_prev: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -139,6 +151,9 @@ pub struct FollowStats {
     pub catch_ups: u64,
     pub duplicates: u64,
     pub gaps: u64,
+    /// Messages heard on the feed (changes and bookmarks): what following cost the server
+    /// and this follower's connection.
+    pub heard: u64,
 }
 
 /// Follows the ledger from a position (see the module).
@@ -147,7 +162,10 @@ pub struct Follower {
     /// `<prefix>.feed.bookmark`, told apart from changes on every feed message.
     bookmark_subject: String,
     filter: ChangeFilter,
-    feed: async_nats::Subscriber,
+    /// The whole feed, or for a follower of one aggregate its subject and the bookmarks.
+    feed: futures::stream::BoxStream<'static, async_nats::Message>,
+    /// Following one aggregate on its subject alone: gaps are told by `aggregate_prev`.
+    narrow: bool,
     /// Everything up to here was handed over (or did not match): where to resume.
     position: u64,
     /// Changes a catch-up page gave that are not handed over yet, and where the page ended.
@@ -173,14 +191,38 @@ impl Follower {
         filter: ChangeFilter,
         position: u64,
     ) -> Result<Self, FollowError> {
-        let subject = format!("{prefix}.feed.>");
-        let feed = client
-            .subscribe(subject.clone())
-            .await
-            .map_err(|e| FollowError::Subscribe {
-                subject: subject.clone(),
-                reason: e.to_string(),
-            })?;
+        let bookmark_subject = format!("{prefix}.feed.bookmark");
+        let subscribe = |subject: String| {
+            let client = client.clone();
+            async move {
+                client
+                    .subscribe(subject.clone())
+                    .await
+                    .map_err(|e| FollowError::Subscribe {
+                        subject,
+                        reason: e.to_string(),
+                    })
+            }
+        };
+        // A follower of one aggregate hears its subject alone (the server filters: it costs
+        // nothing per change of the others) and the bookmarks; any other follower hears the
+        // whole feed, whose `prev` tells it missed nothing, and filters it here.
+        let (feed, subject, narrow) = match filter.aggregate {
+            Some(aggregate) => {
+                let subject = feed_subject(prefix, &aggregate);
+                let changes = subscribe(subject.clone()).await?;
+                let bookmarks = subscribe(bookmark_subject.clone()).await?;
+                (
+                    futures::stream::select(changes, bookmarks).boxed(),
+                    subject,
+                    true,
+                )
+            }
+            None => {
+                let subject = format!("{prefix}.feed.>");
+                (subscribe(subject.clone()).await?.boxed(), subject, false)
+            }
+        };
         // The subscription must be known to the server before the catch-up reads the end,
         // or a change published in between would be neither caught up nor heard.
         client.flush().await.map_err(|e| FollowError::Subscribe {
@@ -189,9 +231,10 @@ impl Follower {
         })?;
         Ok(Follower {
             client,
-            bookmark_subject: format!("{prefix}.feed.bookmark"),
+            bookmark_subject,
             filter,
             feed,
+            narrow,
             position,
             pending: VecDeque::new(),
             page_next: position,
@@ -245,6 +288,7 @@ impl Follower {
                     continue;
                 }
             };
+            self.stats.heard += 1;
             if message.subject.as_str() == self.bookmark_subject {
                 match serde_json::from_slice::<Bookmark>(&message.payload) {
                     Ok(b) if b.position > self.position => self.catching_up = true,
@@ -262,14 +306,17 @@ impl Follower {
                 continue;
             };
             let position = feed.change.commit.position;
-            if position <= self.position {
-                self.stats.duplicates += 1;
-                continue;
-            }
-            if feed.prev > self.position {
-                self.stats.gaps += 1;
-                self.catching_up = true;
-                continue;
+            match heard(self.position, self.narrow, &feed) {
+                Heard::Duplicate => {
+                    self.stats.duplicates += 1;
+                    continue;
+                }
+                Heard::Gap => {
+                    self.stats.gaps += 1;
+                    self.catching_up = true;
+                    continue;
+                }
+                Heard::Next => {}
             }
             self.position = position;
             self.page_next = position;
@@ -356,6 +403,35 @@ impl Drop for Follower {
         if let Some(prefetch) = self.prefetch.take() {
             prefetch.reply.abort();
         }
+    }
+}
+
+/// What a change heard on the feed is to a follower at `position`.
+#[derive(Debug, PartialEq, Eq)]
+enum Heard {
+    /// At or before `position`: handled already (the catch-up gave it, or another replica).
+    Duplicate,
+    /// Something between `position` and it was missed: catch up.
+    Gap,
+    /// The next change: take it.
+    Next,
+}
+
+/// The follower's rule for a change heard on the feed. No change lies between its `prev`
+/// and it (no change of its aggregate between its `aggregate_prev` and it): a follower that
+/// hears the whole feed and handled less than `prev`, or a `narrow` one (its aggregate's
+/// subject alone) that handled less than `aggregate_prev`, missed one.
+fn heard(position: u64, narrow: bool, feed: &FeedChange) -> Heard {
+    let prev = match (narrow, feed.aggregate_prev) {
+        (true, Some(aggregate_prev)) => aggregate_prev,
+        _ => feed.prev,
+    };
+    if feed.change.commit.position <= position {
+        Heard::Duplicate
+    } else if prev > position {
+        Heard::Gap
+    } else {
+        Heard::Next
     }
 }
 
@@ -458,6 +534,38 @@ mod tests {
         let mut draft = CommitDraft::now("t", events);
         draft.operation_id = operation;
         Commit::seal(aggregate, 1, Hash::ZERO, draft)
+    }
+
+    #[test]
+    fn a_narrow_follower_tells_a_gap_by_aggregate_prev_and_any_other_by_prev() {
+        // Given a change at 20 whose last change before it was at 19, and its aggregate's
+        // at 7,
+        let feed = |aggregate_prev: Option<u64>| {
+            let mut change = commit(AggregateId::cluster(Uuid::from_u128(1)), None, vec![]);
+            change.position = 20;
+            FeedChange {
+                change: Change {
+                    commit: change,
+                    timeline: vec![],
+                },
+                prev: 19,
+                aggregate_prev,
+            }
+        };
+        // then a follower of that aggregate alone at 7 (or past it) takes it, one at 6
+        // missed a change of it;
+        assert_eq!(heard(7, true, &feed(Some(7))), Heard::Next);
+        assert_eq!(heard(12, true, &feed(Some(7))), Heard::Next);
+        assert_eq!(heard(6, true, &feed(Some(7))), Heard::Gap);
+        // a follower of the whole feed at 7 missed what lies up to 19;
+        assert_eq!(heard(7, false, &feed(Some(7))), Heard::Gap);
+        assert_eq!(heard(19, false, &feed(Some(7))), Heard::Next);
+        // from a replica that does not say `aggregate_prev`, `prev` decides for both;
+        assert_eq!(heard(7, true, &feed(None)), Heard::Gap);
+        assert_eq!(heard(19, true, &feed(None)), Heard::Next);
+        // and at or past 20 it is a duplicate.
+        assert_eq!(heard(20, true, &feed(Some(7))), Heard::Duplicate);
+        assert_eq!(heard(25, false, &feed(Some(7))), Heard::Duplicate);
     }
 
     #[test]

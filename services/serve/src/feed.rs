@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use provledger_client::follow::feed_subject;
 use provledger_events::Commit;
 use provledger_projections::timeline;
 use tokio::sync::{mpsc, watch};
@@ -100,23 +101,33 @@ pub const FEED_BOOKMARK_INTERVAL: Duration = Duration::from_secs(5);
 pub struct FeedBatch {
     pub after: u64,
     pub through: u64,
-    pub commits: Vec<Commit>,
+    pub commits: Vec<FedCommit>,
 }
 
-/// The subject of `commit`'s change.
-pub fn change_subject(prefix: &str, commit: &Commit) -> String {
-    format!(
-        "{prefix}.feed.{}.{}",
-        commit.aggregate.kind, commit.aggregate.id
-    )
+/// A commit for the feed, with the position of its aggregate's commit folded before it (0:
+/// its first), which a follower of that aggregate alone checks its position against.
+/// `None` where the projector cannot say (a commit held past a loss): the change then
+/// carries the whole log's `prev` there too, which is never less.
+#[derive(Debug)]
+pub struct FedCommit {
+    pub commit: Commit,
+    pub aggregate_prev: Option<u64>,
 }
 
-/// The changes of one batch, each with its `prev`.
+/// The changes of one batch, each with its `prev` and `aggregate_prev`.
 fn changes(batch: FeedBatch) -> impl Iterator<Item = FeedChange> {
     let mut prev = batch.after;
-    batch.commits.into_iter().map(move |commit| {
+    batch.commits.into_iter().map(move |fed| {
+        let FedCommit {
+            commit,
+            aggregate_prev,
+        } = fed;
+        // Never past `prev`: a commit of the aggregate after `prev` would be in this batch
+        // before it, which the projector's order rules out.
+        debug_assert!(aggregate_prev.is_none_or(|p| p <= prev));
         let change = FeedChange {
             prev,
+            aggregate_prev: aggregate_prev.unwrap_or(prev),
             change: HistoryItem {
                 timeline: timeline::render(&commit),
                 commit,
@@ -153,7 +164,7 @@ pub(crate) async fn run(
                 let through = batch.through;
                 let mut published = 0;
                 for change in changes(batch) {
-                    let subject = change_subject(&prefix, &change.change.commit);
+                    let subject = feed_subject(&prefix, &change.change.commit.aggregate);
                     let payload = serde_json::to_vec(&change)
                         .expect("a feed change: plain serde data (string keys, no fallible impls) encodes as JSON");
                     if let Err(e) = client.publish(subject, payload.into()).await {
@@ -198,18 +209,30 @@ mod tests {
             c.position = position;
             c
         };
+        // the first of its aggregate's commits before it at 3, the second held past a loss;
         let batch = FeedBatch {
             after: 10,
             through: 15,
-            commits: vec![commit(12), commit(15)],
+            commits: vec![
+                FedCommit {
+                    commit: commit(12),
+                    aggregate_prev: Some(3),
+                },
+                FedCommit {
+                    commit: commit(15),
+                    aggregate_prev: None,
+                },
+            ],
         };
-        // when its changes are made, then each says no change lies between it and `prev`.
-        let prevs: Vec<(u64, u64)> = changes(batch)
-            .map(|c| (c.prev, c.change.commit.position))
+        // when its changes are made, then each says no change lies between it and `prev`,
+        // and no change of its aggregate between it and `aggregate_prev` (`prev` where the
+        // projector could not say).
+        let prevs: Vec<(u64, u64, u64)> = changes(batch)
+            .map(|c| (c.prev, c.aggregate_prev, c.change.commit.position))
             .collect();
-        assert_eq!(prevs, vec![(10, 12), (12, 15)]);
+        assert_eq!(prevs, vec![(10, 3, 12), (12, 12, 15)]);
         assert_eq!(
-            change_subject("provledger", &commit(12)),
+            feed_subject("provledger", &commit(12).aggregate),
             format!("provledger.feed.cluster.{}", Uuid::from_u128(12))
         );
     }
@@ -231,7 +254,12 @@ mod tests {
         let batch = |n: usize| FeedBatch {
             after: 0,
             through: n as u64,
-            commits: (1..=n as u64).map(commit).collect(),
+            commits: (1..=n as u64)
+                .map(|p| FedCommit {
+                    commit: commit(p),
+                    aggregate_prev: None,
+                })
+                .collect(),
         };
         let (sender, mut receiver) = queue();
         let full = crate::projector::BATCH_ENTRIES_MAX;

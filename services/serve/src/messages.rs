@@ -161,7 +161,8 @@ pub enum ChangesStop {
 }
 
 /// How many positions one `q.changes` request looks at, at most: a filter that matches
-/// little costs a bounded time per request, and the follower asks again from `next`.
+/// little costs a bounded time per request, and the follower asks again from `next`. (With
+/// one aggregate only its commits are looked at, by its subject: no bound needed.)
 pub const CHANGES_SCAN_MAX: u64 = 10_000;
 
 /// One change on the live feed, `<prefix>.feed.<kind>.<id>`: a commit as `q.history` and
@@ -170,11 +171,15 @@ pub const CHANGES_SCAN_MAX: u64 = 10_000;
 /// handled everything up to `prev` or later takes this one; one that is behind `prev` missed
 /// something and fills the gap through `q.changes` from what it handled. With several
 /// replicas each change comes once per replica: a follower drops a `position` it handled.
+/// `aggregate_prev` does the same for a follower of this aggregate alone (subscribed to its
+/// subject only): no change of this aggregate lies between `aggregate_prev` and `position`
+/// (0: this is its first).
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct FeedChange {
     #[serde(flatten)]
     pub change: HistoryItem,
     pub prev: u64,
+    pub aggregate_prev: u64,
 }
 
 /// `<prefix>.feed.bookmark`, every few seconds from each replica: it has published every

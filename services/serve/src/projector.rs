@@ -139,8 +139,9 @@ struct Gathered {
     /// Whether a re-issue to send was folded (see `Projector::reissues`).
     reissue_news: bool,
     /// The commits for the feed (`Projector::with_feed`): every commit this batch took
-    /// (folded, or held past a loss), in position order; never what it quarantined.
-    feed: Vec<Commit>,
+    /// (folded, or held past a loss), in position order; never what it quarantined. Each
+    /// with its aggregate's commit before it (`crate::feed::FedCommit`).
+    feed: Vec<crate::feed::FedCommit>,
 }
 
 /// What one batch did.
@@ -350,7 +351,12 @@ impl Projector {
             PastLoss::Fold(commits) => commits,
             PastLoss::Held(commit) => {
                 if self.feed.is_some() {
-                    gathered.feed.push(*commit);
+                    // Its aggregate's commits before it are not all folded (a loss lies
+                    // between): the feed says nothing narrower than the whole log's `prev`.
+                    gathered.feed.push(crate::feed::FedCommit {
+                        commit: *commit,
+                        aggregate_prev: None,
+                    });
                 }
                 gathered.outcome.held += 1;
                 gathered.checkpoint = at;
@@ -422,7 +428,7 @@ impl Projector {
                 commit.position
             );
             previous = commit.position;
-            self.fold(&commit, &mut gathered.batch, &mut gathered.dirty)?;
+            let aggregate_prev = self.fold(&commit, &mut gathered.batch, &mut gathered.dirty)?;
             self.metrics.folded(&commit.events);
             gathered.reissue_news |= commit.events.iter().any(|e| {
                 matches!(
@@ -447,7 +453,10 @@ impl Projector {
             gathered.outcome.folded += 1;
             gathered.outcome.events += commit.events.len();
             if commit.position == at && self.feed.is_some() {
-                gathered.feed.push(commit);
+                gathered.feed.push(crate::feed::FedCommit {
+                    commit,
+                    aggregate_prev: Some(aggregate_prev),
+                });
             }
         }
         Ok(())
@@ -567,12 +576,14 @@ impl Projector {
         })
     }
 
+    /// Folds `commit` into its entity; the position of the commit of that aggregate folded
+    /// before it (0: none).
     fn fold(
         &mut self,
         commit: &Commit,
         batch: &mut StoreBatch,
         dirty: &mut HashSet<AggregateId>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<u64, StoreError> {
         if self.copies_log {
             // The copy holds the codec's bytes; re-encoding a decoded commit gives the
             // same bytes because the encoding is canonical (the golden tests pin it).
@@ -591,6 +602,7 @@ impl Projector {
         if entity.header().version == 0 {
             batch.created.push(aggregate);
         }
+        let folded_before = entity.header().last_position;
         entity.apply(commit);
         if aggregate.kind == AggregateKind::Provider {
             if let Entity::Provider(provider) = &*entity {
@@ -603,7 +615,7 @@ impl Projector {
             }
         }
         dirty.insert(aggregate);
-        Ok(())
+        Ok(folded_before)
     }
 
     /// A snapshot falls due each time the checkpoint crosses a multiple of

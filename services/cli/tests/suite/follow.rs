@@ -292,3 +292,122 @@ async fn a_catch_up_says_current_as_soon_as_its_last_change_is_handed_over() {
         }
     }
 }
+
+/// A follower of one cluster alone, current, while 400 commits are written on other
+/// aggregates and 60 on the cluster; `slow`: its connection holds 4 messages per
+/// subscription and it takes 20 ms per change, so it loses changes of the cluster. Its
+/// stats once it handled the cluster's commits, which it checks are exactly the stream's.
+async fn follow_one_cluster_during_writes(slow: bool) -> FollowStats {
+    // Given serve, and a cluster with one commit,
+    let nats = NatsServer::start().await;
+    let client = if slow {
+        async_nats::ConnectOptions::new()
+            .subscription_capacity(4)
+            .connect(nats.url())
+            .await
+            .expect("a slow follower's connection")
+    } else {
+        nats.client().await
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let _serve = Serve::start(&nats, &dir.path().join("serve"));
+    wait_ready(&client).await;
+    let log = common::stream(&nats).await;
+    let cluster = provledger_events::AggregateId::cluster(Uuid::now_v7());
+    let append = |event| {
+        let log = &log;
+        async move {
+            provledger_events::EventLog::append(
+                log,
+                cluster,
+                provledger_events::Expectation::Any,
+                provledger_events::CommitDraft::now("writer", vec![event]),
+            )
+            .await
+            .expect("append");
+        }
+    };
+    append(provledger_events::catalogue::samples::all().remove(0)).await;
+    // when a follower of that cluster alone is current, and then 400 commits are written
+    // on other aggregates while 60 are written on the cluster,
+    let filter = ChangeFilter {
+        aggregate: Some(cluster),
+        ..Default::default()
+    };
+    let mut follower = Follower::start(client.clone(), "provledger", filter, 0)
+        .await
+        .expect("follower");
+    let mut handled = Vec::new();
+    while let Followed::Change(change) = follower.next().await.expect("follows") {
+        handled.push(change.commit.position);
+    }
+    let others = common::write_concurrently(&nats, 4, 100);
+    let own = async {
+        for i in 0..60 {
+            append(provledger_events::Event::ClusterStatusChanged {
+                status: provledger_events::catalogue::ClusterStatus::Spawning,
+                description: format!("own commit {i}"),
+            })
+            .await;
+        }
+    };
+    let reading = async {
+        if slow {
+            // Reading while the writes go on, so that its small buffer overflows.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while handled.len() < 30 {
+                assert!(Instant::now() < deadline, "{:?}", follower.stats());
+                if let Followed::Change(change) = follower.next().await.expect("follows") {
+                    handled.push(change.commit.position);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    };
+    tokio::join!(others, own, reading);
+    let end = common::quiet_end(&log).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(Instant::now() < deadline, "never current at {end}");
+        match follower.next().await.expect("follows") {
+            Followed::Change(change) => {
+                handled.push(change.commit.position);
+                if slow {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            Followed::Current { position } if position >= end => break,
+            Followed::Current { .. } => {}
+        }
+    }
+
+    // then it handled exactly the cluster's commits, in order,
+    let expected: Vec<u64> = common::stream_commits(&log)
+        .await
+        .iter()
+        .filter(|c| c.aggregate == cluster)
+        .map(|c| c.position)
+        .collect();
+    assert_eq!(expected.len(), 61);
+    assert_eq!(handled, expected, "{:?}", follower.stats());
+    follower.stats()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_of_one_aggregate_hears_its_subject_alone_and_gets_exactly_its_commits() {
+    // Given a follower of one cluster during writes on it and on 400 others, then it
+    // handled exactly the cluster's commits (checked inside), and heard only the cluster's
+    // changes and bookmarks from the server, not the 400 others (each a message on the
+    // whole feed).
+    let stats = follow_one_cluster_during_writes(false).await;
+    assert!(stats.heard <= 60 + 20, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_of_one_aggregate_that_loses_changes_of_it_sees_the_gap_and_fills_it() {
+    // Given a slow follower of one cluster during writes on it, then it lost changes of
+    // the cluster, told them by `aggregate_prev`, filled them through `q.changes` (read by
+    // the cluster's subject) and handled exactly the cluster's commits (checked inside).
+    let stats = follow_one_cluster_during_writes(true).await;
+    assert!(stats.gaps > 0, "{stats:?}");
+}

@@ -96,7 +96,19 @@ pub(crate) async fn changes(
     let after = request.after.unwrap_or(0);
     // Only what this replica applied: its projector decided what was quarantined up to it.
     let end = ctx.position();
-    let last = end.min(after.saturating_add(CHANGES_SCAN_MAX));
+    // One aggregate is read by its subject: only its commits are looked at, so the whole
+    // range fits one request. Its last folded commit says where that read must reach: a
+    // read that stops short of it was answered by a stream replica behind the leader.
+    let (last, must_reach) = match filter.aggregate {
+        Some(aggregate) => {
+            let folded = ctx
+                .store
+                .entity(&aggregate)?
+                .map(|e| e.header().last_position);
+            (end, folded.filter(|p| *p > after && *p <= end))
+        }
+        None => (end.min(after.saturating_add(CHANGES_SCAN_MAX)), None),
+    };
     let mut page = ChangesPage {
         changes: Vec::new(),
         next: after,
@@ -110,7 +122,11 @@ pub(crate) async fn changes(
     let budget = ctx.page_bytes_max();
     let mut bytes = 0;
     // Up to `last`, which this replica applied, so stored: no need to ask the stream's end.
-    let mut commits = ctx.log.read_range(after + 1, last);
+    let mut commits = match filter.aggregate {
+        Some(aggregate) => ctx.log.read_aggregate_range(aggregate, after + 1, last),
+        None => ctx.log.read_range(after + 1, last),
+    };
+    let mut reached = after;
     while let Some(entry) = commits.next().await {
         let commit = match entry {
             Ok(c) => c,
@@ -129,6 +145,7 @@ pub(crate) async fn changes(
         if commit.position > last {
             break;
         }
+        reached = commit.position;
         if quarantined.contains(&commit.position) || !filter.admits(&commit) {
             page.next = commit.position;
             continue;
@@ -152,6 +169,14 @@ pub(crate) async fn changes(
             page.stopped = ChangesStop::Limit;
             return page.written();
         }
+    }
+    if let Some(expected) = must_reach.filter(|p| reached < *p) {
+        return Err(QueryError::new(
+            ErrorCode::Unavailable,
+            format!(
+                "reading the log's changes: the stream answered up to position {reached}, but this replica folded a commit of the aggregate at {expected} (a stream replica behind its leader answered); ask again"
+            ),
+        ));
     }
     // Every position up to `last` was looked at.
     page.next = last;
