@@ -493,19 +493,38 @@ async fn raw_write_load(
     (rate, errors)
 }
 
+/// Whom the followers of the load phase follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Following {
+    /// The whole feed, unfiltered.
+    All,
+    /// Each one provider the writers write (follower `n` the provider `n` modulo their
+    /// number), on that provider's subject alone.
+    OneProvider,
+}
+
 /// `followers` followers from the current end, each on its own connection, counting what
 /// they are handed until `stop`; their total (changes, gaps, catch-up pages).
 async fn start_followers(
     nats_url: &str,
     followers: usize,
+    following: Following,
+    providers: &[Uuid],
     stop: Arc<AtomicBool>,
 ) -> Vec<tokio::task::JoinHandle<(u64, u64, u64)>> {
     let mut tasks = Vec::new();
-    for _ in 0..followers {
+    for n in 0..followers {
         let client = async_nats::connect(nats_url).await.expect("a follower");
         let health = request(&client, HEALTH_SUBJECT, Bytes::from_static(b"{}")).await;
         let from = health["position"].as_u64().unwrap_or(0);
-        let mut follower = Follower::start(client, PREFIX, ChangeFilter::default(), from)
+        let filter = match following {
+            Following::All => ChangeFilter::default(),
+            Following::OneProvider => ChangeFilter {
+                aggregate: Some(AggregateId::provider(providers[n % providers.len()])),
+                ..Default::default()
+            },
+        };
+        let mut follower = Follower::start(client, PREFIX, filter, from)
             .await
             .expect("a follower");
         while !matches!(follower.next().await, Ok(Followed::Current { .. })) {}
@@ -576,7 +595,7 @@ async fn bench(options: Options) {
             options.rate, options.live
         );
         let stop = Arc::new(AtomicBool::new(false));
-        let tasks = start_followers(&url, others, stop.clone()).await;
+        let tasks = start_followers(&url, others, Following::All, &[], stop.clone()).await;
         let measured = live_latency(&url, options.rate, options.live).await;
         stop.store(true, Ordering::Relaxed);
         let mut gaps = 0;
@@ -594,15 +613,22 @@ async fn bench(options: Options) {
     }
     let serve = Arc::new(serve);
     let mut load_rows = Vec::new();
+    let f = options.followers;
     let loads = if options.runs("load") {
-        vec![0, options.followers, 0, options.followers]
+        [0, f, f, 0, f, f]
+            .into_iter()
+            .zip([Following::All, Following::All, Following::OneProvider].repeat(2))
+            .collect()
     } else {
         Vec::new()
     };
-    for followers in loads {
-        eprintln!("writes for {:?} with {followers} followers", options.load);
+    for (followers, following) in loads {
+        eprintln!(
+            "writes for {:?} with {followers} followers ({following:?})",
+            options.load
+        );
         let stop = Arc::new(AtomicBool::new(false));
-        let tasks = start_followers(&url, followers, stop.clone()).await;
+        let tasks = start_followers(&url, followers, following, &providers, stop.clone()).await;
         let sampling = Arc::new(AtomicBool::new(true));
         let sampler = {
             let (serve, sampling) = (serve.clone(), sampling.clone());
@@ -627,7 +653,9 @@ async fn bench(options: Options) {
             gaps += g;
             pages += p;
         }
-        load_rows.push((followers, rate, errors, peak, changes, gaps, pages));
+        load_rows.push((
+            followers, following, rate, errors, peak, changes, gaps, pages,
+        ));
     }
 
     // The physical reference: the raw server, same loads, with a real change's JSON.
@@ -711,33 +739,40 @@ async fn bench(options: Options) {
         }
     }
     println!(
-        "\ncmd.append from {WRITERS} clients (closed loop, {} s each), with and without followers (each its own connection, unfiltered):\n",
+        "\ncmd.append from {WRITERS} clients on {WRITERS} providers (closed loop, {} s each), with and without followers (each its own connection; `All`: unfiltered, `OneProvider`: each follows one of the providers written, on its subject alone):\n",
         options.load.as_secs()
     );
-    println!("| followers | commits/s | errors | serve's peak RSS | changes handed to followers | gaps caught up | catch-up pages |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
-    for (followers, rate, errors, peak, changes, gaps, pages) in &load_rows {
+    println!("| followers | following | commits/s | errors | serve's peak RSS | changes handed to followers | gaps caught up | catch-up pages |");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|");
+    for (followers, following, rate, errors, peak, changes, gaps, pages) in &load_rows {
+        let following = if *followers == 0 {
+            "-".to_string()
+        } else {
+            format!("{following:?}")
+        };
         println!(
-            "| {followers} | {rate:.0} | {errors} | {:.1} MB | {changes} | {gaps} | {pages} |",
+            "| {followers} | {following} | {rate:.0} | {errors} | {:.1} MB | {changes} | {gaps} | {pages} |",
             mb(*peak)
         );
     }
-    let none: f64 = load_rows
-        .iter()
-        .filter(|r| r.0 == 0)
-        .map(|r| r.1)
-        .sum::<f64>()
-        / 2.0;
-    let with: f64 = load_rows
-        .iter()
-        .filter(|r| r.0 != 0)
-        .map(|r| r.1)
-        .sum::<f64>()
-        / 2.0;
+    let mean = |wanted: Option<Following>| {
+        load_rows
+            .iter()
+            .filter(|r| match wanted {
+                None => r.0 == 0,
+                Some(w) => r.0 != 0 && r.1 == w,
+            })
+            .map(|r| r.2)
+            .sum::<f64>()
+            / 2.0
+    };
+    let none = mean(None);
+    let with = mean(Some(Following::All));
     println!(
-        "\nwrite rate with {} followers / none (means of two runs each): **{:.2}x**",
+        "\nwrite rate with {} followers / none (means of two runs each): **{:.2}x** unfiltered, **{:.2}x** each following one provider",
         options.followers,
-        with / none
+        with / none,
+        mean(Some(Following::OneProvider)) / none
     );
     if !raw_rows.is_empty() {
         println!(
