@@ -7,6 +7,9 @@
 //! time and ids come in with the `CommitDraft`.
 //!
 //! # Modules
+//! - `backup.rs`: a backup's format (`stream.bin` frames, `manifest.json`), the fold that
+//!   builds a manifest from the stream's messages in order, and the check of a backup's
+//!   content against it (pure: the shell reads the stream and the files).
 //! - `catalogue/`: the `Event` enum (one place, append-only, documented in
 //!   `docs/events.md`) and its value types per aggregate kind; `samples.rs` has one example
 //!   per event for the golden tests, `constructors.rs` the constructors through which the
@@ -37,6 +40,7 @@
 //!   reads an aggregate whole, or only after a chain tip (`read_aggregate_after`), and finds
 //!   a commit id (`find_commit`: sled's index, a time-bounded JetStream scan).
 
+pub mod backup;
 pub mod catalogue;
 pub mod codec;
 pub mod commit;
