@@ -36,7 +36,9 @@
 //!   `append_atomic` calls one handle gets at once are written as one backend write (one
 //!   JetStream atomic batch of up to 1,000 messages, one sled batch), each set answered on
 //!   its own (a set refused for its expectations is refused alone; a batch the server
-//!   refuses is split). `direct.rs` reads JetStream by batch direct get (no consumer). A log
+//!   refuses is split). `direct.rs` reads JetStream by batch direct get (no consumer);
+//!   `raw.rs` reads the stream's messages as stored (a backup) and publishes a restore into
+//!   an empty stream at the same positions. A log
 //!   reads an aggregate whole, or only after a chain tip (`read_aggregate_after`), and finds
 //!   a commit id (`find_commit`: sled's index, a time-bounded JetStream scan).
 

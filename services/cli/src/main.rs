@@ -251,8 +251,12 @@ enum Command {
         /// Then read the restored stream back (the same bytes at the same positions, the
         /// manifest's tips) and audit it. Exit 1 if anything differs or the audit finds a
         /// violation.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "check_only")]
         verify: bool,
+        /// Only check the backup against its manifest (every byte, as a restore does before
+        /// publishing) and publish nothing; needs no --nats.
+        #[arg(long)]
+        check_only: bool,
     },
     /// Run the stuck-state recovery sweep once: interrupted tasks (lease expired) are
     /// re-driven, cleared or put in error, each recorded with its reason.
@@ -647,7 +651,12 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
         }
         Command::Audit { fix_orphans } => audit(fix_orphans, &g).await,
         Command::Backup { to } => commands::backup::run_backup(&g.options, &to, json).await,
-        Command::Restore { from, verify } => {
+        Command::Restore {
+            from,
+            check_only: true,
+            ..
+        } => commands::backup::run_check(&from, json),
+        Command::Restore { from, verify, .. } => {
             commands::backup::run_restore(&g.options, &from, verify, json).await
         }
         Command::Provider {

@@ -130,6 +130,44 @@ fn print_backup(summary: &BackupSummary, to: &Path, seconds: f64, json: bool) {
     }
 }
 
+/// Reads the manifest in `from` and checks every byte of the backup against it.
+fn read_and_check(from: &Path) -> Result<Manifest, CommandError> {
+    let manifest = backup::read_manifest(from)?;
+    let bar = progress_bar(manifest.content.last_position, "checking the backup");
+    let checked = backup::check(from, &manifest, |p| bar.set_position(p));
+    bar.finish_and_clear();
+    checked?;
+    tracing::info!(dir = %from.display(), "backup checked against its manifest");
+    Ok(manifest)
+}
+
+/// `provledger restore --from DIR --check-only`: the backup checked, nothing published.
+pub fn run_check(from: &Path, json: bool) -> Result<(), CommandError> {
+    let started = Instant::now();
+    let manifest = read_and_check(from)?;
+    let seconds = started.elapsed().as_secs_f64();
+    let c = &manifest.content;
+    if json {
+        let mut value = manifest_summary(&manifest);
+        value["checked"] = true.into();
+        value["seconds"] = seconds.into();
+        print_json(&value);
+        return Ok(());
+    }
+    println!(
+        "backup {} checked: stream {} positions {}..={}, {} messages, {} commits, {} tips, blake3 {} as its manifest says, in {seconds:.2} s; nothing published",
+        from.display(),
+        manifest.stream,
+        c.first_position,
+        c.last_position,
+        c.messages,
+        c.commits,
+        c.tips.len(),
+        c.content_blake3
+    );
+    Ok(())
+}
+
 /// `provledger restore --from DIR [--verify]`.
 pub async fn run_restore(
     options: &LedgerOptions,
@@ -139,13 +177,8 @@ pub async fn run_restore(
 ) -> Result<(), CommandError> {
     let url = needs_nats(options, "restore")?;
     let started = Instant::now();
-    let manifest = backup::read_manifest(from)?;
     // Everything is checked before anything is published.
-    let bar = progress_bar(manifest.content.last_position, "checking the backup");
-    let checked = backup::check(from, &manifest, |p| bar.set_position(p));
-    bar.finish_and_clear();
-    checked?;
-    tracing::info!(dir = %from.display(), "backup checked against its manifest");
+    let manifest = read_and_check(from)?;
     let client = connect_nats(&url, "provledger", &options.nats_auth).await?;
     let config = JetStreamConfig {
         stream: options.stream.clone(),

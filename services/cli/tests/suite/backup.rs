@@ -230,6 +230,23 @@ async fn a_backup_with_a_flipped_byte_or_a_dropped_message_is_refused_naming_it(
         "{}",
         common::text(&drop)
     );
+    // (as `--check-only` says without a server, the good one passing)
+    let offline = common::provledger(
+        &[
+            "restore",
+            "--check-only",
+            "--from",
+            flipped.to_str().unwrap(),
+        ],
+        "",
+    );
+    assert_eq!(offline.status.code(), Some(1), "{}", common::text(&offline));
+    assert!(common::text(&offline).contains("position 8: its frame's checksum"));
+    let offline = common::provledger(
+        &["restore", "--check-only", "--from", good.to_str().unwrap()],
+        "",
+    );
+    assert!(offline.status.success(), "{}", common::text(&offline));
     // and nothing was published: the fresh server has no stream yet;
     let client = fresh.client().await;
     let js = async_nats::jetstream::new(client);
