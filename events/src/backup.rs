@@ -76,8 +76,9 @@ pub struct Tip {
 }
 
 /// `manifest.json`: what a backup holds, and what its content must match.
+/// (Fields a later build adds are ignored by this one: a change that an older reader must
+/// not ignore takes the next `backup_format`.)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Manifest {
     pub backup_format: u32,
     pub stream: String,
@@ -661,7 +662,6 @@ pub fn check_backup<R: Read>(
     let mut reader = FrameReader::new(source);
     let mut fold = ContentFold::new(&manifest.subject_prefix, c.first_position, c.last_position);
     let mut holes = c.holes.iter().peekable();
-    let events = format!("{}.ev.", manifest.subject_prefix);
     while let Some(message) = reader.next_message()? {
         let position = message.position;
         if position > c.last_position {
@@ -671,13 +671,7 @@ pub fn check_backup<R: Read>(
                 last: c.last_position,
             });
         }
-        if !message.subject.starts_with(&events) || !is_plain_subject(&message.subject) {
-            return Err(BackupRefusal::ForeignSubject {
-                position,
-                subject: message.subject,
-                prefix: manifest.subject_prefix.clone(),
-            });
-        }
+        check_subject(&manifest.subject_prefix, &message)?;
         // Every position from the last one up to this one is either a listed hole or lost
         // from the backup.
         let mut expected = fold.next_position();
@@ -723,6 +717,23 @@ pub fn check_backup<R: Read>(
         "the fold re-encodes each frame as read"
     );
     compare_facts(c, &facts)
+}
+
+/// Refuses a message whose subject is not an event subject of `prefix` that NATS takes for
+/// a publish: what a restore would publish must land in the log's stream and nowhere else.
+pub fn check_subject(prefix: &str, message: &RawMessage) -> Result<(), BackupRefusal> {
+    let events_of_prefix = message
+        .subject
+        .strip_prefix(prefix)
+        .is_some_and(|rest| rest.starts_with(".ev."));
+    if events_of_prefix && is_plain_subject(&message.subject) {
+        return Ok(());
+    }
+    Err(BackupRefusal::ForeignSubject {
+        position: message.position,
+        subject: message.subject.clone(),
+        prefix: prefix.to_string(),
+    })
 }
 
 /// A subject as NATS takes it for a publish: non-empty tokens, no wildcard, no whitespace

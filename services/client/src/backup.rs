@@ -8,9 +8,9 @@ use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use provledger_events::backup::{
-    check_backup, compare_facts, parse_manifest, BackupFoldError, BackupRefusal, ContentFacts,
-    ContentFold, FrameReader, Manifest, RepeatedId, BACKUP_FORMAT, MANIFEST_BYTES_MAX,
-    STREAM_FILE_MAGIC,
+    check_backup, check_subject, compare_facts, parse_manifest, BackupFoldError, BackupRefusal,
+    ContentFacts, ContentFold, FrameReader, Manifest, RepeatedId, BACKUP_FORMAT,
+    MANIFEST_BYTES_MAX, STREAM_FILE_MAGIC,
 };
 use provledger_events::log::{
     JetStreamConfig, MissingStream, OpenJetStreamError, RestoreStreamError, RestoreTarget,
@@ -268,6 +268,8 @@ pub async fn restore(
         let message = frames.next_message().map_err(refused)?;
         let end = message.is_none();
         if let Some(m) = message {
+            // Checked before, checked again: the file may have changed since.
+            check_subject(&manifest.subject_prefix, &m).map_err(refused)?;
             chunk.push(m);
         }
         if chunk.len() >= RESTORE_CHUNK_MESSAGES || (end && !chunk.is_empty()) {
