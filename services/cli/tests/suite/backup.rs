@@ -144,9 +144,9 @@ async fn a_backup_taken_under_writes_restores_onto_a_fresh_server_with_the_same_
         .await;
     assert!(same, "the same commits at the same positions");
 
-    // and a fresh serve becomes ready on it, at the backup's position.
-    let serve_dir = dir.path().join("serve");
-    let _serve = common::Serve::start(&fresh, &serve_dir);
+    // and a fresh serve becomes ready on it, at the backup's position,
+    let bucket = ["--snapshot-bucket", "PROVLEDGER_SNAPSHOTS"];
+    let _serve = common::Serve::start_with(&fresh, &dir.path().join("serve"), &bucket);
     let client = fresh.client().await;
     common::wait_ready(&client).await;
     let reply = client
@@ -155,6 +155,32 @@ async fn a_backup_taken_under_writes_restores_onto_a_fresh_server_with_the_same_
         .unwrap();
     let health: serde_json::Value = serde_json::from_slice(&reply.payload).unwrap();
     assert_eq!(health["data"]["position"], at, "{health}");
+    // and publishes its snapshot in the bucket, from which a new replica bootstraps.
+    let js = async_nats::jetstream::new(client.clone());
+    wait_for(|| async {
+        let Ok(store) = js.get_object_store("PROVLEDGER_SNAPSHOTS").await else {
+            return false;
+        };
+        store.info("projection").await.is_ok()
+    })
+    .await;
+    let second = dir.path().join("second");
+    let _second = common::Serve::start_with(&fresh, &second, &bucket);
+    wait_for(|| async {
+        std::fs::read_to_string(second.with_extension("log"))
+            .unwrap_or_default()
+            .contains("bootstrapped from a published snapshot")
+    })
+    .await;
+}
+
+/// Waits up to 30 s for `ready` to answer true.
+async fn wait_for<F: std::future::Future<Output = bool>>(mut ready: impl FnMut() -> F) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !ready().await {
+        assert!(std::time::Instant::now() < deadline, "not within 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// A copy of the backup in `from` at `to`, its `stream.bin` passed through `edit`.
