@@ -278,12 +278,51 @@ async fn a_backup_with_a_flipped_byte_or_a_dropped_message_is_refused_naming_it(
     let js = async_nats::jetstream::new(client);
     assert!(js.get_stream("PROVLEDGER").await.is_err(), "no stream");
 
-    // while the good backup restores there.
+    // while the good backup restores there, once: the stream then holds it.
     let ok = cli(
         &fresh,
         &["restore", "--from", good.to_str().unwrap(), "--verify"],
     );
     assert!(ok.status.success(), "{}", common::text(&ok));
+    let twice = cli(&fresh, &["restore", "--from", good.to_str().unwrap()]);
+    assert_eq!(twice.status.code(), Some(1), "{}", common::text(&twice));
+    assert!(
+        common::text(&twice).contains("already holds 60 message(s)"),
+        "{}",
+        common::text(&twice)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deployed_auditor_user_can_take_a_backup() {
+    // Given the deployed accounts, and a commit appended by the designated writer,
+    let nats = NatsServer::start_hardened(true, false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (writer, auditor) = (nats.url_as("writer"), nats.url_as("auditor"));
+    let create =
+        r#"[{"cluster_create_requested": {"name": "c1", "plugin": "vanilla", "node_groups": []}}]"#;
+    let cluster = format!("cluster/{}", uuid::Uuid::now_v7());
+    let append = [
+        "--nats", &writer, "append", &cluster, "--expect", "none", "--events", "-",
+    ];
+    let out = common::provledger(&append, create);
+    assert!(out.status.success(), "{}", common::text(&out));
+
+    // when the auditor (stream reads only) backs it up,
+    let to = dir.path().join("backup");
+    let out = common::provledger(
+        &["--nats", &auditor, "backup", "--to", to.to_str().unwrap()],
+        "",
+    );
+
+    // then the backup is whole.
+    assert!(out.status.success(), "{}", common::text(&out));
+    assert_eq!(manifest(&to).content.commits, 1);
+    let check = common::provledger(
+        &["restore", "--check-only", "--from", to.to_str().unwrap()],
+        "",
+    );
+    assert!(check.status.success(), "{}", common::text(&check));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
