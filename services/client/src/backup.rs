@@ -33,6 +33,8 @@ pub enum BackupError {
         "{dir} is not empty: a backup goes into a new or empty directory, never over another one"
     )]
     DirNotEmpty { dir: PathBuf },
+    #[error("{path} is a file: a backup goes into a new or empty directory")]
+    NotADirectory { path: PathBuf },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -101,6 +103,9 @@ fn empty_dir(dir: &Path) -> Result<(), BackupError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             fs::create_dir_all(dir).map_err(io_error(dir))
         }
+        Err(e) if e.kind() == io::ErrorKind::NotADirectory => Err(BackupError::NotADirectory {
+            path: dir.to_path_buf(),
+        }),
         Err(e) => Err(io_error(dir)(e)),
     }
 }

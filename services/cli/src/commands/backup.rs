@@ -21,7 +21,9 @@ use super::{print_json, CommandError};
 impl From<BackupError> for CommandError {
     fn from(e: BackupError) -> Self {
         match e {
-            BackupError::DirNotEmpty { .. } => CommandError::BadInput(e.to_string()),
+            BackupError::DirNotEmpty { .. } | BackupError::NotADirectory { .. } => {
+                CommandError::BadInput(e.to_string())
+            }
             BackupError::Io { .. } => CommandError::Infrastructure(e.to_string()),
             BackupError::Read(r) => r.into(),
             BackupError::Fold(_) => CommandError::Problem(e.to_string()),

@@ -215,6 +215,15 @@ async fn a_backup_with_a_flipped_byte_or_a_dropped_message_is_refused_naming_it(
     // (a second backup into the same directory is refused: it is not empty)
     let again = cli(&source, &["backup", "--to", good.to_str().unwrap()]);
     assert_eq!(again.status.code(), Some(2), "{}", common::text(&again));
+    // (nor into a file)
+    let file = good.join("manifest.json");
+    let into_file = cli(&source, &["backup", "--to", file.to_str().unwrap()]);
+    assert_eq!(
+        into_file.status.code(),
+        Some(2),
+        "{}",
+        common::text(&into_file)
+    );
 
     // and two damaged copies: one byte flipped in the payload of the commit at position
     // 8 (its description), and the message at position 20 dropped,
