@@ -287,7 +287,9 @@ async fn a_backup_with_a_flipped_byte_or_a_dropped_message_is_refused_naming_it(
     let js = async_nats::jetstream::new(client);
     assert!(js.get_stream("PROVLEDGER").await.is_err(), "no stream");
 
-    // while the good backup restores there, once: the stream then holds it.
+    // while the good backup restores there, into the stream a first writer created empty,
+    // once: the stream then holds it.
+    let _created = common::stream(&fresh).await;
     let ok = cli(
         &fresh,
         &["restore", "--from", good.to_str().unwrap(), "--verify"],
