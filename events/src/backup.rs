@@ -42,6 +42,9 @@ pub const MANIFEST_BYTES_MAX: u64 = 1 << 30;
 /// The most holes a manifest lists: a stream with more lost ranges is not one to restore
 /// without a person looking at it first.
 pub const HOLES_MAX: usize = 100_000;
+/// The most positions a manifest's holes may cover: a restore makes each one (a publish
+/// and a delete), so a hostile or mistaken manifest must not ask for billions.
+pub const HOLE_POSITIONS_MAX: u64 = 1_000_000;
 const _: () = assert!(FRAME_SUBJECT_BYTES_MAX < u16::MAX as usize);
 const _: () = assert!(FRAME_MSG_ID_BYTES_MAX < u16::MAX as usize);
 const _: () = assert!(FRAME_PAYLOAD_BYTES_MAX < u32::MAX as usize);
@@ -615,6 +618,13 @@ pub fn parse_manifest(bytes: &[u8]) -> Result<Manifest, BackupRefusal> {
     if c.first_position == 0 {
         return inconsistent("first_position is 0 (positions start at 1)".into());
     }
+    // No stream gets near it, and below it no position arithmetic here can overflow.
+    if c.last_position >= 1 << 63 || c.first_position >= 1 << 63 {
+        return inconsistent(format!(
+            "positions {}..={} are past 2^63, which no stream reaches",
+            c.first_position, c.last_position
+        ));
+    }
     if c.last_position + 1 < c.first_position {
         return inconsistent(format!(
             "last_position {} is before first_position {} - 1",
@@ -638,6 +648,11 @@ pub fn parse_manifest(bytes: &[u8]) -> Result<Manifest, BackupRefusal> {
         }
         missing += h.to - h.from + 1;
         after = h.to + 1;
+    }
+    if missing > HOLE_POSITIONS_MAX {
+        return inconsistent(format!(
+            "its holes cover {missing} positions, over HOLE_POSITIONS_MAX = {HOLE_POSITIONS_MAX}"
+        ));
     }
     let span = (c.last_position + 1).saturating_sub(c.first_position);
     if span.checked_sub(missing) != Some(c.messages) {
@@ -904,6 +919,14 @@ mod tests {
         let mut wrong = manifest.clone();
         wrong.content.messages = 3;
         let refusal = parse_manifest(&serde_json::to_vec(&wrong).unwrap()).unwrap_err();
+        assert!(
+            matches!(refusal, BackupRefusal::ManifestInconsistent { .. }),
+            "{refusal}"
+        );
+        // when it claims a position no stream reaches, then it is refused, not overflowed;
+        let mut huge = manifest.clone();
+        huge.content.last_position = u64::MAX;
+        let refusal = parse_manifest(&serde_json::to_vec(&huge).unwrap()).unwrap_err();
         assert!(
             matches!(refusal, BackupRefusal::ManifestInconsistent { .. }),
             "{refusal}"
