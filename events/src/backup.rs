@@ -618,6 +618,26 @@ pub fn parse_manifest(bytes: &[u8]) -> Result<Manifest, BackupRefusal> {
     if c.first_position == 0 {
         return inconsistent("first_position is 0 (positions start at 1)".into());
     }
+    // Text a terminal shows: no control character (an escape sequence could rewrite it).
+    let texts = [
+        ("stream", &manifest.stream),
+        ("subject_prefix", &manifest.subject_prefix),
+        ("server_version", &manifest.server_version),
+    ];
+    if let Some((field, text)) = texts.iter().find(|(_, t)| t.chars().any(char::is_control)) {
+        return inconsistent(format!("{field} {text:?} holds control characters"));
+    }
+    // Each tip names an aggregate as provledger writes it (so a refusal can name it).
+    if let Some(tip) = c.tips.iter().find(|t| {
+        t.aggregate
+            .parse::<AggregateId>()
+            .map_or(true, |a| a.to_string() != t.aggregate)
+    }) {
+        return inconsistent(format!(
+            "a tip of {:?}, which is no aggregate",
+            tip.aggregate
+        ));
+    }
     // No stream gets near it, and below it no position arithmetic here can overflow.
     if c.last_position >= 1 << 63 || c.first_position >= 1 << 63 {
         return inconsistent(format!(
@@ -927,6 +947,19 @@ mod tests {
         let mut huge = manifest.clone();
         huge.content.last_position = u64::MAX;
         let refusal = parse_manifest(&serde_json::to_vec(&huge).unwrap()).unwrap_err();
+        assert!(
+            matches!(refusal, BackupRefusal::ManifestInconsistent { .. }),
+            "{refusal}"
+        );
+        // when it names a tip that is no aggregate (an escape sequence), then it is refused;
+        let mut forged = manifest.clone();
+        forged.content.tips.push(Tip {
+            aggregate: "cluster/\u{1b}[2J".into(),
+            version: 1,
+            position: 1,
+            hash: Hash::ZERO,
+        });
+        let refusal = parse_manifest(&serde_json::to_vec(&forged).unwrap()).unwrap_err();
         assert!(
             matches!(refusal, BackupRefusal::ManifestInconsistent { .. }),
             "{refusal}"
