@@ -292,9 +292,7 @@ fn print_restore(
         c.holes.len()
     );
     let Some((report, verify_seconds)) = verified else {
-        println!(
-            "not verified: run it again with --verify onto an empty stream, or `provledger audit`"
-        );
+        println!("not read back (no --verify): `provledger audit` audits the restored stream");
         return;
     };
     println!(
