@@ -7,6 +7,9 @@
 //! time and ids come in with the `CommitDraft`.
 //!
 //! # Modules
+//! - `backup.rs`: a backup's format (`stream.bin` frames, `manifest.json`), the fold that
+//!   builds a manifest from the stream's messages in order, and the check of a backup's
+//!   content against it (pure: the shell reads the stream and the files).
 //! - `catalogue/`: the `Event` enum (one place, append-only, documented in
 //!   `docs/events.md`) and its value types per aggregate kind; `samples.rs` has one example
 //!   per event for the golden tests, `constructors.rs` the constructors through which the
@@ -33,10 +36,13 @@
 //!   `append_atomic` calls one handle gets at once are written as one backend write (one
 //!   JetStream atomic batch of up to 1,000 messages, one sled batch), each set answered on
 //!   its own (a set refused for its expectations is refused alone; a batch the server
-//!   refuses is split). `direct.rs` reads JetStream by batch direct get (no consumer). A log
+//!   refuses is split). `direct.rs` reads JetStream by batch direct get (no consumer);
+//!   `raw.rs` reads the stream's messages as stored (a backup) and publishes a restore into
+//!   an empty stream at the same positions. A log
 //!   reads an aggregate whole, or only after a chain tip (`read_aggregate_after`), and finds
 //!   a commit id (`find_commit`: sled's index, a time-bounded JetStream scan).
 
+pub mod backup;
 pub mod catalogue;
 pub mod codec;
 pub mod commit;

@@ -135,3 +135,18 @@ pub fn vcpu_claim(consumer: Uuid, consumer_kind: ConsumerKind, vcpu: u64) -> Vec
         resources: BTreeMap::from([("VCPU".to_string(), vcpu)]),
     }]
 }
+
+/// The events of commit `c` of provider `p` in the benches' churn: its registration with
+/// 1,000 VCPU, then instances coming and going (a claim at each odd `c`, the release of
+/// the claim before it at each even one).
+pub fn provider_churn(p: u64, c: u64) -> Vec<Event> {
+    let consumer = |c: u64| Uuid::from_u128((u128::from(p) << 32) + u128::from(c));
+    match c {
+        0 => provider_on(&format!("node-{p}"), 1_000),
+        c if c % 2 == 1 => vcpu_claim(consumer(c), ConsumerKind::Instance, 1),
+        c => vec![Event::AllocationReleased {
+            consumer: consumer(c - 1),
+            reason: "instance deleted".into(),
+        }],
+    }
+}

@@ -99,7 +99,7 @@ impl JetStreamConfig {
         format!("{}.ev.>", self.subject_prefix)
     }
 
-    fn stream_config(&self) -> stream::Config {
+    pub(crate) fn stream_config(&self) -> stream::Config {
         stream::Config {
             name: self.stream.clone(),
             subjects: vec![self.all_subjects()],
@@ -389,7 +389,7 @@ fn read_unavailable(e: impl std::fmt::Display) -> ReadError {
 }
 
 /// Compares what the server echoed back with what we need; names the first difference.
-fn verify_stream_config(
+pub(crate) fn verify_stream_config(
     want: &stream::Config,
     got: &stream::Config,
 ) -> Result<(), OpenJetStreamError> {
@@ -642,6 +642,11 @@ impl JetStreamLog {
 
     pub fn context(&self) -> &jetstream::Context {
         &self.inner.context
+    }
+
+    /// The batch direct-get reader, for the raw reads of a backup (`raw.rs`).
+    pub(crate) fn direct(&self) -> &DirectReader {
+        &self.inner.direct
     }
 
     /// The position of the last message on `aggregate`'s subject at or before `position`

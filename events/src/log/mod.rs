@@ -7,6 +7,7 @@ mod direct;
 pub mod group_commit;
 pub mod jetstream_log;
 pub mod mem_log;
+pub mod raw;
 pub mod sled_log;
 
 use std::fmt;
@@ -26,6 +27,7 @@ pub use jetstream_log::{
     SERVER_VERSION_MIN,
 };
 pub use mem_log::{FaultCounts, FaultPlan, MemLog};
+pub use raw::{RestoreStreamError, RestoreTarget, StreamBounds, RESTORE_WINDOW};
 pub use sled_log::{OpenSledError, SledLog};
 
 /// What the writer believes the aggregate's version to be.

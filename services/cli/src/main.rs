@@ -234,6 +234,30 @@ enum Command {
         #[arg(long)]
         fix_orphans: bool,
     },
+    /// Copy the JetStream stream, as it is at one position, into a new or empty directory:
+    /// `stream.bin` (every message, framed) and `manifest.json` (positions, holes, counts,
+    /// each aggregate's chain tip, the content's blake3). Needs --nats.
+    Backup {
+        /// The directory to write; it must not exist or be empty.
+        #[arg(long, value_name = "DIR")]
+        to: PathBuf,
+    },
+    /// Put a backup back into an empty stream (--stream, created if missing), at the same
+    /// positions, after checking every byte of it against its manifest. Needs --nats.
+    Restore {
+        /// The directory `provledger backup --to` wrote.
+        #[arg(long, value_name = "DIR")]
+        from: PathBuf,
+        /// Then read the restored stream back (the same bytes at the same positions, the
+        /// manifest's tips) and audit it. Exit 1 if anything differs or the audit finds a
+        /// violation.
+        #[arg(long, conflicts_with = "check_only")]
+        verify: bool,
+        /// Only check the backup against its manifest (every byte, as a restore does before
+        /// publishing) and publish nothing; needs no --nats.
+        #[arg(long)]
+        check_only: bool,
+    },
     /// Run the stuck-state recovery sweep once: interrupted tasks (lease expired) are
     /// re-driven, cleared or put in error, each recorded with its reason.
     Recover {
@@ -626,6 +650,15 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             state(resolve_aggregate(&g, &aggregate).await?, at, &g).await
         }
         Command::Audit { fix_orphans } => audit(fix_orphans, &g).await,
+        Command::Backup { to } => commands::backup::run_backup(&g.options, &to, json).await,
+        Command::Restore {
+            from,
+            check_only: true,
+            ..
+        } => commands::backup::run_check(&from, json),
+        Command::Restore { from, verify, .. } => {
+            commands::backup::run_restore(&g.options, &from, verify, json).await
+        }
         Command::Provider {
             action: ProviderCommand::Delete { id, host, cascade },
         } => {

@@ -65,10 +65,16 @@
 //!   orphan release.
 //! - `view.rs`: `StateView`; `LogView` folds the log (CLI, library), serve's store reads
 //!   sled, so no request path folds the log.
+//! - `backup.rs`: `provledger backup` and `restore`, the shell around
+//!   `provledger_events::backup`: the stream read at one position into `stream.bin` and
+//!   `manifest.json` (each written to a `.partial` name, synced, renamed), the backup
+//!   checked before anything is published, published into an empty stream at the same
+//!   positions, and read back.
 //! - `clock.rs`: `Stamper` (`SystemClock`/`RandomIds` in services, `SeededIds` in the demo),
 //!   the one place that calls `Timestamp::now` and `Uuid::now_v7`.
 
 mod allocation;
+pub mod backup;
 mod cancel;
 mod clock;
 pub mod deletion;

@@ -147,7 +147,7 @@ fn formats_seen(report: &AuditReport) -> String {
         .join(", ")
 }
 
-fn print_report(report: &AuditReport, notes: &[String], seconds: f64, json: bool) {
+pub(super) fn print_report(report: &AuditReport, notes: &[String], seconds: f64, json: bool) {
     if json {
         let mut value = serde_json::to_value(report).expect(
             "an audit report: plain serde data (string keys, no fallible impls) encodes as JSON",

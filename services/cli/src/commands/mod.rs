@@ -3,6 +3,7 @@
 
 pub mod append;
 pub mod audit;
+pub mod backup;
 pub mod completions;
 #[cfg(feature = "demo")]
 pub mod demo;

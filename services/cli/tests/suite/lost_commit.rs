@@ -75,7 +75,7 @@ async fn ask(client: &async_nats::Client, subject: &str, body: Value) -> Value {
 /// Given cluster X with three commits and cluster Y with one, the server shut down, one
 /// byte of X's v2 flipped in its store file and the server started again (it drops v2:
 /// its position answers 404, and v3 stays).
-async fn x_lost_its_v2() -> (NatsServer, AggregateId, AggregateId) {
+pub(crate) async fn x_lost_its_v2() -> (NatsServer, AggregateId, AggregateId) {
     let mut nats = NatsServer::start().await;
     let log = common::stream(&nats).await;
     let x = AggregateId::cluster(Uuid::now_v7());

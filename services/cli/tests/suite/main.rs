@@ -7,6 +7,7 @@
 mod common;
 
 mod auth;
+mod backup;
 mod bootstrap;
 mod changes;
 mod cli;
