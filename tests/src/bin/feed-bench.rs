@@ -431,15 +431,21 @@ async fn raw_write_load(
     nats_url: &str,
     change: &Bytes,
     followers: usize,
+    following: Following,
     load: Duration,
 ) -> (f64, u64) {
     let stop = Arc::new(AtomicBool::new(false));
     let decoded = Arc::new(AtomicU64::new(0));
     let mut subscribers = Vec::new();
-    for _ in 0..followers {
+    for i in 0..followers {
         let client = async_nats::connect(nats_url).await.expect("a raw follower");
+        let subject = match following {
+            Following::All => "fbraw.feed.>".to_string(),
+            // The subject one writer publishes on, as a follower of one provider.
+            Following::OneProvider => format!("fbraw.feed.{}", i % WRITERS),
+        };
         let mut feed = client
-            .subscribe("fbraw.feed.>")
+            .subscribe(subject)
             .await
             .expect("a raw feed subscription");
         client.flush().await.expect("the subscription in effect");
@@ -614,7 +620,7 @@ async fn bench(options: Options) {
     let serve = Arc::new(serve);
     let mut load_rows = Vec::new();
     let f = options.followers;
-    let loads = if options.runs("load") {
+    let loads: Vec<(usize, Following)> = if options.runs("load") {
         [0, f, f, 0, f, f]
             .into_iter()
             .zip([Following::All, Following::All, Following::OneProvider].repeat(2))
@@ -622,7 +628,7 @@ async fn bench(options: Options) {
     } else {
         Vec::new()
     };
-    for (followers, following) in loads {
+    for (followers, following) in loads.clone() {
         eprintln!(
             "writes for {:?} with {followers} followers ({following:?})",
             options.load
@@ -682,13 +688,14 @@ async fn bench(options: Options) {
             })
             .await
             .expect("the raw stream");
-        for followers in [0, options.followers, 0, options.followers] {
+        for (followers, following) in loads.clone() {
             eprintln!(
-                "raw writes for {:?} with {followers} plain subscribers",
+                "raw writes for {:?} with {followers} plain subscribers ({following:?})",
                 options.load
             );
-            let (rate, errors) = raw_write_load(&url, &change, followers, options.load).await;
-            raw_rows.push((followers, rate, errors));
+            let (rate, errors) =
+                raw_write_load(&url, &change, followers, following, options.load).await;
+            raw_rows.push((followers, following, rate, errors));
         }
     }
 
@@ -776,27 +783,39 @@ async fn bench(options: Options) {
     );
     if !raw_rows.is_empty() {
         println!(
-            "\nthe physical reference, the same run: the raw server doing the same work without provledger ({WRITERS} clients, closed loop: a JetStream publish of a change's JSON ({} bytes) awaiting its ack, then the same bytes on a core NATS subject; each follower a plain subscriber on its own connection decoding every message as a follower does):\n",
+            "\nthe physical reference, the same run: the raw server doing the same work without provledger ({WRITERS} clients, closed loop: a JetStream publish of a change's JSON ({} bytes) awaiting its ack, then the same bytes on a core NATS subject; each follower a plain subscriber on its own connection decoding every message as a follower does, `All` on every writer's subject, `OneProvider` on one writer's):\n",
             change.len()
         );
-        println!("| followers | writes/s | errors |");
-        println!("|---:|---:|---:|");
-        for (followers, rate, errors) in &raw_rows {
-            println!("| {followers} | {rate:.0} | {errors} |");
+        println!("| followers | following | writes/s | errors |");
+        println!("|---:|---|---:|---:|");
+        for (followers, following, rate, errors) in &raw_rows {
+            let following = if *followers == 0 {
+                "-".to_string()
+            } else {
+                format!("{following:?}")
+            };
+            println!("| {followers} | {following} | {rate:.0} | {errors} |");
         }
-        let mean = |with: bool| {
+        let raw_mean = |wanted: Option<Following>| {
             raw_rows
                 .iter()
-                .filter(|r| (r.0 != 0) == with)
-                .map(|r| r.1)
+                .filter(|r| match wanted {
+                    None => r.0 == 0,
+                    Some(w) => r.0 != 0 && r.1 == w,
+                })
+                .map(|r| r.2)
                 .sum::<f64>()
                 / 2.0
         };
-        println!(
-            "\nraw write rate with {} followers / none: **{:.2}x** (provledger's: {:.2}x)",
-            options.followers,
-            mean(true) / mean(false),
-            with / none
-        );
+        let raw_none = raw_mean(None);
+        for following in [Following::All, Following::OneProvider] {
+            println!(
+                "\n{following:?}: raw write rate with {} followers / none: **{:.2}x** (provledger's: {:.2}x; provledger with followers / raw with followers: {:.2}x)",
+                options.followers,
+                raw_mean(Some(following)) / raw_none,
+                mean(Some(following)) / none,
+                mean(Some(following)) / raw_mean(Some(following)),
+            );
+        }
     }
 }
