@@ -180,6 +180,9 @@ pub struct Projector {
     feed: Option<crate::feed::FeedSender>,
     /// Whether the store keeps a copy of each commit (`ProjectionStore::copies_log`).
     copies_log: bool,
+    /// Where each applied batch's commits are handed for serve's copy of the stream
+    /// (`crate::log_copy`), never waited for.
+    copy: Option<crate::log_copy::CopySender>,
     /// Aggregates read past a loss, whose commits are held, not folded, until it is
     /// acknowledged (`provledger_events::loss`): few, all kept.
     held: HeldChains,
@@ -212,6 +215,7 @@ impl Projector {
             publisher: None,
             feed: None,
             copies_log,
+            copy: None,
             held,
         })
     }
@@ -237,6 +241,14 @@ impl Projector {
         self
     }
 
+    /// Also hands the commits of each batch it applies, once written, to serve's copier
+    /// (`crate::log_copy`). A batch the copier has no room for is dropped, never waited
+    /// for: the copier reads it back from the stream.
+    pub fn with_copy(mut self, copy: crate::log_copy::CopySender) -> Self {
+        self.copy = Some(copy);
+        self
+    }
+
     /// Sets what a commit breaking its aggregate's chain does (default: fail).
     pub fn on_chain_violation(mut self, policy: OnChainViolation) -> Self {
         self.on_violation = policy;
@@ -247,6 +259,11 @@ impl Projector {
     pub fn with_metrics(mut self, metrics: FoldMetrics) -> Self {
         self.metrics = metrics;
         self
+    }
+
+    /// Whether each batch's commits are gathered to be handed on (feed or copy).
+    fn hands_commits(&self) -> bool {
+        self.feed.is_some() || self.copy.is_some()
     }
 
     pub fn store(&self) -> &ProjectionStore {
@@ -349,7 +366,7 @@ impl Projector {
         let to_fold = match self.past_loss(commit, &mut gathered.batch)? {
             PastLoss::Fold(commits) => commits,
             PastLoss::Held(commit) => {
-                if self.feed.is_some() {
+                if self.hands_commits() {
                     gathered.feed.push(*commit);
                 }
                 gathered.outcome.held += 1;
@@ -446,7 +463,7 @@ impl Projector {
             }
             gathered.outcome.folded += 1;
             gathered.outcome.events += commit.events.len();
-            if commit.position == at && self.feed.is_some() {
+            if commit.position == at && self.hands_commits() {
                 gathered.feed.push(commit);
             }
         }
@@ -495,7 +512,7 @@ impl Projector {
             checkpoint,
             watermark,
             reissue_news,
-            feed,
+            mut feed,
             ..
         } = gathered;
         for id in &dirty {
@@ -507,6 +524,24 @@ impl Projector {
         batch.checkpoint = checkpoint;
         let previous = self.checkpoint;
         self.store.write_batch(batch)?;
+        if let Some(copy) = &self.copy {
+            // Cloned only when the feed takes them too (serve runs both).
+            let commits = match self.feed {
+                Some(_) => feed.clone(),
+                None => std::mem::take(&mut feed),
+            };
+            let handed = copy.hand(crate::log_copy::CopyBatch {
+                after: self.checkpoint,
+                through: checkpoint,
+                commits,
+            });
+            if !handed {
+                tracing::debug!(
+                    through = checkpoint,
+                    "copier busy: it reads this batch back from the stream"
+                );
+            }
+        }
         if let Some(sender) = &self.feed {
             let handed = sender.hand(crate::feed::FeedBatch {
                 after: self.checkpoint,
