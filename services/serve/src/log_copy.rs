@@ -16,8 +16,8 @@
 //! Key layout of the tree `log_copy` (one leading tag byte, the projection store's
 //! layout for `c` and `h`, so the same readers serve both):
 //! - `c` + position: the commit, the codec's bytes.
-//! - `h` + aggregate (17 bytes) + version: the position (8 bytes) then the commit's hash
-//!   (32 bytes), so the chain's tip is one read away.
+//! - `h` + aggregate (17 bytes) + version: the position (8 bytes); the last one of an
+//!   aggregate leads to its chain's tip (read when the copier does not remember it).
 //! - `m` + `copied`: every position up to it was copied (or is not a commit the copy
 //!   keeps); written in the batch that copies it.
 //! - `m` + `from`: the first position the copy covers (1 for a whole copy).
@@ -36,6 +36,8 @@
 //! start.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -50,6 +52,9 @@ pub const COPY_TREE: &str = "log_copy";
 /// Batches the projector may hand ahead of the copier; past it a batch is dropped and
 /// read back from the stream.
 pub const COPY_QUEUE_BATCHES_MAX: usize = 64;
+/// Commits the queue holds at most (decoded, in memory), whatever the batches' sizes: a
+/// catch-up's batches are full (`BATCH_ENTRIES_MAX`), a live load's are small.
+pub const COPY_QUEUE_COMMITS_MAX: usize = 32_768;
 /// Commits read back from the stream per sled batch (a start, a dropped batch).
 pub const READ_BACK_BATCH_MAX: usize = 4096;
 /// Aggregates whose chain tip the copier keeps in memory; past it the map is emptied and
@@ -58,8 +63,6 @@ pub const TIPS_CACHED_MAX: usize = 200_000;
 /// The copy is flushed at most this often while writing (and at every stop): a crash
 /// loses at most this much, which the next start reads back from the stream.
 pub const COPY_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
-/// Bytes of one `h` value: position, then hash.
-const INDEX_VALUE_BYTES: usize = 8 + 32;
 
 /// Why a commit was not copied: it does not extend its aggregate's chain in the copy.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -226,20 +229,26 @@ impl LogCopy {
             return Ok(None);
         };
         let (k, v) = last?;
-        let corrupt = || StoreError::Corrupt {
+        let corrupt = |reason: String| StoreError::Corrupt {
             what: format!("the copy's index of {aggregate}"),
-            reason: format!(
+            reason,
+        };
+        let (Some(version), Some(position)) = (k.get(18..).and_then(be_u64), be_u64(&v)) else {
+            return Err(corrupt(format!(
                 "a key of {} bytes with a value of {} bytes",
                 k.len(),
                 v.len()
-            ),
+            )));
         };
-        let version = k.get(18..).and_then(be_u64).ok_or_else(corrupt)?;
-        let hash: [u8; 32] = v
-            .get(8..INDEX_VALUE_BYTES)
-            .and_then(|h| h.try_into().ok())
-            .ok_or_else(corrupt)?;
-        Ok(Some((version, Hash(hash))))
+        let mut key = vec![b'c'];
+        key.extend_from_slice(&position.to_be_bytes());
+        let bytes = self
+            .tree
+            .get(key)?
+            .ok_or_else(|| corrupt(format!("v{version} at position {position} is not in it")))?;
+        let tip = codec::decode(&bytes, position)
+            .map_err(|error| StoreError::Commit { position, error })?;
+        Ok(Some((version, tip.hash)))
     }
 
     /// Whether `commit` extends its aggregate's chain in the copy; `Ok(true)`: it lies
@@ -318,10 +327,7 @@ impl LogCopy {
             batch.insert(k, bytes);
             let mut k = index_prefix(&commit.aggregate);
             k.extend_from_slice(&commit.version.to_be_bytes());
-            let mut v = Vec::with_capacity(INDEX_VALUE_BYTES);
-            v.extend_from_slice(&pos);
-            v.extend_from_slice(&commit.hash.0);
-            batch.insert(k, v);
+            batch.insert(k, &pos[..]);
             if self.tips.len() >= TIPS_CACHED_MAX {
                 self.tips.clear();
             }
@@ -361,20 +367,75 @@ pub struct CopyBatch {
 
 /// The projector's end of the copier's queue.
 #[derive(Debug, Clone)]
-pub struct CopySender(mpsc::Sender<CopyBatch>);
+pub struct CopySender {
+    batches: mpsc::Sender<CopyBatch>,
+    /// Commits in the queue, at most [`COPY_QUEUE_COMMITS_MAX`].
+    held: Arc<AtomicUsize>,
+}
+
+/// The copier's end of its queue.
+#[derive(Debug)]
+pub struct CopyReceiver {
+    batches: mpsc::Receiver<CopyBatch>,
+    held: Arc<AtomicUsize>,
+}
 
 impl CopySender {
-    /// Hands `batch` to the copier if its queue has room; false when dropped (the copier
-    /// reads those positions back from the stream). Never waits.
+    /// Hands `batch` to the copier if its queue has room (in batches and in commits);
+    /// false when dropped (the copier reads those positions back from the stream). Never
+    /// waits.
     pub fn hand(&self, batch: CopyBatch) -> bool {
-        self.0.try_send(batch).is_ok()
+        let n = batch.commits.len();
+        if self.held.fetch_add(n, Ordering::AcqRel) + n > COPY_QUEUE_COMMITS_MAX {
+            self.held.fetch_sub(n, Ordering::AcqRel);
+            return false;
+        }
+        if self.batches.try_send(batch).is_err() {
+            self.held.fetch_sub(n, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+}
+
+impl CopyReceiver {
+    /// A batch taken out of the queue no longer counts against it.
+    fn taken(&self, batch: Option<CopyBatch>) -> Option<CopyBatch> {
+        if let Some(b) = &batch {
+            self.held.fetch_sub(b.commits.len(), Ordering::AcqRel);
+        }
+        batch
+    }
+
+    pub async fn recv(&mut self) -> Option<CopyBatch> {
+        let batch = self.batches.recv().await;
+        self.taken(batch)
+    }
+
+    /// A batch already in the queue, if any.
+    pub fn try_recv(&mut self) -> Option<CopyBatch> {
+        let batch = self.batches.try_recv().ok();
+        self.taken(batch)
+    }
+
+    /// [`CopyReceiver::recv`] outside a runtime.
+    pub fn blocking_recv(&mut self) -> Option<CopyBatch> {
+        let batch = self.batches.blocking_recv();
+        self.taken(batch)
     }
 }
 
 /// The copier's queue: the projector's end and the copier's.
-pub fn queue() -> (CopySender, mpsc::Receiver<CopyBatch>) {
+pub fn queue() -> (CopySender, CopyReceiver) {
     let (tx, rx) = mpsc::channel(COPY_QUEUE_BATCHES_MAX);
-    (CopySender(tx), rx)
+    let held = Arc::new(AtomicUsize::new(0));
+    (
+        CopySender {
+            batches: tx,
+            held: Arc::clone(&held),
+        },
+        CopyReceiver { batches: rx, held },
+    )
 }
 
 /// Why the copier stopped.
@@ -454,7 +515,7 @@ fn copy_write(copy: &mut LogCopy, commits: &[Commit], through: u64) -> Result<()
 pub async fn run<L: EventLog>(
     mut copy: LogCopy,
     log: L,
-    mut batches: mpsc::Receiver<CopyBatch>,
+    mut batches: CopyReceiver,
     applied: watch::Receiver<u64>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), CopierError> {
@@ -469,7 +530,7 @@ pub async fn run<L: EventLog>(
         take(&mut copy, &log, batch).await?;
     }
     // What was handed before the stop, then what the projector applied last.
-    while let Ok(batch) = batches.try_recv() {
+    while let Some(batch) = batches.try_recv() {
         take(&mut copy, &log, batch).await?;
     }
     let end = *applied.borrow();
@@ -493,7 +554,7 @@ impl Copier {
     pub fn spawn<L: EventLog + 'static>(
         copy: LogCopy,
         log: L,
-        batches: mpsc::Receiver<CopyBatch>,
+        batches: CopyReceiver,
         applied: watch::Receiver<u64>,
     ) -> std::io::Result<Self> {
         let (stop, stopped) = watch::channel(false);
