@@ -277,6 +277,9 @@ pub async fn run(
     if !caught_up {
         return stop_before_ready(projector, copier, data_dir, shutdown_asked).await;
     }
+    if let Some(copier) = &copier {
+        copier.start();
+    }
     let workers = Workers::start(&options, &client, &ctx, worker, reissues_news);
     let _ = ctx.caught_up_to.set(end);
     let (service, mut requests) = join_queue_group(&options, &client, &log, &ctx, end).await?;

@@ -398,7 +398,7 @@ fn key(tag: u8, parts: &[&[u8]]) -> Vec<u8> {
 /// advances after it is sealed, so two flushes plus one per 256 keys collect at least
 /// twice what the batch deferred. `sled::pin` is sled's own handle on that collector (sled
 /// is pinned to =0.34.7), so this reaches the very collector sled defers to.
-fn reclaim_sled_garbage(writes: usize) {
+pub(crate) fn reclaim_sled_garbage(writes: usize) {
     for _ in 0..2 + writes / 256 {
         sled::pin().flush();
     }
