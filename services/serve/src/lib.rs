@@ -29,7 +29,8 @@
 //! # Modules
 //! - `store.rs`: the projection store, one sled tree `projection`: the copy of the log
 //!   (`c`) and the per-aggregate history index (`h`) where the store copies the log
-//!   (embedded; serve's does not: `copies_log`), entities (`e`), allocations by consumer
+//!   (embedded; serve's does not: `copies_log`; its copy is `log_copy.rs`'s tree, which
+//!   the store's history readers read too), entities (`e`), allocations by consumer
 //!   (`b`), the quarantine (`q`), the time watermark index (`w`), snapshots (`s`, marker
 //!   `S`), the operation indexes (`o`, `O`, `k`, `t`, `n`), losses held (`l`) and metadata
 //!   (`m`: checkpoint, source). It is the `StateView` of serve's placement commands and

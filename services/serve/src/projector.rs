@@ -5,6 +5,9 @@
 //! store holds exactly the batches that were written, so a restart resumes at the
 //! checkpoint with nothing lost and nothing folded twice.
 //!
+//! serve's own copy of the stream is not written here: each written batch's commits are
+//! handed to its copier (`crate::log_copy`, `Projector::with_copy`), never waited for.
+//!
 //! An entry that cannot be decoded is quarantined with its position and error, and the
 //! projector goes on.
 
