@@ -582,6 +582,12 @@ struct ServeFlags {
     /// number is seconds.
     #[arg(long, default_value = "0", value_parser = duration::seconds_or_humantime)]
     audit_interval: Duration,
+    /// Keep no copy of the stream's commits in the data dir (by default each replica
+    /// keeps the commits it applied, a second copy of the stream that offline
+    /// `history`, `state --at` and `audit` read); a copy kept before is removed. See
+    /// docs/operating.md, "The replica's copy of the stream".
+    #[arg(long)]
+    no_log_copy: bool,
 }
 
 /// `drift`'s flags.
@@ -848,6 +854,7 @@ fn serve_options(flags: ServeFlags, g: &Globals) -> Result<ServeOptions, Command
         snapshot_bucket: flags.snapshot_bucket,
         http_addr: flags.http,
         audit_interval: every(flags.audit_interval),
+        log_copy: !flags.no_log_copy,
     })
 }
 

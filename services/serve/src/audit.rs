@@ -8,7 +8,7 @@ use provledger_events::{codec, EventLog, ReadError, Timestamp};
 use provledger_projections::audit::{AuditReport, Auditor, Check, Violation};
 
 use crate::projector::OnChainViolation;
-use crate::store::{ProjectionStore, StoreError};
+use crate::store::{HistoryCopy, ProjectionStore, StoreError};
 
 /// Why the audit could not run (a finding is never an error: it is in the report).
 #[derive(Debug, thiserror::Error)]
@@ -17,11 +17,17 @@ pub enum AuditError {
     Read(#[from] ReadError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// An offline audit of a replica's copy that does not begin at position 1.
+    #[error(
+        "this data dir's copy of the stream starts at position {from}: it cannot be audited whole offline (audit the stream: `--nats`)"
+    )]
+    PartialCopy { from: u64 },
 }
 
-/// A sled copy to compare, up to its checkpoint.
+/// A sled copy to compare, from `from` up to its checkpoint.
 struct Copy<'a> {
     store: &'a ProjectionStore,
+    from: u64,
     checkpoint: u64,
     quarantined: HashSet<u64>,
 }
@@ -29,7 +35,12 @@ struct Copy<'a> {
 impl Copy<'_> {
     /// Whether the copy holds the same commit at its position; a violation otherwise.
     fn compare(&self, commit: &provledger_events::Commit) -> Option<Violation> {
-        if commit.position > self.checkpoint {
+        // A commit readers quarantine (outside its chain) is in no copy: the quarantine
+        // record stands for it.
+        if commit.position > self.checkpoint
+            || commit.position < self.from
+            || self.quarantined.contains(&commit.position)
+        {
             return None;
         }
         let stored = self
@@ -53,7 +64,10 @@ impl Copy<'_> {
     }
 
     fn compare_quarantined(&self, position: u64) -> Option<Violation> {
-        if position > self.checkpoint || self.quarantined.contains(&position) {
+        if position > self.checkpoint
+            || position < self.from
+            || self.quarantined.contains(&position)
+        {
             return None;
         }
         Some(copy_violation(
@@ -95,13 +109,22 @@ pub async fn audit_log<L: EventLog>(
 ) -> Result<AuditReport, AuditError> {
     let end = log.last_position().await?;
     let copy = match copy {
-        // A store without a copy (serve's) has nothing to compare.
-        Some(store) if store.copies_log()? => Some(Copy {
-            store,
-            checkpoint: store.checkpoint()?,
-            quarantined: store.quarantined()?.iter().map(|q| q.position).collect(),
-        }),
-        _ => None,
+        Some(store) => {
+            let (from, checkpoint) = match store.history_copy()? {
+                HistoryCopy::InProjection => (1, store.checkpoint()?),
+                // serve's copy, which may end before its projection.
+                HistoryCopy::Separate(extent) => (extent.from, extent.through),
+                // No copy (`--no-log-copy`): nothing to compare.
+                HistoryCopy::None => (1, 0),
+            };
+            Some(Copy {
+                store,
+                from,
+                checkpoint,
+                quarantined: store.quarantined()?.iter().map(|q| q.position).collect(),
+            })
+        }
+        None => None,
     };
     let mut auditor = match on_violation {
         OnChainViolation::Quarantine => Auditor::new().quarantining_link_breaks(),
@@ -153,6 +176,51 @@ pub async fn audit_log<L: EventLog>(
         "audit finished"
     );
     Ok(report)
+}
+
+/// Audits a stopped replica's copy of the stream (`crate::log_copy`) offline: its commits
+/// and the projection's quarantine records in position order through the auditor, as
+/// `audit_log` reads the stream, up to the copy's end. The same stream gives the same
+/// report through the copy's end. Refused for a copy that does not begin at position 1
+/// (its chains would all look broken) or a data dir without one.
+pub fn audit_copy(
+    store: &ProjectionStore,
+    now: Timestamp,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<AuditReport, AuditError> {
+    let extent = match store.history_copy()? {
+        HistoryCopy::Separate(extent) => extent,
+        HistoryCopy::InProjection | HistoryCopy::None => {
+            return Err(StoreError::HistoryNotCopied.into())
+        }
+    };
+    if !extent.is_whole() {
+        return Err(AuditError::PartialCopy { from: extent.from });
+    }
+    let end = extent.through;
+    // Keyed by position: in position order.
+    let mut quarantined = store
+        .quarantined()?
+        .into_iter()
+        .filter(|q| q.position <= end)
+        .peekable();
+    let mut auditor = Auditor::new().quarantining_link_breaks();
+    let mut take_quarantined_before = |position: u64, auditor: &mut Auditor| {
+        while let Some(q) = quarantined.next_if(|q| q.position < position) {
+            auditor.quarantined(q.position, &q.subject, &q.error);
+        }
+    };
+    for commit in store.commits(1, end) {
+        let commit = commit?;
+        take_quarantined_before(commit.position, &mut auditor);
+        auditor.commit(&commit);
+        if commit.position % 4096 == 0 {
+            progress(commit.position, end);
+        }
+    }
+    take_quarantined_before(u64::MAX, &mut auditor);
+    progress(end, end);
+    Ok(auditor.finish(end, now))
 }
 
 /// serve's audit (`--audit-interval`): the whole log through the auditor once caught up,

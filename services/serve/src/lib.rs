@@ -29,11 +29,17 @@
 //! # Modules
 //! - `store.rs`: the projection store, one sled tree `projection`: the copy of the log
 //!   (`c`) and the per-aggregate history index (`h`) where the store copies the log
-//!   (embedded; serve's does not: `copies_log`), entities (`e`), allocations by consumer
+//!   (embedded; serve's does not: `copies_log`; its copy is `log_copy.rs`'s tree, which
+//!   the store's history readers read too), entities (`e`), allocations by consumer
 //!   (`b`), the quarantine (`q`), the time watermark index (`w`), snapshots (`s`, marker
 //!   `S`), the operation indexes (`o`, `O`, `k`, `t`, `n`), losses held (`l`) and metadata
 //!   (`m`: checkpoint, source). It is the `StateView` of serve's placement commands and
 //!   recovery sweep.
+//! - `log_copy.rs`: serve's copy of the stream (issue 39), in the sled tree `log_copy`
+//!   of the data dir: the commits the projector applied, handed over a bounded queue
+//!   (never waited for) and written by the copier on its own thread, chain-checked per
+//!   aggregate, with what was dropped or missed read back from the stream; `--no-log-copy`
+//!   removes it. Offline `history`, `state --at` and `audit` read it.
 //! - `projector.rs`: the `Projector` folds batches (at most `BATCH_ENTRIES_MAX`) with an
 //!   entity cache and writes each with one `apply_batch`; under load it gathers entries for
 //!   up to `GROUP_COMMIT_LINGER`, because sled's cost per commit falls steeply with the
@@ -75,6 +81,7 @@ pub mod drift_sweep;
 mod endpoints;
 pub mod feed;
 mod http;
+pub mod log_copy;
 pub mod messages;
 mod metrics;
 mod projector;
@@ -86,7 +93,7 @@ mod service;
 mod store;
 mod trace;
 
-pub use audit::{audit_log, AuditError};
+pub use audit::{audit_copy, audit_log, AuditError};
 pub use console::{
     ALLOCATIONS_SHOWN_MAX, ATTENTION_SHOWN_MAX, CHAINS_KEPT_MAX, HISTORY_PAGE, LIST_SCAN_MAX,
     LIVE_CONNECTIONS_MAX, LIVE_EVENT_SPACING, OPERATIONS_PAGE, OPERATIONS_PAGE_MAX,
@@ -100,6 +107,6 @@ pub use projector::{
 pub use replica::{LastAudit, LastAudits, AUDIT_VIOLATIONS_KEPT};
 pub use service::{open_service_store, run, ServeError, ServeOptions, QUEUE_GROUP, SERVICE_NAME};
 pub use store::{
-    decode_entity, encode_entity, IdMatches, OperationFilter, ProjectionStore, QuarantineRecord,
-    StoreError, ENTITY_FORMAT, ID_MATCHES_MAX,
+    decode_entity, encode_entity, HistoryCopy, IdMatches, OperationFilter, ProjectionStore,
+    QuarantineRecord, StoreError, ENTITY_FORMAT, ID_MATCHES_MAX,
 };

@@ -5,6 +5,9 @@
 //! store holds exactly the batches that were written, so a restart resumes at the
 //! checkpoint with nothing lost and nothing folded twice.
 //!
+//! serve's own copy of the stream is not written here: each written batch's commits are
+//! handed to its copier (`crate::log_copy`, `Projector::with_copy`), never waited for.
+//!
 //! An entry that cannot be decoded is quarantined with its position and error, and the
 //! projector goes on.
 
@@ -181,6 +184,9 @@ pub struct Projector {
     feed: Option<crate::feed::FeedSender>,
     /// Whether the store keeps a copy of each commit (`ProjectionStore::copies_log`).
     copies_log: bool,
+    /// Where each applied batch's commits are handed for serve's copy of the stream
+    /// (`crate::log_copy`), never waited for.
+    copy: Option<crate::log_copy::CopySender>,
     /// Aggregates read past a loss, whose commits are held, not folded, until it is
     /// acknowledged (`provledger_events::loss`): few, all kept.
     held: HeldChains,
@@ -213,6 +219,7 @@ impl Projector {
             publisher: None,
             feed: None,
             copies_log,
+            copy: None,
             held,
         })
     }
@@ -238,6 +245,14 @@ impl Projector {
         self
     }
 
+    /// Also hands the commits of each batch it applies, once written, to serve's copier
+    /// (`crate::log_copy`). A batch the copier has no room for is dropped, never waited
+    /// for: the copier reads it back from the stream.
+    pub fn with_copy(mut self, copy: crate::log_copy::CopySender) -> Self {
+        self.copy = Some(copy);
+        self
+    }
+
     /// Sets what a commit breaking its aggregate's chain does (default: fail).
     pub fn on_chain_violation(mut self, policy: OnChainViolation) -> Self {
         self.on_violation = policy;
@@ -248,6 +263,11 @@ impl Projector {
     pub fn with_metrics(mut self, metrics: FoldMetrics) -> Self {
         self.metrics = metrics;
         self
+    }
+
+    /// Whether each batch's commits are gathered to be handed on (feed or copy).
+    fn hands_commits(&self) -> bool {
+        self.feed.is_some() || self.copy.is_some()
     }
 
     pub fn store(&self) -> &ProjectionStore {
@@ -350,7 +370,7 @@ impl Projector {
         let to_fold = match self.past_loss(commit, &mut gathered.batch)? {
             PastLoss::Fold(commits) => commits,
             PastLoss::Held(commit) => {
-                if self.feed.is_some() {
+                if self.hands_commits() {
                     // Its aggregate's commits before it are not all folded (a loss lies
                     // between): the feed says nothing narrower than the whole log's `prev`.
                     gathered.feed.push(crate::feed::FedCommit {
@@ -452,7 +472,7 @@ impl Projector {
             }
             gathered.outcome.folded += 1;
             gathered.outcome.events += commit.events.len();
-            if commit.position == at && self.feed.is_some() {
+            if commit.position == at && self.hands_commits() {
                 gathered.feed.push(crate::feed::FedCommit {
                     commit,
                     aggregate_prev: Some(aggregate_prev),
@@ -504,7 +524,7 @@ impl Projector {
             checkpoint,
             watermark,
             reissue_news,
-            feed,
+            mut feed,
             ..
         } = gathered;
         for id in &dirty {
@@ -516,6 +536,27 @@ impl Projector {
         batch.checkpoint = checkpoint;
         let previous = self.checkpoint;
         self.store.write_batch(batch)?;
+        if let Some(copy) = &self.copy {
+            // Cloned only when the feed takes them too (serve runs both).
+            let commits = match self.feed {
+                Some(_) => feed.iter().map(|f| f.commit.clone()).collect(),
+                None => std::mem::take(&mut feed)
+                    .into_iter()
+                    .map(|f| f.commit)
+                    .collect(),
+            };
+            let handed = copy.hand(crate::log_copy::CopyBatch {
+                after: self.checkpoint,
+                through: checkpoint,
+                commits,
+            });
+            if !handed {
+                tracing::debug!(
+                    through = checkpoint,
+                    "copier busy: it reads this batch back from the stream"
+                );
+            }
+        }
         if let Some(sender) = &self.feed {
             let handed = sender.hand(crate::feed::FeedBatch {
                 after: self.checkpoint,

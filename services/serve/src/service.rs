@@ -86,6 +86,10 @@ pub struct ServeOptions {
     /// snapshot it takes, and from which it bootstraps when its data dir is new (`None`:
     /// neither).
     pub snapshot_bucket: Option<String>,
+    /// This replica keeps a copy of the stream's commits in its data dir
+    /// (`crate::log_copy`; default). `false` (`--no-log-copy`): it keeps none, and removes
+    /// one it kept before.
+    pub log_copy: bool,
 }
 
 impl ServeOptions {
@@ -114,6 +118,7 @@ impl ServeOptions {
             http_addr: None,
             audit_interval: None,
             snapshot_bucket: None,
+            log_copy: true,
         }
     }
 }
@@ -172,11 +177,18 @@ async fn bootstrap_if_new(
 
 /// Opens the data dir for a JetStream-fed store: the lock, the sled database and the
 /// store, which must copy this very stream.
+/// `keep_copy` false: a copy of the stream kept in the data dir (`crate::log_copy`) is
+/// removed first.
 pub fn open_service_store(
     data_dir: &std::path::Path,
     stream: &str,
+    keep_copy: bool,
 ) -> Result<(SledLog, ProjectionStore), ServeError> {
     let dir = SledLog::open(data_dir).map_err(OpenLedgerError::from)?;
+    // Before the store opens its handle on the copy's tree.
+    if !keep_copy && crate::log_copy::remove(dir.db())? {
+        tracing::warn!(data_dir = %data_dir.display(), "--no-log-copy: the copy of the stream this data dir kept is removed");
+    }
     let store = match ProjectionStore::open(dir.db()) {
         // A service's store is derived from the stream: one of an older format (a new
         // build folds differently) is emptied and caught up again, not refused.
@@ -188,8 +200,8 @@ pub fn open_service_store(
         opened => opened?,
     };
     store.claim_source(&format!("jetstream:{stream}"))?;
-    // The stream holds every commit and is read back (by direct get) for history: a new
-    // data dir keeps no second copy of it.
+    // The projection's own tree keeps no copy: serve's copy, if kept, is in a tree of its
+    // own, written off the request path (`crate::log_copy`).
     store.keep_no_copy()?;
     Ok((dir, store))
 }
@@ -223,6 +235,7 @@ pub async fn run(
     let (projector, _publisher) = new_projector(&options, &log, &store, &metrics)?;
     let (feed_batches, feed) = crate::feed::queue();
     let projector = projector.with_feed(feed_batches);
+    let (projector, copier) = with_copier(&options, &log, &data_dir, projector)?;
     let ctx = query_context(&options, &client, &log, store, &projector, metrics);
     let (stop_feed, feed_stop) = watch::channel(false);
     let feed = {
@@ -262,7 +275,10 @@ pub async fn run(
         }
     };
     if !caught_up {
-        return stop_before_ready(projector, data_dir, shutdown_asked).await;
+        return stop_before_ready(projector, copier, data_dir, shutdown_asked).await;
+    }
+    if let Some(copier) = &copier {
+        copier.start();
     }
     let workers = Workers::start(&options, &client, &ctx, worker, reissues_news);
     let _ = ctx.caught_up_to.set(end);
@@ -304,7 +320,42 @@ pub async fn run(
     // The feed only publishes: stopped where it is (its followers catch up by q.changes).
     let _ = stop_feed.send(true);
     feed.abort();
-    close_replica(projector, &ctx, data_dir, &client).await
+    close_replica(projector, copier, &ctx, data_dir, &client).await
+}
+
+/// The copier of the stream into the data dir, fed by `projector` (`--no-log-copy`: none).
+fn with_copier(
+    options: &ServeOptions,
+    log: &JetStreamLog,
+    data_dir: &SledLog,
+    projector: Projector,
+) -> Result<(Projector, Option<crate::log_copy::Copier>), ServeError> {
+    // A data dir from before serve stopped copying keeps its copy in the projection's
+    // batches (`copies_log`): whole already, it needs no second one.
+    if !options.log_copy || projector.store().copies_log()? {
+        return Ok((projector, None));
+    }
+    let copy = crate::log_copy::LogCopy::open(data_dir.db(), 1)?;
+    tracing::info!(
+        from = copy.extent().from,
+        through = copy.extent().through,
+        "keeping a copy of the stream in the data dir"
+    );
+    let (batches, received) = crate::log_copy::queue();
+    let projector = projector.with_copy(batches);
+    let copier = crate::log_copy::Copier::spawn(copy, log.clone(), received, projector.applied())
+        .map_err(|e| ServeError::Service(format!("the copier's thread: {e}")))?;
+    Ok((projector, Some(copier)))
+}
+
+/// Stops the copier after the projector: it copies through what the projector applied.
+/// Its failure is logged, never serve's: the copy is a second copy of the stream.
+async fn stop_copier(copier: Option<crate::log_copy::Copier>) {
+    if let Some(copier) = copier {
+        if let Err(e) = copier.stop().await {
+            tracing::error!(error = %e, "the copy of the stream did not catch up before the stop");
+        }
+    }
 }
 
 /// The projector over `store`, with its snapshot publisher when there is a bucket.
@@ -338,11 +389,13 @@ fn new_projector(
 /// the projector had failed while serving.
 async fn close_replica(
     projector: ProjectorThread,
+    copier: Option<crate::log_copy::Copier>,
     ctx: &QueryContext,
     data_dir: SledLog,
     client: &async_nats::Client,
 ) -> Result<(), ServeError> {
     let (projector, result) = projector.stop().await?;
+    stop_copier(copier).await;
     if result.is_ok() {
         if let Some(reason) = ctx.projector_failed.get() {
             data_dir.close();
@@ -365,10 +418,12 @@ async fn close_replica(
 /// was asked for, the projector ended on its own: a failure.
 async fn stop_before_ready(
     projector: ProjectorThread,
+    copier: Option<crate::log_copy::Copier>,
     data_dir: SledLog,
     shutdown_asked: bool,
 ) -> Result<(), ServeError> {
     let (projector, result) = projector.stop().await?;
+    stop_copier(copier).await;
     result?;
     projector.store().flush()?;
     data_dir.close();
@@ -400,7 +455,8 @@ async fn open_replica_store(
     log: &JetStreamLog,
     shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
 ) -> Result<Option<(SledLog, ProjectionStore)>, ServeError> {
-    let (data_dir, store) = open_service_store(&options.data_dir, &options.stream)?;
+    let (data_dir, store) =
+        open_service_store(&options.data_dir, &options.stream, options.log_copy)?;
     if let Some(bucket) = &options.snapshot_bucket {
         tokio::select! {
             bootstrapped = bootstrap_if_new(log, bucket, &store) => bootstrapped?,

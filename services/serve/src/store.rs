@@ -25,9 +25,14 @@
 //!   locally: written when an aggregate's first commit is folded, rebuilt from `e` when a
 //!   store lacks it (an older one, an imported snapshot), never exported.
 //!
-//! The copy (`c`, `h`) is kept only where `m` `copies_log` is not 0: the embedded store,
-//! and serve data dirs made before serve stopped copying. serve's store (bootstrapped
-//! from a published snapshot or not) keeps none: history is read from the stream.
+//! The copy (`c`, `h`) is kept in this tree only where `m` `copies_log` is not 0: the
+//! embedded store, and serve data dirs made before serve stopped copying. serve's store
+//! (bootstrapped from a published snapshot or not) keeps none here: serve keeps its copy of
+//! the stream in a tree of its own (`log_copy`, same `c` and `h` layout, written off the
+//! request path by its copier: `crate::log_copy`), unless `--no-log-copy`. The readers of
+//! history (`aggregate_commits`, `commits`, `raw_commits`, `entity_at`) read whichever
+//! copy the data dir has; serve itself still reads history from the stream (its copy may
+//! be a batch behind its projection).
 
 use provledger_client::view::{StateView, ViewError};
 use provledger_events::codec::{self, DecodeError};
@@ -95,9 +100,20 @@ pub enum StoreError {
     #[error(transparent)]
     Integrity(#[from] IntegrityError),
     #[error(
-        "this data dir is a serve replica's, which keeps no copy of the log: the history is in the stream (ask serve: `--nats`)"
+        "this data dir is a serve replica's, which keeps no copy of the log (it ran with `--no-log-copy`, or before replicas kept one): the history is in the stream (ask serve: `--nats`)"
     )]
     HistoryNotCopied,
+    /// The replica's copy of the stream begins after this aggregate's first commit (it
+    /// was begun on a data dir that had none): its history here is not whole.
+    #[error(
+        "this data dir's copy of the stream starts at position {from}, after the first commit of {aggregate}: its history is not whole here (ask serve: `--nats`)"
+    )]
+    CopyStartsLate { from: u64, aggregate: AggregateId },
+    /// A position past the end of the replica's copy of the stream.
+    #[error(
+        "this data dir's copy of the stream ends at position {through}, before position {wanted} (ask serve: `--nats`)"
+    )]
+    CopyEnds { through: u64, wanted: u64 },
     /// The snapshot's body is not a projection this build can import (refused, never
     /// partly used).
     #[error("cannot import a snapshot: {0}")]
@@ -199,6 +215,18 @@ impl OperationIndexEntry {
     }
 }
 
+/// Which copy of the log a data dir holds ([`ProjectionStore::history_copy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HistoryCopy {
+    /// No copy: history is in the stream only.
+    None,
+    /// The copy in the projection tree, written with each batch (embedded; old serve
+    /// data dirs): whole, through the checkpoint.
+    InProjection,
+    /// serve's copy in its own tree, covering these positions.
+    Separate(crate::log_copy::CopyExtent),
+}
+
 /// Which operation index a listing walks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OperationIndex {
@@ -253,6 +281,8 @@ impl OperationFilter {
 pub struct ProjectionStore {
     tree: sled::Tree,
     db: sled::Db,
+    /// serve's copy of the stream (`crate::log_copy`), empty where none is kept.
+    log_copy: sled::Tree,
 }
 
 /// A rewrite too large for one sled batch, applied in batches of [`IMPORT_CHUNK_KEYS`]
@@ -368,7 +398,7 @@ fn key(tag: u8, parts: &[&[u8]]) -> Vec<u8> {
 /// advances after it is sealed, so two flushes plus one per 256 keys collect at least
 /// twice what the batch deferred. `sled::pin` is sled's own handle on that collector (sled
 /// is pinned to =0.34.7), so this reaches the very collector sled defers to.
-fn reclaim_sled_garbage(writes: usize) {
+pub(crate) fn reclaim_sled_garbage(writes: usize) {
     for _ in 0..2 + writes / 256 {
         sled::pin().flush();
     }
@@ -425,6 +455,7 @@ impl ProjectionStore {
         let store = ProjectionStore {
             tree: db.open_tree(TREE)?,
             db: db.clone(),
+            log_copy: db.open_tree(crate::log_copy::COPY_TREE)?,
         };
         let format_key = key(b'm', &[b"entity_format"]);
         let stored = match store.tree.get(&format_key)? {
@@ -925,6 +956,29 @@ impl ProjectionStore {
             .is_none_or(|v| v.first() != Some(&0)))
     }
 
+    /// Which copy of the log this data dir holds for history: the one in the projection
+    /// tree (through the checkpoint), serve's own (`crate::log_copy`, with its extent), or
+    /// none.
+    pub fn history_copy(&self) -> Result<HistoryCopy, StoreError> {
+        if self.copies_log()? {
+            return Ok(HistoryCopy::InProjection);
+        }
+        Ok(match crate::log_copy::extent_of(&self.log_copy)? {
+            Some(extent) => HistoryCopy::Separate(extent),
+            None => HistoryCopy::None,
+        })
+    }
+
+    /// The tree the copy's `c` and `h` keys are read from.
+    fn history_tree(&self) -> &sled::Tree {
+        match self.copies_log() {
+            Ok(false) => &self.log_copy,
+            // A store that copies in its own tree, or one unreadable: its own tree
+            // (reading it then says what is wrong).
+            _ => &self.tree,
+        }
+    }
+
     /// Makes a fresh store keep no copy of the log (serve's); a store that already holds
     /// one keeps copying, so that its copy stays whole.
     pub fn keep_no_copy(&self) -> Result<(), StoreError> {
@@ -1226,7 +1280,7 @@ impl ProjectionStore {
         from: u64,
         to: u64,
     ) -> impl Iterator<Item = Result<(u64, sled::IVec), StoreError>> {
-        self.tree
+        self.history_tree()
             .range(key(b'c', &[&from.to_be_bytes()])..=key(b'c', &[&to.to_be_bytes()]))
             .map(|r| {
                 let (k, v) = r?;
@@ -1271,7 +1325,7 @@ impl ProjectionStore {
     /// Which aggregate and version the copy's commit at `position` is, from the history
     /// index. A scan: only for naming a damaged commit.
     fn locate(&self, position: u64) -> Option<(AggregateId, u64)> {
-        self.tree.scan_prefix([b'h']).find_map(|r| {
+        self.history_tree().scan_prefix([b'h']).find_map(|r| {
             let (k, v) = r.ok()?;
             if be_u64(&v)? != position {
                 return None;
@@ -1285,11 +1339,14 @@ impl ProjectionStore {
     /// One aggregate's commits up to `to` (inclusive), oldest first. A bootstrapped store
     /// does not copy the history before its snapshot: `HistoryNotCopied`.
     pub fn aggregate_commits(&self, id: &AggregateId, to: u64) -> Result<Vec<Commit>, StoreError> {
-        if !self.copies_log()? {
-            return Err(StoreError::HistoryNotCopied);
-        }
-        let mut out = Vec::new();
-        for r in self.tree.scan_prefix(key(b'h', &[&id.key_bytes()])) {
+        let extent = match self.history_copy()? {
+            HistoryCopy::None => return Err(StoreError::HistoryNotCopied),
+            HistoryCopy::InProjection => None,
+            HistoryCopy::Separate(extent) => Some(extent),
+        };
+        let tree = self.history_tree();
+        let mut out: Vec<Commit> = Vec::new();
+        for r in tree.scan_prefix(key(b'h', &[&id.key_bytes()])) {
             let (_, v) = r?;
             let Some(position) = be_u64(&v) else {
                 continue;
@@ -1304,13 +1361,22 @@ impl ProjectionStore {
                 position,
                 problem,
             };
-            let bytes = self
-                .tree
+            let bytes = tree
                 .get(key(b'c', &[&position.to_be_bytes()]))?
                 .ok_or_else(|| damaged("the copy has no commit at this position".into()))?;
             let commit = codec::decode(&bytes, position)
                 .map_err(|error| damaged(format!("cannot be decoded: {error}")))?;
             out.push(commit);
+        }
+        // A copy begun after this aggregate's first commit holds the rest of its chain
+        // only: never shown as if it were whole.
+        if let (Some(extent), Some(first)) = (extent, out.first()) {
+            if !extent.is_whole() && first.version != 1 {
+                return Err(StoreError::CopyStartsLate {
+                    from: extent.from,
+                    aggregate: *id,
+                });
+            }
         }
         // What is served must be what was written: the chain is checked on every read.
         check_chain(id, &out)?;
@@ -1320,6 +1386,14 @@ impl ProjectionStore {
     /// One aggregate's state at position `at`, folded from its own commits: each commit
     /// changes one entity only, so no other aggregate is needed.
     pub fn entity_at(&self, id: &AggregateId, at: u64) -> Result<Option<Entity>, StoreError> {
+        if let HistoryCopy::Separate(extent) = self.history_copy()? {
+            if at > extent.through {
+                return Err(StoreError::CopyEnds {
+                    through: extent.through,
+                    wanted: at,
+                });
+            }
+        }
         Ok(Entity::fold(*id, &self.aggregate_commits(id, at)?))
     }
 

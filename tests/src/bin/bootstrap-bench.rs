@@ -1,7 +1,9 @@
 //! Time-to-ready of a new `provledger serve` replica, with and without a published
 //! snapshot (`--snapshot-bucket`), on one stream, in one run: a replica catching up from
 //! position 1 (the reference), then one bootstrapping from the snapshot another published.
-//! Also each data dir's bytes next to the stream's.
+//! Also each data dir's bytes next to the stream's, and a replica from position 1 that
+//! keeps no copy of the stream (`--no-log-copy`) next to one that keeps it (the default):
+//! time to ready, time until its copy is whole and flushed (it stops then), and bytes.
 //!
 //! Next to them, the raw reference of a catch-up: the stream read and decoded the way serve
 //! follows it (one ordered consumer from position 1), folding and writing nothing.
@@ -83,6 +85,7 @@ fn start_serve(
     dir: &Path,
     bucket: Option<&str>,
     snapshot_every: u64,
+    log_copy: bool,
 ) -> (
     tokio::sync::oneshot::Sender<()>,
     std::thread::JoinHandle<Result<(), String>>,
@@ -91,6 +94,7 @@ fn start_serve(
         snapshot_every,
         recovery_interval: None,
         snapshot_bucket: bucket.map(str::to_string),
+        log_copy,
         ..ServeOptions::new(url, dir.to_path_buf())
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -195,6 +199,7 @@ async fn main() {
         &dir.path().join("publisher"),
         Some(BUCKET),
         end / 2,
+        true,
     );
     let publisher_ready = ready_after(&client, end, since).await;
     let published = Instant::now();
@@ -229,18 +234,35 @@ async fn main() {
     }
     let raw = since.elapsed();
 
-    // The reference: a new replica without a snapshot, from position 1.
-    let since = Instant::now();
-    let full_dir = dir.path().join("full");
-    let (stop, thread) = start_serve(nats.url(), &full_dir, None, 0);
-    let full = ready_after(&client, end, since).await;
-    let _ = stop.send(());
-    let _ = thread.join();
+    // The reference: a new replica without a snapshot, from position 1, keeping no copy
+    // of the stream, then one keeping it (the default), then again each (A B A B); the
+    // rows are the second of each.
+    let mut copy_runs = Vec::new();
+    let (mut full, mut full_dir) = (Duration::ZERO, dir.path().join("full"));
+    let (mut bare, mut bare_dir) = (Duration::ZERO, dir.path().join("bare"));
+    let mut copy_whole = Duration::ZERO;
+    for round in 0..2 {
+        for log_copy in [false, true] {
+            let path = dir.path().join(format!("full-{round}-{log_copy}"));
+            let since = Instant::now();
+            let (stop, thread) = start_serve(nats.url(), &path, None, 0, log_copy);
+            let ready = ready_after(&client, end, since).await;
+            let _ = stop.send(());
+            let _ = thread.join();
+            // Stopping waits for the copy to be whole through what was applied, flushed.
+            let whole = since.elapsed();
+            copy_runs.push((round, log_copy, ready, whole, dir_bytes(&path)));
+            match log_copy {
+                true => (full, full_dir, copy_whole) = (ready, path, whole),
+                false => (bare, bare_dir) = (ready, path),
+            }
+        }
+    }
 
     // A new replica bootstrapping from the published snapshot.
     let since = Instant::now();
     let boot_dir = dir.path().join("bootstrapped");
-    let (stop, thread) = start_serve(nats.url(), &boot_dir, Some(BUCKET), 0);
+    let (stop, thread) = start_serve(nats.url(), &boot_dir, Some(BUCKET), 0, true);
     let boot = ready_after(&client, end, since).await;
     // The workload is one the fold applies: a provider holds the allocation its last claim
     // made, and no anomaly (a refused event would be measured as an anomaly, not a state).
@@ -271,6 +293,11 @@ async fn main() {
     );
     println!("|---|---:|---:|---:|");
     for (what, took, path) in [
+        (
+            "new replica, from position 1, `--no-log-copy`",
+            bare,
+            &bare_dir,
+        ),
         ("new replica, from position 1 (reference)", full, &full_dir),
         (
             "new replica, bootstrapped from the snapshot",
@@ -286,7 +313,29 @@ async fn main() {
             bytes as f64 / stream_bytes as f64
         );
     }
-    for (what, path) in [("from position 1", &full_dir), ("bootstrapped", &boot_dir)] {
+    println!("\nfrom position 1, each run (A B A B): copy kept | time to ready | until stopped with the copy whole | data dir / stream\n");
+    println!("| run | copy | ready | stopped | data dir / stream |");
+    println!("|---:|---|---:|---:|---:|");
+    for (round, log_copy, ready, whole, bytes) in &copy_runs {
+        println!(
+            "| {} | {} | {:.2} s | {:.2} s | {:.2}x |",
+            round + 1,
+            if *log_copy { "kept" } else { "none" },
+            ready.as_secs_f64(),
+            whole.as_secs_f64(),
+            *bytes as f64 / stream_bytes as f64
+        );
+    }
+    println!(
+        "copy kept: whole and flushed {:.2} s after the start, {:.2}x the raw read's time",
+        copy_whole.as_secs_f64(),
+        copy_whole.as_secs_f64() / raw.as_secs_f64()
+    );
+    for (what, path) in [
+        ("from position 1, no copy", &bare_dir),
+        ("from position 1", &full_dir),
+        ("bootstrapped", &boot_dir),
+    ] {
         println!("\nwhat the data dir of the replica {what} holds ({end} commits):\n");
         println!("| tree | key tag | keys | bytes (keys + values) | bytes per commit |");
         println!("|---|---|---:|---:|---:|");

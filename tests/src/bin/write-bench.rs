@@ -30,7 +30,9 @@
 //!
 //! Usage: `cargo run --release -p provledger-tests --bin write-bench -- [--quick]
 //! [--duration SECS] [--sustained SECS]
-//! [--only throughput|depth|hot|sustained|atomic|mixed|deep]`
+//! [--only throughput|depth|hot|sustained|atomic|mixed|deep] [--no-log-copy]`
+//! (`--no-log-copy`: serve keeps no copy of the stream in its data dir, as
+//! `provledger serve --no-log-copy`).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -58,7 +60,7 @@ use uuid::Uuid;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const USAGE: &str = "usage: write-bench [--quick] [--duration SECS] [--sustained SECS] \
-                     [--only throughput|depth|hot|sustained|atomic|mixed|deep]";
+                     [--only throughput|depth|hot|sustained|atomic|mixed|deep] [--no-log-copy]";
 const AGGREGATES: usize = 1000;
 const CLIENT_COUNTS: [usize; 4] = [1, 16, 64, 256];
 const CLIENTS_PER_CONNECTION: usize = 16;
@@ -94,6 +96,8 @@ enum Phase {
 
 struct Options {
     quick: bool,
+    /// serve keeps its copy of the stream (the default; `--no-log-copy`: not).
+    log_copy: bool,
     duration: Duration,
     sustained: Duration,
     depths: Vec<usize>,
@@ -118,10 +122,12 @@ fn parse_options() -> Options {
         }
     };
     let (mut quick, mut duration, mut sustained, mut only) = (false, None, None, None);
+    let mut log_copy = true;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => quick = true,
+            "--no-log-copy" => log_copy = false,
             "--duration" => duration = Some(seconds("--duration", args.next())),
             "--sustained" => sustained = Some(seconds("--sustained", args.next())),
             "--only" => {
@@ -151,6 +157,7 @@ fn parse_options() -> Options {
     };
     Options {
         quick,
+        log_copy,
         duration: Duration::from_secs(duration.unwrap_or(if quick { 2 } else { 10 })),
         sustained: Duration::from_secs(sustained.unwrap_or(if quick { 10 } else { 60 })),
         depths,
@@ -424,9 +431,12 @@ struct Serve {
 }
 
 impl Serve {
-    fn start(nats_url: String) -> Serve {
+    fn start(nats_url: String, log_copy: bool) -> Serve {
         let dir = tempfile::tempdir().expect("serve's data dir");
-        let options = ServeOptions::new(nats_url, dir.path().join("serve"));
+        let options = ServeOptions {
+            log_copy,
+            ..ServeOptions::new(nats_url, dir.path().join("serve"))
+        };
         let (stop, stopped) = oneshot::channel::<()>();
         let thread = side_runtime("serve", async move {
             provledger_serve::run(options, async {
@@ -1827,7 +1837,7 @@ async fn main() {
         );
     }
 
-    let serve = Serve::start(nats.url());
+    let serve = Serve::start(nats.url(), o.log_copy);
     wait_caught_up(&probe).await;
     if o.runs(Phase::Throughput) {
         throughput(&nats, &o, pg.as_ref(), payload_bytes).await;
@@ -1856,7 +1866,7 @@ async fn main() {
     if o.runs(Phase::Sustained) {
         eprintln!("sustained: restarting with deploy/nats/accounts.conf ...");
         let nats = NatsServer::start_hardened(true, false).await;
-        let serve = Serve::start(nats.url_as("serve"));
+        let serve = Serve::start(nats.url_as("serve"), o.log_copy);
         wait_caught_up(&nats.client_as("provisioner").await).await;
         // Twice on the same server: the first round starts on an empty stream (the server
         // warms up as the stream grows), the second on what the first left, as a deployed
@@ -1881,7 +1891,7 @@ async fn main() {
     if o.runs(Phase::Sustained) || o.only == Some(Phase::Mixed) {
         eprintln!("sustained, mixed: a new server with deploy/nats/accounts.conf ...");
         let nats = NatsServer::start_hardened(true, false).await;
-        let serve = Serve::start(nats.url_as("serve"));
+        let serve = Serve::start(nats.url_as("serve"), o.log_copy);
         wait_caught_up(&nats.client_as("provisioner").await).await;
         sustained(
             &nats,

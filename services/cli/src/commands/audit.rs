@@ -8,7 +8,9 @@ use provledger_client::{Ledger, LedgerOptions};
 use provledger_events::log::OpenSledError;
 use provledger_events::{SledLog, Timestamp};
 use provledger_projections::audit::{counts, AuditReport};
-use provledger_serve::{audit_log, AuditError, OnChainViolation, ProjectionStore};
+use provledger_serve::{
+    audit_copy, audit_log, AuditError, HistoryCopy, OnChainViolation, ProjectionStore,
+};
 
 use super::state::progress_bar;
 use super::{print_json, CommandError};
@@ -18,6 +20,7 @@ impl From<AuditError> for CommandError {
         match e {
             AuditError::Read(r) => r.into(),
             AuditError::Store(s) => s.into(),
+            e @ AuditError::PartialCopy { .. } => CommandError::Problem(e.to_string()),
         }
     }
 }
@@ -85,10 +88,22 @@ pub async fn run(options: &LedgerOptions, json: bool) -> Result<(), CommandError
         Ledger::Embedded(log) => {
             let store = ProjectionStore::open(log.db())?;
             match store.source()? {
-                Some(source) if source != "embedded" => Err(CommandError::BadInput(format!(
-                    "{} holds the projection copy of {source}; audit it with --nats",
-                    options.data_dir.display()
-                ))),
+                // A stopped replica's data dir: its copy of the stream, offline.
+                Some(source) if source != "embedded" => match store.history_copy()? {
+                    HistoryCopy::Separate(extent) => {
+                        notes.push(format!(
+                            "offline: the copy of {source} in {} (positions {} to {}); the stream itself was not read",
+                            options.data_dir.display(),
+                            extent.from,
+                            extent.through
+                        ));
+                        audit_copy(&store, now, progress).map_err(CommandError::from)
+                    }
+                    _ => Err(CommandError::BadInput(format!(
+                        "{} holds the projection of {source} and no copy of it; audit it with --nats",
+                        options.data_dir.display()
+                    ))),
+                },
                 // The embedded projection copies the embedded log: compared as well.
                 _ => audit_log(log, OnChainViolation::Fail, Some(&store), now, progress)
                     .await

@@ -77,7 +77,14 @@ async fn ask(client: &async_nats::Client, subject: &str, body: Value) -> Value {
 /// its position answers 404, and v3 stays).
 pub(crate) async fn x_lost_its_v2() -> (NatsServer, AggregateId, AggregateId) {
     let mut nats = NatsServer::start().await;
-    let log = common::stream(&nats).await;
+    let (x, y) = x_and_y(&nats).await;
+    drop_x_v2(&mut nats).await;
+    (nats, x, y)
+}
+
+/// Cluster X with three commits (v2 carries a marker), then cluster Y with one.
+async fn x_and_y(nats: &NatsServer) -> (AggregateId, AggregateId) {
+    let log = common::stream(nats).await;
     let x = AggregateId::cluster(Uuid::now_v7());
     let y = AggregateId::cluster(Uuid::now_v7());
     log.append(x, Expectation::NoStream, CommitDraft::now("t", create()))
@@ -100,17 +107,51 @@ pub(crate) async fn x_lost_its_v2() -> (NatsServer, AggregateId, AggregateId) {
     log.append(y, Expectation::NoStream, CommitDraft::now("t", create()))
         .await
         .unwrap();
-    drop(log);
+    (x, y)
+}
+
+/// The server shut down, the byte of X's v2 flipped, and the server started again.
+async fn drop_x_v2(nats: &mut NatsServer) {
     nats.shut_down();
     flip_in_store(&nats.store_dir(), "marker-of-version-two");
     nats.start_again().await;
-    let log = common::stream(&nats).await;
+    let log = common::stream(nats).await;
     let stream = log.context().get_stream("PROVLEDGER").await.unwrap();
     assert!(
         stream.direct_get(2).await.is_err() && stream.direct_get(3).await.is_ok(),
         "the server dropped the damaged v2 and kept v3"
     );
-    (nats, x, y)
+}
+
+/// Given a replica that applied X's three commits and stopped, when the server drops X's
+/// v2, then the stream's history of X says v2 is lost while the replica's data dir, offline,
+/// still shows v2 (the marker) in a chain checked whole: the second copy an operator looks
+/// for first (docs/operating.md, "A commit lost from the log").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicas_copy_still_holds_a_commit_the_stream_lost() {
+    let mut nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("replica");
+    let mut serve = common::Serve::start(&nats, &data);
+    let client = nats.client().await;
+    common::wait_ready(&client).await;
+    let (x, _) = x_and_y(&nats).await;
+    common::wait_position(&client, 4).await;
+    assert!(serve.terminate().success());
+    drop_x_v2(&mut nats).await;
+
+    let xs = x.to_string();
+    let online = cli(&nats, &["history", &xs]);
+    assert_eq!(online.status.code(), Some(1), "{}", common::text(&online));
+    assert!(common::text(&online).contains("LOST v2"));
+    let offline = common::provledger(&["--data-dir", data.to_str().unwrap(), "history", &xs], "");
+    assert!(offline.status.success(), "{}", common::text(&offline));
+    assert!(
+        common::text(&offline).contains("marker-of-version-two")
+            && !common::text(&offline).contains("LOST"),
+        "{}",
+        common::text(&offline)
+    );
 }
 
 fn cli(nats: &NatsServer, args: &[&str]) -> std::process::Output {

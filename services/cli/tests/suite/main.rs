@@ -17,6 +17,7 @@ mod demo;
 mod docs_examples;
 mod drift;
 mod follow;
+mod log_copy;
 mod lost_commit;
 mod messages;
 mod no_traps;

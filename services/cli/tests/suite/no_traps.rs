@@ -144,11 +144,12 @@ async fn a_write_to_a_second_stream_over_the_same_subjects_is_told_why_it_cannot
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offline_reads_of_a_stopped_services_data_dir_show_its_state_and_say_where_history_is() {
-    // Given a service that projected a commit into its data dir, then stopped,
+    // Given a service keeping no copy of the stream (`--no-log-copy`; by default it keeps
+    // one: log_copy.rs) that projected a commit into its data dir, then stopped,
     let nats = NatsServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("serve");
-    let mut serve = Serve::start(&nats, &data);
+    let mut serve = Serve::start_with(&nats, &data, &["--no-log-copy"]);
     let url = nats.url();
     tokio::task::spawn_blocking(move || {
         let out = provledger(

@@ -52,29 +52,6 @@ async fn query(client: &async_nats::Client, endpoint: &str, body: Value) -> Valu
     v
 }
 
-/// Waits until some replica answers health at or past `position` (and the service is up).
-async fn wait_position(client: &async_nats::Client, position: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let reply = tokio::time::timeout(
-            Duration::from_secs(1),
-            client.request("provledger.q.health", "{}".into()),
-        )
-        .await;
-        if let Ok(Ok(msg)) = reply {
-            if let Ok(v) = serde_json::from_slice::<Value>(&msg.payload) {
-                if v["position"].as_u64().unwrap_or(0) >= position {
-                    return;
-                }
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "serve never reached position {position}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 async fn append(log: &JetStreamLog, agg: AggregateId, events: Vec<Event>) -> u64 {
     log.append(agg, Expectation::Any, CommitDraft::now("test", events))
         .await
@@ -129,7 +106,7 @@ async fn serve_answers_every_endpoint_and_drains_on_sigterm() {
     let log = open_log(&nats).await;
     let client = nats.client().await;
     let mut serve = Serve::start(&nats, &tmp.path().join("serve"));
-    wait_position(&client, 0).await;
+    common::wait_position(&client, 0).await;
 
     // Given a provider filled to capacity, a cluster with two instances, an operation,
     // and garbage published straight onto an event subject.
@@ -331,7 +308,7 @@ async fn serve_answers_every_endpoint_and_drains_on_sigterm() {
     .await;
     assert_eq!(v["error"]["code"], "conflict");
     assert_eq!(v["error"]["actual_version"], 4);
-    wait_position(&client, deleting_at).await;
+    common::wait_position(&client, deleting_at).await;
     let (v, code) = ask(
         &client,
         cmd,
@@ -488,7 +465,7 @@ async fn a_replica_joins_the_queue_group_only_once_caught_up() {
         .collect::<Vec<_>>()
         .await;
     let _a = Serve::start(&nats, &tmp.path().join("a"));
-    wait_position(&client, COMMITS).await;
+    common::wait_position(&client, COMMITS).await;
     let a_id = query(&client, "health", json!({})).await["served_by"]
         .as_str()
         .unwrap()
@@ -550,7 +527,7 @@ async fn sigkill_during_a_load_loses_and_duplicates_nothing() {
     let mut kills = 0;
     for round in 0..ROUNDS {
         let chunk = &steps[round * per_round..(round + 1) * per_round];
-        wait_position(&client, 0).await;
+        common::wait_position(&client, 0).await;
         // The kill lands after a round-dependent share of the chunk is appended, and the
         // load waits for it before going on: during the load on any machine, however fast
         // (a timer could fire after a fast machine's load had already finished).
@@ -591,7 +568,7 @@ async fn sigkill_during_a_load_loses_and_duplicates_nothing() {
         let mut checked = HashSet::new();
         for attempt in 0.. {
             let end = log.last_position().await.unwrap();
-            wait_position(&client, end).await;
+            common::wait_position(&client, end).await;
             let commits: Vec<_> = log
                 .read_all(1)
                 .await
@@ -766,7 +743,7 @@ async fn half_requests_holding_the_console_leave_metrics_writes_and_shutdown_wor
         assert!(code.is_none(), "{reply}");
         last = reply["data"]["position"].as_u64().expect("appended");
     }
-    wait_position(&client, last).await;
+    common::wait_position(&client, last).await;
 
     // ...and SIGTERM still stops serve, the half requests held: it drains within bounds.
     let started = Instant::now();
@@ -822,7 +799,7 @@ async fn an_operation_of_five_thousand_steps_never_hides_the_others_from_the_wor
         vec![started(Uuid::now_v7())],
     )
     .await;
-    wait_position(&client, end).await;
+    common::wait_position(&client, end).await;
 
     // ...when the worklist is asked for the running operations...
     let (listed, code) = ask(
@@ -956,7 +933,7 @@ async fn operations_are_listed_newest_first_with_their_times_and_since_a_time() 
     append_at(failing, at(2_000), started.clone()).await;
     append_at(failing, at(1_000), failed).await;
     let end = append_at(newest, now, started).await;
-    wait_position(&client, end).await;
+    common::wait_position(&client, end).await;
 
     // ...when the operations are listed, then the newest comes first, each with its times...
     let listed = query(&client, "operation.list", json!({})).await;

@@ -485,7 +485,11 @@ async fn a_services_data_dir_keeps_no_copy_of_the_log_and_history_comes_from_the
     let nats = NatsServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("serve");
-    let (mut serve, client) = started(&nats, &dir).await;
+    // A replica told to keep no copy of the stream (by default it keeps one, in a tree of
+    // its own: log_copy.rs).
+    let mut serve = Serve::start_with(&nats, &data, &["--no-log-copy"]);
+    let client = nats.client().await;
+    common::wait_ready(&client).await;
     let cluster = Uuid::now_v7();
     let aggregate = format!("cluster/{cluster}");
     let create = serde_json::to_value(vec![samples::all().remove(0)]).unwrap();
@@ -559,7 +563,7 @@ async fn a_services_data_dir_keeps_no_copy_of_the_log_and_history_comes_from_the
 
     // ...and the restarted service answers the history and an earlier state from the
     // stream.
-    let _serve = Serve::start(&nats, &data);
+    let _serve = Serve::start_with(&nats, &data, &["--no-log-copy"]);
     common::wait_ready(&client).await;
     let history = cmd_query(&client, "history", json!({"aggregate": aggregate})).await;
     let versions: Vec<u64> = history["data"]

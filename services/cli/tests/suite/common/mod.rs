@@ -508,3 +508,28 @@ pub async fn write_concurrently(nats: &NatsServer, writers: usize, per_writer: u
         t.await.expect("writer");
     }
 }
+
+/// Waits until some replica answers health at or past `position` (and the service is up).
+#[allow(dead_code)]
+pub async fn wait_position(client: &async_nats::Client, position: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let reply = tokio::time::timeout(
+            Duration::from_secs(1),
+            client.request("provledger.q.health", "{}".into()),
+        )
+        .await;
+        if let Ok(Ok(msg)) = reply {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&msg.payload) {
+                if v["position"].as_u64().unwrap_or(0) >= position {
+                    return;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve never reached position {position}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

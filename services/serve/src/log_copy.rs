@@ -1,0 +1,760 @@
+//! A serve replica's copy of the stream (issue 39): every commit it applied, kept in the
+//! data dir so that a JetStream loss has a second copy and a stopped replica can show
+//! history (`history`, `state --at`, `audit` offline).
+//!
+//! Why a tree and a thread of its own, not the projector's batch: `cmd.append` answers
+//! once serve's projector has applied the commit, and writing the copy in the projector's
+//! batch (as serve did before issue 23) cost about a fifth of serve's time on that path.
+//! Here the projector only hands each written batch's commits over a bounded queue, never
+//! waiting ([`CopySender::hand`]); the copier writes them on its own thread, one sled
+//! `apply_batch` per handed batch (or per [`READ_BACK_BATCH_MAX`] read back), in the sled
+//! tree `log_copy` of the same data dir. A batch the queue has no room for is dropped and
+//! read back from the stream later, as are the positions the copy lacks when serve starts
+//! (a new copy reads the stream from position 1): the copy never waits on the request
+//! path and never has a hole it does not fill. The copier starts once the replica has
+//! caught up with the stream (`Copier::start`), so that a catch-up is not slowed by it.
+//!
+//! Key layout of the tree `log_copy` (one leading tag byte, the projection store's
+//! layout for `c` and `h`, so the same readers serve both):
+//! - `c` + position: the commit, the codec's bytes.
+//! - `h` + aggregate (17 bytes) + version: the position (8 bytes); the last one of an
+//!   aggregate leads to its chain's tip (read when the copier does not remember it).
+//! - `m` + `copied`: every position up to it was copied (or is not a commit the copy
+//!   keeps); written in the batch that copies it.
+//! - `m` + `from`: the first position the copy covers (1 for a whole copy).
+//!
+//! What it keeps: exactly the commit the stream holds at each position that extends its
+//! aggregate's chain in the copy (version = the copy's tip + 1 and `prev_hash` = the
+//! tip's hash; version 1 after the zero hash), and a commit past a loss of the stream
+//! (a version further on: the commits between are not in the stream, so not here
+//! either; readers' chain checks name that gap as they do on the stream). A commit that
+//! does not link (a replay, a forgery, an older version) is refused and not written: the
+//! projector quarantines the same entries. Garbage is not a commit and is not copied.
+//!
+//! It is never ahead of the stream: it copies what the projector applied (which the
+//! stream acknowledged) or what it reads back from the stream. A crash loses at most the
+//! batches since the last flush, with their `copied` mark; they are read back at the next
+//! start.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use provledger_events::codec;
+use provledger_events::{AggregateId, Commit, EventLog, Hash, ReadError};
+use tokio::sync::{mpsc, watch};
+
+use crate::store::{be_u64, StoreError};
+
+/// The sled tree of the copy.
+pub const COPY_TREE: &str = "log_copy";
+/// Batches the projector may hand ahead of the copier; past it a batch is dropped and
+/// read back from the stream.
+pub const COPY_QUEUE_BATCHES_MAX: usize = 64;
+/// Commits the queue holds at most (decoded, in memory), whatever the batches' sizes: a
+/// catch-up's batches are full (`BATCH_ENTRIES_MAX`), a live load's are small.
+pub const COPY_QUEUE_COMMITS_MAX: usize = 32_768;
+/// Commits read back from the stream per sled batch (a start, a dropped batch).
+pub const READ_BACK_BATCH_MAX: usize = 4096;
+/// Aggregates whose chain tip the copier keeps in memory; past it the map is emptied and
+/// tips are read from the copy's `h` index again as they are needed.
+pub const TIPS_CACHED_MAX: usize = 200_000;
+/// How long the copier gathers the batches handed after the first before it writes them
+/// as one: under load the projector hands one small batch per linger of its own, and a
+/// copier woken for each paid a wake-up and a sled batch per commit at one client.
+pub const COPY_LINGER: Duration = Duration::from_millis(100);
+/// The copy is flushed at most this often while writing (and at every stop): a crash
+/// loses at most this much, which the next start reads back from the stream.
+pub const COPY_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Why a commit was not copied: it does not extend its aggregate's chain in the copy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CopyRefusal {
+    #[error("{aggregate} v{version} at position {position}: its hash does not match its content")]
+    BadHash {
+        aggregate: AggregateId,
+        version: u64,
+        position: u64,
+    },
+    #[error("{aggregate} v{version} at position {position}: the copy already holds v{tip}")]
+    NotNewer {
+        aggregate: AggregateId,
+        version: u64,
+        position: u64,
+        tip: u64,
+    },
+    #[error(
+        "{aggregate} v{version} at position {position}: its prev_hash is not the hash of v{}",
+        version - 1
+    )]
+    Unlinked {
+        aggregate: AggregateId,
+        version: u64,
+        position: u64,
+    },
+}
+
+/// What one write did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CopyOutcome {
+    pub copied: usize,
+    /// Copied past a loss of the stream (versions missing before them).
+    pub after_loss: usize,
+    pub refused: Vec<CopyRefusal>,
+}
+
+/// The positions a copy covers: `from` through `through` (both 0 when it holds nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyExtent {
+    pub from: u64,
+    pub through: u64,
+}
+
+impl CopyExtent {
+    /// Whether the copy holds every commit from position 1 (not begun later).
+    pub fn is_whole(&self) -> bool {
+        self.from <= 1
+    }
+}
+
+fn meta(name: &[u8]) -> Vec<u8> {
+    let mut k = vec![b'm'];
+    k.extend_from_slice(name);
+    k
+}
+
+fn index_prefix(aggregate: &AggregateId) -> Vec<u8> {
+    let mut k = vec![b'h'];
+    k.extend_from_slice(&aggregate.key_bytes());
+    k
+}
+
+/// The extent of the copy in `db`, if it has one (`None`: no copy was ever kept, or it
+/// was removed by `--no-log-copy`). Reads only: the tree is not created.
+pub fn extent(db: &sled::Db) -> Result<Option<CopyExtent>, StoreError> {
+    if !db
+        .tree_names()
+        .iter()
+        .any(|n| n.as_ref() == COPY_TREE.as_bytes())
+    {
+        return Ok(None);
+    }
+    extent_of(&db.open_tree(COPY_TREE)?)
+}
+
+/// The extent of the copy in `tree` (`None`: it holds none).
+pub(crate) fn extent_of(tree: &sled::Tree) -> Result<Option<CopyExtent>, StoreError> {
+    let Some(from) = tree.get(meta(b"from"))?.and_then(|v| be_u64(&v)) else {
+        return Ok(None);
+    };
+    let through = tree
+        .get(meta(b"copied"))?
+        .and_then(|v| be_u64(&v))
+        .unwrap_or(0);
+    Ok(Some(CopyExtent { from, through }))
+}
+
+/// Removes the copy from `db` (`--no-log-copy`: a replica that must not keep one).
+pub fn remove(db: &sled::Db) -> Result<bool, StoreError> {
+    Ok(db.drop_tree(COPY_TREE)?)
+}
+
+/// The copy's writer: the one writer of the tree `log_copy`.
+pub struct LogCopy {
+    tree: sled::Tree,
+    db: sled::Db,
+    extent: CopyExtent,
+    /// (version, hash) of each aggregate's last copied commit, as far as remembered.
+    tips: HashMap<AggregateId, (u64, Hash)>,
+    last_flush: Instant,
+}
+
+impl LogCopy {
+    /// Opens (or begins) the copy in `db`. A new copy begins at `from`: 1 to copy the
+    /// stream whole (read back from its start), or later for a copy that begins where
+    /// the replica is (then it says so: [`CopyExtent::is_whole`]).
+    pub fn open(db: &sled::Db, from: u64) -> Result<Self, StoreError> {
+        let tree = db.open_tree(COPY_TREE)?;
+        let extent = match extent(db)? {
+            Some(extent) => extent,
+            None => {
+                let from = from.max(1);
+                let mut batch = sled::Batch::default();
+                batch.insert(meta(b"from"), &from.to_be_bytes()[..]);
+                batch.insert(meta(b"copied"), &(from - 1).to_be_bytes()[..]);
+                tree.apply_batch(batch)?;
+                CopyExtent {
+                    from,
+                    through: from - 1,
+                }
+            }
+        };
+        Ok(LogCopy {
+            tree,
+            db: db.clone(),
+            extent,
+            tips: HashMap::new(),
+            last_flush: Instant::now(),
+        })
+    }
+
+    pub fn extent(&self) -> CopyExtent {
+        self.extent
+    }
+
+    /// Moves the start of a copy that holds nothing yet to `from` (the stream's first
+    /// entry is later than the copy's start: a stream whose oldest messages were removed).
+    fn begin_at(&mut self, from: u64) -> Result<(), StoreError> {
+        if self.extent.through + 1 != self.extent.from || from <= self.extent.from {
+            return Ok(());
+        }
+        let mut batch = sled::Batch::default();
+        batch.insert(meta(b"from"), &from.to_be_bytes()[..]);
+        batch.insert(meta(b"copied"), &(from - 1).to_be_bytes()[..]);
+        self.tree.apply_batch(batch)?;
+        tracing::warn!(
+            from,
+            "the stream's first entry is past position 1: the copy starts there"
+        );
+        self.extent = CopyExtent {
+            from,
+            through: from - 1,
+        };
+        Ok(())
+    }
+
+    /// The last copied (version, hash) of `aggregate`: remembered, or read from `h`.
+    fn tip(&mut self, aggregate: &AggregateId) -> Result<Option<(u64, Hash)>, StoreError> {
+        if let Some(tip) = self.tips.get(aggregate) {
+            return Ok(Some(*tip));
+        }
+        let Some(last) = self.tree.scan_prefix(index_prefix(aggregate)).next_back() else {
+            return Ok(None);
+        };
+        let (k, v) = last?;
+        let corrupt = |reason: String| StoreError::Corrupt {
+            what: format!("the copy's index of {aggregate}"),
+            reason,
+        };
+        let (Some(version), Some(position)) = (k.get(18..).and_then(be_u64), be_u64(&v)) else {
+            return Err(corrupt(format!(
+                "a key of {} bytes with a value of {} bytes",
+                k.len(),
+                v.len()
+            )));
+        };
+        let mut key = vec![b'c'];
+        key.extend_from_slice(&position.to_be_bytes());
+        let bytes = self
+            .tree
+            .get(key)?
+            .ok_or_else(|| corrupt(format!("v{version} at position {position} is not in it")))?;
+        let tip = codec::decode(&bytes, position)
+            .map_err(|error| StoreError::Commit { position, error })?;
+        Ok(Some((version, tip.hash)))
+    }
+
+    /// Whether `commit` extends its aggregate's chain in the copy; `Ok(true)`: it lies
+    /// past a loss of the stream (a version further on than the tip's next).
+    fn check(&mut self, commit: &Commit) -> Result<Result<bool, CopyRefusal>, StoreError> {
+        let (aggregate, version, position) = (commit.aggregate, commit.version, commit.position);
+        if !commit.hash_is_valid() {
+            return Ok(Err(CopyRefusal::BadHash {
+                aggregate,
+                version,
+                position,
+            }));
+        }
+        let (tip, tip_hash) = match self.tip(&aggregate)? {
+            Some(tip) => tip,
+            // Unknown to a copy that begun later: its history before `from` is not here,
+            // so its first commit here cannot be linked (readers say the copy starts late).
+            None if !self.extent.is_whole() => return Ok(Ok(false)),
+            None => (0, Hash::ZERO),
+        };
+        Ok(if version <= tip {
+            Err(CopyRefusal::NotNewer {
+                aggregate,
+                version,
+                position,
+                tip,
+            })
+        } else if version > tip + 1 {
+            Ok(true)
+        } else if commit.prev_hash != tip_hash {
+            Err(CopyRefusal::Unlinked {
+                aggregate,
+                version,
+                position,
+            })
+        } else {
+            Ok(false)
+        })
+    }
+
+    /// Copies `commits` (in position order; those at or below the copy's end are skipped)
+    /// and marks every position through `through` copied, in one sled batch. A commit that
+    /// does not link its chain is refused (in the outcome), never written.
+    pub fn write(&mut self, commits: &[Commit], through: u64) -> Result<CopyOutcome, StoreError> {
+        let mut outcome = CopyOutcome::default();
+        if through <= self.extent.through {
+            return Ok(outcome);
+        }
+        let mut batch = sled::Batch::default();
+        let end = self.extent.through;
+        let mut previous = end;
+        for commit in commits.iter().filter(|c| c.position > end) {
+            assert!(
+                commit.position > previous && commit.position <= through,
+                "copy: {} v{} at position {} handed after position {previous}, through {through}",
+                commit.aggregate,
+                commit.version,
+                commit.position
+            );
+            previous = commit.position;
+            match self.check(commit)? {
+                Err(refusal) => {
+                    tracing::warn!(%refusal, "commit not copied: it does not extend its chain in the copy");
+                    outcome.refused.push(refusal);
+                    continue;
+                }
+                Ok(after_loss) => outcome.after_loss += usize::from(after_loss),
+            }
+            let bytes = codec::encode(commit).map_err(|e| StoreError::Corrupt {
+                what: format!("commit at position {}", commit.position),
+                reason: e.to_string(),
+            })?;
+            let pos = commit.position.to_be_bytes();
+            let mut k = vec![b'c'];
+            k.extend_from_slice(&pos);
+            batch.insert(k, bytes);
+            let mut k = index_prefix(&commit.aggregate);
+            k.extend_from_slice(&commit.version.to_be_bytes());
+            batch.insert(k, &pos[..]);
+            if self.tips.len() >= TIPS_CACHED_MAX {
+                self.tips.clear();
+            }
+            self.tips
+                .insert(commit.aggregate, (commit.version, commit.hash));
+            outcome.copied += 1;
+        }
+        batch.insert(meta(b"copied"), &through.to_be_bytes()[..]);
+        if let Err(e) = self.tree.apply_batch(batch) {
+            // The tips remembered above were not written.
+            self.tips.clear();
+            return Err(e.into());
+        }
+        // Two keys per commit copied, and the mark.
+        crate::store::reclaim_sled_garbage(2 * outcome.copied + 1);
+        self.extent.through = through;
+        Ok(outcome)
+    }
+
+    /// Flushes the data dir if the last flush is older than [`COPY_FLUSH_INTERVAL`]
+    /// (`force`: now).
+    pub fn flush(&mut self, force: bool) -> Result<(), StoreError> {
+        if force || self.last_flush.elapsed() >= COPY_FLUSH_INTERVAL {
+            self.db.flush()?;
+            self.last_flush = Instant::now();
+        }
+        Ok(())
+    }
+}
+
+/// What the projector hands the copier once a batch is written: the commits it took at
+/// their positions (folded, or held past a loss), after `after` through `through`.
+#[derive(Debug)]
+pub struct CopyBatch {
+    pub after: u64,
+    pub through: u64,
+    pub commits: Vec<Commit>,
+}
+
+/// The projector's end of the copier's queue.
+#[derive(Debug, Clone)]
+pub struct CopySender {
+    batches: mpsc::Sender<CopyBatch>,
+    /// Commits in the queue, at most [`COPY_QUEUE_COMMITS_MAX`].
+    held: Arc<AtomicUsize>,
+}
+
+/// The copier's end of its queue.
+#[derive(Debug)]
+pub struct CopyReceiver {
+    batches: mpsc::Receiver<CopyBatch>,
+    held: Arc<AtomicUsize>,
+}
+
+impl CopySender {
+    /// Hands `batch` to the copier if its queue has room (in batches and in commits);
+    /// false when dropped (the copier reads those positions back from the stream). Never
+    /// waits.
+    pub fn hand(&self, batch: CopyBatch) -> bool {
+        let n = batch.commits.len();
+        if self.held.fetch_add(n, Ordering::AcqRel) + n > COPY_QUEUE_COMMITS_MAX {
+            self.held.fetch_sub(n, Ordering::AcqRel);
+            return false;
+        }
+        if self.batches.try_send(batch).is_err() {
+            self.held.fetch_sub(n, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+}
+
+impl CopyReceiver {
+    /// A batch taken out of the queue no longer counts against it.
+    fn taken(&self, batch: Option<CopyBatch>) -> Option<CopyBatch> {
+        if let Some(b) = &batch {
+            self.held.fetch_sub(b.commits.len(), Ordering::AcqRel);
+        }
+        batch
+    }
+
+    pub async fn recv(&mut self) -> Option<CopyBatch> {
+        let batch = self.batches.recv().await;
+        self.taken(batch)
+    }
+
+    /// A batch already in the queue, if any.
+    pub fn try_recv(&mut self) -> Option<CopyBatch> {
+        let batch = self.batches.try_recv().ok();
+        self.taken(batch)
+    }
+
+    /// [`CopyReceiver::recv`] outside a runtime.
+    pub fn blocking_recv(&mut self) -> Option<CopyBatch> {
+        let batch = self.batches.blocking_recv();
+        self.taken(batch)
+    }
+}
+
+/// The copier's queue: the projector's end and the copier's.
+pub fn queue() -> (CopySender, CopyReceiver) {
+    let (tx, rx) = mpsc::channel(COPY_QUEUE_BATCHES_MAX);
+    let held = Arc::new(AtomicUsize::new(0));
+    (
+        CopySender {
+            batches: tx,
+            held: Arc::clone(&held),
+        },
+        CopyReceiver { batches: rx, held },
+    )
+}
+
+/// Why the copier stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum CopierError {
+    #[error("the copy of the stream: {0}")]
+    Store(#[from] StoreError),
+    #[error("reading the stream back into the copy: {0}")]
+    Read(#[from] ReadError),
+}
+
+/// Copies positions after the copy's end through `to` from `log`, in sled batches of at
+/// most [`READ_BACK_BATCH_MAX`] commits. Entries that are not commits (garbage) are
+/// passed over: the projector quarantines them.
+pub async fn read_back<L: EventLog>(
+    copy: &mut LogCopy,
+    log: &L,
+    to: u64,
+) -> Result<(), CopierError> {
+    let from = copy.extent().through + 1;
+    if to < from {
+        return Ok(());
+    }
+    tracing::info!(from, to, "reading the stream back into the copy");
+    let mut entries = log.read_all(from).await?;
+    let mut commits = Vec::new();
+    let mut last = from - 1;
+    let mut first = true;
+    while let Some(entry) = entries.next().await {
+        let position = match entry {
+            Ok(commit) => {
+                let position = commit.position;
+                if position <= to {
+                    commits.push(commit);
+                }
+                position
+            }
+            Err(e) => match e.quarantine_parts() {
+                Some((position, ..)) => position,
+                None => return Err(e.into()),
+            },
+        };
+        if position > to {
+            break;
+        }
+        if std::mem::take(&mut first) && position > from {
+            copy.begin_at(position)?;
+        }
+        last = position;
+        if commits.len() >= READ_BACK_BATCH_MAX {
+            copy_write(copy, &std::mem::take(&mut commits), last)?;
+        }
+        if position == to {
+            break;
+        }
+    }
+    copy_write(copy, &commits, last)?;
+    copy.flush(false)?;
+    Ok(())
+}
+
+fn copy_write(copy: &mut LogCopy, commits: &[Commit], through: u64) -> Result<(), StoreError> {
+    let outcome = copy.write(commits, through)?;
+    if outcome.after_loss > 0 {
+        tracing::warn!(
+            commits = outcome.after_loss,
+            through,
+            "copied commits that lie past a loss of the stream (their earlier versions are not in it)"
+        );
+    }
+    Ok(())
+}
+
+/// serve's copier: reads back what the copy lacks up to what the projector has applied,
+/// then writes each batch the projector hands, reading back any it dropped, until `stop`;
+/// then copies up to what the projector applied last and flushes.
+pub async fn run<L: EventLog>(
+    mut copy: LogCopy,
+    log: L,
+    mut batches: CopyReceiver,
+    applied: watch::Receiver<u64>,
+    mut go: watch::Receiver<bool>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), CopierError> {
+    // A replica catching up is not slowed by its copy (the copier's sled writes took
+    // 60% more time to ready): the copier starts once the replica is caught up. Its queue
+    // fills meanwhile, and what it had no room for is read back.
+    let stopping = tokio::select! {
+        _ = go.wait_for(|go| *go) => false,
+        _ = stop.changed() => true,
+    };
+    if stopping {
+        // Stopped before it was caught up: the next start reads back what is missing, and
+        // this stop does not wait for it.
+        return Ok(());
+    }
+    let start = *applied.borrow();
+    read_back(&mut copy, &log, start).await?;
+    loop {
+        let batch = tokio::select! {
+            batch = batches.recv() => batch,
+            _ = stop.changed() => None,
+        };
+        let Some(batch) = batch else { break };
+        let stopping = tokio::select! {
+            _ = tokio::time::sleep(COPY_LINGER) => false,
+            _ = stop.changed() => true,
+        };
+        take_gathered(&mut copy, &log, batch, &mut batches).await?;
+        if stopping {
+            break;
+        }
+    }
+    // What was handed before the stop, then what the projector applied last.
+    while let Some(batch) = batches.try_recv() {
+        take(&mut copy, &log, batch).await?;
+    }
+    let end = *applied.borrow();
+    read_back(&mut copy, &log, end).await?;
+    copy.flush(true)?;
+    tracing::info!(
+        through = copy.extent().through,
+        "copy of the stream flushed"
+    );
+    Ok(())
+}
+
+/// serve's copier on a thread of its own ([`run`] on a current-thread runtime): its sled
+/// writes never take a worker of serve's runtime from the requests.
+pub struct Copier {
+    go: watch::Sender<bool>,
+    stop: watch::Sender<bool>,
+    done: tokio::sync::oneshot::Receiver<Result<(), CopierError>>,
+}
+
+impl Copier {
+    pub fn spawn<L: EventLog + 'static>(
+        copy: LogCopy,
+        log: L,
+        batches: CopyReceiver,
+        applied: watch::Receiver<u64>,
+    ) -> std::io::Result<Self> {
+        let (stop, stopped) = watch::channel(false);
+        let (go, going) = watch::channel(false);
+        let (done_tx, done) = tokio::sync::oneshot::channel();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        std::thread::Builder::new()
+            .name("log-copy".into())
+            .spawn(move || {
+                let result = runtime.block_on(run(copy, log, batches, applied, going, stopped));
+                if let Err(e) = &result {
+                    tracing::error!(error = %e, "the copy of the stream stopped; offline history ends where it stopped");
+                }
+                // Nobody to tell when serve itself is gone.
+                let _ = done_tx.send(result);
+            })?;
+        Ok(Copier { go, stop, done })
+    }
+
+    /// Lets the copier start: the replica has caught up with the stream.
+    pub fn start(&self) {
+        let _ = self.go.send(true);
+    }
+
+    /// Stops the copier once the projector has stopped: it copies through what the
+    /// projector applied last, flushes, and returns.
+    pub async fn stop(self) -> Result<(), CopierError> {
+        let _ = self.stop.send(true);
+        match self.done.await {
+            Ok(result) => result,
+            // The thread ended without a word: it panicked (logged by the panic hook).
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+/// Writes `first` with the batches queued behind it that follow it without a gap, as one
+/// sled batch (at most [`READ_BACK_BATCH_MAX`] commits), then each batch after a gap.
+async fn take_gathered<L: EventLog>(
+    copy: &mut LogCopy,
+    log: &L,
+    first: CopyBatch,
+    batches: &mut CopyReceiver,
+) -> Result<(), CopierError> {
+    let mut gathered = first;
+    while gathered.commits.len() < READ_BACK_BATCH_MAX {
+        let Some(next) = batches.try_recv() else {
+            break;
+        };
+        if next.after > gathered.through {
+            // A batch was dropped between them: what is gathered first, then this one
+            // (reading the gap back).
+            take(copy, log, std::mem::replace(&mut gathered, next)).await?;
+            continue;
+        }
+        gathered.commits.extend(next.commits);
+        gathered.through = next.through;
+    }
+    take(copy, log, gathered).await
+}
+
+/// Writes one handed batch, first reading back the positions before it that the copy
+/// lacks (a dropped batch).
+async fn take<L: EventLog>(
+    copy: &mut LogCopy,
+    log: &L,
+    batch: CopyBatch,
+) -> Result<(), CopierError> {
+    if batch.after > copy.extent().through {
+        read_back(copy, log, batch.after).await?;
+    }
+    copy_write(copy, &batch.commits, batch.through)?;
+    copy.flush(false)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use provledger_events::catalogue::samples;
+    use provledger_events::{CommitDraft, Event};
+    use uuid::Uuid;
+
+    /// A store as serve opens it: no copy in the projection's own tree.
+    fn serve_store(db: &sled::Db) -> crate::ProjectionStore {
+        let store = crate::ProjectionStore::open(db).expect("store");
+        store.keep_no_copy().expect("no copy in the projection");
+        store
+    }
+
+    fn commit(id: AggregateId, version: u64, prev: Hash, position: u64) -> Commit {
+        let event: Event = samples::all().into_iter().next().expect("a sample event");
+        let mut c = Commit::seal(id, version, prev, CommitDraft::now("t", vec![event]));
+        c.position = position;
+        c
+    }
+
+    /// Given a copy holding v1 and v2 of an aggregate, when a batch brings a v3 whose
+    /// prev_hash is not v2's hash, a replayed v2 and a v3 whose hash does not match its
+    /// content, then each is refused and none is written, while a v3 that links is copied
+    /// and the copy's end moves through the batch.
+    #[test]
+    fn a_copy_refuses_a_commit_that_does_not_link_its_chain() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("sled");
+        let id = AggregateId::provider(Uuid::from_u128(7));
+        let mut copy = LogCopy::open(&db, 1).expect("copy");
+        let v1 = commit(id, 1, Hash::ZERO, 1);
+        let v2 = commit(id, 2, v1.hash, 2);
+        let outcome = copy.write(&[v1.clone(), v2.clone()], 2).expect("write");
+        assert_eq!((outcome.copied, outcome.refused.len()), (2, 0));
+
+        let unlinked = commit(id, 3, v1.hash, 3);
+        let mut replayed = v2.clone();
+        replayed.position = 4;
+        let mut tampered = commit(id, 3, v2.hash, 5);
+        tampered.actor = "someone else".into();
+        // Reopened: the tip comes from the copy's index, not from memory.
+        drop(copy);
+        let mut copy = LogCopy::open(&db, 1).expect("reopen");
+        let outcome = copy
+            .write(&[unlinked, replayed, tampered], 5)
+            .expect("write");
+        assert_eq!(outcome.copied, 0);
+        assert!(matches!(
+            outcome.refused[0],
+            CopyRefusal::Unlinked { version: 3, .. }
+        ));
+        assert!(matches!(
+            outcome.refused[1],
+            CopyRefusal::NotNewer { tip: 2, .. }
+        ));
+        assert!(matches!(outcome.refused[2], CopyRefusal::BadHash { .. }));
+        assert_eq!(
+            copy.extent(),
+            CopyExtent {
+                from: 1,
+                through: 5
+            }
+        );
+
+        let v3 = commit(id, 3, v2.hash, 6);
+        let outcome = copy.write(&[v3], 6).expect("write");
+        assert_eq!((outcome.copied, outcome.refused.len()), (1, 0));
+        let store = serve_store(&db);
+        let history = store.aggregate_commits(&id, u64::MAX).expect("history");
+        assert_eq!(
+            history
+                .iter()
+                .map(|c| (c.version, c.position))
+                .collect::<Vec<_>>(),
+            vec![(1, 1), (2, 2), (3, 6)]
+        );
+    }
+
+    /// Given a copy begun at position 10 (the stream no longer held positions 1-9), when it
+    /// copies v4 of an aggregate it never saw, then it keeps it, and the history of that
+    /// aggregate is refused as starting late rather than shown from v4.
+    #[test]
+    fn a_copy_begun_late_keeps_commits_but_refuses_their_partial_history() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("sled");
+        let id = AggregateId::provider(Uuid::from_u128(8));
+        let mut copy = LogCopy::open(&db, 10).expect("copy");
+        let v4 = commit(id, 4, Hash([9; 32]), 12);
+        assert_eq!(copy.write(&[v4], 12).expect("write").copied, 1);
+        let store = serve_store(&db);
+        match store.aggregate_commits(&id, u64::MAX) {
+            Err(StoreError::CopyStartsLate { from: 10, .. }) => {}
+            other => panic!("expected CopyStartsLate, got {other:?}"),
+        }
+    }
+}
