@@ -136,3 +136,57 @@ async fn a_follower_catches_up_on_exactly_the_commits_and_a_filtered_one_on_its_
         "{bad}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_aggregates_changes_come_in_one_page_however_many_others_lie_between() {
+    // Given a cluster with a commit, then more commits on other aggregates than one page
+    // looks at (CHANGES_SCAN_MAX), then a second commit on the cluster,
+    let nats = NatsServer::start().await;
+    let client = nats.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let _serve = Serve::start(&nats, &dir.path().join("serve"));
+    wait_ready(&client).await;
+    let log = common::stream(&nats).await;
+    let cluster = provledger_events::AggregateId::cluster(uuid::Uuid::now_v7());
+    let append = |event| {
+        provledger_events::EventLog::append(
+            &log,
+            cluster,
+            provledger_events::Expectation::Any,
+            provledger_events::CommitDraft::now("writer", vec![event]),
+        )
+    };
+    let first = append(provledger_events::catalogue::samples::all().remove(0))
+        .await
+        .expect("append");
+    common::write_concurrently(&nats, 8, 1_260).await;
+    let second = append(provledger_events::Event::ClusterStatusChanged {
+        status: provledger_events::catalogue::ClusterStatus::Spawning,
+        description: "after the others".into(),
+    })
+    .await
+    .expect("append");
+    let end = common::quiet_end(&log).await;
+    assert!(second.position - first.position > provledger_serve::messages::CHANGES_SCAN_MAX);
+    common::wait_position(&client, end).await;
+
+    // when a follower of the cluster asks for its changes from position 0,
+    let reply = ask(
+        &client,
+        json!({"aggregate": cluster.to_string(), "after": 0, "limit": 100}),
+    )
+    .await;
+
+    // then one page holds both, and reaches the end: only the cluster's commits were
+    // looked at, not the range (a scan would stop at CHANGES_SCAN_MAX positions).
+    let data = &reply["data"];
+    let positions: Vec<u64> = data["changes"]
+        .as_array()
+        .expect("changes")
+        .iter()
+        .map(|c| c["position"].as_u64().unwrap())
+        .collect();
+    assert_eq!(positions, vec![first.position, second.position], "{reply}");
+    assert_eq!(data["stopped"], json!("end"), "{reply}");
+    assert_eq!(data["next"], json!(end), "{reply}");
+}
