@@ -8,15 +8,14 @@
 //! consumer, a reconnect, a dropped batch) it sees by `prev` and fills through
 //! `q.changes`, which is the feed's truth.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use provledger_client::follow::feed_subject;
 use provledger_events::Commit;
 use provledger_projections::timeline;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
+use crate::handoff::{self, Release};
 use crate::messages::{FeedBookmark, FeedChange, HistoryItem};
 use crate::metrics::FoldMetrics;
 
@@ -34,63 +33,22 @@ pub const FEED_QUEUE_COMMITS: usize = 16_384;
 const _: () = assert!(FEED_QUEUE_COMMITS >= crate::projector::BATCH_ENTRIES_MAX);
 
 /// The projector's end of the feed's queue, bounded in batches and in commits.
-#[derive(Debug)]
-pub struct FeedSender {
-    batches: mpsc::Sender<FeedBatch>,
-    held: Arc<AtomicUsize>,
-}
+pub type FeedSender = handoff::Sender<FeedBatch>;
 
 /// The feed task's end: each batch taken is held (counted) until it is published.
-#[derive(Debug)]
-pub(crate) struct FeedReceiver {
-    batches: mpsc::Receiver<FeedBatch>,
-    held: Arc<AtomicUsize>,
-}
+pub(crate) type FeedReceiver = handoff::Receiver<FeedBatch>;
 
 /// A new feed queue.
 pub(crate) fn queue() -> (FeedSender, FeedReceiver) {
-    let (sender, receiver) = mpsc::channel(FEED_QUEUE_BATCHES);
-    let held = Arc::new(AtomicUsize::new(0));
-    (
-        FeedSender {
-            batches: sender,
-            held: held.clone(),
-        },
-        FeedReceiver {
-            batches: receiver,
-            held,
-        },
-    )
+    handoff::queue(FEED_QUEUE_BATCHES, FEED_QUEUE_COMMITS, Release::WhenDone)
 }
 
-impl FeedSender {
-    /// Hands `batch` to the feed if it has room (in batches and in commits); false when it
-    /// was dropped. Never waits.
-    pub fn hand(&self, batch: FeedBatch) -> bool {
-        let n = batch.commits.len();
-        let held = self.held.fetch_add(n, Ordering::AcqRel);
-        if held + n > FEED_QUEUE_COMMITS {
-            self.held.fetch_sub(n, Ordering::AcqRel);
-            return false;
-        }
-        if self.batches.try_send(batch).is_err() {
-            self.held.fetch_sub(n, Ordering::AcqRel);
-            return false;
-        }
-        true
+impl handoff::Batch for FeedBatch {
+    fn commits(&self) -> usize {
+        self.commits.len()
     }
 }
 
-impl FeedReceiver {
-    async fn recv(&mut self) -> Option<FeedBatch> {
-        self.batches.recv().await
-    }
-
-    /// `commits` of a batch taken are published (or passed over): no longer held.
-    fn done_with(&self, commits: usize) {
-        self.held.fetch_sub(commits, Ordering::AcqRel);
-    }
-}
 /// How often each replica says how far it has published.
 pub const FEED_BOOKMARK_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -158,7 +116,7 @@ pub(crate) async fn run(
                 let Some(batch) = batch else { return };
                 let held = batch.commits.len();
                 if ready().is_none() {
-                    batches.done_with(held);
+                    batches.release(held);
                     continue;
                 }
                 let through = batch.through;
@@ -173,7 +131,7 @@ pub(crate) async fn run(
                     }
                     published += 1;
                 }
-                batches.done_with(held);
+                batches.release(held);
                 metrics.feed_published(published);
                 published_through = through;
             }
@@ -273,7 +231,7 @@ mod tests {
         assert!(!sender.hand(batch(FEED_QUEUE_COMMITS - fitting * full + 1)));
         // and once the feed is done with one batch, then a batch of its size fits again.
         let taken = receiver.recv().await.expect("a batch");
-        receiver.done_with(taken.commits.len());
+        receiver.release(taken.commits.len());
         assert!(sender.hand(batch(full)));
     }
 }

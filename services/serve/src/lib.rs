@@ -40,6 +40,8 @@
 //!   (never waited for) and written by the copier on its own thread, chain-checked per
 //!   aggregate, with what was dropped or missed read back from the stream; `--no-log-copy`
 //!   removes it. Offline `history`, `state --at` and `audit` read it.
+//! - `handoff.rs`: the queue from the projector to the feed and to the copier, bounded in
+//!   batches and in commits, never waited for; one piece for both.
 //! - `projector.rs`: the `Projector` folds batches (at most `BATCH_ENTRIES_MAX`) with an
 //!   entity cache and writes each with one `apply_batch`; under load it gathers entries for
 //!   up to `GROUP_COMMIT_LINGER`, because sled's cost per commit falls steeply with the
@@ -80,6 +82,7 @@ mod console;
 pub mod drift_sweep;
 mod endpoints;
 pub mod feed;
+pub mod handoff;
 mod http;
 pub mod log_copy;
 pub mod messages;

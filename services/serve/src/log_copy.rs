@@ -6,7 +6,7 @@
 //! once serve's projector has applied the commit, and writing the copy in the projector's
 //! batch (as serve did before issue 23) cost about a fifth of serve's time on that path.
 //! Here the projector only hands each written batch's commits over a bounded queue, never
-//! waiting ([`CopySender::hand`]); the copier writes them on its own thread, one sled
+//! waiting ([`crate::handoff::Sender::hand`]); the copier writes them on its own thread, one sled
 //! `apply_batch` per handed batch (or per [`READ_BACK_BATCH_MAX`] read back), in the sled
 //! tree `log_copy` of the same data dir. A batch the queue has no room for is dropped and
 //! read back from the stream later, as are the positions the copy lacks when serve starts
@@ -37,15 +37,14 @@
 //! start.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use provledger_events::codec;
 use provledger_events::{AggregateId, Commit, EventLog, Hash, ReadError};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
+use crate::handoff::{self, Release};
 use crate::store::{be_u64, StoreError};
 
 /// The sled tree of the copy.
@@ -373,75 +372,23 @@ pub struct CopyBatch {
 }
 
 /// The projector's end of the copier's queue.
-#[derive(Debug, Clone)]
-pub struct CopySender {
-    batches: mpsc::Sender<CopyBatch>,
-    /// Commits in the queue, at most [`COPY_QUEUE_COMMITS_MAX`].
-    held: Arc<AtomicUsize>,
-}
+pub type CopySender = handoff::Sender<CopyBatch>;
 
-/// The copier's end of its queue.
-#[derive(Debug)]
-pub struct CopyReceiver {
-    batches: mpsc::Receiver<CopyBatch>,
-    held: Arc<AtomicUsize>,
-}
+/// The copier's end of its queue: a batch taken no longer counts against it.
+pub type CopyReceiver = handoff::Receiver<CopyBatch>;
 
-impl CopySender {
-    /// Hands `batch` to the copier if its queue has room (in batches and in commits);
-    /// false when dropped (the copier reads those positions back from the stream). Never
-    /// waits.
-    pub fn hand(&self, batch: CopyBatch) -> bool {
-        let n = batch.commits.len();
-        if self.held.fetch_add(n, Ordering::AcqRel) + n > COPY_QUEUE_COMMITS_MAX {
-            self.held.fetch_sub(n, Ordering::AcqRel);
-            return false;
-        }
-        if self.batches.try_send(batch).is_err() {
-            self.held.fetch_sub(n, Ordering::AcqRel);
-            return false;
-        }
-        true
-    }
-}
-
-impl CopyReceiver {
-    /// A batch taken out of the queue no longer counts against it.
-    fn taken(&self, batch: Option<CopyBatch>) -> Option<CopyBatch> {
-        if let Some(b) = &batch {
-            self.held.fetch_sub(b.commits.len(), Ordering::AcqRel);
-        }
-        batch
-    }
-
-    pub async fn recv(&mut self) -> Option<CopyBatch> {
-        let batch = self.batches.recv().await;
-        self.taken(batch)
-    }
-
-    /// A batch already in the queue, if any.
-    pub fn try_recv(&mut self) -> Option<CopyBatch> {
-        let batch = self.batches.try_recv().ok();
-        self.taken(batch)
-    }
-
-    /// [`CopyReceiver::recv`] outside a runtime.
-    pub fn blocking_recv(&mut self) -> Option<CopyBatch> {
-        let batch = self.batches.blocking_recv();
-        self.taken(batch)
+impl handoff::Batch for CopyBatch {
+    fn commits(&self) -> usize {
+        self.commits.len()
     }
 }
 
 /// The copier's queue: the projector's end and the copier's.
 pub fn queue() -> (CopySender, CopyReceiver) {
-    let (tx, rx) = mpsc::channel(COPY_QUEUE_BATCHES_MAX);
-    let held = Arc::new(AtomicUsize::new(0));
-    (
-        CopySender {
-            batches: tx,
-            held: Arc::clone(&held),
-        },
-        CopyReceiver { batches: rx, held },
+    handoff::queue(
+        COPY_QUEUE_BATCHES_MAX,
+        COPY_QUEUE_COMMITS_MAX,
+        Release::OnTake,
     )
 }
 
