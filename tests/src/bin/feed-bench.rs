@@ -550,6 +550,30 @@ async fn start_followers(
     tasks
 }
 
+/// The mean rate of the two runs with no follower (`None`) or with followers following
+/// `wanted`, of rows (followers, following, rate).
+fn mean_rate(
+    rows: impl Iterator<Item = (usize, Following, f64)>,
+    wanted: Option<Following>,
+) -> f64 {
+    rows.filter(|(followers, following, _)| match wanted {
+        None => *followers == 0,
+        Some(w) => *followers != 0 && *following == w,
+    })
+    .map(|(_, _, rate)| rate)
+    .sum::<f64>()
+        / 2.0
+}
+
+/// How a row's followers follow, for a table ("-" with none).
+fn label(followers: usize, following: Following) -> String {
+    if followers == 0 {
+        "-".to_string()
+    } else {
+        format!("{following:?}")
+    }
+}
+
 fn mb(bytes: u64) -> f64 {
     bytes as f64 / 1e6
 }
@@ -752,27 +776,13 @@ async fn bench(options: Options) {
     println!("| followers | following | commits/s | errors | serve's peak RSS | changes handed to followers | gaps caught up | catch-up pages |");
     println!("|---:|---|---:|---:|---:|---:|---:|---:|");
     for (followers, following, rate, errors, peak, changes, gaps, pages) in &load_rows {
-        let following = if *followers == 0 {
-            "-".to_string()
-        } else {
-            format!("{following:?}")
-        };
+        let following = label(*followers, *following);
         println!(
             "| {followers} | {following} | {rate:.0} | {errors} | {:.1} MB | {changes} | {gaps} | {pages} |",
             mb(*peak)
         );
     }
-    let mean = |wanted: Option<Following>| {
-        load_rows
-            .iter()
-            .filter(|r| match wanted {
-                None => r.0 == 0,
-                Some(w) => r.0 != 0 && r.1 == w,
-            })
-            .map(|r| r.2)
-            .sum::<f64>()
-            / 2.0
-    };
+    let mean = |wanted| mean_rate(load_rows.iter().map(|r| (r.0, r.1, r.2)), wanted);
     let none = mean(None);
     let with = mean(Some(Following::All));
     println!(
@@ -789,24 +799,10 @@ async fn bench(options: Options) {
         println!("| followers | following | writes/s | errors |");
         println!("|---:|---|---:|---:|");
         for (followers, following, rate, errors) in &raw_rows {
-            let following = if *followers == 0 {
-                "-".to_string()
-            } else {
-                format!("{following:?}")
-            };
+            let following = label(*followers, *following);
             println!("| {followers} | {following} | {rate:.0} | {errors} |");
         }
-        let raw_mean = |wanted: Option<Following>| {
-            raw_rows
-                .iter()
-                .filter(|r| match wanted {
-                    None => r.0 == 0,
-                    Some(w) => r.0 != 0 && r.1 == w,
-                })
-                .map(|r| r.2)
-                .sum::<f64>()
-                / 2.0
-        };
+        let raw_mean = |wanted| mean_rate(raw_rows.iter().map(|r| (r.0, r.1, r.2)), wanted);
         let raw_none = raw_mean(None);
         for following in [Following::All, Following::OneProvider] {
             println!(
