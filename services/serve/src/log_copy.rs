@@ -14,13 +14,20 @@
 //! path and never has a hole it does not fill. The copier starts once the replica has
 //! caught up with the stream (`Copier::start`), so that a catch-up is not slowed by it.
 //!
-//! Key layout of the tree `log_copy` (one leading tag byte, the projection store's
-//! layout for `c` and `h`, so the same readers serve both):
+//! Key layout of the tree `log_copy` (one leading tag byte; `c` as in the projection
+//! store, so the same readers serve both):
 //! - `c` + position: the commit, the codec's bytes.
-//! - `h` + aggregate (17 bytes) + version: the position (8 bytes); the last one of an
-//!   aggregate leads to its chain's tip (read when the copier does not remember it).
+//! - `t` + aggregate (17 bytes): its chain's tip in the copy, version (8 bytes) and hash
+//!   (32), as of the `m` + `tips` mark: what the copier checks a commit it does not
+//!   remember the aggregate of against. One key per aggregate, written when the copy is
+//!   flushed (at most every [`COPY_FLUSH_INTERVAL`]) for the aggregates that moved since:
+//!   a per-commit index (`h` + aggregate + version, as the projection store keeps) doubled
+//!   the copier's sled writes and a fifth of the copy's bytes, for an offline history
+//!   that can scan the copy instead (`ProjectionStore::aggregate_commits`).
 //! - `m` + `copied`: every position up to it was copied (or is not a commit the copy
 //!   keeps); written in the batch that copies it.
+//! - `m` + `tips`: every commit up to it is in the `t` keys; the commits after it (up to
+//!   `copied`, those of the last second before a crash) are read again at open.
 //! - `m` + `from`: the first position the copy covers (1 for a whole copy).
 //!
 //! What it keeps: exactly the commit the stream holds at each position that extends its
@@ -36,7 +43,7 @@
 //! batches since the last flush, with their `copied` mark; they are read back at the next
 //! start.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -57,8 +64,8 @@ pub const COPY_QUEUE_BATCHES_MAX: usize = 64;
 pub const COPY_QUEUE_COMMITS_MAX: usize = 32_768;
 /// Commits read back from the stream per sled batch (a start, a dropped batch).
 pub const READ_BACK_BATCH_MAX: usize = 4096;
-/// Aggregates whose chain tip the copier keeps in memory; past it the map is emptied and
-/// tips are read from the copy's `h` index again as they are needed.
+/// Aggregates whose chain tip the copier keeps in memory; past it the tips that moved are
+/// written, the map is emptied, and tips are read from the copy's `t` keys as needed.
 pub const TIPS_CACHED_MAX: usize = 200_000;
 /// How long the copier gathers the batches handed after the first before it writes them
 /// as one: under load the projector hands one small batch per linger of its own, and a
@@ -124,10 +131,24 @@ fn meta(name: &[u8]) -> Vec<u8> {
     k
 }
 
-fn index_prefix(aggregate: &AggregateId) -> Vec<u8> {
-    let mut k = vec![b'h'];
+fn tip_key(aggregate: &AggregateId) -> Vec<u8> {
+    let mut k = vec![b't'];
     k.extend_from_slice(&aggregate.key_bytes());
     k
+}
+
+fn commit_key(position: u64) -> [u8; 9] {
+    let mut k = [b'c'; 9];
+    k[1..].copy_from_slice(&position.to_be_bytes());
+    k
+}
+
+/// A `t` value: the tip's version, then its hash.
+fn tip_value(version: u64, hash: &Hash) -> [u8; 40] {
+    let mut v = [0; 40];
+    v[..8].copy_from_slice(&version.to_be_bytes());
+    v[8..].copy_from_slice(&hash.0);
+    v
 }
 
 /// The extent of the copy in `db`, if it has one (`None`: no copy was ever kept, or it
@@ -167,6 +188,10 @@ pub struct LogCopy {
     extent: CopyExtent,
     /// (version, hash) of each aggregate's last copied commit, as far as remembered.
     tips: HashMap<AggregateId, (u64, Hash)>,
+    /// The remembered tips not yet written to `t`.
+    moved: HashSet<AggregateId>,
+    /// A write failed after tips were remembered: they are read again from the mark.
+    tips_lost: bool,
     last_flush: Instant,
 }
 
@@ -190,13 +215,86 @@ impl LogCopy {
                 }
             }
         };
-        Ok(LogCopy {
+        let mut copy = LogCopy {
             tree,
             db: db.clone(),
             extent,
             tips: HashMap::new(),
+            moved: HashSet::new(),
+            tips_lost: false,
             last_flush: Instant::now(),
-        })
+        };
+        copy.recover_tips()?;
+        Ok(copy)
+    }
+
+    /// Brings the `t` keys up to the copy's end: the commits copied after the `tips` mark
+    /// (a crash since the last flush; every commit of a copy kept before the `t` keys
+    /// existed) are read again, and an index of that older layout (`h`) is removed.
+    fn recover_tips(&mut self) -> Result<(), StoreError> {
+        let mark = self
+            .tree
+            .get(meta(b"tips"))?
+            .and_then(|v| be_u64(&v))
+            .unwrap_or(self.extent.from - 1);
+        if mark < self.extent.through {
+            tracing::info!(
+                from = mark + 1,
+                through = self.extent.through,
+                "reading the copy's last commits again for their chains' tips"
+            );
+            for entry in self
+                .tree
+                .range(commit_key(mark + 1)..=commit_key(self.extent.through))
+            {
+                let (k, bytes) = entry?;
+                let position = k.get(1..).and_then(be_u64).unwrap_or(0);
+                let commit = codec::decode(&bytes, position)
+                    .map_err(|error| StoreError::Commit { position, error })?;
+                // In position order, so the last one read of an aggregate is its tip.
+                self.remember(commit.aggregate, commit.version, commit.hash);
+            }
+            self.write_tips()?;
+        }
+        let old_index: Vec<sled::IVec> = self
+            .tree
+            .scan_prefix([b'h'])
+            .keys()
+            .collect::<Result<_, _>>()?;
+        if !old_index.is_empty() {
+            let mut batch = sled::Batch::default();
+            for k in &old_index {
+                batch.remove(k);
+            }
+            self.tree.apply_batch(batch)?;
+            tracing::info!(
+                keys = old_index.len(),
+                "removed the copy's per-commit index of an older layout"
+            );
+        }
+        Ok(())
+    }
+
+    /// Remembers `aggregate`'s tip, to be written to `t` at the next flush.
+    fn remember(&mut self, aggregate: AggregateId, version: u64, hash: Hash) {
+        self.tips.insert(aggregate, (version, hash));
+        self.moved.insert(aggregate);
+    }
+
+    /// Writes the tips that moved, with the mark that every commit through the copy's end
+    /// has its tip written.
+    fn write_tips(&mut self) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for aggregate in &self.moved {
+            if let Some((version, hash)) = self.tips.get(aggregate) {
+                batch.insert(tip_key(aggregate), &tip_value(*version, hash)[..]);
+            }
+        }
+        batch.insert(meta(b"tips"), &self.extent.through.to_be_bytes()[..]);
+        self.tree.apply_batch(batch)?;
+        crate::store::reclaim_sled_garbage(self.moved.len() + 1);
+        self.moved.clear();
+        Ok(())
     }
 
     pub fn extent(&self) -> CopyExtent {
@@ -224,35 +322,24 @@ impl LogCopy {
         Ok(())
     }
 
-    /// The last copied (version, hash) of `aggregate`: remembered, or read from `h`.
+    /// The last copied (version, hash) of `aggregate`: remembered, or read from `t`.
     fn tip(&mut self, aggregate: &AggregateId) -> Result<Option<(u64, Hash)>, StoreError> {
         if let Some(tip) = self.tips.get(aggregate) {
             return Ok(Some(*tip));
         }
-        let Some(last) = self.tree.scan_prefix(index_prefix(aggregate)).next_back() else {
+        let Some(v) = self.tree.get(tip_key(aggregate))? else {
             return Ok(None);
         };
-        let (k, v) = last?;
-        let corrupt = |reason: String| StoreError::Corrupt {
-            what: format!("the copy's index of {aggregate}"),
-            reason,
+        let (Some(version), Some(hash)) = (
+            be_u64(&v),
+            v.get(8..40).and_then(|h| <[u8; 32]>::try_from(h).ok()),
+        ) else {
+            return Err(StoreError::Corrupt {
+                what: format!("the copy's tip of {aggregate}"),
+                reason: format!("a value of {} bytes, not 40", v.len()),
+            });
         };
-        let (Some(version), Some(position)) = (k.get(18..).and_then(be_u64), be_u64(&v)) else {
-            return Err(corrupt(format!(
-                "a key of {} bytes with a value of {} bytes",
-                k.len(),
-                v.len()
-            )));
-        };
-        let mut key = vec![b'c'];
-        key.extend_from_slice(&position.to_be_bytes());
-        let bytes = self
-            .tree
-            .get(key)?
-            .ok_or_else(|| corrupt(format!("v{version} at position {position} is not in it")))?;
-        let tip = codec::decode(&bytes, position)
-            .map_err(|error| StoreError::Commit { position, error })?;
-        Ok(Some((version, tip.hash)))
+        Ok(Some((version, Hash(hash))))
     }
 
     /// Whether `commit` extends its aggregate's chain in the copy; `Ok(true)`: it lies
@@ -301,6 +388,14 @@ impl LogCopy {
         if through <= self.extent.through {
             return Ok(outcome);
         }
+        if std::mem::take(&mut self.tips_lost) {
+            self.recover_tips()?;
+        }
+        if self.tips.len() + commits.len() > TIPS_CACHED_MAX {
+            // Written before they are forgotten: `t` then answers for them.
+            self.write_tips()?;
+            self.tips.clear();
+        }
         let mut batch = sled::Batch::default();
         let end = self.extent.through;
         let mut previous = end;
@@ -325,28 +420,20 @@ impl LogCopy {
                 what: format!("commit at position {}", commit.position),
                 reason: e.to_string(),
             })?;
-            let pos = commit.position.to_be_bytes();
-            let mut k = vec![b'c'];
-            k.extend_from_slice(&pos);
-            batch.insert(k, bytes);
-            let mut k = index_prefix(&commit.aggregate);
-            k.extend_from_slice(&commit.version.to_be_bytes());
-            batch.insert(k, &pos[..]);
-            if self.tips.len() >= TIPS_CACHED_MAX {
-                self.tips.clear();
-            }
-            self.tips
-                .insert(commit.aggregate, (commit.version, commit.hash));
+            batch.insert(&commit_key(commit.position)[..], bytes);
+            self.remember(commit.aggregate, commit.version, commit.hash);
             outcome.copied += 1;
         }
         batch.insert(meta(b"copied"), &through.to_be_bytes()[..]);
         if let Err(e) = self.tree.apply_batch(batch) {
-            // The tips remembered above were not written.
+            // The tips remembered above were not written, nor maybe those before them.
             self.tips.clear();
+            self.moved.clear();
+            self.tips_lost = true;
             return Err(e.into());
         }
-        // Two keys per commit copied, and the mark.
-        crate::store::reclaim_sled_garbage(2 * outcome.copied + 1);
+        // One key per commit copied, and the mark.
+        crate::store::reclaim_sled_garbage(outcome.copied + 1);
         self.extent.through = through;
         Ok(outcome)
     }
@@ -355,6 +442,7 @@ impl LogCopy {
     /// (`force`: now).
     pub fn flush(&mut self, force: bool) -> Result<(), StoreError> {
         if force || self.last_flush.elapsed() >= COPY_FLUSH_INTERVAL {
+            self.write_tips()?;
             self.db.flush()?;
             self.last_flush = Instant::now();
         }
@@ -685,6 +773,42 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![(1, 1), (2, 2), (3, 6)]
         );
+    }
+
+    /// Given a copy flushed after v1 and v2 of an aggregate (their tip written to `t`),
+    /// holding a key of the older per-commit index (`h`), when it is opened again, then the
+    /// tip answers from `t` (a v3 linking v2 is copied, a replayed v2 refused) and the old
+    /// index is gone.
+    #[test]
+    fn a_flushed_copy_checks_against_its_written_tips_and_drops_the_old_index() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("sled");
+        let id = AggregateId::provider(Uuid::from_u128(9));
+        let mut copy = LogCopy::open(&db, 1).expect("copy");
+        let v1 = commit(id, 1, Hash::ZERO, 1);
+        let v2 = commit(id, 2, v1.hash, 2);
+        copy.write(&[v1, v2.clone()], 2).expect("write");
+        copy.flush(true).expect("flush");
+        let tree = db.open_tree(COPY_TREE).expect("tree");
+        assert_eq!(
+            tree.get(meta(b"tips")).expect("read").as_deref(),
+            Some(&2u64.to_be_bytes()[..])
+        );
+        tree.insert([b'h', 1, 2, 3], &[0u8; 8][..])
+            .expect("old key");
+        drop(copy);
+
+        let mut copy = LogCopy::open(&db, 1).expect("reopen");
+        assert!(tree.scan_prefix([b'h']).next().is_none());
+        let mut replayed = v2.clone();
+        replayed.position = 3;
+        let v3 = commit(id, 3, v2.hash, 4);
+        let outcome = copy.write(&[replayed, v3], 4).expect("write");
+        assert_eq!(outcome.copied, 1);
+        assert!(matches!(
+            outcome.refused[..],
+            [CopyRefusal::NotNewer { tip: 2, .. }]
+        ));
     }
 
     /// Given a copy begun at position 10 (the stream no longer held positions 1-9), when it

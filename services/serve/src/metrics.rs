@@ -47,6 +47,11 @@ pub(crate) struct RefusalLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct SourceLabels {
+    pub(crate) source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct StatusLabels {
     pub(crate) status: String,
 }
@@ -171,6 +176,7 @@ pub(crate) struct Metrics {
     drift_unread: Family<ExecutorLabels, Gauge>,
     drift_sweeps: Family<OutcomeLabels, Counter>,
     drift_last_sweep: Gauge,
+    changes_read: Family<SourceLabels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -203,6 +209,7 @@ impl Metrics {
             drift_unread: Family::default(),
             drift_sweeps: Family::default(),
             drift_last_sweep: Gauge::default(),
+            changes_read: Family::default(),
             registry: Registry::default(),
         };
         m.register(&mut registry);
@@ -242,6 +249,11 @@ impl Metrics {
             "feed_dropped_batches",
             "Applied batches the live feed had no room for (its followers fill the gap through q.changes)",
             self.fold.feed_dropped.clone(),
+        );
+        registry.register(
+            "changes_read",
+            "Entries q.changes read to answer followers, by source: copy (this replica's copy of the stream, local) or stream (JetStream, a direct get per message)",
+            self.changes_read.clone(),
         );
         registry.register(
             "appends",
@@ -479,6 +491,17 @@ impl Metrics {
     }
 
     /// A recovery this replica recorded.
+    /// `q.changes` read `copy` entries from the replica's copy and `stream` from the stream.
+    pub(crate) fn changes_read(&self, copy: u64, stream: u64) {
+        for (source, n) in [("copy", copy), ("stream", stream)] {
+            if n > 0 {
+                self.changes_read
+                    .get_or_create(&SourceLabels { source })
+                    .inc_by(n);
+            }
+        }
+    }
+
     pub(crate) fn recovered(&self, rule: &str) {
         self.recoveries
             .get_or_create(&RuleLabels { rule: rule.into() })

@@ -123,3 +123,105 @@ async fn no_log_copy_keeps_none_and_removes_the_one_kept_before() {
     let (code, state) = run(&data, None, &["state", &aggregate]);
     assert_eq!(code, 0, "{state}");
 }
+
+/// Follows `q.changes` from position 0 until `end`: each change's (position, actor).
+async fn catch_up(client: &async_nats::Client, end: u64) -> Vec<(u64, String)> {
+    let (mut after, mut seen) = (0u64, Vec::new());
+    while after < end {
+        let body = serde_json::json!({"after": after, "limit": 50});
+        let reply = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            client.request("provledger.q.changes", body.to_string().into()),
+        )
+        .await
+        .expect("a reply in time")
+        .expect("a reply");
+        let reply: Value = serde_json::from_slice(&reply.payload).expect("JSON");
+        let data = &reply["data"];
+        for change in data["changes"].as_array().expect("changes") {
+            seen.push((
+                change["position"].as_u64().unwrap(),
+                change["actor"].as_str().unwrap().to_string(),
+            ));
+        }
+        after = data["next"].as_u64().expect("next");
+    }
+    seen
+}
+
+/// `provledger_changes_read_total{source=...}` of serve on `port`.
+fn changes_read(port: u16, source: &str) -> f64 {
+    let (_, scrape) = common::http_get(port, "/metrics").expect("a scrape");
+    common::sample(
+        &scrape,
+        &format!("provledger_changes_read_total{{source=\"{source}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+/// Given a replica whose copy holds the stream's 240 commits, when a follower catches up
+/// from position 0, then every page is read from the copy (none from the stream) and holds
+/// exactly the stream's commits; and given one copied commit altered on disk while the
+/// replica was stopped (its hash no longer matches), when a follower catches up again,
+/// then that page is read from the stream instead and the follower gets the stream's
+/// commit, never the altered one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followers_catch_up_is_read_from_the_copy_and_never_serves_a_damaged_entry() {
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("replica");
+    let port = provledger_tests::free_port();
+    let metrics = ["--metrics-addr", &format!("127.0.0.1:{port}")];
+    let mut serve = common::Serve::start_with(&nats, &data, &metrics);
+    let client = nats.client().await;
+    common::wait_ready(&client).await;
+    common::write_concurrently(&nats, 4, 60).await;
+    let log = common::stream(&nats).await;
+    let end = common::quiet_end(&log).await;
+    common::wait_position(&client, end).await;
+    let expected: Vec<(u64, String)> = common::stream_commits(&log)
+        .await
+        .iter()
+        .map(|c| (c.position, c.actor.clone()))
+        .collect();
+
+    // (the copier writes what was applied within about a second: until then a page may
+    // come from the stream)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let before = changes_read(port, "stream");
+        assert_eq!(catch_up(&client, end).await, expected);
+        if changes_read(port, "stream") == before {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a catch-up still read the stream 20 s after the writes"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(changes_read(port, "copy") >= end as f64);
+
+    assert!(serve.terminate().success());
+    let altered = expected[100].0;
+    {
+        let db = sled::open(data.join("sled")).expect("the stopped replica's data dir");
+        let tree = db.open_tree("log_copy").expect("the copy");
+        let mut key = vec![b'c'];
+        key.extend_from_slice(&altered.to_be_bytes());
+        let bytes = tree.get(&key).unwrap().expect("the commit is in the copy");
+        let mut commit = provledger_events::codec::decode(&bytes, altered).unwrap();
+        commit.actor = "someone else".into();
+        tree.insert(key, provledger_events::codec::encode(&commit).unwrap())
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let _serve = common::Serve::start_with(&nats, &data, &metrics);
+    common::wait_ready(&client).await;
+    let before = changes_read(port, "stream");
+    assert_eq!(catch_up(&client, end).await, expected);
+    assert!(
+        changes_read(port, "stream") > before,
+        "the damaged entry's page was read from the stream"
+    );
+}

@@ -6,10 +6,13 @@
 //! commits the projections are folded from, no more.
 
 use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use provledger_client::follow::ChangeFilter;
-use provledger_events::{AggregateKind, ReadError};
+use provledger_events::codec;
+use provledger_events::log::CommitStream;
+use provledger_events::{AggregateKind, Commit, JetStreamLog, ReadError};
 use provledger_projections::timeline;
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -19,7 +22,9 @@ use super::request::parse;
 #[cfg(doc)]
 use crate::messages::ChangesData;
 use crate::messages::{ChangesRequest, ChangesStop, HistoryItem, CHANGES_SCAN_MAX};
+use crate::metrics::Metrics;
 use crate::replica::QueryContext;
+use crate::store::{be_u64, HistoryCopy};
 
 /// Default and maximum `limit`.
 const LIMIT_DEFAULT: u64 = 100;
@@ -121,13 +126,17 @@ pub(crate) async fn changes(
     let quarantined: HashSet<u64> = ctx.store.quarantined_between(after + 1, last)?;
     let budget = ctx.page_bytes_max();
     let mut bytes = 0;
-    // Up to `last`, which this replica applied, so stored: no need to ask the stream's end.
-    let mut commits = match filter.aggregate {
-        Some(aggregate) => ctx.log.read_aggregate_range(aggregate, after + 1, last),
-        None => ctx.log.read_range(after + 1, last),
+    let mut entries = match filter.aggregate {
+        // Up to `last`, which this replica applied, so stored: no need to ask the stream's
+        // end.
+        Some(aggregate) => PageSource::log(
+            ctx,
+            ctx.log.read_aggregate_range(aggregate, after + 1, last),
+        ),
+        None => PageSource::open(ctx, after, last)?,
     };
     let mut reached = after;
-    while let Some(entry) = commits.next().await {
+    while let Some(entry) = entries.next().await {
         let commit = match entry {
             Ok(c) => c,
             // What the projector quarantined: passed over, as it was.
@@ -184,6 +193,100 @@ pub(crate) async fn changes(
         page.stopped = ChangesStop::Scan;
     }
     page.written()
+}
+
+/// Where a page's commits are read: this replica's copy of the stream (`crate::log_copy`)
+/// for the positions it holds, then the stream. The copy is local (a sled range, no
+/// message per commit through the NATS server, which cost the server more than the read
+/// itself), and holds exactly what the projector took: every commit it folded or held,
+/// none it quarantined (the copier refuses what does not link its chain).
+struct PageSource {
+    /// The copy's commits from the page's start through `copy_through`.
+    copy: Option<sled::Iter>,
+    copy_through: u64,
+    /// Read once the copy ends, from the position after the last one it gave.
+    log: Option<CommitStream>,
+    reopen: Option<(JetStreamLog, u64)>,
+    /// The last position the copy gave.
+    looked: u64,
+    /// Entries read from each (`provledger_changes_read_total`), counted when dropped.
+    read: (u64, u64),
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for PageSource {
+    fn drop(&mut self) {
+        self.metrics.changes_read(self.read.0, self.read.1);
+    }
+}
+
+impl PageSource {
+    fn log(ctx: &QueryContext, stream: CommitStream) -> Self {
+        PageSource {
+            copy: None,
+            copy_through: 0,
+            log: Some(stream),
+            reopen: None,
+            looked: 0,
+            read: (0, 0),
+            metrics: ctx.metrics.clone(),
+        }
+    }
+
+    /// Positions after `after` through `last`: from the copy where it holds them whole
+    /// (a copy begun later than `after`, or one not yet at it, is not read).
+    fn open(ctx: &QueryContext, after: u64, last: u64) -> Result<Self, QueryError> {
+        let copy = match ctx.store.history_copy()? {
+            HistoryCopy::Separate(extent) if extent.from <= after + 1 && extent.through > after => {
+                Some(extent.through.min(last))
+            }
+            _ => None,
+        };
+        Ok(match copy {
+            Some(through) => PageSource {
+                copy: Some(ctx.store.raw_copy_range(after + 1, through)),
+                copy_through: through,
+                log: None,
+                reopen: Some((ctx.log.clone(), last)),
+                looked: after,
+                read: (0, 0),
+                metrics: ctx.metrics.clone(),
+            },
+            None => PageSource::log(ctx, ctx.log.read_range(after + 1, last)),
+        })
+    }
+
+    async fn next(&mut self) -> Option<Result<Commit, ReadError>> {
+        if let Some(copy) = &mut self.copy {
+            let entry = copy.next();
+            match entry.map(|r| r.map(|(k, bytes)| (k.get(1..).and_then(be_u64), bytes))) {
+                Some(Ok((Some(position), bytes))) => match codec::decode(&bytes, position) {
+                    Ok(commit) if commit.hash_is_valid() && commit.position > self.looked => {
+                        self.looked = position;
+                        self.read.0 += 1;
+                        return Some(Ok(commit));
+                    }
+                    _ => tracing::error!(
+                        position,
+                        "this replica's copy of the stream holds no intact commit here (run `provledger audit` on its data dir): the page is read from the stream"
+                    ),
+                },
+                Some(Ok((None, _))) | Some(Err(_)) => tracing::error!(
+                    after = self.looked,
+                    "this replica's copy of the stream cannot be read: the page is read from the stream"
+                ),
+                // Every position through its end was looked at.
+                None => self.looked = self.copy_through,
+            }
+            self.copy = None;
+        }
+        if let Some((log, last)) = self.reopen.take() {
+            self.log = Some(log.read_range(self.looked + 1, last));
+        }
+        let entry = self.log.as_mut()?.next().await;
+        self.read.1 += u64::from(entry.is_some());
+        entry
+    }
 }
 
 /// A change or page that would not encode as JSON: plain serde data always does, so this
