@@ -84,11 +84,13 @@ fn arg(args: &[String], name: &str, default: u64) -> u64 {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--serve") {
-        let (Some(url), Some(dir)) = (args.get(i + 1), args.get(i + 2)) else {
-            eprintln!("usage: feed-bench --serve NATS_URL DATA_DIR");
+        let (Some(url), Some(dir), Some(metrics)) =
+            (args.get(i + 1), args.get(i + 2), args.get(i + 3))
+        else {
+            eprintln!("usage: feed-bench --serve NATS_URL DATA_DIR METRICS_PORT");
             std::process::exit(2);
         };
-        serve_child(url.clone(), dir.as_ref());
+        serve_child(url.clone(), dir.as_ref(), metrics.parse().ok());
         return;
     }
     let options = Options {
@@ -113,9 +115,12 @@ fn main() {
         .block_on(bench(options));
 }
 
-/// The child: `provledger serve` with the CLI's defaults, until killed.
-fn serve_child(nats_url: String, dir: &Path) {
-    let options = ServeOptions::new(nats_url, dir.to_path_buf());
+/// The child: `provledger serve` with the CLI's defaults (and its metrics on
+/// 127.0.0.1:`metrics_port`), until killed.
+fn serve_child(nats_url: String, dir: &Path, metrics_port: Option<u16>) {
+    let mut options = ServeOptions::new(nats_url, dir.to_path_buf());
+    options.metrics_addr =
+        metrics_port.map(|port| std::net::SocketAddr::from(([127, 0, 0, 1], port)));
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -127,21 +132,69 @@ fn serve_child(nats_url: String, dir: &Path) {
     }
 }
 
-/// serve in a child process of this binary; killed when dropped.
-struct ServeProcess(Child);
+/// serve in a child process of this binary, with its metrics port; killed when dropped.
+struct ServeProcess(Child, u16);
 
 impl ServeProcess {
     fn start(nats_url: &str, dir: &Path) -> ServeProcess {
         let exe = std::env::current_exe().expect("this binary's path");
+        let port = provledger_tests::free_port();
         let child = Command::new(exe)
             .arg("--serve")
             .arg(nats_url)
             .arg(dir)
+            .arg(port.to_string())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("starting serve's child process");
-        ServeProcess(child)
+        ServeProcess(child, port)
+    }
+
+    /// Entries `q.changes` read from the stream so far (`provledger_changes_read_total`).
+    fn changes_read_from_stream(&self) -> Option<f64> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.1)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut scrape = String::new();
+        stream.read_to_string(&mut scrape).ok()?;
+        Some(
+            scrape
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("provledger_changes_read_total{source=\"stream\"}")?
+                        .trim()
+                        .parse()
+                        .ok()
+                })
+                .unwrap_or(0.0),
+        )
+    }
+
+    /// Waits until serve's copy of the stream holds `end` (a `q.changes` of the last
+    /// position reads nothing from the stream): a replica in its steady state, whose
+    /// copier is not reading the stream back beside the catch-up measured.
+    async fn copy_whole(&self, client: &async_nats::Client, end: u64) -> Duration {
+        let since = Instant::now();
+        let probe = Bytes::from(json!({"after": end.saturating_sub(1), "limit": 1}).to_string());
+        loop {
+            let before = self.changes_read_from_stream();
+            let reply = request(client, "provledger.q.changes", probe.clone()).await;
+            assert!(reply["data"].is_object(), "q.changes: {reply}");
+            if before.is_some() && self.changes_read_from_stream() == before {
+                return since.elapsed();
+            }
+            assert!(
+                since.elapsed() < Duration::from_secs(1800),
+                "serve's copy did not reach {end}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Resident memory now (VmRSS), bytes.
@@ -600,6 +653,8 @@ async fn bench(options: Options) {
     let since = Instant::now();
     ready_at(&client, end).await;
     eprintln!("serve ready at {end} after {:.1?}", since.elapsed());
+    let whole = serve.copy_whole(&client, end).await;
+    eprintln!("serve's copy of the stream whole {whole:.1?} later");
 
     // 1. Catch-up, A B A B.
     let mut rows = Vec::new();
