@@ -1279,7 +1279,7 @@ impl ProjectionStore {
         &self,
         from: u64,
         to: u64,
-    ) -> impl Iterator<Item = Result<(u64, sled::IVec), StoreError>> {
+    ) -> impl DoubleEndedIterator<Item = Result<(u64, sled::IVec), StoreError>> {
         self.history_tree()
             .range(key(b'c', &[&from.to_be_bytes()])..=key(b'c', &[&to.to_be_bytes()]))
             .map(|r| {
