@@ -141,15 +141,16 @@ pub fn run_backup_from_copy(
     let done = result?;
     print_backup(&done.summary, to, started.elapsed().as_secs_f64(), json);
     if !json {
-        let c = &done.summary.manifest.content;
+        let m = &done.summary.manifest;
         let e = done.extent;
         println!(
-            "from the copy in {}: it covers positions {}..={} (the stream may have gone on past {}); positions it lacks are the {} hole(s) above, restored as holes",
+            "from the copy in {}: it covers positions {}..={} (the stream may have gone on past {}); {} position(s) the replica had quarantined are held by placeholders, and the {} hole(s) are positions the stream itself had lost",
             from.display(),
             e.from,
             e.through,
             e.through,
-            c.holes.len()
+            m.from_copy.as_ref().map_or(0, |o| o.placeholders),
+            m.content.holes.len()
         );
     }
     Ok(())
@@ -362,9 +363,9 @@ fn print_restore(
     );
     if let Some(origin) = &manifest.from_copy {
         println!(
-            "the backup was written from a replica's copy through position {}: what the stream held after that is not in it, and the {} hole(s) are positions the copy held no commit at",
+            "the backup was written from a replica's copy through position {}: what the stream held after that is not in it; {} quarantined position(s) hold placeholders",
             origin.copied_through,
-            c.holes.len()
+            origin.placeholders
         );
     }
     let Some((report, verify_seconds)) = verified else {

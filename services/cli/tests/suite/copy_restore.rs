@@ -86,7 +86,7 @@ async fn stopped_replica(nats: &NatsServer, dir: &Path) -> StoppedReplica {
     common::write_concurrently(nats, 2, 40).await;
     let end = common::stream(nats).await.last_position().await.unwrap();
     common::wait_position(&client, end).await;
-    copy_caught_up(metrics).await;
+    copy_caught_up(metrics, end).await;
     assert!(serve.terminate().success());
     StoppedReplica {
         data,
@@ -96,17 +96,18 @@ async fn stopped_replica(nats: &NatsServer, dir: &Path) -> StoppedReplica {
     }
 }
 
-/// Waits (30 s at most) until serve's metrics on `port` say its copy holds everything
-/// its projection applied (`provledger_log_copy_behind_positions` 0), and that none of its
-/// batches were dropped.
-async fn copy_caught_up(port: u16) {
+/// Waits (30 s at most) until serve's metrics on `port` say its projection applied `end`
+/// and its copy holds all of it (`provledger_log_copy_behind_positions` 0), and that none
+/// of its batches were dropped.
+async fn copy_caught_up(port: u16, end: u64) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         let scrape = common::http_get(port, "/metrics").map(|(_, body)| body);
         let scrape = scrape.unwrap_or_default();
         let behind = common::sample(&scrape, "provledger_log_copy_behind_positions");
         let dropped = common::sample(&scrape, "provledger_log_copy_dropped_batches_total");
-        if behind == Some(0.0) {
+        let applied = common::sample(&scrape, "provledger_log_position");
+        if applied == Some(end as f64) && behind == Some(0.0) {
             assert_eq!(dropped, Some(0.0), "{scrape}");
             return;
         }
@@ -244,7 +245,7 @@ async fn a_copy_held_by_serve_no_data_dir_or_a_flipped_byte_is_refused() {
         common::text(&out)
     );
     let data = dir.path().join("running");
-    let _serve = common::Serve::start(&nats, &data);
+    let mut running = common::Serve::start(&nats, &data);
     common::wait_ready(&nats.client().await).await;
     // when a backup is asked of a running serve's copy, then it is refused (exit 3), the
     // data dir untouched;
@@ -256,6 +257,7 @@ async fn a_copy_held_by_serve_no_data_dir_or_a_flipped_byte_is_refused() {
         common::text(&out)
     );
     assert!(!to.join("manifest.json").exists());
+    assert!(running.terminate().success());
 
     // Given a stopped replica's copy with one byte flipped in the commit at position 50,
     let other = dir.path().join("other");
