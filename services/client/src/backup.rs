@@ -1,7 +1,8 @@
 //! Backup and restore of the JetStream log: the shell around `provledger_events::backup`
 //! (the format, the manifest's fold and the checks, all pure). It reads the stream and
 //! publishes a restore (`provledger_events::log::raw`), and reads and writes the backup's
-//! two files. docs/operating.md, "Backup and restore", is the procedure.
+//! two files; [`BackupWriter`] is the one writer of a backup, whatever its messages come
+//! from (the stream here, a replica's copy in `provledger_serve::copy_backup`). docs/operating.md, "Backup and restore", is the procedure.
 
 use std::fs::{self, File};
 use std::io::{self, BufReader, BufWriter, Read, Write};

@@ -118,7 +118,7 @@ pub fn run_backup_from_copy(
         Ok(d) => d,
         Err(OpenSledError::Locked { dir, holder }) => {
             return Err(CommandError::Infrastructure(format!(
-                "data dir {} is locked by another process ({holder}), as a running `provledger serve` holds it: a replica's copy is backed up only once that replica is stopped; stop it, or back up the stream itself (`provledger --nats URL backup --to DIR`)",
+                "data dir {} is locked by another process ({holder}), as a running `provledger serve` holds it: a replica's copy is backed up only once that replica is stopped, never while it writes the copy. Back up the stream itself instead (`provledger --nats URL backup --to DIR`), or run this again on that data dir once its replica has stopped (or on a copy of the data dir made while it was stopped)",
                 dir.display()
             )))
         }
