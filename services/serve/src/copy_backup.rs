@@ -310,3 +310,78 @@ fn copied_message(
         bytes.to_vec(),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use provledger_events::catalogue::samples;
+    use provledger_events::{Commit, CommitDraft, Event, Hash};
+    use uuid::Uuid;
+
+    fn commit(id: AggregateId, version: u64, prev: Hash, position: u64) -> Commit {
+        let event: Event = samples::all().into_iter().next().expect("a sample event");
+        let mut c = Commit::seal(id, version, prev, CommitDraft::now("t", vec![event]));
+        c.position = position;
+        c
+    }
+
+    /// A replica's data dir: a store of the stream PROVLEDGER keeping no copy in its
+    /// projection, and its copy begun at `from`.
+    fn replica(dir: &Path, from: u64) -> (sled::Db, log_copy::LogCopy) {
+        let db = sled::open(dir.join("sled")).expect("sled");
+        let store = ProjectionStore::open(&db).expect("store");
+        store.claim_source("jetstream:PROVLEDGER").expect("source");
+        store.keep_no_copy().expect("no copy in the projection");
+        let copy = log_copy::LogCopy::open(&db, from).expect("copy");
+        (db, copy)
+    }
+
+    fn backup(db: &sled::Db, dir: &Path) -> Result<CopyBackup, CopyBackupError> {
+        let to = dir.join("backup");
+        backup_from_copy(db, dir, "provledger", &to, Timestamp::now(), |_, _| {})
+    }
+
+    /// Given a copy begun at position 10 (its chains start part way), when it is backed
+    /// up, then it is refused as beginning late, and no backup is started.
+    #[test]
+    fn a_copy_begun_late_is_refused_not_passed_as_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (db, mut copy) = replica(dir.path(), 10);
+        let id = AggregateId::provider(Uuid::from_u128(1));
+        copy.write(&[commit(id, 4, Hash([9; 32]), 12)], 12)
+            .expect("write");
+        match backup(&db, dir.path()) {
+            Err(CopyBackupError::CopyStartsLate { from: 10, .. }) => {}
+            other => panic!("expected CopyStartsLate, got {other:?}"),
+        }
+        assert!(!dir.path().join("backup").exists());
+    }
+
+    /// Given a whole copy of v1 and v2 of an aggregate, and a v3 at position 3 that matches
+    /// its hash but links to v1 (written into the tree past the copier's check, as a
+    /// damaged or altered copy would hold it), when it is backed up, then it is refused
+    /// naming position 3, and the partial file is removed.
+    #[test]
+    fn a_copied_commit_outside_its_chain_is_refused_by_its_position() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (db, mut copy) = replica(dir.path(), 1);
+        let id = AggregateId::provider(Uuid::from_u128(2));
+        let v1 = commit(id, 1, Hash::ZERO, 1);
+        let v2 = commit(id, 2, v1.hash, 2);
+        let forked = commit(id, 3, v1.hash, 3);
+        copy.write(&[v1, v2], 3).expect("write");
+        let tree = db.open_tree(log_copy::COPY_TREE).expect("tree");
+        let mut key = vec![b'c'];
+        key.extend_from_slice(&3u64.to_be_bytes());
+        tree.insert(key, codec::encode(&forked).expect("encodes"))
+            .expect("insert");
+        match backup(&db, dir.path()) {
+            Err(CopyBackupError::Damaged { position: 3, .. }) => {}
+            other => panic!("expected Damaged at 3, got {other:?}"),
+        }
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("backup"))
+            .expect("the backup dir")
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}
