@@ -106,35 +106,14 @@ pub fn backup_from_copy(
             from: extent.from,
         });
     }
-    let quarantined: Vec<QuarantineRecord> = store
-        .quarantined()
-        .map_err(store_error)?
-        .into_iter()
-        .filter(|q| extent.from <= q.position && q.position <= extent.through)
-        .collect();
-    let mut held = store.raw_commits(extent.from, extent.through);
-    let first = held.next().transpose().map_err(store_error)?;
-    let last = held.next_back().transpose().map_err(store_error)?;
-    let first = first.map(|(p, _)| p);
-    // One commit only: the first is the last.
-    let last = last.map(|(p, _)| p).or(first);
-    let (Some(first), Some(last)) = (first, last) else {
+    let Some((first, last)) = held_range(&store, extent).map_err(store_error)? else {
         return Err(CopyBackupError::Empty {
             dir: dir.to_path_buf(),
             through: extent.through,
         });
     };
-    // Entries quarantined before the first commit or after the last keep their positions.
-    let first = quarantined.first().map_or(first, |q| q.position.min(first));
-    let last = quarantined.last().map_or(last, |q| q.position.max(last));
     let mut writer = BackupWriter::create(to, subject_prefix, first, last)?;
-    let copied = copy_commits(
-        &store,
-        &mut writer,
-        (subject_prefix, first, last),
-        quarantined,
-        progress,
-    );
+    let copied = copy_commits(&store, &mut writer, (subject_prefix, first, last), progress);
     let placeholders = match copied {
         Ok(n) => n,
         Err(e) => {
@@ -158,6 +137,26 @@ pub fn backup_from_copy(
     Ok(CopyBackup { extent, summary })
 }
 
+/// The first and last positions the backup holds: the copy's first and last commits, or
+/// a position the replica quarantined before or after them (`None`: no commit).
+fn held_range(
+    store: &ProjectionStore,
+    extent: CopyExtent,
+) -> Result<Option<(u64, u64)>, StoreError> {
+    let mut commits = store.raw_commits(extent.from, extent.through);
+    let Some((first, _)) = commits.next().transpose()? else {
+        return Ok(None);
+    };
+    // One commit only: the first is the last.
+    let last = commits.next_back().transpose()?.map_or(first, |(p, _)| p);
+    let mut quarantined = store.quarantine_records(extent.from, extent.through);
+    let before = quarantined.next().transpose()?.map(|q| q.position);
+    let after = quarantined.next_back().transpose()?.map(|q| q.position);
+    let first = before.map_or(first, |q| q.min(first));
+    let last = after.or(before).map_or(last, |q| q.max(last));
+    Ok(Some((first, last)))
+}
+
 /// Why copying the commits into the backup stopped.
 enum Copied {
     Store(StoreError),
@@ -177,19 +176,21 @@ impl From<BackupError> for Copied {
 }
 
 /// Every commit of the copy from `first` to `last` into `writer`, each checked, with a
-/// placeholder at each position the replica quarantined (`quarantined`, in position
-/// order). Returns the placeholders written.
+/// placeholder at each position the replica quarantined. Returns the placeholders
+/// written.
 fn copy_commits(
     store: &ProjectionStore,
     writer: &mut BackupWriter,
     (subject_prefix, first, last): (&str, u64, u64),
-    quarantined: Vec<QuarantineRecord>,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<u64, Copied> {
-    let mut quarantined = quarantined.into_iter().peekable();
+    let mut quarantined = store.quarantine_records(first, last).peekable();
     let mut placeholders = 0;
     let mut place_before = |position: u64, writer: &mut BackupWriter| -> Result<(), Copied> {
-        while let Some(q) = quarantined.next_if(|q| q.position <= position) {
+        while let Some(q) =
+            quarantined.next_if(|q| q.as_ref().map_or(true, |q| q.position <= position))
+        {
+            let q = q.map_err(Copied::Store)?;
             // A commit the copy holds wins over a record at its position (none is
             // expected: the copy refuses what the projector quarantines).
             if q.position < position {
