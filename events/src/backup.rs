@@ -24,6 +24,7 @@ use std::io::{self, Read};
 use serde::{Deserialize, Serialize};
 
 use crate::codec;
+use crate::commit::Commit;
 use crate::ids::{AggregateId, Hash, Timestamp};
 use crate::loss::LostVersions;
 
@@ -60,6 +61,22 @@ pub struct RawMessage {
     pub payload: bytes::Bytes,
 }
 
+impl RawMessage {
+    /// The message a writer published for `commit` (its encoded bytes `payload`): on its
+    /// aggregate's subject under `subject_prefix`, with its commit id as `Nats-Msg-Id`,
+    /// exactly as the JetStream log's append sends it (`crate::log::subject_for`,
+    /// `crate::log::message_id`). What a backup from a replica's copy holds, since the
+    /// copy keeps the commit's bytes but not the message's subject and headers.
+    pub fn of_commit(subject_prefix: &str, commit: &Commit, payload: Vec<u8>) -> Self {
+        RawMessage {
+            position: commit.position,
+            subject: crate::log::subject_for(subject_prefix, &commit.aggregate),
+            msg_id: Some(crate::log::message_id(&commit.commit_id)),
+            payload: payload.into(),
+        }
+    }
+}
+
 /// Positions the stream had assigned but no longer holds (a message the server dropped;
 /// docs/operating.md, "A commit lost from the log"), inclusive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,8 +105,27 @@ pub struct Manifest {
     pub subject_prefix: String,
     pub taken_at: Timestamp,
     pub server_version: String,
+    /// Set when the backup was written from a stopped replica's copy of the stream
+    /// (`provledger backup --from-copy`), not read from the stream itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_copy: Option<CopyOrigin>,
     #[serde(flatten)]
     pub content: ContentFacts,
+}
+
+/// Where a backup written from a replica's copy came from, and what the copy covered: it
+/// holds the commits of `copied_from..=copied_through` (the copy's `copied` mark; the
+/// stream may have gone on past it), of which the backup's positions are the first and
+/// last commit or quarantined entry. A position the replica quarantined (garbage, a
+/// refused forgery) holds a placeholder that readers quarantine again; a position with
+/// neither (lost by the stream) is a hole.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyOrigin {
+    pub copied_from: u64,
+    pub copied_through: u64,
+    /// Positions the replica had quarantined, held as placeholders (their bytes are not
+    /// in the copy).
+    pub placeholders: u64,
 }
 
 /// What the fold of a backup's messages finds: the part of the manifest its content must
@@ -473,10 +509,7 @@ impl ContentFold {
             self.quarantined += 1;
             return;
         };
-        let subject = format!(
-            "{}.ev.{}.{}",
-            self.subject_prefix, commit.aggregate.kind, commit.aggregate.id
-        );
+        let subject = crate::log::subject_for(&self.subject_prefix, &commit.aggregate);
         let tip = self
             .tips
             .get(&commit.aggregate)
@@ -541,6 +574,12 @@ impl ContentFold {
     /// window (a restore publishes the whole stream inside one).
     pub fn repeated_id(&self) -> Option<&RepeatedId> {
         self.repeated_id.as_ref()
+    }
+
+    /// Messages pushed so far that are outside their aggregate's chain (what readers
+    /// quarantine).
+    pub fn quarantined(&self) -> u64 {
+        self.quarantined
     }
 
     /// The next position expected (one past the last pushed).
@@ -897,6 +936,7 @@ mod tests {
             subject_prefix: "provledger".into(),
             taken_at: Timestamp::from_unix_ms(0),
             server_version: "2.14.6".into(),
+            from_copy: None,
             content: fold.finish(),
         };
         (bytes, manifest)

@@ -85,9 +85,17 @@ impl Default for JetStreamConfig {
     }
 }
 
-/// The subject of an aggregate's commits under a prefix.
-fn subject_for(prefix: &str, aggregate: &AggregateId) -> String {
+/// The subject of an aggregate's commits under a prefix: where every writer publishes
+/// them, and where a restore from a replica's copy puts them back.
+pub fn subject_for(prefix: &str, aggregate: &AggregateId) -> String {
     format!("{prefix}.ev.{}.{}", aggregate.kind, aggregate.id)
+}
+
+/// The `Nats-Msg-Id` a commit is published with: its commit id, hyphenated, as every
+/// writer sends it (one commit, or an atomic batch), so that JetStream's duplicate window
+/// recognises a retry; a restore from a replica's copy sends the same.
+pub fn message_id(commit_id: &Uuid) -> String {
+    commit_id.to_string()
 }
 
 impl JetStreamConfig {
@@ -1122,7 +1130,7 @@ impl JetStreamLog {
                 "Nats-Expected-Last-Subject-Sequence",
                 expected_sequence.to_string().as_str(),
             );
-            headers.insert("Nats-Msg-Id", commit_id.to_string().as_str());
+            headers.insert("Nats-Msg-Id", message_id(commit_id).as_str());
             let last = i + 1 == count;
             if last {
                 headers.insert("Nats-Batch-Commit", "1");
@@ -1830,7 +1838,7 @@ impl JetStreamLog {
         let bytes = encode_for_append(commit)?;
         let publish = jetstream::message::PublishMessage::build()
             .payload(bytes.into())
-            .message_id(commit.commit_id.to_string())
+            .message_id(message_id(&commit.commit_id))
             .expected_last_subject_sequence(expected_sequence);
         // The permit bounds sends plus outstanding acks (see MAX_ACK_INFLIGHT).
         let _permit = self.inner.window.acquire().await.map_err(unavailable)?;

@@ -23,8 +23,8 @@ use crate::ids::AggregateId;
 
 pub use group_commit::{GroupCommit, GroupStats, GROUP_COMMITTERS_MAX, GROUP_MESSAGES_MAX};
 pub use jetstream_log::{
-    parse_server_version, JetStreamConfig, JetStreamLog, MissingStream, OpenJetStreamError,
-    SERVER_VERSION_MIN,
+    message_id, parse_server_version, subject_for, JetStreamConfig, JetStreamLog, MissingStream,
+    OpenJetStreamError, SERVER_VERSION_MIN,
 };
 pub use mem_log::{FaultCounts, FaultPlan, MemLog};
 pub use raw::{RestoreStreamError, RestoreTarget, StreamBounds, RESTORE_WINDOW};

@@ -241,6 +241,12 @@ enum Command {
         /// The directory to write; it must not exist or be empty.
         #[arg(long, value_name = "DIR")]
         to: PathBuf,
+        /// Write the backup from a stopped serve replica's copy of the stream in its data
+        /// dir DATA_DIR instead of from the stream (no --nats needed): the commits it
+        /// copied, at their positions, with the subjects and message ids their writers
+        /// gave them (--subject-prefix as the replica's); what it lacks becomes holes.
+        #[arg(long, value_name = "DATA_DIR")]
+        from_copy: Option<PathBuf>,
     },
     /// Put a backup back into an empty stream (--stream, created if missing), at the same
     /// positions, after checking every byte of it against its manifest. Needs --nats.
@@ -656,7 +662,11 @@ async fn run(cli: Cli) -> Result<(), CommandError> {
             state(resolve_aggregate(&g, &aggregate).await?, at, &g).await
         }
         Command::Audit { fix_orphans } => audit(fix_orphans, &g).await,
-        Command::Backup { to } => commands::backup::run_backup(&g.options, &to, json).await,
+        Command::Backup {
+            to,
+            from_copy: Some(from),
+        } => commands::backup::run_backup_from_copy(&g.options, &from, &to, json),
+        Command::Backup { to, .. } => commands::backup::run_backup(&g.options, &to, json).await,
         Command::Restore {
             from,
             check_only: true,

@@ -1,7 +1,8 @@
 //! Backup and restore of the JetStream log: the shell around `provledger_events::backup`
 //! (the format, the manifest's fold and the checks, all pure). It reads the stream and
 //! publishes a restore (`provledger_events::log::raw`), and reads and writes the backup's
-//! two files. docs/operating.md, "Backup and restore", is the procedure.
+//! two files; [`BackupWriter`] is the one writer of a backup, whatever its messages come
+//! from (the stream here, a replica's copy in `provledger_serve::copy_backup`). docs/operating.md, "Backup and restore", is the procedure.
 
 use std::fs::{self, File};
 use std::io::{self, BufReader, BufWriter, Read, Write};
@@ -9,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use provledger_events::backup::{
     check_backup, check_subject, compare_facts, parse_manifest, BackupFoldError, BackupRefusal,
-    ContentFacts, ContentFold, FrameReader, Manifest, RepeatedId, BACKUP_FORMAT,
-    MANIFEST_BYTES_MAX, STREAM_FILE_MAGIC,
+    ContentFacts, ContentFold, CopyOrigin, FrameReader, Manifest, RawMessage, RepeatedId,
+    BACKUP_FORMAT, MANIFEST_BYTES_MAX, STREAM_FILE_MAGIC,
 };
 use provledger_events::log::{
     JetStreamConfig, MissingStream, OpenJetStreamError, RestoreStreamError, RestoreTarget,
@@ -127,6 +128,116 @@ fn sync_dir(dir: &Path) -> Result<(), BackupError> {
         .map_err(io_error(dir))
 }
 
+/// A backup being written into its directory: `stream.bin` under its `.partial` name,
+/// and the fold that makes its manifest. The one writer of a backup, whatever it reads
+/// (the stream, or a replica's copy of it), so that both write the same format and
+/// `restore` checks both alike.
+pub struct BackupWriter {
+    dir: PathBuf,
+    partial: PathBuf,
+    subject_prefix: String,
+    out: BufWriter<File>,
+    fold: ContentFold,
+}
+
+/// What a manifest says besides its content: the source and when.
+#[derive(Debug, Clone)]
+pub struct BackupSource {
+    pub stream: String,
+    pub taken_at: Timestamp,
+    pub server_version: String,
+    pub from_copy: Option<CopyOrigin>,
+}
+
+impl BackupWriter {
+    /// Starts a backup of positions `first..=last` (each held, the holes between them
+    /// found as messages come) of a stream of `subject_prefix` in `dir`, new or empty.
+    pub fn create(
+        dir: &Path,
+        subject_prefix: &str,
+        first: u64,
+        last: u64,
+    ) -> Result<Self, BackupError> {
+        empty_dir(dir)?;
+        let partial = dir.join(format!("{STREAM_FILE}{PARTIAL_SUFFIX}"));
+        let file = File::create(&partial).map_err(io_error(&partial))?;
+        let mut out = BufWriter::with_capacity(1 << 20, file);
+        out.write_all(STREAM_FILE_MAGIC)
+            .map_err(io_error(&partial))?;
+        Ok(BackupWriter {
+            dir: dir.to_path_buf(),
+            partial,
+            subject_prefix: subject_prefix.to_string(),
+            out,
+            fold: ContentFold::new(subject_prefix, first, last),
+        })
+    }
+
+    /// Adds the next message (in position order).
+    pub fn push(&mut self, message: &RawMessage) -> Result<(), BackupError> {
+        let frame = self.fold.push(message)?;
+        self.out.write_all(frame).map_err(io_error(&self.partial))
+    }
+
+    /// Messages pushed so far that are outside their aggregate's chain, as the stream's
+    /// readers decide it.
+    pub fn quarantined(&self) -> u64 {
+        self.fold.quarantined()
+    }
+
+    /// Gives the backup up: its partial `stream.bin` is removed (best effort: a
+    /// directory without `manifest.json` is no backup either way), so that the directory
+    /// can take another.
+    pub fn abandon(self) {
+        drop(self.out);
+        if let Err(e) = fs::remove_file(&self.partial) {
+            tracing::warn!(path = %self.partial.display(), error = %e, "removing an abandoned backup's partial file");
+        }
+    }
+
+    /// `stream.bin` synced and renamed, then `manifest.json` written the same way: a
+    /// directory without the manifest is no (finished) backup.
+    pub fn finish(self, source: BackupSource) -> Result<BackupSummary, BackupError> {
+        let BackupWriter {
+            dir,
+            partial,
+            subject_prefix,
+            out,
+            fold,
+        } = self;
+        let file = out
+            .into_inner()
+            .map_err(|e| io_error(&partial)(e.into_error()))?;
+        file.sync_all().map_err(io_error(&partial))?;
+        fs::rename(&partial, dir.join(STREAM_FILE)).map_err(io_error(&partial))?;
+        let repeated_id = fold.repeated_id().cloned();
+        let manifest = Manifest {
+            backup_format: BACKUP_FORMAT,
+            stream: source.stream,
+            subject_prefix,
+            taken_at: source.taken_at,
+            server_version: source.server_version,
+            from_copy: source.from_copy,
+            content: fold.finish(),
+        };
+        let json = serde_json::to_vec_pretty(&manifest).expect(
+            "a manifest: plain serde data (string keys, no fallible impls) encodes as JSON",
+        );
+        write_durably(&dir, MANIFEST_FILE, &json)?;
+        sync_dir(&dir)?;
+        tracing::info!(
+            dir = %dir.display(),
+            last = manifest.content.last_position,
+            messages = manifest.content.messages,
+            "backup written"
+        );
+        Ok(BackupSummary {
+            manifest,
+            repeated_id,
+        })
+    }
+}
+
 /// Backs up `log`'s stream into `dir` (new or empty), consistent at the stream's last
 /// position when it starts: exactly `first..=last` as of then; later writes are not in it.
 /// `stream.bin` is written first, then `manifest.json`, each to a `.partial` name synced
@@ -137,53 +248,24 @@ pub async fn backup(
     taken_at: Timestamp,
     mut progress: impl FnMut(u64, u64),
 ) -> Result<BackupSummary, BackupError> {
-    empty_dir(dir)?;
     let bounds = log.stream_bounds().await?;
     let config = log.config();
-    let mut fold = ContentFold::new(&config.subject_prefix, bounds.first, bounds.last);
-    let partial = dir.join(format!("{STREAM_FILE}{PARTIAL_SUFFIX}"));
-    let file = File::create(&partial).map_err(io_error(&partial))?;
-    let mut out = BufWriter::with_capacity(1 << 20, file);
-    out.write_all(STREAM_FILE_MAGIC)
-        .map_err(io_error(&partial))?;
+    let mut writer = BackupWriter::create(dir, &config.subject_prefix, bounds.first, bounds.last)?;
     let mut next = bounds.first;
     while next <= bounds.last {
         let batch = log.read_raw_batch(next, bounds.last).await?;
         for message in &batch {
-            let frame = fold.push(message)?;
-            out.write_all(frame).map_err(io_error(&partial))?;
+            writer.push(message)?;
         }
         // `read_raw_batch` answers at least one message or an error.
         next = batch.last().map_or(bounds.last + 1, |m| m.position + 1);
         progress(next - 1, bounds.last);
     }
-    let file = out
-        .into_inner()
-        .map_err(|e| io_error(&partial)(e.into_error()))?;
-    file.sync_all().map_err(io_error(&partial))?;
-    fs::rename(&partial, dir.join(STREAM_FILE)).map_err(io_error(&partial))?;
-    let repeated_id = fold.repeated_id().cloned();
-    let manifest = Manifest {
-        backup_format: BACKUP_FORMAT,
+    writer.finish(BackupSource {
         stream: config.stream.clone(),
-        subject_prefix: config.subject_prefix.clone(),
         taken_at,
         server_version: log.server_version().to_string(),
-        content: fold.finish(),
-    };
-    let json = serde_json::to_vec_pretty(&manifest)
-        .expect("a manifest: plain serde data (string keys, no fallible impls) encodes as JSON");
-    write_durably(dir, MANIFEST_FILE, &json)?;
-    sync_dir(dir)?;
-    tracing::info!(
-        dir = %dir.display(),
-        last = manifest.content.last_position,
-        messages = manifest.content.messages,
-        "backup written"
-    );
-    Ok(BackupSummary {
-        manifest,
-        repeated_id,
+        from_copy: None,
     })
 }
 

@@ -40,6 +40,9 @@
 //!   (never waited for) and written by the copier on its own thread, chain-checked per
 //!   aggregate, with what was dropped or missed read back from the stream; `--no-log-copy`
 //!   removes it. Offline `history`, `state --at` and `audit` read it.
+//! - `copy_backup.rs`: `backup --from-copy`: an ordinary backup written from a stopped
+//!   replica's copy, each commit checked (decodes, hash, bytes, chain) and given the
+//!   subject and `Nats-Msg-Id` its writer gave it; what the copy lacks becomes holes.
 //! - `handoff.rs`: the queue from the projector to the feed and to the copier, bounded in
 //!   batches and in commits, never waited for; one piece for both.
 //! - `projector.rs`: the `Projector` folds batches (at most `BATCH_ENTRIES_MAX`) with an
@@ -79,6 +82,7 @@
 mod audit;
 pub mod bootstrap;
 mod console;
+pub mod copy_backup;
 pub mod drift_sweep;
 mod endpoints;
 pub mod feed;

@@ -111,6 +111,8 @@ pub struct FoldMetrics {
     feed_dropped: Counter,
     /// Changes the live feed published.
     feed_published: Counter,
+    /// Applied batches the replica's copy had no room for (read back from the stream).
+    copy_dropped: Counter,
     compensations: Family<OutcomeLabels, Counter>,
     quarantined: Counter,
     integrity_errors: Counter,
@@ -120,6 +122,12 @@ impl FoldMetrics {
     /// One applied batch the live feed had no room for.
     pub(crate) fn feed_dropped(&self) {
         self.feed_dropped.inc();
+    }
+
+    /// One applied batch the copier's queue had no room for: the copier reads it back
+    /// from the stream.
+    pub(crate) fn copy_dropped(&self) {
+        self.copy_dropped.inc();
     }
 
     /// Changes the live feed published.
@@ -168,6 +176,7 @@ pub(crate) struct Metrics {
     log_position: Gauge,
     log_end: Gauge,
     log_lag: Gauge,
+    log_copy_behind: Gauge,
     quarantine: Gauge,
     consumers: Gauge,
     ready: Gauge,
@@ -201,6 +210,7 @@ impl Metrics {
             log_position: Gauge::default(),
             log_end: Gauge::default(),
             log_lag: Gauge::default(),
+            log_copy_behind: Gauge::default(),
             quarantine: Gauge::default(),
             consumers: Gauge::default(),
             ready: Gauge::default(),
@@ -234,6 +244,16 @@ impl Metrics {
             "log_lag",
             "Positions between the stream's end and what this replica has applied",
             self.log_lag.clone(),
+        );
+        registry.register(
+            "log_copy_behind_positions",
+            "Positions between what this replica's projection applied and what its copy of the stream holds (0 without a copy, --no-log-copy)",
+            self.log_copy_behind.clone(),
+        );
+        registry.register(
+            "log_copy_dropped_batches",
+            "Applied batches the copy's queue had no room for, each read back from the stream by the copier",
+            self.fold.copy_dropped.clone(),
         );
         registry.register(
             "commits_folded",
@@ -517,6 +537,7 @@ impl Metrics {
             self.log_end.set(as_i64(end));
             self.log_lag.set(as_i64(lag));
         }
+        self.log_copy_behind.set(as_i64(now.copy_behind));
         self.ready.set(i64::from(now.ready));
         self.nats_connected.set(i64::from(now.nats_connected));
         for (status, count) in now.operation_counts.unwrap_or_default() {
@@ -560,6 +581,8 @@ pub(crate) struct Gauges {
     /// When the scrape read them: what the ages are counted to.
     pub(crate) now: Timestamp,
     pub(crate) quarantined: u64,
+    /// Positions the replica's copy of the stream is behind its projection (0: no copy).
+    pub(crate) copy_behind: u64,
     /// JetStream consumers the replica's log handle holds.
     pub(crate) consumers: u64,
 }
@@ -613,6 +636,7 @@ mod tests {
             ]),
             now,
             quarantined: 0,
+            copy_behind: 0,
             consumers: 0,
         });
         // ...then the running one's age is 90 s, and needs_attention's stays 0.

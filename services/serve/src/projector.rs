@@ -555,6 +555,7 @@ impl Projector {
                     through = checkpoint,
                     "copier busy: it reads this batch back from the stream"
                 );
+                self.metrics.copy_dropped();
             }
         }
         if let Some(sender) = &self.feed {

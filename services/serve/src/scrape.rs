@@ -17,6 +17,7 @@ use provledger_events::Timestamp;
 
 use crate::metrics::{Gauges, AGED_STATUSES};
 use crate::replica::QueryContext;
+use crate::store::HistoryCopy;
 
 /// The content type of the OpenMetrics text format Prometheus scrapes.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -108,6 +109,15 @@ async fn gauges(ctx: &QueryContext) -> Gauges {
         .collect::<Result<Vec<_>, crate::store::StoreError>>()
         .map_err(|e| tracing::warn!(error = %e, "metrics: reading the oldest operations"))
         .ok();
+    let copy_behind = match ctx.store.history_copy() {
+        // The copy's `copied` mark, as the copier last wrote it.
+        Ok(HistoryCopy::Separate(extent)) => position.saturating_sub(extent.through),
+        Ok(HistoryCopy::InProjection | HistoryCopy::None) => 0,
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics: reading the copy's extent");
+            0
+        }
+    };
     Gauges {
         position,
         end_and_lag,
@@ -117,6 +127,7 @@ async fn gauges(ctx: &QueryContext) -> Gauges {
         oldest_started,
         now: Timestamp::now(),
         quarantined: ctx.store.quarantine_count() as u64,
+        copy_behind,
         consumers: ctx.log.consumers_held() as u64,
     }
 }

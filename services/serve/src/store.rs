@@ -433,6 +433,16 @@ pub fn encode_entity(entity: &Entity) -> Result<Vec<u8>, StoreError> {
     Ok(out)
 }
 
+fn decode_quarantine_record(
+    entry: sled::Result<(sled::IVec, sled::IVec)>,
+) -> Result<QuarantineRecord, StoreError> {
+    let (_, v) = entry?;
+    serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt {
+        what: "quarantine record".into(),
+        reason: e.to_string(),
+    })
+}
+
 pub fn decode_entity(bytes: &[u8]) -> Result<Entity, StoreError> {
     let corrupt = |reason: String| StoreError::Corrupt {
         what: "entity".into(),
@@ -1279,7 +1289,7 @@ impl ProjectionStore {
         &self,
         from: u64,
         to: u64,
-    ) -> impl Iterator<Item = Result<(u64, sled::IVec), StoreError>> {
+    ) -> impl DoubleEndedIterator<Item = Result<(u64, sled::IVec), StoreError>> {
         self.history_tree()
             .range(key(b'c', &[&from.to_be_bytes()])..=key(b'c', &[&to.to_be_bytes()]))
             .map(|r| {
@@ -1482,16 +1492,23 @@ impl ProjectionStore {
 
     /// The first `n` quarantine records, in position order (a page's worth).
     pub fn quarantined_first(&self, n: usize) -> Result<Vec<QuarantineRecord>, StoreError> {
-        let mut out = Vec::new();
-        for r in self.tree.scan_prefix([b'q']).take(n) {
-            let (_, v) = r?;
-            let record = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt {
-                what: "quarantine record".into(),
-                reason: e.to_string(),
-            })?;
-            out.push(record);
-        }
-        Ok(out)
+        self.tree
+            .scan_prefix([b'q'])
+            .take(n)
+            .map(decode_quarantine_record)
+            .collect()
+    }
+
+    /// The quarantine records from position `from` to `to` inclusive, in position order,
+    /// read as they are taken (however many a hostile publisher made).
+    pub fn quarantine_records(
+        &self,
+        from: u64,
+        to: u64,
+    ) -> impl DoubleEndedIterator<Item = Result<QuarantineRecord, StoreError>> {
+        let start = key(b'q', &[&from.to_be_bytes()]);
+        let end = key(b'q', &[&to.to_be_bytes()]);
+        self.tree.range(start..=end).map(decode_quarantine_record)
     }
 
     pub fn quarantine_count(&self) -> usize {

@@ -3,7 +3,8 @@
 //! a stream of N commits, the check of the backup, its restore onto a second server, the
 //! read back and the audit of the restored stream; next to them, the reference: the same
 //! stream read and decoded whole by batch direct get (what any full read costs) and the
-//! audit of the source.
+//! audit of the source. Then the same from a replica's copy of the stream (as serve's
+//! copier writes it): `backup --from-copy` and the restore of that backup.
 //!
 //! `cargo run --release -p provledger-tests --bin backup-bench [-- --commits N]`
 
@@ -132,6 +133,8 @@ async fn main() {
     assert_eq!(report.violations.len(), source_violations);
     assert_eq!(report.commits, end);
 
+    let from_copy = from_copy(&log, end, source_violations).await;
+
     println!(
         "{end} commits, {} aggregates; stream.bin {bytes} bytes, manifest.json {manifest_bytes} bytes; machine: {} ({} cores)",
         summary.manifest.content.aggregates,
@@ -155,4 +158,82 @@ async fn main() {
         took_check + took_restore + took_read_back + took_audit,
         end,
     );
+    println!("\nfrom a replica's copy:\n| step | time | rate |\n|---|---|---|");
+    row(
+        "the copy: read back from the stream (serve's copier)",
+        from_copy.copy,
+        end,
+    );
+    row(
+        "backup --from-copy (read, check, frame, fsync)",
+        from_copy.backup,
+        end,
+    );
+    row(
+        "restore --verify of it, whole",
+        from_copy.restore_verify,
+        end,
+    );
+}
+
+struct FromCopy {
+    copy: Duration,
+    backup: Duration,
+    restore_verify: Duration,
+}
+
+/// A replica's copy of `log` as serve's copier writes it (read back from the stream, as a
+/// new replica's is), then `backup --from-copy` of it, and its restore onto a third server
+/// with what `--verify` does; the restored stream must audit as the source did.
+async fn from_copy(log: &JetStreamLog, end: u64, source_violations: usize) -> FromCopy {
+    use provledger_serve::log_copy::{self, LogCopy};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = sled::open(dir.path().join("sled")).expect("sled");
+    let store = provledger_serve::ProjectionStore::open(&db).expect("store");
+    store.claim_source("jetstream:PROVLEDGER").expect("source");
+    store.keep_no_copy().expect("no copy in the projection");
+    let since = Instant::now();
+    let mut copy = LogCopy::open(&db, 1).expect("copy");
+    log_copy::read_back(&mut copy, log, end)
+        .await
+        .expect("read back");
+    copy.flush(true).expect("flush");
+    let took_copy = since.elapsed();
+    assert_eq!(copy.extent().through, end);
+
+    let to = dir.path().join("backup");
+    let since = Instant::now();
+    let done = provledger_serve::copy_backup::backup_from_copy(
+        &db,
+        dir.path(),
+        "provledger",
+        &to,
+        Timestamp::now(),
+        |_, _| {},
+    )
+    .expect("backup --from-copy");
+    let took_backup = since.elapsed();
+    assert_eq!(done.summary.manifest.content.commits, end);
+
+    let target = NatsServer::start().await;
+    let config = JetStreamConfig::default();
+    let since = Instant::now();
+    let manifest = backup::read_manifest(&to).expect("manifest");
+    backup::check(&to, &manifest, |_| {}).expect("check");
+    let client = target.client().await;
+    backup::restore(client.clone(), config.clone(), &to, &manifest, |_, _| {})
+        .await
+        .expect("restore");
+    let (restored, _) = backup::read_back(client, config, &manifest, |_, _| {})
+        .await
+        .expect("read back");
+    let (report, _) = audit(&restored).await;
+    let took_restore = since.elapsed();
+    assert_eq!(report.violations.len(), source_violations);
+    assert_eq!(report.commits, end);
+    FromCopy {
+        copy: took_copy,
+        backup: took_backup,
+        restore_verify: took_restore,
+    }
 }

@@ -10,9 +10,12 @@ use std::time::Instant;
 use provledger_client::backup::{self, BackupError, BackupSummary, RestoreError};
 use provledger_client::{connect_nats, Ledger, LedgerOptions, OpenLedgerError};
 use provledger_events::backup::Manifest;
+use provledger_events::log::OpenSledError;
 use provledger_events::log::{JetStreamConfig, RestoreStreamError};
+use provledger_events::SledLog;
 use provledger_events::Timestamp;
 use provledger_projections::audit::AuditReport;
+use provledger_serve::copy_backup::{self, CopyBackupError};
 use provledger_serve::{audit_log, OnChainViolation};
 
 use super::state::progress_bar;
@@ -83,6 +86,73 @@ pub async fn run_backup(
     ledger.close();
     let summary = result?;
     print_backup(&summary, to, started.elapsed().as_secs_f64(), json);
+    Ok(())
+}
+
+impl From<CopyBackupError> for CommandError {
+    fn from(e: CopyBackupError) -> Self {
+        match e {
+            CopyBackupError::NoCopy { .. }
+            | CopyBackupError::NotAReplica { .. }
+            | CopyBackupError::CopyStartsLate { .. } => CommandError::BadInput(e.to_string()),
+            // A damaged copy, an empty one: the command ran and found a problem.
+            CopyBackupError::Damaged { .. } | CopyBackupError::Empty { .. } => {
+                CommandError::Problem(e.to_string())
+            }
+            CopyBackupError::Store { .. } => CommandError::Infrastructure(e.to_string()),
+            CopyBackupError::Backup(b) => b.into(),
+        }
+    }
+}
+
+/// `provledger backup --from-copy DATA_DIR --to DIR`: offline, from a stopped replica's
+/// data dir, which is locked while it is read (a running serve's is refused).
+pub fn run_backup_from_copy(
+    options: &LedgerOptions,
+    from: &Path,
+    to: &Path,
+    json: bool,
+) -> Result<(), CommandError> {
+    let started = Instant::now();
+    let data_dir = match SledLog::open_existing(from) {
+        Ok(d) => d,
+        Err(OpenSledError::Locked { dir, holder }) => {
+            return Err(CommandError::Infrastructure(format!(
+                "data dir {} is locked by another process ({holder}), as a running `provledger serve` holds it: a replica's copy is backed up only once that replica is stopped, never while it writes the copy. Back up the stream itself instead (`provledger --nats URL backup --to DIR`), or run this again on that data dir once its replica has stopped (or on a copy of the data dir made while it was stopped)",
+                dir.display()
+            )))
+        }
+        Err(e) => return Err(OpenLedgerError::Sled(e).into()),
+    };
+    let bar = progress_bar(0, "backing up the copy");
+    let result = copy_backup::backup_from_copy(
+        data_dir.db(),
+        from,
+        &options.subject_prefix,
+        to,
+        Timestamp::now(),
+        |done, end| {
+            bar.set_length(end);
+            bar.set_position(done);
+        },
+    );
+    bar.finish_and_clear();
+    data_dir.close();
+    let done = result?;
+    print_backup(&done.summary, to, started.elapsed().as_secs_f64(), json);
+    if !json {
+        let m = &done.summary.manifest;
+        let e = done.extent;
+        println!(
+            "from the copy in {}: it covers positions {}..={} (the stream may have gone on past {}); {} position(s) the replica had quarantined are held by placeholders, and the {} hole(s) are positions the stream itself had lost",
+            from.display(),
+            e.from,
+            e.through,
+            e.through,
+            m.from_copy.as_ref().map_or(0, |o| o.placeholders),
+            m.content.holes.len()
+        );
+    }
     Ok(())
 }
 
@@ -291,6 +361,13 @@ fn print_restore(
         last,
         c.holes.len()
     );
+    if let Some(origin) = &manifest.from_copy {
+        println!(
+            "the backup was written from a replica's copy through position {}: what the stream held after that is not in it; {} quarantined position(s) hold placeholders",
+            origin.copied_through,
+            origin.placeholders
+        );
+    }
     let Some((report, verify_seconds)) = verified else {
         println!("not read back (no --verify): `provledger audit` audits the restored stream");
         return;

@@ -2,15 +2,14 @@
 //! from a forged one, answered `integrity` by every read and write of its aggregate, and
 //! acknowledged by an operator, in the log, before the aggregate continues.
 
-use std::time::Duration;
-
 use provledger_events::catalogue::ClusterStatus;
 use provledger_events::{AggregateId, CommitDraft, Event, EventLog, Expectation};
 use provledger_tests::NatsServer;
-use serde_json::{json, Value};
+use serde_json::json;
 use uuid::Uuid;
 
 use crate::common;
+use crate::common::ask;
 
 fn status(description: &str) -> Vec<Event> {
     vec![Event::ClusterStatusChanged {
@@ -60,17 +59,6 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 }
 
 const CMD: &str = "provledger.cmd.append";
-
-async fn ask(client: &async_nats::Client, subject: &str, body: Value) -> Value {
-    let reply = tokio::time::timeout(
-        Duration::from_secs(20),
-        client.request(subject.to_string(), body.to_string().into()),
-    )
-    .await
-    .expect("reply in time")
-    .expect("request");
-    serde_json::from_slice(&reply.payload).expect("JSON reply")
-}
 
 /// Given cluster X with three commits and cluster Y with one, the server shut down, one
 /// byte of X's v2 flipped in its store file and the server started again (it drops v2:

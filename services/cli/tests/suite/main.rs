@@ -13,6 +13,7 @@ mod changes;
 mod cli;
 mod cluster;
 mod console;
+mod copy_restore;
 mod demo;
 mod docs_examples;
 mod drift;

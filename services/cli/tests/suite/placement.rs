@@ -8,7 +8,7 @@ use provledger_tests::NatsServer;
 use serde_json::{json, Value};
 
 use crate::common;
-use crate::common::{provledger, text};
+use crate::common::{ask, provledger, text};
 
 const P: &str = "0190c0de-0000-7000-8000-00000000aa01";
 const Q: &str = "0190c0de-0000-7000-8000-00000000aa02";
@@ -326,17 +326,6 @@ fn an_inventory_below_usage_is_refused_unless_forced_and_then_audited_over_capac
                     .contains("used 6 > capacity 4")),
         "{v}"
     );
-}
-
-async fn ask(client: &async_nats::Client, subject: &str, body: Value) -> Value {
-    let reply = tokio::time::timeout(
-        std::time::Duration::from_secs(20),
-        client.request(subject.to_string(), body.to_string().into()),
-    )
-    .await
-    .expect("reply in time")
-    .expect("request");
-    serde_json::from_slice(&reply.payload).expect("JSON reply")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

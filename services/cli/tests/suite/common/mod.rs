@@ -533,3 +533,20 @@ pub async fn wait_position(client: &async_nats::Client, position: u64) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The JSON reply to one request on `subject` (a query or a command), within 20 s.
+#[allow(dead_code)]
+pub async fn ask(
+    client: &async_nats::Client,
+    subject: &str,
+    body: serde_json::Value,
+) -> serde_json::Value {
+    let reply = tokio::time::timeout(
+        Duration::from_secs(20),
+        client.request(subject.to_string(), body.to_string().into()),
+    )
+    .await
+    .expect("reply in time")
+    .expect("request");
+    serde_json::from_slice(&reply.payload).expect("JSON reply")
+}
