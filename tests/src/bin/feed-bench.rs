@@ -840,12 +840,15 @@ async fn bench(options: Options) {
     let mean = |wanted| mean_rate(load_rows.iter().map(|r| (r.0, r.1, r.2)), wanted);
     let none = mean(None);
     let with = mean(Some(Following::All));
-    println!(
+    // (no ratio when the load phase did not run: `--only`)
+    if !load_rows.is_empty() {
+        println!(
         "\nwrite rate with {} followers / none (means of two runs each): **{:.2}x** unfiltered, **{:.2}x** each following one provider",
         options.followers,
-        with / none,
-        mean(Some(Following::OneProvider)) / none
-    );
+            with / none,
+            mean(Some(Following::OneProvider)) / none
+        );
+    }
     if !raw_rows.is_empty() {
         println!(
             "\nthe physical reference, the same run: the raw server doing the same work without provledger ({WRITERS} clients, closed loop: a JetStream publish of a change's JSON ({} bytes) awaiting its ack, then the same bytes on a core NATS subject; each follower a plain subscriber on its own connection decoding every message as a follower does, `All` on every writer's subject, `OneProvider` on one writer's):\n",
