@@ -27,7 +27,6 @@ use crate::replica::{
 use crate::rollback_worker::RollbackWorker;
 use crate::scrape::serve_metrics;
 use crate::store::{ProjectionStore, StoreError};
-use crate::trace::TraceParent;
 use provledger_client::recovery::NatsReissuer;
 use provledger_client::{
     open_jetstream, CancelNotices, Ledger, NatsExecutors, OpenLedgerError, RollbackDriver, Stamper,
@@ -1036,7 +1035,7 @@ fn service_metadata(
 async fn respond(ctx: &QueryContext, endpoint: Endpoint, request: async_nats::service::Request) {
     // A caller's W3C trace goes on the span of its request: every line logged while it is
     // handled (the append's decisions, its commits) carries the caller's trace id.
-    let trace = TraceParent::of(request.message.headers.as_ref());
+    let trace = crate::trace::of(request.message.headers.as_ref());
     let span = tracing::info_span!(
         "request",
         endpoint = endpoint.suffix(),
@@ -1044,10 +1043,10 @@ async fn respond(ctx: &QueryContext, endpoint: Endpoint, request: async_nats::se
         parent_span_id = tracing::field::Empty,
     );
     if let Some(t) = &trace {
-        span.record("trace_id", t.trace_id.as_str());
-        span.record("parent_span_id", t.parent_id.as_str());
+        span.record("trace_id", t.trace_id_hex().as_str());
+        span.record("parent_span_id", t.span_id_hex().as_str());
     }
-    respond_in_span(ctx, endpoint, request, trace.is_some())
+    respond_in_span(ctx, endpoint, request, trace)
         .instrument(span)
         .await
 }
@@ -1056,15 +1055,13 @@ async fn respond_in_span(
     ctx: &QueryContext,
     endpoint: Endpoint,
     request: async_nats::service::Request,
-    traced: bool,
+    trace: Option<provledger_events::TraceContext>,
 ) {
+    let traced = trace.is_some();
     let started = std::time::Instant::now();
+    let caller = Caller::from_headers(request.message.headers.as_ref()).in_trace(trace);
     let result = ctx
-        .handle(
-            endpoint,
-            &request.message.payload,
-            &Caller::from_headers(request.message.headers.as_ref()),
-        )
+        .handle(endpoint, &request.message.payload, &caller)
         .await;
     // What the metrics count: the refusal's code and reason, or an append's outcome.
     let outcome: Result<Option<&'static str>, (&'static str, Option<String>)> = match &result {
