@@ -51,6 +51,8 @@ pub(crate) struct QueryContext {
     pub(crate) drift: DriftSweeps,
     /// The last audit this replica ran (`--audit-interval`), for the console.
     pub(crate) audits: LastAudits,
+    /// serve's spans, when it exports them (`--otlp-endpoint`).
+    pub(crate) spans: Option<crate::otlp::Spans>,
 }
 
 /// Whether this replica can answer from current state, and if not, why.
