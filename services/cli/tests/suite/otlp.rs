@@ -359,6 +359,7 @@ async fn a_collector_that_never_answers_does_not_hold_serve_up() {
     // which is ignored)...
     let started = Instant::now();
     for i in 0..40 {
+        let this = Instant::now();
         let traceparent = if i % 2 == 0 {
             format!("00-{CALLER_TRACE_ID}-{CALLER_SPAN_ID}-01")
         } else {
@@ -374,6 +375,12 @@ async fn a_collector_that_never_answers_does_not_hold_serve_up() {
         )
         .await;
         assert!(reply.get("error").is_none(), "{reply}");
+        // (An append that waited for an export would take serve's 5 s export timeout.)
+        assert!(
+            this.elapsed() < Duration::from_millis(2500),
+            "append {i} took {:?}",
+            this.elapsed()
+        );
     }
     // ...then every one was answered, well within one export timeout each, and serve
     // did try the collector.
