@@ -91,6 +91,10 @@ pub struct ServeOptions {
     pub log_copy: bool,
     /// Export spans over OTLP/HTTP (`--otlp-endpoint`; `None`: off, the default).
     pub otlp: Option<crate::otlp::OtlpOptions>,
+    /// `cmd.append` records the caller's trace in its commits (format 3; default). `false`
+    /// (`--no-trace-record`): while a reader older than format 3 still reads the stream
+    /// (docs/events.md, "Deploy readers before writers").
+    pub record_traces: bool,
 }
 
 impl ServeOptions {
@@ -121,6 +125,7 @@ impl ServeOptions {
             snapshot_bucket: None,
             log_copy: true,
             otlp: None,
+            record_traces: true,
         }
     }
 }
@@ -559,6 +564,7 @@ fn query_context(
         drift: crate::replica::DriftSweeps::new(options.drift_interval),
         audits: crate::replica::LastAudits::new(options.audit_interval),
         spans,
+        record_traces: options.record_traces,
     })
 }
 
@@ -1107,7 +1113,8 @@ async fn respond_in_span(
 ) {
     let traced = trace.is_some();
     let started = std::time::Instant::now();
-    let caller = Caller::from_headers(request.message.headers.as_ref()).in_trace(trace);
+    let recorded = trace.filter(|_| ctx.record_traces);
+    let caller = Caller::from_headers(request.message.headers.as_ref()).in_trace(recorded);
     let result = ctx
         .handle(endpoint, &request.message.payload, &caller)
         .await;
