@@ -6,6 +6,7 @@
 //!   executor gets a `traceparent` in it, and the spans from the `cmd.append` to the
 //!   compensation's reply share one trace id;
 //! - a collector that never answers does not hold serve's appends up;
+//! - a task re-issued to a worker continues the trace of the one it replaces;
 //! - a garbage endpoint stops serve at start with a usage error.
 
 use std::collections::HashMap;
@@ -414,4 +415,98 @@ fn a_garbage_otlp_endpoint_stops_serve_at_start_with_a_usage_error() {
         assert_eq!(out.status.code(), Some(2), "{endpoint}: {text}");
         assert!(text.contains("--otlp-endpoint"), "{endpoint}: {text}");
     }
+}
+
+/// A worker that answers every re-issue addressed to it, keeping each request's
+/// `traceparent` header (or `None`).
+async fn worker(client: &async_nats::Client, name: &str) -> Arc<Mutex<Vec<Option<String>>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut sub = client
+        .subscribe(format!("provledger.worker.{name}.reissue"))
+        .await
+        .expect("subscribe");
+    provledger_tests::subscriptions_in_effect(client).await;
+    let (client, kept) = (client.clone(), seen.clone());
+    tokio::spawn(async move {
+        while let Some(msg) = sub.next().await {
+            let traceparent = msg
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("traceparent"))
+                .map(|v| v.as_str().to_string());
+            kept.lock().expect("requests").push(traceparent);
+            if let Some(to) = msg.reply {
+                let _ = client.publish(to, r#"{"ok": true}"#.into()).await;
+            }
+        }
+    });
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reissue_continues_the_trace_of_the_task_it_replaces() {
+    // Given a collector, worker w1 on NATS and serve sweeping every second...
+    let nats = NatsServer::start().await;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (port, spans) = collector().await;
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let _serve = Serve::start_with(
+        &nats,
+        &tmp.path().join("serve"),
+        &[
+            "--otlp-endpoint",
+            &endpoint,
+            "--otlp-export-interval",
+            "100ms",
+            "--recovery-interval",
+            "1",
+        ],
+    );
+    let client = nats.client().await;
+    wait_ready(&client).await;
+    let w1 = worker(&client, "w1").await;
+    // ...when w1 records, under the caller's trace, a power-off whose lease runs out...
+    let lease_until = provledger_events::Timestamp::from_unix_ms(
+        provledger_events::Timestamp::now().unix_ms() + 2_000,
+    );
+    let caller = format!("00-{CALLER_TRACE_ID}-{CALLER_SPAN_ID}-01");
+    let reply = append(
+        &client,
+        &caller,
+        json!({"aggregate": format!("instance/{}", Uuid::now_v7()), "expect": "none", "events": [
+            {"instance_create_requested": {"name": "vm", "cluster_id": null, "node_group": null,
+                "flavor": "m1", "resources": {"VCPU": 1}, "image": "img"}},
+            {"task_finished": {"task_state": "scheduling", "outcome": "succeeded", "reason": ""}},
+            {"vm_state_changed": {"vm_state": "active", "reason": ""}},
+            {"task_started": {"task_state": "powering_off", "worker_id": "w1",
+                              "lease_until": lease_until.to_string()}}]}),
+    )
+    .await;
+    assert!(reply.get("error").is_none(), "{reply}");
+    // ...then the re-issue w1 gets is in that trace, under serve's span, which the
+    // collector has.
+    let traceparent = eventually("the re-issue", Duration::from_secs(20), || {
+        w1.lock().expect("requests").first().cloned()
+    })
+    .await
+    .expect("the re-issue has a traceparent");
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(parts.get(1), Some(&CALLER_TRACE_ID), "{traceparent}");
+    let span = eventually("the reissue span", Duration::from_secs(20), || {
+        let spans = spans.lock().expect("spans");
+        spans.iter().find(|s| s.name == "reissue.request").cloned()
+    })
+    .await;
+    assert_eq!(span.trace_id, CALLER_TRACE_ID, "{span:?}");
+    assert_eq!(
+        Some(span.span_id.as_str()),
+        parts.get(2).copied(),
+        "{span:?}"
+    );
+    assert_eq!(
+        span.attributes
+            .get("provledger.outcome")
+            .map(String::as_str),
+        Some("done")
+    );
 }
