@@ -368,7 +368,7 @@ async fn a_collector_that_never_answers_does_not_hold_serve_up() {
     wait_ready(&client).await;
     let started = |i: usize| {
         // Every other one with a hostile traceparent, which is ignored.
-        let traceparent = if i % 2 == 0 {
+        let traceparent = if i.is_multiple_of(2) {
             format!("00-{CALLER_TRACE_ID}-{CALLER_SPAN_ID}-01")
         } else {
             "00-\u{1b}[2J-<script>-01".to_string()
