@@ -101,7 +101,7 @@ pub use driver::{
 };
 pub use executors::{
     CompensationExecutor, CompensationFuture, CompensationReply, CompensationRequest,
-    NatsExecutors, PeerError, RequestTrace,
+    NatsExecutors, PeerError,
 };
 pub use lease::TaskLease;
 pub use ledger::{

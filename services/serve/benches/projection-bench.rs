@@ -59,7 +59,6 @@ fn seal(
     events: Vec<Event>,
 ) -> Commit {
     let draft = CommitDraft {
-        trace: None,
         commit_id: Uuid::from_u128(position as u128),
         operation_id: None,
         causation_id: None,
