@@ -8,6 +8,7 @@ use crate::catalogue::Event;
 use crate::codec::envelope::{Envelope, EnvelopeRef};
 use crate::codec::stored::Stored;
 use crate::ids::{AggregateId, Hash, Timestamp};
+use crate::trace::TraceContext;
 
 /// Upper bound on events in one commit; keeps a commit well below NATS' max payload.
 pub const COMMIT_EVENTS_MAX: usize = 1024;
@@ -25,6 +26,14 @@ pub struct CommitDraft {
     pub actor: String,
     /// Injected by the writer's clock, never read from inside the log's pure code.
     pub recorded_at: Timestamp,
+    /// The W3C trace the commit is written in (the request that wrote it), when the
+    /// writer has one: what serve later sends on the commit's behalf continues it.
+    #[serde(
+        rename = "traceparent",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub trace: Option<TraceContext>,
     pub events: Vec<Event>,
 }
 
@@ -37,6 +46,7 @@ impl CommitDraft {
             causation_id: None,
             actor: actor.into(),
             recorded_at: Timestamp::now(),
+            trace: None,
             events,
         }
     }
@@ -48,6 +58,12 @@ impl CommitDraft {
 
     pub fn with_causation(mut self, causation_id: Uuid) -> Self {
         self.causation_id = Some(causation_id);
+        self
+    }
+
+    /// Records the W3C trace the commit is written in (`None`: none).
+    pub fn with_trace(mut self, trace: Option<TraceContext>) -> Self {
+        self.trace = trace;
         self
     }
 
@@ -135,6 +151,15 @@ pub struct Commit {
     pub causation_id: Option<Uuid>,
     pub actor: String,
     pub recorded_at: Timestamp,
+    /// The W3C trace the commit was written in, when its writer had one (format 3; the
+    /// hash covers it). JSON: `"traceparent": "00-<trace id>-<span id>-<flags>"`, absent
+    /// when there is none.
+    #[serde(
+        rename = "traceparent",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub trace: Option<TraceContext>,
     pub events: Vec<Event>,
     pub prev_hash: Hash,
     pub hash: Hash,
@@ -159,6 +184,7 @@ impl Commit {
             causation_id: draft.causation_id,
             actor: draft.actor,
             recorded_at: draft.recorded_at,
+            trace: draft.trace,
             events: draft.events,
             prev_hash,
             hash: Hash::ZERO,
@@ -174,8 +200,8 @@ impl Commit {
         crate::codec::hash(self)
     }
 
-    /// The format byte this commit is written in: 1 unless an event is at a layout version
-    /// above 1 (or it was decoded from format 2).
+    /// The format byte this commit is written in: 3 when it records a trace context, else
+    /// 1 unless an event is at a layout version above 1 (or it was decoded from format 2).
     pub fn format(&self) -> u8 {
         self.envelope().format()
     }
@@ -196,6 +222,7 @@ impl Commit {
             causation_id: envelope.causation_id,
             actor: envelope.actor,
             recorded_at: envelope.recorded_at,
+            trace: envelope.trace,
             events: envelope.events,
             prev_hash: envelope.prev_hash,
             hash: envelope.hash,
@@ -213,6 +240,7 @@ impl Commit {
             causation_id: &self.causation_id,
             actor: &self.actor,
             recorded_at: self.recorded_at,
+            trace: &self.trace,
             events: &self.events,
             prev_hash: &self.prev_hash,
             stored: &self.stored,
@@ -224,7 +252,9 @@ impl Commit {
     }
 
     /// True when a retry carries the same payload as this stored commit. `recorded_at` is
-    /// left out because a retry may be stamped again by the writer's clock.
+    /// left out because a retry may be stamped again by the writer's clock, and `trace`
+    /// because a retried request is a new span (often a new trace): the first write's
+    /// context stays recorded.
     pub fn same_payload_as(&self, draft: &CommitDraft) -> bool {
         self.commit_id == draft.commit_id
             && self.operation_id == draft.operation_id
@@ -378,6 +408,7 @@ mod tests {
             causation_id: None,
             actor: "test".into(),
             recorded_at: Timestamp(1_700_000_000_000 + i64::from(n)),
+            trace: None,
             events: vec![Event::ClusterStatusChanged {
                 status: ClusterStatus::Active,
                 description: format!("step {n}"),

@@ -18,6 +18,8 @@
 //!   parse error of each.
 //! - `commit.rs`: the envelope, `CommitDraft` (what writers submit), sealing and
 //!   `verify_chain`.
+//! - `trace.rs`: `TraceContext`, the W3C trace a commit records it was written in (format
+//!   3), with the one `traceparent` grammar.
 //! - `loss.rs`: tells a lost commit from a forged one (an intact commit past the chain's
 //!   next version), the one write an aggregate with an open loss accepts (its
 //!   `loss_acknowledged`), and `HeldChains`, what a reader in log order keeps past a loss.
@@ -49,6 +51,7 @@ pub mod commit;
 pub mod ids;
 pub mod log;
 pub mod loss;
+pub mod trace;
 
 pub use catalogue::Event;
 pub use commit::{
@@ -65,3 +68,4 @@ pub use log::{
     GROUP_MESSAGES_MAX,
 };
 pub use loss::{HeldChain, HeldChains, HeldStep, LossRefusal, LostVersions, OpenLosses, Passage};
+pub use trace::TraceContext;

@@ -302,6 +302,7 @@ mod tests {
 
     fn draft(events: Vec<Event>) -> CommitDraft {
         CommitDraft {
+            trace: None,
             commit_id: Uuid::from_u128(7),
             operation_id: None,
             causation_id: None,

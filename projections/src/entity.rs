@@ -1,7 +1,7 @@
 //! What every projected entity has in common: its identity, how far it has been folded,
 //! and the anomalies met on the way.
 
-use provledger_events::{AggregateId, Hash, Timestamp};
+use provledger_events::{AggregateId, Hash, Timestamp, TraceContext};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -43,6 +43,9 @@ pub struct Header {
     pub updated_at: Option<Timestamp>,
     pub anomalies: Vec<Anomaly>,
     pub anomaly_count: u64,
+    /// The trace context of the latest commit folded that recorded one: what serve sends
+    /// on this entity's behalf (a compensation request, a re-issue) continues that trace.
+    pub trace: Option<TraceContext>,
 }
 
 impl Header {
@@ -56,6 +59,7 @@ impl Header {
             updated_at: None,
             anomalies: Vec::new(),
             anomaly_count: 0,
+            trace: None,
         }
     }
 

@@ -156,6 +156,9 @@ impl Entity {
         header.last_position = commit.position;
         header.hash = commit.hash;
         header.updated_at = Some(commit.recorded_at);
+        if commit.trace.is_some() {
+            header.trace = commit.trace;
+        }
         for event in &commit.events {
             if let Event::LossAcknowledged {
                 from_version,

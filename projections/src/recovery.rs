@@ -384,6 +384,7 @@ mod runner_lease_tests {
         let mut prev = Hash::ZERO;
         for (i, (ms, events)) in commits.iter().enumerate() {
             let draft = CommitDraft {
+                trace: None,
                 commit_id: Uuid::from_u128(i as u128 + 1),
                 operation_id: Some(id.id),
                 causation_id: None,

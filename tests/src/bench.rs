@@ -11,6 +11,7 @@ use uuid::Uuid;
 /// Commit `n` of a bench aggregate: the description pads it to about 256 bytes encoded.
 pub fn padded_draft(n: usize) -> CommitDraft {
     CommitDraft {
+        trace: None,
         commit_id: Uuid::now_v7(),
         operation_id: Some(Uuid::now_v7()),
         causation_id: None,

@@ -150,6 +150,7 @@ pub fn seal(script: &[ScriptStep]) -> Vec<Commit> {
 /// The draft a script step is written with: deterministic commit id and time.
 pub fn draft_for(index: usize, events: Vec<Event>) -> CommitDraft {
     CommitDraft {
+        trace: None,
         commit_id: Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0000 | index as u128),
         operation_id: None,
         causation_id: None,

@@ -9,6 +9,10 @@
 //!   prev_hash ‖ hash: the bincode of a struct whose events are `{ version: u16, bytes:
 //!   Vec<u8> }`. Each event is length-prefixed, so a reader names the (tag, version) it
 //!   cannot read.
+//! - format 3: header ‖ trace context (16-byte trace id ‖ 8-byte span id ‖ flags byte) ‖
+//!   the rest as in format 2. Written only for a commit that records the W3C trace it was
+//!   written in (`trace.rs`); a commit without one keeps the smallest of formats 1 and 2,
+//!   so nothing written before, and no golden file, changes.
 //!
 //! Sharing one body for both keeps the rule "hash = BLAKE3(bincode(domain) ‖ payload[1 ..
 //! len-32])" true by construction, for either format, so a reader can check a hash from the
@@ -19,20 +23,24 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::stored::{self, Stored, StoredEvent, StoredForm};
-use super::{config, DecodeError, EncodeError, FORMAT_1, FORMAT_2};
+use super::{config, DecodeError, EncodeError, FORMAT_1, FORMAT_2, FORMAT_3};
 use crate::catalogue::versions::Versioned;
 use crate::ids::{AggregateId, Hash, Timestamp};
+use crate::trace::{TraceContext, WireTrace};
 
 /// The hash domain of format 1: it separates commit hashes from any other BLAKE3 use.
 pub(crate) const DOMAIN_1: &str = "provledger.commit.v1";
 /// The hash domain of format 2: a format-2 payload never hashes like a format-1 one.
 pub(crate) const DOMAIN_2: &str = "provledger.commit.v2";
+/// The hash domain of format 3 (a trace context after the header).
+pub(crate) const DOMAIN_3: &str = "provledger.commit.v3";
 
 /// The hash domain of a format, `None` for a format this build does not know.
 pub fn domain(format: u8) -> Option<&'static str> {
     match format {
         FORMAT_1 => Some(DOMAIN_1),
         FORMAT_2 => Some(DOMAIN_2),
+        FORMAT_3 => Some(DOMAIN_3),
         _ => None,
     }
 }
@@ -47,6 +55,7 @@ pub struct EnvelopeRef<'a, E> {
     pub causation_id: &'a Option<Uuid>,
     pub actor: &'a str,
     pub recorded_at: Timestamp,
+    pub trace: &'a Option<TraceContext>,
     pub events: &'a [E],
     pub prev_hash: &'a Hash,
     pub stored: &'a Stored,
@@ -62,6 +71,7 @@ pub struct Envelope<E> {
     pub causation_id: Option<Uuid>,
     pub actor: String,
     pub recorded_at: Timestamp,
+    pub trace: Option<TraceContext>,
     pub events: Vec<E>,
     pub prev_hash: Hash,
     pub hash: Hash,
@@ -104,8 +114,8 @@ struct WholeFormat1<E> {
 
 /// Which events the body is written from.
 enum Form<'a> {
-    /// Today's layout at version 1 for every event: the events are serialized directly,
-    /// in format 1 (the common case, and the only one while the registry is empty).
+    /// Today's layout at version 1 for every event and no trace context: the events are
+    /// serialized directly, in format 1 (the common case).
     Plain,
     /// The form the commit was stored in, still matching its events.
     Kept(&'a StoredForm),
@@ -131,9 +141,12 @@ impl Form<'_> {
     }
 }
 
-/// Format 1 while every event is at layout 1 (so old readers read it), else format 2.
-pub(crate) fn minimal_format(versions: impl IntoIterator<Item = u16>) -> u8 {
-    if versions.into_iter().all(|version| version == 1) {
+/// Format 3 when the commit records a trace context (only format 3 holds one); else
+/// format 1 while every event is at layout 1 (so old readers read it), else format 2.
+pub(crate) fn minimal_format(versions: impl IntoIterator<Item = u16>, traced: bool) -> u8 {
+    if traced {
+        FORMAT_3
+    } else if versions.into_iter().all(|version| version == 1) {
         FORMAT_1
     } else {
         FORMAT_2
@@ -157,7 +170,10 @@ impl<'a, E: Versioned> EnvelopeRef<'a, E> {
     /// this build writes them.
     fn form(&self) -> Result<Form<'a>, EncodeError> {
         if let Some(kept) = self.stored.0.as_deref() {
-            let intact = kept.events.len() == self.events.len()
+            // The trace context is written by format 3 only: a stored form of another
+            // format cannot hold one that was added (nor drop one that was removed).
+            let intact = (kept.format == FORMAT_3) == self.trace.is_some()
+                && kept.events.len() == self.events.len()
                 && kept
                     .events
                     .iter()
@@ -167,7 +183,7 @@ impl<'a, E: Versioned> EnvelopeRef<'a, E> {
                 return Ok(Form::Kept(kept));
             }
         }
-        if !E::registry().any_changed() {
+        if !E::registry().any_changed() && self.trace.is_none() {
             return Ok(Form::Plain);
         }
         self.fresh_form(None)
@@ -180,10 +196,14 @@ impl<'a, E: Versioned> EnvelopeRef<'a, E> {
             .iter()
             .map(stored::fresh)
             .collect::<Result<Vec<StoredEvent>, EncodeError>>()?;
-        let minimal = minimal_format(events.iter().map(|e| e.version));
+        let traced = self.trace.is_some();
+        let minimal = minimal_format(events.iter().map(|e| e.version), traced);
         let format = format.unwrap_or(minimal);
         if domain(format).is_none() {
             return Err(EncodeError::UnknownFormat { format });
+        }
+        if traced != (format == FORMAT_3) {
+            return Err(EncodeError::TraceNeedsFormat3 { format, traced });
         }
         if let Some((index, event)) = (format == FORMAT_1)
             .then(|| events.iter().enumerate().find(|(_, e)| e.version != 1))
@@ -201,6 +221,12 @@ impl<'a, E: Versioned> EnvelopeRef<'a, E> {
     fn body(&self, form: &Form<'_>) -> Result<Vec<u8>, EncodeError> {
         let mut out = Vec::with_capacity(128);
         write(&self.header(), &mut out)?;
+        if form.format() == FORMAT_3 {
+            // `form` checked that format 3 goes with a trace context and no other does.
+            if let Some(trace) = self.trace {
+                write(&WireTrace::from(trace), &mut out)?;
+            }
+        }
         match form {
             Form::Plain => write(self.events, &mut out)?,
             Form::Kept(stored) => write_events(stored, &mut out)?,
@@ -277,6 +303,7 @@ impl<E: Versioned> Envelope<E> {
             causation_id: &self.causation_id,
             actor: &self.actor,
             recorded_at: self.recorded_at,
+            trace: &self.trace,
             events: &self.events,
             prev_hash: &self.prev_hash,
             stored: &self.stored,
@@ -327,7 +354,7 @@ fn write<T: Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) -> Result<(), Enco
 fn write_events(form: &StoredForm, out: &mut Vec<u8>) -> Result<(), EncodeError> {
     write(&form.events.len(), out)?;
     for event in &form.events {
-        if form.format == FORMAT_2 {
+        if form.format != FORMAT_1 {
             write(&event.version, out)?;
             write(&event.bytes.len(), out)?;
         }
@@ -376,7 +403,7 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Decodes the body of a payload in `format` (1 or 2, checked by the caller).
+/// Decodes the body of a payload in `format` (1, 2 or 3, checked by the caller).
 pub(crate) fn decode<E: Versioned>(format: u8, body: &[u8]) -> Result<Envelope<E>, DecodeError> {
     if format == FORMAT_1 {
         if !E::registry().any_changed() {
@@ -422,6 +449,14 @@ fn decode_whole<E: Versioned>(body: &[u8]) -> Result<Envelope<E>, DecodeError> {
 fn decode_piecewise<E: Versioned>(format: u8, body: &[u8]) -> Result<Envelope<E>, DecodeError> {
     let mut reader = Reader { bytes: body, at: 0 };
     let header: Header = reader.value("header")?;
+    let trace = if format == FORMAT_3 {
+        let wire: WireTrace = reader.value("trace context")?;
+        Some(wire.context().ok_or_else(|| {
+            DecodeError::Malformed("trace context: an all-zero trace or span id".into())
+        })?)
+    } else {
+        None
+    };
     let count: u64 = reader.value("event count")?;
     // Every event takes at least one byte, so the loop is bounded by the payload; the
     // reservation is bounded by what a writer may put in a commit.
@@ -465,7 +500,8 @@ fn decode_piecewise<E: Versioned>(format: u8, body: &[u8]) -> Result<Envelope<E>
         });
     }
     // Keep the stored form only when re-encoding the events would not give these bytes.
-    let stored = if upcast_any || format != minimal_format(kept.iter().map(|e| e.version)) {
+    let minimal = minimal_format(kept.iter().map(|e| e.version), trace.is_some());
+    let stored = if upcast_any || format != minimal {
         Stored::new(StoredForm {
             format,
             events: kept,
@@ -473,7 +509,9 @@ fn decode_piecewise<E: Versioned>(format: u8, body: &[u8]) -> Result<Envelope<E>
     } else {
         Stored::default()
     };
-    Ok(envelope(header, events, prev_hash, hash, stored))
+    let mut envelope = envelope(header, events, prev_hash, hash, stored);
+    envelope.trace = trace;
+    Ok(envelope)
 }
 
 fn envelope<E>(
@@ -491,6 +529,7 @@ fn envelope<E>(
         causation_id: header.causation_id,
         actor: header.actor,
         recorded_at: header.recorded_at,
+        trace: None,
         events,
         prev_hash,
         hash,

@@ -4,12 +4,13 @@
 //! commit without its position. Format 1 holds every event at layout 1 and is what this
 //! build writes while every event of a commit is at version 1; format 2 records each event's
 //! layout version and is written only for a commit holding a changed event (see
-//! `envelope.rs` for both layouts and `catalogue/versions.rs` for event versions). Both are
-//! read forever. Decoding never panics and never allocates beyond [`ENCODED_COMMIT_BYTES_MAX`]:
+//! `envelope.rs` for the layouts and `catalogue/versions.rs` for event versions). Format 3
+//! adds the W3C trace context the commit was written in, and is written only for a commit
+//! that records one (`trace.rs`). All three are read forever. Decoding never panics and never allocates beyond [`ENCODED_COMMIT_BYTES_MAX`]:
 //! any bad input gives a [`DecodeError`].
 //!
 //! - `envelope.rs`: the borrowed and owned envelope, generic over the event enum; the body
-//!   that both the encoder and the hash read; the format-1 and format-2 readers.
+//!   that both the encoder and the hash read; the readers of formats 1 to 3.
 //! - `stored.rs`: an event as stored (its version and bytes) and how it is read into
 //!   today's layout through the registry.
 
@@ -27,8 +28,10 @@ use crate::ids::{AggregateId, Hash};
 pub const FORMAT_1: u8 = 1;
 /// Format 2: `[2] ‖ header ‖ events as (version, length, bytes) ‖ prev_hash ‖ hash`.
 pub const FORMAT_2: u8 = 2;
+/// Format 3: `[3] ‖ header ‖ trace context ‖ events as in format 2 ‖ prev_hash ‖ hash`.
+pub const FORMAT_3: u8 = 3;
 /// The newest format this build reads and may write.
-pub const FORMAT_NEWEST: u8 = FORMAT_2;
+pub const FORMAT_NEWEST: u8 = FORMAT_3;
 /// Upper bound on one encoded commit; NATS' default max payload is 1 MiB.
 pub const ENCODED_COMMIT_BYTES_MAX: usize = 1 << 20;
 
@@ -43,7 +46,9 @@ pub(crate) fn config() -> impl bincode::config::Config {
 pub enum DecodeError {
     #[error("empty payload: expected a format-version byte then a bincode commit")]
     Empty,
-    #[error("unknown format version {found} (this build reads formats {FORMAT_1} and {FORMAT_2})")]
+    #[error(
+        "unknown format version {found} (this build reads formats {FORMAT_1} to {FORMAT_NEWEST})"
+    )]
     UnknownFormat { found: u8 },
     #[error("malformed commit: {0}")]
     Malformed(String),
@@ -83,9 +88,13 @@ pub enum EncodeError {
     #[error("cannot encode commit: {0}")]
     Bincode(String),
     #[error(
-        "cannot encode in format {format}: this build writes formats {FORMAT_1} and {FORMAT_2}"
+        "cannot encode in format {format}: this build writes formats {FORMAT_1} to {FORMAT_NEWEST}"
     )]
     UnknownFormat { format: u8 },
+    /// Format 3 is the one that holds a trace context: a traced commit is written in it, an
+    /// untraced one never is.
+    #[error("cannot encode in format {format}: a commit {} a trace context is written in format {FORMAT_3} {}", if *traced { "with" } else { "without" }, if *traced { "only" } else { "never" })]
+    TraceNeedsFormat3 { format: u8, traced: bool },
     #[error("cannot encode in format 1: event #{index} is at layout version {version}, which only format 2 records")]
     NeedsFormat2 { index: usize, version: u16 },
 }

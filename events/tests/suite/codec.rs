@@ -6,13 +6,14 @@ use std::path::PathBuf;
 use proptest::prelude::*;
 use provledger_events::catalogue::samples;
 use provledger_events::catalogue::versions::REGISTRY;
-use provledger_events::codec::{self, DecodeError, FORMAT_1, FORMAT_2};
-use provledger_events::{Commit, CommitDraft, Event, Hash, Timestamp};
+use provledger_events::codec::{self, DecodeError, EncodeError, FORMAT_1, FORMAT_2, FORMAT_3};
+use provledger_events::{Commit, CommitDraft, Event, Hash, Timestamp, TraceContext};
 use uuid::Uuid;
 
 fn sample_commit(index: usize, event: Event) -> Commit {
     let aggregate = samples::aggregate_for(&event);
     let draft = CommitDraft {
+        trace: None,
         commit_id: Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0000 + index as u128),
         operation_id: Some(Uuid::from_u128(0xAA)),
         causation_id: None,
@@ -161,6 +162,113 @@ fn golden_format_2_of_one_commit_per_event_kind() {
             "{name}: format-2 hash over the raw bytes"
         );
     }
+}
+
+/// The W3C specification's example context, as a caller's `traceparent` would carry it.
+fn trace() -> TraceContext {
+    TraceContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        .expect("the specification's example")
+}
+
+/// Sample `index` sealed with a trace context: what a traced writer records.
+fn traced_commit(index: usize, event: Event) -> Commit {
+    let plain = sample_commit(index, event);
+    let draft = CommitDraft {
+        trace: Some(trace()),
+        commit_id: plain.commit_id,
+        operation_id: plain.operation_id,
+        causation_id: plain.causation_id,
+        actor: plain.actor,
+        recorded_at: plain.recorded_at,
+        events: plain.events,
+    };
+    let mut c = Commit::seal(plain.aggregate, 1, Hash::ZERO, draft);
+    c.position = 1;
+    c
+}
+
+/// Given the first sample commit recorded with a trace context, when encoded, then it is
+/// format 3 and equals the pinned format3.hex; it decodes to the same commit (trace
+/// included) with a valid hash, re-encodes to itself, and the hash rule holds on the raw
+/// bytes under format 3's own domain. PROVLEDGER_BLESS=1 writes a missing pin; a written
+/// pin is never rewritten.
+#[test]
+fn golden_format_3_of_a_traced_commit() {
+    let path = golden_dir().join("format3.hex");
+    let commit = traced_commit(0, samples::all().remove(0));
+    let bytes = codec::encode(&commit).unwrap();
+    if std::env::var("PROVLEDGER_BLESS").is_ok() && !path.exists() {
+        std::fs::write(&path, hex(&bytes) + "\n").unwrap();
+    }
+    let pinned = read_pin(&path);
+    assert_eq!(hex(&pinned), hex(&bytes), "format-3 encoding changed");
+    assert_eq!(pinned[0], FORMAT_3);
+    let decoded = codec::decode(&pinned, 1).unwrap();
+    assert_eq!(decoded, commit);
+    assert_eq!(decoded.trace, Some(trace()));
+    assert_eq!(decoded.format(), FORMAT_3);
+    assert!(decoded.hash_is_valid());
+    assert_eq!(codec::encode(&decoded).unwrap(), pinned);
+    let (body, stored) = pinned[1..].split_at(pinned.len() - 1 - 32);
+    let raw = codec::envelope::hash_body("provledger.commit.v3", body);
+    assert_eq!(raw.0.as_slice(), stored, "format-3 hash over the raw bytes");
+    // The 25 bytes after the header are the trace id, the span id and the flags.
+    let at = hex(body)
+        .find(&trace().trace_id_hex())
+        .expect("the trace id in the body");
+    assert_eq!(
+        &hex(body)[at..at + 50],
+        format!("{}{}01", trace().trace_id_hex(), trace().span_id_hex())
+    );
+}
+
+/// Given a commit without a trace context, then it stays in format 1 (its bytes as before
+/// format 3 existed); given the same commit with one, then its hash differs, and taking
+/// the trace off a decoded traced commit no longer matches its hash: the hash covers it.
+#[test]
+fn the_trace_context_is_written_only_in_format_3_and_covered_by_the_hash() {
+    for (i, event) in samples::all().into_iter().enumerate() {
+        let plain = sample_commit(i, event.clone());
+        let traced = traced_commit(i, event);
+        assert_eq!(codec::encode(&plain).unwrap()[0], FORMAT_1);
+        assert_eq!(codec::encode(&traced).unwrap()[0], FORMAT_3);
+        assert_ne!(plain.hash, traced.hash, "sample {i}");
+        let mut stripped = codec::decode(&codec::encode(&traced).unwrap(), 1).unwrap();
+        stripped.trace = None;
+        assert!(
+            !stripped.hash_is_valid(),
+            "sample {i}: trace removed unnoticed"
+        );
+        let mut swapped = codec::decode(&codec::encode(&traced).unwrap(), 1).unwrap();
+        swapped.trace = trace().with_span([9; 8]);
+        assert!(
+            !swapped.hash_is_valid(),
+            "sample {i}: trace changed unnoticed"
+        );
+    }
+    // Format 3 goes with a trace context, and only with one.
+    let plain = sample_commit(0, samples::all().remove(0));
+    let traced = traced_commit(0, samples::all().remove(0));
+    assert!(matches!(
+        codec::encode_as(&plain, FORMAT_3),
+        Err(EncodeError::TraceNeedsFormat3 { traced: false, .. })
+    ));
+    assert!(matches!(
+        codec::encode_as(&traced, FORMAT_2),
+        Err(EncodeError::TraceNeedsFormat3 { traced: true, .. })
+    ));
+}
+
+/// Given a format-3 payload whose trace id was zeroed (W3C: invalid), when decoded, then
+/// it is refused as malformed rather than read as a trace.
+#[test]
+fn a_format_3_payload_with_an_all_zero_trace_id_is_malformed() {
+    let bytes = codec::encode(&traced_commit(0, samples::all().remove(0))).unwrap();
+    let text = hex(&bytes).replacen(&trace().trace_id_hex(), &"0".repeat(32), 1);
+    assert!(matches!(
+        codec::decode(&unhex(&text), 1),
+        Err(DecodeError::Malformed(m)) if m.contains("trace context")
+    ));
 }
 
 /// The format-2 payload of the first sample whose event is the single byte of its tag (a
@@ -375,6 +483,7 @@ fn valid_encodings() -> Vec<Vec<u8>> {
         let commit = sample_commit(i, e);
         all.push(codec::encode(&commit).unwrap());
         all.push(codec::encode_as(&commit, FORMAT_2).unwrap());
+        all.push(codec::encode(&traced_commit(i, commit.events[0].clone())).unwrap());
     }
     all
 }
@@ -385,7 +494,7 @@ proptest! {
     #[test]
     fn decoding_random_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
         let _ = codec::decode(&bytes, 7);
-        for format in [FORMAT_1, FORMAT_2] {
+        for format in [FORMAT_1, FORMAT_2, FORMAT_3] {
             let mut with_version = vec![format];
             with_version.extend_from_slice(&bytes);
             let _ = codec::decode(&with_version, 7);
@@ -395,7 +504,7 @@ proptest! {
 
     #[test]
     fn decoding_mutated_commits_never_panics(
-        which in 0usize..106,
+        which in 0usize..159,
         flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
         cut in any::<prop::sample::Index>(),
         truncate in any::<bool>(),

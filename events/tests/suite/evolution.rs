@@ -104,6 +104,7 @@ fn seal<E: Versioned>(version: u64, prev: Hash, events: Vec<E>) -> Envelope<E> {
         causation_id: None,
         actor: "evolution".into(),
         recorded_at: Timestamp(1_800_000_000_000 + version as i64),
+        trace: None,
         events,
         prev_hash: prev,
         hash: Hash::ZERO,

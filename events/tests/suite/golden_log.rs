@@ -265,6 +265,7 @@ impl Writer {
         self.clock_ms += 1000;
         let position = self.written.len() as u64 + 1;
         let draft = CommitDraft {
+            trace: None,
             commit_id: Uuid::from_u128(
                 0x0190_0000_0000_7000_8000_0000_0000_0000 + position as u128,
             ),

@@ -232,6 +232,7 @@ fn check(state: &Entity, event: &Event) -> Folded {
     // the fold would say; every other event is recorded as the fold says.
     if !matches!(event, Event::LossAcknowledged { .. }) {
         let draft = CommitDraft {
+            trace: None,
             commit_id: Uuid::from_u128(header.version as u128 + 1),
             operation_id: None,
             causation_id: None,

@@ -86,6 +86,7 @@ fn golden_log_1_is_admitted_by_the_decider() {
     for commit in &commits {
         // When
         let draft = CommitDraft {
+            trace: None,
             commit_id: commit.commit_id,
             operation_id: commit.operation_id,
             causation_id: commit.causation_id,

@@ -93,6 +93,7 @@ fn copy_of(
             let mut aggregate = c.aggregate;
             aggregate.id = remap(aggregate.id, copy);
             let draft = CommitDraft {
+                trace: None,
                 commit_id: remap(c.commit_id, copy),
                 operation_id: c.operation_id.map(|o| remap(o, copy)),
                 causation_id: c.causation_id.map(|o| remap(o, copy)),

@@ -594,6 +594,19 @@ struct ServeFlags {
     /// docs/operating.md, "The replica's copy of the stream".
     #[arg(long)]
     no_log_copy: bool,
+    /// Export spans (cmd.append, compensation and re-issue requests) to an
+    /// OpenTelemetry collector's OTLP/HTTP receiver at this base URL (spans go to
+    /// URL/v1/traces), e.g. http://127.0.0.1:4318. Plain http only. Off by default.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    otlp_endpoint: Option<String>,
+    /// Do not record callers' traceparent in the commits cmd.append writes (format 3):
+    /// for a rolling upgrade, until every reader of the stream runs a build that reads
+    /// format 3 (docs/events.md, "Deploy readers before writers").
+    #[arg(long, env = "PROVLEDGER_NO_TRACE_RECORD")]
+    no_trace_record: bool,
+    /// How often spans are sent to the collector; a bare number is milliseconds.
+    #[arg(long, default_value = "2s", value_parser = duration::millis_or_humantime)]
+    otlp_export_interval: Duration,
 }
 
 /// `drift`'s flags.
@@ -865,6 +878,18 @@ fn serve_options(flags: ServeFlags, g: &Globals) -> Result<ServeOptions, Command
         http_addr: flags.http,
         audit_interval: every(flags.audit_interval),
         log_copy: !flags.no_log_copy,
+        record_traces: !flags.no_trace_record,
+        // An empty value (an unset variable exported as "") means off, as OpenTelemetry's
+        // own SDKs read it.
+        otlp: flags
+            .otlp_endpoint
+            .filter(|e| !e.trim().is_empty())
+            .map(|endpoint| provledger_serve::OtlpOptions {
+                endpoint,
+                export_interval: flags
+                    .otlp_export_interval
+                    .clamp(Duration::from_millis(10), Duration::from_secs(60)),
+            }),
     })
 }
 

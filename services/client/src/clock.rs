@@ -123,6 +123,7 @@ impl Stamper {
     /// decided with is the time the decider sees.
     pub fn draft_at(&self, at: Timestamp, actor: &str, events: Vec<Event>) -> CommitDraft {
         CommitDraft {
+            trace: None,
             commit_id: self.ids.next_id(at),
             operation_id: None,
             causation_id: None,

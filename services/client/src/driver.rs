@@ -375,7 +375,8 @@ impl RollbackDriver {
         match &c.compensation.executor {
             Executor::Ledger => self.ledger_compensation(op, c).await,
             Executor::Service(name) => {
-                let request = CompensationRequest::new(op.header.id.id, c, attempt);
+                let request = CompensationRequest::new(op.header.id.id, c, attempt)
+                    .with_trace(op.header.trace);
                 self.executors.compensate(name, &request).await?;
                 if c.compensation.action == CompensationAction::TerminateVm {
                     self.record_vm_gone(op, c)

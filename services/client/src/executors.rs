@@ -3,6 +3,11 @@
 //! NATS as a request on `<prefix>.exec.<name>.compensate`, or in-process when embedded.
 //! Executors must be idempotent by `compensation_id`: a retried or raced request for a
 //! compensation already carried out answers success without doing it again.
+//!
+//! A request on behalf of a traced operation carries the W3C `traceparent` header: the
+//! operation's trace (the latest trace context its commits recorded) under a span id of
+//! the request's own ([`RequestTrace`]), so the executor's work joins the trace of the
+//! request that wrote the operation.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -10,9 +15,43 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use provledger_events::catalogue::{CompensationAction, PlannedCompensation};
+use provledger_events::trace::{TraceContext, TRACEPARENT};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use uuid::Uuid;
+
+/// The trace a request to an executor or a worker is sent in: the context it carries as
+/// its `traceparent` header (`sent`: the entity's trace under a span id of this request's
+/// own) and the context it continues (`parent`: the one the entity's commits recorded).
+/// A span exporter reports the request as span `sent` with parent `parent`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestTrace {
+    pub sent: TraceContext,
+    pub parent: TraceContext,
+}
+
+impl RequestTrace {
+    /// A request continuing `parent` under a fresh random span id.
+    pub fn continuing(parent: TraceContext) -> RequestTrace {
+        let random = Uuid::new_v4();
+        let mut span_id = [0u8; 8];
+        span_id.copy_from_slice(&random.as_bytes()[..8]);
+        // A v4 UUID's byte 6 holds its version nibble (4): its first 8 bytes are never all
+        // zero, the one span id `with_span` refuses.
+        let sent = parent
+            .with_span(span_id)
+            .expect("the first 8 bytes of a v4 UUID are not all zero");
+        RequestTrace { sent, parent }
+    }
+
+    /// The request under another span id (a span exporter's own), same trace and parent.
+    pub fn with_sent_span(self, span_id: [u8; 8]) -> RequestTrace {
+        RequestTrace {
+            sent: self.sent.with_span(span_id).unwrap_or(self.sent),
+            parent: self.parent,
+        }
+    }
+}
 
 /// The JSON request an executor receives.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -23,6 +62,9 @@ pub struct CompensationRequest {
     pub action: CompensationAction,
     pub resource: String,
     pub args: BTreeMap<String, String>,
+    /// Sent as the `traceparent` header, not in the body.
+    #[serde(skip)]
+    pub trace: Option<RequestTrace>,
 }
 
 impl CompensationRequest {
@@ -34,7 +76,14 @@ impl CompensationRequest {
             action: planned.compensation.action.clone(),
             resource: planned.compensation.resource.clone(),
             args: planned.compensation.args.clone(),
+            trace: None,
         }
+    }
+
+    /// The request continuing the operation's trace (`None`: it has none).
+    pub fn with_trace(mut self, operation_trace: Option<TraceContext>) -> Self {
+        self.trace = operation_trace.map(RequestTrace::continuing);
+        self
     }
 }
 
@@ -131,22 +180,38 @@ impl CompensationExecutor for NatsExecutors {
     ) -> CompensationFuture<'a> {
         Box::pin(async move {
             let subject = Self::subject(&self.subject_prefix, executor);
-            request_ok(&self.client, subject, request, self.reply_wait).await
+            let trace = request.trace.map(|t| t.sent);
+            request_ok(&self.client, subject, request, trace, self.reply_wait).await
         })
     }
 }
 
 /// One request to a service that answers `{"ok": true}` or `{"ok": false, "error": ...}`
-/// (executors, workers), bounded by `reply_wait`.
+/// (executors, workers), bounded by `reply_wait`, with a `traceparent` header when it is
+/// sent in a trace.
 pub(crate) async fn request_ok<T: Serialize>(
     client: &async_nats::Client,
     subject: String,
     request: &T,
+    trace: Option<TraceContext>,
     reply_wait: Duration,
 ) -> Result<(), PeerError> {
     // The requests are plain serde structs: encoding them cannot fail.
     let body = serde_json::to_vec(request).expect("a request encodes as JSON");
-    let reply = tokio::time::timeout(reply_wait, client.request(subject.clone(), body.into()))
+    // Untraced requests go without headers, as they always have.
+    let sent = match trace {
+        Some(trace) => {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(TRACEPARENT, trace.to_string().as_str());
+            futures::future::Either::Left(client.request_with_headers(
+                subject.clone(),
+                headers,
+                body.into(),
+            ))
+        }
+        None => futures::future::Either::Right(client.request(subject.clone(), body.into())),
+    };
+    let reply = tokio::time::timeout(reply_wait, sent)
         .await
         .map_err(|_| {
             PeerError::Unreachable(format!("no reply from {subject} within {reply_wait:?}"))

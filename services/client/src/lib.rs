@@ -101,7 +101,7 @@ pub use driver::{
 };
 pub use executors::{
     CompensationExecutor, CompensationFuture, CompensationReply, CompensationRequest,
-    NatsExecutors, PeerError,
+    NatsExecutors, PeerError, RequestTrace,
 };
 pub use lease::TaskLease;
 pub use ledger::{

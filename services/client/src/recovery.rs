@@ -67,6 +67,11 @@ pub struct ReissueRequest {
     /// Which attempt this is (1 for the first); a worker needs nothing but `request_id`.
     #[serde(default)]
     pub attempt: u32,
+    /// Continues the instance's trace (the latest trace context its commits recorded,
+    /// such as the worker's `task_started`); sent as the `traceparent` header, not in the
+    /// body.
+    #[serde(skip)]
+    pub trace: Option<crate::executors::RequestTrace>,
 }
 
 pub type ReissueFuture<'a> = Pin<Box<dyn Future<Output = Result<(), PeerError>> + Send + 'a>>;
@@ -93,7 +98,8 @@ impl Reissuer for NatsReissuer {
     fn reissue<'a>(&'a self, worker: &'a str, request: &'a ReissueRequest) -> ReissueFuture<'a> {
         Box::pin(async move {
             let subject = Self::subject(&self.subject_prefix, worker);
-            request_ok(&self.client, subject, request, self.reply_wait).await
+            let trace = request.trace.map(|t| t.sent);
+            request_ok(&self.client, subject, request, trace, self.reply_wait).await
         })
     }
 }
@@ -437,6 +443,10 @@ pub async fn due_reissues<V: StateView>(
                         action: pending.action,
                         reason: pending.reason.clone(),
                         attempt,
+                        trace: instance
+                            .header
+                            .trace
+                            .map(crate::executors::RequestTrace::continuing),
                     },
                 });
         }

@@ -56,6 +56,10 @@ pub struct OperationSpec {
     /// Events that create the target, written in the same commit as its in-flight marker
     /// (create operations). `None` when the target already exists.
     pub create_target: Option<Vec<Event>>,
+    /// The W3C trace the operation runs in (the request that asked for it): every commit
+    /// the runner writes records it, so serve's rollback and its compensation requests
+    /// continue it (docs/events.md, "The trace context").
+    pub trace: Option<provledger_events::TraceContext>,
 }
 
 impl OperationSpec {
@@ -68,7 +72,14 @@ impl OperationSpec {
             parent_id: None,
             bundle_policy: None,
             create_target: None,
+            trace: None,
         }
+    }
+
+    /// Records every commit of the operation in `trace` (`None`: none).
+    pub fn with_trace(mut self, trace: Option<provledger_events::TraceContext>) -> Self {
+        self.trace = trace;
+        self
     }
 
     /// Runs the operation under this id (a bundle names its own target with it).
@@ -263,6 +274,7 @@ struct CtxInner {
     target: AggregateId,
     actor: String,
     stamper: Stamper,
+    trace: Option<provledger_events::TraceContext>,
     step_hook: Option<StepHook>,
     notice: watch::Receiver<bool>,
     // A std mutex: it is never held across an await.
@@ -461,7 +473,8 @@ impl OperationRunner {
         let draft = self
             .stamper
             .draft(&self.actor, vec![started])
-            .with_operation(spec.id);
+            .with_operation(spec.id)
+            .with_trace(spec.trace);
         let outcome = self
             .ledger
             .record(op, Expectation::NoStream, draft)
@@ -479,6 +492,7 @@ impl OperationRunner {
                 target: spec.target,
                 actor: self.actor.clone(),
                 stamper: self.stamper.clone(),
+                trace: spec.trace,
                 step_hook: self.step_hook.clone(),
                 notice,
                 state: Mutex::new(CtxState {
@@ -530,12 +544,13 @@ impl OperationCtx {
         )
     }
 
-    /// A draft stamped with this operation and its actor.
+    /// A draft stamped with this operation, its actor and its trace.
     pub fn draft(&self, events: Vec<Event>) -> CommitDraft {
         self.inner
             .stamper
             .draft(&self.inner.actor, events)
             .with_operation(self.inner.id)
+            .with_trace(self.inner.trace)
     }
 
     /// The clock and id source of the runner that started this operation.

@@ -24,6 +24,7 @@ const WRITERS: usize = 64;
 
 fn draft(n: u64, events: Vec<Event>) -> CommitDraft {
     CommitDraft {
+        trace: None,
         commit_id: Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0000 | u128::from(n)),
         operation_id: None,
         causation_id: None,

@@ -59,6 +59,7 @@ fn seal(
     events: Vec<Event>,
 ) -> Commit {
     let draft = CommitDraft {
+        trace: None,
         commit_id: Uuid::from_u128(position as u128),
         operation_id: None,
         causation_id: None,

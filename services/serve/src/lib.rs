@@ -71,7 +71,8 @@
 //! - `drift_sweep.rs` (`--drift-interval`) and `audit.rs` (`audit_log`, and serve's own
 //!   `--audit-interval`): they only read.
 //! - `http.rs`: both HTTP listeners on hyper, with a connection cap per listener, a header
-//!   read timeout and a bounded drain. `trace.rs` parses a request's `traceparent`.
+//!   read timeout and a bounded drain. `trace.rs` reads a request's `traceparent`;
+//!   `otlp.rs` exports spans over OTLP/HTTP when configured (`--otlp-endpoint`).
 //! - `console/`: the operator's console (docs/console.md), GET routes only. `html.rs` owns
 //!   markup: `Html` can only be made by escaping text, from markup in the source, or by
 //!   joining markup, and `html!` renders each argument by its type, so a page cannot show
@@ -91,6 +92,7 @@ mod http;
 pub mod log_copy;
 pub mod messages;
 mod metrics;
+pub mod otlp;
 mod projector;
 mod recovery_loop;
 mod replica;
@@ -107,6 +109,7 @@ pub use console::{
     QUARANTINE_SHOWN_MAX, REQUESTS_MAX, VIOLATIONS_SHOWN_MAX,
 };
 pub use endpoints::endpoint_subjects;
+pub use otlp::{OtlpError, OtlpOptions};
 pub use projector::{
     BatchOutcome, OnChainViolation, Projector, ProjectorError, Touched, BATCH_ENTRIES_MAX,
     GROUP_COMMIT_LINGER, SNAPSHOT_EVERY_POSITIONS_DEFAULT, TOUCHED_MAX,

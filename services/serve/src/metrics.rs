@@ -186,6 +186,19 @@ pub(crate) struct Metrics {
     drift_sweeps: Family<OutcomeLabels, Counter>,
     drift_last_sweep: Gauge,
     changes_read: Family<SourceLabels, Counter>,
+    pub(crate) spans: SpanMetrics,
+}
+
+/// What the span export (`otlp.rs`) counts: shared handles, cheap to clone.
+#[derive(Clone, Default, Debug)]
+pub(crate) struct SpanMetrics {
+    /// Spans ended while the export queue was full: dropped, never waited for.
+    pub(crate) dropped: Counter,
+    /// Spans in batches the collector did not take (refused, unreachable, past the
+    /// export timeout).
+    pub(crate) failed: Counter,
+    /// Spans the collector took.
+    pub(crate) exported: Counter,
 }
 
 fn latency_histogram() -> Histogram {
@@ -220,6 +233,7 @@ impl Metrics {
             drift_sweeps: Family::default(),
             drift_last_sweep: Gauge::default(),
             changes_read: Family::default(),
+            spans: SpanMetrics::default(),
             registry: Registry::default(),
         };
         m.register(&mut registry);
@@ -334,6 +348,21 @@ impl Metrics {
             "ready",
             "1 when this replica is caught up, connected and in the queue group",
             self.ready.clone(),
+        );
+        registry.register(
+            "spans_exported",
+            "Spans the OTLP collector took (--otlp-endpoint)",
+            self.spans.exported.clone(),
+        );
+        registry.register(
+            "spans_dropped",
+            "Spans dropped because the OTLP export queue was full (SPAN_QUEUE_MAX)",
+            self.spans.dropped.clone(),
+        );
+        registry.register(
+            "spans_export_failed",
+            "Spans in batches the OTLP collector refused or did not take within the export timeout",
+            self.spans.failed.clone(),
         );
         registry.register(
             "nats_connected",

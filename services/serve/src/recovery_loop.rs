@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use provledger_client::recovery::{
-    deliver_to_worker, due_reissues, fail_silent_runners, recovery_round, NatsReissuer,
-    RecoveryOutcome,
+    deliver_to_worker, due_reissues, fail_silent_runners, recovery_round, RecoveryOutcome, Reissuer,
 };
 use provledger_client::Stamper;
 use provledger_projections::recovery::{
@@ -35,7 +34,7 @@ const REISSUE_ROUND_INTERVAL: Duration = Duration::from_secs(1);
 pub(crate) async fn run(
     ctx: Arc<QueryContext>,
     interval: Duration,
-    reissuer: NatsReissuer,
+    reissuer: Arc<dyn Reissuer>,
     policy: ReissuePolicy,
     runner_lease: Duration,
     reissues_news: Arc<Notify>,
@@ -43,7 +42,6 @@ pub(crate) async fn run(
 ) {
     let ledger = ctx.writer.clone();
     let store = ctx.store.clone();
-    let reissuer = Arc::new(reissuer);
     let runner_lease_ms = i64::try_from(runner_lease.as_millis())
         .unwrap_or(i64::MAX)
         .clamp(RUNNER_LEASE_MS_MIN, RUNNER_LEASE_MS_MAX);

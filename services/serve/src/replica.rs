@@ -51,6 +51,10 @@ pub(crate) struct QueryContext {
     pub(crate) drift: DriftSweeps,
     /// The last audit this replica ran (`--audit-interval`), for the console.
     pub(crate) audits: LastAudits,
+    /// serve's spans, when it exports them (`--otlp-endpoint`).
+    pub(crate) spans: Option<crate::otlp::Spans>,
+    /// Whether `cmd.append` records the caller's trace in its commits (`--no-trace-record`).
+    pub(crate) record_traces: bool,
 }
 
 /// Whether this replica can answer from current state, and if not, why.

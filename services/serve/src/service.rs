@@ -27,7 +27,6 @@ use crate::replica::{
 use crate::rollback_worker::RollbackWorker;
 use crate::scrape::serve_metrics;
 use crate::store::{ProjectionStore, StoreError};
-use crate::trace::TraceParent;
 use provledger_client::recovery::NatsReissuer;
 use provledger_client::{
     open_jetstream, CancelNotices, Ledger, NatsExecutors, OpenLedgerError, RollbackDriver, Stamper,
@@ -90,6 +89,12 @@ pub struct ServeOptions {
     /// (`crate::log_copy`; default). `false` (`--no-log-copy`): it keeps none, and removes
     /// one it kept before.
     pub log_copy: bool,
+    /// Export spans over OTLP/HTTP (`--otlp-endpoint`; `None`: off, the default).
+    pub otlp: Option<crate::otlp::OtlpOptions>,
+    /// `cmd.append` records the caller's trace in its commits (format 3; default). `false`
+    /// (`--no-trace-record`): while a reader older than format 3 still reads the stream
+    /// (docs/events.md, "Deploy readers before writers").
+    pub record_traces: bool,
 }
 
 impl ServeOptions {
@@ -119,6 +124,8 @@ impl ServeOptions {
             audit_interval: None,
             snapshot_bucket: None,
             log_copy: true,
+            otlp: None,
+            record_traces: true,
         }
     }
 }
@@ -134,6 +141,8 @@ pub enum ServeError {
     Projector(#[from] ProjectorError),
     #[error("cannot start the NATS micro service: {0}")]
     Service(String),
+    #[error(transparent)]
+    Otlp(#[from] crate::otlp::OtlpError),
     #[error("cannot read the end of the stream to catch up to: {0}")]
     StreamEnd(provledger_events::ReadError),
 }
@@ -213,6 +222,14 @@ pub async fn run(
     options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    let metrics = Arc::new(Metrics::new());
+    // Checked first: a bad endpoint is a usage error, said before anything is opened.
+    let export = options
+        .otlp
+        .as_ref()
+        .map(|o| crate::otlp::Export::start(o, metrics.spans.clone()))
+        .transpose()?;
+    let spans = export.as_ref().map(|e| e.spans.clone());
     let (client, log) = open_jetstream(
         &options.nats_url,
         "provledger-serve",
@@ -230,13 +247,12 @@ pub async fn run(
     else {
         return Ok(());
     };
-    let metrics = Arc::new(Metrics::new());
     // The publisher is stopped with serve, wherever it returns.
     let (projector, _publisher) = new_projector(&options, &log, &store, &metrics)?;
     let (feed_batches, feed) = crate::feed::queue();
     let projector = projector.with_feed(feed_batches);
     let (projector, copier) = with_copier(&options, &log, &data_dir, projector)?;
-    let ctx = query_context(&options, &client, &log, store, &projector, metrics);
+    let ctx = query_context(&options, &client, &log, store, &projector, metrics, spans);
     let (stop_feed, feed_stop) = watch::channel(false);
     let feed = {
         let ready_ctx = Arc::clone(&ctx);
@@ -320,7 +336,11 @@ pub async fn run(
     // The feed only publishes: stopped where it is (its followers catch up by q.changes).
     let _ = stop_feed.send(true);
     feed.abort();
-    close_replica(projector, copier, &ctx, data_dir, &client).await
+    let closed = close_replica(projector, copier, &ctx, data_dir, &client).await;
+    if let Some(export) = export {
+        export.stop().await;
+    }
+    closed
 }
 
 /// The copier of the stream into the data dir, fed by `projector` (`--no-log-copy`: none).
@@ -520,6 +540,7 @@ fn query_context(
     store: ProjectionStore,
     projector: &Projector,
     metrics: Arc<Metrics>,
+    spans: Option<crate::otlp::Spans>,
 ) -> Arc<QueryContext> {
     Arc::new(QueryContext {
         store,
@@ -542,6 +563,8 @@ fn query_context(
         client: client.clone(),
         drift: crate::replica::DriftSweeps::new(options.drift_interval),
         audits: crate::replica::LastAudits::new(options.audit_interval),
+        spans,
+        record_traces: options.record_traces,
     })
 }
 
@@ -614,11 +637,18 @@ fn rollback_worker(
     projector: &Projector,
 ) -> RollbackWorker {
     let ledger = ctx.writer.clone();
-    let executors = Arc::new(NatsExecutors {
+    let nats = NatsExecutors {
         client: client.clone(),
         subject_prefix: options.subject_prefix.clone(),
         reply_wait: options.executor_reply_wait,
-    });
+    };
+    let executors: Arc<dyn provledger_client::CompensationExecutor> = match &ctx.spans {
+        Some(spans) => Arc::new(crate::otlp::TracedExecutors {
+            inner: nats,
+            spans: spans.clone(),
+        }),
+        None => Arc::new(nats),
+    };
     RollbackWorker {
         store: ctx.store.clone(),
         ledger: ledger.clone(),
@@ -655,10 +685,17 @@ impl Workers {
     ) -> Self {
         let (stop, shutdown) = watch::channel(false);
         let recovery = options.recovery_interval.map(|interval| {
-            let reissuer = NatsReissuer {
+            let nats = NatsReissuer {
                 client: client.clone(),
                 subject_prefix: options.subject_prefix.clone(),
                 reply_wait: options.executor_reply_wait,
+            };
+            let reissuer: Arc<dyn provledger_client::recovery::Reissuer> = match &ctx.spans {
+                Some(spans) => Arc::new(crate::otlp::TracedReissuer {
+                    inner: nats,
+                    spans: spans.clone(),
+                }),
+                None => Arc::new(nats),
             };
             let policy = ReissuePolicy::new(
                 i64::try_from(options.executor_reply_wait.as_millis()).unwrap_or(i64::MAX),
@@ -1036,7 +1073,7 @@ fn service_metadata(
 async fn respond(ctx: &QueryContext, endpoint: Endpoint, request: async_nats::service::Request) {
     // A caller's W3C trace goes on the span of its request: every line logged while it is
     // handled (the append's decisions, its commits) carries the caller's trace id.
-    let trace = TraceParent::of(request.message.headers.as_ref());
+    let trace = crate::trace::of(request.message.headers.as_ref());
     let span = tracing::info_span!(
         "request",
         endpoint = endpoint.suffix(),
@@ -1044,10 +1081,25 @@ async fn respond(ctx: &QueryContext, endpoint: Endpoint, request: async_nats::se
         parent_span_id = tracing::field::Empty,
     );
     if let Some(t) = &trace {
-        span.record("trace_id", t.trace_id.as_str());
-        span.record("parent_span_id", t.parent_id.as_str());
+        span.record("trace_id", t.trace_id_hex().as_str());
+        span.record("parent_span_id", t.span_id_hex().as_str());
     }
-    respond_in_span(ctx, endpoint, request, trace.is_some())
+    // With span export on, a cmd.append is a span of its own (the caller's child), and
+    // its commits record that span; otherwise they record the caller's context as sent.
+    let exported = match (&ctx.spans, endpoint) {
+        (Some(spans), Endpoint::CmdAppend) => Some(spans.start_span(
+            "cmd.append",
+            opentelemetry::trace::SpanKind::Server,
+            trace,
+            vec![opentelemetry::KeyValue::new("messaging.system", "nats")],
+        )),
+        _ => None,
+    };
+    let recorded = match &exported {
+        Some(span) => span.context(),
+        None => trace,
+    };
+    respond_in_span(ctx, endpoint, request, recorded, exported)
         .instrument(span)
         .await
 }
@@ -1056,15 +1108,15 @@ async fn respond_in_span(
     ctx: &QueryContext,
     endpoint: Endpoint,
     request: async_nats::service::Request,
-    traced: bool,
+    trace: Option<provledger_events::TraceContext>,
+    mut exported: Option<crate::otlp::ActiveSpan>,
 ) {
+    let traced = trace.is_some();
     let started = std::time::Instant::now();
+    let recorded = trace.filter(|_| ctx.record_traces);
+    let caller = Caller::from_headers(request.message.headers.as_ref()).in_trace(recorded);
     let result = ctx
-        .handle(
-            endpoint,
-            &request.message.payload,
-            &Caller::from_headers(request.message.headers.as_ref()),
-        )
+        .handle(endpoint, &request.message.payload, &caller)
         .await;
     // What the metrics count: the refusal's code and reason, or an append's outcome.
     let outcome: Result<Option<&'static str>, (&'static str, Option<String>)> = match &result {
@@ -1080,9 +1132,27 @@ async fn respond_in_span(
     if traced && endpoint == Endpoint::CmdAppend {
         if let Some(data) = result.as_ref().ok().and_then(Answer::value) {
             // The commits this traced request produced, logged under its trace id.
-            tracing::info!(commits = %appended_positions(data), "commits appended");
+            let commits = appended_positions(data);
+            tracing::info!(commits = %commits, "commits appended");
+            if let Some(span) = &mut exported {
+                span.set(opentelemetry::KeyValue::new("provledger.commits", commits));
+            }
         }
     }
+    if let Some(span) = &mut exported {
+        match &outcome {
+            Ok(word) => span.set(opentelemetry::KeyValue::new(
+                "provledger.outcome",
+                word.unwrap_or("answered"),
+            )),
+            Err((code, _)) => {
+                span.set(opentelemetry::KeyValue::new("provledger.outcome", *code));
+                span.fail(format!("refused: {code}"));
+            }
+        }
+    }
+    // The span ends here, once the answer is decided (sending the reply is not in it).
+    drop(exported);
     let (headers, bytes) = match result {
         Ok(data) => {
             let body = ReplyBody {

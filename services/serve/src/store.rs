@@ -54,7 +54,8 @@ use uuid::Uuid;
 /// 8: operations keep `failed_at` and `finished_at` (the times of those commits).
 /// 9: the same shape; an instance whose boot was rolled back no longer keeps its build task
 /// and host (the fold changed, so stores are folded again for every replica to agree).
-pub const ENTITY_FORMAT: u8 = 9;
+/// 10: every entity's header keeps `trace`, the trace context of its latest traced commit.
+pub const ENTITY_FORMAT: u8 = 10;
 /// The time index's layout: 2 = an entry at every commit where the watermark rose.
 const TIME_INDEX_FORMAT: u8 = 2;
 /// How many snapshots are kept; older ones are removed once a new one is complete.

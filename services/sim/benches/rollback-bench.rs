@@ -90,6 +90,7 @@ fn failed_create(nodes: usize) -> provledger_projections::operation::OperationSt
             i as u64 + 1,
             prev,
             CommitDraft {
+                trace: None,
                 commit_id: Uuid::from_u128(1000 + i as u128),
                 operation_id: None,
                 causation_id: None,

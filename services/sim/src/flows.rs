@@ -527,6 +527,7 @@ impl Provisioner {
             action: removal.action.clone(),
             resource: removal.resource.clone(),
             args: removal.args.clone(),
+            trace: None,
         };
         let infra = self.infra.clone();
         ctx.step(step, async {

@@ -453,6 +453,7 @@ async fn write_log(dir: &Path, ops: usize) {
                     aggregate: AggregateId::operation(operation_id(op)),
                     expect: Expectation::NoStream,
                     draft: CommitDraft {
+                        trace: None,
                         commit_id: Uuid::now_v7(),
                         operation_id: Some(operation_id(op)),
                         causation_id: None,

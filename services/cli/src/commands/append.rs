@@ -75,6 +75,7 @@ pub async fn run(
         }
     }
     let draft = CommitDraft {
+        trace: None,
         commit_id: args.commit_id.unwrap_or_else(Uuid::now_v7),
         operation_id: args.operation_id,
         causation_id: args.causation_id,

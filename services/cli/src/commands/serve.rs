@@ -22,9 +22,8 @@ pub async fn run(options: ServeOptions) -> Result<(), CommandError> {
         .await
         .map_err(|e| match e {
             ServeError::Open(open) => open.into(),
-            ServeError::Store(provledger_serve::StoreError::SourceMismatch { .. }) => {
-                CommandError::BadInput(e.to_string())
-            }
+            ServeError::Store(provledger_serve::StoreError::SourceMismatch { .. })
+            | ServeError::Otlp(_) => CommandError::BadInput(e.to_string()),
             other => CommandError::Infrastructure(other.to_string()),
         })
 }

@@ -202,6 +202,7 @@ async fn publish_demo(log: &JetStreamLog) -> (provledger_sim::demo::DemoReport, 
             v => Expectation::Exactly(v - 1),
         };
         let draft = CommitDraft {
+            trace: None,
             commit_id: c.commit_id,
             operation_id: c.operation_id,
             causation_id: c.causation_id,

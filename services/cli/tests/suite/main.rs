@@ -24,6 +24,7 @@ mod messages;
 mod no_traps;
 mod operation_cancel;
 mod operator;
+mod otlp;
 mod permissions;
 mod placement;
 mod python_follower;

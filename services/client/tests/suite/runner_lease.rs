@@ -147,3 +147,28 @@ async fn the_runner_renews_while_a_step_is_quiet_and_never_after_the_end() {
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(heartbeats(&log, target.id).await, 2);
 }
+
+/// Given an operation run in a caller's trace (`OperationSpec::with_trace`), when it
+/// runs, then every commit the runner writes on it records that trace: serve's rollback
+/// of it continues the caller's trace.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_commit_of_a_traced_operation_records_its_trace() {
+    use provledger_client::{CancelNotices, Ledger, OperationRunner, OperationSpec};
+    use provledger_events::TraceContext;
+    let log = Writer::new(Ledger::Memory(MemLog::new()));
+    let runner = OperationRunner::new(log.clone(), CancelNotices::local(), None, "runner");
+    let target = AggregateId::operation(Uuid::now_v7());
+    let trace = TraceContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+    assert!(trace.is_some());
+    let spec = OperationSpec::new(OperationKind::Bundle, target)
+        .with_id(target.id)
+        .with_trace(trace);
+    let report = runner.run(spec, |_ctx| async move { Ok(()) }).await;
+    assert!(report.result.is_ok(), "{:?}", report.result);
+    let commits = log.log().read_aggregate(target).await.expect("history");
+    assert!(commits.len() >= 2, "{commits:?}");
+    for commit in &commits {
+        assert_eq!(commit.trace, trace, "v{}", commit.version);
+        assert!(commit.hash_is_valid());
+    }
+}

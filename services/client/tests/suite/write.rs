@@ -124,6 +124,7 @@ impl EventLog for LostAcks {
 
 fn draft(n: u128, events: Vec<Event>) -> CommitDraft {
     CommitDraft {
+        trace: None,
         commit_id: Uuid::from_u128(0x0190_0000_0000_7000_8000_0000_0000_0000 | n),
         operation_id: None,
         causation_id: None,

@@ -28,6 +28,7 @@ fn chain(n: u64) -> Vec<Commit> {
     (1..=n)
         .map(|v| {
             let draft = CommitDraft {
+                trace: None,
                 commit_id: Uuid::from_u128(v as u128),
                 operation_id: None,
                 causation_id: None,

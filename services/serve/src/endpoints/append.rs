@@ -74,7 +74,7 @@ async fn append_one(
         aggregate,
         expect,
         draft,
-    } = fact(commit, &actor, "")?;
+    } = fact(commit, &actor, caller, "")?;
     // Decided against the log itself at the version appended, never against this
     // replica's projection, which may not have applied the last acknowledged commit yet
     // (the store only spares reading what it already folded).
@@ -124,7 +124,7 @@ async fn append_atomic(
     let facts = commits
         .into_iter()
         .enumerate()
-        .map(|(i, commit)| fact(commit, &actor, &format!("commits[{i}].")))
+        .map(|(i, commit)| fact(commit, &actor, caller, &format!("commits[{i}].")))
         .collect::<Result<Vec<_>, _>>()?;
     let store = StoreFolded(&ctx.store);
     match ctx.writer.record_atomic(facts, options, &store).await {
@@ -187,9 +187,14 @@ async fn append_atomic(
     }
 }
 
-/// One commit as a draft recorded by `actor`, its events checked against its aggregate;
-/// `prefix` names where it sits in the request for error messages.
-fn fact(commit: AtomicCommit, actor: &str, prefix: &str) -> Result<Fact, QueryError> {
+/// One commit as a draft recorded by `actor` in the caller's trace, its events checked
+/// against its aggregate; `prefix` names where it sits in the request for error messages.
+fn fact(
+    commit: AtomicCommit,
+    actor: &str,
+    caller: &Caller,
+    prefix: &str,
+) -> Result<Fact, QueryError> {
     let AtomicCommit {
         aggregate,
         expect,
@@ -198,7 +203,7 @@ fn fact(commit: AtomicCommit, actor: &str, prefix: &str) -> Result<Fact, QueryEr
         causation_id,
         events,
     } = commit;
-    let mut draft = CommitDraft::now(actor, events);
+    let mut draft = CommitDraft::now(actor, events).with_trace(caller.trace());
     if let Some(id) = commit_id {
         draft.commit_id = id;
     }

@@ -5,6 +5,7 @@
 //! cmd.* record as the commit's actor, whatever `actor` the request names. A request
 //! without it (one account, or no authentication configured) is trusted as it says.
 
+use provledger_events::TraceContext;
 use provledger_projections::lease::CallerWorker;
 use serde::Deserialize;
 
@@ -15,6 +16,9 @@ pub(crate) const REQUEST_INFO_HEADER: &str = "Nats-Request-Info";
 pub(crate) struct Caller {
     /// `user@ACCOUNT`, or `*@ACCOUNT` when the server vouches only for the account.
     identity: Option<String>,
+    /// The trace the request's commits are recorded in: the caller's `traceparent`, or
+    /// serve's span of the request when it exports spans (`service::respond` decides).
+    trace: Option<TraceContext>,
 }
 
 #[derive(Deserialize)]
@@ -35,7 +39,21 @@ impl Caller {
             (false, false) => Some(format!("{}@{}", i.user, i.acc)),
             (true, false) => Some(format!("*@{}", i.acc)),
         });
-        Caller { identity }
+        Caller {
+            identity,
+            trace: None,
+        }
+    }
+
+    /// The caller, its commits recorded in `trace`.
+    pub(crate) fn in_trace(mut self, trace: Option<TraceContext>) -> Caller {
+        self.trace = trace;
+        self
+    }
+
+    /// The trace context the request's commits record.
+    pub(crate) fn trace(&self) -> Option<TraceContext> {
+        self.trace
     }
 
     /// The worker the server vouches the caller is (`worker-w1@SERVICES` is worker `w1`,

@@ -1297,6 +1297,7 @@ async fn an_action_under_an_idempotency_key_already_undone_is_refused() {
         action: CompensationAction::TerminateVm,
         resource: "vm-late".into(),
         args: BTreeMap::from([("idempotency_key".to_string(), key.to_string())]),
+        trace: None,
     };
     infra
         .compensate("hypervisor", &request)
