@@ -49,6 +49,69 @@ const FLUSH_GATHER: std::time::Duration = std::time::Duration::from_micros(200);
 /// did not show.
 const SLED_CACHE_CAPACITY_BYTES: u64 = 256 * 1024 * 1024;
 
+/// How long an open waits for sled's own lock once it holds the data dir's
+/// (`wait_for_sleds_own_lock`): a closing handle's sled threads let go within
+/// milliseconds, seconds on a loaded machine.
+const SLED_LOCK_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// sled locks its own `db` file too. Once the data dir's lock is ours, no other process may
+/// hold sled's, yet sled's may still be held for a moment by a handle on this dir that was
+/// just closed in this process: sled's thread pool keeps the file open after its last `Db`
+/// is dropped, and sled then refuses the open with "could not acquire lock" (a `close`
+/// followed at once by an open, as the demo and the CLI's tests do, failed so). So the open
+/// waits, bounded, until sled's lock can be taken, and lets go of it for sled to take: no
+/// one else can take it in between, since the data dir's lock excludes every other opener.
+fn wait_for_sleds_own_lock(
+    sled_dir: &Path,
+    wait: std::time::Duration,
+) -> Result<(), OpenSledError> {
+    let db_file = sled_dir.join("db");
+    let file = match File::open(&db_file) {
+        Ok(file) => file,
+        // A new data dir: sled creates the file, nobody holds it.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(OpenSledError::Io {
+                dir: sled_dir.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let started = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        match fs4::FileExt::try_lock(&file) {
+            // Dropping `file` releases the probe's lock (flock is per open file).
+            Ok(()) => {
+                if started.elapsed() > std::time::Duration::from_millis(50) {
+                    tracing::debug!(file = %db_file.display(), waited_ms = started.elapsed().as_millis() as u64, "sled's lock was released by a closing handle");
+                }
+                return Ok(());
+            }
+            Err(fs4::TryLockError::WouldBlock) if started.elapsed() < wait => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(50));
+            }
+            Err(fs4::TryLockError::WouldBlock) => {
+                return Err(OpenSledError::Locked {
+                    dir: sled_dir.to_path_buf(),
+                    holder: format!(
+                        "sled's lock on {} is still held after {} s, by a handle on this data dir left open in this process or by a program other than provledger",
+                        db_file.display(),
+                        wait.as_secs()
+                    ),
+                })
+            }
+            Err(fs4::TryLockError::Error(source)) => {
+                return Err(OpenSledError::Io {
+                    dir: sled_dir.to_path_buf(),
+                    source,
+                })
+            }
+        }
+    }
+}
+
 /// Why the data dir could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenSledError {
@@ -169,6 +232,10 @@ struct Shared {
     fail_next_flush: AtomicBool,
     /// Concurrent atomic sets waiting to share one sled batch (`group_commit.rs`).
     groups: GroupCommit,
+    /// The data dir's lock. Declared last so that it is released only after `db` and
+    /// `tree` (fields drop in declaration order): whoever takes the lock next finds no sled
+    /// handle of ours still open on the dir.
+    _lock: File,
 }
 
 impl Shared {
@@ -199,7 +266,6 @@ pub struct SledLog {
 struct CloseGuard {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    _lock: File,
 }
 
 impl Drop for CloseGuard {
@@ -264,6 +330,7 @@ impl SledLog {
         }
         lock.set_len(0).map_err(io)?;
         write!(lock, "{}", std::process::id()).map_err(io)?;
+        wait_for_sleds_own_lock(&dir.join(SLED_DIR), SLED_LOCK_RELEASE_WAIT)?;
 
         let db = sled::Config::new()
             .path(dir.join(SLED_DIR))
@@ -306,6 +373,7 @@ impl SledLog {
             flushes: AtomicU64::new(0),
             flush_failure: Mutex::new(None),
             fail_next_flush: AtomicBool::new(false),
+            _lock: lock,
         });
         let thread_shared = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -318,7 +386,6 @@ impl SledLog {
         let guard = Arc::new(CloseGuard {
             shared: Arc::clone(&shared),
             thread: Mutex::new(Some(thread)),
-            _lock: lock,
         });
         tracing::debug!(dir = %shared.dir.display(), last_position = last, "sled log opened");
         Ok(SledLog { shared, guard })

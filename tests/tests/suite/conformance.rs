@@ -752,6 +752,43 @@ async fn sled_data_dir_is_locked_against_a_second_opener() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_dir_whose_sled_file_a_closing_handle_still_holds_opens_once_it_lets_go() {
+    // Given a data dir closed a moment ago, whose sled `db` file is still locked as sled's
+    // thread pool keeps it after the last handle is dropped (held here for 300 ms)...
+    let dir = tempfile::tempdir().unwrap();
+    let log = SledLog::open(dir.path()).unwrap();
+    log.append(
+        AggregateId::cluster(Uuid::now_v7()),
+        Expectation::NoStream,
+        status(1),
+    )
+    .await
+    .unwrap();
+    log.close();
+    let db_file = std::fs::File::open(dir.path().join("sled").join("db")).unwrap();
+    db_file.lock().unwrap();
+    let lingering = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        drop(db_file);
+    });
+
+    // ...when the data dir is opened again at once...
+    let opened = tokio::task::spawn_blocking({
+        let dir = dir.path().to_path_buf();
+        move || SledLog::open(dir)
+    })
+    .await
+    .unwrap();
+
+    // ...then the open waits for sled's lock instead of failing with "could not acquire
+    // lock", and the log is whole.
+    let log = opened.expect("opens once sled's lock is let go");
+    lingering.join().unwrap();
+    assert_eq!(log.last_position().await.unwrap(), 1);
+    log.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sled_group_commit_shares_flushes_between_concurrent_appends() {
     let dir = tempfile::tempdir().unwrap();
     let log = SledLog::open(dir.path()).unwrap();

@@ -189,18 +189,7 @@ async fn publish_demo(log: &JetStreamLog) -> (provledger_sim::demo::DemoReport, 
     let report = provledger_sim::demo::run(base.path())
         .await
         .expect("the demo runs");
-    // The demo returns before every handle on its sled db is dropped (a task of its
-    // runtime may still hold one for a moment): the lock is taken once it is released.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let sled = loop {
-        match SledLog::open(&report.data_dir) {
-            Ok(sled) => break sled,
-            Err(e) if std::time::Instant::now() < deadline && format!("{e:?}").contains("lock") => {
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-            Err(e) => panic!("the demo's log: {e:?}"),
-        }
-    };
+    let sled = SledLog::open(&report.data_dir).expect("the demo's log");
     let mut commits = Vec::new();
     let mut all = sled.read_all(1).await.expect("read the demo's log");
     while let Some(c) = all.next().await {
