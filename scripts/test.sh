@@ -24,6 +24,9 @@ bash scripts/install-chromium.sh
 # docs/examples/follow.py's test needs nats-py, pinned, installed into .tools/python from PyPI.
 bash scripts/install-nats-py.sh
 
+# A clean build gains nothing from incremental compilation and pays for writing its cache:
+# without it the workspace's own crates built in 67 s instead of 85 s (test build, 2 cores).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== the production build: provledger without the simulator"
