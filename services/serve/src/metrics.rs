@@ -179,6 +179,7 @@ pub(crate) struct Metrics {
     log_copy_behind: Gauge,
     quarantine: Gauge,
     consumers: Gauge,
+    append_races_lost: Counter,
     ready: Gauge,
     nats_connected: Gauge,
     drift_findings: Family<DriftLabels, Gauge>,
@@ -226,6 +227,7 @@ impl Metrics {
             log_copy_behind: Gauge::default(),
             quarantine: Gauge::default(),
             consumers: Gauge::default(),
+            append_races_lost: Counter::default(),
             ready: Gauge::default(),
             nats_connected: Gauge::default(),
             drift_findings: Family::default(),
@@ -343,6 +345,11 @@ impl Metrics {
             "consumers_held",
             "JetStream consumers this replica holds (its live tail)",
             self.consumers.clone(),
+        );
+        registry.register(
+            "append_races_lost",
+            "Appends of cmd.append the stream refused because another writer (a replica, a service with the library) had appended after the state they were decided on; each was read and decided again",
+            self.append_races_lost.clone(),
         );
         registry.register(
             "ready",
@@ -584,6 +591,10 @@ impl Metrics {
         }
         self.quarantine.set(as_i64(now.quarantined));
         self.consumers.set(as_i64(now.consumers));
+        // The writer counts; the counter follows it at each scrape.
+        let counted = self.append_races_lost.get();
+        self.append_races_lost
+            .inc_by(now.races_lost.saturating_sub(counted));
     }
 
     /// The registry in the OpenMetrics text format.
@@ -614,6 +625,8 @@ pub(crate) struct Gauges {
     pub(crate) copy_behind: u64,
     /// JetStream consumers the replica's log handle holds.
     pub(crate) consumers: u64,
+    /// The write path's lost races since serve started (`Writer::races_lost`).
+    pub(crate) races_lost: u64,
 }
 
 fn as_i64(n: u64) -> i64 {
@@ -667,6 +680,7 @@ mod tests {
             quarantined: 0,
             copy_behind: 0,
             consumers: 0,
+            races_lost: 0,
         });
         // ...then the running one's age is 90 s, and needs_attention's stays 0.
         let scrape = metrics.encode().expect("encodes");

@@ -16,6 +16,7 @@ use std::ops::ControlFlow;
 use std::time::Duration;
 
 use futures::StreamExt;
+use provledger_client::write::FoldedVersions;
 use provledger_events::codec;
 use provledger_events::{
     AggregateId, AggregateKind, Commit, Event, EventLog, HeldChains, IntegrityError, Passage,
@@ -187,6 +188,8 @@ pub struct Projector {
     /// Where each applied batch's commits are handed for serve's copy of the stream
     /// (`crate::log_copy`), never waited for.
     copy: Option<crate::log_copy::CopySender>,
+    /// Serve's write path, told how far each batch took its aggregates.
+    folded_versions: Option<FoldedVersions>,
     /// Aggregates read past a loss, whose commits are held, not folded, until it is
     /// acknowledged (`provledger_events::loss`): few, all kept.
     held: HeldChains,
@@ -220,6 +223,7 @@ impl Projector {
             feed: None,
             copies_log,
             copy: None,
+            folded_versions: None,
             held,
         })
     }
@@ -250,6 +254,14 @@ impl Projector {
     /// for: the copier reads it back from the stream.
     pub fn with_copy(mut self, copy: crate::log_copy::CopySender) -> Self {
         self.copy = Some(copy);
+        self
+    }
+
+    /// Also tells `writer`, once each batch is written, the version each aggregate of the
+    /// batch reached, so that serve's write path reads before deciding on a state another
+    /// process moved past (`provledger_client::write::FoldedVersions`).
+    pub fn with_folded_versions(mut self, writer: FoldedVersions) -> Self {
+        self.folded_versions = Some(writer);
         self
     }
 
@@ -536,6 +548,13 @@ impl Projector {
         batch.checkpoint = checkpoint;
         let previous = self.checkpoint;
         self.store.write_batch(batch)?;
+        if let Some(writer) = &self.folded_versions {
+            writer.folded(dirty.iter().filter_map(|id| {
+                self.cache
+                    .get(id)
+                    .map(|entity| (*id, entity.header().version))
+            }));
+        }
         if let Some(copy) = &self.copy {
             // Cloned only when the feed takes them too (serve runs both).
             let commits = match self.feed {

@@ -129,5 +129,6 @@ async fn gauges(ctx: &QueryContext) -> Gauges {
         quarantined: ctx.store.quarantine_count() as u64,
         copy_behind,
         consumers: ctx.log.consumers_held() as u64,
+        races_lost: ctx.writer.races_lost(),
     }
 }

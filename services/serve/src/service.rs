@@ -253,6 +253,7 @@ pub async fn run(
     let projector = projector.with_feed(feed_batches);
     let (projector, copier) = with_copier(&options, &log, &data_dir, projector)?;
     let ctx = query_context(&options, &client, &log, store, &projector, metrics, spans);
+    let projector = projector.with_folded_versions(ctx.writer.folded_versions());
     let (stop_feed, feed_stop) = watch::channel(false);
     let feed = {
         let ready_ctx = Arc::clone(&ctx);

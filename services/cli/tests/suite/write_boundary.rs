@@ -1286,3 +1286,73 @@ async fn serve_killed_during_group_commits_leaves_every_request_whole_or_absent(
         }
     }
 }
+
+/// `provledger_append_races_lost_total` of serve on `port`.
+fn races_lost(port: u16) -> f64 {
+    let (_, scrape) = common::http_get(port, "/metrics").expect("a scrape");
+    common::sample(&scrape, "provledger_append_races_lost_total").unwrap_or(-1.0)
+}
+
+/// Given a provider serve wrote to, then another process took 200 commits further, and
+/// serve's projection followed, when serve is asked to write to it again, then the write
+/// lands at the next version without an append refused on the state serve kept from its
+/// own last write (`provledger_append_races_lost_total` stays 0, where it was 1 before
+/// serve's projector told its writer what it folded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_after_another_process_deepened_the_aggregate_reads_before_it_appends() {
+    let nats = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = provledger_tests::free_port();
+    let metrics = ["--metrics-addr", &format!("127.0.0.1:{port}")];
+    let _serve = Serve::start_with(&nats, &dir.path().join("serve"), &metrics);
+    let client = nats.client().await;
+    common::wait_ready(&client).await;
+    let provider = Uuid::now_v7();
+    let subject = format!("provider/{provider}");
+    let inventory = |total: u64| {
+        json!([{"inventory_set": {"resource_class": "VCPU", "inventory": {
+            "total": total, "reserved": 0, "allocation_ratio": 1.0,
+            "min_unit": 1, "max_unit": 8, "step_size": 1}}}])
+    };
+    let created = cmd(
+        &client,
+        json!({"aggregate": subject, "expect": "none", "events": provider_events()}),
+    )
+    .await;
+    assert!(error_code(&created).is_none(), "{created}");
+    let log = open_log(&nats).await;
+    let aggregate = AggregateId::provider(provider);
+    for v in 1..=200u64 {
+        let draft = provledger_events::CommitDraft::now(
+            "another process",
+            vec![Event::InventorySet {
+                resource_class: "VCPU".into(),
+                inventory: provledger_events::catalogue::Inventory {
+                    total: 8 + v % 2,
+                    reserved: 0,
+                    allocation_ratio: provledger_events::catalogue::Ratio::ONE,
+                    min_unit: 1,
+                    max_unit: 8,
+                    step_size: 1,
+                },
+            }],
+        );
+        log.append(aggregate, provledger_events::Expectation::Exactly(v), draft)
+            .await
+            .expect("another process deepens the provider");
+    }
+    let end = log.last_position().await.unwrap();
+    common::wait_position(&client, end).await;
+
+    // ...when serve writes to it again...
+    let written = cmd(
+        &client,
+        json!({"aggregate": subject, "expect": "any", "events": inventory(12)}),
+    )
+    .await;
+
+    // ...then it lands at version 202 and no append was refused on serve's old state.
+    assert!(error_code(&written).is_none(), "{written}");
+    assert_eq!(written["data"]["version"], 202, "{written}");
+    assert_eq!(races_lost(port), 0.0);
+}

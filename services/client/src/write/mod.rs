@@ -20,6 +20,7 @@
 mod known;
 mod turns;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,6 +58,26 @@ pub trait FoldedElsewhere: Send + Sync {
     fn folded(&self, aggregate: AggregateId) -> Option<Entity>;
 }
 
+/// Where a fold of the same log elsewhere in the process (serve's projector) tells a
+/// [`Writer`] and its clones how far it has taken each aggregate. A write whose kept state
+/// is older than that reads the log first, instead of appending on a state another process
+/// has moved past, which the log would refuse: a round trip lost before the same read.
+/// Kept in memory beside each kept state, so a write pays one atomic load for it (asking
+/// serve's store on every write cost about 8% of the single-commit rate). A hint only: the
+/// log's expectation still decides.
+#[derive(Clone)]
+pub struct FoldedVersions {
+    turns: Arc<Turns<Known>>,
+}
+
+impl FoldedVersions {
+    /// Each `(aggregate, version)` a fold reached; aggregates this writer keeps no state
+    /// for are passed over.
+    pub fn folded(&self, versions: impl IntoIterator<Item = (AggregateId, u64)>) {
+        self.turns.folded(versions);
+    }
+}
+
 /// No state folded elsewhere: a process starts from the log.
 pub struct FromTheLog;
 
@@ -81,6 +102,9 @@ pub struct Fact {
 pub struct Writer<L> {
     log: L,
     turns: Arc<Turns<Known>>,
+    /// Appends the log refused because another process had appended after the state
+    /// they were decided on ([`Writer::races_lost`]).
+    races_lost: Arc<AtomicU64>,
 }
 
 impl<L: Clone> Clone for Writer<L> {
@@ -88,6 +112,7 @@ impl<L: Clone> Clone for Writer<L> {
         Writer {
             log: self.log.clone(),
             turns: self.turns.clone(),
+            races_lost: self.races_lost.clone(),
         }
     }
 }
@@ -106,6 +131,23 @@ impl<L: EventLog> Writer<L> {
         Writer {
             log,
             turns: Arc::default(),
+            races_lost: Arc::default(),
+        }
+    }
+
+    /// How many appends of this writer (and its clones) the log refused because another
+    /// process had appended after the state they were decided on; each was read and
+    /// decided again. Races between replicas count here, and so would a kept state used
+    /// although the state folded elsewhere was known to be newer.
+    pub fn races_lost(&self) -> u64 {
+        self.races_lost.load(Ordering::Relaxed)
+    }
+
+    /// Where a fold of the same log elsewhere in this process tells this writer how far it
+    /// took each aggregate ([`FoldedVersions`]).
+    pub fn folded_versions(&self) -> FoldedVersions {
+        FoldedVersions {
+            turns: self.turns.clone(),
         }
     }
 
@@ -123,7 +165,7 @@ impl<L: EventLog> Writer<L> {
     /// The current state of `aggregate`, as fresh as the log: what this process knows of
     /// it, plus the commits written since (read after its tip). `None` without commits.
     pub async fn read_current(&self, aggregate: AggregateId) -> Result<Option<Entity>, ReadError> {
-        let mut turn = self.turns.turn(aggregate).await;
+        let (mut turn, _) = self.turns.turn(aggregate).await;
         refresh(&self.log, aggregate, &mut turn, &FromTheLog).await?;
         Ok(turn.entity.clone())
     }
@@ -253,19 +295,23 @@ impl<L: EventLog> Writer<L> {
         // other in a cycle; a single-aggregate writer holds one turn only.
         let mut order: Vec<usize> = (0..facts.len()).collect();
         order.sort_by_key(|&i| facts[i].aggregate);
-        let mut taken: Vec<Option<Turn<Known>>> = (0..facts.len()).map(|_| None).collect();
+        let mut taken: Vec<Option<(Turn<Known>, Arc<AtomicU64>)>> =
+            (0..facts.len()).map(|_| None).collect();
         for &i in &order {
             taken[i] = Some(self.turns.turn(facts[i].aggregate).await);
         }
+        let (turns, folded) = taken.into_iter().flatten().unzip();
         let mut attempts = Attempts {
             log: &self.log,
             facts,
-            turns: taken.into_iter().flatten().collect(),
+            turns,
+            folded,
             shape,
             options,
             elsewhere,
             unavailable: 0,
             fresh: false,
+            races_lost: &self.races_lost,
         };
         for attempt in 0..DECIDE_ATTEMPTS_MAX {
             // The first lost round retries at once (its re-read is what was missing); only
@@ -486,12 +532,16 @@ struct Attempts<'a, L> {
     facts: &'a [Fact],
     /// One per fact, in the facts' order.
     turns: Vec<Turn<Known>>,
+    /// The version a fold elsewhere in the process reached, one per fact
+    /// ([`FoldedVersions`]).
+    folded: Vec<Arc<AtomicU64>>,
     shape: Shape,
     options: DecideOptions,
     elsewhere: &'a dyn FoldedElsewhere,
     /// Reads and appends that came back `Unavailable`, bounded by
     /// [`UNAVAILABLE_RETRIES_MAX`].
     unavailable: usize,
+    races_lost: &'a AtomicU64,
     /// Whether the states decided on were read from the log during this write: a refusal
     /// (conflict, rejection, nothing to do) is only answered from a fresh state, never
     /// from what the process remembered.
@@ -561,7 +611,17 @@ impl<L: EventLog> Attempts<'_, L> {
     /// Refreshes every state that needs a read. False when the log was unavailable (within
     /// the write's bound): the round is tried again.
     async fn refresh_stale(&mut self) -> Result<bool, RecordError> {
-        for (fact, turn) in self.facts.iter().zip(self.turns.iter_mut()) {
+        for ((fact, turn), folded) in self
+            .facts
+            .iter()
+            .zip(self.turns.iter_mut())
+            .zip(&self.folded)
+        {
+            // Another process moved the aggregate past what is kept (serve's projector
+            // has folded it further): read before deciding rather than lose the append.
+            if !turn.stale && turn.was_read() && folded.load(Ordering::Relaxed) > turn.version() {
+                turn.stale = true;
+            }
             if !turn.stale {
                 continue;
             }
@@ -723,6 +783,7 @@ impl<L: EventLog> Attempts<'_, L> {
             // Another process appended after what we knew: read what is new and decide
             // again (the caller's own expectations are checked again on that state).
             Err(AppendError::Conflict { .. } | AppendError::Conflicts { .. }) => {
+                self.races_lost.fetch_add(1, Ordering::Relaxed);
                 self.read_again();
                 tracing::debug!(aggregate = %self.facts[0].aggregate, "write lost a race; deciding again");
                 Ok(Round::Again)

@@ -9,6 +9,7 @@
 //! guard of correctness; the queue only removes the races a process would have with itself.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use provledger_events::AggregateId;
@@ -23,8 +24,17 @@ pub const WRITE_QUEUES_MAX: usize = 4096;
 /// dropped.
 pub(crate) type Turn<T> = OwnedMutexGuard<T>;
 
+/// One aggregate's queue: what is kept for it, when it was last handed out, and the
+/// version a fold of the same log elsewhere in the process has reached
+/// ([`Turns::folded`]), which a writer holding the turn reads without waiting.
+struct Queue<T> {
+    state: Arc<AsyncMutex<T>>,
+    tick: u64,
+    folded: Arc<AtomicU64>,
+}
+
 struct Queues<T> {
-    by_aggregate: HashMap<AggregateId, (Arc<AsyncMutex<T>>, u64)>,
+    by_aggregate: HashMap<AggregateId, Queue<T>>,
     /// A counter of turns handed out: the recency by which idle queues are dropped.
     tick: u64,
 }
@@ -48,7 +58,8 @@ impl<T: Default> Default for Turns<T> {
 impl<T: Default> Turns<T> {
     /// Waits for this process's turn on `aggregate`, in arrival order (tokio's mutex is
     /// fair), and returns it with what is kept for the aggregate.
-    pub(crate) async fn turn(&self, aggregate: AggregateId) -> Turn<T> {
+    /// With it, the version folded elsewhere (0 until told).
+    pub(crate) async fn turn(&self, aggregate: AggregateId) -> (Turn<T>, Arc<AtomicU64>) {
         let queue = {
             let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
             queues.tick += 1;
@@ -61,15 +72,31 @@ impl<T: Default> Turns<T> {
             let entry = queues
                 .by_aggregate
                 .entry(aggregate)
-                .or_insert_with(|| (Arc::new(AsyncMutex::new(T::default())), tick));
-            entry.1 = tick;
-            entry.0.clone()
+                .or_insert_with(|| Queue {
+                    state: Arc::new(AsyncMutex::new(T::default())),
+                    tick,
+                    folded: Arc::default(),
+                });
+            entry.tick = tick;
+            (entry.state.clone(), entry.folded.clone())
         };
-        queue.lock_owned().await
+        let (state, folded) = queue;
+        (state.lock_owned().await, folded)
     }
 }
 
 impl<T> Turns<T> {
+    /// Records the versions a fold of the same log elsewhere in the process has reached,
+    /// for the aggregates that have a queue (one that has none knows nothing to be stale).
+    pub(crate) fn folded(&self, versions: impl IntoIterator<Item = (AggregateId, u64)>) {
+        let queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        for (aggregate, version) in versions {
+            if let Some(queue) = queues.by_aggregate.get(&aggregate) {
+                queue.folded.fetch_max(version, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// How many aggregates have a queue now (at most [`WRITE_QUEUES_MAX`] plus those in
     /// use when the bound was reached).
     pub(crate) fn len(&self) -> usize {
@@ -83,11 +110,11 @@ impl<T> Turns<T> {
 
 /// Drops the older half of the queues nobody holds or waits for. A queue in use is never
 /// dropped: two writers of one aggregate must always meet in the same queue.
-fn evict_idle<T>(by_aggregate: &mut HashMap<AggregateId, (Arc<AsyncMutex<T>>, u64)>) {
+fn evict_idle<T>(by_aggregate: &mut HashMap<AggregateId, Queue<T>>) {
     let mut idle: Vec<(u64, AggregateId)> = by_aggregate
         .iter()
-        .filter(|(_, (queue, _))| Arc::strong_count(queue) == 1)
-        .map(|(id, (_, tick))| (*tick, *id))
+        .filter(|(_, queue)| Arc::strong_count(&queue.state) == 1)
+        .map(|(id, queue)| (queue.tick, *id))
         .collect();
     idle.sort_unstable();
     for (_, id) in idle.iter().take(idle.len().div_ceil(2)) {
@@ -108,7 +135,7 @@ mod tests {
     async fn writers_of_one_aggregate_share_one_state_and_take_turns() {
         // given one turn held, with something kept
         let turns = Turns::<u64>::default();
-        let mut first = turns.turn(provider(1)).await;
+        let (mut first, _) = turns.turn(provider(1)).await;
         *first = 7;
         // when a second writer asks for the same aggregate
         let waiting = tokio::time::timeout(
@@ -122,7 +149,7 @@ mod tests {
             "a second turn was given while the first was held"
         );
         drop(first);
-        let second = turns.turn(provider(1)).await;
+        let (second, _) = turns.turn(provider(1)).await;
         assert_eq!(*second, 7);
     }
 
@@ -130,7 +157,7 @@ mod tests {
     async fn idle_queues_are_dropped_beyond_the_bound_but_a_held_one_stays() {
         // given one turn held while twice the bound of other aggregates are written
         let turns = Turns::<u8>::default();
-        let mut held = turns.turn(provider(0)).await;
+        let (mut held, _) = turns.turn(provider(0)).await;
         *held = 1;
         for n in 1..=(WRITE_QUEUES_MAX as u128 * 2) {
             drop(turns.turn(provider(n)).await);
@@ -138,7 +165,7 @@ mod tests {
         // then the queues stay bounded, and the one in use kept its state
         assert!(turns.len() <= WRITE_QUEUES_MAX, "{} queues", turns.len());
         drop(held);
-        let again = turns.turn(provider(0)).await;
+        let (again, _) = turns.turn(provider(0)).await;
         assert_eq!(*again, 1, "the queue in use was dropped with its state");
     }
 }

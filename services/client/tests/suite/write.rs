@@ -275,6 +275,59 @@ async fn a_write_reads_only_what_is_new_however_long_the_aggregate() {
     assert_eq!(log.commits_read.load(Ordering::SeqCst), 1);
 }
 
+/// Another process's appends to `provider`, at each version of `versions`.
+async fn another_process_deepens(
+    log: &SledLog,
+    provider: AggregateId,
+    versions: std::ops::Range<u64>,
+    ids_from: u128,
+) {
+    for v in versions {
+        let d = draft(ids_from + u128::from(v), vec![inventory(8 + v % 2)]);
+        log.append(provider, Expectation::Exactly(v), d)
+            .await
+            .expect("another writer");
+    }
+}
+
+#[tokio::test]
+async fn a_kept_state_older_than_the_one_folded_elsewhere_is_read_before_the_append() {
+    // Given a provider this process wrote to version 2, which another process then took to
+    // version 50, as a fold of the same log in this process (serve's projector) says...
+    let dir = tempfile::tempdir().unwrap();
+    let log = LostAcks::open(dir.path());
+    let writer = Writer::new(log.clone());
+    let provider = AggregateId::provider(Uuid::now_v7());
+    provider_with_capacity(&writer, provider).await;
+    writer
+        .record(provider, Expectation::Any, draft(10, vec![inventory(9)]))
+        .await
+        .expect("v2");
+    another_process_deepens(&log.inner, provider, 2..50, 100).await;
+    writer.folded_versions().folded([(provider, 50)]);
+    log.attempts.store(0, Ordering::SeqCst);
+
+    // ...when this process writes to it again...
+    let recorded = writer
+        .record(provider, Expectation::Any, draft(200, vec![inventory(7)]))
+        .await
+        .expect("write");
+
+    // ...then it reads the new commits first and appends once, at version 51: no append
+    // decided on the kept state is refused.
+    assert_eq!(recorded.version(), 51);
+    assert_eq!(log.attempts.load(Ordering::SeqCst), 1);
+    assert_eq!(writer.races_lost(), 0);
+    // And without that hint, the same situation costs a refused append.
+    another_process_deepens(&log.inner, provider, 51..60, 300).await;
+    let recorded = writer
+        .record(provider, Expectation::Any, draft(400, vec![inventory(7)]))
+        .await
+        .expect("write");
+    assert_eq!(recorded.version(), 61);
+    assert_eq!(writer.races_lost(), 1);
+}
+
 fn fact(aggregate: AggregateId, expect: Expectation, draft: CommitDraft) -> Fact {
     Fact {
         aggregate,
