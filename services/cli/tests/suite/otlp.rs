@@ -227,27 +227,40 @@ async fn eventually<T>(what: &str, timeout: Duration, mut check: impl FnMut() ->
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_failed_operation_rolled_back_through_an_executor_is_one_trace() {
-    // Given a collector, an IPAM executor on NATS, and serve exporting spans to the one...
+/// A nats-server, and serve on it (with `extra` flags) exporting its spans every 100 ms to
+/// a collector: the server, serve's data dir and process, what the collector received, and
+/// a ready client.
+async fn serve_exporting(
+    extra: &[&str],
+) -> (
+    NatsServer,
+    tempfile::TempDir,
+    Serve,
+    Arc<Mutex<Vec<Received>>>,
+    async_nats::Client,
+) {
     let nats = NatsServer::start().await;
     let tmp = tempfile::tempdir().expect("tempdir");
     let (port, spans) = collector().await;
     let endpoint = format!("http://127.0.0.1:{port}");
-    let _serve = Serve::start_with(
-        &nats,
-        &tmp.path().join("serve"),
-        &[
-            "--otlp-endpoint",
-            &endpoint,
-            "--otlp-export-interval",
-            "100ms",
-            "--compensation-backoff-ms",
-            "50",
-        ],
-    );
+    let mut args = vec![
+        "--otlp-endpoint",
+        &endpoint,
+        "--otlp-export-interval",
+        "100ms",
+    ];
+    args.extend_from_slice(extra);
+    let serve = Serve::start_with(&nats, &tmp.path().join("serve"), &args);
     let client = nats.client().await;
     wait_ready(&client).await;
+    (nats, tmp, serve, spans, client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_failed_operation_rolled_back_through_an_executor_is_one_trace() {
+    // Given a collector, an IPAM executor on NATS, and serve exporting spans to the one...
+    let (_nats, _tmp, _serve, spans, client) =
+        serve_exporting(&["--compensation-backoff-ms", "50"]).await;
     let executor = ipam(&client).await;
 
     // ...when a caller writes an operation under its trace and the operation fails...
@@ -446,24 +459,7 @@ async fn worker(client: &async_nats::Client, name: &str) -> Arc<Mutex<Vec<Option
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reissue_continues_the_trace_of_the_task_it_replaces() {
     // Given a collector, worker w1 on NATS and serve sweeping every second...
-    let nats = NatsServer::start().await;
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let (port, spans) = collector().await;
-    let endpoint = format!("http://127.0.0.1:{port}");
-    let _serve = Serve::start_with(
-        &nats,
-        &tmp.path().join("serve"),
-        &[
-            "--otlp-endpoint",
-            &endpoint,
-            "--otlp-export-interval",
-            "100ms",
-            "--recovery-interval",
-            "1",
-        ],
-    );
-    let client = nats.client().await;
-    wait_ready(&client).await;
+    let (_nats, _tmp, _serve, spans, client) = serve_exporting(&["--recovery-interval", "1"]).await;
     let w1 = worker(&client, "w1").await;
     // ...when w1 records, under the caller's trace, a power-off whose lease runs out...
     let lease_until = provledger_events::Timestamp::from_unix_ms(
