@@ -1479,7 +1479,12 @@ impl JetStreamLog {
         let mut heads = self.batch_heads(items).await?;
         let mut conflicts = Vec::new();
         for (item, head) in items.iter().zip(heads.iter_mut()) {
-            crate::loss::admits(&item.draft, head.open.as_slice())?;
+            if crate::loss::admits(&item.draft, head.open.as_slice()).is_err() {
+                // A cached loss may have been acknowledged since, by another process:
+                // only the server's view refuses.
+                *head = self.fetch_head(&item.aggregate).await?;
+                crate::loss::admits(&item.draft, head.open.as_slice())?;
+            }
             if !item.expect.admits(head.version) {
                 *head = self.fetch_head(&item.aggregate).await?;
                 crate::loss::admits(&item.draft, head.open.as_slice())?;
@@ -1810,8 +1815,12 @@ impl JetStreamLog {
             None => self.fetch_head(&aggregate).await?,
         };
         // A loss answers before any expectation: `conflict` would invite a write at
-        // the version before the gap, which forks the chain.
-        crate::loss::admits(draft, head.open.as_slice())?;
+        // the version before the gap, which forks the chain. A cached loss may have been
+        // acknowledged since, by another process: only the server's view refuses.
+        if crate::loss::admits(draft, head.open.as_slice()).is_err() {
+            head = self.fetch_head(&aggregate).await?;
+            crate::loss::admits(draft, head.open.as_slice())?;
+        }
         if !expect.admits(head.version) {
             // The cache may be stale: only the server's view decides a conflict.
             head = self.fetch_head(&aggregate).await?;
