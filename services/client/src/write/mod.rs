@@ -51,10 +51,9 @@ pub const UNAVAILABLE_RETRIES_MAX: usize = 3;
 const DECIDE_BACKOFF_MAX: Duration = Duration::from_millis(20);
 
 /// Where a process may find an aggregate already folded from this very log (serve's
-/// projection store), to start what it keeps without reading the aggregate whole. A write's
-/// first round decides on it as it is: the append expects exactly its version, so a state
-/// behind the log costs one refused append, after which the commits after its tip are read;
-/// and a refusal decided on it is decided again on the log's state before it is answered.
+/// projection store), to start what it keeps without reading the aggregate whole. What it
+/// returns is only a starting point: the commits after its tip are read from the log before
+/// anything is decided, and the log's expectation catches anything else.
 pub trait FoldedElsewhere: Send + Sync {
     fn folded(&self, aggregate: AggregateId) -> Option<Entity>;
 }
@@ -167,7 +166,7 @@ impl<L: EventLog> Writer<L> {
     /// it, plus the commits written since (read after its tip). `None` without commits.
     pub async fn read_current(&self, aggregate: AggregateId) -> Result<Option<Entity>, ReadError> {
         let (mut turn, _) = self.turns.turn(aggregate).await;
-        refresh(&self.log, aggregate, &mut turn, &FromTheLog, false).await?;
+        refresh(&self.log, aggregate, &mut turn, &FromTheLog).await?;
         Ok(turn.entity.clone())
     }
 
@@ -313,7 +312,6 @@ impl<L: EventLog> Writer<L> {
             unavailable: 0,
             fresh: false,
             races_lost: &self.races_lost,
-            rounds: 0,
         };
         for attempt in 0..DECIDE_ATTEMPTS_MAX {
             // The first lost round retries at once (its re-read is what was missing); only
@@ -544,8 +542,6 @@ struct Attempts<'a, L> {
     /// [`UNAVAILABLE_RETRIES_MAX`].
     unavailable: usize,
     races_lost: &'a AtomicU64,
-    /// Rounds begun, this one included.
-    rounds: usize,
     /// Whether the states decided on were read from the log during this write: a refusal
     /// (conflict, rejection, nothing to do) is only answered from a fresh state, never
     /// from what the process remembered.
@@ -556,7 +552,6 @@ impl<L: EventLog> Attempts<'_, L> {
     /// One round: bring every stale state up to the log, recognise a retry, decide each
     /// fact, and append what is to be written at exactly the versions decided on.
     async fn round(&mut self) -> Result<Round, RecordError> {
-        self.rounds += 1;
         if !self.refresh_stale().await? {
             return Ok(Round::Again);
         }
@@ -630,21 +625,8 @@ impl<L: EventLog> Attempts<'_, L> {
             if !turn.stale {
                 continue;
             }
-            // Only the first round trusts a state folded elsewhere as it is: a round after a
-            // refused append or a refusal to confirm reads the log, so a store behind the
-            // log costs one round at most.
-            let trust_adopted = self.rounds == 1;
-            match refresh(
-                self.log,
-                fact.aggregate,
-                turn,
-                self.elsewhere,
-                trust_adopted,
-            )
-            .await
-            {
-                Ok(Refreshed::FromTheLog) => self.fresh = true,
-                Ok(Refreshed::Adopted) => {}
+            match refresh(self.log, fact.aggregate, turn, self.elsewhere).await {
+                Ok(()) => self.fresh = true,
                 Err(e @ ReadError::Unavailable { .. }) => {
                     self.unavailable += 1;
                     if self.unavailable > UNAVAILABLE_RETRIES_MAX {
@@ -984,47 +966,29 @@ fn earlier_outcome(
 /// whichever is newer, what is known or a state folded elsewhere (another process may have
 /// taken the aggregate far past what this one last wrote, and serve's store has followed
 /// it: reading from the kept tip would cost all of that), or the whole aggregate when
-/// neither knows it. With `trust_adopted` (a write's first round), a state folded
-/// elsewhere that is newer is decided on as it is, without reading after its tip: the
-/// append's expectation catches a store behind the log (one refused append, then the next
-/// round reads), and a refusal is decided again on a state read from the log before it is
-/// answered (`Attempts::fresh` stays false). Returns where the state came from.
+/// neither knows it.
 async fn refresh<L: EventLog>(
     log: &L,
     aggregate: AggregateId,
     known: &mut Known,
     elsewhere: &dyn FoldedElsewhere,
-    trust_adopted: bool,
-) -> Result<Refreshed, ReadError> {
+) -> Result<(), ReadError> {
     let kept = known.was_read().then(|| known.version());
     if let Some(entity) = elsewhere
         .folded(aggregate)
         .filter(|e| e.header().version > kept.unwrap_or(0))
     {
         *known = Known::adopted(entity);
-        if trust_adopted {
-            known.stale = false;
-            return Ok(Refreshed::Adopted);
-        }
     }
     if known.was_read() {
         let newer = log.read_aggregate_after(aggregate, known.tip).await?;
         if known.fold(aggregate, newer) {
             known.stale = false;
-            return Ok(Refreshed::FromTheLog);
+            return Ok(());
         }
         tracing::warn!(%aggregate, "the log does not extend the chain this process knew; reading it whole");
     }
     let commits = log.read_aggregate(aggregate).await?;
     *known = Known::from_commits(aggregate, commits);
-    Ok(Refreshed::FromTheLog)
-}
-
-/// Where a refreshed state came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Refreshed {
-    /// Read from the log up to its head.
-    FromTheLog,
-    /// A state folded elsewhere, taken as it is ([`refresh`]'s `trust_adopted`).
-    Adopted,
+    Ok(())
 }

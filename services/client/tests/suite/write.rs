@@ -6,8 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use provledger_client::write::{
-    Fact, FoldedElsewhere, FromTheLog, RecordError, Recorded, Writer, RECENT_COMMITS_MAX,
-    UNAVAILABLE_RETRIES_MAX,
+    Fact, FromTheLog, RecordError, Recorded, Writer, RECENT_COMMITS_MAX, UNAVAILABLE_RETRIES_MAX,
 };
 use provledger_events::catalogue::{samples, ConsumerKind, Inventory, Ratio};
 use provledger_events::{
@@ -28,8 +27,6 @@ struct LostAcks {
     attempts: Arc<AtomicUsize>,
     /// Commits handed to readers (whole reads and tail reads).
     commits_read: Arc<AtomicUsize>,
-    /// Reads of an aggregate, whole or after a tip, whatever they found.
-    reads: Arc<AtomicUsize>,
 }
 
 impl LostAcks {
@@ -40,7 +37,6 @@ impl LostAcks {
             down: Arc::default(),
             attempts: Arc::default(),
             commits_read: Arc::default(),
-            reads: Arc::default(),
         }
     }
 }
@@ -99,7 +95,6 @@ impl EventLog for LostAcks {
 
     async fn read_aggregate(&self, aggregate: AggregateId) -> Result<Vec<Commit>, ReadError> {
         let commits = self.inner.read_aggregate(aggregate).await?;
-        self.reads.fetch_add(1, Ordering::SeqCst);
         self.commits_read.fetch_add(commits.len(), Ordering::SeqCst);
         Ok(commits)
     }
@@ -110,7 +105,6 @@ impl EventLog for LostAcks {
         after: provledger_events::ChainTip,
     ) -> Result<Vec<Commit>, ReadError> {
         let commits = self.inner.read_aggregate_after(aggregate, after).await?;
-        self.reads.fetch_add(1, Ordering::SeqCst);
         self.commits_read.fetch_add(commits.len(), Ordering::SeqCst);
         Ok(commits)
     }
@@ -332,86 +326,6 @@ async fn a_kept_state_older_than_the_one_folded_elsewhere_is_read_before_the_app
         .expect("write");
     assert_eq!(recorded.version(), 61);
     assert_eq!(writer.races_lost(), 1);
-}
-
-/// A store that folded the aggregate up to some version (serve's projection store).
-struct StoreAt(Entity);
-
-impl FoldedElsewhere for StoreAt {
-    fn folded(&self, _aggregate: AggregateId) -> Option<Entity> {
-        Some(self.0.clone())
-    }
-}
-
-#[tokio::test]
-async fn a_first_write_decides_on_the_stores_state_as_it_is_and_a_store_behind_costs_one_refused_append(
-) {
-    // Given a provider another process took to version 50, and a store that folded all 50...
-    let dir = tempfile::tempdir().unwrap();
-    let log = LostAcks::open(dir.path());
-    let provider = AggregateId::provider(Uuid::now_v7());
-    provider_with_capacity(&Writer::new(log.clone()), provider).await;
-    another_process_deepens(&log.inner, provider, 1..50, 500).await;
-    let commits = log.inner.read_aggregate(provider).await.unwrap();
-    let store = StoreAt(Entity::fold(provider, &commits).expect("folded"));
-    assert_eq!(store.0.header().version, 50);
-    log.reads.store(0, Ordering::SeqCst);
-    log.attempts.store(0, Ordering::SeqCst);
-
-    // ...when a writer that knows nothing of it writes, starting from the store...
-    let writer = Writer::new(log.clone());
-    let recorded = writer
-        .record_with_folded(
-            provider,
-            Expectation::Any,
-            draft(600, vec![inventory(7)]),
-            Default::default(),
-            &store,
-        )
-        .await
-        .expect("write");
-
-    // ...then it appends once, at version 51, without reading the log.
-    assert_eq!(recorded.version(), 51);
-    assert_eq!(log.attempts.load(Ordering::SeqCst), 1);
-    assert_eq!(log.reads.load(Ordering::SeqCst), 0);
-
-    // Given the store behind the log (5 more commits it has not folded), when another
-    // writer that knows nothing writes from it, then its first append is refused, it
-    // reads the 6 commits after the store's tip once, and lands at version 57.
-    another_process_deepens(&log.inner, provider, 51..56, 700).await;
-    log.reads.store(0, Ordering::SeqCst);
-    log.attempts.store(0, Ordering::SeqCst);
-    let other = Writer::new(log.clone());
-    let recorded = other
-        .record_with_folded(
-            provider,
-            Expectation::Any,
-            draft(800, vec![inventory(9)]),
-            Default::default(),
-            &store,
-        )
-        .await
-        .expect("write");
-    assert_eq!(recorded.version(), 57);
-    assert_eq!(log.attempts.load(Ordering::SeqCst), 2);
-    assert_eq!(other.races_lost(), 1);
-    assert_eq!(log.reads.load(Ordering::SeqCst), 1);
-
-    // And a write expecting the log's version (57), which the store's state (50) refuses,
-    // is not answered with that conflict: it is decided again on the log's state, and lands.
-    let third = Writer::new(log.clone());
-    let recorded = third
-        .record_with_folded(
-            provider,
-            Expectation::Exactly(57),
-            draft(900, vec![inventory(8)]),
-            Default::default(),
-            &store,
-        )
-        .await
-        .expect("decided again on the log's state, not refused on the store's");
-    assert_eq!(recorded.version(), 58);
 }
 
 fn fact(aggregate: AggregateId, expect: Expectation, draft: CommitDraft) -> Fact {
