@@ -283,3 +283,45 @@ async fn a_commit_lost_mid_chain_answers_integrity_everywhere_until_acknowledged
     assert!(reply["error"].is_null(), "{reply}");
     serve.kill();
 }
+
+/// Given a log handle that met X's loss on an append (and so holds X's head with the loss
+/// open), when another process acknowledges the loss, then the handle's next append on X
+/// lands after the acknowledgement: it reads the head again before refusing on the loss it
+/// had cached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loss_acknowledged_by_another_process_no_longer_refuses_a_handle_that_met_it() {
+    let (nats, x, _y) = x_lost_its_v2().await;
+    let log = common::stream(&nats).await;
+    let refused = log
+        .append(x, Expectation::Any, CommitDraft::now("t", status("before")))
+        .await;
+    assert!(
+        matches!(refused, Err(provledger_events::AppendError::Loss(_))),
+        "{refused:?}"
+    );
+
+    let xs = x.to_string();
+    let ack = cli(
+        &nats,
+        &[
+            "integrity",
+            "acknowledge",
+            &xs,
+            "--lost",
+            "2",
+            "--reason",
+            "checked",
+        ],
+    );
+    assert!(ack.status.success(), "{}", common::text(&ack));
+
+    let landed = log
+        .append(
+            x,
+            Expectation::Exactly(4),
+            CommitDraft::now("t", status("after")),
+        )
+        .await
+        .expect("the acknowledged loss no longer refuses");
+    assert_eq!(landed.version, 5);
+}
