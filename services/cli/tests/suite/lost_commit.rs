@@ -149,6 +149,25 @@ fn cli(nats: &NatsServer, args: &[&str]) -> std::process::Output {
     common::provledger(&all, "")
 }
 
+/// The operator's acknowledgement of X's lost v2, through the CLI: it succeeds.
+fn acknowledge_x_v2(nats: &NatsServer, xs: &str) {
+    let ack = cli(
+        nats,
+        &[
+            "integrity",
+            "acknowledge",
+            xs,
+            "--lost",
+            "2",
+            "--reason",
+            "checked against the IPAM",
+            "--actor",
+            "oncall",
+        ],
+    );
+    assert!(ack.status.success(), "{}", common::text(&ack));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_lost_mid_chain_answers_integrity_everywhere_until_acknowledged() {
     let (nats, x, y) = x_lost_its_v2().await;
@@ -237,21 +256,7 @@ async fn a_commit_lost_mid_chain_answers_integrity_everywhere_until_acknowledged
         ],
     );
     assert_eq!(wrong.status.code(), Some(2), "{}", common::text(&wrong));
-    let ack = cli(
-        &nats,
-        &[
-            "integrity",
-            "acknowledge",
-            &xs,
-            "--lost",
-            "2",
-            "--reason",
-            "checked against the IPAM",
-            "--actor",
-            "oncall",
-        ],
-    );
-    assert!(ack.status.success(), "{}", common::text(&ack));
+    acknowledge_x_v2(&nats, &xs);
 
     // then X is read again, at v4, with the loss noted; history shows it acknowledged;
     let state = cli(&nats, &["--json", "state", &xs]);
@@ -300,20 +305,7 @@ async fn a_loss_acknowledged_by_another_process_no_longer_refuses_a_handle_that_
         "{refused:?}"
     );
 
-    let xs = x.to_string();
-    let ack = cli(
-        &nats,
-        &[
-            "integrity",
-            "acknowledge",
-            &xs,
-            "--lost",
-            "2",
-            "--reason",
-            "checked",
-        ],
-    );
-    assert!(ack.status.success(), "{}", common::text(&ack));
+    acknowledge_x_v2(&nats, &x.to_string());
 
     let landed = log
         .append(
