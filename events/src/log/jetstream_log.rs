@@ -277,6 +277,14 @@ struct Head {
 }
 
 impl Head {
+    /// Whether `draft`, expecting `expect`, may be sealed on this head: no open loss that it
+    /// does not acknowledge, and a version `expect` admits. A cached head that does not is
+    /// read again from the server before anything is refused: the cache may be stale, on a
+    /// loss (acknowledged since by another process) as on a version.
+    fn admits(&self, expect: Expectation, draft: &CommitDraft) -> bool {
+        crate::loss::admits(draft, self.open.as_slice()).is_ok() && expect.admits(self.version)
+    }
+
     fn at(version: u64, sequence: u64, hash: Hash) -> Head {
         Head {
             version,
@@ -1469,9 +1477,10 @@ impl JetStreamLog {
         self.inner.groups.written()
     }
 
-    /// Seals `items` on their heads (cached, or read), each expectation checked first: a
-    /// head that does not admit it is read again from the server, and only then is the set
-    /// refused (`Err(conflicts)`), because the cache may be stale.
+    /// Seals `items` on their heads (cached, or read), each checked first: a head that
+    /// does not admit its item ([`Head::admits`]) is read again from the server, and only
+    /// then is the set refused (a loss, or `Err(conflicts)`), because the cache may be
+    /// stale.
     async fn seal_set(
         &self,
         items: &[AtomicItem],
@@ -1479,22 +1488,16 @@ impl JetStreamLog {
         let mut heads = self.batch_heads(items).await?;
         let mut conflicts = Vec::new();
         for (item, head) in items.iter().zip(heads.iter_mut()) {
-            if crate::loss::admits(&item.draft, head.open.as_slice()).is_err() {
-                // A cached loss may have been acknowledged since, by another process:
-                // only the server's view refuses.
+            if !head.admits(item.expect, &item.draft) {
                 *head = self.fetch_head(&item.aggregate).await?;
-                crate::loss::admits(&item.draft, head.open.as_slice())?;
             }
+            crate::loss::admits(&item.draft, head.open.as_slice())?;
             if !item.expect.admits(head.version) {
-                *head = self.fetch_head(&item.aggregate).await?;
-                crate::loss::admits(&item.draft, head.open.as_slice())?;
-                if !item.expect.admits(head.version) {
-                    conflicts.push(VersionConflict {
-                        aggregate: item.aggregate,
-                        expected: item.expect,
-                        actual: head.version,
-                    });
-                }
+                conflicts.push(VersionConflict {
+                    aggregate: item.aggregate,
+                    expected: item.expect,
+                    actual: head.version,
+                });
             }
         }
         if !conflicts.is_empty() {
@@ -1799,7 +1802,7 @@ impl SetWriter for JetStreamLog {
 /// One commit appended on its own (`EventLog::append`): the steps of its attempts.
 impl JetStreamLog {
     /// The head an append of `draft` seals on: the cached one (a new aggregate needs none),
-    /// read again from the server when it does not admit `expect`. Breaks with the earlier
+    /// read again from the server when it does not admit `draft` ([`Head::admits`]). Breaks with the earlier
     /// outcome of a retry the server's view refuses; a loss or a conflict is the error.
     async fn head_admitting(
         &self,
@@ -1814,23 +1817,17 @@ impl JetStreamLog {
             None if expect == Expectation::NoStream => EMPTY_HEAD,
             None => self.fetch_head(&aggregate).await?,
         };
-        // A loss answers before any expectation: `conflict` would invite a write at
-        // the version before the gap, which forks the chain. A cached loss may have been
-        // acknowledged since, by another process: only the server's view refuses.
-        if crate::loss::admits(draft, head.open.as_slice()).is_err() {
+        if !head.admits(expect, draft) {
             head = self.fetch_head(&aggregate).await?;
-            crate::loss::admits(draft, head.open.as_slice())?;
         }
+        // A loss answers before any expectation: `conflict` would invite a write at
+        // the version before the gap, which forks the chain.
+        crate::loss::admits(draft, head.open.as_slice())?;
         if !expect.admits(head.version) {
-            // The cache may be stale: only the server's view decides a conflict.
-            head = self.fetch_head(&aggregate).await?;
-            crate::loss::admits(draft, head.open.as_slice())?;
-            if !expect.admits(head.version) {
-                return self
-                    .conflict_or_retry(aggregate, expect, draft, head.version)
-                    .await
-                    .map(ControlFlow::Break);
-            }
+            return self
+                .conflict_or_retry(aggregate, expect, draft, head.version)
+                .await
+                .map(ControlFlow::Break);
         }
         Ok(ControlFlow::Continue(head))
     }

@@ -60,7 +60,7 @@ impl<T: Default> Turns<T> {
     /// fair), and returns it with what is kept for the aggregate.
     /// With it, the version folded elsewhere (0 until told).
     pub(crate) async fn turn(&self, aggregate: AggregateId) -> (Turn<T>, Arc<AtomicU64>) {
-        let queue = {
+        let (state, folded) = {
             let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
             queues.tick += 1;
             let tick = queues.tick;
@@ -80,7 +80,6 @@ impl<T: Default> Turns<T> {
             entry.tick = tick;
             (entry.state.clone(), entry.folded.clone())
         };
-        let (state, folded) = queue;
         (state.lock_owned().await, folded)
     }
 }
