@@ -32,7 +32,7 @@ use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, SpanData, SpanExporter as _};
 use provledger_client::recovery::{NatsReissuer, ReissueFuture, ReissueRequest, Reissuer};
 use provledger_client::{
-    CompensationExecutor, CompensationFuture, CompensationRequest, NatsExecutors,
+    CompensationExecutor, CompensationFuture, CompensationRequest, NatsExecutors, RequestTrace,
 };
 use provledger_events::TraceContext;
 use tokio::sync::mpsc;
@@ -394,14 +394,12 @@ impl CompensationExecutor for TracedExecutors {
             let Some(trace) = request.trace else {
                 return self.inner.compensate(executor, request).await;
             };
-            let subject = NatsExecutors::subject(&self.inner.subject_prefix, executor);
-            let mut span = self.spans.start_span(
+            let (mut span, sent_trace) = request_span(
+                &self.spans,
                 "compensation.request",
-                SpanKind::Client,
-                Some(trace.parent),
-                vec![
-                    KeyValue::new("messaging.system", "nats"),
-                    KeyValue::new("messaging.destination.name", subject),
+                trace,
+                NatsExecutors::subject(&self.inner.subject_prefix, executor),
+                [
                     KeyValue::new("provledger.operation_id", request.operation_id.to_string()),
                     KeyValue::new(
                         "provledger.compensation_id",
@@ -410,10 +408,10 @@ impl CompensationExecutor for TracedExecutors {
                     KeyValue::new("provledger.attempt", i64::from(request.attempt)),
                 ],
             );
-            let mut sent = request.clone();
-            if let Some(context) = span.context() {
-                sent.trace = Some(trace.with_sent_span(context.span_id()));
-            }
+            let sent = CompensationRequest {
+                trace: Some(sent_trace),
+                ..request.clone()
+            };
             let outcome = self.inner.compensate(executor, &sent).await;
             record_outcome(&mut span, &outcome);
             outcome
@@ -433,28 +431,49 @@ impl Reissuer for TracedReissuer {
             let Some(trace) = request.trace else {
                 return self.inner.reissue(worker, request).await;
             };
-            let subject = NatsReissuer::subject(&self.inner.subject_prefix, worker);
-            let mut span = self.spans.start_span(
+            let (mut span, sent_trace) = request_span(
+                &self.spans,
                 "reissue.request",
-                SpanKind::Client,
-                Some(trace.parent),
-                vec![
-                    KeyValue::new("messaging.system", "nats"),
-                    KeyValue::new("messaging.destination.name", subject),
+                trace,
+                NatsReissuer::subject(&self.inner.subject_prefix, worker),
+                [
                     KeyValue::new("provledger.instance_id", request.instance_id.to_string()),
                     KeyValue::new("provledger.request_id", request.request_id.to_string()),
                     KeyValue::new("provledger.attempt", i64::from(request.attempt)),
                 ],
             );
-            let mut sent = request.clone();
-            if let Some(context) = span.context() {
-                sent.trace = Some(trace.with_sent_span(context.span_id()));
-            }
+            let sent = ReissueRequest {
+                trace: Some(sent_trace),
+                ..request.clone()
+            };
             let outcome = self.inner.reissue(worker, &sent).await;
             record_outcome(&mut span, &outcome);
             outcome
         })
     }
+}
+
+/// The client span of a request to a peer on `subject`, in the caller's trace (`trace`'s
+/// parent), and the trace the request then carries: this span as the peer's parent, or the
+/// request's own span id when the span is not recorded.
+fn request_span(
+    spans: &Spans,
+    name: &'static str,
+    trace: RequestTrace,
+    subject: String,
+    attributes: impl IntoIterator<Item = KeyValue>,
+) -> (ActiveSpan, RequestTrace) {
+    let mut all = vec![
+        KeyValue::new("messaging.system", "nats"),
+        KeyValue::new("messaging.destination.name", subject),
+    ];
+    all.extend(attributes);
+    let span = spans.start_span(name, SpanKind::Client, Some(trace.parent), all);
+    let sent = match span.context() {
+        Some(context) => trace.with_sent_span(context.span_id()),
+        None => trace,
+    };
+    (span, sent)
 }
 
 /// The reply on the request's span: `provledger.outcome` `done`, `refused`, `unreachable`

@@ -140,14 +140,15 @@ fn spans_of(request: ExportTraceServiceRequest) -> Vec<Received> {
     out
 }
 
-/// An executor on NATS that refuses nothing: every `ipam` compensation answered `ok`,
-/// each request's `traceparent` header (or `None`) kept with its body.
-async fn ipam(client: &async_nats::Client) -> Arc<Mutex<Vec<(Option<String>, Value)>>> {
+/// A peer on NATS that refuses nothing: every request on `subject` answered `ok`, each
+/// request's `traceparent` header (or `None`) kept with its body. The `ipam` executor's
+/// compensations, or a worker's re-issues.
+async fn answering_ok(
+    client: &async_nats::Client,
+    subject: String,
+) -> Arc<Mutex<Vec<(Option<String>, Value)>>> {
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let mut sub = client
-        .subscribe("provledger.exec.ipam.compensate")
-        .await
-        .expect("subscribe");
+    let mut sub = client.subscribe(subject).await.expect("subscribe");
     provledger_tests::subscriptions_in_effect(client).await;
     let (client, kept) = (client.clone(), seen.clone());
     tokio::spawn(async move {
@@ -261,7 +262,7 @@ async fn one_failed_operation_rolled_back_through_an_executor_is_one_trace() {
     // Given a collector, an IPAM executor on NATS, and serve exporting spans to the one...
     let (_nats, _tmp, _serve, spans, client) =
         serve_exporting(&["--compensation-backoff-ms", "50"]).await;
-    let executor = ipam(&client).await;
+    let executor = answering_ok(&client, "provledger.exec.ipam.compensate".into()).await;
 
     // ...when a caller writes an operation under its trace and the operation fails...
     let caller = format!("00-{CALLER_TRACE_ID}-{CALLER_SPAN_ID}-01");
@@ -430,37 +431,11 @@ fn a_garbage_otlp_endpoint_stops_serve_at_start_with_a_usage_error() {
     }
 }
 
-/// A worker that answers every re-issue addressed to it, keeping each request's
-/// `traceparent` header (or `None`).
-async fn worker(client: &async_nats::Client, name: &str) -> Arc<Mutex<Vec<Option<String>>>> {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let mut sub = client
-        .subscribe(format!("provledger.worker.{name}.reissue"))
-        .await
-        .expect("subscribe");
-    provledger_tests::subscriptions_in_effect(client).await;
-    let (client, kept) = (client.clone(), seen.clone());
-    tokio::spawn(async move {
-        while let Some(msg) = sub.next().await {
-            let traceparent = msg
-                .headers
-                .as_ref()
-                .and_then(|h| h.get("traceparent"))
-                .map(|v| v.as_str().to_string());
-            kept.lock().expect("requests").push(traceparent);
-            if let Some(to) = msg.reply {
-                let _ = client.publish(to, r#"{"ok": true}"#.into()).await;
-            }
-        }
-    });
-    seen
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reissue_continues_the_trace_of_the_task_it_replaces() {
     // Given a collector, worker w1 on NATS and serve sweeping every second...
     let (_nats, _tmp, _serve, spans, client) = serve_exporting(&["--recovery-interval", "1"]).await;
-    let w1 = worker(&client, "w1").await;
+    let w1 = answering_ok(&client, "provledger.worker.w1.reissue".into()).await;
     // ...when w1 records, under the caller's trace, a power-off whose lease runs out...
     let lease_until = provledger_events::Timestamp::from_unix_ms(
         provledger_events::Timestamp::now().unix_ms() + 2_000,
@@ -482,7 +457,10 @@ async fn a_reissue_continues_the_trace_of_the_task_it_replaces() {
     // ...then the re-issue w1 gets is in that trace, under serve's span, which the
     // collector has.
     let traceparent = eventually("the re-issue", Duration::from_secs(20), || {
-        w1.lock().expect("requests").first().cloned()
+        w1.lock()
+            .expect("requests")
+            .first()
+            .map(|(traceparent, _)| traceparent.clone())
     })
     .await
     .expect("the re-issue has a traceparent");
