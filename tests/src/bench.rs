@@ -83,6 +83,93 @@ pub async fn single_writer_latencies<L: EventLog>(log: &L, count: usize) -> Vec<
     samples
 }
 
+/// `provledger serve` run in the bench's process, on a runtime of its own (2 worker
+/// threads, as the deployed binary on this machine) on a thread of its own, until
+/// [`InProcessServe::stop`].
+pub struct InProcessServe {
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<Result<(), String>>,
+}
+
+impl InProcessServe {
+    pub fn start(options: provledger_serve::ServeOptions) -> InProcessServe {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("serve's runtime")
+                .block_on(provledger_serve::run(options, async {
+                    let _ = stopped.await;
+                }))
+                .map_err(|e| e.to_string())
+        });
+        InProcessServe { stop, thread }
+    }
+
+    /// Asks serve to stop and waits until it has (with its copy of the stream, it stops
+    /// once the copy is whole through what it applied, and flushed); how serve ended.
+    pub fn stop(self) -> Result<(), String> {
+        let _ = self.stop.send(());
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Err("serve's thread panicked".into()))
+    }
+}
+
+/// Waits until a replica answers `ready` at `end` or later; the time it took from `since`.
+/// Panics after an hour: a bench that waits longer measures nothing.
+pub async fn ready_at(client: &async_nats::Client, end: u64, since: Instant) -> Duration {
+    let deadline = since + Duration::from_secs(3_600);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "serve not ready at {end} in an hour"
+        );
+        let reply = tokio::time::timeout(
+            Duration::from_secs(1),
+            client.request("provledger.q.health", "{}".into()),
+        )
+        .await;
+        if let Ok(Ok(msg)) = reply {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&msg.payload) {
+                if v["position"].as_u64() >= Some(end) && v["data"]["ready"] == true {
+                    return since.elapsed();
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The bytes of every file under `dir`.
+pub fn dir_bytes(dir: &std::path::Path) -> u64 {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        total += match entry.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&path),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        };
+    }
+    total
+}
+
+/// The bytes the stream's messages take on the server (its `state.bytes`).
+pub async fn stream_bytes(log: &provledger_events::JetStreamLog) -> u64 {
+    log.context()
+        .get_stream(&log.config().stream)
+        .await
+        .expect("stream")
+        .info()
+        .await
+        .expect("stream info")
+        .state
+        .bytes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

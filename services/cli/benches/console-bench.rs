@@ -24,6 +24,7 @@ use provledger_events::{
     JetStreamLog, SledLog,
 };
 use provledger_serve::ServeOptions;
+use provledger_tests::bench::{ready_at, InProcessServe};
 use provledger_tests::{free_port, NatsServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use uuid::Uuid;
@@ -292,34 +293,9 @@ async fn main() {
         http_addr: Some(([127, 0, 0, 1], port).into()),
         ..ServeOptions::new(nats.url(), dir.path().join("serve"))
     };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serve = std::thread::spawn(move || {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("serve's runtime")
-            .block_on(provledger_serve::run(options, async {
-                let _ = stopped.await;
-            }))
-            .map_err(|e| e.to_string())
-    });
-    let since = Instant::now();
-    loop {
-        let reply = tokio::time::timeout(
-            Duration::from_secs(1),
-            client.request("provledger.q.health", "{}".into()),
-        )
-        .await;
-        if let Ok(Ok(msg)) = reply {
-            let v: serde_json::Value = serde_json::from_slice(&msg.payload).unwrap_or_default();
-            if v["position"].as_u64() >= Some(end) && v["data"]["ready"] == true {
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    eprintln!("serve caught up in {:.1?}", since.elapsed());
+    let serve = InProcessServe::start(options);
+    let caught_up = ready_at(&client, end, Instant::now()).await;
+    eprintln!("serve caught up in {caught_up:.1?}");
 
     // What the pages show: the last copy's entities (the newest, as an operator looks).
     let last = copies - 1;
@@ -388,8 +364,7 @@ async fn main() {
         eprintln!("timing {subject}");
         rows.push(time_query(&client, subject, body, samples).await);
     }
-    let _ = stop.send(());
-    let _ = serve.join();
+    let _ = serve.stop();
 
     println!("# console-bench\n");
     println!(

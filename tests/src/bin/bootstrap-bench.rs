@@ -20,6 +20,7 @@ use provledger_events::{
     AggregateId, CommitDraft, Event, EventLog, Expectation, JetStreamConfig, JetStreamLog,
 };
 use provledger_serve::ServeOptions;
+use provledger_tests::bench::{dir_bytes, ready_at, stream_bytes, InProcessServe};
 use provledger_tests::{workload, NatsServer};
 use uuid::Uuid;
 
@@ -40,19 +41,6 @@ fn arg(name: &str, default: u64) -> u64 {
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn dir_bytes(dir: &Path) -> u64 {
-    let mut total = 0;
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        total += match entry.metadata() {
-            Ok(m) if m.is_dir() => dir_bytes(&path),
-            Ok(m) => m.len(),
-            Err(_) => 0,
-        };
-    }
-    total
 }
 
 /// What a stopped replica's data dir holds, per sled tree and key tag (the first byte of
@@ -79,56 +67,21 @@ fn tree_costs(dir: &Path) -> BTreeMap<(String, char), (u64, u64)> {
     costs
 }
 
-/// A serve in process until the returned sender is dropped or fired.
+/// A serve in process, until its `stop`.
 fn start_serve(
     url: String,
     dir: &Path,
     bucket: Option<&str>,
     snapshot_every: u64,
     log_copy: bool,
-) -> (
-    tokio::sync::oneshot::Sender<()>,
-    std::thread::JoinHandle<Result<(), String>>,
-) {
-    let options = ServeOptions {
+) -> InProcessServe {
+    InProcessServe::start(ServeOptions {
         snapshot_every,
         recovery_interval: None,
         snapshot_bucket: bucket.map(str::to_string),
         log_copy,
         ..ServeOptions::new(url, dir.to_path_buf())
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let thread = std::thread::spawn(move || {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("serve's runtime")
-            .block_on(provledger_serve::run(options, async {
-                let _ = stopped.await;
-            }))
-            .map_err(|e| e.to_string())
-    });
-    (stop, thread)
-}
-
-/// Waits until a replica answers `ready` at `end` or later; the time it took from `since`.
-async fn ready_after(client: &async_nats::Client, end: u64, since: Instant) -> Duration {
-    loop {
-        let reply = tokio::time::timeout(
-            Duration::from_secs(1),
-            client.request("provledger.q.health", "{}".into()),
-        )
-        .await;
-        if let Ok(Ok(msg)) = reply {
-            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&msg.payload) {
-                if v["position"].as_u64() >= Some(end) && v["data"]["ready"] == true {
-                    return since.elapsed();
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
 }
 
 #[tokio::main]
@@ -180,28 +133,19 @@ async fn main() {
         .await;
     let end = log.last_position().await.expect("end");
     eprintln!("written in {:.1?}", started.elapsed());
-    let stream_bytes = log
-        .context()
-        .get_stream("PROVLEDGER")
-        .await
-        .expect("stream")
-        .info()
-        .await
-        .expect("stream info")
-        .state
-        .bytes;
+    let stream_bytes = stream_bytes(&log).await;
 
     let dir = tempfile::tempdir().expect("tempdir");
     // The publisher: catches up from position 1, snapshots once caught up, publishes.
     let since = Instant::now();
-    let (stop, thread) = start_serve(
+    let serve = start_serve(
         nats.url(),
         &dir.path().join("publisher"),
         Some(BUCKET),
         end / 2,
         true,
     );
-    let publisher_ready = ready_after(&client, end, since).await;
+    let publisher_ready = ready_at(&client, end, since).await;
     let published = Instant::now();
     // The snapshot at the stream's end (one taken on the way may be there first).
     loop {
@@ -216,8 +160,7 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let publish_wait = published.elapsed();
-    let _ = stop.send(());
-    let _ = thread.join();
+    let _ = serve.stop();
 
     // The raw reference: the stream read and decoded as serve's projector follows it.
     let since = Instant::now();
@@ -245,10 +188,9 @@ async fn main() {
         for log_copy in [false, true] {
             let path = dir.path().join(format!("full-{round}-{log_copy}"));
             let since = Instant::now();
-            let (stop, thread) = start_serve(nats.url(), &path, None, 0, log_copy);
-            let ready = ready_after(&client, end, since).await;
-            let _ = stop.send(());
-            let _ = thread.join();
+            let serve = start_serve(nats.url(), &path, None, 0, log_copy);
+            let ready = ready_at(&client, end, since).await;
+            let _ = serve.stop();
             // Stopping waits for the copy to be whole through what was applied, flushed.
             let whole = since.elapsed();
             copy_runs.push((round, log_copy, ready, whole, dir_bytes(&path)));
@@ -262,8 +204,8 @@ async fn main() {
     // A new replica bootstrapping from the published snapshot.
     let since = Instant::now();
     let boot_dir = dir.path().join("bootstrapped");
-    let (stop, thread) = start_serve(nats.url(), &boot_dir, Some(BUCKET), 0, true);
-    let boot = ready_after(&client, end, since).await;
+    let serve = start_serve(nats.url(), &boot_dir, Some(BUCKET), 0, true);
+    let boot = ready_at(&client, end, since).await;
     // The workload is one the fold applies: a provider holds the allocation its last claim
     // made, and no anomaly (a refused event would be measured as an anomaly, not a state).
     let last = providers - 1;
@@ -283,8 +225,7 @@ async fn main() {
         Some(1),
         "{provider}"
     );
-    let _ = stop.send(());
-    let _ = thread.join();
+    let _ = serve.stop();
 
     println!(
         "| {end} commits ({providers} providers), nats-server {} | time to ready | data dir | data dir / stream ({:.1} MB) |",

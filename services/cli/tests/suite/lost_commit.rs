@@ -111,22 +111,29 @@ async fn drop_x_v2(nats: &mut NatsServer) {
     );
 }
 
-/// Given a replica that applied X's three commits and stopped, when the server drops X's
-/// v2, then the stream's history of X says v2 is lost while the replica's data dir, offline,
-/// still shows v2 (the marker) in a chain checked whole: the second copy an operator looks
-/// for first (docs/operating.md, "A commit lost from the log").
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replicas_copy_still_holds_a_commit_the_stream_lost() {
+/// A replica on `data` that applied X's three commits and Y's one, then stopped; then the
+/// server dropped X's v2 (a damaged block, the server restarted).
+async fn copied_then_x_lost_its_v2(data: &std::path::Path) -> (NatsServer, AggregateId) {
     let mut nats = NatsServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("replica");
-    let mut serve = common::Serve::start(&nats, &data);
+    let mut serve = common::Serve::start(&nats, data);
     let client = nats.client().await;
     common::wait_ready(&client).await;
     let (x, _) = x_and_y(&nats).await;
     common::wait_position(&client, 4).await;
     assert!(serve.terminate().success());
     drop_x_v2(&mut nats).await;
+    (nats, x)
+}
+
+/// Given a replica that applied X's three commits and stopped, when the server drops X's
+/// v2, then the stream's history of X says v2 is lost while the replica's data dir, offline,
+/// still shows v2 (the marker) in a chain checked whole: the second copy an operator looks
+/// for first (docs/operating.md, "A commit lost from the log").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicas_copy_still_holds_a_commit_the_stream_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("replica");
+    let (nats, x) = copied_then_x_lost_its_v2(&data).await;
 
     let xs = x.to_string();
     let online = cli(&nats, &["history", &xs]);
@@ -140,6 +147,80 @@ async fn a_replicas_copy_still_holds_a_commit_the_stream_lost() {
         "{}",
         common::text(&offline)
     );
+}
+
+/// Given a replica that applied X's three commits and Y's one, then stopped, and the server
+/// that dropped X's v2 (a damaged block, the server restarted), when the operator follows
+/// docs/operating.md ("Putting a lost commit back"): backs up the damaged stream, then the
+/// replica's copy, removes the damaged stream and restores the copy's backup with
+/// `--verify`, then `audit --nats` is clean, X's history holds v2 again, and X is written
+/// at its true version (v4, after v3), through a fresh serve replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_the_stream_lost_is_put_back_from_a_replicas_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("replica");
+    let (nats, x) = copied_then_x_lost_its_v2(&data).await;
+    let client = nats.client().await;
+    let xs = x.to_string();
+    let before = cli(&nats, &["audit"]);
+    assert_eq!(before.status.code(), Some(1), "{}", common::text(&before));
+    assert!(common::text(&before).contains("[lost_commits]"));
+
+    // When the damaged stream is backed up (its bytes kept aside), then the replica's copy,
+    let damaged = dir.path().join("damaged");
+    let out = cli(&nats, &["backup", "--to", damaged.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let from_copy = dir.path().join("from-copy");
+    let out = common::provledger(
+        &[
+            "backup",
+            "--from-copy",
+            data.to_str().unwrap(),
+            "--to",
+            from_copy.to_str().unwrap(),
+        ],
+        "",
+    );
+    assert!(out.status.success(), "{}", common::text(&out));
+    // (the copy covers the stream's end: nothing written after it would be lost)
+    assert!(
+        common::text(&out).contains("covers positions 1..=4"),
+        "{}",
+        common::text(&out)
+    );
+    // the damaged stream is removed and the copy's backup restored with --verify,
+    let log = common::stream(&nats).await;
+    log.context().delete_stream("PROVLEDGER").await.unwrap();
+    drop(log);
+    let restore = cli(
+        &nats,
+        &["restore", "--from", from_copy.to_str().unwrap(), "--verify"],
+    );
+    assert!(restore.status.success(), "{}", common::text(&restore));
+
+    // then the audit is clean, X's history holds v2 (the marker) and no loss,
+    let audit = cli(&nats, &["audit"]);
+    assert!(audit.status.success(), "{}", common::text(&audit));
+    let history = cli(&nats, &["history", &xs]);
+    assert!(history.status.success(), "{}", common::text(&history));
+    assert!(
+        common::text(&history).contains("marker-of-version-two")
+            && !common::text(&history).contains("LOST"),
+        "{}",
+        common::text(&history)
+    );
+    // and a fresh replica writes X at its true version, v4, at the stream's next position.
+    let _fresh = common::Serve::start(&nats, &dir.path().join("fresh"));
+    common::wait_ready(&client).await;
+    let change = json!([{"cluster_status_changed": {"status": "active", "description": "back"}}]);
+    let reply = ask(
+        &client,
+        CMD,
+        json!({"aggregate": xs, "expect": 3, "events": change}),
+    )
+    .await;
+    assert_eq!(reply["data"]["version"], 4, "{reply}");
+    assert_eq!(reply["data"]["position"], 5, "{reply}");
 }
 
 fn cli(nats: &NatsServer, args: &[&str]) -> std::process::Output {
