@@ -170,6 +170,18 @@ pub async fn stream_bytes(log: &provledger_events::JetStreamLog) -> u64 {
         .bytes
 }
 
+/// serve's log on stderr, at `info` unless `RUST_LOG` says otherwise, as `provledger serve`
+/// logs: a bench that runs serve in process shows its phases (catch-up, snapshots, copy).
+pub fn log_serve_to_stderr() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "provledger_serve=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -228,10 +228,13 @@ mod tests {
         // when one more commit is handed, then it is refused: far fewer batches than
         // FEED_QUEUE_BATCHES are queued, but as many commits as the feed may hold;
         assert!(fitting < FEED_QUEUE_BATCHES);
-        assert!(!sender.hand(batch(FEED_QUEUE_COMMITS - fitting * full + 1)));
+        let over = FEED_QUEUE_COMMITS - fitting * full + 1;
+        assert!(!sender.has_room(over) && sender.has_room(over - 1));
+        assert!(!sender.hand(batch(over)));
         // and once the feed is done with one batch, then a batch of its size fits again.
         let taken = receiver.recv().await.expect("a batch");
         receiver.release(taken.commits.len());
+        assert!(sender.has_room(full));
         assert!(sender.hand(batch(full)));
     }
 }

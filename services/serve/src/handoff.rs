@@ -73,6 +73,14 @@ pub fn queue<T>(
 }
 
 impl<T: Batch> Sender<T> {
+    /// Whether a batch of `commits` would be taken now: a sender that must build the batch
+    /// first (clone its commits) asks before it does. Only the receiver makes room
+    /// meanwhile, so a `true` from the queue's one sender stays true until it hands.
+    pub fn has_room(&self, commits: usize) -> bool {
+        self.held.load(Ordering::Acquire) + commits <= self.commits_max
+            && self.batches.capacity() > 0
+    }
+
     /// Hands `batch` over if the queue has room (in batches and in commits); false when it
     /// was dropped. Never waits.
     pub fn hand(&self, batch: T) -> bool {

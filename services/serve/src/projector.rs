@@ -166,9 +166,15 @@ pub struct Projector {
     watermark: Option<i64>,
     snapshot_every: u64,
     /// The checkpoint at which a snapshot fell due while the projector was behind (its
-    /// batches full): taken at the first batch that is not, so that a replica catching up
-    /// copies its entities once at the end rather than at every multiple on the way.
+    /// batches full, or short of `catching_up_to`): taken at the first batch that is not,
+    /// so that a replica catching up copies its entities once at the end rather than at
+    /// every multiple on the way.
     snapshot_due_since: Option<u64>,
+    /// The stream's end when the replica started: until the checkpoint reaches it, the
+    /// projector is catching up whatever its batches' sizes (a consumer that delivers no
+    /// faster than the fold leaves them short, and each multiple then took its snapshot:
+    /// nine of them, 3.9 s of a 17-s catch-up of 1,000,000 commits).
+    catching_up_to: u64,
     applied: watch::Sender<u64>,
     touched: std::sync::Arc<Touched>,
     /// Woken once a batch applied a re-issue that is (again) due to be sent
@@ -214,6 +220,7 @@ impl Projector {
             watermark,
             snapshot_every,
             snapshot_due_since,
+            catching_up_to: 0,
             applied,
             touched: std::sync::Arc::default(),
             reissues: std::sync::Arc::default(),
@@ -268,6 +275,13 @@ impl Projector {
     /// Sets what a commit breaking its aggregate's chain does (default: fail).
     pub fn on_chain_violation(mut self, policy: OnChainViolation) -> Self {
         self.on_violation = policy;
+        self
+    }
+
+    /// Counts itself behind until its checkpoint reaches `end` (the stream's end when the
+    /// replica started), for its snapshots (see `maybe_snapshot`).
+    pub fn catching_up_to(mut self, end: u64) -> Self {
+        self.catching_up_to = end;
         self
     }
 
@@ -555,7 +569,14 @@ impl Projector {
                     .map(|entity| (*id, entity.header().version))
             }));
         }
-        if let Some(copy) = &self.copy {
+        if let Some(copy) = self.copy.as_ref().filter(|copy| {
+            // A batch the copier has no room for (a catch-up fills its queue before the
+            // copier starts) is read back from the stream: never cloned for nothing.
+            copy.has_room(feed.len()) || {
+                self.metrics.copy_dropped();
+                false
+            }
+        }) {
             // Cloned only when the feed takes them too (serve runs both).
             let commits = match self.feed {
                 Some(_) => feed.iter().map(|f| f.commit.clone()).collect(),
@@ -681,13 +702,15 @@ impl Projector {
 
     /// A snapshot falls due each time the checkpoint crosses a multiple of
     /// `snapshot_every`. It copies every entity, so while the projector is behind (a full
-    /// batch) it waits: a replica catching up on N commits would otherwise copy its growing
-    /// set of entities N / `snapshot_every` times, quadratic in all. It is taken at the
-    /// first batch that is not full, or after `SNAPSHOT_DEFERRED_MAX` multiples at most.
+    /// batch, or short of the end it is catching up to) it waits: a replica catching up on
+    /// N commits would otherwise copy its growing set of entities N / `snapshot_every`
+    /// times, quadratic in all. It is taken at the first batch that is neither, or after
+    /// `SNAPSHOT_DEFERRED_MAX` multiples at most.
     fn maybe_snapshot(&mut self, previous: u64, behind: bool) -> Result<(), StoreError> {
         if self.snapshot_every == 0 {
             return Ok(());
         }
+        let behind = behind || self.checkpoint < self.catching_up_to;
         if previous / self.snapshot_every != self.checkpoint / self.snapshot_every {
             self.snapshot_due_since.get_or_insert(self.checkpoint);
         }

@@ -271,14 +271,14 @@ pub async fn run(
     let worker = rollback_worker(&options, &client, &ctx, &projector);
     let applied = projector.applied();
     let reissues_news = projector.reissues();
-    let mut projector = ProjectorThread::spawn(projector, log.clone())?;
-
     // A replica joins the queue group only once it has applied everything the stream held
     // when it started: before that it would answer from state that is behind, without
-    // saying so. The rollback worker and the recovery sweep wait too.
+    // saying so. The rollback worker and the recovery sweep wait too. The projector defers
+    // its snapshots until then.
     let end = provledger_events::EventLog::last_position(&log)
         .await
         .map_err(ServeError::StreamEnd)?;
+    let mut projector = ProjectorThread::spawn(projector.catching_up_to(end), log.clone())?;
     let mut shutdown_asked = false;
     let caught_up = tokio::select! {
         caught_up = catch_up(applied, end) => caught_up,

@@ -9,13 +9,15 @@
 //!   directory copied, each file fsynced: what a file-level copy costs); the source's audit;
 //! - `backup --to`, the check of the backup, its restore onto a second server, the read back
 //!   and the audit of the restored stream (what `restore --verify` does);
-//! - a new serve replica from position 1 keeping its copy of the stream (the default): time
+//! - a new serve replica from position 1 keeping no copy, then one keeping it (the default,
+//!   right after the ordered-consumer read, each phase after a `sync`): time
 //!   to ready, time until its copy is whole and flushed, and its data dir's bytes against
 //!   the stream's;
 //! - `backup --from-copy` of that stopped replica's data dir, and, up to
 //!   `--from-copy-restore-max` commits (default 2,000,000), its restore onto a third server.
 //!
 //! `cargo run --release -p provledger-tests --bin backup-bench [-- --commits N[,N...]]`
+//! (`--catch-up-only`: the first size's replicas and their reference, then stop)
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -90,6 +92,13 @@ fn arg(name: &str) -> Option<String> {
         .cloned()
 }
 
+/// Lets the disk settle between phases (the kernel's writeback of what the last one wrote
+/// would otherwise run during the next one's measure).
+fn settle() {
+    let _ = std::process::Command::new("sync").status();
+    std::thread::sleep(Duration::from_secs(1));
+}
+
 /// The stream's directory in a server's store (`.../jetstream/$G/streams/PROVLEDGER`).
 fn stream_files(store: &Path) -> PathBuf {
     let streams = store.join("jetstream").join("$G").join("streams");
@@ -129,6 +138,7 @@ struct Figures {
     backup: Duration,
     backup_bytes: u64,
     restore_verify: Duration,
+    ready_bare: Duration,
     ready: Duration,
     copy_whole: Duration,
     data_dir_bytes: u64,
@@ -138,6 +148,8 @@ struct Figures {
 
 #[tokio::main]
 async fn main() {
+    // serve's log on stderr (its catch-up, snapshots and copy), as `provledger serve` logs.
+    provledger_tests::bench::log_serve_to_stderr();
     let sizes: Vec<u64> = arg("--commits")
         .unwrap_or_else(|| "100000".into())
         .split(',')
@@ -159,14 +171,15 @@ async fn main() {
         provledger_tests::cpu_model(),
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    println!("| commits | stream | raw read (consumer) | new replica ready (with copy) | ready ÷ raw rate | copy whole | data dir / stream |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| commits | stream | raw read (consumer) | new replica ready, no copy | with its copy | with copy ÷ raw rate | copy whole | data dir / stream |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for f in &all {
         println!(
-            "| {} | {:.1} MB | {:.2} s | {:.2} s | {:.2}x | {:.2} s | {:.2}x |",
+            "| {} | {:.1} MB | {:.2} s | {:.2} s | {:.2} s | {:.2}x | {:.2} s | {:.2}x |",
             f.commits,
             f.stream_bytes as f64 / 1e6,
             f.read_consumer.as_secs_f64(),
+            f.ready_bare.as_secs_f64(),
             f.ready.as_secs_f64(),
             f.read_consumer.as_secs_f64() / f.ready.as_secs_f64(),
             f.copy_whole.as_secs_f64(),
@@ -211,17 +224,9 @@ async fn run(commits: u64, restore_from_copy: bool) -> Figures {
     );
     let stream_bytes = stream_bytes(&log).await;
 
-    // The references: every commit read by batch direct get and decoded; the same as
-    // serve's projector follows the stream; the stream's files copied.
-    let since = Instant::now();
-    let mut read = 0u64;
-    let mut every = log.read_all(1).await.expect("read");
-    while let Some(c) = every.next().await {
-        c.expect("a commit");
-        read += 1;
-    }
-    let read_direct = since.elapsed();
-    assert_eq!(read, end);
+    // The reference of a catch-up, right before the replicas, in the same conditions: the
+    // stream read and decoded as serve's projector follows it.
+    settle();
     let since = Instant::now();
     {
         let mut tail = log.subscribe(1).await.expect("subscribe");
@@ -232,7 +237,62 @@ async fn run(commits: u64, restore_from_copy: bool) -> Figures {
         }
     }
     let read_consumer = since.elapsed();
+    // A new replica from position 1 keeping no copy, then one keeping it (the default).
     let dir = tempfile::tempdir().expect("tempdir");
+    let replica = |log_copy: bool| {
+        let data = dir.path().join(format!("replica-{log_copy}"));
+        let client = &client;
+        let url = source.url();
+        async move {
+            settle();
+            let since = Instant::now();
+            let defaults = ServeOptions::new(url, data.clone());
+            let serve = InProcessServe::start(ServeOptions {
+                recovery_interval: None,
+                // serve's own default unless told (0: no local snapshots)
+                snapshot_every: arg("--snapshot-every").map_or(defaults.snapshot_every, |n| {
+                    n.parse().expect("--snapshot-every N")
+                }),
+                log_copy,
+                ..defaults
+            });
+            let ready = ready_at(client, end, since).await;
+            eprintln!("replica (copy: {log_copy}) ready in {ready:.1?}");
+            // Stopping waits for the copy to be whole through what was applied, flushed.
+            serve.stop().expect("serve");
+            (ready, since.elapsed(), data)
+        }
+    };
+    let (ready_bare, _, bare) = replica(false).await;
+    std::fs::remove_dir_all(bare).expect("remove a data dir");
+    let (ready, copy_whole, data) = replica(true).await;
+    let data_dir_bytes = dir_bytes(&data);
+    if std::env::args().any(|a| a == "--catch-up-only") {
+        println!(
+            "{end} commits: raw read (consumer) {:.2} s; ready without a copy {:.2} s ({:.2}x), with it {:.2} s ({:.2}x); copy whole {:.2} s; data dir {:.2}x the stream",
+            read_consumer.as_secs_f64(),
+            ready_bare.as_secs_f64(),
+            read_consumer.as_secs_f64() / ready_bare.as_secs_f64(),
+            ready.as_secs_f64(),
+            read_consumer.as_secs_f64() / ready.as_secs_f64(),
+            copy_whole.as_secs_f64(),
+            data_dir_bytes as f64 / stream_bytes as f64
+        );
+        std::process::exit(0);
+    }
+
+    // The references of a backup: every commit read by batch direct get and decoded; the
+    // stream's files copied.
+    settle();
+    let since = Instant::now();
+    let mut read = 0u64;
+    let mut every = log.read_all(1).await.expect("read");
+    while let Some(c) = every.next().await {
+        c.expect("a commit");
+        read += 1;
+    }
+    let read_direct = since.elapsed();
+    assert_eq!(read, end);
     let since = Instant::now();
     let raw_copy_bytes = copy_files(
         &stream_files(&source.store_dir()),
@@ -292,20 +352,6 @@ async fn run(commits: u64, restore_from_copy: bool) -> Figures {
     std::fs::remove_dir_all(&to).expect("remove the backup");
     eprintln!("restored and verified");
 
-    // A new replica from position 1, keeping its copy of the stream (the default).
-    let data = dir.path().join("replica");
-    let since = Instant::now();
-    let serve = InProcessServe::start(ServeOptions {
-        recovery_interval: None,
-        log_copy: true,
-        ..ServeOptions::new(source.url(), data.clone())
-    });
-    let ready = ready_at(&client, end, since).await;
-    eprintln!("replica ready in {ready:.1?}; waiting for its copy");
-    serve.stop().expect("serve");
-    let copy_whole = since.elapsed();
-    let data_dir_bytes = dir_bytes(&data);
-
     let from_copy = from_copy(&data, end, source_violations, restore_from_copy).await;
 
     println!(
@@ -337,6 +383,11 @@ async fn run(commits: u64, restore_from_copy: bool) -> Figures {
     row("restore --verify: audit", took_audit, end);
     let restore_verify = took_check + took_restore + took_read_back + took_audit;
     row("restore --verify, whole", restore_verify, end);
+    row(
+        "new replica keeping no copy (--no-log-copy): ready",
+        ready_bare,
+        end,
+    );
     row("new replica with its copy: ready", ready, end);
     row(
         "new replica with its copy: copy whole and flushed",
@@ -365,6 +416,7 @@ async fn run(commits: u64, restore_from_copy: bool) -> Figures {
         backup: took_backup,
         backup_bytes: bytes + manifest_bytes,
         restore_verify,
+        ready_bare,
         ready,
         copy_whole,
         data_dir_bytes,

@@ -87,13 +87,7 @@ fn start_serve(
 #[tokio::main]
 async fn main() {
     // serve's log on stderr: the bootstrap's phases (fetch, check, verify, import).
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "provledger_serve=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    provledger_tests::bench::log_serve_to_stderr();
     let commits = arg("--commits", 200_000);
     let nats = NatsServer::start().await;
     let client = nats.client().await;

@@ -170,6 +170,43 @@ fn snapshots_after_each_batch(entries: Vec<Result<Commit, ReadError>>) -> Vec<Ve
         .collect()
 }
 
+/// Feeds `entries` in batches of `size` to a projector told it catches up to
+/// `catching_up_to`; returns the snapshots after each batch.
+fn snapshots_after_short_batches(
+    entries: Vec<Result<Commit, ReadError>>,
+    size: usize,
+    catching_up_to: u64,
+) -> Vec<Vec<u64>> {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sled::open(dir.path()).unwrap();
+    let store = ProjectionStore::open(&db).unwrap();
+    let mut projector = Projector::new(store.clone(), 1_000)
+        .unwrap()
+        .catching_up_to(catching_up_to);
+    entries
+        .chunks(size)
+        .map(|batch| {
+            projector.apply_batch(batch.to_vec()).unwrap();
+            store.snapshots().unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn a_projector_catching_up_in_short_batches_snapshots_once_it_reaches_the_end() {
+    // Given a snapshot interval of 1,000 positions and 3,500 commits delivered 500 at a
+    // time (short batches: a consumer no faster than the fold),
+    let entries = || instances(3_500);
+    // when the projector is told it catches up to 3,500, then it takes no snapshot on the
+    // way and one once it reaches the end,
+    let after = snapshots_after_short_batches(entries(), 500, 3_500);
+    assert!(after[..6].iter().all(Vec::is_empty), "{after:?}");
+    assert_eq!(after[6], vec![3_500]);
+    // while one that is not told snapshots at each multiple (its batches are not full).
+    let after = snapshots_after_short_batches(entries(), 500, 0);
+    assert_eq!(after[6], vec![1_000, 2_000, 3_000]);
+}
+
 #[test]
 fn a_projector_behind_takes_one_snapshot_once_it_catches_up_not_one_per_interval() {
     // Given a snapshot interval of 1,000 positions, and three full batches then a short one
