@@ -17,7 +17,7 @@
 //!   `--from-copy-restore-max` commits (default 2,000,000), its restore onto a third server.
 //!
 //! `cargo run --release -p provledger-tests --bin backup-bench [-- --commits N[,N...]]`
-//! (`--catch-up-only`: the first size's replicas and their reference, then stop)
+//! (`--catch-up-only`: each size's replicas and their reference only)
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -164,7 +164,10 @@ async fn main() {
         .map_or(2_000_000, |n| n.parse().expect("--from-copy-restore-max N"));
     let mut all = Vec::new();
     for commits in sizes {
-        all.push(run(commits, commits <= restore_max).await);
+        all.extend(run(commits, commits <= restore_max).await);
+    }
+    if all.is_empty() {
+        return;
     }
     println!(
         "\n## Summary: machine {} ({} cores)\n",
@@ -207,7 +210,8 @@ async fn main() {
     }
 }
 
-async fn run(commits: u64, restore_from_copy: bool) -> Figures {
+/// One size's run; `None` with `--catch-up-only`, once its catch-up line is printed.
+async fn run(commits: u64, restore_from_copy: bool) -> Option<Figures> {
     let source = NatsServer::start().await;
     let client = source.client().await;
     let log = JetStreamLog::open(source.client().await, JetStreamConfig::default())
@@ -278,7 +282,8 @@ async fn run(commits: u64, restore_from_copy: bool) -> Figures {
             copy_whole.as_secs_f64(),
             data_dir_bytes as f64 / stream_bytes as f64
         );
-        std::process::exit(0);
+        // Returned, not exited: the servers of this run are stopped as they are dropped.
+        return None;
     }
 
     // The references of a backup: every commit read by batch direct get and decoded; the
@@ -406,7 +411,7 @@ async fn run(commits: u64, restore_from_copy: bool) -> Figures {
         "data dir {data_dir_bytes} bytes: {:.2}x the stream's",
         data_dir_bytes as f64 / stream_bytes as f64
     );
-    Figures {
+    Some(Figures {
         commits: end,
         stream_bytes,
         read_direct,
@@ -422,7 +427,7 @@ async fn run(commits: u64, restore_from_copy: bool) -> Figures {
         data_dir_bytes,
         from_copy: from_copy.backup,
         from_copy_restore: from_copy.restore_verify,
-    }
+    })
 }
 
 struct FromCopy {
