@@ -704,19 +704,25 @@ impl Projector {
     /// `snapshot_every`. It copies every entity, so while the projector is behind (a full
     /// batch, or short of the end it is catching up to) it waits: a replica catching up on
     /// N commits would otherwise copy its growing set of entities N / `snapshot_every`
-    /// times, quadratic in all. It is taken at the first batch that is neither, or after
-    /// `SNAPSHOT_DEFERRED_MAX` multiples at most.
+    /// times, quadratic in all. It is taken at the first batch that is neither. A projector
+    /// whose batches stay full past the end it caught up to takes it after
+    /// `SNAPSHOT_DEFERRED_MAX` multiples at most; one still short of that end does not (a
+    /// snapshot on the way is pruned once newer ones exist, and a crash resumes the catch-up
+    /// from the checkpoint, not from a snapshot: at 10,000,000 commits the ten on the way
+    /// cost 74 s of 206).
     fn maybe_snapshot(&mut self, previous: u64, behind: bool) -> Result<(), StoreError> {
         if self.snapshot_every == 0 {
             return Ok(());
         }
-        let behind = behind || self.checkpoint < self.catching_up_to;
         if previous / self.snapshot_every != self.checkpoint / self.snapshot_every {
             self.snapshot_due_since.get_or_insert(self.checkpoint);
         }
         let Some(due_since) = self.snapshot_due_since else {
             return Ok(());
         };
+        if self.checkpoint < self.catching_up_to {
+            return Ok(());
+        }
         let overdue = self.checkpoint - due_since
             >= SNAPSHOT_DEFERRED_MAX.saturating_mul(self.snapshot_every);
         if behind && !overdue {

@@ -594,10 +594,22 @@ async fn a_hostile_discovery_responder_is_bounded() {
     let env = env().await;
     env.booted().await;
     let hostile = hostile_discovery_responder(&env.nats).await;
-    // When drift runs
-    let started = std::time::Instant::now();
-    let (code, report) = env.drift(&[]);
-    let took = started.elapsed();
+    // When drift runs (again, a few times at most, while only the server's own reply came:
+    // discovery ends DISCOVERY_QUIET after the last reply, and on a loaded machine the
+    // responder's first reply can come later than that; the suite failed so once)
+    let (code, report, took) = {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let started = std::time::Instant::now();
+            let (code, report) = env.drift(&[]);
+            let took = started.elapsed();
+            let only_the_server = report["discovery"]["servers"].as_u64() == Some(1);
+            if !only_the_server || attempt == 5 {
+                break (code, report, took);
+            }
+        }
+    };
     // Then it ends (bounded in time, not waiting for all replies): it read at most
     // DISCOVERY_REPLIES_MAX replies, asked at most DISCOVERED_EXECUTORS_MAX discovered
     // executors, listed at most DISCOVERY_REJECTED_LISTED_MAX forged names and counted

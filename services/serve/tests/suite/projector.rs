@@ -208,6 +208,20 @@ fn a_projector_catching_up_in_short_batches_snapshots_once_it_reaches_the_end() 
 }
 
 #[test]
+fn a_projector_catching_up_past_ten_intervals_snapshots_only_at_the_end() {
+    // Given a snapshot interval of 1,000 positions and five full batches then a short one
+    // (past the ten intervals a projector behind waits at most), to a projector catching up
+    // to their end,
+    let full = provledger_serve::BATCH_ENTRIES_MAX;
+    let end = 5 * full + 100;
+    let after = snapshots_after_short_batches(instances(end), full, end as u64);
+    // then it takes none on the way, and one at the end.
+    let (last, on_the_way) = after.split_last().unwrap();
+    assert!(on_the_way.iter().all(Vec::is_empty), "{after:?}");
+    assert_eq!(last, &vec![end as u64]);
+}
+
+#[test]
 fn a_projector_behind_takes_one_snapshot_once_it_catches_up_not_one_per_interval() {
     // Given a snapshot interval of 1,000 positions, and three full batches then a short one
     let full = provledger_serve::BATCH_ENTRIES_MAX;
