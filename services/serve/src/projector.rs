@@ -569,27 +569,24 @@ impl Projector {
                     .map(|entity| (*id, entity.header().version))
             }));
         }
-        if let Some(copy) = self.copy.as_ref().filter(|copy| {
+        if let Some(copy) = &self.copy {
             // A batch the copier has no room for (a catch-up fills its queue before the
             // copier starts) is read back from the stream: never cloned for nothing.
-            copy.has_room(feed.len()) || {
-                self.metrics.copy_dropped();
-                false
-            }
-        }) {
-            // Cloned only when the feed takes them too (serve runs both).
-            let commits = match self.feed {
-                Some(_) => feed.iter().map(|f| f.commit.clone()).collect(),
-                None => std::mem::take(&mut feed)
-                    .into_iter()
-                    .map(|f| f.commit)
-                    .collect(),
+            let handed = copy.has_room(feed.len()) && {
+                // Cloned only when the feed takes them too (serve runs both).
+                let commits = match self.feed {
+                    Some(_) => feed.iter().map(|f| f.commit.clone()).collect(),
+                    None => std::mem::take(&mut feed)
+                        .into_iter()
+                        .map(|f| f.commit)
+                        .collect(),
+                };
+                copy.hand(crate::log_copy::CopyBatch {
+                    after: self.checkpoint,
+                    through: checkpoint,
+                    commits,
+                })
             };
-            let handed = copy.hand(crate::log_copy::CopyBatch {
-                after: self.checkpoint,
-                through: checkpoint,
-                commits,
-            });
             if !handed {
                 tracing::debug!(
                     through = checkpoint,

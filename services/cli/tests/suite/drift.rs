@@ -597,19 +597,14 @@ async fn a_hostile_discovery_responder_is_bounded() {
     // When drift runs (again, a few times at most, while only the server's own reply came:
     // discovery ends DISCOVERY_QUIET after the last reply, and on a loaded machine the
     // responder's first reply can come later than that; the suite failed so once)
-    let (code, report, took) = {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
+    let (code, report, took) = until_the_responder_answered(
+        || {
             let started = std::time::Instant::now();
             let (code, report) = env.drift(&[]);
-            let took = started.elapsed();
-            let only_the_server = report["discovery"]["servers"].as_u64() == Some(1);
-            if !only_the_server || attempt == 5 {
-                break (code, report, took);
-            }
-        }
-    };
+            (code, report, started.elapsed())
+        },
+        |(_, report, _)| report["discovery"]["servers"].as_u64() != Some(1),
+    );
     // Then it ends (bounded in time, not waiting for all replies): it read at most
     // DISCOVERY_REPLIES_MAX replies, asked at most DISCOVERED_EXECUTORS_MAX discovered
     // executors, listed at most DISCOVERY_REJECTED_LISTED_MAX forged names and counted
@@ -651,17 +646,14 @@ async fn a_hostile_discovery_responder_is_bounded() {
     let _hostile = hostile_discovery_responder(&env.nats).await;
     let url = env.nats.url();
     // (again while the responder's replies came too late, as above)
-    let (out, shown) = {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
+    let (out, shown) = until_the_responder_answered(
+        || {
             let out = provledger(&["--nats", url.as_str(), "drift"], "");
             let shown = text(&out);
-            if shown.contains("is not an executor name") || attempt == 5 {
-                break (out, shown);
-            }
-        }
-    };
+            (out, shown)
+        },
+        |(_, shown)| shown.contains("is not an executor name"),
+    );
     assert!(
         !shown.contains('\u{1b}') && !shown.contains('\u{7}'),
         "a raw control character was printed"
@@ -672,6 +664,20 @@ async fn a_hostile_discovery_responder_is_bounded() {
         "{shown}"
     );
     assert_eq!(out.status.code(), Some(3), "{shown}");
+}
+
+/// `run` (a drift), again while `answered` says the hostile responder's replies were not in
+/// it, five times at most: discovery ends DISCOVERY_QUIET after the last reply, and on a
+/// loaded machine the responder's first reply can come later than that.
+fn until_the_responder_answered<T>(mut run: impl FnMut() -> T, answered: impl Fn(&T) -> bool) -> T {
+    let mut last = run();
+    for _ in 1..5 {
+        if answered(&last) {
+            break;
+        }
+        last = run();
+    }
+    last
 }
 
 /// A client that answers every discovery request 2,000 times with forged connection lists:
