@@ -318,18 +318,13 @@ pub async fn run(
         let (ctx, slots) = (Arc::clone(&ctx), Arc::clone(&slots));
         let (health_slots, changes_slots) = (Arc::clone(&health_slots), Arc::clone(&changes_slots));
         async move {
-            // A dropped sender stops the loop too: `run` is gone.
-            let stop = async {
-                let _ = taking_stopped.await;
-            };
-            tokio::pin!(stop);
             take_requests(
                 &ctx,
                 &mut requests,
                 &slots,
                 &health_slots,
                 &changes_slots,
-                stop,
+                taking_stopped,
             )
             .await;
             requests
@@ -865,15 +860,15 @@ impl<T> Drop for AbortOnDrop<T> {
 /// The projector handed back when its thread ends, with why it ended.
 type ProjectorEnded = (Projector, Result<(), ProjectorError>);
 
-/// Takes requests, each on a task of its own within its slots, until `stop` or the end of
-/// the requests.
-async fn take_requests<S: Future<Output = ()>>(
+/// Takes requests, each on a task of its own within its slots, until `stop` says so (or its
+/// sender is dropped: `run` is gone) or the requests end.
+async fn take_requests(
     ctx: &Arc<QueryContext>,
     requests: &mut (impl futures::Stream<Item = (Endpoint, async_nats::service::Request)> + Unpin),
     slots: &Arc<Semaphore>,
     health_slots: &Arc<Semaphore>,
     changes_slots: &Arc<Semaphore>,
-    mut stop: std::pin::Pin<&mut S>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
 ) {
     loop {
         let next = tokio::select! {
