@@ -603,7 +603,7 @@ async fn a_replica_on_a_data_dir_of_an_older_entity_format_rebuilds_it_from_the_
     // whose data dir a newer build reads as an older entity format (and, to tell a rebuild
     // from a mere relabel, with one entity gone),
     {
-        let db = sled::open(data.join("sled")).expect("open sled");
+        let db = common::open_stopped_data_dir(&data);
         let tree = db.open_tree("projection").unwrap();
         let format = tree
             .get(b"mentity_format")

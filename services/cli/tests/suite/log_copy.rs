@@ -205,7 +205,7 @@ async fn a_followers_catch_up_is_read_from_the_copy_and_never_serves_a_damaged_e
     assert!(serve.terminate().success());
     let altered = expected[100].0;
     {
-        let db = sled::open(data.join("sled")).expect("the stopped replica's data dir");
+        let db = common::open_stopped_data_dir(&data);
         let tree = db.open_tree("log_copy").expect("the copy");
         let mut key = vec![b'c'];
         key.extend_from_slice(&altered.to_be_bytes());

@@ -474,8 +474,7 @@ async fn cmd_query(client: &async_nats::Client, endpoint: &str, body: Value) -> 
 }
 
 /// The projection tree's keys with `tag` in a stopped process's data dir.
-fn keys_tagged(data_dir: &std::path::Path, tag: u8) -> usize {
-    let db = sled::open(data_dir.join("sled")).expect("open sled");
+fn keys_tagged(db: &sled::Db, tag: u8) -> usize {
     let tree = db.open_tree("projection").expect("projection tree");
     tree.scan_prefix([tag]).count()
 }
@@ -510,9 +509,12 @@ async fn a_services_data_dir_keeps_no_copy_of_the_log_and_history_comes_from_the
 
     // Given a stopped service's data dir: its entities, and no copy of the commits
     // (`c`) nor their index (`h`), which the stream holds...
-    assert!(keys_tagged(&data, b'e') >= 1);
-    assert_eq!(keys_tagged(&data, b'c'), 0, "a copy of the log was written");
-    assert_eq!(keys_tagged(&data, b'h'), 0, "a history index was written");
+    {
+        let db = common::open_stopped_data_dir(&data);
+        assert!(keys_tagged(&db, b'e') >= 1);
+        assert_eq!(keys_tagged(&db, b'c'), 0, "a copy of the log was written");
+        assert_eq!(keys_tagged(&db, b'h'), 0, "a history index was written");
+    }
 
     // ...offline `state --at` and `replay` on that data dir say where the history is
     // (exit 1)...
@@ -602,7 +604,7 @@ async fn serve_whose_projector_dies_stops_answering_and_exits_non_zero() {
 
     // Given the stored entity of that cluster damaged while serve was stopped...
     {
-        let db = sled::open(data.join("sled")).expect("open sled");
+        let db = common::open_stopped_data_dir(&data);
         let tree = db.open_tree("projection").unwrap();
         let mut key = vec![b'e'];
         key.extend_from_slice(&AggregateId::cluster(cluster).key_bytes());

@@ -550,3 +550,15 @@ pub async fn ask(
     .expect("request");
     serde_json::from_slice(&reply.payload).expect("JSON reply")
 }
+
+/// A stopped replica's sled database, opened in this process to read or damage it, and
+/// closed at once when dropped. `sled::open` would start a flusher thread that keeps the
+/// directory's lock until it exits, after the drop (sled issue 1234): the next open of the
+/// same data dir (here, or by a serve or CLI started next) could then fail on the lock.
+pub fn open_stopped_data_dir(data_dir: &Path) -> sled::Db {
+    sled::Config::new()
+        .path(data_dir.join("sled"))
+        .flush_every_ms(None)
+        .open()
+        .expect("open the stopped replica's sled")
+}
