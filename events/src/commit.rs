@@ -91,7 +91,7 @@ impl CommitDraft {
             {
                 return Err(InvalidCommit::BadExecutorName {
                     index,
-                    event: event.name(),
+                    event: event.name().into(),
                     name: name
                         .chars()
                         .take(crate::catalogue::operation::EXECUTOR_NAME_BYTES_MAX)
@@ -101,7 +101,7 @@ impl CommitDraft {
             if !event.belongs_to(aggregate.kind) {
                 return Err(InvalidCommit::WrongAggregateKind {
                     index,
-                    event: event.name(),
+                    event: event.name().into(),
                     kind: aggregate.kind.to_string(),
                 });
             }

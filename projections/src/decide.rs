@@ -278,7 +278,7 @@ pub fn decide_append_with(
             return Err(AppendRejection::NotFound {
                 target,
                 index: 0,
-                event: events[0].name(),
+                event: events[0].name().into(),
             });
         };
         match entity.deletion_state() {
@@ -302,7 +302,7 @@ pub fn decide_append_with(
                     target,
                     state: state.as_str(),
                     index,
-                    event: event.name(),
+                    event: event.name().into(),
                 });
             }
         }
@@ -341,14 +341,14 @@ fn trial_fold(
                 AppendRejection::NotApplicable {
                     target,
                     index,
-                    event: event.name(),
+                    event: event.name().into(),
                     problem,
                 }
             } else {
                 AppendRejection::NotFound {
                     target,
                     index,
-                    event: event.name(),
+                    event: event.name().into(),
                 }
             });
         }
@@ -443,7 +443,7 @@ fn check_resolvable_by_hand(
         Some(c) => Err(AppendRejection::NotApplicable {
             target: at.target,
             index: at.index,
-            event: at.event.name(),
+            event: at.event.name().into(),
             problem: format!(
                 "compensation {compensation_id} is the ledger's own ({}): provledger applies it when the rollback resumes, so it cannot be resolved by hand",
                 crate::planner::action_word(&c.planned.compensation.action)
@@ -498,7 +498,7 @@ struct LeaseCheck<'a> {
 
 impl LeaseCheck<'_> {
     /// The event's name, as rejections give it.
-    fn name(&self) -> String {
+    fn name(&self) -> &'static str {
         self.at.event.name()
     }
 
@@ -507,7 +507,7 @@ impl LeaseCheck<'_> {
         AppendRejection::NotLeaseHolder {
             target: self.at.target,
             index: self.at.index,
-            event: self.name(),
+            event: self.name().into(),
             by: by.to_string(),
             holder: self.instance.task_worker.clone(),
             lease_until: self.instance.task_lease_until,
@@ -520,7 +520,7 @@ impl LeaseCheck<'_> {
             Some(caller) if !caller.is(named) => Err(AppendRejection::WorkerMismatch {
                 target: self.at.target,
                 index: self.at.index,
-                event: self.name(),
+                event: self.name().into(),
                 named: named.to_string(),
                 caller: caller.to_string(),
             }),
@@ -538,7 +538,7 @@ impl LeaseCheck<'_> {
             return Err(AppendRejection::LeaseInPast {
                 target,
                 index,
-                event: self.name(),
+                event: self.name().into(),
                 lease_until,
                 recorded_at: now,
             });
@@ -547,7 +547,7 @@ impl LeaseCheck<'_> {
             return Err(AppendRejection::LeaseTooShort {
                 target,
                 index,
-                event: self.name(),
+                event: self.name().into(),
                 lease_until,
                 length_ms,
             });
@@ -556,7 +556,7 @@ impl LeaseCheck<'_> {
             return Err(AppendRejection::LeaseTooLong {
                 target,
                 index,
-                event: self.name(),
+                event: self.name().into(),
                 lease_until,
                 length_ms,
             });
@@ -611,7 +611,7 @@ impl LeaseCheck<'_> {
             return Err(AppendRejection::RenewalNotExtending {
                 target: self.at.target,
                 index: self.at.index,
-                event: self.name(),
+                event: self.name().into(),
                 lease_until,
                 current_until: until,
             });
@@ -621,7 +621,7 @@ impl LeaseCheck<'_> {
             return Err(AppendRejection::RenewalTooSoon {
                 target: self.at.target,
                 index: self.at.index,
-                event: self.name(),
+                event: self.name().into(),
                 recorded_at: self.now,
                 since,
                 until,

@@ -173,13 +173,13 @@ impl Entity {
                     commit.actor
                 );
                 self.header_mut()
-                    .record_anomaly(&ctx, event.name(), problem);
+                    .record_anomaly(&ctx, event.name().into(), problem);
                 continue;
             }
             // Applied with an anomaly or refused, the entity keeps the problem alike.
             if let Some(problem) = self.fold_event(event, &ctx).anomaly() {
                 self.header_mut()
-                    .record_anomaly(&ctx, event.name(), problem);
+                    .record_anomaly(&ctx, event.name().into(), problem);
             }
         }
     }

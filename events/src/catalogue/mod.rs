@@ -13,6 +13,7 @@ pub mod detail;
 #[doc(hidden)]
 pub mod golden_log;
 pub mod instance;
+mod name;
 pub mod operation;
 pub mod provider;
 #[doc(hidden)]
@@ -421,20 +422,18 @@ impl Event {
     pub fn names() -> &'static std::collections::BTreeSet<String> {
         static NAMES: std::sync::OnceLock<std::collections::BTreeSet<String>> =
             std::sync::OnceLock::new();
-        NAMES.get_or_init(|| samples::all().iter().map(Event::name).collect())
+        NAMES.get_or_init(|| {
+            samples::all()
+                .iter()
+                .map(|e| e.name().to_string())
+                .collect()
+        })
     }
 
     /// The event's name in the JSON form (snake_case), for timelines and errors.
-    pub fn name(&self) -> String {
-        match serde_json::to_value(self) {
-            Ok(serde_json::Value::Object(map)) => map
-                .keys()
-                .next()
-                .cloned()
-                .unwrap_or_else(|| "unknown".to_string()),
-            Ok(serde_json::Value::String(s)) => s,
-            _ => "unknown".to_string(),
-        }
+    pub fn name(&self) -> &'static str {
+        // Every `Event` is an enum variant, so this is always `Some`.
+        name::variant_name(self).unwrap_or("unknown")
     }
 }
 

@@ -88,8 +88,11 @@ impl Default for JetStreamConfig {
 /// The subject of an aggregate's commits under a prefix: where every writer publishes
 /// them, and where a restore from a replica's copy puts them back.
 pub fn subject_for(prefix: &str, aggregate: &AggregateId) -> String {
-    format!("{prefix}.ev.{}.{}", aggregate.kind, aggregate.id)
+    aggregate.subject(prefix, COMMITS_FAMILY)
 }
+
+/// The family of the subjects commits are published on: `PREFIX.ev.KIND.ID`.
+const COMMITS_FAMILY: &str = "ev";
 
 /// The `Nats-Msg-Id` a commit is published with: its commit id, hyphenated, as every
 /// writer sends it (one commit, or an atomic batch), so that JetStream's duplicate window
@@ -104,7 +107,7 @@ impl JetStreamConfig {
     }
 
     pub fn all_subjects(&self) -> String {
-        format!("{}.ev.>", self.subject_prefix)
+        format!("{}.{COMMITS_FAMILY}.>", self.subject_prefix)
     }
 
     pub(crate) fn stream_config(&self) -> stream::Config {
@@ -495,7 +498,7 @@ fn stored_commit(
             error,
             payload: payload.clone(),
         }),
-        Ok(c) if subject_for(prefix, &c.aggregate) != subject => {
+        Ok(c) if !c.aggregate.is_subject(prefix, COMMITS_FAMILY, subject) => {
             Err(outside(format!("foreign: a commit of {}", c.aggregate)))
         }
         Ok(c) if !c.hash_is_valid() => Err(outside(format!(
@@ -2163,6 +2166,21 @@ impl EventLog for JetStreamLog {
 
     fn recognises_retry_on_append(&self, commit_id: &Uuid) -> bool {
         !self.maybe_late_retry(commit_id)
+    }
+
+    fn note_head(&self, aggregate: AggregateId, tip: ChainTip) {
+        // Forward only (`remember_head`): a head this handle read or wrote since, or a
+        // message outside the chain after the tip, is never replaced by an older one.
+        self.remember_head(aggregate, Head::at(tip.version, tip.position, tip.hash));
+    }
+
+    fn holds_head(&self, aggregate: AggregateId, tip: ChainTip) -> bool {
+        self.cached_head(&aggregate).is_some_and(|h| {
+            h.version == tip.version
+                && h.sequence == tip.position
+                && h.hash == tip.hash
+                && h.open.as_slice().is_empty()
+        })
     }
 
     async fn read_all(&self, from: u64) -> Result<CommitStream, ReadError> {

@@ -544,6 +544,25 @@ pub trait EventLog: Send + Sync {
         async { Ok(true) }
     }
 
+    /// A reader of this log's own stream in this process (serve's projector) found `tip`,
+    /// a commit it checked and folded, as the aggregate's head. A log that keeps heads for
+    /// its appends takes it if it is newer than the one it holds, so that a write decided
+    /// on a state folded from the same stream appends at once ([`EventLog::holds_head`]).
+    /// Nothing for a log that keeps none.
+    fn note_head(&self, aggregate: AggregateId, tip: ChainTip) {
+        let _ = (aggregate, tip);
+    }
+
+    /// Whether this handle holds `tip` as the aggregate's head, read or written by itself
+    /// or noted by its own reader ([`EventLog::note_head`]): an append at `tip`'s version
+    /// then goes out without a read first, and the log refuses it if anything came after.
+    /// A hint, never a read: it says nothing of what the log holds now. False for a log
+    /// whose reads cost no round trip (sled, in memory).
+    fn holds_head(&self, aggregate: AggregateId, tip: ChainTip) -> bool {
+        let _ = (aggregate, tip);
+        false
+    }
+
     /// Whether an append of a draft with this commit id would itself recognise an earlier
     /// commit with that id: always for sled (its commit-id index) and the in-memory log;
     /// for JetStream only while the id is young enough for its duplicate window. A retry

@@ -39,7 +39,7 @@ const CATCH_UP_PAGE: u64 = 1000;
 
 /// The live feed's subject for `aggregate`'s changes: `<prefix>.feed.<kind>.<id>`.
 pub fn feed_subject(prefix: &str, aggregate: &AggregateId) -> String {
-    format!("{prefix}.feed.{}.{}", aggregate.kind, aggregate.id)
+    aggregate.subject(prefix, "feed")
 }
 
 /// Which commits a follower wants; an empty set or `None` admits all. Every part given
@@ -65,7 +65,7 @@ impl ChangeFilter {
                 || commit
                     .events
                     .iter()
-                    .any(|e| self.event_types.contains(&e.name())))
+                    .any(|e| self.event_types.contains(e.name())))
     }
 
     /// The filter as `q.changes` takes it.
@@ -594,7 +594,7 @@ mod tests {
             event_types: [t.to_string()].into(),
             ..Default::default()
         };
-        assert!(typed(&name).admits(&c));
+        assert!(typed(name).admits(&c));
         assert!(!typed("operation_heartbeat").admits(&c) || name == "operation_heartbeat");
         // and given several, then all must hold.
         let both = ChangeFilter {

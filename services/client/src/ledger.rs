@@ -423,6 +423,22 @@ impl EventLog for Ledger {
         }
     }
 
+    fn note_head(&self, aggregate: AggregateId, tip: ChainTip) {
+        match self {
+            Ledger::Embedded(l) => l.note_head(aggregate, tip),
+            Ledger::JetStream(l) => l.note_head(aggregate, tip),
+            Ledger::Memory(l) => l.note_head(aggregate, tip),
+        }
+    }
+
+    fn holds_head(&self, aggregate: AggregateId, tip: ChainTip) -> bool {
+        match self {
+            Ledger::Embedded(l) => l.holds_head(aggregate, tip),
+            Ledger::JetStream(l) => l.holds_head(aggregate, tip),
+            Ledger::Memory(l) => l.holds_head(aggregate, tip),
+        }
+    }
+
     fn recognises_retry_on_append(&self, commit_id: &uuid::Uuid) -> bool {
         match self {
             Ledger::Embedded(l) => l.recognises_retry_on_append(commit_id),

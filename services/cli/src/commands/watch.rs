@@ -153,7 +153,7 @@ fn print_change(change: &Change, json: bool) -> Result<bool, CommandError> {
 /// `#POSITION  KIND/SHORT vVERSION  EVENTS SUMMARY  by ACTOR  op SHORT`: the ledger's text
 /// (names, descriptions, the actor) with its control characters escaped.
 fn text_line(commit: &Commit) -> String {
-    let names: Vec<String> = commit.events.iter().map(|e| e.name()).collect();
+    let names: Vec<&str> = commit.events.iter().map(|e| e.name()).collect();
     let summaries: Vec<String> = commit.events.iter().map(timeline::summary).collect();
     let mut summary = summaries.join("; ");
     if let Some((cut, _)) = summary.char_indices().nth(SUMMARY_CHARS_MAX) {

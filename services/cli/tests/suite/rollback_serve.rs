@@ -129,7 +129,7 @@ impl Env {
         let mut counts = HashMap::new();
         for commit in self.ledger.log().read_aggregate(id).await.expect("history") {
             for e in &commit.events {
-                *counts.entry(e.name()).or_insert(0) += 1;
+                *counts.entry(e.name().to_string()).or_insert(0) += 1;
             }
         }
         counts

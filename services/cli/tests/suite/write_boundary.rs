@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use futures::StreamExt;
 use provledger_client::Writer;
 use provledger_events::catalogue::{samples, ClusterStatus};
 use provledger_events::{AggregateId, Event, EventLog, JetStreamConfig, JetStreamLog};
@@ -1299,9 +1300,11 @@ fn races_lost(port: u16) -> f64 {
 /// serve's projection followed, when serve is asked to write to it again, then the write
 /// lands at the next version without an append refused on the state serve kept from its
 /// own last write (`provledger_append_races_lost_total` stays 0, where it was 1 before
-/// serve's projector told its writer what it folded).
+/// serve's projector told its writer what it folded), and without reading the stream
+/// first: the projector read the provider's head from the stream, which the append
+/// expects (it was a read after the store's tip and one of the tip itself before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_write_after_another_process_deepened_the_aggregate_reads_before_it_appends() {
+async fn a_write_after_another_process_deepened_the_aggregate_appends_at_the_folded_head() {
     let nats = NatsServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let port = provledger_tests::free_port();
@@ -1345,6 +1348,16 @@ async fn a_write_after_another_process_deepened_the_aggregate_reads_before_it_ap
     }
     let end = log.last_position().await.unwrap();
     common::wait_position(&client, end).await;
+    // (Every direct get of the stream is seen: of the provider's subject, or of its tip.)
+    let mut direct_gets = client
+        .subscribe("$JS.API.DIRECT.GET.PROVLEDGER.>")
+        .await
+        .unwrap();
+    let mut batch_gets = client
+        .subscribe("$JS.API.DIRECT.GET.PROVLEDGER")
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
 
     // ...when serve writes to it again...
     let written = cmd(
@@ -1353,8 +1366,28 @@ async fn a_write_after_another_process_deepened_the_aggregate_reads_before_it_ap
     )
     .await;
 
-    // ...then it lands at version 202 and no append was refused on serve's old state.
+    // ...then it lands at version 202, no append was refused on serve's old state...
     assert!(error_code(&written).is_none(), "{written}");
     assert_eq!(written["data"]["version"], 202, "{written}");
     assert_eq!(races_lost(port), 0.0);
+    // ...and the provider was not read first.
+    client.flush().await.unwrap();
+    let tip = format!(r#""seq":{end}"#);
+    let mut reads = Vec::new();
+    while let Ok(Some(m)) =
+        tokio::time::timeout(Duration::from_millis(200), direct_gets.next()).await
+    {
+        if m.subject.contains(&provider.to_string()) {
+            reads.push(m.subject.to_string());
+        }
+    }
+    while let Ok(Some(m)) =
+        tokio::time::timeout(Duration::from_millis(200), batch_gets.next()).await
+    {
+        let body = String::from_utf8_lossy(&m.payload).replace(' ', "");
+        if body.contains(&provider.to_string()) || body.contains(&tip) {
+            reads.push(body);
+        }
+    }
+    assert!(reads.is_empty(), "read before the append: {reads:?}");
 }

@@ -65,16 +65,22 @@ pub trait FoldedElsewhere: Send + Sync {
 /// Kept in memory beside each kept state, so a write pays one atomic load for it (asking
 /// serve's store on every write cost about 8% of the single-commit rate). A hint only: the
 /// log's expectation still decides.
+///
+/// The tips reached go to the log too ([`EventLog::note_head`]): a write then decided on
+/// the state folded elsewhere appends at once, without reading the log after its tip
+/// first (the log refuses the append if anything came after).
 #[derive(Clone)]
 pub struct FoldedVersions {
     turns: Arc<Turns<Known>>,
+    heads: Arc<dyn Fn(AggregateId, ChainTip) + Send + Sync>,
 }
 
 impl FoldedVersions {
-    /// Each `(aggregate, version)` a fold reached; aggregates this writer keeps no state
-    /// for are passed over.
-    pub fn folded(&self, versions: impl IntoIterator<Item = (AggregateId, u64)>) {
-        self.turns.folded(versions);
+    /// Each `(aggregate, tip)` a fold reached; aggregates this writer keeps no state for
+    /// are passed over.
+    pub fn folded(&self, tips: impl IntoIterator<Item = (AggregateId, ChainTip)>) {
+        self.turns
+            .folded(tips, |aggregate, tip| (self.heads)(aggregate, tip));
     }
 }
 
@@ -145,9 +151,14 @@ impl<L: EventLog> Writer<L> {
 
     /// Where a fold of the same log elsewhere in this process tells this writer how far it
     /// took each aggregate ([`FoldedVersions`]).
-    pub fn folded_versions(&self) -> FoldedVersions {
+    pub fn folded_versions(&self) -> FoldedVersions
+    where
+        L: Clone + Send + Sync + 'static,
+    {
+        let log = self.log.clone();
         FoldedVersions {
             turns: self.turns.clone(),
+            heads: Arc::new(move |aggregate, tip| log.note_head(aggregate, tip)),
         }
     }
 
@@ -626,7 +637,8 @@ impl<L: EventLog> Attempts<'_, L> {
                 continue;
             }
             match refresh(self.log, fact.aggregate, turn, self.elsewhere).await {
-                Ok(()) => self.fresh = true,
+                Ok(Refreshed::Read) => self.fresh = true,
+                Ok(Refreshed::Adopted) => {}
                 Err(e @ ReadError::Unavailable { .. }) => {
                     self.unavailable += 1;
                     if self.unavailable > UNAVAILABLE_RETRIES_MAX {
@@ -972,23 +984,38 @@ async fn refresh<L: EventLog>(
     aggregate: AggregateId,
     known: &mut Known,
     elsewhere: &dyn FoldedElsewhere,
-) -> Result<(), ReadError> {
+) -> Result<Refreshed, ReadError> {
     let kept = known.was_read().then(|| known.version());
     if let Some(entity) = elsewhere
         .folded(aggregate)
         .filter(|e| e.header().version > kept.unwrap_or(0))
     {
         *known = Known::adopted(entity);
+        // The fold elsewhere read this tip from the log's own stream and the log holds it
+        // as the head its next append expects: nothing after it is read first, since the
+        // append is refused if anything came after (a lost race, read then). Not fresh: a
+        // refusal is never answered from it.
+        if log.holds_head(aggregate, known.tip) {
+            known.stale = false;
+            return Ok(Refreshed::Adopted);
+        }
     }
     if known.was_read() {
         let newer = log.read_aggregate_after(aggregate, known.tip).await?;
         if known.fold(aggregate, newer) {
             known.stale = false;
-            return Ok(());
+            return Ok(Refreshed::Read);
         }
         tracing::warn!(%aggregate, "the log does not extend the chain this process knew; reading it whole");
     }
     let commits = log.read_aggregate(aggregate).await?;
     *known = Known::from_commits(aggregate, commits);
-    Ok(())
+    Ok(Refreshed::Read)
+}
+
+/// How a stale state was brought up: read from the log during this write, or adopted from
+/// a fold elsewhere at the head the log holds (not read, so not fresh).
+enum Refreshed {
+    Read,
+    Adopted,
 }

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use provledger_events::AggregateId;
+use provledger_events::{AggregateId, ChainTip};
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
 /// How many aggregates keep a queue and what it knows. Beyond it, the least recently used
@@ -87,11 +87,17 @@ impl<T: Default> Turns<T> {
 impl<T> Turns<T> {
     /// Records the versions a fold of the same log elsewhere in the process has reached,
     /// for the aggregates that have a queue (one that has none knows nothing to be stale).
-    pub(crate) fn folded(&self, versions: impl IntoIterator<Item = (AggregateId, u64)>) {
+    /// `kept` is told each tip of an aggregate that has one.
+    pub(crate) fn folded(
+        &self,
+        tips: impl IntoIterator<Item = (AggregateId, ChainTip)>,
+        mut kept: impl FnMut(AggregateId, ChainTip),
+    ) {
         let queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
-        for (aggregate, version) in versions {
+        for (aggregate, tip) in tips {
             if let Some(queue) = queues.by_aggregate.get(&aggregate) {
-                queue.folded.fetch_max(version, Ordering::Relaxed);
+                queue.folded.fetch_max(tip.version, Ordering::Relaxed);
+                kept(aggregate, tip);
             }
         }
     }

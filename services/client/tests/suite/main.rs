@@ -2,6 +2,7 @@
 //! the pure-core rule), one test binary with a module per file. Run one file's tests with
 //! `cargo test -p provledger-client --test suite <module>::`.
 mod drift_fold;
+mod folded_head;
 mod inventory;
 mod lease;
 mod placement;

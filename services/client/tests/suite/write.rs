@@ -10,8 +10,8 @@ use provledger_client::write::{
 };
 use provledger_events::catalogue::{samples, ConsumerKind, Inventory, Ratio};
 use provledger_events::{
-    AggregateId, AppendError, AppendOutcome, AppendStatus, Commit, CommitDraft, CommitStream,
-    Event, EventLog, Expectation, ReadError, SledLog, Timestamp,
+    AggregateId, AppendError, AppendOutcome, AppendStatus, ChainTip, Commit, CommitDraft,
+    CommitStream, Event, EventLog, Expectation, ReadError, SledLog, Timestamp,
 };
 use provledger_projections::Entity;
 use uuid::Uuid;
@@ -214,7 +214,7 @@ async fn a_log_that_stays_unavailable_is_reported_after_the_named_bound() {
     assert_eq!(log.read_aggregate(provider).await.unwrap().len(), 1);
 }
 
-fn inventory(total: u64) -> Event {
+pub(super) fn inventory(total: u64) -> Event {
     Event::InventorySet {
         resource_class: "VCPU".into(),
         inventory: Inventory {
@@ -304,7 +304,11 @@ async fn a_kept_state_older_than_the_one_folded_elsewhere_is_read_before_the_app
         .await
         .expect("v2");
     another_process_deepens(&log.inner, provider, 2..50, 100).await;
-    writer.folded_versions().folded([(provider, 50)]);
+    let folded = ChainTip {
+        version: 50,
+        ..ChainTip::EMPTY
+    };
+    writer.folded_versions().folded([(provider, folded)]);
     log.attempts.store(0, Ordering::SeqCst);
 
     // ...when this process writes to it again...

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::caller::Caller;
 use super::error::{bad, to_data, ErrorCode, QueryError};
-use super::request::{from_object, object};
+use super::request::{from_object, object, read_directly};
 use crate::messages::{
     AppendData, AppendOutcomeWord, AppendRequest, AtomicAppendData, AtomicAppendRequest,
     AtomicCommit, CmdAppendRequest, CommitOutcome,
@@ -31,6 +31,11 @@ pub(crate) async fn append(
 /// The request in the form its keys say: `commits` is the atomic form, each commit an
 /// object (serde would also read a commit from an array of its fields in order).
 pub(super) fn request(payload: &[u8]) -> Result<CmdAppendRequest, QueryError> {
+    // The common form, one commit: `AppendRequest` denies `commits`, so an atomic request
+    // is never read as one commit here.
+    if let Some(one) = read_directly(payload) {
+        return Ok(CmdAppendRequest::One(one));
+    }
     let req = object(payload)?;
     let Some(commits) = req.get("commits") else {
         return Ok(CmdAppendRequest::One(from_object(req)?));
