@@ -271,7 +271,8 @@ pub struct DriftSweep {
 pub struct GetRequest {
     pub id: Uuid,
     /// Answer only from a state that has applied this log position: the replica waits up
-    /// to `--min-position-wait-ms`, then answers `stale`.
+    /// to `--min-position-wait-ms`, then answers `stale`; `unavailable` at once if its
+    /// projector stopped meanwhile (it is exiting: ask another replica).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_position: Option<u64>,
     /// `q.operation.get` only: the operation's `steps` from this index (0-based). With

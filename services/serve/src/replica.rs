@@ -34,6 +34,9 @@ pub(crate) struct QueryContext {
     /// Set when the projector stopped for good: from then on this replica's state is
     /// frozen, so every request is answered `unavailable` while serve drains and exits.
     pub(crate) projector_failed: std::sync::OnceLock<String>,
+    /// Woken once `projector_failed` is set: a query waiting for a position the frozen
+    /// projection will never reach is answered then, not at the end of its wait.
+    pub(crate) projector_stopped: tokio::sync::Notify,
     /// The stream's end when this replica started, set once it had applied it and joined
     /// the queue group: `ready` in q.health.
     pub(crate) caught_up_to: std::sync::OnceLock<u64>,

@@ -342,6 +342,7 @@ pub async fn run(
             };
             tracing::error!(%reason, "the projector stopped; serve answers unavailable and exits");
             let _ = ctx.projector_failed.set(reason);
+            ctx.projector_stopped.notify_waiters();
             projector.ended = Some(joined);
             None
         }
@@ -589,6 +590,7 @@ fn query_context(
         served_by: std::sync::OnceLock::new(),
         min_position_wait: options.min_position_wait,
         projector_failed: std::sync::OnceLock::new(),
+        projector_stopped: tokio::sync::Notify::new(),
         caught_up_to: std::sync::OnceLock::new(),
         // What a reply may carry: the server's max payload, less room for headers.
         reply_bytes_max: client

@@ -624,6 +624,8 @@ async fn serve_whose_projector_dies_stops_answering_and_exits_non_zero() {
             &format!("127.0.0.1:{console}"),
             "--metrics-addr",
             &format!("127.0.0.1:{metrics}"),
+            "--min-position-wait",
+            "20s",
         ],
     );
     common::wait_ready(&client).await;
@@ -638,6 +640,15 @@ async fn serve_whose_projector_dies_stops_answering_and_exits_non_zero() {
             s
         })
         .collect();
+    // (and a query in hand, waiting for the projection to reach the next commit)
+    let waiting = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let query = json!({"id": cluster, "min_position": at + 1});
+            cmd_query(&client, "cluster.get", query).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
     // ...when a commit for it arrives, the projector cannot fold it and stops...
     let changed = cmd(
         &client,
@@ -658,6 +669,12 @@ async fn serve_whose_projector_dies_stops_answering_and_exits_non_zero() {
     assert!(!status.success(), "{status:?}");
     let log = std::fs::read_to_string(data.with_extension("log")).unwrap_or_default();
     assert!(log.contains("the projector stopped"), "{log}");
+    // And the query that waited is answered `unavailable`, not `stale`: this replica will
+    // never get there.
+    let waited = waiting.await.unwrap();
+    assert_eq!(error_code(&waited), Some("unavailable"), "{waited}");
+    let message = waited["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("projector stopped"), "{waited}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

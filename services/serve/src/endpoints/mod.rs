@@ -160,6 +160,20 @@ impl Drop for WaitSlot<'_> {
 }
 
 impl QueryContext {
+    /// `unavailable`: this replica's projector stopped, with the reason once serve knows it.
+    fn projector_stopped(&self) -> QueryError {
+        let reason = self
+            .projector_failed
+            .get()
+            .map_or_else(|| "it ended".to_string(), Clone::clone);
+        QueryError::new(
+            ErrorCode::Unavailable,
+            format!(
+                "this replica's projector stopped ({reason}); it is exiting: ask another replica or restart it"
+            ),
+        )
+    }
+
     /// Read-your-writes: waits (bounded in time, and in how many wait at once) until the
     /// projection has applied `min`.
     async fn wait_for(&self, min: Option<u64>) -> Result<(), QueryError> {
@@ -179,13 +193,26 @@ impl QueryContext {
             )
             .with("position", position.into()));
         };
+        // Registered before the flag is read, so that a failure in between still wakes it.
+        let stopped = self.projector_stopped.notified();
+        tokio::pin!(stopped);
+        stopped.as_mut().enable();
+        if self.projector_failed.get().is_some() {
+            return Err(self.projector_stopped());
+        }
         let mut applied = self.applied.clone();
-        let reached = tokio::time::timeout(self.min_position_wait, applied.wait_for(|p| *p >= min))
-            .await
-            .is_ok_and(|r| r.is_ok());
+        let reached = tokio::select! {
+            reached = tokio::time::timeout(
+                self.min_position_wait,
+                applied.wait_for(|p| *p >= min),
+            ) => reached,
+            () = stopped => return Err(self.projector_stopped()),
+        };
         match reached {
-            true => Ok(()),
-            false => {
+            Ok(Ok(_)) => Ok(()),
+            // The projector's end dropped its side: this replica will not get there.
+            Ok(Err(_)) => Err(self.projector_stopped()),
+            Err(_) => {
                 let position = self.position();
                 Err(QueryError::new(
                     ErrorCode::Stale,
@@ -205,13 +232,8 @@ impl QueryContext {
         payload: &[u8],
         caller: &caller::Caller,
     ) -> Result<Answer, QueryError> {
-        if let Some(reason) = self.projector_failed.get() {
-            return Err(QueryError::new(
-                ErrorCode::Unavailable,
-                format!(
-                    "this replica's projector stopped ({reason}); it is exiting: ask another replica or restart it"
-                ),
-            ));
+        if self.projector_failed.get().is_some() {
+            return Err(self.projector_stopped());
         }
         // Each endpoint's future is boxed: unboxed, every request's task would be as large
         // as the largest endpoint's (9,840 bytes), and tokio moves a task's future several

@@ -65,14 +65,14 @@ impl Serve {
                 });
             }
         }
+        // Short waits for a position, unless the test sets its own.
+        let wait: &[&str] = match extra.iter().any(|a| a.starts_with("--min-position-wait")) {
+            true => &[],
+            false => &["--min-position-wait-ms", "300"],
+        };
         let child = command
-            .args([
-                "serve",
-                "--min-position-wait-ms",
-                "300",
-                "--snapshot-every",
-                "50",
-            ])
+            .args(["serve", "--snapshot-every", "50"])
+            .args(wait)
             .args(extra)
             .arg("--nats")
             .arg(url)
