@@ -177,7 +177,7 @@ impl<L: EventLog> Writer<L> {
     /// it, plus the commits written since (read after its tip). `None` without commits.
     pub async fn read_current(&self, aggregate: AggregateId) -> Result<Option<Entity>, ReadError> {
         let (mut turn, _) = self.turns.turn(aggregate).await;
-        refresh(&self.log, aggregate, &mut turn, &FromTheLog).await?;
+        refresh(&self.log, aggregate, &mut turn, &FromTheLog, false).await?;
         Ok(turn.entity.clone())
     }
 
@@ -322,6 +322,7 @@ impl<L: EventLog> Writer<L> {
             elsewhere,
             unavailable: 0,
             fresh: false,
+            adopted_at_head: false,
             races_lost: &self.races_lost,
         };
         for attempt in 0..DECIDE_ATTEMPTS_MAX {
@@ -557,6 +558,10 @@ struct Attempts<'a, L> {
     /// (conflict, rejection, nothing to do) is only answered from a fresh state, never
     /// from what the process remembered.
     fresh: bool,
+    /// Whether a state was taken from the fold elsewhere at the head the log holds, without
+    /// a read (`refresh`). Once per write: a round after a lost race or an unconfirmed
+    /// refusal reads, or it would chase a fold that lags behind the log round after round.
+    adopted_at_head: bool,
 }
 
 impl<L: EventLog> Attempts<'_, L> {
@@ -622,6 +627,8 @@ impl<L: EventLog> Attempts<'_, L> {
     /// Refreshes every state that needs a read. False when the log was unavailable (within
     /// the write's bound): the round is tried again.
     async fn refresh_stale(&mut self) -> Result<bool, RecordError> {
+        let at_head = !self.adopted_at_head;
+        let mut adopted = false;
         for ((fact, turn), folded) in self
             .facts
             .iter()
@@ -636,10 +643,14 @@ impl<L: EventLog> Attempts<'_, L> {
             if !turn.stale {
                 continue;
             }
-            match refresh(self.log, fact.aggregate, turn, self.elsewhere).await {
+            // A write the log's append would not itself recognise as a retry is looked for
+            // in the log before it is decided (`earlier`), on a state read, not taken.
+            let at_head = at_head && self.log.recognises_retry_on_append(&fact.draft.commit_id);
+            match refresh(self.log, fact.aggregate, turn, self.elsewhere, at_head).await {
                 Ok(Refreshed::Read) => self.fresh = true,
-                Ok(Refreshed::Adopted) => {}
+                Ok(Refreshed::Adopted) => adopted = true,
                 Err(e @ ReadError::Unavailable { .. }) => {
+                    self.adopted_at_head |= adopted;
                     self.unavailable += 1;
                     if self.unavailable > UNAVAILABLE_RETRIES_MAX {
                         return Err(e.into());
@@ -649,6 +660,7 @@ impl<L: EventLog> Attempts<'_, L> {
                 Err(e) => return Err(e.into()),
             }
         }
+        self.adopted_at_head |= adopted;
         Ok(true)
     }
 
@@ -984,6 +996,7 @@ async fn refresh<L: EventLog>(
     aggregate: AggregateId,
     known: &mut Known,
     elsewhere: &dyn FoldedElsewhere,
+    at_head: bool,
 ) -> Result<Refreshed, ReadError> {
     let kept = known.was_read().then(|| known.version());
     if let Some(entity) = elsewhere
@@ -995,7 +1008,7 @@ async fn refresh<L: EventLog>(
         // as the head its next append expects: nothing after it is read first, since the
         // append is refused if anything came after (a lost race, read then). Not fresh: a
         // refusal is never answered from it.
-        if log.holds_head(aggregate, known.tip) {
+        if at_head && log.holds_head(aggregate, known.tip) {
             known.stale = false;
             return Ok(Refreshed::Adopted);
         }

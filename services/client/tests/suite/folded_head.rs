@@ -25,11 +25,18 @@ fn inventory(total: u64) -> Vec<Event> {
     vec![super::write::inventory(total)]
 }
 
-#[tokio::test]
-async fn a_stale_folded_head_costs_a_refused_append_and_never_a_broken_chain() {
-    // Given a provider this process wrote, which another process then took to version 10,
-    // as a fold of the same stream in this process read it (its tip noted in the log)...
-    let nats = NatsServer::start().await;
+/// This process's log and writer, and another process's log, on one stream; a provider
+/// this process wrote (version 1), which the other process took to version `to`; its
+/// commits, read whole.
+struct Deepened {
+    log: JetStreamLog,
+    other: JetStreamLog,
+    writer: Writer<JetStreamLog>,
+    provider: AggregateId,
+    commits: Vec<provledger_events::Commit>,
+}
+
+async fn deepened(nats: &NatsServer, to: u64) -> Deepened {
     let open = || async {
         JetStreamLog::open(nats.client().await, JetStreamConfig::default())
             .await
@@ -47,7 +54,7 @@ async fn a_stale_folded_head_costs_a_refused_append_and_never_a_broken_chain() {
         )
         .await
         .expect("v1");
-    for v in 1..10 {
+    for v in 1..to {
         let draft = CommitDraft::now("another process", inventory(8 + v % 2));
         other
             .append(provider, Expectation::Exactly(v), draft)
@@ -55,6 +62,27 @@ async fn a_stale_folded_head_costs_a_refused_append_and_never_a_broken_chain() {
             .expect("another process");
     }
     let commits = other.read_aggregate(provider).await.expect("a read");
+    Deepened {
+        log,
+        other,
+        writer,
+        provider,
+        commits,
+    }
+}
+
+#[tokio::test]
+async fn a_stale_folded_head_costs_a_refused_append_and_never_a_broken_chain() {
+    // Given a provider this process wrote, which another process then took to version 10,
+    // as a fold of the same stream in this process read it (its tip noted in the log)...
+    let nats = NatsServer::start().await;
+    let Deepened {
+        log,
+        other,
+        writer,
+        provider,
+        commits,
+    } = deepened(&nats, 10).await;
     let folded = Entity::fold(provider, &commits).expect("a provider");
     let tip = ChainTip::of(commits.last().expect("ten commits"));
     writer.folded_versions().folded([(provider, tip)]);
@@ -92,4 +120,64 @@ async fn a_stale_folded_head_costs_a_refused_append_and_never_a_broken_chain() {
     let versions: Vec<u64> = history.iter().map(|c| c.version).collect();
     assert_eq!(versions, (1..=12).collect::<Vec<_>>());
     assert!(history.windows(2).all(|w| w[1].prev_hash == w[0].hash));
+}
+
+/// A fold elsewhere that lags behind the log and gains one commit each time it is asked,
+/// noting each tip as the log's head, as serve's projector would while another replica
+/// writes steadily.
+struct Lagging {
+    log: JetStreamLog,
+    states: std::sync::Mutex<std::collections::VecDeque<(Entity, ChainTip)>>,
+}
+
+impl FoldedElsewhere for Lagging {
+    fn folded(&self, aggregate: AggregateId) -> Option<Entity> {
+        let (entity, tip) = self.states.lock().unwrap().pop_front()?;
+        self.log.note_head(aggregate, tip);
+        Some(entity)
+    }
+}
+
+#[tokio::test]
+async fn a_write_takes_the_folded_head_once_and_reads_after_a_lost_race() {
+    // Given a provider this process wrote, which another process took to version 40,
+    // and a fold in this process that lags: asked again, it has always folded one commit
+    // more, never all of them...
+    let nats = NatsServer::start().await;
+    let Deepened {
+        log,
+        other: _,
+        writer,
+        provider,
+        commits,
+    } = deepened(&nats, 40).await;
+    let states = (10..40)
+        .map(|n| {
+            let entity = Entity::fold(provider, &commits[..n]).expect("a provider");
+            (entity, ChainTip::of(&commits[n - 1]))
+        })
+        .collect();
+    let first = ChainTip::of(&commits[9]);
+    writer.folded_versions().folded([(provider, first)]);
+    let lagging = Lagging {
+        log: log.clone(),
+        states: std::sync::Mutex::new(states),
+    };
+
+    // ...when this process writes to it, decided on that fold...
+    let recorded = writer
+        .record_with_folded(
+            provider,
+            Expectation::Any,
+            CommitDraft::now("test", inventory(5)),
+            DecideOptions::default(),
+            &lagging,
+        )
+        .await
+        .expect("the write");
+
+    // ...then the append at the fold's head lost its race once, and the next round read
+    // the log instead of taking the fold's next head: the write lands at version 41.
+    assert_eq!(recorded.version(), 41);
+    assert_eq!(writer.races_lost(), 1);
 }
