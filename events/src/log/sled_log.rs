@@ -210,10 +210,19 @@ fn read_unavailable(e: sled::Error) -> ReadError {
 }
 
 struct Flusher {
-    /// Set by appenders after their batch is applied; cleared by the flusher.
-    requested: Mutex<bool>,
+    /// What the flusher is asked for. Both flags live under its lock: the flusher reads
+    /// them and then waits while holding it, so a flag set without the lock between the
+    /// two would go unheard (a close once hung that way, joining a flusher that waited).
+    asked: Mutex<FlushAsked>,
     wake: Condvar,
-    stop: AtomicBool,
+}
+
+#[derive(Default)]
+struct FlushAsked {
+    /// Set by appenders after their batch is applied; cleared by the flusher.
+    flush: bool,
+    /// Set once, by the close.
+    stop: bool,
 }
 
 struct Shared {
@@ -270,7 +279,12 @@ struct CloseGuard {
 
 impl Drop for CloseGuard {
     fn drop(&mut self) {
-        self.shared.flusher.stop.store(true, Ordering::SeqCst);
+        self.shared
+            .flusher
+            .asked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .stop = true;
         self.shared.flusher.wake.notify_all();
         if let Ok(mut t) = self.thread.lock() {
             if let Some(handle) = t.take() {
@@ -366,9 +380,8 @@ impl SledLog {
             groups: GroupCommit::default(),
             durable,
             flusher: Flusher {
-                requested: Mutex::new(false),
+                asked: Mutex::new(FlushAsked::default()),
                 wake: Condvar::new(),
-                stop: AtomicBool::new(false),
             },
             flushes: AtomicU64::new(0),
             flush_failure: Mutex::new(None),
@@ -680,13 +693,12 @@ impl SledLog {
 
     async fn wait_durable(&self, position: u64) -> Result<(), AppendError> {
         {
-            let mut requested = self
-                .shared
+            self.shared
                 .flusher
-                .requested
+                .asked
                 .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            *requested = true;
+                .unwrap_or_else(|p| p.into_inner())
+                .flush = true;
         }
         self.shared.flusher.wake.notify_one();
         let mut rx = self.shared.durable.subscribe();
@@ -790,22 +802,22 @@ impl SledLog {
 fn flush_loop(shared: &Shared) {
     loop {
         {
-            let mut requested = shared
+            let mut asked = shared
                 .flusher
-                .requested
+                .asked
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            while !*requested && !shared.flusher.stop.load(Ordering::SeqCst) {
-                requested = shared
+            while !asked.flush && !asked.stop {
+                asked = shared
                     .flusher
                     .wake
-                    .wait(requested)
+                    .wait(asked)
                     .unwrap_or_else(|p| p.into_inner());
             }
-            if !*requested && shared.flusher.stop.load(Ordering::SeqCst) {
+            if !asked.flush && asked.stop {
                 return;
             }
-            *requested = false;
+            asked.flush = false;
         }
         // Gather: appenders woken by the previous flush are still applying their batches;
         // a short pause lets one flush cover them instead of one flush per few appends.
