@@ -1,7 +1,7 @@
 //! What every projected entity has in common: its identity, how far it has been folded,
 //! and the anomalies met on the way.
 
-use provledger_events::{AggregateId, Hash, Timestamp, TraceContext};
+use provledger_events::{AggregateId, ChainTip, Hash, Timestamp, TraceContext};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -49,6 +49,15 @@ pub struct Header {
 }
 
 impl Header {
+    /// The tip of the chain folded into this state: its version, last position and hash.
+    pub fn tip(&self) -> ChainTip {
+        ChainTip {
+            version: self.version,
+            position: self.last_position,
+            hash: self.hash,
+        }
+    }
+
     pub fn new(id: AggregateId) -> Self {
         Header {
             id,

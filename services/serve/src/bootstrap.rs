@@ -127,11 +127,7 @@ fn tips_of(
         }
         tips.push(CoveredTip {
             aggregate: h.id,
-            tip: ChainTip {
-                version: h.version,
-                position: h.last_position,
-                hash: h.hash,
-            },
+            tip: h.tip(),
         });
         keep(entity);
     }

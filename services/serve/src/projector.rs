@@ -19,8 +19,8 @@ use futures::StreamExt;
 use provledger_client::write::FoldedVersions;
 use provledger_events::codec;
 use provledger_events::{
-    AggregateId, AggregateKind, ChainTip, Commit, Event, EventLog, HeldChains, IntegrityError,
-    Passage, ReadError,
+    AggregateId, AggregateKind, Commit, Event, EventLog, HeldChains, IntegrityError, Passage,
+    ReadError,
 };
 use provledger_projections::Entity;
 use tokio::sync::watch;
@@ -564,15 +564,9 @@ impl Projector {
         self.store.write_batch(batch)?;
         if let Some(writer) = &self.folded_versions {
             writer.folded(dirty.iter().filter_map(|id| {
-                self.cache.get(id).map(|entity| {
-                    let header = entity.header();
-                    let tip = ChainTip {
-                        version: header.version,
-                        position: header.last_position,
-                        hash: header.hash,
-                    };
-                    (*id, tip)
-                })
+                self.cache
+                    .get(id)
+                    .map(|entity| (*id, entity.header().tip()))
             }));
         }
         if let Some(copy) = &self.copy {

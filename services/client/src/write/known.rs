@@ -83,12 +83,7 @@ impl Known {
     /// A state folded elsewhere (serve's store), taken as a starting point: stale, so the
     /// commits after its tip are read before anything is decided on it.
     pub(crate) fn adopted(entity: Entity) -> Known {
-        let header = entity.header();
-        let tip = ChainTip {
-            version: header.version,
-            position: header.last_position,
-            hash: header.hash,
-        };
+        let tip = entity.header().tip();
         Known {
             entity: Some(entity),
             tip,
