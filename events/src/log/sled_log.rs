@@ -692,14 +692,12 @@ impl SledLog {
     }
 
     async fn wait_durable(&self, position: u64) -> Result<(), AppendError> {
-        {
-            self.shared
-                .flusher
-                .asked
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .flush = true;
-        }
+        self.shared
+            .flusher
+            .asked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .flush = true;
         self.shared.flusher.wake.notify_one();
         let mut rx = self.shared.durable.subscribe();
         let shared = &self.shared;

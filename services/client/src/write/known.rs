@@ -81,7 +81,8 @@ impl Known {
     }
 
     /// A state folded elsewhere (serve's store), taken as a starting point: stale, so the
-    /// commits after its tip are read before anything is decided on it.
+    /// commits after its tip are read before anything is decided on it, unless the log
+    /// holds that tip as the head its append expects (`super::refresh`).
     pub(crate) fn adopted(entity: Entity) -> Known {
         let tip = entity.header().tip();
         Known {
