@@ -8,15 +8,17 @@
 //! consumer, a reconnect, a dropped batch) it sees by `prev` and fills through
 //! `q.changes`, which is the feed's truth.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use provledger_client::follow::feed_subject;
 use provledger_events::Commit;
 use provledger_projections::timeline;
+use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::handoff::{self, Release};
-use crate::messages::{FeedBookmark, FeedChange, HistoryItem};
+use crate::messages::FeedBookmark;
 use crate::metrics::FoldMetrics;
 
 /// Applied batches the feed holds before the projector drops the next one (it never waits
@@ -65,33 +67,41 @@ pub struct FeedBatch {
 /// A commit for the feed, with the position of its aggregate's commit folded before it (0:
 /// its first), which a follower of that aggregate alone checks its position against.
 /// `None` where the projector cannot say (a commit held past a loss): the change then
-/// carries the whole log's `prev` there too, which is never less.
+/// carries the whole log's `prev` there too, which is never less. The commit is shared
+/// with the copier (`crate::log_copy::CopyBatch`), which takes the same ones.
 #[derive(Debug)]
 pub struct FedCommit {
-    pub commit: Commit,
+    pub commit: Arc<Commit>,
     pub aggregate_prev: Option<u64>,
 }
 
+/// One change as the feed publishes it: [`crate::messages::FeedChange`]'s JSON (the
+/// published schema's type, which owns its commit), written from the shared commit. A test
+/// holds the two to the same bytes.
+#[derive(Serialize)]
+struct Change<'a> {
+    #[serde(flatten)]
+    commit: &'a Commit,
+    timeline: Vec<String>,
+    prev: u64,
+    aggregate_prev: u64,
+}
+
 /// The changes of one batch, each with its `prev` and `aggregate_prev`.
-fn changes(batch: FeedBatch) -> impl Iterator<Item = FeedChange> {
+fn changes(batch: &FeedBatch) -> impl Iterator<Item = Change<'_>> {
     let mut prev = batch.after;
-    batch.commits.into_iter().map(move |fed| {
-        let FedCommit {
-            commit,
-            aggregate_prev,
-        } = fed;
+    batch.commits.iter().map(move |fed| {
+        let commit: &Commit = &fed.commit;
         // Never past `prev`: a commit of the aggregate after `prev` would be in this batch
         // before it, which the projector's order rules out.
-        debug_assert!(aggregate_prev.is_none_or(|p| p <= prev));
-        let change = FeedChange {
+        debug_assert!(fed.aggregate_prev.is_none_or(|p| p <= prev));
+        let change = Change {
+            commit,
+            timeline: timeline::render(commit),
             prev,
-            aggregate_prev: aggregate_prev.unwrap_or(prev),
-            change: HistoryItem {
-                timeline: timeline::render(&commit),
-                commit,
-            },
+            aggregate_prev: fed.aggregate_prev.unwrap_or(prev),
         };
-        prev = change.change.commit.position;
+        prev = commit.position;
         change
     })
 }
@@ -121,8 +131,8 @@ pub(crate) async fn run(
                 }
                 let through = batch.through;
                 let mut published = 0;
-                for change in changes(batch) {
-                    let subject = feed_subject(&prefix, &change.change.commit.aggregate);
+                for change in changes(&batch) {
+                    let subject = feed_subject(&prefix, &change.commit.aggregate);
                     let payload = serde_json::to_vec(&change)
                         .expect("a feed change: plain serde data (string keys, no fallible impls) encodes as JSON");
                     if let Err(e) = client.publish(subject, payload.into()).await {
@@ -150,6 +160,7 @@ pub(crate) async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::messages::{FeedChange, HistoryItem};
     use provledger_events::{AggregateId, CommitDraft, Hash};
     use uuid::Uuid;
 
@@ -173,11 +184,11 @@ mod tests {
             through: 15,
             commits: vec![
                 FedCommit {
-                    commit: commit(12),
+                    commit: Arc::new(commit(12)),
                     aggregate_prev: Some(3),
                 },
                 FedCommit {
-                    commit: commit(15),
+                    commit: Arc::new(commit(15)),
                     aggregate_prev: None,
                 },
             ],
@@ -185,13 +196,65 @@ mod tests {
         // when its changes are made, then each says no change lies between it and `prev`,
         // and no change of its aggregate between it and `aggregate_prev` (`prev` where the
         // projector could not say).
-        let prevs: Vec<(u64, u64, u64)> = changes(batch)
-            .map(|c| (c.prev, c.aggregate_prev, c.change.commit.position))
+        let prevs: Vec<(u64, u64, u64)> = changes(&batch)
+            .map(|c| (c.prev, c.aggregate_prev, c.commit.position))
             .collect();
         assert_eq!(prevs, vec![(10, 3, 12), (12, 12, 15)]);
         assert_eq!(
             feed_subject("provledger", &commit(12).aggregate),
             format!("provledger.feed.cluster.{}", Uuid::from_u128(12))
+        );
+    }
+
+    #[test]
+    fn a_change_is_published_as_the_schemas_feed_change_byte_for_byte() {
+        // Given a commit with every optional field set and events with text to escape,
+        let events: Vec<provledger_events::Event> = serde_json::from_value(serde_json::json!([
+            {"provider_registered": {"name": "rack \"7\"\n", "host": "h\u{1}.example"}},
+            {"inventory_set": {"resource_class": "VCPU", "inventory": {
+                "total": 64, "reserved": 0, "allocation_ratio": 1.5,
+                "min_unit": 1, "max_unit": 64, "step_size": 1}}}
+        ]))
+        .expect("catalogue events");
+        let mut draft = CommitDraft::now("svc <a>&\"b\"", events);
+        draft.operation_id = Some(Uuid::from_u128(7));
+        draft.causation_id = Some(Uuid::from_u128(8));
+        draft.trace = provledger_events::TraceContext::parse(
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        );
+        let mut commit = Commit::seal(
+            AggregateId::provider(Uuid::from_u128(9)),
+            3,
+            Hash([4; 32]),
+            draft,
+        );
+        commit.position = 41;
+        let batch = FeedBatch {
+            after: 40,
+            through: 41,
+            commits: vec![FedCommit {
+                commit: Arc::new(commit.clone()),
+                aggregate_prev: Some(17),
+            }],
+        };
+        // when the feed writes its change, then the bytes are those of the published
+        // schema's type holding the same commit.
+        let published: Vec<Vec<u8>> = changes(&batch)
+            .map(|c| serde_json::to_vec(&c).expect("json"))
+            .collect();
+        let schema = FeedChange {
+            change: HistoryItem {
+                timeline: timeline::render(&commit),
+                commit,
+            },
+            prev: 40,
+            aggregate_prev: 17,
+        };
+        assert_eq!(
+            published,
+            vec![serde_json::to_vec(&schema).expect("json")],
+            "{}",
+            String::from_utf8_lossy(&published[0])
         );
     }
 
@@ -214,7 +277,7 @@ mod tests {
             through: n as u64,
             commits: (1..=n as u64)
                 .map(|p| FedCommit {
-                    commit: commit(p),
+                    commit: Arc::new(commit(p)),
                     aggregate_prev: None,
                 })
                 .collect(),

@@ -43,7 +43,9 @@
 //! batches since the last flush, with their `copied` mark; they are read back at the next
 //! start.
 
+use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -383,7 +385,11 @@ impl LogCopy {
     /// Copies `commits` (in position order; those at or below the copy's end are skipped)
     /// and marks every position through `through` copied, in one sled batch. A commit that
     /// does not link its chain is refused (in the outcome), never written.
-    pub fn write(&mut self, commits: &[Commit], through: u64) -> Result<CopyOutcome, StoreError> {
+    pub fn write<C: Borrow<Commit>>(
+        &mut self,
+        commits: &[C],
+        through: u64,
+    ) -> Result<CopyOutcome, StoreError> {
         let mut outcome = CopyOutcome::default();
         if through <= self.extent.through {
             return Ok(outcome);
@@ -399,7 +405,11 @@ impl LogCopy {
         let mut batch = sled::Batch::default();
         let end = self.extent.through;
         let mut previous = end;
-        for commit in commits.iter().filter(|c| c.position > end) {
+        for commit in commits
+            .iter()
+            .map(Borrow::borrow)
+            .filter(|c: &&Commit| c.position > end)
+        {
             assert!(
                 commit.position > previous && commit.position <= through,
                 "copy: {} v{} at position {} handed after position {previous}, through {through}",
@@ -451,12 +461,13 @@ impl LogCopy {
 }
 
 /// What the projector hands the copier once a batch is written: the commits it took at
-/// their positions (folded, or held past a loss), after `after` through `through`.
+/// their positions (folded, or held past a loss), after `after` through `through`. Shared
+/// with the feed, which takes the same commits: never cloned for the two.
 #[derive(Debug)]
 pub struct CopyBatch {
     pub after: u64,
     pub through: u64,
-    pub commits: Vec<Commit>,
+    pub commits: Vec<Arc<Commit>>,
 }
 
 /// The projector's end of the copier's queue.
@@ -539,7 +550,11 @@ pub async fn read_back<L: EventLog>(
     Ok(())
 }
 
-fn copy_write(copy: &mut LogCopy, commits: &[Commit], through: u64) -> Result<(), StoreError> {
+fn copy_write<C: Borrow<Commit>>(
+    copy: &mut LogCopy,
+    commits: &[C],
+    through: u64,
+) -> Result<(), StoreError> {
     let outcome = copy.write(commits, through)?;
     if outcome.after_loss > 0 {
         tracing::warn!(

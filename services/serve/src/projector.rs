@@ -13,6 +13,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -400,7 +401,7 @@ impl Projector {
                     // Its aggregate's commits before it are not all folded (a loss lies
                     // between): the feed says nothing narrower than the whole log's `prev`.
                     gathered.feed.push(crate::feed::FedCommit {
-                        commit: *commit,
+                        commit: Arc::new(*commit),
                         aggregate_prev: None,
                     });
                 }
@@ -500,7 +501,7 @@ impl Projector {
             gathered.outcome.events += commit.events.len();
             if commit.position == at && self.hands_commits() {
                 gathered.feed.push(crate::feed::FedCommit {
-                    commit,
+                    commit: Arc::new(commit),
                     aggregate_prev: Some(aggregate_prev),
                 });
             }
@@ -550,7 +551,7 @@ impl Projector {
             checkpoint,
             watermark,
             reissue_news,
-            mut feed,
+            feed,
             ..
         } = gathered;
         for id in &dirty {
@@ -573,14 +574,8 @@ impl Projector {
             // A batch the copier has no room for (a catch-up fills its queue before the
             // copier starts) is read back from the stream: never cloned for nothing.
             let handed = copy.has_room(feed.len()) && {
-                // Cloned only when the feed takes them too (serve runs both).
-                let commits = match self.feed {
-                    Some(_) => feed.iter().map(|f| f.commit.clone()).collect(),
-                    None => std::mem::take(&mut feed)
-                        .into_iter()
-                        .map(|f| f.commit)
-                        .collect(),
-                };
+                // Shared with the feed, which takes the same commits (serve runs both).
+                let commits = feed.iter().map(|f| Arc::clone(&f.commit)).collect();
                 copy.hand(crate::log_copy::CopyBatch {
                     after: self.checkpoint,
                     through: checkpoint,

@@ -60,7 +60,8 @@ use uuid::Uuid;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const USAGE: &str = "usage: write-bench [--quick] [--duration SECS] [--sustained SECS] \
-                     [--only throughput|depth|hot|sustained|atomic|mixed|deep] [--no-log-copy]";
+                     [--only throughput|depth|hot|sustained|atomic|mixed|deep] [--no-log-copy] \
+                     [--clients N,N,...]";
 const AGGREGATES: usize = 1000;
 const CLIENT_COUNTS: [usize; 4] = [1, 16, 64, 256];
 const CLIENTS_PER_CONNECTION: usize = 16;
@@ -102,6 +103,8 @@ struct Options {
     sustained: Duration,
     depths: Vec<usize>,
     only: Option<Phase>,
+    /// The throughput phase's client counts (`--clients 64`: one row, for side-by-side runs).
+    clients: Vec<usize>,
 }
 
 impl Options {
@@ -123,11 +126,25 @@ fn parse_options() -> Options {
     };
     let (mut quick, mut duration, mut sustained, mut only) = (false, None, None, None);
     let mut log_copy = true;
+    let mut clients = CLIENT_COUNTS.to_vec();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => quick = true,
             "--no-log-copy" => log_copy = false,
+            "--clients" => {
+                let value = args.next().unwrap_or_default();
+                clients = value
+                    .split(',')
+                    .map(|n| n.parse::<usize>().ok().filter(|n| *n > 0))
+                    .collect::<Option<Vec<_>>>()
+                    .filter(|c| !c.is_empty())
+                    .unwrap_or_else(|| {
+                        fail(format!(
+                            "--clients takes client counts > 0, comma-separated, not {value:?}"
+                        ))
+                    });
+            }
             "--duration" => duration = Some(seconds("--duration", args.next())),
             "--sustained" => sustained = Some(seconds("--sustained", args.next())),
             "--only" => {
@@ -162,6 +179,7 @@ fn parse_options() -> Options {
         sustained: Duration::from_secs(sustained.unwrap_or(if quick { 10 } else { 60 })),
         depths,
         only,
+        clients,
     }
 }
 
@@ -259,6 +277,9 @@ struct Run {
     ok: Vec<(Duration, Duration)>,
     /// (completed at, `code: message`) of every error.
     errors: Vec<(Duration, String)>,
+    /// The whole machine's busy CPU time from the run's start until its last write ended
+    /// (every process: serve, nats-server, the load generator), when /proc/stat says.
+    machine_cpu: Option<Duration>,
 }
 
 impl Run {
@@ -290,6 +311,36 @@ impl Run {
     fn errors_by_code(&self) -> String {
         by_code(self.errors.iter().map(|(_, c)| c.as_str()))
     }
+
+    /// The machine's CPU per success, in µs: every success is counted, also those that
+    /// ended after the duration, because the CPU is measured until the last one ended.
+    /// Steadier than a rate on a saturated machine, where the rate of two runs moves with
+    /// whatever else the cores did, while the work per commit does not.
+    fn cpu_per_success(&self) -> String {
+        match (self.machine_cpu, self.ok.len()) {
+            (Some(cpu), n) if n > 0 => format!("{:.0}", cpu.as_secs_f64() * 1e6 / n as f64),
+            _ => "-".into(),
+        }
+    }
+}
+
+/// The machine's busy CPU time so far (user, nice, system, irq, softirq and steal of every
+/// core, from /proc/stat), or `None` where there is no /proc/stat.
+fn machine_busy() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let cpu = stat.lines().find(|l| l.starts_with("cpu "))?;
+    // Fields after "cpu": user nice system idle iowait irq softirq steal ...
+    let ticks: Vec<u64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    let busy: u64 = [0, 1, 2, 5, 6, 7]
+        .iter()
+        .filter_map(|&i| ticks.get(i))
+        .sum();
+    // USER_HZ is 100 on every Linux this runs on (the kernel's ABI for /proc/stat).
+    Some(Duration::from_millis(busy * 10))
 }
 
 /// Counts errors (`code: message`) by code: `unavailable 3, timeout 1`, or `none`.
@@ -310,6 +361,7 @@ fn by_code<'a>(errors: impl Iterator<Item = &'a str>) -> String {
 
 /// Every writer writes, one write at a time, until `duration` has passed.
 async fn closed_loop<W: Writer>(writers: Vec<W>, duration: Duration) -> Run {
+    let busy_before = machine_busy();
     let start = Instant::now();
     let deadline = start + duration;
     let tasks: Vec<_> = writers
@@ -339,6 +391,9 @@ async fn closed_loop<W: Writer>(writers: Vec<W>, duration: Duration) -> Run {
         run.ok.extend(ok);
         run.errors.extend(errors);
     }
+    run.machine_cpu = busy_before
+        .zip(machine_busy())
+        .map(|(before, after)| after.saturating_sub(before));
     run
 }
 
@@ -910,11 +965,12 @@ async fn watch_server(addr: String, total: Duration) -> Vec<Figures> {
 fn row(clients: usize, system: &str, run: &Run, ratio: &str) {
     let l = run.all_latencies();
     println!(
-        "| {clients} | {system} | {:.0} | {} | {} | {} | {ratio} |",
+        "| {clients} | {system} | {:.0} | {} | {} | {} | {ratio} | {} |",
         run.rate(),
         quantile(&l, 0.50),
         quantile(&l, 0.99),
-        run.errors_by_code()
+        run.errors_by_code(),
+        run.cpu_per_success(),
     );
 }
 
@@ -1003,7 +1059,7 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
 
     let mut rows = Vec::new();
     let mut notes = Vec::new();
-    for clients in CLIENT_COUNTS {
+    for &clients in &o.clients {
         eprintln!("throughput: {clients} clients: provledger cmd.append ...");
         let (ids, _) = register(&client, AGGREGATES).await;
         wait_caught_up(&client).await;
@@ -1040,8 +1096,8 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
         o.duration.as_secs()
     );
     println!();
-    println!("| clients | system | commits/s | p50 | p99 | errors by code | provledger ÷ this |");
-    println!("|---:|---|---:|---:|---:|---|---:|");
+    println!("| clients | system | commits/s | p50 | p99 | errors by code | provledger ÷ this | machine CPU per commit (µs) |");
+    println!("|---:|---|---:|---:|---:|---|---:|---:|");
     for (clients, ledger, raw, pg_run) in &rows {
         row(*clients, "provledger cmd.append", ledger, "1.00x");
         row(
@@ -1057,7 +1113,7 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
                 run,
                 &ratio(ledger.rate(), run.rate()),
             ),
-            None => println!("| {clients} | PostgreSQL | skipped (unreachable) | | | | |"),
+            None => println!("| {clients} | PostgreSQL | skipped (unreachable) | | | | | |"),
         }
     }
     row(
@@ -1073,6 +1129,9 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
     );
     println!(
         "- Every row starts on 1,000 fresh aggregates holding one commit; raw and PostgreSQL payloads are {payload_bytes} bytes, the size of the encoded commit."
+    );
+    println!(
+        "- Machine CPU per commit: every core's busy time (/proc/stat) during the row, all processes (serve, nats-server, PostgreSQL, the load generator), over the row's commits. Once the cores are saturated, a rate is this figure's inverse, and the figure moves less between runs than the rate does."
     );
     for note in notes {
         println!("- {note}");
@@ -1665,8 +1724,8 @@ async fn hot(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, payload_byte
         o.duration.as_secs()
     );
     println!();
-    println!("| clients | system | commits/s | p50 | p99 | errors by code | provledger ÷ this |");
-    println!("|---:|---|---:|---:|---:|---|---:|");
+    println!("| clients | system | commits/s | p50 | p99 | errors by code | provledger ÷ this | machine CPU per commit (µs) |");
+    println!("|---:|---|---:|---:|---:|---|---:|---:|");
     row(
         HOT_CLIENTS,
         "provledger cmd.append, expect any",
@@ -1680,7 +1739,7 @@ async fn hot(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, payload_byte
             run,
             &ratio(ledger.rate(), run.rate()),
         ),
-        None => println!("| {HOT_CLIENTS} | PostgreSQL | skipped (unreachable) | | | | |"),
+        None => println!("| {HOT_CLIENTS} | PostgreSQL | skipped (unreachable) | | | | | |"),
     }
     println!();
     println!(
