@@ -30,7 +30,7 @@
 //!
 //! Usage: `cargo run --release -p provledger-tests --bin write-bench -- [--quick]
 //! [--duration SECS] [--sustained SECS]
-//! [--only throughput|depth|hot|sustained|atomic|mixed|deep] [--no-log-copy]`
+//! [--only throughput|depth|hot|sustained|atomic|mixed|deep|wide] [--no-log-copy]`
 //! (`--no-log-copy`: serve keeps no copy of the stream in its data dir, as
 //! `provledger serve --no-log-copy`).
 
@@ -43,6 +43,7 @@ use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::stream::DirectGetErrorKind;
 use bytes::Bytes;
 use futures::StreamExt;
+use provledger_events::catalogue::ConsumerKind;
 use provledger_events::{
     AggregateId, Commit, CommitDraft, Event, EventLog, Expectation, Hash, JetStreamConfig,
     JetStreamLog,
@@ -93,6 +94,8 @@ enum Phase {
     Mixed,
     /// Only the first write after another process deepened a provider (also in `atomic`).
     Deep,
+    /// Only claims on providers that hold many allocations, next to one that holds none.
+    Wide,
 }
 
 struct Options {
@@ -156,8 +159,9 @@ fn parse_options() -> Options {
                     Some("atomic") => Phase::Atomic,
                     Some("mixed") => Phase::Mixed,
                     Some("deep") => Phase::Deep,
+                    Some("wide") => Phase::Wide,
                     other => fail(format!(
-                        "--only takes throughput, depth, hot, sustained, atomic, mixed or deep, not {other:?}"
+                        "--only takes throughput, depth, hot, sustained, atomic, mixed, deep or wide, not {other:?}"
                     )),
                 })
             }
@@ -1586,6 +1590,131 @@ async fn deep_first_write(nats: &NatsServer, o: &Options) {
     }
 }
 
+/// A claim of one VCPU for a new instance, `expect: "any"`.
+fn claim_request(provider: Uuid) -> Bytes {
+    append_request(
+        provider,
+        json!("any"),
+        json!([{"allocation_claimed": {
+            "consumer": Uuid::now_v7(), "consumer_kind": "instance", "resources": {"VCPU": 1}}}]),
+    )
+}
+
+/// Claims through serve on providers that already hold many allocations (a shared
+/// provider: an address pool, shared storage, which every instance holds an allocation
+/// on), next to claims on one that holds none: whether a write costs more as an
+/// aggregate's state grows. Each wide provider is filled by another process through the
+/// log, 1,000 claims per commit; serve catches up, takes one unmeasured claim on each,
+/// then claims on every provider in turn.
+async fn wide(nats: &NatsServer, o: &Options) {
+    const CLAIMS: usize = 200;
+    const CLAIMS_PER_COMMIT: usize = 1_000;
+    const CAPACITY: u64 = 10_000_000;
+    let widths: Vec<usize> = match o.quick {
+        true => vec![0, 1_000, 10_000],
+        false => vec![0, 1_000, 10_000, 100_000],
+    };
+    let client = nats.client().await;
+    let log = JetStreamLog::open(nats.client().await, JetStreamConfig::default())
+        .await
+        .expect("opening the PROVLEDGER stream");
+    let mut providers = Vec::new();
+    for &width in &widths {
+        let id = Uuid::now_v7();
+        let registration = json!([
+            {"provider_registered": {"name": format!("wide-{width}"), "host": "pool.example"}},
+            inventory(CAPACITY)
+        ]);
+        let reply = request(
+            &client,
+            APPEND_SUBJECT,
+            append_request(id, json!("none"), registration),
+        )
+        .await
+        .expect("registering a provider through serve");
+        assert!(reply_error(&reply).is_none(), "registering a provider");
+        eprintln!("wide: another process claims {width} allocations on one provider ...");
+        let aggregate = AggregateId::provider(id);
+        // Version 1 is the registration.
+        for (version, start) in (1..).zip((0..width).step_by(CLAIMS_PER_COMMIT)) {
+            let events: Vec<Event> = (start..width.min(start + CLAIMS_PER_COMMIT))
+                .map(|_| {
+                    Event::allocation_claimed(
+                        Uuid::now_v7(),
+                        ConsumerKind::Instance,
+                        [("VCPU".to_string(), 1)].into(),
+                    )
+                })
+                .collect();
+            log.append(
+                aggregate,
+                Expectation::Exactly(version),
+                CommitDraft::now("bench", events),
+            )
+            .await
+            .expect("filling a wide provider");
+        }
+        providers.push((width, id));
+    }
+    wait_caught_up(&client).await;
+    for (_, id) in &providers {
+        let reply = request(&client, APPEND_SUBJECT, claim_request(*id))
+            .await
+            .expect("a claim through serve");
+        assert!(reply_error(&reply).is_none(), "the unmeasured claim");
+    }
+    let mut timed: Vec<Vec<Duration>> = vec![Vec::new(); providers.len()];
+    let mut errors: Vec<Vec<String>> = vec![Vec::new(); providers.len()];
+    for round in 0..CLAIMS {
+        for k in 0..providers.len() {
+            // Alternate the order, so that no provider always follows another.
+            let k = if round % 2 == 0 {
+                k
+            } else {
+                providers.len() - 1 - k
+            };
+            let sent = Instant::now();
+            match request(&client, APPEND_SUBJECT, claim_request(providers[k].1)).await {
+                Ok(reply) => match reply_error(&reply) {
+                    None => timed[k].push(sent.elapsed()),
+                    Some(e) => errors[k].push(e),
+                },
+                Err(e) => errors[k].push(format!("request: {e}")),
+            }
+        }
+    }
+    println!();
+    println!(
+        "### Claims on a provider holding many allocations, next to one holding none ({CLAIMS} sequential `cmd.append` claims per provider, one client, the providers in turn; each filled by another process through the log, {CLAIMS_PER_COMMIT} claims per commit, then one unmeasured claim)"
+    );
+    println!();
+    println!(
+        "| allocations held | p50 | p99 | max | errors by code | p50 ÷ the empty provider's |"
+    );
+    println!("|---:|---:|---:|---:|---|---:|");
+    let base_p50 = {
+        let mut b = timed[0].to_vec();
+        b.sort();
+        percentile(&b, 0.5)
+    };
+    for (k, (width, _)) in providers.iter().enumerate() {
+        let mut l = timed[k].clone();
+        l.sort();
+        println!(
+            "| {width} | {} | {} | {} | {} | {} |",
+            quantile(&l, 0.50),
+            quantile(&l, 0.99),
+            quantile(&l, 1.0),
+            by_code(errors[k].iter().map(String::as_str)),
+            match l.is_empty() {
+                true => "-".into(),
+                false => ratio(percentile(&l, 0.5).as_secs_f64(), base_p50.as_secs_f64()),
+            }
+        );
+    }
+    print_examples(errors.iter().flatten().map(String::as_str));
+}
+
 async fn depth(nats: &NatsServer, o: &Options) {
     let client = nats.client().await;
     let log = JetStreamLog::open(nats.client().await, JetStreamConfig::default())
@@ -1920,6 +2049,9 @@ async fn main() {
     }
     if o.only == Some(Phase::Deep) {
         deep_first_write(&nats, &o).await;
+    }
+    if o.runs(Phase::Wide) {
+        wide(&nats, &o).await;
     }
     if o.runs(Phase::Sustained) {
         sustained(&nats, &o, "bench", "no accounts", false).await;
