@@ -1688,10 +1688,22 @@ async fn wide(nats: &NatsServer, o: &Options) {
         "### Claims on a provider holding many allocations, next to one holding none ({CLAIMS} sequential `cmd.append` claims per provider, one client, the providers in turn; each filled by another process through the log, {CLAIMS_PER_COMMIT} claims per commit, then one unmeasured claim)"
     );
     println!();
-    println!(
-        "| allocations held | p50 | p99 | max | errors by code | p50 ÷ the empty provider's |"
-    );
-    println!("|---:|---:|---:|---:|---|---:|");
+    // What reading each provider back answers, once it holds what it was given.
+    let mut reads = Vec::new();
+    for (_, id) in &providers {
+        let get = Bytes::from(json!({ "id": id }).to_string());
+        reads.push(
+            match request(&client, "provledger.q.provider.get", get).await {
+                Ok(reply) => match reply_error(&reply) {
+                    None => format!("{} bytes", reply.payload.len()),
+                    Some(e) => format!("`{}`", code_of(&e)),
+                },
+                Err(e) => format!("request: {e}"),
+            },
+        );
+    }
+    println!("| allocations held | p50 | p99 | max | errors by code | p50 ÷ the empty provider's | `q.provider.get` after |");
+    println!("|---:|---:|---:|---:|---|---:|---|");
     let base_p50 = {
         let mut b = timed[0].to_vec();
         b.sort();
@@ -1701,7 +1713,7 @@ async fn wide(nats: &NatsServer, o: &Options) {
         let mut l = timed[k].clone();
         l.sort();
         println!(
-            "| {width} | {} | {} | {} | {} | {} |",
+            "| {width} | {} | {} | {} | {} | {} | {} |",
             quantile(&l, 0.50),
             quantile(&l, 0.99),
             quantile(&l, 1.0),
@@ -1709,7 +1721,8 @@ async fn wide(nats: &NatsServer, o: &Options) {
             match l.is_empty() {
                 true => "-".into(),
                 false => ratio(percentile(&l, 0.5).as_secs_f64(), base_p50.as_secs_f64()),
-            }
+            },
+            reads[k]
         );
     }
     print_examples(errors.iter().flatten().map(String::as_str));
