@@ -80,11 +80,21 @@ pub struct ProviderState {
     /// on a provider of 100,000 allocations copy them all (18 ms, docs/benchmarks.md). It
     /// encodes as the `BTreeMap` did (a serde map in key order): stored states keep their
     /// bytes.
+    #[serde(deserialize_with = "allocations_as_read")]
     pub allocations: imbl::OrdMap<Uuid, Allocation>,
     pub last_delete_refusal: Option<Vec<BlockingAllocation>>,
     /// The delete being carried out releases every allocation (`--cascade`): whoever finds
     /// it half done (a crash between two of its commits) finishes it.
     pub deleting_cascade: bool,
+}
+
+/// Reads allocations through a `BTreeMap`, which allocates as entries arrive: imbl's own
+/// reader reserves room for as many entries as the bytes claim, so a damaged length in a
+/// stored state or a snapshot would abort the process where it must be refused as corrupt.
+fn allocations_as_read<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<imbl::OrdMap<Uuid, Allocation>, D::Error> {
+    BTreeMap::<Uuid, Allocation>::deserialize(d).map(|m| m.into_iter().collect())
 }
 
 impl ProviderState {
@@ -374,5 +384,24 @@ mod tests {
             )
             .expect("decode");
         assert_eq!(decoded, persistent);
+    }
+
+    #[test]
+    fn allocations_whose_stored_length_is_damaged_are_refused_not_reserved() {
+        // Given stored allocations whose length says u64::MAX entries (bincode's varint:
+        // 0xFD, then 8 bytes) and holds none,
+        #[derive(Debug, serde::Deserialize)]
+        struct Stored(
+            #[serde(deserialize_with = "allocations_as_read")]
+            #[allow(dead_code)]
+            imbl::OrdMap<Uuid, Allocation>,
+        );
+        let mut bytes = vec![0xFD];
+        bytes.extend_from_slice(&u64::MAX.to_le_bytes());
+        // when they are read, then the read fails with an error (imbl's own reader would
+        // reserve room for that many entries first, and abort).
+        let read: Result<(Stored, usize), _> =
+            bincode::serde::decode_from_slice(&bytes, bincode::config::standard());
+        assert!(read.is_err(), "{read:?}");
     }
 }
