@@ -119,10 +119,17 @@ async fn a_follower_killed_twice_during_concurrent_writes_ends_with_exactly_the_
     assert_eq!(expected.len(), 10_000);
     assert_eq!(handled.len(), expected.len(), "{:?}", (stats, last));
     assert_eq!(handled, expected);
-    // and most came live from the feed, not from catch-ups.
+    // and most of what the two killed runs handled came live from the feed, not from
+    // catch-ups. (Not a fixed count: the writers may be done before the last run starts,
+    // which then catches up on everything; with both kills early, the two runs handle as
+    // few as 1,000 changes, part of the second by the catch-up at its start.)
     let live: u64 = stats.iter().chain([&last]).map(|s| s.live).sum();
     eprintln!("{stats:?} {last:?}");
-    assert!(live > 1_000, "{live} changes came live: {stats:?} {last:?}");
+    let handled_by_killed_runs = (first_kill + second_kill) as u64;
+    assert!(
+        live * 2 > handled_by_killed_runs,
+        "{live} of {handled_by_killed_runs} changes came live: {stats:?} {last:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
