@@ -175,8 +175,13 @@ pub struct ProviderView {
     pub capacity: BTreeMap<String, u64>,
     /// What is allocated, by resource class.
     pub usage: BTreeMap<String, u64>,
-    /// In consumer id order.
+    /// In consumer id order: all of them, or one part (`allocations_total` then says how
+    /// many there are).
     pub allocations: Vec<AllocationView>,
+    /// How many allocations the provider holds, when `allocations` is one part of them
+    /// (`q.provider.get` with `allocations_after` or `parts_limit`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocations_total: Option<usize>,
     /// The allocations that blocked the last refused delete.
     pub last_delete_refusal: Option<Vec<BlockingAllocation>>,
     #[serde(flatten)]
@@ -193,6 +198,27 @@ pub struct AllocationView {
 
 impl ProviderView {
     pub fn of(state: &ProviderState) -> Self {
+        Self::with_allocations(state, state.allocations.iter(), None)
+    }
+
+    /// The view with at most `limit` of the provider's allocations after consumer `after`
+    /// (from the first without it), and their total: a provider of any size in parts a
+    /// reply can carry. Reads only the part, not every allocation.
+    pub fn part(state: &ProviderState, after: Option<Uuid>, limit: usize) -> Self {
+        use std::ops::Bound;
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let part = state
+            .allocations
+            .range((from, Bound::Unbounded))
+            .take(limit);
+        Self::with_allocations(state, part, Some(state.allocations.len()))
+    }
+
+    fn with_allocations<'a>(
+        state: &'a ProviderState,
+        allocations: impl Iterator<Item = (&'a Uuid, &'a crate::provider::Allocation)>,
+        allocations_total: Option<usize>,
+    ) -> Self {
         ProviderView {
             id: state.header.id.id,
             name: state.name.clone(),
@@ -205,15 +231,14 @@ impl ProviderView {
                 .map(|(rc, inv)| (rc.clone(), inv.capacity()))
                 .collect(),
             usage: state.usage.clone(),
-            allocations: state
-                .allocations
-                .iter()
+            allocations: allocations
                 .map(|(consumer, a)| AllocationView {
                     consumer: *consumer,
                     consumer_kind: a.consumer_kind,
                     resources: a.resources.to_map(),
                 })
                 .collect(),
+            allocations_total,
             last_delete_refusal: state.last_delete_refusal.clone(),
             progress: FoldProgress::of(&state.header),
         }

@@ -284,11 +284,19 @@ pub struct GetRequest {
     /// `q.operation.get` only: its `compensations` from this index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compensations_from: Option<u64>,
-    /// `q.operation.get` only: at most this many of each of `steps`, `started` and
-    /// `compensations` (1..=1000, default 100 once paging).
+    /// `q.operation.get` and `q.provider.get`: at most this many of each of an operation's
+    /// `steps`, `started` and `compensations`, or of a provider's `allocations` (1..=1000,
+    /// default 100 once paging).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000))]
     pub parts_limit: Option<u64>,
+    /// `q.provider.get` only: the provider's `allocations` after this consumer id (in
+    /// consumer id order). With it or `parts_limit`, a provider of any size is answered in
+    /// parts: the view then carries `allocations_total`; go on with the last consumer of
+    /// each part until a part holds fewer than `parts_limit`. Without them the whole view
+    /// is answered, or `too_large` for one over a reply (about 10,000 allocations).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocations_after: Option<Uuid>,
 }
 
 // The paging fields of every list, `limit` and `after`: at most `limit` (1..=1000, default

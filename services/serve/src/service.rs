@@ -1201,7 +1201,7 @@ async fn respond_in_span(
                 refusal(&QueryError::new(
                     ErrorCode::TooLarge,
                     format!(
-                        "the answer is {} bytes, over the {} bytes a reply may carry; ask for less: a smaller `limit` and `after` for lists, `from_version` and `limit` for history, `steps_from`, `compensations_from` and `parts_limit` for an operation",
+                        "the answer is {} bytes, over the {} bytes a reply may carry; ask for less: a smaller `limit` and `after` for lists, `from_version` and `limit` for history, `steps_from`, `compensations_from` and `parts_limit` for an operation, `allocations_after` and `parts_limit` for a provider",
                         bytes.len(),
                         ctx.reply_bytes_max
                     ),

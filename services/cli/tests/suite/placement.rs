@@ -69,6 +69,24 @@ fn claim(consumer: &str, kind: &str, n: u64) -> Value {
     json!([{"allocation_claimed": {"consumer": consumer, "consumer_kind": kind, "resources": {"VCPU": n}}}])
 }
 
+/// The events that register provider `name` (its host too) with `total` VCPUs and claim
+/// one of them for each of `consumers`, as instances.
+fn registered_holding(name: &str, total: u64, consumers: &[String]) -> Value {
+    let mut events = vec![
+        json!({"provider_registered": {"name": name, "host": name}}),
+        vcpus(total),
+    ];
+    for c in consumers {
+        events.extend(
+            claim(c, "instance", 1)
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+        );
+    }
+    Value::Array(events)
+}
+
 fn instance_on(name: &str, provider: &str) -> Value {
     json!([
         {"instance_create_requested": {"name": name, "cluster_id": null, "node_group": null,
@@ -452,22 +470,10 @@ async fn serve_finishes_a_cascade_delete_it_finds_half_done() {
         .map(|i| format!("0190c0de-0000-7000-8000-00000000c00{i}"))
         .collect();
     let append = |events: Value| json!({"aggregate": format!("provider/{PROVIDER}"), "expect": "any", "events": events});
-    let mut events = vec![
-        json!({"provider_registered": {"name": "cn-9", "host": "cn-9"}}),
-        vcpus(8),
-    ];
-    for c in &consumers {
-        events.extend(
-            claim(c, "instance", 1)
-                .as_array()
-                .cloned()
-                .unwrap_or_default(),
-        );
-    }
     let reply = ask(
         &client,
         "provledger.cmd.append",
-        append(Value::Array(events)),
+        append(registered_holding("cn-9", 8, &consumers)),
     )
     .await;
     assert!(reply["error"].is_null(), "{reply}");
@@ -612,4 +618,91 @@ async fn provider_deleted_within(client: &async_nats::Client, provider: &str, se
         );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+}
+
+/// Given a provider holding 5 allocations, claimed in an order that is not their consumer
+/// order; when `q.provider.get` is asked for parts of 2, each going on after the last
+/// consumer of the one before; then the parts hold the 5 in consumer order, each once, each
+/// with the total, the last part fewer than 2; the whole view is unchanged without paging;
+/// and paging a kind that has no allocations is refused, naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_providers_allocations_are_read_in_parts_going_on_after_the_last_consumer() {
+    const PROVIDER: &str = "0190c0de-0000-7000-8000-0000000ca5e1";
+    let server = NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let client = server.client().await;
+    let _serve = common::Serve::start(&server, &dir.path().join("serve"));
+    common::wait_ready(&client).await;
+    let aggregate = format!("provider/{PROVIDER}");
+    let consumers: Vec<String> = [4, 1, 5, 3, 2]
+        .iter()
+        .map(|i| format!("0190c0de-0000-7000-8000-00000d00000{i}"))
+        .collect();
+    let reply = ask(
+        &client,
+        "provledger.cmd.append",
+        json!({"aggregate": aggregate, "expect": "none",
+               "events": registered_holding("pool-1", 64, &consumers)}),
+    )
+    .await;
+    assert!(reply["error"].is_null(), "{reply}");
+    let position = reply["data"]["position"].clone();
+
+    let mut read = Vec::new();
+    let mut after: Option<String> = None;
+    let mut parts = 0;
+    loop {
+        let mut request = json!({"id": PROVIDER, "parts_limit": 2, "min_position": position});
+        if let Some(a) = &after {
+            request["allocations_after"] = json!(a);
+        }
+        let p = ask(&client, "provledger.q.provider.get", request).await;
+        assert!(p["error"].is_null(), "{p}");
+        assert_eq!(p["data"]["allocations_total"], 5, "{p}");
+        let part: Vec<String> = p["data"]["allocations"]
+            .as_array()
+            .expect("allocations")
+            .iter()
+            .map(|a| a["consumer"].as_str().expect("consumer").to_string())
+            .collect();
+        assert!(part.len() <= 2, "{p}");
+        parts += 1;
+        read.extend(part.iter().cloned());
+        if part.len() < 2 {
+            break;
+        }
+        after = part.last().cloned();
+        assert!(parts < 10, "paging does not end: {read:?}");
+    }
+    let mut expected = consumers.clone();
+    expected.sort();
+    assert_eq!(read, expected);
+    assert_eq!(parts, 3);
+
+    let whole = ask(
+        &client,
+        "provledger.q.provider.get",
+        json!({"id": PROVIDER, "min_position": position}),
+    )
+    .await;
+    assert_eq!(
+        whole["data"]["allocations"].as_array().map(Vec::len),
+        Some(5),
+        "{whole}"
+    );
+    assert!(whole["data"].get("allocations_total").is_none(), "{whole}");
+
+    let refused = ask(
+        &client,
+        "provledger.q.cluster.get",
+        json!({"id": PROVIDER, "allocations_after": consumers[0]}),
+    )
+    .await;
+    assert_eq!(refused["error"]["code"], "bad_request", "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("allocations_after")),
+        "{refused}"
+    );
 }

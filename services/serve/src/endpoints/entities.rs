@@ -32,15 +32,32 @@ pub(crate) async fn get(
         steps_from,
         compensations_from,
         parts_limit,
+        allocations_after,
     } = parse(payload)?;
     let id = AggregateId::new(kind, id);
-    let parts = steps_from.is_some() || compensations_from.is_some() || parts_limit.is_some();
-    if parts && kind != AggregateKind::Operation {
+    if (steps_from.is_some() || compensations_from.is_some()) && kind != AggregateKind::Operation {
         return Err(bad(
             "steps_from",
-            "`steps_from`, `compensations_from` and `parts_limit` page an operation's lists (q.operation.get only)",
+            "`steps_from` and `compensations_from` page an operation's lists (q.operation.get only)",
         ));
     }
+    if allocations_after.is_some() && kind != AggregateKind::Provider {
+        return Err(bad(
+            "allocations_after",
+            "`allocations_after` pages a provider's allocations (q.provider.get only)",
+        ));
+    }
+    if parts_limit.is_some() && !matches!(kind, AggregateKind::Operation | AggregateKind::Provider)
+    {
+        return Err(bad(
+            "parts_limit",
+            "`parts_limit` pages an operation's lists or a provider's allocations (q.operation.get and q.provider.get only)",
+        ));
+    }
+    let parts = steps_from.is_some()
+        || compensations_from.is_some()
+        || parts_limit.is_some()
+        || allocations_after.is_some();
     let limit = parts_limit.unwrap_or(PARTS_LIMIT_DEFAULT);
     if parts && !(1..=PARTS_LIMIT_MAX).contains(&limit) {
         return Err(bad("parts_limit", format!("must be 1..={PARTS_LIMIT_MAX}")));
@@ -55,6 +72,14 @@ pub(crate) async fn get(
             provledger_projections::view::OperationView::of(&op).part(
                 usize::try_from(steps_from.unwrap_or(0)).unwrap_or(usize::MAX),
                 usize::try_from(compensations_from.unwrap_or(0)).unwrap_or(usize::MAX),
+                usize::try_from(limit).unwrap_or(usize::MAX),
+            ),
+        )
+        .unwrap_or(Value::Null)),
+        Some(Entity::Provider(provider)) if parts => Ok(serde_json::to_value(
+            provledger_projections::view::ProviderView::part(
+                &provider,
+                allocations_after,
                 usize::try_from(limit).unwrap_or(usize::MAX),
             ),
         )
@@ -86,7 +111,8 @@ pub(crate) async fn id_resolve(ctx: &QueryContext, payload: &[u8]) -> Result<Val
     }))
 }
 
-/// How many of each of an operation's lists a part holds, by default and at most.
+/// How many of each of an operation's lists, or of a provider's allocations, a part holds,
+/// by default and at most.
 const PARTS_LIMIT_DEFAULT: u64 = 100;
 const PARTS_LIMIT_MAX: u64 = 1_000;
 
