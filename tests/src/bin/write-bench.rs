@@ -24,13 +24,18 @@
 //!    batch from as many publishers as clients, and one group's worth per batch); and the
 //!    first write on a provider another process deepened after serve last wrote it.
 //!
+//! `--only wide` (not in a whole run): claims on providers holding 1,000 to 100,000
+//! allocations next to one holding none, and what `q.provider.get` answers for each.
+//! `--clients N,...`: the throughput phase at those client counts only.
+//!
 //! Clients share one NATS connection per 16. Tables go to stdout, progress to stderr.
 //! PostgreSQL is 127.0.0.1:5432, user postgres, database test (trust auth); the bench
 //! creates and drops its own `wb_*` tables, and skips PostgreSQL if it is unreachable.
 //!
 //! Usage: `cargo run --release -p provledger-tests --bin write-bench -- [--quick]
 //! [--duration SECS] [--sustained SECS]
-//! [--only throughput|depth|hot|sustained|atomic|mixed|deep|wide] [--no-log-copy]`
+//! [--only throughput|depth|hot|sustained|atomic|mixed|deep|wide] [--no-log-copy]
+//! [--clients N,...]`
 //! (`--no-log-copy`: serve keeps no copy of the stream in its data dir, as
 //! `provledger serve --no-log-copy`).
 
@@ -1069,8 +1074,15 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
         wait_caught_up(&client).await;
         let payloads: Vec<Bytes> = ids.iter().map(|id| bench_write(*id)).collect();
         let writers = requesters(nats, "bench", clients, APPEND_SUBJECT, &payloads).await;
-        let ledger = closed_loop(writers, o.duration).await;
+        let mut ledger = closed_loop(writers, o.duration).await;
+        // The projector's tail is the commits' work too: counted in their row.
+        let busy = machine_busy();
         wait_caught_up(&client).await;
+        if let (Some(cpu), Some(before), Some(after)) =
+            (&mut ledger.machine_cpu, busy, machine_busy())
+        {
+            *cpu += after.saturating_sub(before);
+        }
 
         eprintln!("throughput: {clients} clients: raw JetStream ...");
         let raw = closed_loop(raw_writers(nats, clients, &payload).await, o.duration).await;
@@ -1124,7 +1136,11 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
         echo_clients,
         &format!("load generator ceiling: echo micro service ({reply_bytes}-byte reply)"),
         &echo_run,
-        &ratio(rows.last().map_or(0.0, |r| r.1.rate()), echo_run.rate()),
+        // Against provledger at the same client count only (`--clients` may leave it out).
+        &rows
+            .iter()
+            .find(|r| r.0 == echo_clients)
+            .map_or("-".into(), |r| ratio(r.1.rate(), echo_run.rate())),
     );
     println!();
     println!(
@@ -1135,7 +1151,7 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
         "- Every row starts on 1,000 fresh aggregates holding one commit; raw and PostgreSQL payloads are {payload_bytes} bytes, the size of the encoded commit."
     );
     println!(
-        "- Machine CPU per commit: every core's busy time (/proc/stat) during the row, all processes (serve, nats-server, PostgreSQL, the load generator), over the row's commits. Once the cores are saturated, a rate is this figure's inverse, and the figure moves less between runs than the rate does."
+        "- Machine CPU per commit: every core's busy time (/proc/stat) during the row, all processes (serve, nats-server, PostgreSQL, the load generator; for provledger also its projector's tail after the row), over the row's commits: the machine must be otherwise idle. serve's copier writes behind, so part of its work falls in the next row. Once the cores are saturated, the rate is about busy cores × 10^6 ÷ this figure."
     );
     for note in notes {
         println!("- {note}");
@@ -1702,7 +1718,7 @@ async fn wide(nats: &NatsServer, o: &Options) {
             },
         );
     }
-    println!("| allocations held | p50 | p99 | max | errors by code | p50 ÷ the empty provider's | `q.provider.get` after |");
+    println!("| allocations held at the start | p50 | p99 | max | errors by code | p50 ÷ the empty provider's | `q.provider.get` after the claims |");
     println!("|---:|---:|---:|---:|---|---:|---|");
     let base_p50 = {
         let mut b = timed[0].to_vec();
@@ -2063,7 +2079,7 @@ async fn main() {
     if o.only == Some(Phase::Deep) {
         deep_first_write(&nats, &o).await;
     }
-    if o.runs(Phase::Wide) {
+    if o.only == Some(Phase::Wide) {
         wide(&nats, &o).await;
     }
     if o.runs(Phase::Sustained) {
