@@ -1718,8 +1718,13 @@ async fn wide(nats: &NatsServer, o: &Options) {
             },
         );
     }
-    println!("| allocations held at the start | p50 | p99 | max | errors by code | p50 ÷ the empty provider's | `q.provider.get` after the claims |");
-    println!("|---:|---:|---:|---:|---|---:|---|");
+    // And the same read in parts of 1,000 allocations (`allocations_after`).
+    let mut parts = Vec::new();
+    for (_, id) in &providers {
+        parts.push(read_in_parts(&client, *id).await);
+    }
+    println!("| allocations held at the start | p50 | p99 | max | errors by code | p50 ÷ the empty provider's | `q.provider.get` after the claims | the same in parts of 1,000 |");
+    println!("|---:|---:|---:|---:|---|---:|---|---|");
     let base_p50 = {
         let mut b = timed[0].to_vec();
         b.sort();
@@ -1729,7 +1734,7 @@ async fn wide(nats: &NatsServer, o: &Options) {
         let mut l = timed[k].clone();
         l.sort();
         println!(
-            "| {width} | {} | {} | {} | {} | {} | {} |",
+            "| {width} | {} | {} | {} | {} | {} | {} | {} |",
             quantile(&l, 0.50),
             quantile(&l, 0.99),
             quantile(&l, 1.0),
@@ -1738,10 +1743,67 @@ async fn wide(nats: &NatsServer, o: &Options) {
                 true => "-".into(),
                 false => ratio(percentile(&l, 0.5).as_secs_f64(), base_p50.as_secs_f64()),
             },
-            reads[k]
+            reads[k],
+            parts[k]
         );
     }
     print_examples(errors.iter().flatten().map(String::as_str));
+}
+
+/// Reads a provider's allocations in parts of 1,000 (`allocations_after`, `parts_limit`):
+/// how many parts, how long in all, and whether they add up to `allocations_total`.
+async fn read_in_parts(client: &async_nats::Client, id: Uuid) -> String {
+    const PART: usize = 1_000;
+    let started = Instant::now();
+    let (mut read, mut parts) = (0, 0);
+    // Set by every part: the last one's is what the parts must add up to.
+    let mut total: Option<u64>;
+    let mut after: Option<String> = None;
+    loop {
+        let mut get = json!({"id": id, "parts_limit": PART});
+        if let Some(a) = &after {
+            get["allocations_after"] = json!(a);
+        }
+        let reply = match request(
+            client,
+            "provledger.q.provider.get",
+            Bytes::from(get.to_string()),
+        )
+        .await
+        {
+            Ok(reply) => reply,
+            Err(e) => return format!("request: {e}"),
+        };
+        if let Some(e) = reply_error(&reply) {
+            return format!("`{}` after {parts} parts", code_of(&e));
+        }
+        let Ok(view) = serde_json::from_slice::<Value>(&reply.payload) else {
+            return "a reply that is not JSON".into();
+        };
+        let allocations = view["data"]["allocations"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        total = view["data"]["allocations_total"].as_u64();
+        parts += 1;
+        read += allocations.len();
+        after = allocations
+            .last()
+            .and_then(|a| a["consumer"].as_str())
+            .map(str::to_string);
+        if allocations.len() < PART {
+            break;
+        }
+    }
+    let whole = match total {
+        Some(t) if t as usize == read => "all",
+        _ => "NOT all",
+    };
+    format!(
+        "{parts} parts, {:.1?}, {whole} of {}",
+        started.elapsed(),
+        total.map_or("?".into(), |t| t.to_string())
+    )
 }
 
 async fn depth(nats: &NatsServer, o: &Options) {
