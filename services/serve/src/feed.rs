@@ -14,11 +14,10 @@ use std::time::Duration;
 use provledger_client::follow::feed_subject;
 use provledger_events::Commit;
 use provledger_projections::timeline;
-use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::handoff::{self, Release};
-use crate::messages::FeedBookmark;
+use crate::messages::{FeedBookmark, FeedChange, HistoryItem};
 use crate::metrics::FoldMetrics;
 
 /// Applied batches the feed holds before the projector drops the next one (it never waits
@@ -75,33 +74,22 @@ pub struct FedCommit {
     pub aggregate_prev: Option<u64>,
 }
 
-/// One change as the feed publishes it: [`crate::messages::FeedChange`]'s JSON (the
-/// published schema's type, which owns its commit), written from the shared commit. A test
-/// holds the two to the same bytes.
-#[derive(Serialize)]
-struct Change<'a> {
-    #[serde(flatten)]
-    commit: &'a Commit,
-    timeline: Vec<String>,
-    prev: u64,
-    aggregate_prev: u64,
-}
-
 /// The changes of one batch, each with its `prev` and `aggregate_prev`.
-fn changes(batch: &FeedBatch) -> impl Iterator<Item = Change<'_>> {
+fn changes(batch: &FeedBatch) -> impl Iterator<Item = FeedChange> + '_ {
     let mut prev = batch.after;
     batch.commits.iter().map(move |fed| {
-        let commit: &Commit = &fed.commit;
         // Never past `prev`: a commit of the aggregate after `prev` would be in this batch
         // before it, which the projector's order rules out.
         debug_assert!(fed.aggregate_prev.is_none_or(|p| p <= prev));
-        let change = Change {
-            commit,
-            timeline: timeline::render(commit),
+        let change = FeedChange {
+            change: HistoryItem {
+                timeline: timeline::render(&fed.commit),
+                commit: Arc::clone(&fed.commit),
+            },
             prev,
             aggregate_prev: fed.aggregate_prev.unwrap_or(prev),
         };
-        prev = commit.position;
+        prev = fed.commit.position;
         change
     })
 }
@@ -132,7 +120,7 @@ pub(crate) async fn run(
                 let through = batch.through;
                 let mut published = 0;
                 for change in changes(&batch) {
-                    let subject = feed_subject(&prefix, &change.commit.aggregate);
+                    let subject = feed_subject(&prefix, &change.change.commit.aggregate);
                     let payload = serde_json::to_vec(&change)
                         .expect("a feed change: plain serde data (string keys, no fallible impls) encodes as JSON");
                     if let Err(e) = client.publish(subject, payload.into()).await {
@@ -160,7 +148,6 @@ pub(crate) async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::messages::{FeedChange, HistoryItem};
     use provledger_events::{AggregateId, CommitDraft, Hash};
     use uuid::Uuid;
 
@@ -197,7 +184,7 @@ mod tests {
         // and no change of its aggregate between it and `aggregate_prev` (`prev` where the
         // projector could not say).
         let prevs: Vec<(u64, u64, u64)> = changes(&batch)
-            .map(|c| (c.prev, c.aggregate_prev, c.commit.position))
+            .map(|c| (c.prev, c.aggregate_prev, c.change.commit.position))
             .collect();
         assert_eq!(prevs, vec![(10, 3, 12), (12, 12, 15)]);
         assert_eq!(
@@ -207,7 +194,7 @@ mod tests {
     }
 
     #[test]
-    fn a_change_is_published_as_the_schemas_feed_change_byte_for_byte() {
+    fn a_change_is_published_as_q_history_gives_its_commit_with_prev_and_aggregate_prev() {
         // Given a commit with every optional field set and events with text to escape,
         let events: Vec<provledger_events::Event> = serde_json::from_value(serde_json::json!([
             {"provider_registered": {"name": "rack \"7\"\n", "host": "h\u{1}.example"}},
@@ -237,22 +224,22 @@ mod tests {
                 aggregate_prev: Some(17),
             }],
         };
-        // when the feed writes its change, then the bytes are those of the published
-        // schema's type holding the same commit.
+        // when the feed writes its change (its commit shared with the copier), then the
+        // bytes are q.history's item of the same commit, followed by `prev` and
+        // `aggregate_prev`.
         let published: Vec<Vec<u8>> = changes(&batch)
             .map(|c| serde_json::to_vec(&c).expect("json"))
             .collect();
-        let schema = FeedChange {
-            change: HistoryItem {
-                timeline: timeline::render(&commit),
-                commit,
-            },
-            prev: 40,
-            aggregate_prev: 17,
-        };
+        let history = serde_json::to_vec(&HistoryItem {
+            timeline: timeline::render(&commit),
+            commit,
+        })
+        .expect("json");
+        let mut expected = history[..history.len() - 1].to_vec();
+        expected.extend_from_slice(br#","prev":40,"aggregate_prev":17}"#);
         assert_eq!(
             published,
-            vec![serde_json::to_vec(&schema).expect("json")],
+            vec![expected],
             "{}",
             String::from_utf8_lossy(&published[0])
         );

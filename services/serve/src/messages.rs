@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use provledger_client::placement::HealReport;
 use provledger_client::recovery::ReissueRequest;
@@ -177,7 +178,7 @@ pub const CHANGES_SCAN_MAX: u64 = 10_000;
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct FeedChange {
     #[serde(flatten)]
-    pub change: HistoryItem,
+    pub change: HistoryItem<Arc<Commit>>,
     pub prev: u64,
     pub aggregate_prev: u64,
 }
@@ -803,10 +804,12 @@ pub struct ConsumerAllocation {
 }
 
 /// One item of `q.history`: a commit, decoded, with its rendered timeline.
+// `C`: the live feed's items hold their commit shared with serve's copier (`Arc<Commit>`,
+// which serializes as the commit does): the same JSON, no clone per commit.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct HistoryItem {
+pub struct HistoryItem<C = Commit> {
     #[serde(flatten)]
-    pub commit: Commit,
+    pub commit: C,
     /// One readable line per event.
     pub timeline: Vec<String>,
 }
