@@ -372,10 +372,13 @@ mod tests {
         let forked = commit(id, 3, v1.hash, 3);
         copy.write(&[v1, v2], 3).expect("write");
         let tree = db.open_tree(log_copy::COPY_TREE).expect("tree");
-        let mut key = vec![b'c'];
-        key.extend_from_slice(&3u64.to_be_bytes());
-        tree.insert(key, codec::encode(&forked).expect("encodes"))
-            .expect("insert");
+        let mut batch = sled::Batch::default();
+        let mut packer = log_copy::pack::Packer::default();
+        packer
+            .push(&mut batch, 3, &codec::encode(&forked).expect("encodes"))
+            .expect("pack");
+        packer.close(&mut batch);
+        tree.apply_batch(batch).expect("insert");
         match backup(&db, dir.path()) {
             Err(CopyBackupError::Damaged { position: 3, .. }) => {}
             other => panic!("expected Damaged at 3, got {other:?}"),

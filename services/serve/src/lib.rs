@@ -118,5 +118,5 @@ pub use replica::{LastAudit, LastAudits, AUDIT_VIOLATIONS_KEPT};
 pub use service::{open_service_store, run, ServeError, ServeOptions, QUEUE_GROUP, SERVICE_NAME};
 pub use store::{
     decode_entity, encode_entity, HistoryCopy, IdMatches, OperationFilter, ProjectionStore,
-    QuarantineRecord, StoreError, ENTITY_FORMAT, ID_MATCHES_MAX,
+    QuarantineRecord, RawCommits, StoreError, ENTITY_FORMAT, ID_MATCHES_MAX,
 };

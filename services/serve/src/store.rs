@@ -28,8 +28,8 @@
 //! The copy (`c`, `h`) is kept in this tree only where `m` `copies_log` is not 0: the
 //! embedded store, and serve data dirs made before serve stopped copying. serve's store
 //! (bootstrapped from a published snapshot or not) keeps none here: serve keeps its copy of
-//! the stream in a tree of its own (`log_copy`, same `c` and `h` layout, written off the
-//! request path by its copier: `crate::log_copy`), unless `--no-log-copy`. The readers of
+//! the stream in a tree of its own (`log_copy`, its commits in packs and no `h` index,
+//! written off the request path by its copier: `crate::log_copy`), unless `--no-log-copy`. The readers of
 //! history (`aggregate_commits`, `commits`, `raw_commits`, `entity_at`) read whichever
 //! copy the data dir has; serve itself still reads history from the stream (its copy may
 //! be a batch behind its projection).
@@ -405,6 +405,44 @@ pub(crate) fn reclaim_sled_garbage(writes: usize) {
     }
 }
 
+/// The encoded commits of a data dir's copy of the log ([`ProjectionStore::raw_commits`]):
+/// the projection's own (a key per commit) or serve's (packs), in position order.
+pub enum RawCommits {
+    Projection(sled::Iter),
+    Copy(crate::log_copy::CopyEntries),
+    /// The copy could not be opened for reading: the error, then nothing.
+    Failed(Option<StoreError>),
+}
+
+impl Iterator for RawCommits {
+    type Item = Result<(u64, sled::IVec), StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            RawCommits::Projection(iter) => iter.next().map(projection_commit),
+            RawCommits::Copy(entries) => entries.next(),
+            RawCommits::Failed(e) => e.take().map(Err),
+        }
+    }
+}
+
+impl DoubleEndedIterator for RawCommits {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        match self {
+            RawCommits::Projection(iter) => iter.next_back().map(projection_commit),
+            RawCommits::Copy(entries) => entries.next_back(),
+            RawCommits::Failed(e) => e.take().map(Err),
+        }
+    }
+}
+
+fn projection_commit(
+    entry: sled::Result<(sled::IVec, sled::IVec)>,
+) -> Result<(u64, sled::IVec), StoreError> {
+    let (k, v) = entry?;
+    Ok((k.get(1..).and_then(be_u64).unwrap_or(0), v))
+}
+
 pub(crate) fn be_u64(bytes: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(bytes.get(..8)?.try_into().ok()?))
 }
@@ -468,6 +506,7 @@ impl ProjectionStore {
             db: db.clone(),
             log_copy: db.open_tree(crate::log_copy::COPY_TREE)?,
         };
+        crate::log_copy::pack::pack_older_layout(&store.log_copy)?;
         let format_key = key(b'm', &[b"entity_format"]);
         let stored = match store.tree.get(&format_key)? {
             Some(v) => v.first().copied(),
@@ -980,7 +1019,7 @@ impl ProjectionStore {
         })
     }
 
-    /// The tree the copy's `c` and `h` keys are read from.
+    /// The tree the projection's own copy (`c` and `h` keys) is read from.
     fn history_tree(&self) -> &sled::Tree {
         match self.copies_log() {
             Ok(false) => &self.log_copy,
@@ -1286,24 +1325,29 @@ impl ProjectionStore {
     }
 
     /// The encoded commits of the copy from `from` to `to` inclusive, undecoded.
-    pub fn raw_commits(
-        &self,
-        from: u64,
-        to: u64,
-    ) -> impl DoubleEndedIterator<Item = Result<(u64, sled::IVec), StoreError>> {
-        self.history_tree()
-            .range(key(b'c', &[&from.to_be_bytes()])..=key(b'c', &[&to.to_be_bytes()]))
-            .map(|r| {
-                let (k, v) = r?;
-                Ok((be_u64(&k[1..]).unwrap_or(0), v))
-            })
+    pub fn raw_commits(&self, from: u64, to: u64) -> RawCommits {
+        match self.copies_log() {
+            Ok(false) => match crate::log_copy::pack::read(&self.log_copy, from, to) {
+                Ok(entries) => RawCommits::Copy(entries),
+                Err(e) => RawCommits::Failed(Some(e)),
+            },
+            // A store that copies in its own tree, or one unreadable: its own tree
+            // (reading it then says what is wrong).
+            _ => RawCommits::Projection(
+                self.tree
+                    .range(key(b'c', &[&from.to_be_bytes()])..=key(b'c', &[&to.to_be_bytes()])),
+            ),
+        }
     }
 
     /// serve's copy's (`crate::log_copy`) encoded commits from `from` to `to` inclusive,
-    /// keys and bytes: for a reader that checks each one itself (`q.changes`).
-    pub(crate) fn raw_copy_range(&self, from: u64, to: u64) -> sled::Iter {
-        self.log_copy
-            .range(key(b'c', &[&from.to_be_bytes()])..=key(b'c', &[&to.to_be_bytes()]))
+    /// positions and bytes: for a reader that checks each one itself (`q.changes`).
+    pub(crate) fn raw_copy_range(
+        &self,
+        from: u64,
+        to: u64,
+    ) -> Result<crate::log_copy::CopyEntries, StoreError> {
+        crate::log_copy::pack::read(&self.log_copy, from, to)
     }
 
     /// The decoded commits of the copy from `from` to `to` inclusive. A copy that no longer

@@ -268,10 +268,11 @@ async fn a_copy_held_by_serve_no_data_dir_or_a_flipped_byte_is_refused() {
         .db()
         .open_tree(provledger_serve::log_copy::COPY_TREE)
         .unwrap();
-    let mut key = vec![b'c'];
-    key.extend_from_slice(&50u64.to_be_bytes());
-    let mut bytes = tree.get(&key).unwrap().expect("a commit at 50").to_vec();
-    let middle = bytes.len() / 2;
+    let (key, commit) = provledger_serve::log_copy::locate(&tree, 50)
+        .unwrap()
+        .expect("a commit at 50");
+    let mut bytes = tree.get(&key).unwrap().expect("its pack").to_vec();
+    let middle = (commit.start + commit.end) / 2;
     bytes[middle] ^= 0x01;
     tree.insert(&key, bytes).unwrap();
     drop(tree);

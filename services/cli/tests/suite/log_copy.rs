@@ -207,13 +207,17 @@ async fn a_followers_catch_up_is_read_from_the_copy_and_never_serves_a_damaged_e
     {
         let db = common::open_stopped_data_dir(&data);
         let tree = db.open_tree("log_copy").expect("the copy");
-        let mut key = vec![b'c'];
-        key.extend_from_slice(&altered.to_be_bytes());
-        let bytes = tree.get(&key).unwrap().expect("the commit is in the copy");
-        let mut commit = provledger_events::codec::decode(&bytes, altered).unwrap();
-        commit.actor = "someone else".into();
-        tree.insert(key, provledger_events::codec::encode(&commit).unwrap())
-            .unwrap();
+        let (key, at) = provledger_serve::log_copy::locate(&tree, altered)
+            .unwrap()
+            .expect("the commit is in the copy");
+        let mut pack = tree.get(&key).unwrap().expect("its pack").to_vec();
+        let mut commit = provledger_events::codec::decode(&pack[at.clone()], altered).unwrap();
+        // Another actor of the same length: the commit keeps its place in the pack.
+        commit.actor = "x".repeat(commit.actor.len());
+        let bytes = provledger_events::codec::encode(&commit).unwrap();
+        assert_eq!(bytes.len(), at.len());
+        pack[at].copy_from_slice(&bytes);
+        tree.insert(key, pack).unwrap();
         db.flush().unwrap();
     }
     let _serve = common::Serve::start_with(&nats, &data, &metrics);

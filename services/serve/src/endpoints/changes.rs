@@ -24,7 +24,7 @@ use crate::messages::ChangesData;
 use crate::messages::{ChangesRequest, ChangesStop, HistoryItem, CHANGES_SCAN_MAX};
 use crate::metrics::Metrics;
 use crate::replica::QueryContext;
-use crate::store::{be_u64, HistoryCopy};
+use crate::store::HistoryCopy;
 
 /// Default and maximum `limit`.
 const LIMIT_DEFAULT: u64 = 100;
@@ -202,7 +202,7 @@ pub(crate) async fn changes(
 /// none it quarantined (the copier refuses what does not link its chain).
 struct PageSource {
     /// The copy's commits from the page's start through `copy_through`.
-    copy: Option<sled::Iter>,
+    copy: Option<crate::log_copy::CopyEntries>,
     copy_through: u64,
     /// Read once the copy ends, from the position after the last one it gave.
     log: Option<CommitStream>,
@@ -244,7 +244,7 @@ impl PageSource {
         };
         Ok(match copy {
             Some(through) => PageSource {
-                copy: Some(ctx.store.raw_copy_range(after + 1, through)),
+                copy: Some(ctx.store.raw_copy_range(after + 1, through)?),
                 copy_through: through,
                 log: None,
                 reopen: Some((ctx.log.clone(), last)),
@@ -259,8 +259,8 @@ impl PageSource {
     async fn next(&mut self) -> Option<Result<Commit, ReadError>> {
         if let Some(copy) = &mut self.copy {
             let entry = copy.next();
-            match entry.map(|r| r.map(|(k, bytes)| (k.get(1..).and_then(be_u64), bytes))) {
-                Some(Ok((Some(position), bytes))) => match codec::decode(&bytes, position) {
+            match entry {
+                Some(Ok((position, bytes))) => match codec::decode(&bytes, position) {
                     Ok(commit) if commit.hash_is_valid() && commit.position > self.looked => {
                         self.looked = position;
                         self.read.0 += 1;
@@ -271,7 +271,7 @@ impl PageSource {
                         "this replica's copy of the stream holds no intact commit here (run `provledger audit` on its data dir): the page is read from the stream"
                     ),
                 },
-                Some(Ok((None, _))) | Some(Err(_)) => tracing::error!(
+                Some(Err(_)) => tracing::error!(
                     after = self.looked,
                     "this replica's copy of the stream cannot be read: the page is read from the stream"
                 ),
