@@ -39,7 +39,8 @@
 //!   of the data dir: the commits the projector applied, handed over a bounded queue
 //!   (never waited for) and written by the copier on its own thread, chain-checked per
 //!   aggregate, with what was dropped or missed read back from the stream; `--no-log-copy`
-//!   removes it. Offline `history`, `state --at` and `audit` read it.
+//!   removes it. Offline `history`, `state --at` and `audit` read it. Its commits are kept
+//!   in packs of up to 64 under one key (`log_copy/pack.rs`: the layout and its reader).
 //! - `copy_backup.rs`: `backup --from-copy`: an ordinary backup written from a stopped
 //!   replica's copy, each commit checked (decodes, hash, bytes, chain) and given the
 //!   subject and `Nats-Msg-Id` its writer gave it; what the copy lacks becomes holes.
