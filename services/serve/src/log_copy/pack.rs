@@ -34,6 +34,8 @@ pub const PACK_FORMAT: u8 = 1;
 const ENTRY_HEADER: usize = 12;
 /// Keys of the older layout packed per sled batch when a store opens.
 const OLDER_LAYOUT_CHUNK: usize = 4096;
+/// How often packing an older copy says how far it got.
+const OLDER_LAYOUT_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The key of the pack whose first position is `first`.
 pub(crate) fn pack_key(first: u64) -> [u8; 9] {
@@ -257,6 +259,8 @@ pub fn locate(
 /// returns how many commits it packed.
 pub(crate) fn pack_older_layout(tree: &sled::Tree) -> Result<usize, StoreError> {
     let mut packed = 0;
+    let started = std::time::Instant::now();
+    let mut said = started;
     loop {
         let chunk: Vec<(sled::IVec, sled::IVec)> = tree
             .scan_prefix([b'c'])
@@ -289,7 +293,18 @@ pub(crate) fn pack_older_layout(tree: &sled::Tree) -> Result<usize, StoreError> 
         packer.close(&mut batch);
         tree.apply_batch(batch)?;
         packed += chunk.len();
-        tracing::info!(commits = packed, "packed the copy's commits so far");
+        // About 8 s per million commits: said every few seconds, not per chunk.
+        if said.elapsed() >= OLDER_LAYOUT_PROGRESS_EVERY {
+            said = std::time::Instant::now();
+            tracing::info!(commits = packed, "packing the copy: commits packed so far");
+        }
+    }
+    if packed > 0 {
+        tracing::info!(
+            commits = packed,
+            seconds = started.elapsed().as_secs_f64(),
+            "packed this data dir's copy of the stream"
+        );
     }
     Ok(packed)
 }
