@@ -8,13 +8,14 @@
 //! Here the projector only hands each written batch's commits over a bounded queue, never
 //! waiting ([`crate::handoff::Sender::hand`]); the copier writes them on its own thread, one sled
 //! `apply_batch` per handed batch (or per [`READ_BACK_BATCH_MAX`] read back), in the sled
-//! tree `log_copy` of the same data dir. A batch the queue has no room for is dropped and
+//! tree [`COPY_TREE`] of the same data dir. A batch the queue has no room for is dropped and
 //! read back from the stream later, as are the positions the copy lacks when serve starts
 //! (a new copy reads the stream from position 1): the copy never waits on the request
 //! path and never has a hole it does not fill. The copier starts once the replica has
 //! caught up with the stream (`Copier::start`), so that a catch-up is not slowed by it.
 //!
-//! Key layout of the tree `log_copy` (one leading tag byte):
+//! Key layout of the tree `log_copy_packed` (one leading tag byte; a copy kept before packs
+//! is in the tree `log_copy`, one `c` + position key per commit, until it is packed):
 //! - `p` + position: a pack of consecutive commits from that position on, each the codec's
 //!   bytes ([`pack`]: one key per commit cost a tenth of a commit's CPU).
 //! - `t` + aggregate (17 bytes): its chain's tip in the copy, version (8 bytes) and hash
@@ -59,8 +60,13 @@ use crate::store::{be_u64, StoreError};
 pub mod pack;
 pub use pack::{locate, CopyEntries, PACK_BYTES_MAX, PACK_COMMITS_MAX};
 
-/// The sled tree of the copy.
-pub const COPY_TREE: &str = "log_copy";
+/// The sled tree of the copy, its commits in packs ([`pack`]).
+pub const COPY_TREE: &str = "log_copy_packed";
+/// The tree of a copy kept one key per commit, before packs: packed into [`COPY_TREE`] and
+/// removed when its data dir is next opened. A tree of another name, so that an older
+/// build, which reads only this one, sees no copy after a downgrade (and keeps a new one,
+/// read back from the stream) instead of taking packs for positions it holds nothing at.
+pub const OLDER_COPY_TREE: &str = "log_copy";
 /// Batches the projector may hand ahead of the copier; past it a batch is dropped and
 /// read back from the stream.
 pub const COPY_QUEUE_BATCHES_MAX: usize = 64;
@@ -153,14 +159,22 @@ fn tip_value(version: u64, hash: &Hash) -> [u8; 40] {
 /// The extent of the copy in `db`, if it has one (`None`: no copy was ever kept, or it
 /// was removed by `--no-log-copy`). Reads only: the tree is not created.
 pub fn extent(db: &sled::Db) -> Result<Option<CopyExtent>, StoreError> {
-    if !db
-        .tree_names()
-        .iter()
-        .any(|n| n.as_ref() == COPY_TREE.as_bytes())
-    {
-        return Ok(None);
+    // An older copy not packed yet is the current one (a packed tree beside it is stale:
+    // `pack::pack_older_layout`); the marks are the same in both layouts.
+    for tree in [OLDER_COPY_TREE, COPY_TREE] {
+        if has_tree(db, tree) {
+            if let Some(extent) = extent_of(&db.open_tree(tree)?)? {
+                return Ok(Some(extent));
+            }
+        }
     }
-    extent_of(&db.open_tree(COPY_TREE)?)
+    Ok(None)
+}
+
+pub(crate) fn has_tree(db: &sled::Db, name: &str) -> bool {
+    db.tree_names()
+        .iter()
+        .any(|n| n.as_ref() == name.as_bytes())
 }
 
 /// The extent of the copy in `tree` (`None`: it holds none).
@@ -177,10 +191,11 @@ pub(crate) fn extent_of(tree: &sled::Tree) -> Result<Option<CopyExtent>, StoreEr
 
 /// Removes the copy from `db` (`--no-log-copy`: a replica that must not keep one).
 pub fn remove(db: &sled::Db) -> Result<bool, StoreError> {
-    Ok(db.drop_tree(COPY_TREE)?)
+    let older = db.drop_tree(OLDER_COPY_TREE)?;
+    Ok(db.drop_tree(COPY_TREE)? || older)
 }
 
-/// The copy's writer: the one writer of the tree `log_copy`.
+/// The copy's writer: the one writer of the tree [`COPY_TREE`].
 pub struct LogCopy {
     tree: sled::Tree,
     db: sled::Db,
@@ -199,8 +214,8 @@ impl LogCopy {
     /// stream whole (read back from its start), or later for a copy that begins where
     /// the replica is (then it says so: [`CopyExtent::is_whole`]).
     pub fn open(db: &sled::Db, from: u64) -> Result<Self, StoreError> {
+        pack::pack_older_layout(db)?;
         let tree = db.open_tree(COPY_TREE)?;
-        pack::pack_older_layout(&tree)?;
         let extent = match extent(db)? {
             Some(extent) => extent,
             None => {
@@ -837,7 +852,7 @@ mod tests {
                 c
             })
             .collect();
-        let tree = db.open_tree(COPY_TREE).expect("tree");
+        let tree = db.open_tree(OLDER_COPY_TREE).expect("tree");
         for c in &commits {
             let mut k = vec![b'c'];
             k.extend_from_slice(&c.position.to_be_bytes());
@@ -849,8 +864,9 @@ mod tests {
         tree.insert(meta(b"copied"), &10u64.to_be_bytes()[..])
             .expect("copied");
 
+        drop(tree);
         let store = serve_store(&db);
-        assert!(tree.scan_prefix([b'c']).next().is_none());
+        assert!(!has_tree(&db, OLDER_COPY_TREE));
         assert_eq!(
             store.aggregate_commits(&id, u64::MAX).expect("history"),
             commits

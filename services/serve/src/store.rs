@@ -501,12 +501,12 @@ impl ProjectionStore {
     /// changed shape) has its entities re-folded from its own sled copy of the log and its
     /// snapshots dropped, once, before anything reads it.
     pub fn open(db: &sled::Db) -> Result<Self, StoreError> {
+        crate::log_copy::pack::pack_older_layout(db)?;
         let store = ProjectionStore {
             tree: db.open_tree(TREE)?,
             db: db.clone(),
             log_copy: db.open_tree(crate::log_copy::COPY_TREE)?,
         };
-        crate::log_copy::pack::pack_older_layout(&store.log_copy)?;
         let format_key = key(b'm', &[b"entity_format"]);
         let stored = match store.tree.get(&format_key)? {
             Some(v) => v.first().copied(),

@@ -206,7 +206,9 @@ async fn a_followers_catch_up_is_read_from_the_copy_and_never_serves_a_damaged_e
     let altered = expected[100].0;
     {
         let db = common::open_stopped_data_dir(&data);
-        let tree = db.open_tree("log_copy").expect("the copy");
+        let tree = db
+            .open_tree(provledger_serve::log_copy::COPY_TREE)
+            .expect("the copy");
         let (key, at) = provledger_serve::log_copy::locate(&tree, altered)
             .unwrap()
             .expect("the commit is in the copy");

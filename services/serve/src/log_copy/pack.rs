@@ -13,13 +13,13 @@
 //! one's first position is after the last one's last. A pack is written whole, in the
 //! sled batch that marks its positions copied, and never rewritten.
 //!
-//! Copies kept before packs (`c` + position per commit) are packed when the store opens
-//! ([`pack_older_layout`]), chunk by chunk, each chunk one sled batch: a crash half-way
-//! leaves packs then older keys, and the next open goes on.
+//! Copies kept before packs (`c` + position per commit, in the tree [`OLDER_COPY_TREE`])
+//! are packed into [`COPY_TREE`] when the data dir is next opened ([`pack_older_layout`]).
 
 use std::collections::VecDeque;
 use std::ops::Range;
 
+use super::{COPY_TREE, OLDER_COPY_TREE};
 use crate::store::{be_u64, StoreError};
 
 /// Commits a pack holds at most.
@@ -45,6 +45,7 @@ pub(crate) fn pack_key(first: u64) -> [u8; 9] {
 }
 
 /// The key of one commit in the older layout.
+#[cfg(test)]
 fn older_key(position: u64) -> [u8; 9] {
     let mut k = [b'c'; 9];
     k[1..].copy_from_slice(&position.to_be_bytes());
@@ -255,57 +256,83 @@ pub fn locate(
     Ok(found.map(|r| (key, r)))
 }
 
-/// Packs a copy kept one key per commit (`c` + position, before packs), chunk by chunk;
-/// returns how many commits it packed.
-pub(crate) fn pack_older_layout(tree: &sled::Tree) -> Result<usize, StoreError> {
-    let mut packed = 0;
+/// Packs a copy kept one key per commit (the tree [`OLDER_COPY_TREE`], before packs) into
+/// [`COPY_TREE`], then removes the older tree; returns how many commits it packed.
+///
+/// The older tree stays the copy until it is removed, last, once the packed one is flushed:
+/// a crash half-way leaves it whole, and the next open starts again. Found beside a packed
+/// copy, an older copy that has its marks is the newer of the two (an older build ran on
+/// this data dir after a downgrade, and kept a copy of its own): the packed one is dropped
+/// first. One without marks holds nothing (an older build's offline command opened it) and
+/// is only removed.
+pub(crate) fn pack_older_layout(db: &sled::Db) -> Result<usize, StoreError> {
+    if !super::has_tree(db, OLDER_COPY_TREE) {
+        return Ok(0);
+    }
+    let older = db.open_tree(OLDER_COPY_TREE)?;
+    if super::extent_of(&older)?.is_none() {
+        drop(older);
+        db.drop_tree(OLDER_COPY_TREE)?;
+        return Ok(0);
+    }
+    tracing::info!("packing this data dir's copy of the stream (kept one key per commit before)");
+    db.drop_tree(COPY_TREE)?;
+    let packed_tree = db.open_tree(COPY_TREE)?;
     let started = std::time::Instant::now();
     let mut said = started;
+    let mut packed = 0;
+    let mut keys = older.iter();
     loop {
-        let chunk: Vec<(sled::IVec, sled::IVec)> = tree
-            .scan_prefix([b'c'])
+        let chunk: Vec<(sled::IVec, sled::IVec)> = keys
+            .by_ref()
             .take(OLDER_LAYOUT_CHUNK)
             .collect::<Result<_, _>>()?;
         if chunk.is_empty() {
             break;
         }
-        if packed == 0 {
-            tracing::info!(
-                "packing this data dir's copy of the stream (kept one key per commit before)"
-            );
-        }
         let mut batch = sled::Batch::default();
         let mut packer = Packer::default();
-        for (key, bytes) in &chunk {
-            let position = match key.get(1..).and_then(be_u64) {
-                Some(p) if key.len() == 9 => p,
-                _ => {
-                    return Err(StoreError::Corrupt {
-                        what: "a key of the copy".into(),
-                        reason: format!("{} bytes under `c`, not a position", key.len()),
-                    })
+        for (key, value) in &chunk {
+            match key.first() {
+                Some(b'c') => {
+                    let position = match key.get(1..).and_then(be_u64) {
+                        Some(p) if key.len() == 9 => p,
+                        _ => {
+                            return Err(StoreError::Corrupt {
+                                what: "a key of the copy".into(),
+                                reason: format!("{} bytes under `c`, not a position", key.len()),
+                            })
+                        }
+                    };
+                    packer.push(&mut batch, position, value)?;
+                    packed += 1;
                 }
-            };
-            debug_assert_eq!(key.as_ref(), &older_key(position)[..]);
-            packer.push(&mut batch, position, bytes)?;
-            batch.remove(key);
+                // The per-commit index of a still older layout: not kept.
+                Some(b'h') => {}
+                // The marks and the chains' tips, as they are.
+                _ => batch.insert(key, value),
+            }
         }
         packer.close(&mut batch);
-        tree.apply_batch(batch)?;
-        packed += chunk.len();
+        packed_tree.apply_batch(batch)?;
+        crate::store::reclaim_sled_garbage(chunk.len());
         // About 8 s per million commits: said every few seconds, not per chunk.
         if said.elapsed() >= OLDER_LAYOUT_PROGRESS_EVERY {
             said = std::time::Instant::now();
             tracing::info!(commits = packed, "packing the copy: commits packed so far");
         }
     }
-    if packed > 0 {
-        tracing::info!(
-            commits = packed,
-            seconds = started.elapsed().as_secs_f64(),
-            "packed this data dir's copy of the stream"
-        );
-    }
+    // The packed copy is durable before the older one goes.
+    db.flush()?;
+    drop(keys);
+    drop(older);
+    db.drop_tree(OLDER_COPY_TREE)?;
+    db.flush()?;
+    tracing::info!(
+        commits = packed,
+        seconds = started.elapsed().as_secs_f64(),
+        "packed this data dir's copy of the stream"
+    );
     Ok(packed)
 }
 
@@ -421,31 +448,79 @@ mod tests {
         assert!(locate(&tree, 56).expect("locate").is_none());
     }
 
+    /// An older copy in `db`: the commits one key each, its marks through `through`, a tip
+    /// and a key of the per-commit index.
+    fn older_copy(db: &sled::Db, commits: &[(u64, Vec<u8>)], through: u64) {
+        let tree = db.open_tree(OLDER_COPY_TREE).expect("tree");
+        for (p, bytes) in commits {
+            tree.insert(older_key(*p), &bytes[..]).expect("insert");
+        }
+        tree.insert(b"mfrom", &1u64.to_be_bytes()[..])
+            .expect("from");
+        tree.insert(b"mcopied", &through.to_be_bytes()[..])
+            .expect("copied");
+        tree.insert([b't', 1, 2], &[7u8; 40][..]).expect("tip");
+        tree.insert([b'h', 1, 2], &[0u8; 8][..]).expect("index");
+    }
+
+    fn read_all(db: &sled::Db) -> Vec<(u64, Vec<u8>)> {
+        let tree = db.open_tree(COPY_TREE).expect("tree");
+        read(&tree, 1, u64::MAX)
+            .expect("read")
+            .map(|r| r.map(|(p, b)| (p, b.to_vec())).expect("read"))
+            .collect()
+    }
+
     /// Given a copy of the older layout (one `c` key per commit, more than a chunk), when
-    /// it is packed, then no older key is left and every commit reads back the same.
+    /// it is packed, then the older tree is gone, every commit reads back the same from
+    /// packs, the marks and tips are kept and the per-commit index is not.
     #[test]
     fn an_older_copy_is_packed_and_reads_the_same() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("sled");
-        let tree = db.open_tree("copy").expect("tree");
         let commits: Vec<(u64, Vec<u8>)> = (1..=(OLDER_LAYOUT_CHUNK as u64 + 500))
             .filter(|p| p % 7 != 0)
             .map(|p| (p, commit_bytes(p, 100 + (p % 30) as usize)))
             .collect();
-        for (p, bytes) in &commits {
-            tree.insert(older_key(*p), &bytes[..]).expect("insert");
-        }
-        tree.insert([b'm', b'x'], &[1u8][..]).expect("meta");
+        older_copy(&db, &commits, OLDER_LAYOUT_CHUNK as u64 + 500);
 
-        assert_eq!(pack_older_layout(&tree).expect("pack"), commits.len());
+        assert_eq!(pack_older_layout(&db).expect("pack"), commits.len());
+        assert!(!super::super::has_tree(&db, OLDER_COPY_TREE));
+        assert_eq!(read_all(&db), commits);
+        let tree = db.open_tree(COPY_TREE).expect("tree");
         assert!(tree.scan_prefix([b'c']).next().is_none());
-        let read: Vec<(u64, Vec<u8>)> = read(&tree, 1, u64::MAX)
-            .expect("read")
-            .map(|r| r.map(|(p, b)| (p, b.to_vec())).expect("read"))
-            .collect();
-        assert_eq!(read, commits);
-        assert_eq!(pack_older_layout(&tree).expect("again"), 0);
-        assert!(tree.get([b'm', b'x']).expect("get").is_some());
+        assert!(tree.scan_prefix([b'h']).next().is_none());
+        assert!(tree.get([b't', 1, 2]).expect("get").is_some());
+        assert_eq!(
+            super::super::extent(&db).expect("extent"),
+            Some(super::super::CopyExtent {
+                from: 1,
+                through: OLDER_LAYOUT_CHUNK as u64 + 500
+            })
+        );
+        assert_eq!(pack_older_layout(&db).expect("again"), 0);
+    }
+
+    /// Given a packed copy and, beside it, an older copy with its marks (an older build ran
+    /// on the data dir after a downgrade), when the data dir is opened again, then the older
+    /// copy is the one kept: the stale packs are gone. And given an older tree without
+    /// marks (an older build's offline command opened it), then the packed copy is kept.
+    #[test]
+    fn after_a_downgrade_the_older_builds_copy_is_kept_and_an_empty_one_dropped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("sled");
+        let stale: Vec<(u64, Vec<u8>)> = (1..=200).map(|p| (p, vec![1; 50])).collect();
+        write(&db.open_tree(COPY_TREE).expect("tree"), &stale);
+        let newer: Vec<(u64, Vec<u8>)> = (1..=20).map(|p| (p, commit_bytes(p, 60))).collect();
+        older_copy(&db, &newer, 20);
+
+        assert_eq!(pack_older_layout(&db).expect("pack"), 20);
+        assert_eq!(read_all(&db), newer);
+
+        db.open_tree(OLDER_COPY_TREE).expect("an empty older tree");
+        assert_eq!(pack_older_layout(&db).expect("pack"), 0);
+        assert!(!super::super::has_tree(&db, OLDER_COPY_TREE));
+        assert_eq!(read_all(&db), newer);
     }
 
     /// Given packs damaged in each way the layout can break, when they are read, then each
