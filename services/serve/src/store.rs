@@ -28,8 +28,9 @@
 //! The copy (`c`, `h`) is kept in this tree only where `m` `copies_log` is not 0: the
 //! embedded store, and serve data dirs made before serve stopped copying. serve's store
 //! (bootstrapped from a published snapshot or not) keeps none here: serve keeps its copy of
-//! the stream in a tree of its own (`log_copy`, its commits in packs and no `h` index,
-//! written off the request path by its copier: `crate::log_copy`), unless `--no-log-copy`. The readers of
+//! the stream in a tree of its own (`log_copy_packed`, its commits in packs and no `h`
+//! index, written off the request path by its copier: `crate::log_copy`), unless
+//! `--no-log-copy`. The readers of
 //! history (`aggregate_commits`, `commits`, `raw_commits`, `entity_at`) read whichever
 //! copy the data dir has; serve itself still reads history from the stream (its copy may
 //! be a batch behind its projection).
