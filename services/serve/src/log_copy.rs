@@ -58,7 +58,7 @@ use crate::handoff::{self, Release};
 use crate::store::{be_u64, StoreError};
 
 pub mod pack;
-pub use pack::{locate, CopyEntries, PACK_BYTES_MAX, PACK_COMMITS_MAX};
+pub use pack::{locate, CopyEntries};
 
 /// The sled tree of the copy, its commits in packs ([`pack`]).
 pub const COPY_TREE: &str = "log_copy_packed";
@@ -214,6 +214,8 @@ impl LogCopy {
     /// stream whole (read back from its start), or later for a copy that begins where
     /// the replica is (then it says so: [`CopyExtent::is_whole`]).
     pub fn open(db: &sled::Db, from: u64) -> Result<Self, StoreError> {
+        // serve's store opened the data dir first and packed it already (then this only
+        // looks for the older tree); a copy opened alone is packed here.
         pack::pack_older_layout(db)?;
         let tree = db.open_tree(COPY_TREE)?;
         let extent = match extent(db)? {

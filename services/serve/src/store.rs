@@ -1020,16 +1020,6 @@ impl ProjectionStore {
         })
     }
 
-    /// The tree the projection's own copy (`c` and `h` keys) is read from.
-    fn history_tree(&self) -> &sled::Tree {
-        match self.copies_log() {
-            Ok(false) => &self.log_copy,
-            // A store that copies in its own tree, or one unreadable: its own tree
-            // (reading it then says what is wrong).
-            _ => &self.tree,
-        }
-    }
-
     /// Makes a fresh store keep no copy of the log (serve's); a store that already holds
     /// one keeps copying, so that its copy stays whole.
     pub fn keep_no_copy(&self) -> Result<(), StoreError> {
@@ -1386,9 +1376,10 @@ impl ProjectionStore {
     }
 
     /// Which aggregate and version the copy's commit at `position` is, from the history
-    /// index. A scan: only for naming a damaged commit.
+    /// index of the projection's own copy (serve's copy keeps none). A scan: only for
+    /// naming a damaged commit.
     fn locate(&self, position: u64) -> Option<(AggregateId, u64)> {
-        self.history_tree().scan_prefix([b'h']).find_map(|r| {
+        self.tree.scan_prefix([b'h']).find_map(|r| {
             let (k, v) = r.ok()?;
             if be_u64(&v)? != position {
                 return None;
@@ -1407,10 +1398,10 @@ impl ProjectionStore {
             HistoryCopy::InProjection => None,
             HistoryCopy::Separate(extent) => Some(extent),
         };
-        let tree = self.history_tree();
         let found: Vec<(u64, Option<sled::IVec>)> = match extent {
             // The projection's own copy has a per-commit index of each aggregate.
-            None => tree
+            None => self
+                .tree
                 .scan_prefix(key(b'h', &[&id.key_bytes()]))
                 .values()
                 .filter_map(|v| v.map(|v| be_u64(&v)).transpose())
@@ -1442,7 +1433,8 @@ impl ProjectionStore {
             };
             let bytes = match bytes {
                 Some(bytes) => bytes,
-                None => tree
+                None => self
+                    .tree
                     .get(key(b'c', &[&position.to_be_bytes()]))?
                     .ok_or_else(|| damaged("the copy has no commit at this position".into()))?,
             };

@@ -62,6 +62,7 @@ pub(crate) async fn get(
     if parts && !(1..=PARTS_LIMIT_MAX).contains(&limit) {
         return Err(bad("parts_limit", format!("must be 1..={PARTS_LIMIT_MAX}")));
     }
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     ctx.wait_for(min_position).await?;
     // Never the state folded before a loss as if it were the aggregate's.
     if let Some(loss) = ctx.store.open_loss(&id)? {
@@ -72,16 +73,12 @@ pub(crate) async fn get(
             provledger_projections::view::OperationView::of(&op).part(
                 usize::try_from(steps_from.unwrap_or(0)).unwrap_or(usize::MAX),
                 usize::try_from(compensations_from.unwrap_or(0)).unwrap_or(usize::MAX),
-                usize::try_from(limit).unwrap_or(usize::MAX),
+                limit,
             ),
         )
         .unwrap_or(Value::Null)),
         Some(Entity::Provider(provider)) if parts => Ok(serde_json::to_value(
-            provledger_projections::view::ProviderView::part(
-                &provider,
-                allocations_after,
-                usize::try_from(limit).unwrap_or(usize::MAX),
-            ),
+            provledger_projections::view::ProviderView::part(&provider, allocations_after, limit),
         )
         .unwrap_or(Value::Null)),
         Some(entity) => Ok(entity.view()),
