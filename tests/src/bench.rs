@@ -182,6 +182,24 @@ pub fn log_serve_to_stderr() {
         .init();
 }
 
+/// Sends `payload` on `subject` as the raw references write: with a fresh message id,
+/// expecting `last` as the subject's last sequence. Gives the ack's future.
+pub async fn publish_expecting(
+    js: &async_nats::jetstream::Context,
+    subject: String,
+    payload: bytes::Bytes,
+    last: u64,
+) -> Result<
+    async_nats::jetstream::context::PublishAckFuture,
+    async_nats::jetstream::context::PublishError,
+> {
+    let publish = async_nats::jetstream::message::PublishMessage::build()
+        .payload(payload)
+        .message_id(Uuid::now_v7().to_string())
+        .expected_last_subject_sequence(last);
+    js.send_publish(subject, publish).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

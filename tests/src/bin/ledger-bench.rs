@@ -79,14 +79,14 @@ async fn raw_jetstream(server: &NatsServer, per_aggregate: usize, payload_bytes:
             let mut last = 0u64;
             for _ in 0..per_aggregate {
                 let _permit = window.acquire().await.expect("window");
-                let publish = jetstream::message::PublishMessage::build()
-                    .payload(payload.clone())
-                    .message_id(Uuid::now_v7().to_string())
-                    .expected_last_subject_sequence(last);
-                let ack = js
-                    .send_publish(subject.clone(), publish)
-                    .await
-                    .expect("publish");
+                let ack = provledger_tests::bench::publish_expecting(
+                    &js,
+                    subject.clone(),
+                    payload.clone(),
+                    last,
+                )
+                .await
+                .expect("publish");
                 last = ack.await.expect("ack").sequence;
             }
         }));

@@ -7,7 +7,9 @@
 //!    with `expect: "any"` to its share of 1,000 providers for D seconds; next to raw
 //!    JetStream doing the same work on async-nats (direct get of the subject's last message,
 //!    then a publish with `Nats-Expected-Last-Subject-Sequence` and `Nats-Msg-Id`) and
-//!    PostgreSQL (one `INSERT ... SELECT coalesce(max(version), 0) + 1` per write); plus the
+//!    PostgreSQL (one `INSERT ... SELECT coalesce(max(version), 0) + 1` per write); a relay
+//!    micro service doing only the NATS work of a `cmd.append` (request, publish expecting
+//!    its kept sequence, ack, reply), the floor of any service of serve's shape; plus the
 //!    load generator's own ceiling against a trivial echo micro service.
 //! 2. Latency vs aggregate depth: 200 sequential cmd.append on providers of 10, 1,000 and
 //!    100,000 commits (built through `JetStreamLog` with `Exactly(v)` appends).
@@ -54,7 +56,7 @@ use provledger_events::{
     JetStreamLog,
 };
 use provledger_serve::ServeOptions;
-use provledger_tests::bench::percentile;
+use provledger_tests::bench::{percentile, publish_expecting};
 use provledger_tests::NatsServer;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -83,6 +85,9 @@ const HEALTH_SUBJECT: &str = "provledger.q.health";
 const ECHO_SUBJECT: &str = "wb.echo";
 const RAW_STREAM: &str = "WB_RAW";
 const RAW_PREFIX: &str = "wbraw";
+const RELAY_SUBJECT: &str = "wb.relay";
+const RELAY_STREAM: &str = "WB_RELAY";
+const RELAY_PREFIX: &str = "wbrelay";
 const RAW_BATCH_STREAM: &str = "WB_RAW_BATCH";
 const RAW_BATCH_PREFIX: &str = "wbbatch";
 const PG_CONFIG: &str = "host=127.0.0.1 port=5432 user=postgres dbname=test connect_timeout=3";
@@ -487,6 +492,40 @@ fn side_runtime<T: Send + 'static>(
         .expect("spawning a side runtime's thread")
 }
 
+/// A micro service `name` on `client` with one endpoint on `subject` (the service is
+/// returned to be held: dropping it stops the endpoint).
+async fn micro_endpoint(
+    client: &async_nats::Client,
+    name: &str,
+    subject: &'static str,
+) -> (
+    async_nats::service::Service,
+    async_nats::service::endpoint::Endpoint,
+) {
+    let service = async_nats::service::ServiceExt::service_builder(client)
+        .start(name, "1.0.0")
+        .await
+        .expect("starting a micro service");
+    let endpoint = service
+        .endpoint(subject)
+        .await
+        .expect("a micro service's endpoint");
+    (service, endpoint)
+}
+
+/// Waits (at most 10 s) until a service answers on `subject`: its subscription reached the
+/// server, so requests no longer fail with no responders.
+async fn until_answers(client: &async_nats::Client, subject: &'static str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while request(client, subject, Bytes::new()).await.is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "nothing answered on {subject} within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A `provledger serve` with the CLI's defaults in a temp data dir.
 struct Serve {
     stop: Option<oneshot::Sender<()>>,
@@ -607,27 +646,26 @@ impl Writer for RawWriter {
             Err(e) if e.kind() == DirectGetErrorKind::NotFound => 0,
             Err(e) => return Err(format!("direct_get_failed: {e}")),
         };
-        let publish = jetstream::message::PublishMessage::build()
-            .payload(self.payload.clone())
-            .message_id(Uuid::now_v7().to_string())
-            .expected_last_subject_sequence(last);
-        let ack = self
-            .js
-            .send_publish(subject, publish)
+        let ack = publish_expecting(&self.js, subject, self.payload.clone(), last)
             .await
             .map_err(publish_error)?;
         ack.await.map(|_| ()).map_err(publish_error)
     }
 }
 
-/// The raw stream (as PROVLEDGER: file storage, direct gets) and `clients` writers over
-/// 1,000 fresh subjects holding one message each, as the registered providers hold one
-/// commit.
-async fn raw_writers(nats: &NatsServer, clients: usize, payload: &Bytes) -> Vec<RawWriter> {
+/// A stream named `name` over `<prefix>.>` (as PROVLEDGER: file storage, direct gets), and
+/// 1,000 fresh subjects `<prefix>.ev.provider.<token>` holding one message each, as the
+/// registered providers hold one commit: the tokens.
+async fn seeded_stream(
+    nats: &NatsServer,
+    name: &str,
+    prefix: &str,
+    payload: &Bytes,
+) -> Vec<String> {
     let js = jetstream::new(nats.client().await);
     js.get_or_create_stream(jetstream::stream::Config {
-        name: RAW_STREAM.into(),
-        subjects: vec![format!("{RAW_PREFIX}.>")],
+        name: name.into(),
+        subjects: vec![format!("{prefix}.>")],
         storage: jetstream::stream::StorageType::File,
         allow_direct: true,
         deny_delete: true,
@@ -635,21 +673,32 @@ async fn raw_writers(nats: &NatsServer, clients: usize, payload: &Bytes) -> Vec<
         ..Default::default()
     })
     .await
-    .expect("creating the raw stream");
-    let subjects: Vec<String> = (0..AGGREGATES)
-        .map(|_| format!("{RAW_PREFIX}.ev.provider.{}", Uuid::now_v7()))
+    .expect("creating a reference stream");
+    let tokens: Vec<String> = (0..AGGREGATES)
+        .map(|_| Uuid::now_v7().to_string())
         .collect();
     let mut acks = Vec::new();
-    for subject in &subjects {
+    for token in &tokens {
         acks.push(
-            js.publish(subject.clone(), payload.clone())
+            js.publish(format!("{prefix}.ev.provider.{token}"), payload.clone())
                 .await
-                .expect("publishing a raw subject's first message"),
+                .expect("publishing a reference subject's first message"),
         );
     }
     for ack in acks {
-        ack.await.expect("the ack of a raw subject's first message");
+        ack.await
+            .expect("the ack of a reference subject's first message");
     }
+    tokens
+}
+
+/// The raw stream and `clients` writers over its 1,000 subjects.
+async fn raw_writers(nats: &NatsServer, clients: usize, payload: &Bytes) -> Vec<RawWriter> {
+    let subjects: Vec<String> = seeded_stream(nats, RAW_STREAM, RAW_PREFIX, payload)
+        .await
+        .into_iter()
+        .map(|token| format!("{RAW_PREFIX}.ev.provider.{token}"))
+        .collect();
     let mut writers = Vec::new();
     for (i, conn) in connections(nats, "bench", clients)
         .await
@@ -673,6 +722,153 @@ async fn raw_writers(nats: &NatsServer, clients: usize, payload: &Bytes) -> Vec<
         }
     }
     writers
+}
+
+// ---------------------------------------------------------------------------------------
+// The least a service of serve's shape does: a relay
+
+/// A micro service that does, per request, only what the NATS path of a `cmd.append`
+/// must: take the request, publish its payload to JetStream on the subject it names
+/// (expecting the subject's last sequence, kept from its own last publish, with a message
+/// id), wait for the ack and reply. No decision, no hash chain, no projection, no feed,
+/// no copy: what is left of provledger's cost once those are gone is the architecture's
+/// (a service between the client and the stream), which this row measures.
+struct Relay {
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// A relay request: the subject's token (36 bytes, a UUID) and then the bytes to store.
+fn relay_request(token: &str, payload: &Bytes) -> Bytes {
+    let mut request = Vec::with_capacity(token.len() + payload.len());
+    request.extend_from_slice(token.as_bytes());
+    request.extend_from_slice(payload);
+    Bytes::from(request)
+}
+
+impl Relay {
+    /// Starts the relay on its own runtime (as serve runs) and waits until it answers.
+    async fn start(nats: &NatsServer, reply_bytes: usize) -> Relay {
+        let url = nats.url();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let thread = side_runtime("relay", async move {
+            let client = async_nats::connect(url)
+                .await
+                .expect("the relay's connection");
+            let js = jetstream::new(client.clone());
+            let stream = js
+                .get_stream(RELAY_STREAM)
+                .await
+                .expect("the relay stream's handle");
+            let (_service, mut endpoint) = micro_endpoint(&client, "wb-relay", RELAY_SUBJECT).await;
+            // Each subject's last sequence, as serve keeps each aggregate's head.
+            let heads = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::<
+                String,
+                u64,
+            >::new()));
+            let reply = Bytes::from(vec![b'x'; reply_bytes]);
+            tokio::pin!(stopped);
+            loop {
+                let request = tokio::select! {
+                    next = endpoint.next() => match next {
+                        Some(request) => request,
+                        None => break,
+                    },
+                    _ = &mut stopped => break,
+                };
+                let (js, stream, heads, reply) =
+                    (js.clone(), stream.clone(), heads.clone(), reply.clone());
+                tokio::spawn(async move {
+                    let answer = relay_one(&js, &stream, &heads, &request.message.payload).await;
+                    let _ = request
+                        .respond(answer.map(|()| reply).map_err(|e| {
+                            async_nats::service::error::Error {
+                                status: e,
+                                code: 500,
+                            }
+                        }))
+                        .await;
+                });
+            }
+        });
+        // A request without a token is refused by the relay itself, once it listens.
+        until_answers(&nats.client().await, RELAY_SUBJECT).await;
+        Relay {
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            tokio::task::spawn_blocking(move || thread.join())
+                .await
+                .expect("joining the relay")
+                .expect("the relay panicked");
+        }
+    }
+}
+
+/// One relayed write: the head kept (or read by direct get once), the publish expecting
+/// it, the ack; a refused expectation reads the head again and tries once more.
+async fn relay_one(
+    js: &jetstream::Context,
+    stream: &jetstream::stream::Stream,
+    heads: &std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    request: &Bytes,
+) -> Result<(), String> {
+    let token = request
+        .get(..36)
+        .and_then(|t| std::str::from_utf8(t).ok())
+        .ok_or_else(|| "bad_request: no subject token".to_string())?;
+    let subject = format!("{RELAY_PREFIX}.ev.provider.{token}");
+    let payload = request.slice(36..);
+    for _ in 0..2 {
+        let kept = heads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&subject)
+            .copied();
+        let last = match kept {
+            Some(last) => last,
+            None => match stream.direct_get_last_for_subject(subject.clone()).await {
+                Ok(message) => message.sequence,
+                Err(e) if e.kind() == DirectGetErrorKind::NotFound => 0,
+                Err(e) => return Err(format!("direct_get_failed: {e}")),
+            },
+        };
+        let ack = publish_expecting(js, subject.clone(), payload.clone(), last)
+            .await
+            .map_err(publish_error)?;
+        match ack.await {
+            Ok(ack) => {
+                heads
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(subject, ack.sequence);
+                return Ok(());
+            }
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
+                heads
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&subject);
+            }
+            Err(e) => return Err(publish_error(e)),
+        }
+    }
+    Err("wrong_last_sequence: twice".into())
+}
+
+/// The relay's stream over 1,000 subjects, and `clients` requesters, each with its own
+/// share of them.
+async fn relay_requesters(nats: &NatsServer, clients: usize, payload: &Bytes) -> Vec<Requester> {
+    let tokens = seeded_stream(nats, RELAY_STREAM, RELAY_PREFIX, payload).await;
+    let requests: Vec<Bytes> = tokens.iter().map(|t| relay_request(t, payload)).collect();
+    requesters(nats, "bench", clients, RELAY_SUBJECT, &requests).await
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1028,14 +1224,7 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
         let client = async_nats::connect(echo_url)
             .await
             .expect("the echo service's connection");
-        let service = async_nats::service::ServiceExt::service_builder(&client)
-            .start("wb-echo", "1.0.0")
-            .await
-            .expect("starting the echo service");
-        let mut endpoint = service
-            .endpoint(ECHO_SUBJECT)
-            .await
-            .expect("the echo endpoint");
+        let (_service, mut endpoint) = micro_endpoint(&client, "wb-echo", ECHO_SUBJECT).await;
         let reply = Bytes::from(vec![b'x'; reply_bytes]);
         tokio::pin!(echo_stopped);
         loop {
@@ -1048,14 +1237,7 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
             }
         }
     });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while request(&client, ECHO_SUBJECT, Bytes::new()).await.is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "the echo service did not answer within 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_answers(&client, ECHO_SUBJECT).await;
     let echo_clients = *CLIENT_COUNTS.last().unwrap_or(&256);
     let echo_payloads = vec![bench_write(Uuid::now_v7())];
     let writers = requesters(nats, "bench", echo_clients, ECHO_SUBJECT, &echo_payloads).await;
@@ -1087,6 +1269,12 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
         eprintln!("throughput: {clients} clients: raw JetStream ...");
         let raw = closed_loop(raw_writers(nats, clients, &payload).await, o.duration).await;
 
+        eprintln!("throughput: {clients} clients: a relay service ...");
+        let relay_writers = relay_requesters(nats, clients, &payload).await;
+        let relay_service = Relay::start(nats, reply_bytes).await;
+        let relay = closed_loop(relay_writers, o.duration).await;
+        relay_service.stop().await;
+
         let pg_run = match pg {
             Some(pg) => {
                 let conns = pg.connections_for(clients);
@@ -1103,7 +1291,7 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
             }
             None => None,
         };
-        rows.push((clients, ledger, raw, pg_run));
+        rows.push((clients, ledger, raw, relay, pg_run));
     }
 
     println!();
@@ -1114,13 +1302,19 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
     println!();
     println!("| clients | system | commits/s | p50 | p99 | errors by code | provledger ÷ this | machine CPU per commit (µs) |");
     println!("|---:|---|---:|---:|---:|---|---:|---:|");
-    for (clients, ledger, raw, pg_run) in &rows {
+    for (clients, ledger, raw, relay, pg_run) in &rows {
         row(*clients, "provledger cmd.append", ledger, "1.00x");
         row(
             *clients,
             "raw JetStream: direct get last + publish (expected seq, msg id)",
             raw,
             &ratio(ledger.rate(), raw.rate()),
+        );
+        row(
+            *clients,
+            "relay service: request, publish (expected seq, msg id), ack, reply",
+            relay,
+            &ratio(ledger.rate(), relay.rate()),
         );
         match pg_run {
             Some((conns, run)) => row(
@@ -1153,12 +1347,15 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
     println!(
         "- Machine CPU per commit: every core's busy time (/proc/stat) during the row, all processes (serve, nats-server, PostgreSQL, the load generator; for provledger also its projector's tail after the row), over the row's commits: the machine must be otherwise idle. serve's copier writes behind, so part of its work falls in the next row. Once the cores are saturated, the rate is about busy cores × 10^6 ÷ this figure."
     );
+    println!(
+        "- The relay row is the least a service between the client and the stream does per write (request, publish expecting the kept sequence, ack, reply; no decision, chain, projection, feed or copy), on a runtime of its own with one connection, as serve: provledger ÷ relay is provledger's own cost, relay ÷ raw the architecture's."
+    );
     for note in notes {
         println!("- {note}");
     }
     let runs = rows
         .iter()
-        .flat_map(|(_, l, r, p)| [Some(l), Some(r), p.as_ref().map(|p| &p.1)])
+        .flat_map(|(_, l, r, y, p)| [Some(l), Some(r), Some(y), p.as_ref().map(|p| &p.1)])
         .flatten()
         .chain([&echo_run]);
     print_examples(run_errors(runs));
