@@ -633,19 +633,25 @@ fn publish_error(e: async_nats::jetstream::context::PublishError) -> String {
     format!("{code}: {e}")
 }
 
+/// The sequence of `subject`'s last message, by direct get (0 when it has none).
+async fn last_sequence(stream: &jetstream::stream::Stream, subject: &str) -> Result<u64, String> {
+    match stream.direct_get_last_for_subject(subject).await {
+        Ok(message) => Ok(message.sequence),
+        Err(e) if e.kind() == DirectGetErrorKind::NotFound => Ok(0),
+        Err(e) => Err(format!("direct_get_failed: {e}")),
+    }
+}
+
+/// The subject of a reference stream's aggregate `token` under `prefix`.
+fn reference_subject(prefix: &str, token: &str) -> String {
+    format!("{prefix}.ev.provider.{token}")
+}
+
 impl Writer for RawWriter {
     async fn write(&mut self) -> Result<(), String> {
         let subject = self.subjects[self.next % self.subjects.len()].clone();
         self.next += 1;
-        let last = match self
-            .stream
-            .direct_get_last_for_subject(subject.clone())
-            .await
-        {
-            Ok(message) => message.sequence,
-            Err(e) if e.kind() == DirectGetErrorKind::NotFound => 0,
-            Err(e) => return Err(format!("direct_get_failed: {e}")),
-        };
+        let last = last_sequence(&self.stream, &subject).await?;
         let ack = publish_expecting(&self.js, subject, self.payload.clone(), last)
             .await
             .map_err(publish_error)?;
@@ -680,7 +686,7 @@ async fn seeded_stream(
     let mut acks = Vec::new();
     for token in &tokens {
         acks.push(
-            js.publish(format!("{prefix}.ev.provider.{token}"), payload.clone())
+            js.publish(reference_subject(prefix, token), payload.clone())
                 .await
                 .expect("publishing a reference subject's first message"),
         );
@@ -697,7 +703,7 @@ async fn raw_writers(nats: &NatsServer, clients: usize, payload: &Bytes) -> Vec<
     let subjects: Vec<String> = seeded_stream(nats, RAW_STREAM, RAW_PREFIX, payload)
         .await
         .into_iter()
-        .map(|token| format!("{RAW_PREFIX}.ev.provider.{token}"))
+        .map(|token| reference_subject(RAW_PREFIX, &token))
         .collect();
     let mut writers = Vec::new();
     for (i, conn) in connections(nats, "bench", clients)
@@ -824,7 +830,7 @@ async fn relay_one(
         .get(..36)
         .and_then(|t| std::str::from_utf8(t).ok())
         .ok_or_else(|| "bad_request: no subject token".to_string())?;
-    let subject = format!("{RELAY_PREFIX}.ev.provider.{token}");
+    let subject = reference_subject(RELAY_PREFIX, token);
     let payload = request.slice(36..);
     for _ in 0..2 {
         let kept = heads
@@ -834,11 +840,7 @@ async fn relay_one(
             .copied();
         let last = match kept {
             Some(last) => last,
-            None => match stream.direct_get_last_for_subject(subject.clone()).await {
-                Ok(message) => message.sequence,
-                Err(e) if e.kind() == DirectGetErrorKind::NotFound => 0,
-                Err(e) => return Err(format!("direct_get_failed: {e}")),
-            },
+            None => last_sequence(stream, &subject).await?,
         };
         let ack = publish_expecting(js, subject.clone(), payload.clone(), last)
             .await
