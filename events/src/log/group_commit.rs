@@ -13,9 +13,13 @@
 //! requests queue, and the next write takes them all. Under no load a request is written at
 //! once, alone: it waits only for the write in flight. Under load (the last write held
 //! several sets), the next write waits at most [`GROUP_LINGER`] for the writers just
-//! answered to send their next sets, so that they share one batch. Sets that share an aggregate or a commit id are never in one write (the second
-//! waits for the next), so every set's expectations are checked against the log as the
-//! sets before it left it, and a set is never split: each is written whole or not at all.
+//! answered to send their next sets, so that they share one batch; it opens with the first
+//! of them and takes the others as they come, so that a backend can start writing before
+//! the group is whole (JetStream opens the batch, which costs the server a staging store,
+//! while the others are still on their way). Sets that share an aggregate or a commit id
+//! are never in one write (the second waits for the next), so every set's expectations are
+//! checked against the log as the sets before it left it, and a set is never split: each is
+//! written whole or not at all.
 //!
 //! The backend answers each set: a set whose expectation fails is refused alone
 //! ([`AppendError::Conflicts`]) and the others are written (`write_sets`).
@@ -57,6 +61,23 @@ pub(crate) trait SetWriter: Clone + Send + Sync + 'static {
     fn write_sets(&self, sets: Vec<Vec<AtomicItem>>)
         -> impl Future<Output = Vec<SetAnswer>> + Send;
 
+    /// Writes `head` and the sets `more` yields as one write: one answer per set, `head`'s
+    /// then `more`'s, in order. `more` yields only sets that share no aggregate or commit id
+    /// with `head`. A backend that can start the write before it knows the whole group
+    /// (JetStream: the batch is opened with `head` while `more` lingers) overrides this;
+    /// the others wait for `more`.
+    fn write_sets_streamed<'a>(
+        &'a self,
+        head: Vec<Vec<AtomicItem>>,
+        more: impl Future<Output = Vec<Vec<AtomicItem>>> + Send + 'a,
+    ) -> impl Future<Output = Vec<SetAnswer>> + Send + 'a {
+        async move {
+            let mut sets = head;
+            sets.extend(more.await);
+            self.write_sets(sets).await
+        }
+    }
+
     /// The queue this handle (and its clones) groups its sets in.
     fn group_commit(&self) -> &GroupCommit;
 }
@@ -80,6 +101,8 @@ pub struct GroupCommit {
     arrived: Notify,
     writes: AtomicU64,
     sets: AtomicU64,
+    opened_early: AtomicU64,
+    sent_again: AtomicU64,
 }
 
 impl std::fmt::Debug for GroupCommit {
@@ -114,7 +137,15 @@ impl GroupCommit {
         GroupStats {
             writes: self.writes.load(Ordering::Relaxed),
             sets: self.sets.load(Ordering::Relaxed),
+            opened_early: self.opened_early.load(Ordering::Relaxed),
+            sent_again: self.sent_again.load(Ordering::Relaxed),
         }
+    }
+
+    /// Counts a write opened early that the backend had to send again from the start
+    /// (JetStream: a batch the server did not know at its commit).
+    pub(crate) fn count_sent_again(&self) {
+        self.sent_again.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -123,6 +154,12 @@ impl GroupCommit {
 pub struct GroupStats {
     pub writes: u64,
     pub sets: u64,
+    /// Writes under load, opened with the first sets while the others were awaited
+    /// (JetStream: the batch opened before its last sets were known).
+    pub opened_early: u64,
+    /// Writes opened early that had to be sent again from the start (JetStream: a batch
+    /// the server did not know at its commit, its opening turned away; nothing was stored).
+    pub sent_again: u64,
 }
 
 /// Queues `items` (validated by the caller) for the next group write of `writer` and waits
@@ -197,14 +234,20 @@ impl<W: SetWriter> Drop for Running<W> {
 
 async fn commit_until_empty<W: SetWriter>(running: &mut Running<W>) {
     let writer = running.writer.clone();
-    let mut answered = 0;
+    let groups = writer.group_commit();
+    let mut answered: usize = 0;
     loop {
-        if answered > 1 {
-            linger(writer.group_commit(), answered).await;
+        // Under load (the last write held several sets), the writers just answered are
+        // the load: the write opens with the first of their next sets and takes the others
+        // as they come, until GROUP_LINGER after the answers.
+        let lingering = (answered > 1).then(|| tokio::time::Instant::now() + GROUP_LINGER);
+        if let Some(deadline) = lingering {
+            wait_for_first(groups, deadline).await;
         }
+        let mut taken = Taken::default();
         let group = {
-            let mut q = writer.group_commit().lock();
-            let group = take_group(&mut q.pending);
+            let mut q = groups.lock();
+            let group = take_group(&mut q.pending, &mut taken);
             if group.is_empty() {
                 q.committers -= 1;
                 running.counted = false;
@@ -212,14 +255,31 @@ async fn commit_until_empty<W: SetWriter>(running: &mut Running<W>) {
             }
             group
         };
-        let (sets, answers): (Vec<_>, Vec<_>) =
+        let (sets, mut answers): (Vec<_>, Vec<_>) =
             group.into_iter().map(|p| (p.items, p.answer)).unzip();
-        let count = sets.len();
+        let results = match lingering {
+            None => writer.write_sets(sets).await,
+            Some(deadline) => {
+                let others = answered.saturating_sub(sets.len());
+                let mut later = Vec::new();
+                let more = async {
+                    linger(groups, others, taken.commits, deadline).await;
+                    let rest = take_group(&mut groups.lock().pending, &mut taken);
+                    let (rest, rest_answers): (Vec<_>, Vec<_>) =
+                        rest.into_iter().map(|p| (p.items, p.answer)).unzip();
+                    later = rest_answers;
+                    rest
+                };
+                groups.opened_early.fetch_add(1, Ordering::Relaxed);
+                let results = writer.write_sets_streamed(sets, more).await;
+                answers.append(&mut later);
+                results
+            }
+        };
+        let count = answers.len();
         tracing::trace!(sets = count, "group write");
-        let stats = writer.group_commit();
-        stats.writes.fetch_add(1, Ordering::Relaxed);
-        stats.sets.fetch_add(count as u64, Ordering::Relaxed);
-        let results = writer.write_sets(sets).await;
+        groups.writes.fetch_add(1, Ordering::Relaxed);
+        groups.sets.fetch_add(count as u64, Ordering::Relaxed);
         assert_eq!(
             results.len(),
             count,
@@ -235,15 +295,27 @@ async fn commit_until_empty<W: SetWriter>(running: &mut Running<W>) {
     }
 }
 
-/// Waits, at most [`GROUP_LINGER`], until the `answered` writers of the last write have
-/// had the time to queue their next sets: until as many more sets are queued as were
-/// queued when it ended, or a group's worth of commits.
-async fn linger(groups: &GroupCommit, answered: usize) {
+/// Waits until a set is queued, or `deadline`.
+async fn wait_for_first(groups: &GroupCommit, deadline: tokio::time::Instant) {
+    // A set queued since the last look left a permit: nothing is missed.
+    while groups.pending() == 0 {
+        if tokio::time::timeout_at(deadline, groups.arrived.notified())
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Waits, until `deadline` at the latest, for `others` more sets than are queued now (the
+/// rest of the writers answered by the last write), or for a group's worth of commits with
+/// the `taken` ones already in the write.
+async fn linger(groups: &GroupCommit, others: usize, taken: usize, deadline: tokio::time::Instant) {
     let (queued, commits) = groups.queued();
-    let want = queued + answered;
-    let deadline = tokio::time::Instant::now() + GROUP_LINGER;
+    let want = queued + others;
     let mut seen = (queued, commits);
-    while seen.0 < want && seen.1 < GROUP_MESSAGES_MAX {
+    while seen.0 < want && taken + seen.1 < GROUP_MESSAGES_MAX {
         // A set queued since the last look left a permit: nothing is missed.
         if tokio::time::timeout_at(deadline, groups.arrived.notified())
             .await
@@ -255,37 +327,42 @@ async fn linger(groups: &GroupCommit, answered: usize) {
     }
 }
 
+/// What the sets taken into one write hold: a set sharing one of its aggregates or commit
+/// ids waits for the next write, and the commits count towards the write's bound.
+#[derive(Default)]
+struct Taken {
+    aggregates: HashSet<crate::ids::AggregateId>,
+    ids: HashSet<uuid::Uuid>,
+    commits: usize,
+}
+
 /// The next group: queued sets in arrival order, up to [`GROUP_MESSAGES_MAX`] commits, none
 /// sharing an aggregate or a commit id with one taken before it (those wait for the next
 /// group). A set whose caller stopped waiting is dropped unwritten: nobody would learn its
 /// outcome, and its retry (same ids) must not find it half-way through a write.
-fn take_group(pending: &mut VecDeque<Pending>) -> Vec<Pending> {
+fn take_group(pending: &mut VecDeque<Pending>, taken: &mut Taken) -> Vec<Pending> {
     let mut group = Vec::new();
-    let mut commits = 0;
-    let mut aggregates = HashSet::new();
-    let mut ids = HashSet::new();
     let mut kept = VecDeque::new();
     while let Some(p) = pending.pop_front() {
         if p.answer.is_closed() {
             continue;
         }
-        if commits + p.items.len() > GROUP_MESSAGES_MAX {
+        if taken.commits + p.items.len() > GROUP_MESSAGES_MAX {
             kept.push_back(p);
             break;
         }
-        let clashes = p
-            .items
-            .iter()
-            .any(|i| aggregates.contains(&i.aggregate) || ids.contains(&i.draft.commit_id));
+        let clashes = p.items.iter().any(|i| {
+            taken.aggregates.contains(&i.aggregate) || taken.ids.contains(&i.draft.commit_id)
+        });
         if clashes {
             kept.push_back(p);
             continue;
         }
         for i in &p.items {
-            aggregates.insert(i.aggregate);
-            ids.insert(i.draft.commit_id);
+            taken.aggregates.insert(i.aggregate);
+            taken.ids.insert(i.draft.commit_id);
         }
-        commits += p.items.len();
+        taken.commits += p.items.len();
         group.push(p);
     }
     kept.append(pending);
@@ -327,7 +404,7 @@ mod tests {
         // given sets on {1,2}, {2,3}, {4}, {3}
         let (mut queue, _waiting) = queue(vec![set(&[1, 2]), set(&[2, 3]), set(&[4]), set(&[3])]);
         // when a group is taken
-        let group = take_group(&mut queue);
+        let group = take_group(&mut queue, &mut Taken::default());
         // then {2,3} waits (it shares 2), {4} and {3} ride along, and {2,3} is next
         let sizes: Vec<usize> = group.iter().map(|p| p.items.len()).collect();
         assert_eq!(sizes, vec![2, 1, 1]);
@@ -344,7 +421,7 @@ mod tests {
                 .collect(),
         );
         // when a group is taken, then it stops at 1,000 commits and the 11th waits
-        let group = take_group(&mut queue);
+        let group = take_group(&mut queue, &mut Taken::default());
         assert_eq!(group.iter().map(|p| p.items.len()).sum::<usize>(), 1000);
         assert_eq!(queue.len(), 1);
     }
@@ -355,7 +432,7 @@ mod tests {
         let (mut queue, mut waiting) = queue(vec![set(&[1]), set(&[2])]);
         drop(waiting.remove(0));
         // when a group is taken, then only the second is in it
-        let group = take_group(&mut queue);
+        let group = take_group(&mut queue, &mut Taken::default());
         assert_eq!(group.len(), 1);
         assert_eq!(group[0].items[0].aggregate, set(&[2])[0].aggregate);
         assert!(queue.is_empty());

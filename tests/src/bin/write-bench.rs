@@ -28,7 +28,8 @@
 //!
 //! `--only wide` (not in a whole run): claims on providers holding 1,000 to 100,000
 //! allocations next to one holding none, and what `q.provider.get` answers for each.
-//! `--clients N,...`: the throughput phase at those client counts only.
+//! `--only pairs` (not in a whole run): the first table of 5. alone.
+//! `--clients N,...`: the throughput phase and the pairs table at those client counts only.
 //!
 //! Clients share one NATS connection per 16. Tables go to stdout, progress to stderr.
 //! PostgreSQL is 127.0.0.1:5432, user postgres, database test (trust auth); the bench
@@ -36,7 +37,7 @@
 //!
 //! Usage: `cargo run --release -p provledger-tests --bin write-bench -- [--quick]
 //! [--duration SECS] [--sustained SECS]
-//! [--only throughput|depth|hot|sustained|atomic|mixed|deep|wide] [--no-log-copy]
+//! [--only throughput|depth|hot|sustained|atomic|mixed|pairs|deep|wide] [--no-log-copy]
 //! [--clients N,...]`
 //! (`--no-log-copy`: serve keeps no copy of the stream in its data dir, as
 //! `provledger serve --no-log-copy`).
@@ -68,7 +69,7 @@ use uuid::Uuid;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const USAGE: &str = "usage: write-bench [--quick] [--duration SECS] [--sustained SECS] \
-                     [--only throughput|depth|hot|sustained|atomic|mixed|deep] [--no-log-copy] \
+                     [--only throughput|depth|hot|sustained|atomic|mixed|pairs|deep|wide] [--no-log-copy] \
                      [--clients N,N,...]";
 const AGGREGATES: usize = 1000;
 const CLIENT_COUNTS: [usize; 4] = [1, 16, 64, 256];
@@ -102,6 +103,9 @@ enum Phase {
     Atomic,
     /// Only the sustained run with half of the requests atomic pairs.
     Mixed,
+    /// Only atomic pairs against single commits through serve (the first table of
+    /// `atomic`), at `--clients`' counts: a quick side-by-side run.
+    Pairs,
     /// Only the first write after another process deepened a provider (also in `atomic`).
     Deep,
     /// Only claims on providers that hold many allocations, next to one that holds none.
@@ -116,7 +120,8 @@ struct Options {
     sustained: Duration,
     depths: Vec<usize>,
     only: Option<Phase>,
-    /// The throughput phase's client counts (`--clients 64`: one row, for side-by-side runs).
+    /// The throughput phase's and the pairs table's client counts (`--clients 64`: one row, for
+    /// side-by-side runs).
     clients: Vec<usize>,
 }
 
@@ -168,10 +173,11 @@ fn parse_options() -> Options {
                     Some("sustained") => Phase::Sustained,
                     Some("atomic") => Phase::Atomic,
                     Some("mixed") => Phase::Mixed,
+                    Some("pairs") => Phase::Pairs,
                     Some("deep") => Phase::Deep,
                     Some("wide") => Phase::Wide,
                     other => fail(format!(
-                        "--only takes throughput, depth, hot, sustained, atomic, mixed, deep or wide, not {other:?}"
+                        "--only takes throughput, depth, hot, sustained, atomic, mixed, pairs, deep or wide, not {other:?}"
                     )),
                 })
             }
@@ -1369,9 +1375,20 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
 /// then raw JetStream atomic batches as the ceiling; then a first write after another
 /// process deepened a provider.
 async fn atomic(nats: &NatsServer, o: &Options) {
+    pairs(nats, o).await;
+    if o.only == Some(Phase::Pairs) {
+        return;
+    }
+    library_atomic(nats, o).await;
+    raw_atomic(nats, o).await;
+    deep_first_write(nats, o).await;
+}
+
+/// Two providers per `cmd.append` against one, at each of `--clients`' counts.
+async fn pairs(nats: &NatsServer, o: &Options) {
     let client = nats.client().await;
     let mut rows = Vec::new();
-    for clients in CLIENT_COUNTS {
+    for &clients in &o.clients {
         eprintln!("atomic: {clients} clients: single commits ...");
         let (ids, _) = register(&client, AGGREGATES).await;
         wait_caught_up(&client).await;
@@ -1424,9 +1441,6 @@ async fn atomic(nats: &NatsServer, o: &Options) {
         }
     }
     print_examples(run_errors(rows.iter().flat_map(|(_, a, b)| [a, b])));
-    library_atomic(nats, o).await;
-    raw_atomic(nats, o).await;
-    deep_first_write(nats, o).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1803,6 +1817,16 @@ async fn deep_first_write(nats: &NatsServer, o: &Options) {
             ratio(timed[0].0.as_secs_f64(), timed[1].0.as_secs_f64())
         );
     }
+    // One write per provider is one sample each: a scheduling hiccup of a millisecond on a
+    // shared machine is several times a write. The medians say what a deepened provider
+    // costs; the rows above show the spread.
+    let median =
+        |which: usize| percentile(&rows.iter().map(|t| t[which].0).collect::<Vec<_>>(), 0.5);
+    let (deep_median, fresh_median) = (median(0), median(1));
+    println!(
+        "| median | {deep_median:.2?} | {fresh_median:.2?} | {} |",
+        ratio(deep_median.as_secs_f64(), fresh_median.as_secs_f64())
+    );
 }
 
 /// A claim of one VCPU for a new instance, `expect: "any"`.
@@ -2334,7 +2358,7 @@ async fn main() {
     if o.runs(Phase::Hot) {
         hot(&nats, &o, pg.as_ref(), payload_bytes).await;
     }
-    if o.runs(Phase::Atomic) {
+    if o.runs(Phase::Atomic) || o.only == Some(Phase::Pairs) {
         atomic(&nats, &o).await;
     }
     if o.only == Some(Phase::Deep) {

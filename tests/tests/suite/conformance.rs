@@ -551,6 +551,73 @@ async fn concurrent_atomic_sets_share_writes_and_a_stale_one_sinks_no_other<B: B
     );
 }
 
+/// Given 16 writers each appending 8 atomic sets of two new aggregates in a closed loop
+/// (the next set sent when the last is answered), every 8th set expecting a version its
+/// aggregates do not have: exactly the stale sets are refused, every other lands whole at
+/// consecutive positions, and writes under load were opened before their last sets came.
+async fn writers_in_a_closed_loop_share_writes_and_a_stale_set_sinks_no_other<B: Backend>(
+    mut b: B,
+) {
+    let log = b.open().await;
+    let before = B::group_stats(&log);
+    let answers = futures::future::join_all((0..16).map(|w| {
+        let log = log.clone();
+        tokio::spawn(async move {
+            let mut answered = Vec::new();
+            for round in 0..8 {
+                let n = w * 8 + round;
+                let stale = n % 8 == 5;
+                let items = vec![
+                    item(
+                        cluster(),
+                        match stale {
+                            true => Expectation::Exactly(1),
+                            false => Expectation::NoStream,
+                        },
+                        status(n),
+                    ),
+                    item(cluster(), Expectation::Any, status(n + 1000)),
+                ];
+                let answer = log.append_atomic(items.clone()).await;
+                answered.push((stale, items, answer));
+            }
+            answered
+        })
+    }))
+    .await;
+    let after = B::group_stats(&log);
+    for (stale, items, answer) in answers.into_iter().flat_map(|a| a.unwrap()) {
+        match (stale, answer) {
+            (true, Err(AppendError::Conflicts { conflicts })) => {
+                assert_eq!(conflicts.len(), 1);
+                assert_eq!(conflicts[0].aggregate, items[0].aggregate);
+            }
+            (false, Ok(outcomes)) => {
+                assert_eq!(outcomes.len(), 2);
+                assert_eq!(outcomes[1].position, outcomes[0].position + 1);
+            }
+            (stale, other) => panic!("set (stale: {stale}) answered {other:?}"),
+        }
+        for i in &items {
+            let commits = log.read_aggregate(i.aggregate).await.unwrap();
+            assert_eq!(commits.len(), usize::from(!stale), "{}", i.aggregate);
+        }
+    }
+    assert_eq!(
+        after.sets - before.sets,
+        128,
+        "every set went through the group commit"
+    );
+    assert!(
+        after.writes - before.writes < 128,
+        "no write was shared: {after:?}"
+    );
+    assert!(
+        after.opened_early > before.opened_early,
+        "no write under load was opened before its last sets came: {after:?}"
+    );
+}
+
 macro_rules! conformance {
     ($backend:ident, $module:ident) => {
         mod $module {
@@ -563,7 +630,8 @@ macro_rules! conformance {
                 subscribe_from_the_middle_while_appending,
                 reopen_loses_nothing_acknowledged,
                 atomic_appends_all_or_nothing,
-                concurrent_atomic_sets_share_writes_and_a_stale_one_sinks_no_other);
+                concurrent_atomic_sets_share_writes_and_a_stale_one_sinks_no_other,
+                writers_in_a_closed_loop_share_writes_and_a_stale_set_sinks_no_other);
         }
     };
     (@tests $backend:ident, $($name:ident),*) => {
@@ -933,21 +1001,17 @@ async fn jetstream_garbage_on_an_event_subject_is_a_typed_error_and_the_read_goe
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jetstream_atomic_batches_beyond_the_servers_in_flight_limit_wait_their_turn() {
-    // Given two writer processes' logs on one stream (each bounds its own batches in
-    // flight), together sending more atomic batches at once than the server lets one
-    // stream have in flight (50 by default)...
+    // Given 60 writer processes' logs on one stream (each has one group write in flight),
+    // together opening more atomic batches at once than the server lets one stream have in
+    // flight (50 by default); under load a log opens its batch without waiting for the
+    // server, so an opening the server turns away is learnt only at the batch's commit...
     let server = NatsServer::start().await;
     let mut logs = Vec::new();
-    for _ in 0..2 {
-        logs.push(
-            JetStreamLog::open(server.client().await, JetStreamConfig::default())
-                .await
-                .unwrap(),
-        );
+    for _ in 0..60 {
+        logs.push(open_jetstream(&server).await);
     }
-    let writers = 48;
-    let rounds = 8;
-    // ...when each writer appends two fresh clusters per batch, round after round...
+    let (writers, rounds) = (4, 6);
+    // ...when each log's writers append two fresh clusters per set, round after round...
     let results = futures::future::join_all(logs.iter().flat_map(|log| {
         (0..writers).map(move |_| async move {
             let mut refused = Vec::new();
@@ -964,8 +1028,8 @@ async fn jetstream_atomic_batches_beyond_the_servers_in_flight_limit_wait_their_
         })
     }))
     .await;
-    // ...then none is refused: a batch the server turns away for too many in flight is
-    // sent again, and every one is stored.
+    // ...then none is refused: a batch the server turned away (answered, or found unknown
+    // at its commit) is sent again, and every one is stored.
     let refused: Vec<String> = results.into_iter().flatten().collect();
     assert!(
         refused.is_empty(),
@@ -975,8 +1039,119 @@ async fn jetstream_atomic_batches_beyond_the_servers_in_flight_limit_wait_their_
     );
     assert_eq!(
         logs[0].last_position().await.unwrap(),
-        (2 * writers * rounds * 2) as u64
+        (logs.len() * writers * rounds * 2) as u64
     );
+    let opened_early: u64 = logs.iter().map(|l| l.group_stats().opened_early).sum();
+    assert!(opened_early > 0, "no batch was opened under load");
+}
+
+/// Sends message `sequence` of atomic batch `id` on `subject` as a request: the answer.
+async fn raw_batch_message(
+    raw: &async_nats::Client,
+    subject: &str,
+    id: &str,
+    sequence: &str,
+) -> async_nats::Message {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Batch-Id", id);
+    headers.insert("Nats-Batch-Sequence", sequence);
+    raw.request_with_headers(subject.to_string(), headers, "held".into())
+        .await
+        .unwrap()
+}
+
+/// Opens `count` atomic batches on `subject` that another client never commits, each with
+/// an answered opening: the batch ids the server took (it may turn some away).
+async fn hold_batches(raw: &async_nats::Client, subject: &str, count: usize) -> Vec<String> {
+    let mut held = Vec::new();
+    for _ in 0..count {
+        let id = Uuid::new_v4().to_string();
+        // An empty answer opened the batch; a refusal names why (too many in flight).
+        if raw_batch_message(raw, subject, &id, "1")
+            .await
+            .payload
+            .is_empty()
+        {
+            held.push(id);
+        }
+    }
+    held
+}
+
+/// Abandons batches opened by [`hold_batches`]: a gap in each makes the server drop it,
+/// nothing of it stored.
+async fn release_batches(raw: &async_nats::Client, subject: &str, held: Vec<String>) {
+    for id in held {
+        let reply = raw_batch_message(raw, subject, &id, "3").await;
+        assert!(!reply.payload.is_empty(), "a gapped batch is refused");
+    }
+}
+
+/// Given a log under load (16 writers appending atomic sets in a closed loop, so that its
+/// batches open before their last sets come, their opening unanswered), when another client
+/// holds every atomic batch the stream may have in flight, again and again: a batch whose
+/// opening the server turned away unseen is found unknown at its commit and sent again, and
+/// every set lands whole, none refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_a_batch_opened_early_and_turned_away_is_sent_again() {
+    let server = NatsServer::start().await;
+    let log = open_jetstream(&server).await;
+    let raw = server.client().await;
+    let hog = JetStreamConfig::default().subject_for(&cluster());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..16)
+        .map(|_| {
+            let (log, stop) = (log.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut landed = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let items = vec![
+                        item(cluster(), Expectation::NoStream, status(0)),
+                        item(cluster(), Expectation::NoStream, status(1)),
+                    ];
+                    let answer = log.append_atomic(items.clone()).await;
+                    assert!(answer.is_ok(), "a set was refused: {answer:?}");
+                    landed.push(items);
+                }
+                landed
+            })
+        })
+        .collect();
+    let mut held_at_once = 0;
+    for _ in 0..20 {
+        if log.group_stats().sent_again > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let held = hold_batches(&raw, &hog, 50).await;
+        held_at_once = held_at_once.max(held.len());
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        release_batches(&raw, &hog, held).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut landed = Vec::new();
+    for w in writers {
+        landed.extend(w.await.unwrap());
+    }
+    let stats = log.group_stats();
+    assert!(
+        held_at_once >= 45,
+        "the other client held only {held_at_once} batches"
+    );
+    assert!(
+        stats.sent_again > 0,
+        "no batch opened early was turned away: {stats:?}"
+    );
+    // Every set whole: each aggregate holds its one commit, and nothing else was stored
+    // (read independently, in one pass over the stream).
+    let mut commits: std::collections::HashMap<AggregateId, usize> = Default::default();
+    for c in read_all(&log, 1).await {
+        *commits.entry(c.aggregate).or_default() += 1;
+    }
+    assert_eq!(commits.len(), 2 * landed.len(), "aggregates stored");
+    for i in landed.iter().flatten() {
+        assert_eq!(commits.get(&i.aggregate), Some(&1), "{}", i.aggregate);
+    }
 }
 
 /// A handle on the server's stream: two of them stand for two processes.
