@@ -71,15 +71,23 @@ pub(crate) trait SetWriter: Clone + Send + Sync + 'static {
         head: Vec<Vec<AtomicItem>>,
         more: impl Future<Output = Vec<Vec<AtomicItem>>> + Send + 'a,
     ) -> impl Future<Output = Vec<SetAnswer>> + Send + 'a {
-        async move {
-            let mut sets = head;
-            sets.extend(more.await);
-            self.write_sets(sets).await
-        }
+        write_whole(self, head, more)
     }
 
     /// The queue this handle (and its clones) groups its sets in.
     fn group_commit(&self) -> &GroupCommit;
+}
+
+/// Writes `head` and the sets `more` yields once the group is whole: the write of a backend
+/// that cannot start before.
+pub(crate) async fn write_whole<W: SetWriter>(
+    writer: &W,
+    head: Vec<Vec<AtomicItem>>,
+    more: impl Future<Output = Vec<Vec<AtomicItem>>> + Send,
+) -> Vec<SetAnswer> {
+    let mut sets = head;
+    sets.extend(more.await);
+    writer.write_sets(sets).await
 }
 
 struct Pending {

@@ -51,6 +51,9 @@ const _: () = assert!(ACK_WINDOW_DEFAULT < MAX_ACK_INFLIGHT);
 /// gets (2.11), which every read uses instead of a consumer, and atomic batch publish
 /// (2.12), which facts on several aggregates are written with.
 pub const SERVER_VERSION_MIN: (u64, u64, u64) = (2, 12, 0);
+/// The oldest server that commits an atomic batch by an end-of-batch marker
+/// ([`StreamedBatch`]): with an older one, a group is written once it is whole.
+const SERVER_VERSION_EOB: (u64, u64, u64) = (2, 14, 0);
 /// How often an append retries after losing a race (`Any`), or after finding the subject
 /// moved by a message outside the chain while the version still admits it.
 const APPEND_ATTEMPTS_MAX: usize = 16;
@@ -527,6 +530,9 @@ struct Inner {
     /// refuses for its sequence is looked for where it would have landed.
     unanswered: Mutex<HashSet<Uuid>>,
     server_version: String,
+    /// Whether the server takes a batch committed by an end-of-batch marker
+    /// ([`SERVER_VERSION_EOB`]), so that a group can open before it is whole.
+    opens_early: bool,
 }
 
 /// The JetStream event log. Cheap to clone.
@@ -713,14 +719,14 @@ impl JetStreamLog {
                 "the NATS client is not connected to any server yet".into(),
             ));
         }
-        match parse_server_version(&server_version) {
-            Some(v) if v >= SERVER_VERSION_MIN => {}
+        let opens_early = match parse_server_version(&server_version) {
+            Some(v) if v >= SERVER_VERSION_MIN => v >= SERVER_VERSION_EOB,
             _ => {
                 return Err(OpenJetStreamError::ServerTooOld {
                     found: server_version,
                 })
             }
-        }
+        };
         config.ack_window = config.ack_window.clamp(1, MAX_ACK_INFLIGHT - 1);
         let context = jetstream::ContextBuilder::new()
             .max_ack_inflight(MAX_ACK_INFLIGHT)
@@ -789,6 +795,7 @@ impl JetStreamLog {
                 config,
                 heads: Mutex::new(HashMap::new()),
                 server_version,
+                opens_early,
             }),
         })
     }
@@ -1989,12 +1996,15 @@ impl SetWriter for JetStreamLog {
         }
     }
 
-    fn write_sets_streamed<'a>(
+    async fn write_sets_streamed<'a>(
         &'a self,
         head: Vec<Vec<AtomicItem>>,
         more: impl Future<Output = Vec<Vec<AtomicItem>>> + Send + 'a,
-    ) -> impl Future<Output = Vec<SetAnswer>> + Send + 'a {
-        self.write_group_streamed(head, more)
+    ) -> Vec<SetAnswer> {
+        match self.inner.opens_early {
+            true => self.write_group_streamed(head, more).await,
+            false => group_commit::write_whole(self, head, more).await,
+        }
     }
 
     fn group_commit(&self) -> &GroupCommit {
