@@ -150,6 +150,11 @@ impl GroupCommit {
         }
     }
 
+    /// Counts a write the backend opened before its group was whole.
+    pub(crate) fn count_opened_early(&self) {
+        self.opened_early.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counts a write opened early that the backend had to send again from the start
     /// (JetStream: a batch the server did not know at its commit).
     pub(crate) fn count_sent_again(&self) {
@@ -162,8 +167,9 @@ impl GroupCommit {
 pub struct GroupStats {
     pub writes: u64,
     pub sets: u64,
-    /// Writes under load, opened with the first sets while the others were awaited
-    /// (JetStream: the batch opened before its last sets were known).
+    /// Writes under load that the backend opened with the first sets while the others
+    /// were awaited (JetStream on nats-server 2.14+: the batch opened before its last sets
+    /// were known; the other backends write a group once it is whole, and count none).
     pub opened_early: u64,
     /// Writes opened early that had to be sent again from the start (JetStream: a batch
     /// the server did not know at its commit, its opening turned away; nothing was stored).
@@ -253,7 +259,7 @@ async fn commit_until_empty<W: SetWriter>(running: &mut Running<W>) {
             wait_for_first(groups, deadline).await;
         }
         let mut taken = Taken::default();
-        let group = {
+        let (group, left) = {
             let mut q = groups.lock();
             let group = take_group(&mut q.pending, &mut taken);
             if group.is_empty() {
@@ -261,7 +267,9 @@ async fn commit_until_empty<W: SetWriter>(running: &mut Running<W>) {
                 running.counted = false;
                 return;
             }
-            group
+            // What stays queued (sets sharing an aggregate with the group) is not what the
+            // linger below waits for.
+            (group, q.pending.len())
         };
         let (sets, mut answers): (Vec<_>, Vec<_>) =
             group.into_iter().map(|p| (p.items, p.answer)).unzip();
@@ -271,14 +279,13 @@ async fn commit_until_empty<W: SetWriter>(running: &mut Running<W>) {
                 let others = answered.saturating_sub(sets.len());
                 let mut later = Vec::new();
                 let more = async {
-                    linger(groups, others, taken.commits, deadline).await;
+                    linger(groups, left + others, taken.commits, deadline).await;
                     let rest = take_group(&mut groups.lock().pending, &mut taken);
                     let (rest, rest_answers): (Vec<_>, Vec<_>) =
                         rest.into_iter().map(|p| (p.items, p.answer)).unzip();
                     later = rest_answers;
                     rest
                 };
-                groups.opened_early.fetch_add(1, Ordering::Relaxed);
                 let results = writer.write_sets_streamed(sets, more).await;
                 answers.append(&mut later);
                 results
@@ -316,13 +323,11 @@ async fn wait_for_first(groups: &GroupCommit, deadline: tokio::time::Instant) {
     }
 }
 
-/// Waits, until `deadline` at the latest, for `others` more sets than are queued now (the
-/// rest of the writers answered by the last write), or for a group's worth of commits with
-/// the `taken` ones already in the write.
-async fn linger(groups: &GroupCommit, others: usize, taken: usize, deadline: tokio::time::Instant) {
-    let (queued, commits) = groups.queued();
-    let want = queued + others;
-    let mut seen = (queued, commits);
+/// Waits, until `deadline` at the latest, for `want` sets queued (those left behind by the
+/// write's first take, and one for each other writer the last write answered), or for a
+/// group's worth of commits with the `taken` ones already in the write.
+async fn linger(groups: &GroupCommit, want: usize, taken: usize, deadline: tokio::time::Instant) {
+    let mut seen = groups.queued();
     while seen.0 < want && taken + seen.1 < GROUP_MESSAGES_MAX {
         // A set queued since the last look left a permit: nothing is missed.
         if tokio::time::timeout_at(deadline, groups.arrived.notified())

@@ -284,7 +284,7 @@ impl StreamedBatch {
             {
                 Err(NotOpened)
             }
-            reply => Ok(reply.commit_ack(&subject)),
+            reply => Ok(reply.commit_ack(&subject, self.sent)),
         }
     }
 }
@@ -318,6 +318,8 @@ enum BatchReply {
     Started,
     Stored {
         sequence: u64,
+        /// The batch's size as the server counted it (`count`; 0 when not given).
+        count: u64,
     },
     Refused {
         err_code: u64,
@@ -327,15 +329,23 @@ enum BatchReply {
 }
 
 impl BatchReply {
-    /// What the answer to a batch's commit says of the batch.
-    fn commit_ack(self, subject: &str) -> BatchAck {
+    /// What the answer to the commit of a batch of `sent` stored messages says of it. A
+    /// server that counted another size stored what was not sent (a 2.12.0 leader stores
+    /// an end-of-batch marker as a message): the positions the ack implies are not the
+    /// commits', so the outcome is unknown to the writer, which a retry finds out.
+    fn commit_ack(self, subject: &str, sent: usize) -> BatchAck {
         if let BatchReply::Refused { err_code, .. } = &self {
             if let Some(ack) = BatchAck::of_refusal(*err_code) {
                 return ack;
             }
         }
         match self {
-            BatchReply::Stored { sequence } => BatchAck::Stored {
+            BatchReply::Stored { count, .. } if count != 0 && count != sent as u64 => {
+                BatchAck::Unavailable(format!(
+                    "atomic batch to {subject}: the server stored {count} messages of a batch of {sent}"
+                ))
+            }
+            BatchReply::Stored { sequence, .. } => BatchAck::Stored {
                 last_sequence: sequence,
             },
             other => {
@@ -347,7 +357,7 @@ impl BatchReply {
     fn describe(&self) -> String {
         match self {
             BatchReply::Started => "the batch was only opened".into(),
-            BatchReply::Stored { sequence } => format!("stored early, at {sequence}"),
+            BatchReply::Stored { sequence, .. } => format!("stored early, at {sequence}"),
             BatchReply::Refused {
                 err_code,
                 description,
@@ -373,6 +383,8 @@ fn parse_batch_reply(payload: &[u8]) -> BatchReply {
         error: Option<ApiError>,
         #[serde(default)]
         seq: u64,
+        #[serde(default)]
+        count: u64,
     }
     match serde_json::from_slice::<Reply>(payload) {
         Ok(Reply {
@@ -381,7 +393,10 @@ fn parse_batch_reply(payload: &[u8]) -> BatchReply {
             err_code: error.err_code,
             description: error.description,
         },
-        Ok(Reply { seq, .. }) if seq > 0 => BatchReply::Stored { sequence: seq },
+        Ok(Reply { seq, count, .. }) if seq > 0 => BatchReply::Stored {
+            sequence: seq,
+            count,
+        },
         _ => BatchReply::Unreadable(String::from_utf8_lossy(payload).into_owned()),
     }
 }
@@ -1308,7 +1323,7 @@ impl JetStreamLog {
                             early.describe()
                         ))
                     }
-                    reply => return reply.commit_ack(subject),
+                    reply => return reply.commit_ack(subject, count),
                 }
             } else if let Err(e) = client
                 .publish_with_headers(subject.clone(), headers, bytes.clone().into())
@@ -1816,6 +1831,7 @@ impl JetStreamLog {
         // ordinary batch (see MAX_ACK_INFLIGHT).
         let turn = self.inner.batches.acquire().await;
         let permit = self.inner.window.acquire().await;
+        self.inner.groups.count_opened_early();
         let mut batch = StreamedBatch::open();
         let mut sent = match (&turn, &permit) {
             (Ok(_), Ok(_)) => batch.send(&client, messages_of(&ready).iter()).await,
@@ -1824,20 +1840,24 @@ impl JetStreamLog {
         sets.extend(more.await);
         answers.resize_with(sets.len(), || None);
         let rest_open: Vec<usize> = (head_open.len()..sets.len()).collect();
-        let rest = self.seal_open(&sets, &rest_open, &mut answers).await;
+        // A set its heads refuse is answered after the commit: finding out whether it is a
+        // retry may read the log, and the batch holds one of the server's in-flight slots.
+        let (rest, refused) = self.seal_only(&sets, &rest_open, &mut answers).await;
         if sent.is_ok() {
             sent = batch.send(&client, messages_of(&rest).iter()).await;
         }
         ready.extend(rest);
-        if ready.is_empty() {
+        let committed = match (ready.is_empty(), sent) {
             // Every set was answered on its heads: nothing was sent.
-            return self.write_rounds(&sets, answers, Vec::new(), 0).await;
-        }
-        let committed = match sent {
-            Ok(()) => batch.commit(&client).await,
-            Err(reason) => Ok(BatchAck::Unavailable(reason)),
+            (true, _) => None,
+            (false, Ok(())) => Some(batch.commit(&client).await),
+            (false, Err(reason)) => Some(Ok(BatchAck::Unavailable(reason))),
         };
         drop((permit, turn));
+        self.answer_refused(&sets, refused, &mut answers).await;
+        let Some(committed) = committed else {
+            return self.write_rounds(&sets, answers, Vec::new(), 0).await;
+        };
         match committed {
             Ok(ack) => {
                 let open = self.settle_group(&sets, &ready, 0, ack, &mut answers).await;
@@ -1863,19 +1883,45 @@ impl JetStreamLog {
         open: &[usize],
         answers: &mut [Option<SetAnswer>],
     ) -> Vec<(usize, SealedSet)> {
+        let (ready, refused) = self.seal_only(sets, open, answers).await;
+        self.answer_refused(sets, refused, answers).await;
+        ready
+    }
+
+    /// Seals each of the `open` sets on its aggregates' heads, side by side: the sets ready
+    /// to publish, and those the heads refuse (to answer with [`Self::answer_refused`]). A
+    /// set that cannot be sealed is answered.
+    async fn seal_only(
+        &self,
+        sets: &[Vec<AtomicItem>],
+        open: &[usize],
+        answers: &mut [Option<SetAnswer>],
+    ) -> (Vec<(usize, SealedSet)>, Vec<(usize, Vec<VersionConflict>)>) {
         let sealing =
             futures::future::join_all(open.iter().map(|&s| self.seal_set(&sets[s]))).await;
         let mut ready: Vec<(usize, SealedSet)> = Vec::with_capacity(open.len());
+        let mut refused = Vec::new();
         for (&s, sealed) in open.iter().zip(sealing) {
             match sealed {
                 Ok(Ok(sealed)) => ready.push((s, sealed)),
-                Ok(Err(conflicts)) => {
-                    answers[s] = Some(self.conflicts_or_retry(&sets[s], conflicts).await)
-                }
+                Ok(Err(conflicts)) => refused.push((s, conflicts)),
                 Err(e) => answers[s] = Some(Err(e)),
             }
         }
-        ready
+        (ready, refused)
+    }
+
+    /// Answers the sets the heads refused: refused, or the earlier outcome of a retry (which
+    /// may read the log to find out).
+    async fn answer_refused(
+        &self,
+        sets: &[Vec<AtomicItem>],
+        refused: Vec<(usize, Vec<VersionConflict>)>,
+        answers: &mut [Option<SetAnswer>],
+    ) {
+        for (s, conflicts) in refused {
+            answers[s] = Some(self.conflicts_or_retry(&sets[s], conflicts).await);
+        }
     }
 
     /// Answers the `ready` sets of round `round` that the server's answer `ack` to their
@@ -2433,6 +2479,19 @@ impl EventLog for JetStreamLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_ack_counting_another_size_than_was_sent_appends_nothing_known() {
+        // given a server's ack naming a batch of 3 messages
+        let ack = |sent| {
+            parse_batch_reply(br#"{"stream":"S","seq":10,"batch":"b","count":3}"#)
+                .commit_ack("s", sent)
+        };
+        // when 2 were sent (a 2.12.0 leader stored the end-of-batch marker), then the outcome
+        // is unknown; when 3 were, the last is at 10
+        assert!(matches!(ack(2), BatchAck::Unavailable(_)));
+        assert!(matches!(ack(3), BatchAck::Stored { last_sequence: 10 }));
+    }
 
     #[test]
     fn server_versions_are_compared_numerically() {
