@@ -1164,6 +1164,74 @@ async fn jetstream_a_batch_opened_early_and_turned_away_is_sent_again() {
     }
 }
 
+/// Given a log under load (16 writers in a closed loop, each on its own pair of clusters,
+/// expecting each version exactly, so that the log's batches open before their last sets
+/// come), when another process writes one writer's first cluster behind the log's cached
+/// head: the server refuses the batch holding that set, that set alone is refused naming
+/// the moved cluster, and every other set lands whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_a_batch_opened_early_and_refused_for_a_moved_subject_lands_the_others() {
+    let server = NatsServer::start().await;
+    let (ours, theirs) = (open_jetstream(&server).await, open_jetstream(&server).await);
+    let (rounds, moved, moved_at) = (12u64, 5usize, 6u64);
+    let mut pairs = Vec::new();
+    for n in 0..16 {
+        let (a, b) = (cluster(), cluster());
+        ours.append_atomic(vec![
+            item(a, Expectation::NoStream, status(n)),
+            item(b, Expectation::NoStream, status(n)),
+        ])
+        .await
+        .unwrap();
+        pairs.push((a, b));
+    }
+    let before = ours.group_stats();
+    let answers = futures::future::join_all(pairs.iter().enumerate().map(|(w, &(a, b))| {
+        let (ours, theirs) = (ours.clone(), theirs.clone());
+        tokio::spawn(async move {
+            for round in 0..rounds {
+                let version = round + 1;
+                if w == moved && round == moved_at {
+                    theirs
+                        .append(a, Expectation::Exactly(version), status(900))
+                        .await
+                        .unwrap();
+                }
+                let items = vec![
+                    item(a, Expectation::Exactly(version), status(w)),
+                    item(b, Expectation::Exactly(version), status(w)),
+                ];
+                if let Err(e) = ours.append_atomic(items).await {
+                    return Err((round, e));
+                }
+            }
+            Ok(())
+        })
+    }))
+    .await;
+    let after = ours.group_stats();
+    assert!(after.opened_early > before.opened_early, "{after:?}");
+    for (w, answer) in answers.into_iter().enumerate() {
+        let (a, b) = pairs[w];
+        let (a_len, b_len) = (
+            theirs.read_aggregate(a).await.unwrap().len() as u64,
+            theirs.read_aggregate(b).await.unwrap().len() as u64,
+        );
+        match (w == moved, answer.unwrap()) {
+            (true, Err((round, AppendError::Conflicts { conflicts }))) => {
+                assert_eq!(round, moved_at);
+                assert_eq!(conflicts.len(), 1);
+                assert_eq!(conflicts[0].aggregate, a);
+                assert_eq!(conflicts[0].actual, moved_at + 2);
+                // The refused set left nothing: the other process's commit on a, none on b.
+                assert_eq!((a_len, b_len), (moved_at + 2, moved_at + 1));
+            }
+            (false, Ok(())) => assert_eq!((a_len, b_len), (rounds + 1, rounds + 1)),
+            (is_moved, other) => panic!("writer {w} (moved: {is_moved}) ended {other:?}"),
+        }
+    }
+}
+
 /// A handle on the server's stream: two of them stand for two processes.
 async fn open_jetstream(server: &NatsServer) -> JetStreamLog {
     JetStreamLog::open(server.client().await, JetStreamConfig::default())
