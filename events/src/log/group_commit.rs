@@ -271,8 +271,7 @@ async fn commit_until_empty<W: SetWriter>(running: &mut Running<W>) {
             // linger below waits for.
             (group, q.pending.len())
         };
-        let (sets, mut answers): (Vec<_>, Vec<_>) =
-            group.into_iter().map(|p| (p.items, p.answer)).unzip();
+        let (sets, mut answers) = split(group);
         let results = match lingering {
             None => writer.write_sets(sets).await,
             Some(deadline) => {
@@ -280,9 +279,8 @@ async fn commit_until_empty<W: SetWriter>(running: &mut Running<W>) {
                 let mut later = Vec::new();
                 let more = async {
                     linger(groups, left + others, taken.commits, deadline).await;
-                    let rest = take_group(&mut groups.lock().pending, &mut taken);
-                    let (rest, rest_answers): (Vec<_>, Vec<_>) =
-                        rest.into_iter().map(|p| (p.items, p.answer)).unzip();
+                    let (rest, rest_answers) =
+                        split(take_group(&mut groups.lock().pending, &mut taken));
                     later = rest_answers;
                     rest
                 };
@@ -308,6 +306,11 @@ async fn commit_until_empty<W: SetWriter>(running: &mut Running<W>) {
         }
         answered = count;
     }
+}
+
+/// A group's sets, and the senders their answers go to, in the same order.
+fn split(group: Vec<Pending>) -> (Vec<Vec<AtomicItem>>, Vec<oneshot::Sender<SetAnswer>>) {
+    group.into_iter().map(|p| (p.items, p.answer)).unzip()
 }
 
 /// Waits until a set is queued, or `deadline`.

@@ -1578,11 +1578,8 @@ struct SealedSet {
 type BatchMessage = (String, u64, Uuid, Vec<u8>);
 
 /// The messages of sealed sets, in order.
-fn messages_of(ready: &[(usize, SealedSet)]) -> Vec<BatchMessage> {
-    ready
-        .iter()
-        .flat_map(|(_, set)| set.messages.iter().cloned())
-        .collect()
+fn messages_in(ready: &[(usize, SealedSet)]) -> impl Iterator<Item = &BatchMessage> {
+    ready.iter().flat_map(|(_, set)| set.messages.iter())
 }
 
 /// What one message of a set was sealed on: its subject's expected last sequence and the
@@ -1792,7 +1789,9 @@ impl JetStreamLog {
             if ready.is_empty() {
                 break;
             }
-            let ack = self.publish_batch(messages_of(&ready)).await;
+            let ack = self
+                .publish_batch(messages_in(&ready).cloned().collect())
+                .await;
             open = self
                 .settle_group(sets, &ready, round, ack, &mut answers)
                 .await;
@@ -1834,7 +1833,7 @@ impl JetStreamLog {
         self.inner.groups.count_opened_early();
         let mut batch = StreamedBatch::open();
         let mut sent = match (&turn, &permit) {
-            (Ok(_), Ok(_)) => batch.send(&client, messages_of(&ready).iter()).await,
+            (Ok(_), Ok(_)) => batch.send(&client, messages_in(&ready)).await,
             _ => Err("the append window is closed".to_string()),
         };
         sets.extend(more.await);
@@ -1844,7 +1843,7 @@ impl JetStreamLog {
         // retry may read the log, and the batch holds one of the server's in-flight slots.
         let (rest, refused) = self.seal_only(&sets, &rest_open, &mut answers).await;
         if sent.is_ok() {
-            sent = batch.send(&client, messages_of(&rest).iter()).await;
+            sent = batch.send(&client, messages_in(&rest)).await;
         }
         ready.extend(rest);
         let committed = match (ready.is_empty(), sent) {
@@ -1855,15 +1854,13 @@ impl JetStreamLog {
         };
         drop((permit, turn));
         self.answer_refused(&sets, refused, &mut answers).await;
-        let Some(committed) = committed else {
-            return self.write_rounds(&sets, answers, Vec::new(), 0).await;
-        };
         match committed {
-            Ok(ack) => {
+            None => self.write_rounds(&sets, answers, Vec::new(), 0).await,
+            Some(Ok(ack)) => {
                 let open = self.settle_group(&sets, &ready, 0, ack, &mut answers).await;
                 self.write_rounds(&sets, answers, open, 1).await
             }
-            Err(NotOpened) => {
+            Some(Err(NotOpened)) => {
                 tracing::debug!(
                     sets = ready.len(),
                     "an atomic batch opened early was unknown at its commit; sending it again"
