@@ -206,6 +206,18 @@ impl BatchAck {
             _ => None,
         }
     }
+
+    /// The refusal of a batch's answered opening with `err_code`, where it is one the
+    /// writer acts on. An opening refused as an incomplete batch was never opened: that is
+    /// how nats-server 2.12 turns one away when too many batches are in flight (2.14 says
+    /// so with its own code), or when it cannot stage it; nothing is stored, and it waits
+    /// its turn as a busy one does.
+    fn of_opening_refusal(err_code: u64) -> Option<BatchAck> {
+        match err_code {
+            ERR_BATCH_INCOMPLETE => Some(BatchAck::Busy),
+            other => BatchAck::of_refusal(other),
+        }
+    }
 }
 
 /// The headers of message `sequence` (from 1) of atomic batch `batch_id`, expecting
@@ -1322,6 +1334,10 @@ impl JetStreamLog {
                             "atomic batch to {subject}: {}",
                             early.describe()
                         ))
+                    }
+                    BatchReply::Refused { err_code, .. } if i == 0 => {
+                        return BatchAck::of_opening_refusal(err_code)
+                            .unwrap_or_else(|| reply.commit_ack(subject, count))
                     }
                     reply => return reply.commit_ack(subject, count),
                 }
@@ -2488,6 +2504,26 @@ mod tests {
         // is unknown; when 3 were, the last is at 10
         assert!(matches!(ack(2), BatchAck::Unavailable(_)));
         assert!(matches!(ack(3), BatchAck::Stored { last_sequence: 10 }));
+    }
+
+    #[test]
+    fn an_opening_refused_as_an_incomplete_batch_waits_its_turn() {
+        // given the server's refusal of a batch as incomplete (nats-server 2.12's answer to
+        // an opening when too many batches are in flight)
+        let refusal = br#"{"error":{"code":400,"err_code":10176,"description":"atomic publish batch is incomplete"}}"#;
+        let BatchReply::Refused { err_code, .. } = parse_batch_reply(refusal) else {
+            panic!("not read as a refusal");
+        };
+        // when it answers the opening, then the batch was never opened: busy, sent again;
+        // when it answers a commit, then the set is answered unavailable as before
+        assert!(matches!(
+            BatchAck::of_opening_refusal(err_code),
+            Some(BatchAck::Busy)
+        ));
+        assert!(matches!(
+            parse_batch_reply(refusal).commit_ack("s", 2),
+            BatchAck::Unavailable(_)
+        ));
     }
 
     #[test]
