@@ -682,7 +682,9 @@ fn until_the_responder_answered<T>(mut run: impl FnMut() -> T, answered: impl Fn
 
 /// A client that answers every discovery request 2,000 times with forged connection lists:
 /// 100 well-formed executor names each (200,000 in all), and a name full of control
-/// characters and markup. Aborting the task closes its connection.
+/// characters and markup. Each request is answered on a task of its own, so that a drift
+/// run again finds its first reply at once, not behind the 2,000 of an earlier run (which
+/// took every retry of the suite's run that failed so). Aborting the task ends them all.
 async fn hostile_discovery_responder(nats: &NatsServer) -> tokio::task::JoinHandle<()> {
     use futures::StreamExt;
     let hostile = nats.client().await;
@@ -692,27 +694,35 @@ async fn hostile_discovery_responder(nats: &NatsServer) -> tokio::task::JoinHand
         .expect("subscribe");
     hostile.flush().await.expect("flush");
     tokio::spawn(async move {
+        // Dropped with this task when it is aborted, which aborts every flood in it.
+        let mut floods = tokio::task::JoinSet::new();
         while let Some(ask) = asks.next().await {
             let Some(reply) = ask.reply else { continue };
-            for i in 0..2_000 {
-                let mut subs: Vec<String> = (0..100)
-                    .map(|j| format!("provledger.exec.forged-{i}-{j}.inventory"))
-                    .collect();
-                subs.push(format!(
-                    "provledger.exec.\u{1b}[2J\u{7}<script>alert({i})</script>.inventory"
-                ));
-                let forged = serde_json::json!({"data": {"connections": [
-                    {"subscriptions_list": subs}]}});
-                if hostile
-                    .publish(reply.clone(), forged.to_string().into())
-                    .await
-                    .is_err()
-                {
-                    break;
-                }
-            }
+            let hostile = hostile.clone();
+            floods.spawn(async move { flood(&hostile, reply).await });
         }
     })
+}
+
+/// Answers one discovery request with the hostile responder's 2,000 forged replies.
+async fn flood(hostile: &async_nats::Client, reply: async_nats::Subject) {
+    for i in 0..2_000 {
+        let mut subs: Vec<String> = (0..100)
+            .map(|j| format!("provledger.exec.forged-{i}-{j}.inventory"))
+            .collect();
+        subs.push(format!(
+            "provledger.exec.\u{1b}[2J\u{7}<script>alert({i})</script>.inventory"
+        ));
+        let forged = serde_json::json!({"data": {"connections": [
+            {"subscriptions_list": subs}]}});
+        if hostile
+            .publish(reply.clone(), forged.to_string().into())
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
