@@ -9,7 +9,8 @@
 //!    then a publish with `Nats-Expected-Last-Subject-Sequence` and `Nats-Msg-Id`) and
 //!    PostgreSQL (one `INSERT ... SELECT coalesce(max(version), 0) + 1` per write); a relay
 //!    micro service doing only the NATS work of a `cmd.append` (request, publish expecting
-//!    its kept sequence, ack, reply), the floor of any service of serve's shape; plus the
+//!    its kept sequence, ack, reply), the floor of any service of serve's shape; the client
+//!    library's `Writer::record` from as many tasks (a service linking provledger); plus the
 //!    load generator's own ceiling against a trivial echo micro service.
 //! 2. Latency vs aggregate depth: 200 sequential cmd.append on providers of 10, 1,000 and
 //!    100,000 commits (built through `JetStreamLog` with `Exactly(v)` appends).
@@ -1283,6 +1284,9 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
         let relay = closed_loop(relay_writers, o.duration).await;
         relay_service.stop().await;
 
+        eprintln!("throughput: {clients} clients: the client library's record ...");
+        let library = closed_loop(library_writers(nats, clients, false).await, o.duration).await;
+
         let pg_run = match pg {
             Some(pg) => {
                 let conns = pg.connections_for(clients);
@@ -1299,7 +1303,7 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
             }
             None => None,
         };
-        rows.push((clients, ledger, raw, relay, pg_run));
+        rows.push((clients, ledger, raw, relay, library, pg_run));
     }
 
     println!();
@@ -1310,7 +1314,7 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
     println!();
     println!("| clients | system | commits/s | p50 | p99 | errors by code | provledger ÷ this | machine CPU per commit (µs) |");
     println!("|---:|---|---:|---:|---:|---|---:|---:|");
-    for (clients, ledger, raw, relay, pg_run) in &rows {
+    for (clients, ledger, raw, relay, library, pg_run) in &rows {
         row(*clients, "provledger cmd.append", ledger, "1.00x");
         row(
             *clients,
@@ -1323,6 +1327,12 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
             "relay service: request, publish (expected seq, msg id), ack, reply",
             relay,
             &ratio(ledger.rate(), relay.rate()),
+        );
+        row(
+            *clients,
+            "client library: `Writer::record` (one JetStreamLog for all clients' tasks)",
+            library,
+            &ratio(ledger.rate(), library.rate()),
         );
         match pg_run {
             Some((conns, run)) => row(
@@ -1358,12 +1368,30 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
     println!(
         "- The relay row is the least a service between the client and the stream does per write (request, publish expecting the kept sequence, ack, reply; no decision, chain, projection, feed or copy), on a runtime of its own with one connection, as serve: provledger ÷ relay is provledger's own cost, relay ÷ raw the architecture's."
     );
+    println!(
+        "- The client library's row is a service linking provledger (`provledger_client::Writer` over one `JetStreamLog`, in this process) writing the same commits on 1,000 providers of its own: the decision, the hash chain and the encoding as serve's, the aggregate's state kept between writes, no request, reply or projection."
+    );
     for note in notes {
         println!("- {note}");
     }
+    println!();
+    println!("### Single commits ÷ raw JetStream, by path (same runs)");
+    println!();
+    println!("| clients | `cmd.append` (NATS + JSON, through serve) | client library `record` | relay (the floor of a service in the path) |");
+    println!("|---:|---:|---:|---:|");
+    for (clients, ledger, raw, relay, library, _) in &rows {
+        println!(
+            "| {clients} | {} | {} | {} |",
+            ratio(ledger.rate(), raw.rate()),
+            ratio(library.rate(), raw.rate()),
+            ratio(relay.rate(), raw.rate()),
+        );
+    }
     let runs = rows
         .iter()
-        .flat_map(|(_, l, r, y, p)| [Some(l), Some(r), Some(y), p.as_ref().map(|p| &p.1)])
+        .flat_map(|(_, l, r, y, b, p)| {
+            [Some(l), Some(r), Some(y), Some(b), p.as_ref().map(|p| &p.1)]
+        })
         .flatten()
         .chain([&echo_run]);
     print_examples(run_errors(runs));
@@ -1515,9 +1543,13 @@ async fn library_writers(nats: &NatsServer, clients: usize, paired: bool) -> Vec
     .buffer_unordered(64)
     .collect::<Vec<_>>()
     .await;
-    let half = ids.len() / 2;
-    let pairs: Vec<(AggregateId, AggregateId)> =
-        (0..half).map(|i| (ids[i], ids[i + half])).collect();
+    // Single commits write every provider (the second of each "pair" is unused).
+    let pairs: Vec<(AggregateId, AggregateId)> = if paired {
+        let half = ids.len() / 2;
+        (0..half).map(|i| (ids[i], ids[i + half])).collect()
+    } else {
+        ids.iter().map(|id| (*id, *id)).collect()
+    };
     (0..clients)
         .map(|c| LibraryWriter {
             log: log.clone(),
