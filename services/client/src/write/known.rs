@@ -21,6 +21,10 @@ pub(crate) struct Known {
     pub(crate) tip: ChainTip,
     /// The last commits folded, oldest first, at most [`RECENT_COMMITS_MAX`].
     recent: VecDeque<RecentCommit>,
+    /// At least the newest mint time (UUID v7, ms) of any id in `recent`; `None` once an id
+    /// without one was kept. A draft whose id was minted later is none of them, so a new
+    /// write is told apart without scanning 256 ids (10 KiB of memory per write).
+    recent_minted_max: Option<i64>,
     /// Whether `recent` holds every commit since version 1, so a commit id not in it was
     /// never written to this aggregate.
     complete: bool,
@@ -38,11 +42,19 @@ impl Default for Known {
             entity: None,
             tip: ChainTip::EMPTY,
             recent: VecDeque::new(),
+            recent_minted_max: Some(i64::MIN),
             complete: false,
             read: false,
             stale: true,
         }
     }
+}
+
+/// The newest mint time among `recent`'s ids, `None` if one has none (not a UUID v7).
+fn minted_max<'a>(mut recent: impl Iterator<Item = &'a RecentCommit>) -> Option<i64> {
+    recent.try_fold(i64::MIN, |max, c| {
+        uuid_v7_unix_ms(&c.commit_id).map(|m| max.max(m))
+    })
 }
 
 /// What is kept of a recent commit: enough to recognise a retry of it and find it again.
@@ -70,10 +82,13 @@ impl Known {
         let tip = commits.last().map_or(ChainTip::EMPTY, ChainTip::of);
         let complete = commits.len() <= RECENT_COMMITS_MAX;
         let skip = commits.len().saturating_sub(RECENT_COMMITS_MAX);
+        let recent: VecDeque<RecentCommit> =
+            commits.iter().skip(skip).map(RecentCommit::of).collect();
         Known {
             entity,
             tip,
-            recent: commits.iter().skip(skip).map(RecentCommit::of).collect(),
+            recent_minted_max: minted_max(recent.iter()),
+            recent,
             complete,
             read: true,
             stale: false,
@@ -89,6 +104,7 @@ impl Known {
             entity: Some(entity),
             tip,
             recent: VecDeque::new(),
+            recent_minted_max: Some(i64::MIN),
             complete: false,
             read: true,
             stale: true,
@@ -140,6 +156,11 @@ impl Known {
             self.recent.pop_front();
             self.complete = false;
         }
+        // Never lowered when the oldest is dropped: it stays a bound, only a looser one.
+        self.recent_minted_max = self
+            .recent_minted_max
+            .zip(uuid_v7_unix_ms(&commit.commit_id))
+            .map(|(max, minted)| max.max(minted));
         self.recent.push_back(RecentCommit::of(commit));
     }
 
@@ -148,6 +169,14 @@ impl Known {
     }
 
     pub(crate) fn recent_commit(&self, draft: &CommitDraft) -> Option<RecentCommit> {
+        // Equal ids have equal mint times: one minted after every kept id is none of them.
+        if let (Some(max), Some(minted)) =
+            (self.recent_minted_max, uuid_v7_unix_ms(&draft.commit_id))
+        {
+            if minted > max {
+                return None;
+            }
+        }
         self.recent
             .iter()
             .find(|c| c.commit_id == draft.commit_id)
@@ -174,5 +203,79 @@ impl Known {
             }
             _ => true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use provledger_events::Hash;
+    use uuid::Uuid;
+
+    fn v7(ms: u64, n: u8) -> Uuid {
+        uuid::Builder::from_unix_timestamp_millis(ms, &[n; 10]).into_uuid()
+    }
+
+    fn draft(id: Uuid) -> CommitDraft {
+        let mut draft = CommitDraft::now("test", Vec::new());
+        draft.commit_id = id;
+        draft
+    }
+
+    /// The commits `ids` of one aggregate, in order, each sealed on the one before.
+    fn commits(aggregate: AggregateId, ids: &[Uuid]) -> Vec<Commit> {
+        let mut prev = Hash::ZERO;
+        ids.iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let mut commit = Commit::seal(aggregate, i as u64 + 1, prev, draft(*id));
+                commit.position = i as u64 + 1;
+                prev = commit.hash;
+                commit
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_retry_of_any_kept_commit_is_found_and_a_later_id_is_not() {
+        // given an aggregate whose kept commits were minted at 1,000, 3,000 and 2,000 ms
+        // (a writer's clock may run behind another's), read whole and folded one by one
+        let aggregate = AggregateId::provider(Uuid::now_v7());
+        let ids = [v7(1_000, 1), v7(3_000, 2), v7(2_000, 3)];
+        let read = Known::from_commits(aggregate, commits(aggregate, &ids));
+        let mut folded = Known::default();
+        for commit in commits(aggregate, &ids) {
+            folded.fold_own(aggregate, commit);
+        }
+        for known in [&read, &folded] {
+            // when a draft reuses any of their ids, then it is found, also the one minted
+            // last and the one kept last
+            for (i, id) in ids.iter().enumerate() {
+                let found = known.recent_commit(&draft(*id)).map(|c| c.position);
+                assert_eq!(found, Some(i as u64 + 1), "id {i}");
+            }
+            // when a draft's id is new, then it is not, whether minted after every kept id
+            // or between them
+            assert!(known.recent_commit(&draft(v7(3_001, 4))).is_none());
+            assert!(known.recent_commit(&draft(v7(2_500, 5))).is_none());
+        }
+    }
+
+    #[test]
+    fn a_kept_id_that_is_no_uuid_v7_is_still_found() {
+        // given a kept commit whose id carries no mint time, among v7 ones
+        let aggregate = AggregateId::provider(Uuid::now_v7());
+        let plain = Uuid::from_bytes([7; 16]);
+        let ids = [v7(1_000, 1), plain];
+        let mut known = Known::default();
+        for commit in commits(aggregate, &ids) {
+            known.fold_own(aggregate, commit);
+        }
+        // when a draft reuses it, then it is found; a later v7 id is still new
+        assert_eq!(
+            known.recent_commit(&draft(plain)).map(|c| c.position),
+            Some(2)
+        );
+        assert!(known.recent_commit(&draft(v7(5_000, 9))).is_none());
     }
 }
