@@ -54,6 +54,52 @@ const SLED_CACHE_CAPACITY_BYTES: u64 = 256 * 1024 * 1024;
 /// milliseconds, seconds on a loaded machine.
 const SLED_LOCK_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Why the data dir's own lock could not be taken.
+enum DirLock {
+    /// Held by another handle: who, as its lock file names it.
+    Held(String),
+    Io(std::io::Error),
+}
+
+/// Takes the data dir's lock. Held by another process, it is refused at once. Held by this
+/// very process, it may be a handle closing on another task: the last clone of a closed
+/// log can outlive `close` for a moment (a group committer answers its last set, then
+/// drops its clone), and a close followed at once by an open (the demo, read back) was
+/// refused so. That waits, bounded by `wait`, as sled's own lock does below.
+fn take_data_dir_lock(
+    lock: &File,
+    lock_path: &Path,
+    wait: std::time::Duration,
+) -> Result<(), DirLock> {
+    let started = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        // Called through the trait: std's inherent File::try_lock (1.89) would win otherwise.
+        match fs4::FileExt::try_lock(lock) {
+            Ok(()) => return Ok(()),
+            Err(fs4::TryLockError::WouldBlock) => {
+                let holder = std::fs::read_to_string(lock_path).ok();
+                let holder = holder.as_deref().map(str::trim);
+                let ours = holder == Some(std::process::id().to_string().as_str());
+                if ours && started.elapsed() < wait {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(50));
+                    continue;
+                }
+                return Err(DirLock::Held(match (holder, ours) {
+                    (Some(pid), true) => format!(
+                        "pid {pid}: this process itself, whose other handle on it stayed open for {} s",
+                        wait.as_secs()
+                    ),
+                    (Some(pid), false) => format!("pid {pid}"),
+                    (None, _) => "unknown pid".to_string(),
+                }));
+            }
+            Err(fs4::TryLockError::Error(source)) => return Err(DirLock::Io(source)),
+        }
+    }
+}
+
 /// sled locks its own `db` file too. Once the data dir's lock is ours, no other process may
 /// hold sled's, yet sled's may still be held for a moment by a handle on this dir that was
 /// just closed in this process: sled's thread pool keeps the file open after its last `Db`
@@ -331,17 +377,13 @@ impl SledLog {
             .write(true)
             .open(&lock_path)
             .map_err(io)?;
-        // Called through the trait: std's inherent File::try_lock (1.89) would win otherwise.
-        match fs4::FileExt::try_lock(&lock) {
-            Ok(()) => {}
-            Err(fs4::TryLockError::WouldBlock) => {
-                let holder = std::fs::read_to_string(&lock_path)
-                    .map(|s| format!("pid {}", s.trim()))
-                    .unwrap_or_else(|_| "unknown pid".to_string());
-                return Err(OpenSledError::Locked { dir, holder });
-            }
-            Err(fs4::TryLockError::Error(source)) => return Err(io(source)),
-        }
+        take_data_dir_lock(&lock, &lock_path, SLED_LOCK_RELEASE_WAIT).map_err(|e| match e {
+            DirLock::Held(holder) => OpenSledError::Locked {
+                dir: dir.clone(),
+                holder,
+            },
+            DirLock::Io(source) => io(source),
+        })?;
         lock.set_len(0).map_err(io)?;
         write!(lock, "{}", std::process::id()).map_err(io)?;
         wait_for_sleds_own_lock(&dir.join(SLED_DIR), SLED_LOCK_RELEASE_WAIT)?;

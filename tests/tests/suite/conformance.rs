@@ -841,6 +841,37 @@ async fn sled_data_dir_is_locked_against_a_second_opener() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_dir_closed_right_after_atomic_writes_opens_again_at_once() {
+    // Given a log whose atomic sets go through the group commit, whose committer task holds
+    // a clone of the log until it finds its queue empty, a moment after it answered...
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..40 {
+        let log = SledLog::open(dir.path()).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let sets = (0..4).map(|n| {
+            let log = log.clone();
+            async move {
+                let (a, b) = (cluster(), cluster());
+                log.append_atomic(vec![
+                    item(a, Expectation::NoStream, status(n)),
+                    item(b, Expectation::NoStream, status(n)),
+                ])
+                .await
+                .unwrap()
+            }
+        });
+        futures::future::join_all(sets).await;
+        // ...when it is closed as soon as the last set is answered, and opened again (the
+        // demo reads its data dir back so)...
+        log.close();
+    }
+    // ...then every open found the data dir free, waiting for the committer if need be,
+    // and the log holds every round's commits.
+    let log = SledLog::open(dir.path()).unwrap();
+    assert_eq!(log.last_position().await.unwrap(), 40 * 4 * 2);
+    log.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_data_dir_whose_sled_file_a_closing_handle_still_holds_opens_once_it_lets_go() {
     // Given a data dir closed a moment ago, whose sled `db` file is still locked as sled's
     // thread pool keeps it after the last handle is dropped (held here for 300 ms)...
