@@ -802,7 +802,19 @@ impl Projector {
                 // so the outer wait would never see it again.
                 let mut stopping = false;
                 if chunk.len() > 1 {
-                    stopping = gather(&mut chunks, &mut chunk, &mut shutdown).await;
+                    let until = tokio::time::Instant::now() + GROUP_COMMIT_LINGER;
+                    while chunk.len() + BATCH_ENTRIES_MAX / 8 <= BATCH_ENTRIES_MAX {
+                        tokio::select! {
+                            more = tokio::time::timeout_at(until, chunks.next()) => match more {
+                                Ok(Some(more)) => chunk.extend(more),
+                                _ => break,
+                            },
+                            _ = shutdown.changed() => {
+                                stopping = true;
+                                break;
+                            }
+                        }
+                    }
                 }
                 let applied = self.apply_batch_off_the_reactor(chunk);
                 if stopping && applied.is_ok() {
@@ -825,44 +837,6 @@ impl Projector {
                 _ = shutdown.changed() => {}
             }
             backoff = (backoff * 2).min(RESUBSCRIBE_BACKOFF_MAX);
-        }
-    }
-}
-
-/// While gathering a batch, the projector looks at what arrived this often: it sleeps in
-/// between rather than waiting on the stream, which would wake its thread for each message
-/// (thousands of wake-ups a second under load, each a cross-thread wake from the NATS
-/// connection's task).
-const GATHER_STEP: Duration = Duration::from_millis(5);
-
-/// Gathers entries into `chunk` for up to [`GROUP_COMMIT_LINGER`], until it is about full
-/// or the stream ends, taking what is ready every [`GATHER_STEP`]. Returns whether a
-/// shutdown came meanwhile (`changed()` marks it seen, so the caller must remember it).
-async fn gather(
-    chunks: &mut futures::stream::ReadyChunks<provledger_events::CommitStream>,
-    chunk: &mut Vec<Result<Commit, ReadError>>,
-    shutdown: &mut watch::Receiver<bool>,
-) -> bool {
-    use futures::FutureExt;
-    let until = tokio::time::Instant::now() + GROUP_COMMIT_LINGER;
-    loop {
-        // What is ready now, without waiting: polled with a no-op waker, so the stream's
-        // messages no longer wake this thread until it waits on the stream again.
-        while chunk.len() + BATCH_ENTRIES_MAX / 8 <= BATCH_ENTRIES_MAX {
-            match chunks.next().now_or_never() {
-                Some(Some(more)) => chunk.extend(more),
-                // Ended: what was gathered is applied; the caller then sees the end.
-                Some(None) => return false,
-                None => break,
-            }
-        }
-        let now = tokio::time::Instant::now();
-        if chunk.len() + BATCH_ENTRIES_MAX / 8 > BATCH_ENTRIES_MAX || now >= until {
-            return false;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep_until(until.min(now + GATHER_STEP)) => {}
-            _ = shutdown.changed() => return true,
         }
     }
 }

@@ -598,6 +598,17 @@ async fn wait_caught_up(client: &async_nats::Client) {
     }
 }
 
+/// Waits until serve has folded every commit of `run`, counting the machine's CPU meanwhile
+/// in the run's: the projector's tail is the commits' work too (a projector that fell
+/// behind during the run would otherwise make the row look cheaper than it was).
+async fn with_projector_tail(client: &async_nats::Client, run: &mut Run) {
+    let busy = machine_busy();
+    wait_caught_up(client).await;
+    if let (Some(cpu), Some(before), Some(after)) = (&mut run.machine_cpu, busy, machine_busy()) {
+        *cpu += after.saturating_sub(before);
+    }
+}
+
 /// Registers `count` fresh providers through cmd.append (one `provider_registered` +
 /// `inventory_set` commit each, 64 at a time); returns their ids and a reply's size.
 async fn register(client: &async_nats::Client, count: usize) -> (Vec<Uuid>, usize) {
@@ -1266,14 +1277,7 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
         let payloads: Vec<Bytes> = ids.iter().map(|id| bench_write(*id)).collect();
         let writers = requesters(nats, "bench", clients, APPEND_SUBJECT, &payloads).await;
         let mut ledger = closed_loop(writers, o.duration).await;
-        // The projector's tail is the commits' work too: counted in their row.
-        let busy = machine_busy();
-        wait_caught_up(&client).await;
-        if let (Some(cpu), Some(before), Some(after)) =
-            (&mut ledger.machine_cpu, busy, machine_busy())
-        {
-            *cpu += after.saturating_sub(before);
-        }
+        with_projector_tail(&client, &mut ledger).await;
 
         eprintln!("throughput: {clients} clients: raw JetStream ...");
         let raw = closed_loop(raw_writers(nats, clients, &payload).await, o.duration).await;
@@ -1285,7 +1289,9 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
         relay_service.stop().await;
 
         eprintln!("throughput: {clients} clients: the client library's record ...");
-        let library = closed_loop(library_writers(nats, clients, false).await, o.duration).await;
+        let mut library =
+            closed_loop(library_writers(nats, clients, false).await, o.duration).await;
+        with_projector_tail(&client, &mut library).await;
 
         let pg_run = match pg {
             Some(pg) => {
@@ -1363,7 +1369,7 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
         "- Every row starts on 1,000 fresh aggregates holding one commit; raw and PostgreSQL payloads are {payload_bytes} bytes, the size of the encoded commit."
     );
     println!(
-        "- Machine CPU per commit: every core's busy time (/proc/stat) during the row, all processes (serve, nats-server, PostgreSQL, the load generator; for provledger also its projector's tail after the row), over the row's commits: the machine must be otherwise idle. serve's copier writes behind, so part of its work falls in the next row. Once the cores are saturated, the rate is about busy cores × 10^6 ÷ this figure."
+        "- Machine CPU per commit: every core's busy time (/proc/stat) during the row, all processes (serve, nats-server, PostgreSQL, the load generator; for provledger and the client library also serve's projector's tail after the row), over the row's commits: the machine must be otherwise idle. serve's copier writes behind, so part of its work falls in the next row. Once the cores are saturated, the rate is about busy cores × 10^6 ÷ this figure."
     );
     println!(
         "- The relay row is the least a service between the client and the stream does per write (request, publish expecting the kept sequence, ack, reply; no decision, chain, projection, feed or copy), on a runtime of its own with one connection, as serve: provledger ÷ relay is provledger's own cost, relay ÷ raw the architecture's."
