@@ -478,6 +478,35 @@ impl NatsCluster {
         }
     }
 
+    /// Member `i`'s server name, as a stream's cluster info names its leader and replicas.
+    pub fn name(&self, i: usize) -> &str {
+        &self.nodes[i].spec.name
+    }
+
+    /// Stops member `i` where it is (SIGSTOP): its connections stay open and it answers
+    /// nothing, as a replica that lags (a stalled disk, a long pause) does, until
+    /// [`NatsCluster::resume`].
+    pub fn pause(&mut self, i: usize) {
+        self.signal(i, "-STOP");
+    }
+
+    /// Lets member `i` go on after [`NatsCluster::pause`] (SIGCONT).
+    pub fn resume(&mut self, i: usize) {
+        self.signal(i, "-CONT");
+    }
+
+    fn signal(&self, i: usize, signal: &str) {
+        let Some(child) = &self.nodes[i].child else {
+            panic!("cluster member {i} is not running");
+        };
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(child.id().to_string())
+            .status()
+            .unwrap_or_else(|e| panic!("kill {signal}: {e}"));
+        assert!(status.success(), "kill {signal} member {i}: {status}");
+    }
+
     /// Starts member `i` again on its port and store, and waits until it answers.
     pub async fn restart(&mut self, i: usize) {
         self.kill(i);
@@ -492,6 +521,19 @@ impl Drop for NatsCluster {
             self.kill(i);
         }
     }
+}
+
+/// Whether a server of `version` (as `INFO` says it: `2.14.6`, `v2.12.8`) takes an atomic
+/// batch committed by an end-of-batch marker (2.14+), so that a JetStream log opens its
+/// group writes early. The suite reads the version itself rather than asking the log: were
+/// the log's own gate wrong, asking it would let the early-open assertions pass without a
+/// batch ever opened early.
+pub fn opens_batches_early(version: &str) -> bool {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(['.', '-'])
+        .map(|p| p.parse::<u64>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (2, 14)
 }
 
 /// The machine's CPU model (`/proc/cpuinfo`), for the benchmarks' headers; `?` elsewhere.

@@ -1,7 +1,9 @@
 //! A real 3-node JetStream cluster rendered from `deploy/nats/cluster-node.conf`: an R3
 //! stream, appends going on while a member is SIGKILLed and restarted, and every
 //! acknowledged commit in the stream afterwards (none lost, none twice); and the stream
-//! leader moved under retried appends, which still land once at their first position.
+//! leader moved under retried appends, which still land once at their first position; and
+//! grouped atomic sets (batches opened early on 2.14+) while a follower lags, each set
+//! whole or absent.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -446,4 +448,134 @@ async fn the_accounts_config_holds_on_a_cluster_with_an_r3_stream() {
         !matches!(refused, Ok(Ok(_))),
         "the auditor created a stream"
     );
+}
+
+/// One atomic set of two fresh aggregates, sent until the log acknowledges it, again with
+/// the same commit ids after `Unavailable` or a wait past [`ATTEMPT_PATIENCE`] (as a writer
+/// whose answer was lost does); `None` if it never was within [`ATTEMPTS_MAX`] attempts.
+/// Any other answer fails the test: a conflict here means a retry was not recognised.
+async fn append_set_until_acknowledged(
+    log: &JetStreamLog,
+    items: &[provledger_events::AtomicItem],
+) -> Option<Vec<AppendOutcome>> {
+    for _ in 0..ATTEMPTS_MAX {
+        match tokio::time::timeout(ATTEMPT_PATIENCE, log.append_atomic(items.to_vec())).await {
+            Ok(Ok(outcomes)) => return Some(outcomes),
+            Ok(Err(AppendError::Unavailable { .. })) | Err(_) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok(Err(e)) => panic!("an atomic set was answered {e}"),
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grouped_atomic_sets_land_whole_while_a_replica_lags() {
+    // Given an R3 stream, and 32 writers each sending atomic sets of two fresh aggregates
+    // in a closed loop, which the log groups into shared atomic batches (opened before a
+    // group is whole on 2.14+)...
+    let mut cluster = NatsCluster::start(3).await;
+    let client = cluster.client_as("writer").await;
+    let log = JetStreamLog::open(client.clone(), r3())
+        .await
+        .expect("an R3 stream");
+    let js = async_nats::jetstream::new(client);
+    let leader = stream_leader(&js, "PROVLEDGER").await.expect("a leader");
+    let follower = (0..3)
+        .find(|i| cluster.name(*i) != leader)
+        .expect("a member that does not lead");
+    let before = log.group_stats();
+    let load = Duration::from_secs(7);
+    let writers: Vec<_> = (0..32)
+        .map(|w| {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let mut sets = Vec::new();
+                while started.elapsed() < load {
+                    let n = sets.len();
+                    let items: Vec<_> = (0..2)
+                        .map(|_| provledger_events::AtomicItem {
+                            aggregate: AggregateId::cluster(Uuid::now_v7()),
+                            expect: Expectation::NoStream,
+                            draft: CommitDraft::now("cluster-test", status(w * 10_000 + n)),
+                        })
+                        .collect();
+                    let acknowledged = append_set_until_acknowledged(&log, &items).await;
+                    sets.push((items, acknowledged));
+                }
+                sets
+            })
+        })
+        .collect();
+
+    // ...when a follower stops answering for 3 s mid-load (SIGSTOP) and then goes on, so
+    // that the stream's quorum holds while one replica lags and must catch up...
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.pause(follower);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster.resume(follower);
+    let mut sets = Vec::new();
+    for writer in writers {
+        sets.extend(writer.await.expect("a writer"));
+    }
+
+    // ...then every set is wholly in the stream or wholly absent; an acknowledged one at
+    // the positions it was answered, each commit once; and the writes were grouped, opened
+    // early where the server can.
+    let stored = positions_by_commit(&log).await;
+    let (mut whole, mut absent) = (0, 0);
+    for (items, acknowledged) in &sets {
+        let found: Vec<Option<&Vec<u64>>> = items
+            .iter()
+            .map(|i| stored.get(&i.draft.commit_id))
+            .collect();
+        match acknowledged {
+            Some(outcomes) => {
+                for (outcome, positions) in outcomes.iter().zip(&found) {
+                    assert_eq!(*positions, Some(&vec![outcome.position]), "{outcome:?}");
+                }
+                whole += 1;
+            }
+            None if found.iter().all(Option::is_some) => whole += 1,
+            None if found.iter().all(Option::is_none) => absent += 1,
+            None => panic!("a set written in part: {found:?}"),
+        }
+    }
+    assert!(
+        sets.iter().filter(|(_, a)| a.is_some()).count() >= sets.len() * 9 / 10,
+        "most sets were acknowledged: {whole} whole, {absent} absent of {}",
+        sets.len()
+    );
+    let after = log.group_stats();
+    assert!(
+        after.sets - before.sets > after.writes - before.writes,
+        "sets shared writes: {after:?}"
+    );
+    assert_eq!(
+        after.opened_early > before.opened_early,
+        provledger_tests::opens_batches_early(log.server_version()),
+        "{after:?}"
+    );
+    // And the follower caught up: the stream's replicas are all current again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = js
+            .get_stream("PROVLEDGER")
+            .await
+            .expect("the stream")
+            .get_info()
+            .await
+            .expect("its info");
+        let replicas = info.cluster.map(|c| c.replicas).unwrap_or_default();
+        if replicas.len() == 2 && replicas.iter().all(|r| r.current) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the lagging replica did not catch up: {replicas:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -106,11 +106,7 @@ impl Backend for JetStreamBackend {
 /// that the log opens its group writes early: the suite also runs against older servers
 /// (`NATS_SERVER_BIN`), which are written to once a group is whole.
 fn opens_early(log: &JetStreamLog) -> bool {
-    let version = log.server_version().trim_start_matches('v');
-    let mut parts = version
-        .split(['.', '-'])
-        .map(|p| p.parse::<u64>().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (2, 14)
+    provledger_tests::opens_batches_early(log.server_version())
 }
 
 fn status(n: usize) -> CommitDraft {
