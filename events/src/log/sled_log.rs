@@ -54,49 +54,77 @@ const SLED_CACHE_CAPACITY_BYTES: u64 = 256 * 1024 * 1024;
 /// milliseconds, seconds on a loaded machine.
 const SLED_LOCK_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Why the data dir's own lock could not be taken.
-enum DirLock {
-    /// Held by another handle: who, as its lock file names it.
-    Held(String),
+/// Why a lock could not be taken within its wait.
+enum LockWait {
+    /// Still held by another open file when the wait ended, or at once if the holder was
+    /// not one to wait for.
+    Held,
     Io(std::io::Error),
+}
+
+/// Locks `file` (flock), trying again while `may_let_go` says its holder may let go soon,
+/// for up to `wait`, pausing 1 ms between tries and doubling to 50 ms. Returns how long
+/// it waited.
+fn lock_within(
+    file: &File,
+    wait: std::time::Duration,
+    mut may_let_go: impl FnMut() -> bool,
+) -> Result<std::time::Duration, LockWait> {
+    let started = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        // Called through the trait: std's inherent File::try_lock (1.89) would win otherwise.
+        match fs4::FileExt::try_lock(file) {
+            Ok(()) => return Ok(started.elapsed()),
+            Err(fs4::TryLockError::WouldBlock) if started.elapsed() < wait && may_let_go() => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(50));
+            }
+            Err(fs4::TryLockError::WouldBlock) => return Err(LockWait::Held),
+            Err(fs4::TryLockError::Error(source)) => return Err(LockWait::Io(source)),
+        }
+    }
+}
+
+/// The pid the data dir's lock file names, as written by its holder.
+fn lock_holder(lock_path: &Path) -> Option<String> {
+    std::fs::read_to_string(lock_path)
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 /// Takes the data dir's lock. Held by another process, it is refused at once. Held by this
 /// very process, it may be a handle closing on another task: the last clone of a closed
 /// log can outlive `close` for a moment (a group committer answers its last set, then
 /// drops its clone), and a close followed at once by an open (the demo, read back) was
-/// refused so. That waits, bounded by `wait`, as sled's own lock does below.
+/// refused so. That waits, bounded by `wait`, as sled's own lock does below. Refused, it
+/// names the holder.
 fn take_data_dir_lock(
+    dir: &Path,
     lock: &File,
     lock_path: &Path,
     wait: std::time::Duration,
-) -> Result<(), DirLock> {
-    let started = std::time::Instant::now();
-    let mut pause = std::time::Duration::from_millis(1);
-    loop {
-        // Called through the trait: std's inherent File::try_lock (1.89) would win otherwise.
-        match fs4::FileExt::try_lock(lock) {
-            Ok(()) => return Ok(()),
-            Err(fs4::TryLockError::WouldBlock) => {
-                let holder = std::fs::read_to_string(lock_path).ok();
-                let holder = holder.as_deref().map(str::trim);
-                let ours = holder == Some(std::process::id().to_string().as_str());
-                if ours && started.elapsed() < wait {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(std::time::Duration::from_millis(50));
-                    continue;
-                }
-                return Err(DirLock::Held(match (holder, ours) {
-                    (Some(pid), true) => format!(
-                        "pid {pid}: this process itself, whose other handle on it stayed open for {} s",
-                        wait.as_secs()
-                    ),
-                    (Some(pid), false) => format!("pid {pid}"),
-                    (None, _) => "unknown pid".to_string(),
-                }));
-            }
-            Err(fs4::TryLockError::Error(source)) => return Err(DirLock::Io(source)),
-        }
+) -> Result<(), OpenSledError> {
+    let ours = std::process::id().to_string();
+    match lock_within(lock, wait, || {
+        lock_holder(lock_path).as_deref() == Some(&ours)
+    }) {
+        Ok(_) => Ok(()),
+        Err(LockWait::Io(source)) => Err(OpenSledError::Io {
+            dir: dir.to_path_buf(),
+            source,
+        }),
+        Err(LockWait::Held) => Err(OpenSledError::Locked {
+            dir: dir.to_path_buf(),
+            holder: match lock_holder(lock_path) {
+                Some(pid) if pid == ours => format!(
+                    "pid {pid}: this process itself, whose other handle on it stayed open for {} s",
+                    wait.as_secs()
+                ),
+                Some(pid) => format!("pid {pid}"),
+                None => "unknown pid".to_string(),
+            },
+        }),
     }
 }
 
@@ -123,38 +151,26 @@ fn wait_for_sleds_own_lock(
             })
         }
     };
-    let started = std::time::Instant::now();
-    let mut pause = std::time::Duration::from_millis(1);
-    loop {
-        match fs4::FileExt::try_lock(&file) {
-            // Dropping `file` releases the probe's lock (flock is per open file).
-            Ok(()) => {
-                if started.elapsed() > std::time::Duration::from_millis(50) {
-                    tracing::debug!(file = %db_file.display(), waited_ms = started.elapsed().as_millis() as u64, "sled's lock was released by a closing handle");
-                }
-                return Ok(());
+    // Dropping `file` on return releases the probe's lock (flock is per open file).
+    match lock_within(&file, wait, || true) {
+        Ok(waited) => {
+            if waited > std::time::Duration::from_millis(50) {
+                tracing::debug!(file = %db_file.display(), waited_ms = waited.as_millis() as u64, "sled's lock was released by a closing handle");
             }
-            Err(fs4::TryLockError::WouldBlock) if started.elapsed() < wait => {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(std::time::Duration::from_millis(50));
-            }
-            Err(fs4::TryLockError::WouldBlock) => {
-                return Err(OpenSledError::Locked {
-                    dir: sled_dir.to_path_buf(),
-                    holder: format!(
-                        "sled's lock on {} is still held after {} s, by a handle on this data dir left open in this process or by a program other than provledger",
-                        db_file.display(),
-                        wait.as_secs()
-                    ),
-                })
-            }
-            Err(fs4::TryLockError::Error(source)) => {
-                return Err(OpenSledError::Io {
-                    dir: sled_dir.to_path_buf(),
-                    source,
-                })
-            }
+            Ok(())
         }
+        Err(LockWait::Held) => Err(OpenSledError::Locked {
+            dir: sled_dir.to_path_buf(),
+            holder: format!(
+                "sled's lock on {} is still held after {} s, by a handle on this data dir left open in this process or by a program other than provledger",
+                db_file.display(),
+                wait.as_secs()
+            ),
+        }),
+        Err(LockWait::Io(source)) => Err(OpenSledError::Io {
+            dir: sled_dir.to_path_buf(),
+            source,
+        }),
     }
 }
 
@@ -377,13 +393,7 @@ impl SledLog {
             .write(true)
             .open(&lock_path)
             .map_err(io)?;
-        take_data_dir_lock(&lock, &lock_path, SLED_LOCK_RELEASE_WAIT).map_err(|e| match e {
-            DirLock::Held(holder) => OpenSledError::Locked {
-                dir: dir.clone(),
-                holder,
-            },
-            DirLock::Io(source) => io(source),
-        })?;
+        take_data_dir_lock(&dir, &lock, &lock_path, SLED_LOCK_RELEASE_WAIT)?;
         lock.set_len(0).map_err(io)?;
         write!(lock, "{}", std::process::id()).map_err(io)?;
         wait_for_sleds_own_lock(&dir.join(SLED_DIR), SLED_LOCK_RELEASE_WAIT)?;

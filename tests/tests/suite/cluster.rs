@@ -139,34 +139,42 @@ async fn appends_go_on_while_a_member_is_killed_and_every_acknowledged_commit_st
 const ATTEMPT_PATIENCE: Duration = Duration::from_secs(2);
 const ATTEMPTS_MAX: usize = 40;
 
-/// Appends `draft` until the log acknowledges it, retrying with the same commit id (and
-/// the same expectation) after `Unavailable` or a wait past [`ATTEMPT_PATIENCE`]. Any
-/// other answer fails the test: a conflict here means a retry was not recognised.
+/// Asks `attempt` until the log acknowledges it, again (with the same commit ids and
+/// expectations) after `Unavailable` or a wait past [`ATTEMPT_PATIENCE`], as a writer
+/// whose answer was lost does; `None` if it never was within [`ATTEMPTS_MAX`] attempts.
+/// Any other answer fails the test, naming `what`: a conflict here means a retry was not
+/// recognised.
+async fn until_acknowledged<T, F>(
+    mut attempt: impl FnMut() -> F,
+    what: impl std::fmt::Display,
+) -> Option<T>
+where
+    F: std::future::Future<Output = Result<T, AppendError>>,
+{
+    for _ in 0..ATTEMPTS_MAX {
+        match tokio::time::timeout(ATTEMPT_PATIENCE, attempt()).await {
+            Ok(Ok(acknowledged)) => return Some(acknowledged),
+            Ok(Err(AppendError::Unavailable { .. })) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(_elapsed) => {}
+            Ok(Err(e)) => panic!("{what}: {e}"),
+        }
+    }
+    None
+}
+
+/// Appends `draft` until the log acknowledges it ([`until_acknowledged`]).
 async fn append_until_acknowledged(
     log: &JetStreamLog,
     aggregate: AggregateId,
     expect: Expectation,
     draft: &CommitDraft,
 ) -> AppendOutcome {
-    for _ in 0..ATTEMPTS_MAX {
-        match tokio::time::timeout(
-            ATTEMPT_PATIENCE,
-            log.append(aggregate, expect, draft.clone()),
-        )
+    let what = format!("{aggregate} {} (expect {expect})", draft.commit_id);
+    until_acknowledged(|| log.append(aggregate, expect, draft.clone()), &what)
         .await
-        {
-            Ok(Ok(outcome)) => return outcome,
-            Ok(Err(AppendError::Unavailable { .. })) => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(_elapsed) => {}
-            Ok(Err(e)) => panic!("{aggregate} {} (expect {expect}): {e}", draft.commit_id),
-        }
-    }
-    panic!(
-        "{aggregate} {}: not acknowledged after {ATTEMPTS_MAX} attempts",
-        draft.commit_id
-    );
+        .unwrap_or_else(|| panic!("{what}: not acknowledged after {ATTEMPTS_MAX} attempts"))
 }
 
 /// The stream's leader as `$JS.API.STREAM.INFO.<stream>` reports it (`cluster.leader`),
@@ -450,26 +458,6 @@ async fn the_accounts_config_holds_on_a_cluster_with_an_r3_stream() {
     );
 }
 
-/// One atomic set of two fresh aggregates, sent until the log acknowledges it, again with
-/// the same commit ids after `Unavailable` or a wait past [`ATTEMPT_PATIENCE`] (as a writer
-/// whose answer was lost does); `None` if it never was within [`ATTEMPTS_MAX`] attempts.
-/// Any other answer fails the test: a conflict here means a retry was not recognised.
-async fn append_set_until_acknowledged(
-    log: &JetStreamLog,
-    items: &[provledger_events::AtomicItem],
-) -> Option<Vec<AppendOutcome>> {
-    for _ in 0..ATTEMPTS_MAX {
-        match tokio::time::timeout(ATTEMPT_PATIENCE, log.append_atomic(items.to_vec())).await {
-            Ok(Ok(outcomes)) => return Some(outcomes),
-            Ok(Err(AppendError::Unavailable { .. })) | Err(_) => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Ok(Err(e)) => panic!("an atomic set was answered {e}"),
-        }
-    }
-    None
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grouped_atomic_sets_land_whole_while_a_replica_lags() {
     // Given an R3 stream, and 32 writers each sending atomic sets of two fresh aggregates
@@ -502,7 +490,11 @@ async fn grouped_atomic_sets_land_whole_while_a_replica_lags() {
                             draft: CommitDraft::now("cluster-test", status(w * 10_000 + n)),
                         })
                         .collect();
-                    let acknowledged = append_set_until_acknowledged(&log, &items).await;
+                    let acknowledged = until_acknowledged(
+                        || log.append_atomic(items.clone()),
+                        "an atomic set of two fresh aggregates",
+                    )
+                    .await;
                     sets.push((items, acknowledged));
                 }
                 sets
