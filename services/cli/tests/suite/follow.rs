@@ -119,16 +119,16 @@ async fn a_follower_killed_twice_during_concurrent_writes_ends_with_exactly_the_
     assert_eq!(expected.len(), 10_000);
     assert_eq!(handled.len(), expected.len(), "{:?}", (stats, last));
     assert_eq!(handled, expected);
-    // and most of what the two killed runs handled came live from the feed, not from
-    // catch-ups. (Not a fixed count: the writers may be done before the last run starts,
-    // which then catches up on everything; with both kills early, the two runs handle as
-    // few as 1,000 changes, part of the second by the catch-up at its start.)
-    let live: u64 = stats.iter().chain([&last]).map(|s| s.live).sum();
+    // and the first run, started as the writes began, handled most of its changes live
+    // from the feed, not from catch-ups. (Only the first: a killed follower may be
+    // thousands of changes behind the stream when it is killed, its feed buffered but not
+    // read, on a slow machine; the run resumed after it then rightly reads those by
+    // catch-up pages, and may reach its budget before it hears the feed at all.)
     eprintln!("{stats:?} {last:?}");
-    let handled_by_killed_runs = (first_kill + second_kill) as u64;
     assert!(
-        live * 2 > handled_by_killed_runs,
-        "{live} of {handled_by_killed_runs} changes came live: {stats:?} {last:?}"
+        stats[0].live * 2 > first_kill as u64,
+        "{} of the first run's {first_kill} changes came live: {stats:?} {last:?}",
+        stats[0].live
     );
 }
 
