@@ -42,7 +42,10 @@ async fn started() -> (NatsServer, async_nats::Client, Executor) {
     let executor = Executor(child);
     let client = nats.client().await;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while ask(&client, "inventory", json!({})).await.is_none() {
+    while ask_within(&client, "inventory", json!({}), Duration::from_millis(500))
+        .await
+        .is_none()
+    {
         assert!(
             std::time::Instant::now() < deadline,
             "the executor never answered"
@@ -52,16 +55,24 @@ async fn started() -> (NatsServer, async_nats::Client, Executor) {
     (nats, client, executor)
 }
 
-/// One request to `provledger.exec.dns.<what>`; its JSON reply, if any came.
+/// One request to `provledger.exec.dns.<what>`; its JSON reply, if one came within
+/// [`WAIT`] (a stall of the machine is not a lost answer: thousands of requests are sent).
 async fn ask(client: &async_nats::Client, what: &str, body: Value) -> Option<Value> {
+    ask_within(client, what, body, WAIT).await
+}
+
+/// [`ask`] waiting `wait` for the reply (short while polling for the executor to start).
+async fn ask_within(
+    client: &async_nats::Client,
+    what: &str,
+    body: Value,
+    wait: Duration,
+) -> Option<Value> {
     let subject = format!("provledger.exec.dns.{what}");
-    let reply = tokio::time::timeout(
-        Duration::from_millis(500),
-        client.request(subject, body.to_string().into()),
-    )
-    .await
-    .ok()?
-    .ok()?;
+    let reply = tokio::time::timeout(wait, client.request(subject, body.to_string().into()))
+        .await
+        .ok()?
+        .ok()?;
     serde_json::from_slice(&reply.payload).ok()
 }
 

@@ -55,7 +55,7 @@ async fn a_follower_catches_up_on_exactly_the_commits_and_a_filtered_one_on_its_
     let dir = tempfile::tempdir().unwrap();
     let _serve = Serve::start(&nats, &dir.path().join("serve"));
     wait_ready(&client).await;
-    let first = common::fail_a_create(&client, &ledger, &infra, provider).await;
+    let first = common::fail_a_create_rolled_back(&client, &ledger, &infra, provider).await;
     let js = async_nats::jetstream::new(client.clone());
     let garbage = js
         .publish(
@@ -67,7 +67,7 @@ async fn a_follower_catches_up_on_exactly_the_commits_and_a_filtered_one_on_its_
         .await
         .unwrap()
         .sequence;
-    let second = common::fail_a_create(&client, &ledger, &infra, provider).await;
+    let second = common::fail_a_create_rolled_back(&client, &ledger, &infra, provider).await;
     let log = common::stream(&nats).await;
     // (serve's rollbacks written: the stream is quiet)
     let end = common::quiet_end(&log).await;

@@ -412,6 +412,8 @@ async fn unnamed_executor(client: async_nats::Client, name: &str) {
         .subscribe(format!("provledger.exec.{name}.*"))
         .await
         .expect("the executor subscribes");
+    // (a flush, not `subscriptions_in_effect`: an executor's account may not use inboxes;
+    // who asks it is a process started after this, by which time the server has it)
     client.flush().await.expect("flush");
     tokio::spawn(async move {
         while let Some(request) = requests.next().await {
@@ -470,7 +472,7 @@ async fn env_one_subscription_per_executor() -> Env {
             }
         });
     }
-    client.flush().await.expect("flush");
+    provledger_tests::subscriptions_in_effect(&client).await;
     let provider = Uuid::now_v7();
     provledger_sim::register_compute_node(&ledger, provider, "cn", 256, "test")
         .await
@@ -692,7 +694,7 @@ async fn hostile_discovery_responder(nats: &NatsServer) -> tokio::task::JoinHand
         .subscribe("$SYS.REQ.ACCOUNT.PING.CONNZ")
         .await
         .expect("subscribe");
-    hostile.flush().await.expect("flush");
+    provledger_tests::subscriptions_in_effect(&hostile).await;
     tokio::spawn(async move {
         // Dropped with this task when it is aborted, which aborts every flood in it.
         let mut floods = tokio::task::JoinSet::new();

@@ -22,9 +22,33 @@ async fn follow_into(
     budget: usize,
     until: Option<u64>,
 ) -> FollowStats {
-    let mut follower = Follower::start(client, "provledger", filter, after)
+    let follower = Follower::start(client, "provledger", filter, after)
         .await
         .expect("follower starts");
+    take(follower, handled, budget, until).await
+}
+
+/// A follower that is current before the writes begin: its run then hears them live from
+/// the feed, whatever the machine's pace (a follower started with the writes may spend
+/// its whole budget on catch-up pages if serve answers its first one late).
+async fn current_follower(client: async_nats::Client) -> Follower {
+    let mut follower = Follower::start(client, "provledger", ChangeFilter::default(), 0)
+        .await
+        .expect("follower starts");
+    assert!(matches!(
+        follower.next().await.expect("follows"),
+        Followed::Current { .. }
+    ));
+    follower
+}
+
+/// [`follow_into`] with a follower already started.
+async fn take(
+    mut follower: Follower,
+    handled: &mut Vec<u64>,
+    budget: usize,
+    until: Option<u64>,
+) -> FollowStats {
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut taken = 0;
     while taken < budget {
@@ -85,30 +109,29 @@ async fn a_follower_killed_twice_during_concurrent_writes_ends_with_exactly_the_
     let dir = tempfile::tempdir().unwrap();
     let _serve = Serve::start(&nats, &dir.path().join("serve"));
     wait_ready(&client).await;
+    // when a follower, current at position 0 before the writes begin, is killed twice at
+    // random points (a seeded choice, printed) and resumed from what it stored,
+    let first = current_follower(client.clone()).await;
     let writing = common::write_concurrently(&nats, 16, 625);
-    // when a follower starts from position 0 and is killed twice at random points (a
-    // seeded choice, printed) and resumed from what it stored,
     let seed = Uuid::now_v7().as_u128() as u64;
     let first_kill = 500 + (seed % 3000) as usize;
     let second_kill = 500 + ((seed >> 16) % 3000) as usize;
     eprintln!("kills after {first_kill} then {second_kill} more changes (seed {seed})");
     let mut handled = Vec::new();
     let follow = async {
-        let mut stats = Vec::new();
-        for budget in [first_kill, second_kill] {
-            let after = resume_from(&handled);
-            stats.push(
-                follow_into(
-                    client.clone(),
-                    ChangeFilter::default(),
-                    after,
-                    &mut handled,
-                    budget,
-                    None,
-                )
-                .await,
-            );
-        }
+        let mut stats = vec![take(first, &mut handled, first_kill, None).await];
+        let after = resume_from(&handled);
+        stats.push(
+            follow_into(
+                client.clone(),
+                ChangeFilter::default(),
+                after,
+                &mut handled,
+                second_kill,
+                None,
+            )
+            .await,
+        );
         stats
     };
     let ((), stats) = tokio::join!(writing, follow);
@@ -119,7 +142,7 @@ async fn a_follower_killed_twice_during_concurrent_writes_ends_with_exactly_the_
     assert_eq!(expected.len(), 10_000);
     assert_eq!(handled.len(), expected.len(), "{:?}", (stats, last));
     assert_eq!(handled, expected);
-    // and the first run, started as the writes began, handled most of its changes live
+    // and the first run, current as the writes began, handled most of its changes live
     // from the feed, not from catch-ups. (Only the first: a killed follower may be
     // thousands of changes behind the stream when it is killed, its feed buffered but not
     // read, on a slow machine; the run resumed after it then rightly reads those by
@@ -143,22 +166,16 @@ async fn with_two_replicas_one_killed_during_the_run_a_follower_misses_nothing_a
     let mut b = Serve::start(&nats, &dir.path().join("b"));
     wait_ready(&client).await;
     common::wait_ready_replicas(&client, 2).await;
-    // when 16 writers write 5,000 commits, one replica is SIGKILLed half-way, and a
-    // follower follows from position 0 throughout,
+    // when a follower, current at position 0 before the writes begin, follows while 16
+    // writers write 5,000 commits and one replica is SIGKILLed half-way,
+    let follower = current_follower(client.clone()).await;
     let writing = async {
         common::write_concurrently(&nats, 16, 160).await;
         b.kill();
         common::write_concurrently(&nats, 16, 153).await;
     };
     let mut handled = Vec::new();
-    let follow = follow_into(
-        client.clone(),
-        ChangeFilter::default(),
-        0,
-        &mut handled,
-        2_000,
-        None,
-    );
+    let follow = take(follower, &mut handled, 2_000, None);
     let ((), early) = tokio::join!(writing, follow);
     let (late, expected) =
         resume_until_quiet(&nats, &client, ChangeFilter::default(), &mut handled).await;
@@ -180,9 +197,9 @@ async fn a_follower_of_one_operation_sees_exactly_its_commits() {
     let dir = tempfile::tempdir().unwrap();
     let _serve = Serve::start(&nats, &dir.path().join("serve"));
     wait_ready(&client).await;
-    let first = common::fail_a_create(&client, &ledger, &infra, provider).await;
+    let first = common::fail_a_create_rolled_back(&client, &ledger, &infra, provider).await;
     common::write_concurrently(&nats, 4, 50).await;
-    let _second = common::fail_a_create(&client, &ledger, &infra, provider).await;
+    let _second = common::fail_a_create_rolled_back(&client, &ledger, &infra, provider).await;
     let log = common::stream(&nats).await;
     let end = common::quiet_end(&log).await;
     // when a follower of the first operation follows from position 0,
@@ -226,7 +243,9 @@ async fn a_follower_that_reads_too_slowly_loses_changes_to_its_full_buffer_and_c
         .connect(nats.url())
         .await
         .expect("a slow follower's connection");
-    // when 2,000 commits are written while it takes 2 ms per change,
+    // when 1,000 commits are written while it reads nothing (its buffer overflows
+    // whatever the machine's pace), then 1,000 more while it takes 2 ms per change (what
+    // it hears of those tells it what it lost),
     let mut follower = Follower::start(slow, "provledger", ChangeFilter::default(), 0)
         .await
         .expect("follower");
@@ -235,7 +254,10 @@ async fn a_follower_that_reads_too_slowly_loses_changes_to_its_full_buffer_and_c
         follower.next().await.unwrap(),
         Followed::Current { .. }
     ));
-    let writing = common::write_concurrently(&nats, 8, 250);
+    common::write_concurrently(&nats, 8, 125).await;
+    let log = common::stream(&nats).await;
+    common::wait_applied(&client, &log).await;
+    let writing = common::write_concurrently(&nats, 8, 125);
     let mut handled = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     let reading = async {
@@ -258,7 +280,6 @@ async fn a_follower_that_reads_too_slowly_loses_changes_to_its_full_buffer_and_c
     // handled each commit once in order.
     let stats = follower.stats();
     assert!(stats.gaps > 0, "{stats:?}");
-    let log = common::stream(&nats).await;
     let expected: Vec<u64> = common::stream_commits(&log)
         .await
         .iter()
@@ -278,6 +299,8 @@ async fn a_catch_up_says_current_as_soon_as_its_last_change_is_handed_over() {
     common::write_concurrently(&nats, 4, 50).await;
     let log = common::stream(&nats).await;
     let end = common::quiet_end(&log).await;
+    // (the replica has applied them: its catch-up reaches the end)
+    common::wait_position(&client, end).await;
     // when a follower from position 0 has been handed every commit (three times, so that
     // a bookmark, every 5 s, is unlikely to answer for the catch-up each time),
     for _ in 0..3 {
@@ -300,9 +323,10 @@ async fn a_catch_up_says_current_as_soon_as_its_last_change_is_handed_over() {
     }
 }
 
-/// A follower of one cluster alone, current, while 400 commits are written on other
-/// aggregates and 60 on the cluster; `slow`: its connection holds 4 messages per
-/// subscription and it takes 20 ms per change, so it loses changes of the cluster. Its
+/// A follower of one cluster alone, current, while 30 commits are written on the cluster,
+/// then 400 on other aggregates and 30 more on the cluster; `slow`: its connection holds 4
+/// messages per subscription, it reads nothing during the first 30 and takes 20 ms per
+/// change after, so it loses changes of the cluster. Its
 /// stats once it handled the cluster's commits, which it checks are exactly the stream's.
 async fn follow_one_cluster_during_writes(slow: bool) -> FollowStats {
     // Given serve, and a cluster with one commit,
@@ -348,9 +372,8 @@ async fn follow_one_cluster_during_writes(slow: bool) -> FollowStats {
     while let Followed::Change(change) = follower.next().await.expect("follows") {
         handled.push(change.commit.position);
     }
-    let others = common::write_concurrently(&nats, 4, 100);
-    let own = async {
-        for i in 0..60 {
+    let own = |commits: std::ops::Range<usize>| async move {
+        for i in commits {
             append(provledger_events::Event::ClusterStatusChanged {
                 status: provledger_events::catalogue::ClusterStatus::Spawning,
                 description: format!("own commit {i}"),
@@ -358,9 +381,16 @@ async fn follow_one_cluster_during_writes(slow: bool) -> FollowStats {
             .await;
         }
     };
+    // Half of the cluster's commits before the follower reads again: a slow one's buffer
+    // of 4 overflows whatever the machine's pace, and what it hears of the second half
+    // tells it what it lost.
+    own(0..30).await;
+    common::wait_applied(&client, &log).await;
+    let others = common::write_concurrently(&nats, 4, 100);
+    let own = own(30..60);
     let reading = async {
         if slow {
-            // Reading while the writes go on, so that its small buffer overflows.
+            // Reading slowly while the writes go on.
             let deadline = Instant::now() + Duration::from_secs(30);
             while handled.len() < 30 {
                 assert!(Instant::now() < deadline, "{:?}", follower.stats());

@@ -169,7 +169,7 @@ async fn watch_json_replays_from_the_first_commit_then_prints_new_commits_as_the
     let dir = tempfile::tempdir().unwrap();
     let _serve = Serve::start(&nats, &dir.path().join("serve"));
     wait_ready(&client).await;
-    common::fail_a_create(&client, &ledger, &infra, provider).await;
+    common::fail_a_create_rolled_back(&client, &ledger, &infra, provider).await;
     let log = common::stream(&nats).await;
     let first_end = common::quiet_end(&log).await;
 
@@ -179,7 +179,7 @@ async fn watch_json_replays_from_the_first_commit_then_prints_new_commits_as_the
         .lines_until(|read| read.last().is_some_and(|l| json_position(l) >= first_end))
         .await;
     // and another failed create is written while it runs,
-    common::fail_a_create(&client, &ledger, &infra, provider).await;
+    common::fail_a_create_rolled_back(&client, &ledger, &infra, provider).await;
     let end = common::quiet_end(&log).await;
     let live = watch
         .lines_until(|read| read.last().is_some_and(|l| json_position(l) >= end))
@@ -224,8 +224,8 @@ async fn watch_of_one_operation_by_its_short_id_prints_only_its_commits_as_text_
     let dir = tempfile::tempdir().unwrap();
     let _serve = Serve::start(&nats, &dir.path().join("serve"));
     wait_ready(&client).await;
-    let first = common::fail_a_create(&client, &ledger, &infra, provider).await;
-    common::fail_a_create(&client, &ledger, &infra, provider).await;
+    let first = common::fail_a_create_rolled_back(&client, &ledger, &infra, provider).await;
+    common::fail_a_create_rolled_back(&client, &ledger, &infra, provider).await;
     let log = common::stream(&nats).await;
     let end = common::quiet_end(&log).await;
     let commits = common::stream_commits(&log).await;
@@ -291,7 +291,7 @@ async fn watch_without_after_starts_at_the_current_end_and_prints_only_what_foll
         stderr.contains(&format!("-- current at {before}, waiting for changes")),
         "{stderr}"
     );
-    common::fail_a_create(&client, &ledger, &infra, provider).await;
+    common::fail_a_create_rolled_back(&client, &ledger, &infra, provider).await;
     let end = common::quiet_end(&log).await;
     let expected: Vec<u64> = common::stream_commits(&log)
         .await

@@ -1218,9 +1218,11 @@ async fn serve_killed_during_group_commits_leaves_every_request_whole_or_absent(
         clusters.push(created_cluster(&client).await.1);
     }
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let appended_so_far = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let writers: Vec<_> = (0..32)
         .map(|w| {
             let (client, stop) = (client.clone(), stop.clone());
+            let appended_so_far = appended_so_far.clone();
             let (first, second) = (clusters[2 * w].clone(), clusters[2 * w + 1].clone());
             tokio::spawn(async move {
                 let mut sent = Vec::new();
@@ -1232,6 +1234,9 @@ async fn serve_killed_during_group_commits_leaves_every_request_whole_or_absent(
                     let appended = reply
                         .as_ref()
                         .is_some_and(|r| r["data"]["commits"].is_array());
+                    if appended {
+                        appended_so_far.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                     sent.push((request, appended));
                     if reply.is_none() {
                         break;
@@ -1241,8 +1246,16 @@ async fn serve_killed_during_group_commits_leaves_every_request_whole_or_absent(
             })
         })
         .collect();
-    // when serve is killed with SIGKILL while they write, then restarted,
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // when serve is killed with SIGKILL while they write (once 64 requests were answered,
+    // whatever the machine's pace), then restarted,
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while appended_so_far.load(std::sync::atomic::Ordering::Relaxed) <= 64 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the writers never got 64 requests answered"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     serve.kill();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut sent = Vec::new();

@@ -351,6 +351,35 @@ pub async fn fail_a_create(
     report.operation_id
 }
 
+/// [`fail_a_create`], then waits (up to 60 s) until serve's rollback worker has closed
+/// the operation: only then is the stream quiet for good (a rollback that starts late on
+/// a loaded machine would otherwise land after a `quiet_end`).
+#[allow(dead_code)]
+pub async fn fail_a_create_rolled_back(
+    client: &async_nats::Client,
+    ledger: &provledger_client::Writer<provledger_client::Ledger>,
+    infra: &std::sync::Arc<provledger_sim::SimInfrastructure>,
+    provider: uuid::Uuid,
+) -> uuid::Uuid {
+    let op = fail_a_create(client, ledger, infra, provider).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let state = ledger
+            .read_current(provledger_events::AggregateId::operation(op))
+            .await;
+        if let Ok(Some(provledger_projections::Entity::Operation(o))) = &state {
+            if o.is_closed() {
+                return op;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve never closed the failed create {op}: {state:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The cluster the create tests run: one group `group` of two workers of 2 VCPU each on
 /// `provider`.
 #[allow(dead_code)]
@@ -532,6 +561,15 @@ pub async fn wait_position(client: &async_nats::Client, position: u64) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Waits until some replica has applied everything the stream holds now.
+#[allow(dead_code)]
+pub async fn wait_applied(client: &async_nats::Client, log: &provledger_events::JetStreamLog) {
+    let end = provledger_events::EventLog::last_position(log)
+        .await
+        .expect("the stream's end");
+    wait_position(client, end).await;
 }
 
 /// The JSON reply to one request on `subject` (a query or a command), within 20 s.
