@@ -96,8 +96,9 @@ fn the_demo_fits_its_line_budget_at_120_columns_with_every_failure_reason_whole(
     );
 }
 
-/// How long serve may take to apply what the demo wrote before `operation show` finds it.
-const SERVE_APPLIES_WITHIN: Duration = Duration::from_secs(15);
+/// How long serve may take to apply what the demo wrote before `operation show` finds it
+/// (a deadline polled against, so generous: a loaded CI machine is slow, not wrong).
+const SERVE_APPLIES_WITHIN: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_with_nats_writes_each_run_to_that_stream_where_serve_and_its_commands_find_it() {

@@ -35,8 +35,9 @@ const KINDS: [&str; 10] = [
     "bundle",
     "live_migrate_instance",
 ];
-/// How long an operation (a rollback driven by serve included) may take to settle.
-const SETTLE_WAIT: Duration = Duration::from_secs(15);
+/// How long an operation (a rollback driven by serve included) may take to settle (a
+/// deadline polled against, so generous: a loaded CI machine is slow, not wrong).
+const SETTLE_WAIT: Duration = Duration::from_secs(60);
 const REPLY_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]

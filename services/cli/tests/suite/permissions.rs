@@ -47,7 +47,8 @@ async fn stream_last_sequence(nats: &NatsServer) -> u64 {
 
 /// Waits (bounded) until the server has told `errors` about a violation on `subject`.
 async fn violation_on(errors: &Arc<Mutex<Vec<String>>>, subject: &str) -> String {
-    for _ in 0..100 {
+    // Up to 20 s: the server's error comes back asynchronously, later on a loaded machine.
+    for _ in 0..1000 {
         if let Some(e) = errors.lock().unwrap().iter().find(|e| e.contains(subject)) {
             return e.clone();
         }
