@@ -529,11 +529,7 @@ impl Drop for NatsCluster {
 /// the log's own gate wrong, asking it would let the early-open assertions pass without a
 /// batch ever opened early.
 pub fn opens_batches_early(version: &str) -> bool {
-    let mut parts = version
-        .trim_start_matches('v')
-        .split(['.', '-'])
-        .map(|p| p.parse::<u64>().unwrap_or(0));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (2, 14)
+    parse_server_version(version).is_some_and(|v| v >= (2, 14, 0))
 }
 
 /// The machine's CPU model (`/proc/cpuinfo`), for the benchmarks' headers; `?` elsewhere.

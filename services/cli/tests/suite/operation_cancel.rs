@@ -6,16 +6,13 @@
 //!   done by its full id, within 100 columns, and the next commands with the flags given.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use provledger_client::{CancelNotices, Ledger, OperationError, OperationRunner, StepHook};
-use provledger_events::AggregateId;
-use provledger_projections::operation::{OperationState, OperationStatus};
+use provledger_client::{CancelNotices, OperationError, OperationRunner, StepHook};
+use provledger_projections::operation::OperationStatus;
 use provledger_projections::stages::stage;
-use provledger_projections::Entity;
 use provledger_sim::Provisioner;
 use provledger_tests::NatsServer;
-use uuid::Uuid;
 
 use crate::common;
 use crate::common::{provledger, text, wait_ready, Serve};
@@ -52,13 +49,6 @@ fn joined(said: &str) -> String {
         }
     }
     out
-}
-
-async fn operation(ledger: &provledger_client::Writer<Ledger>, id: Uuid) -> Box<OperationState> {
-    match ledger.read_current(AggregateId::operation(id)).await {
-        Ok(Some(Entity::Operation(o))) => o,
-        other => panic!("operation {id}: {other:?}"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,15 +145,7 @@ async fn cancel_of_a_running_create_stops_it_and_serve_rolls_it_back() {
     );
     // and serve's rollback worker rolls it back: the operation closes as cancelled and
     // nothing it made remains at the executors.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !operation(&ledger, op).await.is_closed() {
-        assert!(
-            Instant::now() < deadline,
-            "the cancelled create never closed"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let closed = operation(&ledger, op).await;
+    let closed = common::operation_closed(&ledger, op, Duration::from_secs(60)).await;
     assert_eq!(closed.status, Some(OperationStatus::Cancelled));
     assert!(closed.rollback_plan.is_some());
     assert!(infra.hypervisor.resources().is_empty());

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use provledger_client::{CancelNotices, Ledger, OperationRunner, StepHook, Writer};
 use provledger_events::{AggregateId, Event, EventLog};
-use provledger_projections::operation::{OperationState, OperationStatus};
+use provledger_projections::operation::OperationStatus;
 use provledger_projections::Entity;
 use provledger_sim::{Provisioner, SimInfrastructure};
 use provledger_tests::NatsServer;
@@ -90,13 +90,6 @@ impl Drop for KillOnDrop {
     }
 }
 
-async fn operation(ledger: &Writer<Ledger>, id: Uuid) -> OperationState {
-    match ledger.read_current(AggregateId::operation(id)).await {
-        Ok(Some(Entity::Operation(op))) => *op,
-        other => panic!("operation {id}: {other:?}"),
-    }
-}
-
 async fn allocations(ledger: &Writer<Ledger>, provider: Uuid) -> usize {
     match ledger.read_current(AggregateId::provider(provider)).await {
         Ok(Some(Entity::Provider(p))) => p.allocations.len(),
@@ -161,9 +154,9 @@ async fn a_killed_runner_has_its_operation_failed_within_the_lease_and_rolled_ba
 
     // When it stays alive for twice the lease (it writes no step meanwhile)
     let alive_until = Instant::now() + 2 * LEASE;
-    let version_before = operation(&ledger, op).await.header.version;
+    let version_before = common::operation(&ledger, op).await.header.version;
     while Instant::now() < alive_until {
-        let state = operation(&ledger, op).await;
+        let state = common::operation(&ledger, op).await;
         // Then serve leaves it running: its heartbeats renew the lease
         assert_eq!(
             state.status,
@@ -198,7 +191,7 @@ async fn a_killed_runner_has_its_operation_failed_within_the_lease_and_rolled_ba
     // serve that never acts from hanging the test)
     let bound = LEASE + SWEEP_SLACK + Duration::from_secs(10);
     let failed = loop {
-        let state = operation(&ledger, op).await;
+        let state = common::operation(&ledger, op).await;
         if state.status != Some(OperationStatus::Running) {
             break state;
         }
@@ -246,15 +239,7 @@ async fn a_killed_runner_has_its_operation_failed_within_the_lease_and_rolled_ba
     );
 
     // And its rollback runs: the claims are released and the operation rolled back
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let closed = loop {
-        let state = operation(&ledger, op).await;
-        if state.is_closed() {
-            break state;
-        }
-        assert!(Instant::now() < deadline, "never rolled back: {state:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let closed = common::operation_closed(&ledger, op, Duration::from_secs(30)).await;
     assert_eq!(closed.status, Some(OperationStatus::RolledBack));
     assert_eq!(allocations(&ledger, provider).await, 0, "claims released");
 }

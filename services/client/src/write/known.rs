@@ -42,7 +42,7 @@ impl Default for Known {
             entity: None,
             tip: ChainTip::EMPTY,
             recent: VecDeque::new(),
-            recent_minted_max: Some(i64::MIN),
+            recent_minted_max: NOTHING_MINTED,
             complete: false,
             read: false,
             stale: true,
@@ -50,11 +50,19 @@ impl Default for Known {
     }
 }
 
-/// The newest mint time among `recent`'s ids, `None` if one has none (not a UUID v7).
-fn minted_max<'a>(mut recent: impl Iterator<Item = &'a RecentCommit>) -> Option<i64> {
-    recent.try_fold(i64::MIN, |max, c| {
-        uuid_v7_unix_ms(&c.commit_id).map(|m| max.max(m))
-    })
+/// `recent_minted_max` while nothing is kept: every minted id is later.
+const NOTHING_MINTED: Option<i64> = Some(i64::MIN);
+
+/// The bound `max` once `id` is kept too: raised to its mint time, or `None` for good if
+/// it has none (not a UUID v7).
+fn minted_with(max: Option<i64>, id: &uuid::Uuid) -> Option<i64> {
+    max.zip(uuid_v7_unix_ms(id))
+        .map(|(max, minted)| max.max(minted))
+}
+
+/// The newest mint time among `recent`'s ids, `None` if one has none.
+fn minted_max<'a>(recent: impl Iterator<Item = &'a RecentCommit>) -> Option<i64> {
+    recent.fold(NOTHING_MINTED, |max, c| minted_with(max, &c.commit_id))
 }
 
 /// What is kept of a recent commit: enough to recognise a retry of it and find it again.
@@ -104,7 +112,7 @@ impl Known {
             entity: Some(entity),
             tip,
             recent: VecDeque::new(),
-            recent_minted_max: Some(i64::MIN),
+            recent_minted_max: NOTHING_MINTED,
             complete: false,
             read: true,
             stale: true,
@@ -157,10 +165,7 @@ impl Known {
             self.complete = false;
         }
         // Never lowered when the oldest is dropped: it stays a bound, only a looser one.
-        self.recent_minted_max = self
-            .recent_minted_max
-            .zip(uuid_v7_unix_ms(&commit.commit_id))
-            .map(|(max, minted)| max.max(minted));
+        self.recent_minted_max = minted_with(self.recent_minted_max, &commit.commit_id);
         self.recent.push_back(RecentCommit::of(commit));
     }
 

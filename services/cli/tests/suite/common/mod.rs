@@ -362,19 +362,42 @@ pub async fn fail_a_create_rolled_back(
     provider: uuid::Uuid,
 ) -> uuid::Uuid {
     let op = fail_a_create(client, ledger, infra, provider).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
+    operation_closed(ledger, op, Duration::from_secs(60)).await;
+    op
+}
+
+/// The operation `op` as `ledger` folds it now; a panic if there is none.
+#[allow(dead_code)]
+pub async fn operation(
+    ledger: &provledger_client::Writer<provledger_client::Ledger>,
+    op: uuid::Uuid,
+) -> Box<provledger_projections::operation::OperationState> {
+    match ledger
+        .read_current(provledger_events::AggregateId::operation(op))
+        .await
+    {
+        Ok(Some(provledger_projections::Entity::Operation(o))) => o,
+        other => panic!("operation {op}: {other:?}"),
+    }
+}
+
+/// Waits, up to `within`, until the operation `op` is closed (it succeeded, or its
+/// rollback finished); its state then.
+#[allow(dead_code)]
+pub async fn operation_closed(
+    ledger: &provledger_client::Writer<provledger_client::Ledger>,
+    op: uuid::Uuid,
+    within: Duration,
+) -> Box<provledger_projections::operation::OperationState> {
+    let deadline = Instant::now() + within;
     loop {
-        let state = ledger
-            .read_current(provledger_events::AggregateId::operation(op))
-            .await;
-        if let Ok(Some(provledger_projections::Entity::Operation(o))) = &state {
-            if o.is_closed() {
-                return op;
-            }
+        let state = operation(ledger, op).await;
+        if state.is_closed() {
+            return state;
         }
         assert!(
             Instant::now() < deadline,
-            "serve never closed the failed create {op}: {state:?}"
+            "operation {op} not closed within {within:?}: {state:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
