@@ -603,7 +603,12 @@ async fn wait_caught_up(client: &async_nats::Client) {
 /// behind during the run would otherwise make the row look cheaper than it was).
 async fn with_projector_tail(client: &async_nats::Client, run: &mut Run) {
     let busy = machine_busy();
+    let started = Instant::now();
     wait_caught_up(client).await;
+    eprintln!(
+        "  serve's projector caught up {} ms after the row",
+        started.elapsed().as_millis()
+    );
     if let (Some(cpu), Some(before), Some(after)) = (&mut run.machine_cpu, busy, machine_busy()) {
         *cpu += after.saturating_sub(before);
     }
