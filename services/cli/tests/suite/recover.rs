@@ -412,6 +412,35 @@ async fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// When instance `id`'s 4th re-issue attempt failed and when its 5th was sent, as serve
+/// recorded them (each commit's `recorded_at`).
+async fn absent_attempt_times(
+    nats: &NatsServer,
+    id: &str,
+) -> (provledger_events::Timestamp, provledger_events::Timestamp) {
+    use provledger_events::Event;
+    let aggregate = format!("instance/{id}");
+    let log = common::stream(nats).await;
+    let commits = common::stream_commits(&log).await;
+    let mine = commits
+        .iter()
+        .filter(|c| c.aggregate.to_string() == aggregate);
+    let (mut failed, mut sent) = (None, None);
+    for commit in mine {
+        for event in &commit.events {
+            match event {
+                Event::ReissueFailed { attempt: 4, .. } => failed = Some(commit.recorded_at),
+                Event::ReissueAttempted { attempt: 5, .. } => sent = Some(commit.recorded_at),
+                _ => {}
+            }
+        }
+    }
+    (
+        failed.expect("attempt 4 recorded failed"),
+        sent.expect("attempt 5 recorded sent"),
+    )
+}
+
 /// Given three workers whose tasks were interrupted: `absent` not subscribed yet,
 /// `hung` subscribed but never answering, `present` answering; when serve recovers
 /// them, then `present` receives its re-issue without waiting behind `hung`, `absent`
@@ -483,12 +512,19 @@ async fn a_reissue_is_delivered_once_its_worker_listens_and_a_hung_worker_delays
         .unwrap();
     let ready: Value = serde_json::from_slice(&ready.payload).unwrap();
     assert_eq!(ready["data"]["delivering"], true, "{ready}");
+    // (a generous deadline: "at once" is judged below on serve's own recorded times, not
+    // on how long a loaded machine takes to get the request here)
     wait_for(
         "the absent worker's re-issue after it subscribed",
-        4,
+        30,
         || !absent.lock().unwrap().is_empty(),
     )
     .await;
+    let (failed_4th, sent_5th) = absent_attempt_times(&nats, ABSENT).await;
+    assert!(
+        sent_5th.unix_ms() < failed_4th.unix_ms() + 8_000,
+        "attempt 5 sent at {sent_5th}, not before the 8 s backoff after attempt 4 failed at {failed_4th}"
+    );
 
     // Each answered once, and the log says delivered: nothing pending for them.
     for (id, seen) in [(ABSENT, &absent), (PRESENT, &present)] {
