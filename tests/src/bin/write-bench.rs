@@ -301,6 +301,8 @@ struct Run {
     /// The whole machine's busy CPU time from the run's start until its last write ended
     /// (every process: serve, nats-server, the load generator), when /proc/stat says.
     machine_cpu: Option<Duration>,
+    /// The same span's CPU by part ([`Parts`]), when /proc says.
+    parts: Option<Parts>,
 }
 
 impl Run {
@@ -364,6 +366,90 @@ fn machine_busy() -> Option<Duration> {
     Some(Duration::from_millis(busy * 10))
 }
 
+/// The parts of the system under test whose CPU the throughput table splits a commit's
+/// cost into, in the table's order.
+const PARTS: [&str; 7] = [
+    "nats-server",
+    "serve: request threads",
+    "serve: projector",
+    "serve: copier",
+    "serve: sled's threads",
+    "relay",
+    "load generator",
+];
+
+/// CPU time so far by part: this process's threads by name (serve's runtime, its projector
+/// and copier threads, sled's, the relay's runtime, the rest the load generator's) and the
+/// processes it started (the nats-server).
+#[derive(Clone, Default)]
+struct Parts(BTreeMap<&'static str, Duration>);
+
+impl Parts {
+    fn now() -> Option<Parts> {
+        let mut parts = Parts::default();
+        for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+            let Some((name, cpu)) = task_cpu(&task.path()) else {
+                continue;
+            };
+            let part = match name.as_str() {
+                "serve" => "serve: request threads",
+                "projector" => "serve: projector",
+                "log-copy" => "serve: copier",
+                n if n.starts_with("sled") => "serve: sled's threads",
+                "relay" => "relay",
+                "echo" => continue,
+                _ => "load generator",
+            };
+            *parts.0.entry(part).or_default() += cpu;
+        }
+        let me = std::process::id().to_string();
+        for process in std::fs::read_dir("/proc").ok()?.flatten() {
+            let stat = std::fs::read_to_string(process.path().join("stat")).unwrap_or_default();
+            // After the command's closing parenthesis: state, then the parent's pid.
+            let parent = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1));
+            if parent == Some(me.as_str()) {
+                if let Some((_, cpu)) = task_cpu(&process.path()) {
+                    *parts.0.entry("nats-server").or_default() += cpu;
+                }
+            }
+        }
+        Some(parts)
+    }
+
+    /// What each part spent between `before` and `self`.
+    fn since(&self, before: &Parts) -> Parts {
+        Parts(
+            self.0
+                .iter()
+                .map(|(part, cpu)| {
+                    let was = before.0.get(part).copied().unwrap_or_default();
+                    (*part, cpu.saturating_sub(was))
+                })
+                .collect(),
+        )
+    }
+
+    fn add(&mut self, more: &Parts) {
+        for (part, cpu) in &more.0 {
+            *self.0.entry(part).or_default() += *cpu;
+        }
+    }
+}
+
+/// A thread's or process's name and CPU time (user + system) from its `stat` file.
+fn task_cpu(dir: &std::path::Path) -> Option<(String, Duration)> {
+    let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+    let (head, rest) = stat.rsplit_once(')')?;
+    let name = head.split_once('(')?.1.to_string();
+    // Fields after the name: state is the first, utime the 12th, stime the 13th.
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // USER_HZ is 100 on every Linux this runs on, as for /proc/stat.
+    Some((name, Duration::from_millis(ticks * 10)))
+}
+
 /// Counts errors (`code: message`) by code: `unavailable 3, timeout 1`, or `none`.
 fn by_code<'a>(errors: impl Iterator<Item = &'a str>) -> String {
     let mut counts = BTreeMap::new();
@@ -383,6 +469,7 @@ fn by_code<'a>(errors: impl Iterator<Item = &'a str>) -> String {
 /// Every writer writes, one write at a time, until `duration` has passed.
 async fn closed_loop<W: Writer>(writers: Vec<W>, duration: Duration) -> Run {
     let busy_before = machine_busy();
+    let parts_before = Parts::now();
     let start = Instant::now();
     let deadline = start + duration;
     let tasks: Vec<_> = writers
@@ -415,6 +502,9 @@ async fn closed_loop<W: Writer>(writers: Vec<W>, duration: Duration) -> Run {
     run.machine_cpu = busy_before
         .zip(machine_busy())
         .map(|(before, after)| after.saturating_sub(before));
+    run.parts = parts_before
+        .zip(Parts::now())
+        .map(|(before, after)| after.since(&before));
     run
 }
 
@@ -603,6 +693,7 @@ async fn wait_caught_up(client: &async_nats::Client) {
 /// behind during the run would otherwise make the row look cheaper than it was).
 async fn with_projector_tail(client: &async_nats::Client, run: &mut Run) {
     let busy = machine_busy();
+    let parts = Parts::now();
     let started = Instant::now();
     wait_caught_up(client).await;
     eprintln!(
@@ -611,6 +702,9 @@ async fn with_projector_tail(client: &async_nats::Client, run: &mut Run) {
     );
     if let (Some(cpu), Some(before), Some(after)) = (&mut run.machine_cpu, busy, machine_busy()) {
         *cpu += after.saturating_sub(before);
+    }
+    if let (Some(sum), Some(before), Some(after)) = (&mut run.parts, parts, Parts::now()) {
+        sum.add(&after.since(&before));
     }
 }
 
@@ -1398,6 +1492,24 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
             ratio(relay.rate(), raw.rate()),
         );
     }
+    println!();
+    println!("### Where a commit's CPU goes: µs per commit, by part (same runs)");
+    println!();
+    println!(
+        "| clients | row | {} | rest of the machine | machine |",
+        PARTS.join(" | ")
+    );
+    println!("|---:|---|{}---:|---:|", "---:|".repeat(PARTS.len()));
+    for (clients, ledger, raw, relay, library, _) in &rows {
+        parts_row(*clients, "provledger cmd.append", ledger);
+        parts_row(*clients, "raw JetStream", raw);
+        parts_row(*clients, "relay", relay);
+        parts_row(*clients, "client library `record`", library);
+    }
+    println!();
+    println!(
+        "- Each part's CPU time (user + system, from /proc: the threads of this process by name, and the nats-server it started) over the row, plus serve's projector's tail after it for provledger and the client library, over the row's commits. The load generator is every thread of this process that is not serve's or the relay's. Rest of the machine: what /proc/stat counts busy that no part's threads were charged with (interrupts, PostgreSQL, anything else running)."
+    );
     let runs = rows
         .iter()
         .flat_map(|(_, l, r, y, b, p)| {
@@ -1406,6 +1518,34 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
         .flatten()
         .chain([&echo_run]);
     print_examples(run_errors(runs));
+}
+
+/// One row of the CPU-by-part table: each part's CPU over the run's commits, in µs.
+fn parts_row(clients: usize, system: &str, run: &Run) {
+    let commits = run.ok.len();
+    let (Some(parts), Some(machine)) = (&run.parts, run.machine_cpu) else {
+        println!("| {clients} | {system} | no /proc here |");
+        return;
+    };
+    if commits == 0 {
+        println!("| {clients} | {system} | no commit |");
+        return;
+    }
+    let per_commit = |cpu: Duration| format!("{:.1}", cpu.as_secs_f64() * 1e6 / commits as f64);
+    let cells: Vec<String> = PARTS
+        .iter()
+        .map(|part| match parts.0.get(part) {
+            Some(cpu) if !cpu.is_zero() => per_commit(*cpu),
+            _ => "-".into(),
+        })
+        .collect();
+    let counted: Duration = parts.0.values().sum();
+    println!(
+        "| {clients} | {system} | {} | {} | {} |",
+        cells.join(" | "),
+        per_commit(machine.saturating_sub(counted)),
+        per_commit(machine)
+    );
 }
 
 /// Facts on two aggregates at once: `cmd.append` with `commits` (atomic sets, which serve
