@@ -367,40 +367,70 @@ fn machine_busy() -> Option<Duration> {
 }
 
 /// The parts of the system under test whose CPU the throughput table splits a commit's
-/// cost into, in the table's order.
-const PARTS: [&str; 7] = [
-    "nats-server",
-    "serve: request threads",
-    "serve: projector",
-    "serve: copier",
-    "serve: sled's threads",
-    "relay",
-    "load generator",
-];
+/// cost into; [`Part::ALL`] is the table's order.
+#[derive(Clone, Copy)]
+enum Part {
+    NatsServer,
+    ServeRequests,
+    Projector,
+    Copier,
+    Sled,
+    Relay,
+    LoadGenerator,
+}
 
-/// CPU time so far by part: this process's threads by name (serve's runtime, its projector
-/// and copier threads, sled's, the relay's runtime, the rest the load generator's) and the
+impl Part {
+    const ALL: [Part; 7] = [
+        Part::NatsServer,
+        Part::ServeRequests,
+        Part::Projector,
+        Part::Copier,
+        Part::Sled,
+        Part::Relay,
+        Part::LoadGenerator,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Part::NatsServer => "nats-server",
+            Part::ServeRequests => "serve: request threads",
+            Part::Projector => "serve: projector",
+            Part::Copier => "serve: copier",
+            Part::Sled => "serve: sled's threads",
+            Part::Relay => "relay",
+            Part::LoadGenerator => "load generator",
+        }
+    }
+
+    /// The part a thread of this process belongs to, by the name its runtime or spawner
+    /// gave it (`None`: the echo service's, outside every row).
+    fn of_thread(name: &str) -> Option<Part> {
+        Some(match name {
+            "serve" => Part::ServeRequests,
+            "projector" => Part::Projector,
+            "log-copy" => Part::Copier,
+            n if n.starts_with("sled") => Part::Sled,
+            "relay" => Part::Relay,
+            "echo" => return None,
+            _ => Part::LoadGenerator,
+        })
+    }
+}
+
+/// CPU time so far by part, indexed by [`Part`]: this process's threads by name and the
 /// processes it started (the nats-server).
-#[derive(Clone, Default)]
-struct Parts(BTreeMap<&'static str, Duration>);
+#[derive(Clone, Copy, Default)]
+struct Parts([Duration; Part::ALL.len()]);
 
 impl Parts {
     fn now() -> Option<Parts> {
         let mut parts = Parts::default();
         for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
-            let Some((name, cpu)) = task_cpu(&task.path()) else {
-                continue;
-            };
-            let part = match name.as_str() {
-                "serve" => "serve: request threads",
-                "projector" => "serve: projector",
-                "log-copy" => "serve: copier",
-                n if n.starts_with("sled") => "serve: sled's threads",
-                "relay" => "relay",
-                "echo" => continue,
-                _ => "load generator",
-            };
-            *parts.0.entry(part).or_default() += cpu;
+            if let Some((part, cpu)) =
+                task_cpu(&task.path()).and_then(|(name, cpu)| Some((Part::of_thread(&name)?, cpu)))
+            {
+                parts.0[part as usize] += cpu;
+            }
         }
         let me = std::process::id().to_string();
         for process in std::fs::read_dir("/proc").ok()?.flatten() {
@@ -411,7 +441,7 @@ impl Parts {
                 .and_then(|(_, rest)| rest.split_whitespace().nth(1));
             if parent == Some(me.as_str()) {
                 if let Some((_, cpu)) = task_cpu(&process.path()) {
-                    *parts.0.entry("nats-server").or_default() += cpu;
+                    parts.0[Part::NatsServer as usize] += cpu;
                 }
             }
         }
@@ -420,20 +450,16 @@ impl Parts {
 
     /// What each part spent between `before` and `self`.
     fn since(&self, before: &Parts) -> Parts {
-        Parts(
-            self.0
-                .iter()
-                .map(|(part, cpu)| {
-                    let was = before.0.get(part).copied().unwrap_or_default();
-                    (*part, cpu.saturating_sub(was))
-                })
-                .collect(),
-        )
+        let mut spent = *self;
+        for (cpu, was) in spent.0.iter_mut().zip(before.0) {
+            *cpu = cpu.saturating_sub(was);
+        }
+        spent
     }
 
     fn add(&mut self, more: &Parts) {
-        for (part, cpu) in &more.0 {
-            *self.0.entry(part).or_default() += *cpu;
+        for (cpu, more) in self.0.iter_mut().zip(more.0) {
+            *cpu += more;
         }
     }
 }
@@ -1495,11 +1521,12 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
     println!();
     println!("### Where a commit's CPU goes: µs per commit, by part (same runs)");
     println!();
+    let labels: Vec<&str> = Part::ALL.iter().map(|p| p.label()).collect();
     println!(
         "| clients | row | {} | rest of the machine | machine |",
-        PARTS.join(" | ")
+        labels.join(" | ")
     );
-    println!("|---:|---|{}---:|---:|", "---:|".repeat(PARTS.len()));
+    println!("|---:|---|{}---:|---:|", "---:|".repeat(labels.len()));
     for (clients, ledger, raw, relay, library, _) in &rows {
         parts_row(*clients, "provledger cmd.append", ledger);
         parts_row(*clients, "raw JetStream", raw);
@@ -1532,14 +1559,15 @@ fn parts_row(clients: usize, system: &str, run: &Run) {
         return;
     }
     let per_commit = |cpu: Duration| format!("{:.1}", cpu.as_secs_f64() * 1e6 / commits as f64);
-    let cells: Vec<String> = PARTS
+    let cells: Vec<String> = parts
+        .0
         .iter()
-        .map(|part| match parts.0.get(part) {
-            Some(cpu) if !cpu.is_zero() => per_commit(*cpu),
-            _ => "-".into(),
+        .map(|cpu| match cpu.is_zero() {
+            true => "-".into(),
+            false => per_commit(*cpu),
         })
         .collect();
-    let counted: Duration = parts.0.values().sum();
+    let counted: Duration = parts.0.iter().sum();
     println!(
         "| {clients} | {system} | {} | {} | {} |",
         cells.join(" | "),
