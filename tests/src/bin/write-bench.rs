@@ -1259,9 +1259,13 @@ async fn monitor_get(addr: &str, path: &str) -> Result<Value, String> {
 struct Figures {
     consumers: Option<u64>,
     mem_bytes: Option<u64>,
+    /// CPU time so far by part (`None` without /proc), read at the same bound.
+    parts: Option<Parts>,
 }
 
 async fn figures(addr: &str) -> Figures {
+    // First: the CPU at the bound itself, before the monitoring requests below take theirs.
+    let parts = Parts::now();
     let consumers = monitor_get(addr, "/jsz?accounts=true&streams=true")
         .await
         .ok()
@@ -1280,6 +1284,7 @@ async fn figures(addr: &str) -> Figures {
     Figures {
         consumers,
         mem_bytes,
+        parts,
     }
 }
 
@@ -1290,6 +1295,48 @@ fn show_consumers(f: Figures) -> String {
 fn show_mem(f: Figures) -> String {
     f.mem_bytes
         .map_or("?".into(), |b| format!("{:.0} MiB", b as f64 / 1048576.0))
+}
+
+/// What one window of a sustained run cost per request answered in it, in µs of CPU, by
+/// part (serve: all of its threads).
+#[derive(Clone, Copy)]
+struct WindowCost {
+    serve: f64,
+    nats_server: f64,
+    load_generator: f64,
+}
+
+impl WindowCost {
+    /// `None` without /proc or without a request answered in the window.
+    fn between(start: Figures, end: Figures, requests: usize) -> Option<WindowCost> {
+        let spent = end.parts?.since(&start.parts?);
+        if requests == 0 {
+            return None;
+        }
+        let per_request = |parts: &[Part]| {
+            let cpu: Duration = parts.iter().map(|&p| spent.0[p as usize]).sum();
+            cpu.as_secs_f64() * 1e6 / requests as f64
+        };
+        Some(WindowCost {
+            serve: per_request(&[
+                Part::ServeRequests,
+                Part::Projector,
+                Part::Copier,
+                Part::Sled,
+            ]),
+            nats_server: per_request(&[Part::NatsServer]),
+            load_generator: per_request(&[Part::LoadGenerator]),
+        })
+    }
+
+    fn show(cost: Option<WindowCost>) -> String {
+        cost.map_or("-".into(), |c| {
+            format!(
+                "{:.1} / {:.1} / {:.1}",
+                c.serve, c.nats_server, c.load_generator
+            )
+        })
+    }
 }
 
 /// The boundaries of the sustained run's windows: 0, 5 s, 10 s, ..., `total`.
@@ -2445,10 +2492,11 @@ async fn sustained(nats: &NatsServer, o: &Options, user: &str, title: &str, mixe
         true => "requests/s (half of them atomic pairs)",
         false => "commits/s",
     };
-    println!("| window | {unit} | p50 | p99 | errors by code | consumers on {STREAM} (start → end) | nats-server mem (start → end) |");
-    println!("|---|---:|---:|---:|---|---:|---:|");
+    println!("| window | {unit} | p50 | p99 | errors by code | consumers on {STREAM} (start → end) | nats-server mem (start → end) | CPU per request, µs: serve / nats-server / load generator |");
+    println!("|---|---:|---:|---:|---|---:|---:|---:|");
     let bounds = boundaries(o.sustained);
     let mut rates = Vec::new();
+    let mut costs = Vec::new();
     for (k, pair) in bounds.windows(2).enumerate() {
         let (from, to) = (pair[0], pair[1]);
         let latencies = run.latencies(from, to);
@@ -2461,8 +2509,9 @@ async fn sustained(nats: &NatsServer, o: &Options, user: &str, title: &str, mixe
                 .map(|(_, c)| c.as_str()),
         );
         let (start, end) = (figures[k], figures[k + 1]);
+        let cost = WindowCost::between(start, end, latencies.len());
         println!(
-            "| {}-{} s | {rate:.0} | {} | {} | {errors} | {} → {} | {} → {} |",
+            "| {}-{} s | {rate:.0} | {} | {} | {errors} | {} → {} | {} → {} | {} |",
             from.as_secs(),
             to.as_secs(),
             quantile(&latencies, 0.5),
@@ -2471,7 +2520,9 @@ async fn sustained(nats: &NatsServer, o: &Options, user: &str, title: &str, mixe
             show_consumers(end),
             show_mem(start),
             show_mem(end),
+            WindowCost::show(cost),
         );
+        costs.push(cost);
     }
     let all = run.all_latencies();
     println!();
@@ -2488,6 +2539,17 @@ async fn sustained(nats: &NatsServer, o: &Options, user: &str, title: &str, mixe
             rates.last().copied().unwrap_or(0.0),
             rates.first().copied().unwrap_or(0.0)
         )
+    );
+    if let (Some(Some(first)), Some(Some(last))) = (costs.first(), costs.last()) {
+        println!(
+            "- CPU per request, last window / first window: serve {}, nats-server {}, load generator {}",
+            ratio(last.serve, first.serve),
+            ratio(last.nats_server, first.nats_server),
+            ratio(last.load_generator, first.load_generator),
+        );
+    }
+    println!(
+        "- CPU per request: each part's CPU time (user + system, from /proc) over the window, over the requests answered in it. serve is all of its threads (requests, projector, copier, sled). The load generator sends the same requests throughout, so its cost per request moves only with the machine: a window that is slower because the machine is (other tenants, caches) shows in every column, one that is slower because provledger costs more shows in serve's alone."
     );
     println!(
         "- nats-server's figures are read from its monitoring endpoint (`/jsz?accounts=true&streams=true`, `/varz` `mem`) at each window's bounds; they include what earlier phases on the same server left behind."
