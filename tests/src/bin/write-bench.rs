@@ -1255,6 +1255,47 @@ async fn monitor_get(addr: &str, path: &str) -> Result<Value, String> {
 }
 
 /// Consumers on the PROVLEDGER stream and the server's memory, at one moment.
+/// What nats-server has moved so far, from its `/varz`: messages and bytes, in and out.
+#[derive(Clone, Copy)]
+struct Traffic {
+    in_msgs: u64,
+    out_msgs: u64,
+    in_bytes: u64,
+    out_bytes: u64,
+}
+
+impl Traffic {
+    async fn read(addr: &str) -> Option<Traffic> {
+        let varz = monitor_get(addr, "/varz").await.ok()?;
+        let count = |field: &str| varz[field].as_u64();
+        Some(Traffic {
+            in_msgs: count("in_msgs")?,
+            out_msgs: count("out_msgs")?,
+            in_bytes: count("in_bytes")?,
+            out_bytes: count("out_bytes")?,
+        })
+    }
+
+    /// Per commit between `before` and `after`: messages in, out, bytes in, out.
+    fn per_commit(before: Option<Traffic>, after: Option<Traffic>, commits: usize) -> String {
+        match (before, after) {
+            (Some(b), Some(a)) if commits > 0 => {
+                let each = |later: u64, earlier: u64| {
+                    later.saturating_sub(earlier) as f64 / commits as f64
+                };
+                format!(
+                    "{:.2} | {:.2} | {:.0} | {:.0}",
+                    each(a.in_msgs, b.in_msgs),
+                    each(a.out_msgs, b.out_msgs),
+                    each(a.in_bytes, b.in_bytes),
+                    each(a.out_bytes, b.out_bytes),
+                )
+            }
+            _ => "- | - | - | -".into(),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Default)]
 struct Figures {
     consumers: Option<u64>,
@@ -1442,28 +1483,46 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
 
     let mut rows = Vec::new();
     let mut notes = Vec::new();
+    let monitor = nats.monitor_addr();
+    let mut traffic = Vec::new();
     for &clients in &o.clients {
         eprintln!("throughput: {clients} clients: provledger cmd.append ...");
         let (ids, _) = register(&client, AGGREGATES).await;
         wait_caught_up(&client).await;
         let payloads: Vec<Bytes> = ids.iter().map(|id| bench_write(*id)).collect();
         let writers = requesters(nats, "bench", clients, APPEND_SUBJECT, &payloads).await;
+        let before = Traffic::read(&monitor).await;
         let mut ledger = closed_loop(writers, o.duration).await;
         with_projector_tail(&client, &mut ledger).await;
+        let ledger_traffic =
+            Traffic::per_commit(before, Traffic::read(&monitor).await, ledger.ok.len());
 
         eprintln!("throughput: {clients} clients: raw JetStream ...");
-        let raw = closed_loop(raw_writers(nats, clients, &payload).await, o.duration).await;
+        let raw_writers = raw_writers(nats, clients, &payload).await;
+        let before = Traffic::read(&monitor).await;
+        let raw = closed_loop(raw_writers, o.duration).await;
+        let raw_traffic = Traffic::per_commit(before, Traffic::read(&monitor).await, raw.ok.len());
 
         eprintln!("throughput: {clients} clients: a relay service ...");
         let relay_writers = relay_requesters(nats, clients, &payload).await;
         let relay_service = Relay::start(nats, reply_bytes).await;
+        let before = Traffic::read(&monitor).await;
         let relay = closed_loop(relay_writers, o.duration).await;
+        let relay_traffic =
+            Traffic::per_commit(before, Traffic::read(&monitor).await, relay.ok.len());
         relay_service.stop().await;
 
         eprintln!("throughput: {clients} clients: the client library's record ...");
-        let mut library =
-            closed_loop(library_writers(nats, clients, false).await, o.duration).await;
+        let library_writers = library_writers(nats, clients, false).await;
+        let before = Traffic::read(&monitor).await;
+        let mut library = closed_loop(library_writers, o.duration).await;
         with_projector_tail(&client, &mut library).await;
+        let library_traffic =
+            Traffic::per_commit(before, Traffic::read(&monitor).await, library.ok.len());
+        traffic.push((
+            clients,
+            [ledger_traffic, raw_traffic, relay_traffic, library_traffic],
+        ));
 
         let pg_run = match pg {
             Some(pg) => {
@@ -1583,6 +1642,21 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
     println!();
     println!(
         "- Each part's CPU time (user + system, from /proc: the threads of this process by name, and the nats-server it started) over the row, plus serve's projector's tail after it for provledger and the client library, over the row's commits. The load generator is every thread of this process that is not serve's or the relay's. Rest of the machine: what /proc/stat counts busy that no part's threads were charged with (interrupts, PostgreSQL, anything else running)."
+    );
+    println!();
+    println!("### What nats-server moves per commit (same runs)");
+    println!();
+    println!("| clients | row | messages in | messages out | bytes in | bytes out |");
+    println!("|---:|---|---:|---:|---:|---:|");
+    for (clients, [ledger, raw, relay, library]) in &traffic {
+        println!("| {clients} | provledger cmd.append | {ledger} |");
+        println!("| {clients} | raw JetStream | {raw} |");
+        println!("| {clients} | relay | {relay} |");
+        println!("| {clients} | client library `record` | {library} |");
+    }
+    println!();
+    println!(
+        "- nats-server's `/varz` (`in_msgs`, `out_msgs`, `in_bytes`, `out_bytes`: every client connection's, JetStream's own deliveries included) read before and after each row (for provledger and the client library, after serve's projector caught up), over the row's commits. A message costs nats-server about the same whatever its few hundred bytes: on 2 cores shared with it, each one a row adds per commit is a share of the rate it loses."
     );
     let runs = rows
         .iter()
