@@ -38,7 +38,7 @@
 //!
 //! Usage: `cargo run --release -p provledger-tests --bin write-bench -- [--quick]
 //! [--duration SECS] [--sustained SECS]
-//! [--only throughput|depth|hot|sustained|atomic|mixed|pairs|deep|wide] [--no-log-copy]
+//! [--only throughput|alternating|depth|hot|sustained|atomic|mixed|pairs|deep|wide] [--no-log-copy]
 //! [--clients N,...]`
 //! (`--no-log-copy`: serve keeps no copy of the stream in its data dir, as
 //! `provledger serve --no-log-copy`).
@@ -78,6 +78,9 @@ const CLIENTS_PER_CONNECTION: usize = 16;
 const HOT_CLIENTS: usize = 64;
 const SUSTAINED_CLIENTS: usize = 64;
 const WINDOW: Duration = Duration::from_secs(5);
+/// Slices of each system in the alternating phase: enough that the median of their ratios
+/// holds still on a machine whose speed moves by a third from one run to the next.
+const ALTERNATING_ROUNDS: usize = 10;
 const DEPTH_SAMPLES: usize = 200;
 /// Longer than anything serve should take, so a slow reply is measured, not dropped.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -111,6 +114,9 @@ enum Phase {
     Deep,
     /// Only claims on providers that hold many allocations, next to one that holds none.
     Wide,
+    /// Only `cmd.append` against raw JetStream, in slices of `--duration` that alternate
+    /// ([`ALTERNATING_ROUNDS`] of each), at `--clients`' counts.
+    Alternating,
 }
 
 struct Options {
@@ -177,8 +183,9 @@ fn parse_options() -> Options {
                     Some("pairs") => Phase::Pairs,
                     Some("deep") => Phase::Deep,
                     Some("wide") => Phase::Wide,
+                    Some("alternating") => Phase::Alternating,
                     other => fail(format!(
-                        "--only takes throughput, depth, hot, sustained, atomic, mixed, pairs, deep or wide, not {other:?}"
+                        "--only takes throughput, alternating, depth, hot, sustained, atomic, mixed, pairs, deep or wide, not {other:?}"
                     )),
                 })
             }
@@ -494,6 +501,11 @@ fn by_code<'a>(errors: impl Iterator<Item = &'a str>) -> String {
 
 /// Every writer writes, one write at a time, until `duration` has passed.
 async fn closed_loop<W: Writer>(writers: Vec<W>, duration: Duration) -> Run {
+    closed_loop_keeping(writers, duration).await.0
+}
+
+/// [`closed_loop`], giving the writers back for another run.
+async fn closed_loop_keeping<W: Writer>(writers: Vec<W>, duration: Duration) -> (Run, Vec<W>) {
     let busy_before = machine_busy();
     let parts_before = Parts::now();
     let start = Instant::now();
@@ -512,7 +524,7 @@ async fn closed_loop<W: Writer>(writers: Vec<W>, duration: Duration) -> Run {
                         Err(error) => errors.push((done - start, error)),
                     }
                 }
-                (ok, errors)
+                (ok, errors, writer)
             })
         })
         .collect();
@@ -520,10 +532,12 @@ async fn closed_loop<W: Writer>(writers: Vec<W>, duration: Duration) -> Run {
         duration,
         ..Default::default()
     };
+    let mut writers = Vec::with_capacity(tasks.len());
     for task in tasks {
-        let (ok, errors) = task.await.expect("a bench client task");
+        let (ok, errors, writer) = task.await.expect("a bench client task");
         run.ok.extend(ok);
         run.errors.extend(errors);
+        writers.push(writer);
     }
     run.machine_cpu = busy_before
         .zip(machine_busy())
@@ -531,7 +545,7 @@ async fn closed_loop<W: Writer>(writers: Vec<W>, duration: Duration) -> Run {
     run.parts = parts_before
         .zip(Parts::now())
         .map(|(before, after)| after.since(&before));
-    run
+    (run, writers)
 }
 
 /// A NATS request/reply client (cmd.append or the echo service), cycling over its payloads.
@@ -1443,6 +1457,89 @@ fn ratio(a: f64, b: f64) -> String {
         true => format!("{:.2}x", a / b),
         false => "-".into(),
     }
+}
+
+/// `cmd.append` against raw JetStream (direct get + publish), the throughput table's first
+/// two rows, in slices of `o.duration` that alternate: a machine whose speed drifts between
+/// one row and the next moves both sides of each round alike. Rounds go A-B, B-A, ... so
+/// that neither side always follows the other.
+async fn alternating(nats: &NatsServer, o: &Options, payload_bytes: usize) {
+    let client = nats.client().await;
+    let payload = Bytes::from(vec![7u8; payload_bytes]);
+    println!();
+    println!(
+        "## 1b. Single commits, `cmd.append` ÷ raw JetStream, alternating: {ALTERNATING_ROUNDS} slices of {} s of each",
+        o.duration.as_secs()
+    );
+    println!();
+    println!("| clients | round | cmd.append commits/s | raw commits/s | cmd.append ÷ raw | machine CPU per commit, µs: cmd.append / raw | errors |");
+    println!("|---:|---:|---:|---:|---:|---:|---|");
+    let mut summaries = Vec::new();
+    for &clients in &o.clients {
+        let (ids, _) = register(&client, AGGREGATES).await;
+        wait_caught_up(&client).await;
+        let payloads: Vec<Bytes> = ids.iter().map(|id| bench_write(*id)).collect();
+        let mut ledger_writers =
+            requesters(nats, "bench", clients, APPEND_SUBJECT, &payloads).await;
+        let mut raw_writers = raw_writers(nats, clients, &payload).await;
+        let mut ratios = Vec::new();
+        let (mut ledger_commits, mut raw_commits) = (0, 0);
+        for round in 0..ALTERNATING_ROUNDS {
+            eprintln!(
+                "alternating: {clients} clients, round {} of {ALTERNATING_ROUNDS} ...",
+                round + 1
+            );
+            let mut ledger = Run::default();
+            let mut raw = Run::default();
+            for side in [round % 2, 1 - round % 2] {
+                if side == 0 {
+                    let (mut run, writers) = closed_loop_keeping(ledger_writers, o.duration).await;
+                    with_projector_tail(&client, &mut run).await;
+                    (ledger, ledger_writers) = (run, writers);
+                } else {
+                    (raw, raw_writers) = closed_loop_keeping(raw_writers, o.duration).await;
+                }
+            }
+            let ratio_of_round = ledger.rate() / raw.rate().max(f64::MIN_POSITIVE);
+            ratios.push(ratio_of_round);
+            ledger_commits += ledger.ok.len();
+            raw_commits += raw.ok.len();
+            println!(
+                "| {clients} | {} | {:.0} | {:.0} | {ratio_of_round:.2}x | {} / {} | {} / {} |",
+                round + 1,
+                ledger.rate(),
+                raw.rate(),
+                ledger.cpu_per_success(),
+                raw.cpu_per_success(),
+                ledger.errors_by_code(),
+                raw.errors_by_code(),
+            );
+        }
+        ratios.sort_by(f64::total_cmp);
+        summaries.push((clients, ratios, ledger_commits, raw_commits));
+    }
+    println!();
+    println!("| clients | median of the rounds' ratios | lowest - highest | rounds at 0.5x or more | all cmd.append commits ÷ all raw commits |");
+    println!("|---:|---:|---:|---:|---:|");
+    for (clients, ratios, ledger_commits, raw_commits) in &summaries {
+        let median = match ratios.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => ratios[n / 2],
+            n => (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0,
+        };
+        println!(
+            "| {clients} | **{median:.2}x** | {:.2} - {:.2}x | {} of {} | {} |",
+            ratios.first().copied().unwrap_or(f64::NAN),
+            ratios.last().copied().unwrap_or(f64::NAN),
+            ratios.iter().filter(|r| **r >= 0.5).count(),
+            ratios.len(),
+            ratio(*ledger_commits as f64, *raw_commits as f64),
+        );
+    }
+    println!();
+    println!(
+        "- Each round is one slice of each system with the same writers as the throughput table's first two rows (one request at a time per client, 1,000 providers; raw: direct get last + publish expecting it, with a message id). cmd.append's slice is followed by serve's projector's catch-up, outside both slices (its CPU counted in cmd.append's). Odd rounds run cmd.append first, even rounds raw first."
+    );
 }
 
 async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, payload_bytes: usize) {
@@ -2713,6 +2810,9 @@ async fn main() {
     }
     if o.only == Some(Phase::Wide) {
         wide(&nats, &o).await;
+    }
+    if o.only == Some(Phase::Alternating) {
+        alternating(&nats, &o, payload_bytes).await;
     }
     if o.runs(Phase::Sustained) {
         sustained(&nats, &o, "bench", "no accounts", false).await;
