@@ -1357,6 +1357,8 @@ fn show_mem(f: Figures) -> String {
 #[derive(Clone, Copy)]
 struct WindowCost {
     serve: f64,
+    /// Of `serve`: its projector, copier and sled threads (following the stream).
+    serve_following: f64,
     nats_server: f64,
     load_generator: f64,
 }
@@ -1379,6 +1381,7 @@ impl WindowCost {
                 Part::Copier,
                 Part::Sled,
             ]),
+            serve_following: per_request(&[Part::Projector, Part::Copier, Part::Sled]),
             nats_server: per_request(&[Part::NatsServer]),
             load_generator: per_request(&[Part::LoadGenerator]),
         })
@@ -1387,8 +1390,8 @@ impl WindowCost {
     fn show(cost: Option<WindowCost>) -> String {
         cost.map_or("-".into(), |c| {
             format!(
-                "{:.1} / {:.1} / {:.1}",
-                c.serve, c.nats_server, c.load_generator
+                "{:.1} ({:.1}) / {:.1} / {:.1}",
+                c.serve, c.serve_following, c.nats_server, c.load_generator
             )
         })
     }
@@ -2663,7 +2666,7 @@ async fn sustained(nats: &NatsServer, o: &Options, user: &str, title: &str, mixe
         true => "requests/s (half of them atomic pairs)",
         false => "commits/s",
     };
-    println!("| window | {unit} | p50 | p99 | errors by code | consumers on {STREAM} (start → end) | nats-server mem (start → end) | CPU per request, µs: serve / nats-server / load generator |");
+    println!("| window | {unit} | p50 | p99 | errors by code | consumers on {STREAM} (start → end) | nats-server mem (start → end) | CPU per request, µs: serve (of it: projector, copier, sled) / nats-server / load generator |");
     println!("|---|---:|---:|---:|---|---:|---:|---:|");
     let bounds = boundaries(o.sustained);
     let mut rates = Vec::new();
@@ -2713,8 +2716,9 @@ async fn sustained(nats: &NatsServer, o: &Options, user: &str, title: &str, mixe
     );
     if let (Some(Some(first)), Some(Some(last))) = (costs.first(), costs.last()) {
         println!(
-            "- CPU per request, last window / first window: serve {}, nats-server {}, load generator {}",
+            "- CPU per request, last window / first window: serve {} (its projector, copier and sled {}), nats-server {}, load generator {}",
             ratio(last.serve, first.serve),
+            ratio(last.serve_following, first.serve_following),
             ratio(last.nats_server, first.nats_server),
             ratio(last.load_generator, first.load_generator),
         );
