@@ -1268,7 +1268,6 @@ async fn monitor_get(addr: &str, path: &str) -> Result<Value, String> {
     serde_json::from_slice(body).map_err(|e| format!("GET {path}: {e}"))
 }
 
-/// Consumers on the PROVLEDGER stream and the server's memory, at one moment.
 /// What nats-server has moved so far, from its `/varz`: messages and bytes, in and out.
 #[derive(Clone, Copy)]
 struct Traffic {
@@ -1310,6 +1309,8 @@ impl Traffic {
     }
 }
 
+/// Consumers on the PROVLEDGER stream, the server's memory and the CPU by part, at one
+/// moment.
 #[derive(Clone, Copy, Default)]
 struct Figures {
     consumers: Option<u64>,
@@ -1756,7 +1757,7 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
     }
     println!();
     println!(
-        "- nats-server's `/varz` (`in_msgs`, `out_msgs`, `in_bytes`, `out_bytes`: every client connection's, JetStream's own deliveries included) read before and after each row (for provledger and the client library, after serve's projector caught up), over the row's commits. A message costs nats-server about the same whatever its few hundred bytes: on 2 cores shared with it, each one a row adds per commit is a share of the rate it loses."
+        "- nats-server's `/varz` (`in_msgs`, `out_msgs`, `in_bytes`, `out_bytes`: every client connection's, JetStream's own deliveries included) read before and after each row (for provledger and the client library, after serve's projector caught up), over the row's commits: the hops a commit takes through nats-server on that path (on 2 cores shared with it, each one is CPU the row's rate pays for)."
     );
     let runs = rows
         .iter()
