@@ -43,7 +43,7 @@
 //! (`--no-log-copy`: serve keeps no copy of the stream in its data dir, as
 //! `provledger serve --no-log-copy`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -70,7 +70,8 @@ use uuid::Uuid;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const USAGE: &str = "usage: write-bench [--quick] [--duration SECS] [--sustained SECS] \
-                     [--only throughput|depth|hot|sustained|atomic|mixed|pairs|deep|wide] [--no-log-copy] \
+                     [--only throughput|alternating|depth|hot|sustained|atomic|mixed|pairs|deep|wide] \
+                     [--no-log-copy] \
                      [--clients N,N,...]";
 const AGGREGATES: usize = 1000;
 const CLIENT_COUNTS: [usize; 4] = [1, 16, 64, 256];
@@ -81,6 +82,9 @@ const WINDOW: Duration = Duration::from_secs(5);
 /// Slices of each system in the alternating phase: enough that the median of their ratios
 /// holds still on a machine whose speed moves by a third from one run to the next.
 const ALTERNATING_ROUNDS: usize = 10;
+/// How long the alternating phase lets serve's copier finish after its projector caught up
+/// (the copier writes each batch once the projector hands it over: milliseconds).
+const COPIER_SETTLE: Duration = Duration::from_millis(200);
 const DEPTH_SAMPLES: usize = 200;
 /// Longer than anything serve should take, so a slow reply is measured, not dropped.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -315,12 +319,15 @@ struct Run {
 impl Run {
     /// Successes completed within the run's duration, per second.
     fn rate(&self) -> f64 {
-        let done = self
-            .ok
+        self.done_in_time() as f64 / self.duration.as_secs_f64()
+    }
+
+    /// Successes completed within the run's duration.
+    fn done_in_time(&self) -> usize {
+        self.ok
             .iter()
             .filter(|(at, _)| *at <= self.duration)
-            .count();
-        done as f64 / self.duration.as_secs_f64()
+            .count()
     }
 
     fn latencies(&self, from: Duration, to: Duration) -> Vec<Duration> {
@@ -416,7 +423,9 @@ impl Part {
             "serve" => Part::ServeRequests,
             "projector" => Part::Projector,
             "log-copy" => Part::Copier,
-            n if n.starts_with("sled") => Part::Sled,
+            // sled's own threads and provledger's (`provledger-sled-flush`, cut to 15
+            // characters in /proc).
+            n if n.contains("sled") => Part::Sled,
             "relay" => Part::Relay,
             "echo" => return None,
             _ => Part::LoadGenerator,
@@ -424,23 +433,43 @@ impl Part {
     }
 }
 
-/// CPU time so far by part, indexed by [`Part`]: this process's threads by name and the
-/// processes it started (the nats-server).
+/// CPU time spent by part, indexed by [`Part`].
 #[derive(Clone, Copy, Default)]
 struct Parts([Duration; Part::ALL.len()]);
 
-impl Parts {
-    fn now() -> Option<Parts> {
-        let mut parts = Parts::default();
+/// CPU time so far of each thread of this process (by its name's part) and of each process
+/// it started (the nats-server), by thread or process id: threads come and go (sled's
+/// I/O threads, tokio's blocking pool), so what a part spent over a span is taken thread
+/// by thread, never from totals that drop when one ends.
+#[derive(Clone, Default)]
+struct CpuSnapshot(HashMap<u32, (Part, Duration)>);
+
+impl CpuSnapshot {
+    fn now() -> Option<CpuSnapshot> {
+        let mut threads = HashMap::new();
         for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+            let Some(id) = task
+                .file_name()
+                .to_str()
+                .and_then(|t| t.parse::<u32>().ok())
+            else {
+                continue;
+            };
             if let Some((part, cpu)) =
                 task_cpu(&task.path()).and_then(|(name, cpu)| Some((Part::of_thread(&name)?, cpu)))
             {
-                parts.0[part as usize] += cpu;
+                threads.insert(id, (part, cpu));
             }
         }
         let me = std::process::id().to_string();
         for process in std::fs::read_dir("/proc").ok()?.flatten() {
+            let Some(id) = process
+                .file_name()
+                .to_str()
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
             let stat = std::fs::read_to_string(process.path().join("stat")).unwrap_or_default();
             // After the command's closing parenthesis: state, then the parent's pid.
             let parent = stat
@@ -448,22 +477,32 @@ impl Parts {
                 .and_then(|(_, rest)| rest.split_whitespace().nth(1));
             if parent == Some(me.as_str()) {
                 if let Some((_, cpu)) = task_cpu(&process.path()) {
-                    parts.0[Part::NatsServer as usize] += cpu;
+                    threads.insert(id, (Part::NatsServer, cpu));
                 }
             }
         }
-        Some(parts)
+        Some(CpuSnapshot(threads))
     }
 
-    /// What each part spent between `before` and `self`.
-    fn since(&self, before: &Parts) -> Parts {
-        let mut spent = *self;
-        for (cpu, was) in spent.0.iter_mut().zip(before.0) {
-            *cpu = cpu.saturating_sub(was);
+    /// What each part spent between `before` and `self`: each thread or process alive at
+    /// `self` over what it had at `before` (all of it if it started since). One that ended
+    /// in between is not here: its time since `before` is left out (the throughput table
+    /// shows it in "rest of the machine").
+    fn since(&self, before: &CpuSnapshot) -> Parts {
+        let mut spent = Parts::default();
+        for (id, (part, cpu)) in &self.0 {
+            let was = before
+                .0
+                .get(id)
+                .filter(|(was_part, _)| *was_part as usize == *part as usize)
+                .map_or(Duration::ZERO, |(_, was)| *was);
+            spent.0[*part as usize] += cpu.saturating_sub(was);
         }
         spent
     }
+}
 
+impl Parts {
     fn add(&mut self, more: &Parts) {
         for (cpu, more) in self.0.iter_mut().zip(more.0) {
             *cpu += more;
@@ -507,7 +546,7 @@ async fn closed_loop<W: Writer>(writers: Vec<W>, duration: Duration) -> Run {
 /// [`closed_loop`], giving the writers back for another run.
 async fn closed_loop_keeping<W: Writer>(writers: Vec<W>, duration: Duration) -> (Run, Vec<W>) {
     let busy_before = machine_busy();
-    let parts_before = Parts::now();
+    let parts_before = CpuSnapshot::now();
     let start = Instant::now();
     let deadline = start + duration;
     let tasks: Vec<_> = writers
@@ -543,7 +582,7 @@ async fn closed_loop_keeping<W: Writer>(writers: Vec<W>, duration: Duration) -> 
         .zip(machine_busy())
         .map(|(before, after)| after.saturating_sub(before));
     run.parts = parts_before
-        .zip(Parts::now())
+        .zip(CpuSnapshot::now())
         .map(|(before, after)| after.since(&before));
     (run, writers)
 }
@@ -732,18 +771,23 @@ async fn wait_caught_up(client: &async_nats::Client) {
 /// in the run's: the projector's tail is the commits' work too (a projector that fell
 /// behind during the run would otherwise make the row look cheaper than it was).
 async fn with_projector_tail(client: &async_nats::Client, run: &mut Run) {
-    let busy = machine_busy();
-    let parts = Parts::now();
     let started = Instant::now();
-    wait_caught_up(client).await;
+    counting_into(run, wait_caught_up(client)).await;
     eprintln!(
         "  serve's projector caught up {} ms after the row",
         started.elapsed().as_millis()
     );
+}
+
+/// Runs `work`, adding the machine's and each part's CPU meanwhile to `run`'s.
+async fn counting_into(run: &mut Run, work: impl Future<Output = ()>) {
+    let busy = machine_busy();
+    let parts = CpuSnapshot::now();
+    work.await;
     if let (Some(cpu), Some(before), Some(after)) = (&mut run.machine_cpu, busy, machine_busy()) {
         *cpu += after.saturating_sub(before);
     }
-    if let (Some(sum), Some(before), Some(after)) = (&mut run.parts, parts, Parts::now()) {
+    if let (Some(sum), Some(before), Some(after)) = (&mut run.parts, parts, CpuSnapshot::now()) {
         sum.add(&after.since(&before));
     }
 }
@@ -1311,17 +1355,17 @@ impl Traffic {
 
 /// Consumers on the PROVLEDGER stream, the server's memory and the CPU by part, at one
 /// moment.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 struct Figures {
     consumers: Option<u64>,
     mem_bytes: Option<u64>,
-    /// CPU time so far by part (`None` without /proc), read at the same bound.
-    parts: Option<Parts>,
+    /// CPU time so far by thread (`None` without /proc), read at the same bound.
+    parts: Option<CpuSnapshot>,
 }
 
 async fn figures(addr: &str) -> Figures {
     // First: the CPU at the bound itself, before the monitoring requests below take theirs.
-    let parts = Parts::now();
+    let parts = CpuSnapshot::now();
     let consumers = monitor_get(addr, "/jsz?accounts=true&streams=true")
         .await
         .ok()
@@ -1344,11 +1388,11 @@ async fn figures(addr: &str) -> Figures {
     }
 }
 
-fn show_consumers(f: Figures) -> String {
+fn show_consumers(f: &Figures) -> String {
     f.consumers.map_or("?".into(), |c| c.to_string())
 }
 
-fn show_mem(f: Figures) -> String {
+fn show_mem(f: &Figures) -> String {
     f.mem_bytes
         .map_or("?".into(), |b| format!("{:.0} MiB", b as f64 / 1048576.0))
 }
@@ -1366,8 +1410,8 @@ struct WindowCost {
 
 impl WindowCost {
     /// `None` without /proc or without a request answered in the window.
-    fn between(start: Figures, end: Figures, requests: usize) -> Option<WindowCost> {
-        let spent = end.parts?.since(&start.parts?);
+    fn between(start: &Figures, end: &Figures, requests: usize) -> Option<WindowCost> {
+        let spent = end.parts.as_ref()?.since(start.parts.as_ref()?);
         if requests == 0 {
             return None;
         }
@@ -1499,20 +1543,25 @@ async fn alternating(nats: &NatsServer, o: &Options, payload_bytes: usize) {
                 if side == 0 {
                     let (mut run, writers) = closed_loop_keeping(ledger_writers, o.duration).await;
                     with_projector_tail(&client, &mut run).await;
+                    // serve's copier writes behind its projector: its last writes would
+                    // otherwise fall in raw's slice, on raw's cores.
+                    counting_into(&mut run, tokio::time::sleep(COPIER_SETTLE)).await;
                     (ledger, ledger_writers) = (run, writers);
                 } else {
                     (raw, raw_writers) = closed_loop_keeping(raw_writers, o.duration).await;
                 }
             }
-            let ratio_of_round = ledger.rate() / raw.rate().max(f64::MIN_POSITIVE);
-            ratios.push(ratio_of_round);
-            ledger_commits += ledger.ok.len();
-            raw_commits += raw.ok.len();
+            // A slice in which raw completed nothing has no ratio (it is shown, not counted).
+            let ratio_of_round = (raw.rate() > 0.0).then(|| ledger.rate() / raw.rate());
+            ratios.extend(ratio_of_round);
+            ledger_commits += ledger.done_in_time();
+            raw_commits += raw.done_in_time();
             println!(
-                "| {clients} | {} | {:.0} | {:.0} | {ratio_of_round:.2}x | {} / {} | {} / {} |",
+                "| {clients} | {} | {:.0} | {:.0} | {} | {} / {} | {} / {} |",
                 round + 1,
                 ledger.rate(),
                 raw.rate(),
+                ratio_of_round.map_or("-".into(), |r| format!("{r:.2}x")),
                 ledger.cpu_per_success(),
                 raw.cpu_per_success(),
                 ledger.errors_by_code(),
@@ -1542,7 +1591,8 @@ async fn alternating(nats: &NatsServer, o: &Options, payload_bytes: usize) {
     }
     println!();
     println!(
-        "- Each round is one slice of each system with the same writers as the throughput table's first two rows (one request at a time per client, 1,000 providers; raw: direct get last + publish expecting it, with a message id). cmd.append's slice is followed by serve's projector's catch-up, outside both slices (its CPU counted in cmd.append's). Odd rounds run cmd.append first, even rounds raw first."
+        "- Each round is one slice of each system with the same writers as the throughput table's first two rows (one request at a time per client, 1,000 providers; raw: direct get last + publish expecting it, with a message id). cmd.append's slice is followed by serve's projector's catch-up and {} ms for its copier to finish, outside both slices (their CPU counted in cmd.append's). Odd rounds run cmd.append first, even rounds raw first. A round whose raw slice completed nothing has no ratio and is left out of the summary.",
+        COPIER_SETTLE.as_millis()
     );
 }
 
@@ -2683,7 +2733,7 @@ async fn sustained(nats: &NatsServer, o: &Options, user: &str, title: &str, mixe
                 .filter(|(at, _)| *at >= from && *at < to)
                 .map(|(_, c)| c.as_str()),
         );
-        let (start, end) = (figures[k], figures[k + 1]);
+        let (start, end) = (&figures[k], &figures[k + 1]);
         let cost = WindowCost::between(start, end, latencies.len());
         println!(
             "| {}-{} s | {rate:.0} | {} | {} | {errors} | {} → {} | {} → {} | {} |",
@@ -2725,7 +2775,7 @@ async fn sustained(nats: &NatsServer, o: &Options, user: &str, title: &str, mixe
         );
     }
     println!(
-        "- CPU per request: each part's CPU time (user + system, from /proc) over the window, over the requests answered in it. serve is all of its threads (requests, projector, copier, sled). The load generator sends the same requests throughout, so its cost per request moves only with the machine: a window that is slower because the machine is (other tenants, caches) shows in every column, one that is slower because provledger costs more shows in serve's alone."
+        "- CPU per request: each part's CPU time (user + system, from /proc, thread by thread) over the window, over the requests that succeeded in it. serve is all of its threads (requests, projector, copier, sled). The load generator sends the same requests throughout, so its cost per request is a rough control for the machine (rough: a closed-loop client's cost per request also moves with the latency it sees): a window slower because the machine is (other tenants, caches) raises every column, one slower because provledger costs more raises serve's over the load generator's."
     );
     println!(
         "- nats-server's figures are read from its monitoring endpoint (`/jsz?accounts=true&streams=true`, `/varz` `mem`) at each window's bounds; they include what earlier phases on the same server left behind."
