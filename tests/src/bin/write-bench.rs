@@ -444,17 +444,16 @@ struct Parts([Duration; Part::ALL.len()]);
 #[derive(Clone, Default)]
 struct CpuSnapshot(HashMap<u32, (Part, Duration)>);
 
+/// The thread or process id a /proc entry names (`None`: not a number, such as `self`).
+fn proc_id(entry: &std::fs::DirEntry) -> Option<u32> {
+    entry.file_name().to_str()?.parse().ok()
+}
+
 impl CpuSnapshot {
     fn now() -> Option<CpuSnapshot> {
         let mut threads = HashMap::new();
         for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
-            let Some(id) = task
-                .file_name()
-                .to_str()
-                .and_then(|t| t.parse::<u32>().ok())
-            else {
-                continue;
-            };
+            let Some(id) = proc_id(&task) else { continue };
             if let Some((part, cpu)) =
                 task_cpu(&task.path()).and_then(|(name, cpu)| Some((Part::of_thread(&name)?, cpu)))
             {
@@ -463,11 +462,7 @@ impl CpuSnapshot {
         }
         let me = std::process::id().to_string();
         for process in std::fs::read_dir("/proc").ok()?.flatten() {
-            let Some(id) = process
-                .file_name()
-                .to_str()
-                .and_then(|p| p.parse::<u32>().ok())
-            else {
+            let Some(id) = proc_id(&process) else {
                 continue;
             };
             let stat = std::fs::read_to_string(process.path().join("stat")).unwrap_or_default();
