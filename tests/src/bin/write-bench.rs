@@ -382,7 +382,7 @@ fn machine_busy() -> Option<Duration> {
 
 /// The parts of the system under test whose CPU the throughput table splits a commit's
 /// cost into; [`Part::ALL`] is the table's order.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Part {
     NatsServer,
     ServeRequests,
@@ -454,26 +454,19 @@ impl CpuSnapshot {
         let mut threads = HashMap::new();
         for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
             let Some(id) = proc_id(&task) else { continue };
-            if let Some((part, cpu)) =
-                task_cpu(&task.path()).and_then(|(name, cpu)| Some((Part::of_thread(&name)?, cpu)))
-            {
-                threads.insert(id, (part, cpu));
+            if let Some(stat) = TaskStat::read(&task.path()) {
+                if let Some(part) = Part::of_thread(&stat.name) {
+                    threads.insert(id, (part, stat.cpu));
+                }
             }
         }
-        let me = std::process::id().to_string();
+        let me = std::process::id();
         for process in std::fs::read_dir("/proc").ok()?.flatten() {
             let Some(id) = proc_id(&process) else {
                 continue;
             };
-            let stat = std::fs::read_to_string(process.path().join("stat")).unwrap_or_default();
-            // After the command's closing parenthesis: state, then the parent's pid.
-            let parent = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1));
-            if parent == Some(me.as_str()) {
-                if let Some((_, cpu)) = task_cpu(&process.path()) {
-                    threads.insert(id, (Part::NatsServer, cpu));
-                }
+            if let Some(stat) = TaskStat::read(&process.path()).filter(|s| s.parent == me) {
+                threads.insert(id, (Part::NatsServer, stat.cpu));
             }
         }
         Some(CpuSnapshot(threads))
@@ -489,7 +482,7 @@ impl CpuSnapshot {
             let was = before
                 .0
                 .get(id)
-                .filter(|(was_part, _)| *was_part as usize == *part as usize)
+                .filter(|(was_part, _)| was_part == part)
                 .map_or(Duration::ZERO, |(_, was)| *was);
             spent.0[*part as usize] += cpu.saturating_sub(was);
         }
@@ -505,16 +498,33 @@ impl Parts {
     }
 }
 
-/// A thread's or process's name and CPU time (user + system) from its `stat` file.
-fn task_cpu(dir: &std::path::Path) -> Option<(String, Duration)> {
-    let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
-    let (head, rest) = stat.rsplit_once(')')?;
-    let name = head.split_once('(')?.1.to_string();
-    // Fields after the name: state is the first, utime the 12th, stime the 13th.
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    // USER_HZ is 100 on every Linux this runs on, as for /proc/stat.
-    Some((name, Duration::from_millis(ticks * 10)))
+/// What a thread's or process's `stat` file says that the CPU tables use.
+struct TaskStat {
+    name: String,
+    parent: u32,
+    /// User + system time.
+    cpu: Duration,
+}
+
+impl TaskStat {
+    fn read(dir: &std::path::Path) -> Option<TaskStat> {
+        let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+        // The name may hold ')' or spaces: the fields start after the last ')'.
+        let (head, rest) = stat.rsplit_once(')')?;
+        let name = head.split_once('(')?.1.to_string();
+        // Fields after the name: state is the first, the parent's pid the 2nd, utime the
+        // 12th, stime the 13th.
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let parent = fields.get(1)?.parse().ok()?;
+        let ticks: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        // USER_HZ is 100 on every Linux this runs on, as for /proc/stat.
+        Some(TaskStat {
+            name,
+            parent,
+            cpu: Duration::from_millis(ticks * 10),
+        })
+    }
 }
 
 /// Counts errors (`code: message`) by code: `unavailable 3, timeout 1`, or `none`.
@@ -1328,6 +1338,14 @@ impl Traffic {
         })
     }
 
+    /// Runs a row (`run`), giving what nats-server moved meanwhile per commit of it.
+    async fn around(addr: &str, run: impl Future<Output = Run>) -> (Run, String) {
+        let before = Traffic::read(addr).await;
+        let run = run.await;
+        let moved = Traffic::per_commit(before, Traffic::read(addr).await, run.ok.len());
+        (run, moved)
+    }
+
     /// Per commit between `before` and `after`: messages in, out, bytes in, out.
     fn per_commit(before: Option<Traffic>, after: Option<Traffic>, commits: usize) -> String {
         match (before, after) {
@@ -1637,34 +1655,33 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
         wait_caught_up(&client).await;
         let payloads: Vec<Bytes> = ids.iter().map(|id| bench_write(*id)).collect();
         let writers = requesters(nats, "bench", clients, APPEND_SUBJECT, &payloads).await;
-        let before = Traffic::read(&monitor).await;
-        let mut ledger = closed_loop(writers, o.duration).await;
-        with_projector_tail(&client, &mut ledger).await;
-        let ledger_traffic =
-            Traffic::per_commit(before, Traffic::read(&monitor).await, ledger.ok.len());
+        let (ledger, ledger_traffic) = Traffic::around(&monitor, async {
+            let mut run = closed_loop(writers, o.duration).await;
+            with_projector_tail(&client, &mut run).await;
+            run
+        })
+        .await;
 
         eprintln!("throughput: {clients} clients: raw JetStream ...");
         let raw_writers = raw_writers(nats, clients, &payload).await;
-        let before = Traffic::read(&monitor).await;
-        let raw = closed_loop(raw_writers, o.duration).await;
-        let raw_traffic = Traffic::per_commit(before, Traffic::read(&monitor).await, raw.ok.len());
+        let (raw, raw_traffic) =
+            Traffic::around(&monitor, closed_loop(raw_writers, o.duration)).await;
 
         eprintln!("throughput: {clients} clients: a relay service ...");
         let relay_writers = relay_requesters(nats, clients, &payload).await;
         let relay_service = Relay::start(nats, reply_bytes).await;
-        let before = Traffic::read(&monitor).await;
-        let relay = closed_loop(relay_writers, o.duration).await;
-        let relay_traffic =
-            Traffic::per_commit(before, Traffic::read(&monitor).await, relay.ok.len());
+        let (relay, relay_traffic) =
+            Traffic::around(&monitor, closed_loop(relay_writers, o.duration)).await;
         relay_service.stop().await;
 
         eprintln!("throughput: {clients} clients: the client library's record ...");
         let library_writers = library_writers(nats, clients, false).await;
-        let before = Traffic::read(&monitor).await;
-        let mut library = closed_loop(library_writers, o.duration).await;
-        with_projector_tail(&client, &mut library).await;
-        let library_traffic =
-            Traffic::per_commit(before, Traffic::read(&monitor).await, library.ok.len());
+        let (library, library_traffic) = Traffic::around(&monitor, async {
+            let mut run = closed_loop(library_writers, o.duration).await;
+            with_projector_tail(&client, &mut run).await;
+            run
+        })
+        .await;
         traffic.push((
             clients,
             [ledger_traffic, raw_traffic, relay_traffic, library_traffic],
