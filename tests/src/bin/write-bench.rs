@@ -784,6 +784,17 @@ async fn with_projector_tail(client: &async_nats::Client, run: &mut Run) {
     );
 }
 
+/// [`closed_loop`] on writers whose commits serve folds, then [`with_projector_tail`].
+async fn closed_loop_through_the_tail<W: Writer>(
+    client: &async_nats::Client,
+    writers: Vec<W>,
+    duration: Duration,
+) -> Run {
+    let mut run = closed_loop(writers, duration).await;
+    with_projector_tail(client, &mut run).await;
+    run
+}
+
 /// Runs `work`, adding the machine's and each part's CPU meanwhile to `run`'s.
 async fn counting_into(run: &mut Run, work: impl Future<Output = ()>) {
     let busy = machine_busy();
@@ -1655,11 +1666,10 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
         wait_caught_up(&client).await;
         let payloads: Vec<Bytes> = ids.iter().map(|id| bench_write(*id)).collect();
         let writers = requesters(nats, "bench", clients, APPEND_SUBJECT, &payloads).await;
-        let (ledger, ledger_traffic) = Traffic::around(&monitor, async {
-            let mut run = closed_loop(writers, o.duration).await;
-            with_projector_tail(&client, &mut run).await;
-            run
-        })
+        let (ledger, ledger_traffic) = Traffic::around(
+            &monitor,
+            closed_loop_through_the_tail(&client, writers, o.duration),
+        )
         .await;
 
         eprintln!("throughput: {clients} clients: raw JetStream ...");
@@ -1676,11 +1686,10 @@ async fn throughput(nats: &NatsServer, o: &Options, pg: Option<&Postgres>, paylo
 
         eprintln!("throughput: {clients} clients: the client library's record ...");
         let library_writers = library_writers(nats, clients, false).await;
-        let (library, library_traffic) = Traffic::around(&monitor, async {
-            let mut run = closed_loop(library_writers, o.duration).await;
-            with_projector_tail(&client, &mut run).await;
-            run
-        })
+        let (library, library_traffic) = Traffic::around(
+            &monitor,
+            closed_loop_through_the_tail(&client, library_writers, o.duration),
+        )
         .await;
         traffic.push((
             clients,
